@@ -1,0 +1,284 @@
+//! The node's configuration: a TOML file (what the control plane writes) overridden by flags.
+
+use crate::auth::{Login, Logins, PasswordHash};
+use clap::Parser;
+use qe_shared::settings::Tier;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Command-line flags; each overrides the same setting in `--config`.
+#[derive(Debug, Parser, Default)]
+#[command(name = "dataplane", about = "One queue node of The Queue Expert")]
+pub struct Flags {
+    /// Address to listen on; port 0 picks a free one. Default [::]:443.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Directory for the queue's data.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Serve ws:// without TLS (tests, local use).
+    #[arg(long)]
+    pub plaintext: bool,
+    /// TLS certificate chain (PEM).
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// The publisher's login, NAME:PASSWORD.
+    #[arg(long, value_name = "NAME:PASSWORD")]
+    pub publisher: Option<String>,
+    /// The subscriber's login, NAME:PASSWORD.
+    #[arg(long, value_name = "NAME:PASSWORD")]
+    pub subscriber: Option<String>,
+    /// The administrator's login, NAME:PASSWORD.
+    #[arg(long, value_name = "NAME:PASSWORD")]
+    pub admin: Option<String>,
+    /// standard (default) or devtest.
+    #[arg(long)]
+    pub tier: Option<String>,
+    /// Lowers max-messages below what memory allows.
+    #[arg(long)]
+    pub max_messages: Option<u64>,
+    /// Lowers max-messages-memory (bytes) below what memory allows.
+    #[arg(long)]
+    pub max_messages_memory: Option<u64>,
+    /// A TOML file with the same settings.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The TOML file. Every field is optional here; the flags may supply what it lacks.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Address to listen on. Default `[::]:443`.
+    pub listen: Option<SocketAddr>,
+    /// Directory for the queue's data. Required (here or by flag).
+    pub data_dir: Option<PathBuf>,
+    /// Serve ws:// without TLS. Default false.
+    #[serde(default)]
+    pub plaintext: bool,
+    /// TLS certificate chain (PEM file).
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM file).
+    pub tls_key: Option<PathBuf>,
+    /// `standard` (default) or `devtest`.
+    pub tier: Option<Tier>,
+    /// Lowers max-messages. Default: what memory allows.
+    pub max_messages: Option<u64>,
+    /// Lowers max-messages-memory, in bytes. Default: what memory allows.
+    pub max_messages_memory: Option<u64>,
+    /// The publisher's login (password as a hash).
+    pub publisher: Option<LoginFile>,
+    /// The subscriber's login (password as a hash).
+    pub subscriber: Option<LoginFile>,
+    /// The administrator's login (password as a hash).
+    pub admin: Option<LoginFile>,
+}
+
+/// A login as it rests in the file: never the password itself.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LoginFile {
+    pub username: String,
+    /// `sha256:SALT_HEX:HASH_HEX`, where HASH = SHA-256(SALT ‖ password).
+    pub password_hash: String,
+}
+
+/// How the node serves connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    Plaintext,
+    Tls { cert: PathBuf, key: PathBuf },
+}
+
+/// The node's whole configuration, every choice made.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub transport: Transport,
+    pub tier: Tier,
+    pub logins: Logins,
+    pub max_messages: Option<u64>,
+    pub max_messages_memory: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad config file: {0}")]
+    Toml(#[from] toml::de::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+const DEFAULT_LISTEN: &str = "[::]:443";
+
+impl Config {
+    /// Reads `--config` if given, then lays the flags over it.
+    pub fn load(flags: Flags) -> Result<Config, ConfigError> {
+        let file = match &flags.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                ConfigFile::parse(&text)?
+            }
+            None => ConfigFile::default(),
+        };
+        Config::merge(file, flags)
+    }
+
+    /// Lays `flags` over `file`.
+    pub fn merge(file: ConfigFile, flags: Flags) -> Result<Config, ConfigError> {
+        let invalid = |text: &str| ConfigError::Invalid(text.to_string());
+        let tier = match flags.tier.as_deref() {
+            Some(name) => {
+                Tier::parse(name).ok_or_else(|| invalid("--tier is standard or devtest"))?
+            }
+            None => file.tier.unwrap_or_default(),
+        };
+        let transport = match (
+            flags.plaintext || file.plaintext,
+            flags.tls_cert.or(file.tls_cert),
+            flags.tls_key.or(file.tls_key),
+        ) {
+            (true, None, None) => Transport::Plaintext,
+            (false, Some(cert), Some(key)) => Transport::Tls { cert, key },
+            (true, _, _) => return Err(invalid("--plaintext excludes --tls-cert and --tls-key")),
+            (false, None, None) => {
+                return Err(invalid("give --plaintext, or --tls-cert and --tls-key"))
+            }
+            (false, _, _) => return Err(invalid("--tls-cert and --tls-key go together")),
+        };
+        let login = |flag: Option<String>, file: Option<LoginFile>, role: &str| match (flag, file) {
+            (Some(flag), _) => login_from_flag(&flag, role),
+            (None, Some(file)) => login_from_file(file, role),
+            (None, None) => Err(ConfigError::Invalid(format!(
+                "--{role} NAME:PASSWORD is required"
+            ))),
+        };
+        Ok(Config {
+            listen: match flags.listen.or(file.listen) {
+                Some(addr) => addr,
+                None => DEFAULT_LISTEN.parse().expect("a valid default address"),
+            },
+            data_dir: flags
+                .data_dir
+                .or(file.data_dir)
+                .ok_or_else(|| invalid("--data-dir is required"))?,
+            transport,
+            tier,
+            logins: Logins {
+                publisher: login(flags.publisher, file.publisher, "publisher")?,
+                subscriber: login(flags.subscriber, file.subscriber, "subscriber")?,
+                admin: login(flags.admin, file.admin, "admin")?,
+            },
+            max_messages: flags.max_messages.or(file.max_messages),
+            max_messages_memory: flags.max_messages_memory.or(file.max_messages_memory),
+        })
+    }
+}
+
+impl ConfigFile {
+    pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
+        Ok(toml::from_str(text)?)
+    }
+}
+
+fn login_from_flag(flag: &str, role: &str) -> Result<Login, ConfigError> {
+    // The password may itself hold ':'; the name may not.
+    let (username, password) = flag
+        .split_once(':')
+        .ok_or_else(|| ConfigError::Invalid(format!("--{role} takes NAME:PASSWORD")))?;
+    Ok(Login {
+        username: username.to_string(),
+        password: PasswordHash::new(password),
+    })
+}
+
+fn login_from_file(file: LoginFile, role: &str) -> Result<Login, ConfigError> {
+    let password = PasswordHash::parse(&file.password_hash).ok_or_else(|| {
+        ConfigError::Invalid(format!("{role}.password_hash is not sha256:SALT:HASH"))
+    })?;
+    Ok(Login {
+        username: file.username,
+        password,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        Flags::parse_from(std::iter::once("dataplane").chain(args.iter().copied()))
+    }
+
+    const LOGINS: [&str; 6] = [
+        "--publisher",
+        "p:pw",
+        "--subscriber",
+        "s:pw:with:colons",
+        "--admin",
+        "a:pw",
+    ];
+
+    #[test]
+    fn flags_alone_make_a_config() {
+        let mut args = vec![
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "/tmp/q",
+            "--plaintext",
+        ];
+        args.extend(LOGINS);
+        let config = Config::merge(ConfigFile::default(), flags(&args)).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(config.transport, Transport::Plaintext);
+        assert_eq!(config.tier, Tier::Standard);
+        assert!(config.logins.subscriber.password.matches("pw:with:colons"));
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let hash = PasswordHash::new("filepw").to_string();
+        let text = format!(
+            "listen = \"127.0.0.1:9000\"\ndata_dir = \"/tmp/a\"\nplaintext = true\ntier = \"devtest\"\n\
+             max_messages = 50\n[publisher]\nusername = \"fp\"\npassword_hash = \"{hash}\"\n\
+             [subscriber]\nusername = \"fs\"\npassword_hash = \"{hash}\"\n\
+             [admin]\nusername = \"fa\"\npassword_hash = \"{hash}\"\n"
+        );
+        let file = ConfigFile::parse(&text).unwrap();
+        let config =
+            Config::merge(file, flags(&["--data-dir", "/tmp/b", "--admin", "x:y"])).unwrap();
+        assert_eq!(config.listen.port(), 9000);
+        assert_eq!(config.data_dir, PathBuf::from("/tmp/b"));
+        assert_eq!(config.tier, Tier::Devtest);
+        assert_eq!(config.max_messages, Some(50));
+        assert!(config.logins.publisher.password.matches("filepw"));
+        assert_eq!(config.logins.admin.username, "x");
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        assert!(ConfigFile::parse("no_such_setting = 1").is_err());
+        let no_transport = Config::merge(ConfigFile::default(), flags(&["--data-dir", "/d"]));
+        assert!(no_transport.is_err());
+        let mut args = vec!["--data-dir", "/d", "--plaintext", "--tier", "gold"];
+        args.extend(LOGINS);
+        assert!(Config::merge(ConfigFile::default(), flags(&args)).is_err());
+        let mut args = vec!["--data-dir", "/d", "--plaintext", "--publisher", "nocolon"];
+        args.extend(&LOGINS[2..]);
+        assert!(Config::merge(ConfigFile::default(), flags(&args)).is_err());
+    }
+}

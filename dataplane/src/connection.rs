@@ -1,0 +1,176 @@
+//! One WebSocket connection: the login, then frames in and out until it ends.
+//!
+//! This layer owns the close codes. yawc closes with 1009 (too big), 1007 (bad UTF-8), 1002
+//! (protocol) and 1011 (bad compression) on its own; it queues that close frame and sends it on
+//! the next read, so every read error here is followed by one more read. A logout closes with
+//! 1000. A failed login, and text that is not JSON from a subscriber or administrator, end with
+//! no close frame: the reply is flushed, the socket half-closed, and what the client still
+//! sends is read for a moment, so the kernel does not answer unread input with a reset that
+//! would destroy the reply.
+
+use crate::node::Node;
+use crate::session::{self, Data, Reply, Session, Then};
+use bytes::Bytes;
+use futures::{FutureExt, SinkExt};
+use std::net::Shutdown;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::{timeout, timeout_at, Instant};
+use yawc::frame::{Frame, OpCode};
+use yawc::{HttpStream, WebSocket, WebSocketError};
+
+type Socket = WebSocket<HttpStream>;
+
+/// How long a closing connection may take to send its last frames or read the client's.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// A second handle on the TCP socket, to half-close it beneath the HTTP and WebSocket layers.
+pub struct Closer(socket2::Socket);
+
+impl Closer {
+    pub fn new(tcp: &TcpStream) -> std::io::Result<Closer> {
+        socket2::SockRef::from(tcp).try_clone().map(Closer)
+    }
+
+    fn shutdown_write(&self) {
+        let _ = self.0.shutdown(Shutdown::Write);
+    }
+}
+
+/// What the client did next.
+enum Incoming {
+    Data(Data),
+    /// It closed the connection, broke the protocol, or went away.
+    Gone,
+}
+
+/// Runs a connection from its first frame to its end.
+pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_deadline: Instant) {
+    let Ok(Incoming::Data(login)) = timeout_at(login_deadline, next_data(&mut socket)).await else {
+        return;
+    };
+    if sent_during_login(&mut socket) {
+        return;
+    }
+    let outcome = session::login(login, &node).await;
+    // Checked again before the reply: a frame that came while the login was being handled
+    // ends the connection unanswered, and dropping the new session undoes the login.
+    if sent_during_login(&mut socket) {
+        return;
+    }
+    match outcome {
+        Ok((session, reply)) => {
+            if send(&mut socket, &reply).await.is_ok() {
+                serve(socket, closer, session).await;
+            }
+        }
+        Err(reply) => {
+            if send(&mut socket, &reply).await.is_ok() {
+                abort(socket, closer).await;
+            }
+        }
+    }
+}
+
+/// The logged-in part: requests and their replies, and frames the queue sends on its own.
+async fn serve(mut socket: Socket, closer: Closer, mut session: Session) {
+    loop {
+        tokio::select! {
+            incoming = next_data(&mut socket) => {
+                let Incoming::Data(data) = incoming else { return };
+                let response = session.handle(data).await;
+                if send(&mut socket, &response.reply).await.is_err() {
+                    return;
+                }
+                match response.then {
+                    Then::Continue => {}
+                    Then::Logout => return close_normally(socket).await,
+                    Then::Abort => return abort(socket, closer).await,
+                }
+            }
+            Some(frame) = next_outbound(&mut session) => {
+                if send_outbound(&mut socket, frame, &mut session).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The next text or binary message; pings are answered by yawc and skipped here.
+async fn next_data(socket: &mut Socket) -> Incoming {
+    loop {
+        match socket.next_frame().await {
+            Ok(frame) => match frame.opcode() {
+                OpCode::Text => return Incoming::Data(Data::text(frame.into_payload())),
+                OpCode::Binary => return Incoming::Data(Data::Binary(frame.into_payload())),
+                OpCode::Close => break,
+                OpCode::Ping | OpCode::Pong | OpCode::Continuation => continue,
+            },
+            Err(_) => break,
+        }
+    }
+    // yawc has queued the answering close frame (the client's code echoed, or ours for a
+    // broken frame); one more read sends it.
+    let _ = timeout(DRAIN_TIME, socket.next_frame()).await;
+    Incoming::Gone
+}
+
+/// Whether the client sent a frame before it had the login's reply.
+fn sent_during_login(socket: &mut Socket) -> bool {
+    loop {
+        match socket.next_frame().now_or_never() {
+            None => return false,
+            Some(Ok(frame)) if matches!(frame.opcode(), OpCode::Ping | OpCode::Pong) => continue,
+            Some(_) => return true,
+        }
+    }
+}
+
+async fn next_outbound(session: &mut Session) -> Option<Bytes> {
+    match session.frames() {
+        Some(frames) => frames.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn send(socket: &mut Socket, reply: &Reply) -> Result<(), WebSocketError> {
+    socket.send(Frame::text(reply.to_frame())).await
+}
+
+/// Sends `first` and every other frame already waiting, with one flush.
+async fn send_outbound(
+    socket: &mut Socket,
+    first: Bytes,
+    session: &mut Session,
+) -> Result<(), WebSocketError> {
+    socket.feed(Frame::text(first)).await?;
+    if let Some(frames) = session.frames() {
+        while let Ok(frame) = frames.try_recv() {
+            socket.feed(Frame::text(frame)).await?;
+        }
+    }
+    socket.flush().await
+}
+
+/// Closes with code 1000, then waits briefly for the client's answering close.
+async fn close_normally(mut socket: Socket) {
+    if socket.close().await.is_ok() {
+        drain(&mut socket).await;
+    }
+}
+
+/// Ends the connection with no close frame, after the reply is already flushed.
+async fn abort(mut socket: Socket, closer: Closer) {
+    closer.shutdown_write();
+    drain(&mut socket).await;
+}
+
+/// Reads and drops what the client still sends, until it closes or `DRAIN_TIME` passes.
+async fn drain(socket: &mut Socket) {
+    let _ = timeout(DRAIN_TIME, async {
+        while socket.next_frame().await.is_ok() {}
+    })
+    .await;
+}

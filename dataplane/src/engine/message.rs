@@ -1,0 +1,147 @@
+//! A message as the queue keeps it, and the frames subscribers receive.
+
+use super::ids::MessageId;
+use bytes::Bytes;
+use serde::Serialize;
+
+/// How safe a message is if the machine fails (the manual's Durability table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Memory only; lost on restart; cannot go to the dead letter queue.
+    None = 0,
+    /// Written to the disk; synced soon after.
+    #[default]
+    Eventual = 1,
+    /// Written and synced before the publisher's reply.
+    Immediate = 2,
+}
+
+impl Durability {
+    pub fn from_number(n: u64) -> Option<Durability> {
+        match n {
+            0 => Some(Durability::None),
+            1 => Some(Durability::Eventual),
+            2 => Some(Durability::Immediate),
+            _ => None,
+        }
+    }
+}
+
+/// The manual's message `type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyType {
+    #[default]
+    Text = 1,
+    /// The body is base64.
+    Binary = 2,
+}
+
+/// A publish that passed validation, before the queue gives it an id.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NewMessage {
+    pub body_type: BodyType,
+    /// The body as the subscriber receives it (base64 for binary).
+    pub body: String,
+    pub publisher_key: Option<String>,
+    pub delay_secs: u64,
+    pub durability: Durability,
+}
+
+/// A message the queue holds: waiting, held, delayed or dead-lettered.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub id: MessageId,
+    pub durability: Durability,
+    /// The delay the publisher asked for (shown to administrators).
+    pub delay_secs: u64,
+    /// When the queue received it, in seconds since 1970.
+    pub recdat: u64,
+    /// The exact frame a subscriber receives, built once at publish and shared by every
+    /// delivery; its length is the manual's `len`.
+    pub frame: Bytes,
+}
+
+#[derive(Serialize)]
+struct DeliveryFrame<'a> {
+    id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    publisherkey: Option<&'a str>,
+    #[serde(rename = "type")]
+    body_type: u8,
+    body: &'a str,
+    recdat: u64,
+}
+
+#[derive(Serialize)]
+struct CopyFrame<'a> {
+    #[serde(rename = "type")]
+    body_type: u8,
+    body: &'a str,
+    recdat: u64,
+}
+
+impl Message {
+    pub fn new(id: MessageId, new: &NewMessage, recdat: u64) -> Message {
+        let frame = serde_json::to_vec(&DeliveryFrame {
+            id: id.to_string(),
+            publisherkey: new.publisher_key.as_deref(),
+            body_type: new.body_type as u8,
+            body: &new.body,
+            recdat,
+        })
+        .expect("a frame of strings and numbers serializes");
+        Message {
+            id,
+            durability: new.durability,
+            delay_secs: new.delay_secs,
+            recdat,
+            frame: frame.into(),
+        }
+    }
+}
+
+/// The frame a copy-queue subscriber receives: no id, because there is nothing to ack.
+pub fn copy_frame(body_type: BodyType, body: &str, recdat: u64) -> Bytes {
+    serde_json::to_vec(&CopyFrame {
+        body_type: body_type as u8,
+        body,
+        recdat,
+    })
+    .expect("a frame of strings and numbers serializes")
+    .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manuals_hello_frame_is_89_bytes() {
+        let id = MessageId::parse("01a1c09f-62da-7000-a30b-0817c9a42e3f").unwrap();
+        let new = NewMessage {
+            body: "hello".into(),
+            ..NewMessage::default()
+        };
+        let message = Message::new(id, &new, 1_794_233_033);
+        assert_eq!(
+            std::str::from_utf8(&message.frame).unwrap(),
+            r#"{"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f","type":1,"body":"hello","recdat":1794233033}"#
+        );
+        assert_eq!(message.frame.len(), 89);
+    }
+
+    #[test]
+    fn publisher_key_comes_after_the_id() {
+        let id = MessageId::parse("01a1c09f-62e2-7000-b616-7c246d151566").unwrap();
+        let new = NewMessage {
+            body: "Order 1234 is ready".into(),
+            publisher_key: Some("order-1234".into()),
+            ..NewMessage::default()
+        };
+        let frame = Message::new(id, &new, 1_794_233_033).frame;
+        assert_eq!(
+            std::str::from_utf8(&frame).unwrap(),
+            r#"{"id":"01a1c09f-62e2-7000-b616-7c246d151566","publisherkey":"order-1234","type":1,"body":"Order 1234 is ready","recdat":1794233033}"#
+        );
+    }
+}

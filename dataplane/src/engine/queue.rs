@@ -1,0 +1,277 @@
+//! The distribute queue's rules, as plain synchronous code with the clock passed in.
+//!
+//! Every message is in exactly one place: waiting (in `waiting`, in turn order), held by one
+//! subscriber (in the line), delayed (in `delayed`, by due time) or dead-lettered (in `dead`).
+//! After every operation, `dispatch` restores the invariant that no message waits while a
+//! subscriber has room. Each step costs O(log n) in what is stored; nothing walks all messages
+//! or all subscribers.
+
+use super::ids::{IdGenerator, MessageId, SessionId};
+use super::line::{Line, Outbox};
+use super::message::{Durability, Message, NewMessage};
+use crate::store::{Change, Receipt, Store};
+use qe_shared::Code;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Memory the queue counts for each message beyond its frame: the index entries, the map node
+/// and the frame's allocation header. `messages-memory-used` is the frames plus this each.
+pub const MESSAGE_OVERHEAD_BYTES: u64 = 160;
+
+/// Why the queue refused an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("the subscriber does not hold that message")]
+    NotHeld,
+    #[error("a durability-0 message cannot be dead-lettered")]
+    NackNotDurable,
+    #[error("the queue holds max-messages messages")]
+    QueueFull,
+    #[error("the queue's messages use max-messages-memory bytes")]
+    MemoryFull,
+}
+
+impl Refused {
+    pub fn code(self) -> Code {
+        match self {
+            Refused::NotHeld => Code::InvalidMessageId,
+            Refused::NackNotDurable => Code::NackDurabilityZero,
+            Refused::QueueFull => Code::MessageCountExceeded,
+            Refused::MemoryFull => Code::MessageMemoryExceeded,
+        }
+    }
+}
+
+/// How much the queue may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Messages, dead letter included.
+    pub max_messages: u64,
+    /// Bytes of [`memory_cost`], dead letter included.
+    pub max_memory: u64,
+}
+
+/// What a message counts against `max-messages-memory`.
+pub fn memory_cost(message: &Message) -> u64 {
+    message.frame.len() as u64 + MESSAGE_OVERHEAD_BYTES
+}
+
+/// Where a message in the queue (not the dead letter queue) is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Waiting for a subscriber with room; the number is its turn in `waiting`.
+    Waiting(u64),
+    Held(SessionId),
+    /// Waiting for its delay to end, at this time (ms since 1970).
+    Delayed(u64),
+}
+
+struct Entry {
+    message: Message,
+    place: Place,
+}
+
+pub struct QueueState {
+    ids: IdGenerator,
+    limits: Limits,
+    /// Waiting, held and delayed messages, by id (the order administrators page in).
+    messages: BTreeMap<MessageId, Entry>,
+    /// Waiting messages in delivery order: turn → id. A returned message takes a new turn at
+    /// the back.
+    waiting: BTreeMap<u64, MessageId>,
+    /// The turn the next waiting message takes.
+    next_turn: u64,
+    /// Delayed messages by (due time in ms, id): the first entry is the next to release.
+    delayed: BTreeSet<(u64, MessageId)>,
+    /// The dead letter queue, by id.
+    dead: BTreeMap<MessageId, Message>,
+    line: Line,
+    /// Sum of [`memory_cost`] over `messages` and `dead`.
+    memory_used: u64,
+    store: Box<dyn Store>,
+}
+
+impl QueueState {
+    pub fn new(store: Box<dyn Store>, limits: Limits) -> QueueState {
+        QueueState {
+            ids: IdGenerator::new(),
+            limits,
+            messages: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            next_turn: 0,
+            delayed: BTreeSet::new(),
+            dead: BTreeMap::new(),
+            line: Line::default(),
+            memory_used: 0,
+            store,
+        }
+    }
+
+    /// Takes a new message: it waits (or waits for its delay) and goes to the first subscriber
+    /// with room.
+    pub fn publish(
+        &mut self,
+        new: &NewMessage,
+        now_ms: u64,
+    ) -> Result<(MessageId, Receipt), Refused> {
+        if self.message_count() >= self.limits.max_messages {
+            return Err(Refused::QueueFull);
+        }
+        let id = MessageId(self.ids.next(now_ms));
+        let message = Message::new(id, new, now_ms / 1000);
+        let cost = memory_cost(&message);
+        if self.memory_used + cost > self.limits.max_memory {
+            return Err(Refused::MemoryFull);
+        }
+        let receipt = self.store.record(Change::Published(&message));
+        self.memory_used += cost;
+        let place = if new.delay_secs > 0 {
+            let due_ms = now_ms + new.delay_secs * 1000;
+            self.delayed.insert((due_ms, id));
+            Place::Delayed(due_ms)
+        } else {
+            Place::Waiting(self.take_turn(id))
+        };
+        self.messages.insert(id, Entry { message, place });
+        self.dispatch();
+        Ok((id, receipt))
+    }
+
+    /// A new subscriber at the back of the line; it gets waiting messages at once.
+    pub fn join(&mut self, capacity: u64, outbox: Outbox, now_ms: u64) -> SessionId {
+        let session = SessionId(self.ids.next(now_ms));
+        self.line.join(session, capacity, outbox);
+        self.dispatch();
+        session
+    }
+
+    /// A capacity change; a larger one gets waiting messages at once. A smaller one keeps what
+    /// is held and gets nothing new until it holds fewer than the new capacity.
+    pub fn set_capacity(&mut self, session: SessionId, capacity: u64) {
+        self.line.set_capacity(session, capacity);
+        self.dispatch();
+    }
+
+    /// "Done": the message is removed.
+    pub fn ack(&mut self, session: SessionId, id: MessageId) -> Result<Receipt, Refused> {
+        if !self.line.release(session, id) {
+            return Err(Refused::NotHeld);
+        }
+        let entry = self
+            .messages
+            .remove(&id)
+            .expect("a held message is in the queue");
+        self.memory_used -= memory_cost(&entry.message);
+        let receipt = self.store.record(Change::Acked(id));
+        self.dispatch();
+        Ok(receipt)
+    }
+
+    /// "I cannot handle this": the message goes to the dead letter queue, never to be
+    /// delivered again.
+    pub fn nack(&mut self, session: SessionId, id: MessageId) -> Result<Receipt, Refused> {
+        if !self.line.holds(session, id) {
+            return Err(Refused::NotHeld);
+        }
+        if self.messages[&id].message.durability == Durability::None {
+            return Err(Refused::NackNotDurable);
+        }
+        self.line.release(session, id);
+        let entry = self
+            .messages
+            .remove(&id)
+            .expect("a held message is in the queue");
+        let receipt = self.store.record(Change::DeadLettered(id));
+        self.dead.insert(id, entry.message);
+        self.dispatch();
+        Ok(receipt)
+    }
+
+    /// A session ends (logout, or a drop without resume): what it held goes to the first
+    /// subscriber with room, else to the back of the queue, in id order.
+    pub fn leave(&mut self, session: SessionId) {
+        for id in self.line.leave(session) {
+            let turn = self.take_turn(id);
+            let entry = self
+                .messages
+                .get_mut(&id)
+                .expect("a held message is in the queue");
+            entry.place = Place::Waiting(turn);
+            let _ = self.store.record(Change::Returned(id));
+        }
+        self.dispatch();
+    }
+
+    /// Moves every delayed message whose time has come to the back of the queue.
+    pub fn release_due(&mut self, now_ms: u64) {
+        while let Some(&(due_ms, id)) = self.delayed.first() {
+            if due_ms > now_ms {
+                break;
+            }
+            self.delayed.pop_first();
+            let turn = self.take_turn(id);
+            self.messages
+                .get_mut(&id)
+                .expect("a delayed message is in the queue")
+                .place = Place::Waiting(turn);
+        }
+        self.dispatch();
+    }
+
+    /// When the next delayed message is due (ms since 1970).
+    pub fn next_due(&self) -> Option<u64> {
+        self.delayed.first().map(|&(due_ms, _)| due_ms)
+    }
+
+    /// Messages the queue holds, dead letter included (what `max-messages` limits).
+    pub fn message_count(&self) -> u64 {
+        (self.messages.len() + self.dead.len()) as u64
+    }
+
+    pub fn dead_letter_count(&self) -> usize {
+        self.dead.len()
+    }
+
+    pub fn is_dead_lettered(&self, id: MessageId) -> bool {
+        self.dead.contains_key(&id)
+    }
+
+    pub fn waiting_count(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn delayed_count(&self) -> usize {
+        self.delayed.len()
+    }
+
+    pub fn memory_used(&self) -> u64 {
+        self.memory_used
+    }
+
+    fn take_turn(&mut self, id: MessageId) -> u64 {
+        let turn = self.next_turn;
+        self.next_turn += 1;
+        self.waiting.insert(turn, id);
+        turn
+    }
+
+    /// Gives waiting messages, oldest turn first, to the first subscriber with room, until
+    /// nothing waits or nobody has room.
+    fn dispatch(&mut self) {
+        while let Some(session) = self.line.first_with_room() {
+            let Some((_, id)) = self.waiting.pop_first() else {
+                break;
+            };
+            let entry = self
+                .messages
+                .get_mut(&id)
+                .expect("a waiting message is in the queue");
+            entry.place = Place::Held(session);
+            let frame = entry.message.frame.clone();
+            let _ = self.store.record(Change::Delivered { id, session });
+            self.line.hold(session, id, frame);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,387 @@
+//! The queue's rules, fed publishes, acks, capacity changes and leaves, with the clock in hand.
+
+use super::*;
+use crate::engine::message::BodyType;
+use crate::store::MemoryStore;
+use bytes::Bytes;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+const T0: u64 = 1_794_233_033_000;
+
+fn roomy() -> Limits {
+    Limits {
+        max_messages: 1_000_000,
+        max_memory: 1 << 30,
+    }
+}
+
+fn queue() -> QueueState {
+    QueueState::new(Box::new(MemoryStore), roomy())
+}
+
+fn text(body: &str) -> NewMessage {
+    NewMessage {
+        body: body.into(),
+        ..NewMessage::default()
+    }
+}
+
+struct Sub {
+    session: SessionId,
+    frames: UnboundedReceiver<Bytes>,
+}
+
+impl Sub {
+    fn join(q: &mut QueueState, capacity: u64) -> Sub {
+        let (outbox, frames) = unbounded_channel();
+        let session = q.join(capacity, outbox, T0);
+        Sub { session, frames }
+    }
+
+    /// Bodies and ids of the frames sent since the last call.
+    fn received(&mut self) -> Vec<(String, MessageId)> {
+        let mut out = Vec::new();
+        while let Ok(frame) = self.frames.try_recv() {
+            let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
+            let id = MessageId::parse(v["id"].as_str().unwrap()).unwrap();
+            out.push((v["body"].as_str().unwrap().to_string(), id));
+        }
+        out
+    }
+
+    fn bodies(&mut self) -> Vec<String> {
+        self.received().into_iter().map(|(b, _)| b).collect()
+    }
+}
+
+fn publish(q: &mut QueueState, body: &str) -> MessageId {
+    let (id, _receipt) = q.publish(&text(body), T0).unwrap();
+    id
+}
+
+#[test]
+fn each_message_goes_to_the_first_subscriber_in_the_line_with_room() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 2);
+    let mut b = Sub::join(&mut q, 1);
+    let mut c = Sub::join(&mut q, 3);
+    for body in ["m1", "m2", "m3", "m4", "m5"] {
+        publish(&mut q, body);
+    }
+    assert_eq!(a.bodies(), ["m1", "m2"]);
+    assert_eq!(b.bodies(), ["m3"]);
+    assert_eq!(c.bodies(), ["m4", "m5"]);
+    assert_eq!(q.waiting_count(), 0);
+}
+
+#[test]
+fn messages_are_not_spread_evenly() {
+    let mut q = queue();
+    let mut first = Sub::join(&mut q, 10);
+    let mut idle = Sub::join(&mut q, 10);
+    for i in 0..5 {
+        let id = publish(&mut q, &format!("m{i}"));
+        q.ack(first.session, id).unwrap();
+    }
+    assert_eq!(first.bodies().len(), 5);
+    assert!(idle.bodies().is_empty(), "the back of the line stays idle");
+}
+
+#[test]
+fn an_ack_makes_room_and_the_oldest_waiting_message_follows() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 1);
+    let m1 = publish(&mut q, "m1");
+    publish(&mut q, "m2");
+    publish(&mut q, "m3");
+    assert_eq!(a.bodies(), ["m1"]);
+    assert_eq!(q.waiting_count(), 2);
+    q.ack(a.session, m1).unwrap();
+    assert_eq!(a.bodies(), ["m2"]);
+    assert_eq!(q.message_count(), 2);
+}
+
+#[test]
+fn an_earlier_subscriber_that_gets_room_is_served_before_later_ones() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 1);
+    let mut b = Sub::join(&mut q, 1);
+    let m1 = publish(&mut q, "m1");
+    publish(&mut q, "m2");
+    publish(&mut q, "m3");
+    assert_eq!(a.bodies(), ["m1"]);
+    assert_eq!(b.bodies(), ["m2"]);
+    q.ack(a.session, m1).unwrap();
+    assert_eq!(a.bodies(), ["m3"]);
+    assert!(b.bodies().is_empty());
+}
+
+#[test]
+fn a_larger_capacity_gets_waiting_messages_at_once() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 1);
+    for body in ["m1", "m2", "m3"] {
+        publish(&mut q, body);
+    }
+    assert_eq!(a.bodies(), ["m1"]);
+    q.set_capacity(a.session, 3);
+    assert_eq!(a.bodies(), ["m2", "m3"]);
+}
+
+#[test]
+fn a_smaller_capacity_keeps_what_is_held_and_takes_nothing_new_until_below_it() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 3);
+    let ids: Vec<MessageId> = ["m1", "m2", "m3"].map(|b| publish(&mut q, b)).into();
+    assert_eq!(a.bodies().len(), 3);
+    q.set_capacity(a.session, 1);
+    publish(&mut q, "m4");
+    q.ack(a.session, ids[0]).unwrap();
+    assert!(a.bodies().is_empty(), "holds 2 with capacity 1");
+    q.ack(a.session, ids[1]).unwrap();
+    assert!(a.bodies().is_empty(), "holds 1 with capacity 1");
+    q.ack(a.session, ids[2]).unwrap();
+    assert_eq!(a.bodies(), ["m4"]);
+}
+
+#[test]
+fn only_the_holder_can_ack_and_only_once() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 1);
+    let b = Sub::join(&mut q, 1);
+    let m1 = publish(&mut q, "m1");
+    assert_eq!(a.bodies(), ["m1"]);
+    assert_eq!(q.ack(b.session, m1).unwrap_err(), Refused::NotHeld);
+    assert!(q.ack(a.session, m1).is_ok());
+    assert_eq!(q.ack(a.session, m1).unwrap_err(), Refused::NotHeld);
+    let unknown = MessageId::parse("01a1c09f-62da-7000-a30b-0817c9a42e3f").unwrap();
+    assert_eq!(q.ack(a.session, unknown).unwrap_err(), Refused::NotHeld);
+}
+
+#[test]
+fn a_nack_dead_letters_the_message_and_it_is_never_delivered_again() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 1);
+    let mut b = Sub::join(&mut q, 1);
+    let m1 = publish(&mut q, "m1");
+    assert_eq!(a.bodies(), ["m1"]);
+    q.nack(a.session, m1).unwrap();
+    assert!(q.is_dead_lettered(m1));
+    assert_eq!(q.dead_letter_count(), 1);
+    assert_eq!(q.message_count(), 1, "the dead letter queue counts");
+    q.leave(a.session);
+    assert!(b.bodies().is_empty());
+    assert_eq!(q.ack(a.session, m1).unwrap_err(), Refused::NotHeld);
+}
+
+#[test]
+fn a_durability_zero_message_cannot_be_nacked_and_stays_held() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 1);
+    let new = NewMessage {
+        durability: Durability::None,
+        ..text("m1")
+    };
+    let (m1, _) = q.publish(&new, T0).unwrap();
+    assert_eq!(a.bodies(), ["m1"]);
+    assert_eq!(q.nack(a.session, m1).unwrap_err(), Refused::NackNotDurable);
+    assert_eq!(Refused::NackNotDurable.code().number(), 305);
+    assert!(q.ack(a.session, m1).is_ok());
+}
+
+#[test]
+fn a_leaving_subscribers_messages_go_to_the_first_subscriber_with_room() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 2);
+    let mut b = Sub::join(&mut q, 1);
+    let mut c = Sub::join(&mut q, 5);
+    for body in ["m1", "m2", "m3"] {
+        publish(&mut q, body);
+    }
+    assert_eq!(a.bodies(), ["m1", "m2"]);
+    assert_eq!(b.bodies(), ["m3"]);
+    q.leave(a.session);
+    assert!(b.bodies().is_empty(), "b is full");
+    assert_eq!(c.bodies(), ["m1", "m2"], "c is the first with room");
+}
+
+#[test]
+fn with_nobody_to_take_them_returned_messages_go_to_the_back_of_the_queue() {
+    let mut q = queue();
+    let a = Sub::join(&mut q, 2);
+    publish(&mut q, "m1");
+    publish(&mut q, "m2");
+    publish(&mut q, "m3");
+    publish(&mut q, "m4");
+    q.leave(a.session);
+    let mut b = Sub::join(&mut q, 10);
+    assert_eq!(b.bodies(), ["m3", "m4", "m1", "m2"]);
+}
+
+#[test]
+fn a_delayed_message_waits_for_its_time_then_joins_the_back() {
+    let mut q = queue();
+    let delayed = NewMessage {
+        delay_secs: 10,
+        ..text("later")
+    };
+    q.publish(&delayed, T0).unwrap();
+    publish(&mut q, "now");
+    let mut a = Sub::join(&mut q, 1);
+    assert_eq!(a.bodies(), ["now"]);
+    assert_eq!(q.delayed_count(), 1);
+    assert_eq!(q.next_due(), Some(T0 + 10_000));
+    q.release_due(T0 + 9_999);
+    assert_eq!(q.delayed_count(), 1);
+    q.release_due(T0 + 10_000);
+    assert_eq!(q.delayed_count(), 0);
+    assert_eq!(
+        q.waiting_count(),
+        1,
+        "a is full: the released message waits"
+    );
+    let mut b = Sub::join(&mut q, 1);
+    assert_eq!(b.bodies(), ["later"]);
+    assert_eq!(q.next_due(), None);
+}
+
+#[test]
+fn delayed_messages_are_released_in_due_order() {
+    let mut q = queue();
+    for (body, delay_secs) in [("c", 30), ("a", 10), ("b", 20), ("two-days", 172_800)] {
+        let new = NewMessage {
+            delay_secs,
+            ..text(body)
+        };
+        q.publish(&new, T0).unwrap();
+    }
+    let mut s = Sub::join(&mut q, 10);
+    q.release_due(T0 + 30_000);
+    assert_eq!(s.bodies(), ["a", "b", "c"]);
+    q.release_due(T0 + 172_800_000);
+    assert_eq!(s.bodies(), ["two-days"]);
+}
+
+#[test]
+fn max_messages_counts_the_dead_letter_queue() {
+    let limits = Limits {
+        max_messages: 2,
+        max_memory: 1 << 30,
+    };
+    let mut q = QueueState::new(Box::new(MemoryStore), limits);
+    let a = Sub::join(&mut q, 1);
+    let m1 = publish(&mut q, "m1");
+    q.nack(a.session, m1).unwrap();
+    publish(&mut q, "m2");
+    let refused = q.publish(&text("m3"), T0).unwrap_err();
+    assert_eq!(refused, Refused::QueueFull);
+    assert_eq!(refused.code().number(), 210);
+}
+
+#[test]
+fn max_messages_memory_counts_frames_and_overhead() {
+    let mut probe = queue();
+    publish(&mut probe, "0123456789");
+    let one = probe.memory_used();
+    assert_eq!(
+        one,
+        94 + MESSAGE_OVERHEAD_BYTES,
+        "a 10-byte body makes a 94-byte frame"
+    );
+    let limits = Limits {
+        max_messages: 100,
+        max_memory: 2 * one,
+    };
+    let mut q = QueueState::new(Box::new(MemoryStore), limits);
+    let a = Sub::join(&mut q, 5);
+    let m1 = publish(&mut q, "0123456789");
+    publish(&mut q, "0123456789");
+    let refused = q.publish(&text("0123456789"), T0).unwrap_err();
+    assert_eq!(refused, Refused::MemoryFull);
+    assert_eq!(refused.code().number(), 211);
+    q.ack(a.session, m1).unwrap();
+    assert_eq!(q.memory_used(), one);
+    assert!(q.publish(&text("0123456789"), T0).is_ok());
+}
+
+#[test]
+fn binary_and_keyed_messages_keep_their_fields() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 1);
+    let new = NewMessage {
+        body_type: BodyType::Binary,
+        body: "aGVsbG8=".into(),
+        publisher_key: Some("k-1".into()),
+        ..NewMessage::default()
+    };
+    q.publish(&new, T0).unwrap();
+    let frame = a.frames.try_recv().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
+    assert_eq!(v["type"], 2);
+    assert_eq!(v["body"], "aGVsbG8=");
+    assert_eq!(v["publisherkey"], "k-1");
+    assert_eq!(v["recdat"], T0 / 1000);
+}
+
+/// A store that writes down every change it is told of.
+#[derive(Clone, Default)]
+struct RecordingStore(Arc<Mutex<Vec<String>>>);
+
+impl Store for RecordingStore {
+    fn record(&mut self, change: Change<'_>) -> Receipt {
+        let line = match change {
+            Change::Published(m) => format!("published {}", m.id),
+            Change::Delivered { id, .. } => format!("delivered {id}"),
+            Change::Acked(id) => format!("acked {id}"),
+            Change::DeadLettered(id) => format!("dead-lettered {id}"),
+            Change::Returned(id) => format!("returned {id}"),
+        };
+        self.0.lock().unwrap().push(line);
+        Receipt::Done
+    }
+}
+
+#[test]
+fn every_change_passes_the_store() {
+    let store = RecordingStore::default();
+    let mut q = QueueState::new(Box::new(store.clone()), roomy());
+    let a = Sub::join(&mut q, 2);
+    let m1 = publish(&mut q, "m1");
+    let m2 = publish(&mut q, "m2");
+    q.ack(a.session, m1).unwrap();
+    q.nack(a.session, m2).unwrap();
+    let m3 = publish(&mut q, "m3");
+    q.leave(a.session);
+    let log = store.0.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            format!("published {m1}"),
+            format!("delivered {m1}"),
+            format!("published {m2}"),
+            format!("delivered {m2}"),
+            format!("acked {m1}"),
+            format!("dead-lettered {m2}"),
+            format!("published {m3}"),
+            format!("delivered {m3}"),
+            format!("returned {m3}"),
+        ]
+    );
+}
+
+#[test]
+fn ten_thousand_full_subscribers_do_not_stand_between_a_publish_and_the_one_with_room() {
+    let mut q = queue();
+    let mut full: Vec<Sub> = (0..10_000).map(|_| Sub::join(&mut q, 1)).collect();
+    for i in 0..10_000 {
+        publish(&mut q, &format!("m{i}"));
+    }
+    assert!(full.iter_mut().all(|s| s.bodies().len() == 1));
+    let mut last = Sub::join(&mut q, 1);
+    publish(&mut q, "for the last");
+    assert_eq!(last.bodies(), ["for the last"]);
+    // The index of subscribers with room holds only `last`'s absence now: every publish asked
+    // it one O(log n) question instead of walking 10,000 full subscribers.
+    assert_eq!(q.line.first_with_room(), None);
+}

@@ -1,0 +1,25 @@
+//! One queue node.
+//!
+//! A message's path, top to bottom:
+//! - [`server`]: accepts TCP connections up to `max-tasks`, answers HTTP, upgrades `/` to a
+//!   WebSocket (yawc, with permessage-deflate).
+//! - [`connection`]: one task per connection: frames in and out, the login deadline, close
+//!   codes and the reply-then-close rule.
+//! - [`session`]: what a frame means: the login, then the publisher's, subscriber's or
+//!   administrator's requests, and the replies with the manual's codes.
+//! - [`engine`]: the queue itself: the line of subscribers, held, waiting, delayed and
+//!   dead-lettered messages; the copy queue type.
+//! - [`store`]: the boundary every change to the messages passes.
+//!
+//! Beside the path: [`config`] (flags and the TOML file), [`auth`] (the three logins) and
+//! [`node`] (what every connection shares).
+
+pub mod auth;
+pub mod config;
+pub mod connection;
+pub mod engine;
+pub mod limits;
+pub mod node;
+pub mod server;
+pub mod session;
+pub mod store;

@@ -1,0 +1,58 @@
+//! The `dataplane` binary: one queue node.
+
+use clap::Parser;
+use dataplane::config::{Config, Flags, Transport};
+use dataplane::node::Node;
+use dataplane::server::Server;
+use std::io::Write;
+use std::process::ExitCode;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let config = match Config::load(Flags::parse()) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("dataplane: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Transport::Tls { .. } = config.transport {
+        eprintln!("dataplane: TLS is not built yet (part 5); use --plaintext");
+        return ExitCode::from(2);
+    }
+    if let Err(error) = std::fs::create_dir_all(&config.data_dir) {
+        eprintln!(
+            "dataplane: cannot create {}: {error}",
+            config.data_dir.display()
+        );
+        return ExitCode::FAILURE;
+    }
+
+    let node = Node::new(&config);
+    let server = match Server::bind(config.listen, node.clone()).await {
+        Ok(server) => server,
+        Err(error) => {
+            eprintln!("dataplane: cannot listen on {}: {error}", config.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = server
+        .local_addr()
+        .expect("a bound listener has an address");
+    // Harnesses read the real address from this line.
+    println!("listening on {addr}");
+    println!(
+        "ready: tier {:?}, max-tasks {}, max-messages {}, max-messages-memory {}",
+        node.tier, node.limits.max_tasks, node.limits.max_messages, node.limits.max_messages_memory
+    );
+    let _ = std::io::stdout().flush();
+    server.run().await;
+    ExitCode::SUCCESS
+}

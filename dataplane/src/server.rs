@@ -1,0 +1,162 @@
+//! Accepts TCP connections and turns them into WebSocket connections.
+//!
+//! A connection beyond `max-tasks` is closed right after accept, with nothing sent. The rest
+//! get one HTTP exchange: a WebSocket upgrade on `/` (with permessage-deflate when the client
+//! offers it), or `400` for anything else. The login deadline (`no-reply-timeout-secs`) runs
+//! from accept, so a client that never upgrades is dropped in time too.
+
+use crate::connection::{self, Closer};
+use crate::node::Node;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderName, CONNECTION, UPGRADE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use qe_shared::settings::Setting;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{timeout_at, Instant};
+use yawc::{HttpStream, Options, UpgradeFut, WebSocket};
+
+pub struct Server {
+    listener: TcpListener,
+    node: Arc<Node>,
+    /// One permit per open connection: `max-tasks` of them.
+    slots: Arc<Semaphore>,
+}
+
+impl Server {
+    pub async fn bind(addr: SocketAddr, node: Arc<Node>) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(addr).await?;
+        let slots = Arc::new(Semaphore::new(node.limits.max_tasks as usize));
+        Ok(Server {
+            listener,
+            node,
+            slots,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until the process ends.
+    pub async fn run(self) {
+        tokio::spawn(self.node.queue.clone().run_delays());
+        loop {
+            let tcp = match self.listener.accept().await {
+                Ok((tcp, _peer)) => tcp,
+                Err(error) => {
+                    // Out of file descriptors and the like: wait a moment rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match self.slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    tokio::spawn(serve(tcp, self.node.clone(), slot));
+                }
+                Err(_) => drop(tcp),
+            }
+        }
+    }
+}
+
+/// One connection, from accept to close. Holding `_slot` keeps its place in `max-tasks`.
+async fn serve(tcp: TcpStream, node: Arc<Node>, _slot: OwnedSemaphorePermit) {
+    let login_time = Duration::from_secs(node.setting(Setting::NoReplyTimeoutSecs));
+    let login_deadline = Instant::now() + login_time;
+    let Ok(closer) = Closer::new(&tcp) else {
+        return;
+    };
+    let _ = tcp.set_nodelay(true);
+    if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(tcp, &node)).await {
+        connection::run(websocket, closer, node, login_deadline).await;
+    }
+}
+
+/// Answers the connection's HTTP requests until one upgrades to a WebSocket (`Some`) or the
+/// client goes away (`None`).
+async fn upgrade(tcp: TcpStream, node: &Node) -> Option<WebSocket<HttpStream>> {
+    let options = websocket_options(node);
+    let (sender, receiver) = oneshot::channel();
+    let sender = Mutex::new(Some(sender));
+    let service = service_fn(|mut request: Request<Incoming>| {
+        let response = respond(&mut request, &options, &sender);
+        async move { Ok::<_, Infallible>(response) }
+    });
+    http1::Builder::new()
+        .serve_connection(TokioIo::new(tcp), service)
+        .with_upgrades()
+        .await
+        .ok()?;
+    let upgrade: UpgradeFut = receiver.await.ok()?;
+    upgrade.await.ok()
+}
+
+fn respond(
+    request: &mut Request<Incoming>,
+    options: &Options,
+    sender: &Mutex<Option<oneshot::Sender<UpgradeFut>>>,
+) -> Response<Full<Bytes>> {
+    if !is_websocket_upgrade(request) {
+        return bad_request();
+    }
+    match WebSocket::upgrade_with_options(request, options.clone()) {
+        Ok((response, upgrade)) => {
+            if let Some(sender) = sender.lock().expect("never poisoned").take() {
+                let _ = sender.send(upgrade);
+            }
+            response.map(|_| Full::default())
+        }
+        // A missing key or a version other than 13.
+        Err(_) => bad_request(),
+    }
+}
+
+/// A GET on `/` (any query) asking to upgrade to websocket.
+fn is_websocket_upgrade(request: &Request<Incoming>) -> bool {
+    request.method() == Method::GET
+        && request.uri().path() == "/"
+        && header_has_token(request, &UPGRADE, "websocket")
+        && header_has_token(request, &CONNECTION, "upgrade")
+}
+
+fn header_has_token(request: &Request<Incoming>, name: &HeaderName, token: &str) -> bool {
+    request.headers().get_all(name).iter().any(|value| {
+        value
+            .to_str()
+            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    })
+}
+
+fn bad_request() -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(StatusCode::BAD_REQUEST)
+        .header(CONNECTION, "close")
+        .header("content-type", "text/plain")
+        .body(Full::new(Bytes::from_static(
+            b"This address speaks only WebSocket, on /.\n",
+        )))
+        .expect("a static response is valid")
+}
+
+/// The WebSocket settings of a new connection.
+fn websocket_options(node: &Node) -> Options {
+    // yawc's limits are exclusive; the manual's max-ws-msg-len is the biggest message allowed.
+    let limit = node.setting(Setting::MaxWsMsgLen) as usize + 1;
+    Options::default()
+        .with_balanced_compression()
+        .with_utf8()
+        .with_max_payload_read(limit)
+        .with_max_read_buffer(limit)
+        .with_no_delay()
+}

@@ -1,0 +1,148 @@
+//! The login: the first frame of every connection.
+//!
+//! Faults are found in the order DECISIONS.md sets: the form of each field first, lowest code
+//! first; the password check (107) only once every field is well formed; the session lookup
+//! (109) last.
+
+use super::admin::Admin;
+use super::publisher::{has_publish_fields, Publisher};
+use super::request::{self, optional_number_in, Fields, Parsed};
+use super::subscriber::{CopySubscriber, Subscriber};
+use super::{as_str, Data, Reply, Session};
+use crate::engine::SessionId;
+use crate::node::Node;
+use qe_shared::protocol::{QueueType, Role, MAX_CREDENTIAL_BYTES};
+use qe_shared::settings::Setting;
+use qe_shared::Code;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// A login whose fields are well formed.
+struct LoginForm<'a> {
+    username: &'a str,
+    password: &'a str,
+    role: Role,
+    queue_type: QueueType,
+    /// A distribute subscriber's capacity; `None` when resuming without one.
+    capacity: Option<u64>,
+    /// The session a distribute subscriber asks to resume.
+    resume: Option<SessionId>,
+}
+
+/// Logs a connection in. `Ok` holds the session and its reply (for a publish in the login,
+/// the publish's reply); `Err` holds the reply of a failed login, after which the connection
+/// closes.
+pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Reply> {
+    let text = match &data {
+        Data::Text(payload) => as_str(payload),
+        Data::Binary(_) => return Err(Reply::failure(Code::LoginNotText)),
+    };
+    let Parsed::Object(fields) = request::parse(text) else {
+        return Err(Reply::failure(Code::InvalidJson));
+    };
+    let context = request::context(&fields).map_err(Reply::failure)?;
+    let refuse = |code: Code| Reply::failure(code).context(context.clone());
+
+    let max_capacity = node.setting(Setting::MaxSubscriberCapacity);
+    let form = LoginForm::read(&fields, max_capacity).map_err(refuse)?;
+    if !node.logins.verify(form.role, form.username, form.password) {
+        return Err(refuse(Code::AuthenticationFailed));
+    }
+
+    match (form.role, form.queue_type) {
+        (Role::Publisher, queue_type) => {
+            let publisher = Publisher::new(node.clone(), queue_type);
+            let reply = if has_publish_fields(&fields) {
+                publisher.publish_fields(fields, context).await
+            } else {
+                Reply::success().context(context)
+            };
+            Ok((Session::Publisher(publisher), reply))
+        }
+        (Role::Subscriber, QueueType::Distribute) => {
+            if form.resume.is_some() {
+                // Sessions are not saved yet (part 3): no session id can be resumed.
+                return Err(refuse(Code::InvalidSessionId));
+            }
+            let capacity = form
+                .capacity
+                .expect("a login without sessionid has a capacity");
+            let subscriber = Subscriber::join(node, capacity);
+            let reply = Reply::success()
+                .with("sessionid", subscriber.session_id().to_string())
+                .context(context);
+            Ok((Session::Subscriber(subscriber), reply))
+        }
+        (Role::Subscriber, QueueType::Copy) => {
+            let subscriber = CopySubscriber::join(node);
+            Ok((
+                Session::CopySubscriber(subscriber),
+                Reply::success().context(context),
+            ))
+        }
+        (Role::Admin, QueueType::Distribute) => Ok((
+            Session::Admin(Admin::new()),
+            Reply::success().context(context),
+        )),
+        (Role::Admin, QueueType::Copy) => unreachable!("LoginForm::read refuses it with 108"),
+    }
+}
+
+impl<'a> LoginForm<'a> {
+    fn read(fields: &'a Fields, max_capacity: u64) -> Result<LoginForm<'a>, Code> {
+        let username = credential(fields, "username").ok_or(Code::InvalidUsername)?;
+        let password = credential(fields, "password").ok_or(Code::InvalidPassword)?;
+        let role = text(fields, "role")
+            .and_then(Role::parse)
+            .ok_or(Code::InvalidRole)?;
+        let queue_type = text(fields, "queuetype")
+            .and_then(QueueType::parse)
+            .ok_or(Code::InvalidQueueType)?;
+        let mut form = LoginForm {
+            username,
+            password,
+            role,
+            queue_type,
+            capacity: None,
+            resume: None,
+        };
+        match (role, queue_type) {
+            (Role::Admin, QueueType::Copy) => return Err(Code::AdminNotOnCopy),
+            (Role::Subscriber, QueueType::Distribute) => {
+                form.resume = match fields.get("sessionid") {
+                    None => None,
+                    Some(value) => Some(
+                        value
+                            .as_str()
+                            .and_then(SessionId::parse)
+                            .ok_or(Code::InvalidSessionId)?,
+                    ),
+                };
+                if fields.get("replay").is_some_and(|r| !r.is_boolean()) {
+                    return Err(Code::InvalidReplay);
+                }
+                form.capacity = optional_number_in(
+                    fields,
+                    "capacity",
+                    1..=max_capacity,
+                    Code::InvalidCapacity,
+                )?;
+                if form.capacity.is_none() && form.resume.is_none() {
+                    return Err(Code::InvalidCapacity);
+                }
+            }
+            // A copy subscriber has no capacity, and a capacity given is ignored.
+            _ => {}
+        }
+        Ok(form)
+    }
+}
+
+fn text<'a>(fields: &'a Fields, key: &str) -> Option<&'a str> {
+    fields.get(key).and_then(Value::as_str)
+}
+
+/// A username or password: a string of at most 128 bytes.
+fn credential<'a>(fields: &'a Fields, key: &str) -> Option<&'a str> {
+    text(fields, key).filter(|t| t.len() <= MAX_CREDENTIAL_BYTES)
+}

@@ -1,0 +1,233 @@
+//! A publisher: every frame is a message to publish.
+
+use super::request::{self, optional_number_in, Fields, Parsed};
+use super::{as_str, Data, Reply};
+use crate::engine::{now_ms, BodyType, Durability, NewMessage};
+use crate::node::Node;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use qe_shared::protocol::{is_valid_publisher_key, QueueType, MAX_DELAY_SECS};
+use qe_shared::Code;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// The fields of a publish; a login that has any of them publishes too.
+const PUBLISH_FIELDS: [&str; 5] = ["body", "type", "delay", "durability", "publisherkey"];
+
+pub fn has_publish_fields(fields: &Fields) -> bool {
+    PUBLISH_FIELDS.iter().any(|key| fields.contains_key(*key))
+}
+
+pub struct Publisher {
+    node: Arc<Node>,
+    queue_type: QueueType,
+}
+
+impl Publisher {
+    pub fn new(node: Arc<Node>, queue_type: QueueType) -> Publisher {
+        Publisher { node, queue_type }
+    }
+
+    pub async fn handle(&self, data: Data) -> Reply {
+        let payload = match data {
+            // A binary frame is a binary message, sent on as base64.
+            Data::Binary(payload) => {
+                return self
+                    .publish(plain(BodyType::Binary, BASE64.encode(&payload)), None)
+                    .await;
+            }
+            Data::Text(payload) => payload,
+        };
+        let text = as_str(&payload);
+        match request::parse(text) {
+            Parsed::Object(fields) => match request::context(&fields) {
+                Ok(context) => self.publish_fields(fields, context).await,
+                Err(code) => Reply::failure(code),
+            },
+            // Text that only looks like a JSON object is a typing mistake, not a message.
+            Parsed::NotJson if text.trim_start().starts_with('{') => {
+                Reply::failure(Code::InvalidJson)
+            }
+            // Any other text, JSON or not, is itself the message.
+            Parsed::NotJson | Parsed::OtherJson => {
+                self.publish(plain(BodyType::Text, text.to_string()), None)
+                    .await
+            }
+        }
+    }
+
+    /// Publishes a JSON request's message (also used for a publish in the login).
+    pub async fn publish_fields(&self, fields: Fields, context: Option<Value>) -> Reply {
+        match read_message(fields, self.queue_type) {
+            Ok(message) => self.publish(message, context).await,
+            Err(code) => Reply::failure(code).context(context),
+        }
+    }
+
+    async fn publish(&self, message: NewMessage, context: Option<Value>) -> Reply {
+        let reply = match self.queue_type {
+            QueueType::Copy => {
+                let recdat = now_ms() / 1000;
+                let subscribers = self
+                    .node
+                    .copy
+                    .publish(message.body_type, &message.body, recdat);
+                Reply::success().with("subscribers", subscribers)
+            }
+            QueueType::Distribute => match self.node.queue.publish(&message) {
+                Ok((id, receipt)) => match receipt.wait().await {
+                    Ok(()) => Reply::success().with("id", id.to_string()),
+                    Err(_) => Reply::failure(Code::SyncFailed).with("id", id.to_string()),
+                },
+                Err(refused) => Reply::failure(refused.code()),
+            },
+        };
+        reply.context(context)
+    }
+}
+
+/// A message from a frame that is not a JSON request: no delay, key or durability of its own.
+fn plain(body_type: BodyType, body: String) -> NewMessage {
+    NewMessage {
+        body_type,
+        body,
+        ..NewMessage::default()
+    }
+}
+
+/// Checks a JSON publish, lowest failure code first.
+fn read_message(mut fields: Fields, queue_type: QueueType) -> Result<NewMessage, Code> {
+    let body = match fields.remove("body") {
+        None => None,
+        Some(Value::String(body)) => Some(body),
+        Some(_) => return Err(Code::InvalidBody),
+    };
+    let body_type = match optional_number_in(&fields, "type", 1..=2, Code::InvalidType)? {
+        Some(2) => BodyType::Binary,
+        _ => BodyType::Text,
+    };
+    if body_type == BodyType::Binary && body.as_ref().is_some_and(|b| BASE64.decode(b).is_err()) {
+        return Err(Code::BodyNotBase64);
+    }
+    let delay = optional_number_in(&fields, "delay", 0..=MAX_DELAY_SECS, Code::InvalidDelay)?;
+    let durability = optional_number_in(&fields, "durability", 0..=2, Code::InvalidDurability)?
+        .map(|n| Durability::from_number(n).expect("0..=2 are durabilities"));
+    let publisher_key = match fields.get("publisherkey") {
+        None => None,
+        Some(Value::String(key)) if is_valid_publisher_key(key) => Some(key.clone()),
+        Some(_) => return Err(Code::InvalidPublisherKey),
+    };
+    let body = body.ok_or(Code::MissingBody)?;
+    if queue_type == QueueType::Copy {
+        if delay.is_some() {
+            return Err(Code::DelayOnCopy);
+        }
+        if durability.is_some() {
+            return Err(Code::DurabilityOnCopy);
+        }
+        if publisher_key.is_some() {
+            return Err(Code::PublisherKeyOnCopy);
+        }
+    }
+    Ok(NewMessage {
+        body_type,
+        body,
+        publisher_key,
+        delay_secs: delay.unwrap_or(0),
+        durability: durability.unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(value: Value, queue_type: QueueType) -> Result<NewMessage, Code> {
+        read_message(value.as_object().unwrap().clone(), queue_type)
+    }
+
+    fn code(value: Value) -> Code {
+        read(value, QueueType::Distribute).unwrap_err()
+    }
+
+    #[test]
+    fn a_full_publish() {
+        let message = read(
+            json!({"body":"Order 1234 is ready","delay":60,"durability":2,"publisherkey":"order-1234"}),
+            QueueType::Distribute,
+        )
+        .unwrap();
+        assert_eq!(message.delay_secs, 60);
+        assert_eq!(message.durability, Durability::Immediate);
+        assert_eq!(message.publisher_key.as_deref(), Some("order-1234"));
+        assert_eq!(message.body_type, BodyType::Text);
+    }
+
+    #[test]
+    fn each_field_has_its_code() {
+        assert_eq!(code(json!({"body": 5})), Code::InvalidBody);
+        assert_eq!(code(json!({"body": null})), Code::InvalidBody);
+        assert_eq!(code(json!({"body": "x", "type": 3})), Code::InvalidType);
+        assert_eq!(code(json!({"body": "x", "type": "2"})), Code::InvalidType);
+        assert_eq!(
+            code(json!({"body": "not base64!", "type": 2})),
+            Code::BodyNotBase64
+        );
+        assert_eq!(
+            code(json!({"body": "x", "delay": 172_801})),
+            Code::InvalidDelay
+        );
+        assert_eq!(code(json!({"body": "x", "delay": -1})), Code::InvalidDelay);
+        assert_eq!(code(json!({"body": "x", "delay": 1.5})), Code::InvalidDelay);
+        assert_eq!(
+            code(json!({"body": "x", "durability": 3})),
+            Code::InvalidDurability
+        );
+        assert_eq!(
+            code(json!({"body": "x", "durability": 1.0})),
+            Code::InvalidDurability
+        );
+        assert_eq!(
+            code(json!({"body": "x", "publisherkey": ""})),
+            Code::InvalidPublisherKey
+        );
+        assert_eq!(
+            code(json!({"body": "x", "publisherkey": "a b"})),
+            Code::InvalidPublisherKey
+        );
+        assert_eq!(code(json!({"delay": 5})), Code::MissingBody);
+        assert!(read(
+            json!({"body": "x", "delay": 172_800}),
+            QueueType::Distribute
+        )
+        .is_ok());
+        assert!(read(json!({"body": "", "type": 2}), QueueType::Distribute).is_ok());
+    }
+
+    #[test]
+    fn the_lowest_code_wins() {
+        assert_eq!(
+            code(json!({"delay": -1})),
+            Code::InvalidDelay,
+            "203 before 206"
+        );
+        assert_eq!(code(json!({"body": 1, "type": 9})), Code::InvalidBody);
+        let copy = |v| read(v, QueueType::Copy).unwrap_err();
+        assert_eq!(copy(json!({"body": "x", "delay": -1})), Code::InvalidDelay);
+        assert_eq!(copy(json!({"body": "x", "delay": 0})), Code::DelayOnCopy);
+        assert_eq!(
+            copy(json!({"body": "x", "durability": 1})),
+            Code::DurabilityOnCopy
+        );
+        assert_eq!(
+            copy(json!({"body": "x", "publisherkey": "k"})),
+            Code::PublisherKeyOnCopy
+        );
+        assert_eq!(
+            copy(json!({"body": "x", "durability": 0, "publisherkey": "k"})),
+            Code::DurabilityOnCopy
+        );
+        assert!(read(json!({"body": "aGk=", "type": 2}), QueueType::Copy).is_ok());
+    }
+}

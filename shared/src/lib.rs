@@ -1,0 +1,12 @@
+//! What the data plane and the control plane both speak. No I/O, no runtime.
+//!
+//! - [`code`]: every failure code of the manual's Reference, with its reason text.
+//! - [`settings`]: the queue's settings (names, defaults, ranges, read/write), one table for the
+//!   config loader, `getcfg` and `setcfg`.
+//! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
+
+pub mod code;
+pub mod protocol;
+pub mod settings;
+
+pub use code::Code;

@@ -1,0 +1,258 @@
+//! The queue's settings, as the manual's Reference lists them: one table shared by the node's
+//! config loader, `getcfg` and `setcfg`.
+
+/// The service tier. Dev/test differs where the manual says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    #[default]
+    Standard,
+    Devtest,
+}
+
+impl Tier {
+    pub fn parse(text: &str) -> Option<Tier> {
+        match text {
+            "standard" => Some(Tier::Standard),
+            "devtest" => Some(Tier::Devtest),
+            _ => None,
+        }
+    }
+}
+
+/// A setting an administrator can change with `setcfg`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Setting {
+    MaxWsMsgLen,
+    MaxSubscriberCapacity,
+    SavedSessionTimeoutSecs,
+    NoReplyTimeoutSecs,
+    StatsFrequencySecs,
+    StatsRetentionPeriodYrs,
+    UsageFrequencySecs,
+    UsageRetentionPeriodYrs,
+}
+
+impl Setting {
+    /// Every writable setting, in the Reference's order (also `getcfg`'s order).
+    pub const ALL: [Setting; 8] = [
+        Setting::MaxWsMsgLen,
+        Setting::MaxSubscriberCapacity,
+        Setting::SavedSessionTimeoutSecs,
+        Setting::NoReplyTimeoutSecs,
+        Setting::StatsFrequencySecs,
+        Setting::StatsRetentionPeriodYrs,
+        Setting::UsageFrequencySecs,
+        Setting::UsageRetentionPeriodYrs,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Setting::MaxWsMsgLen => "max-ws-msg-len",
+            Setting::MaxSubscriberCapacity => "max-subscriber-capacity",
+            Setting::SavedSessionTimeoutSecs => "saved-session-timeout-secs",
+            Setting::NoReplyTimeoutSecs => "no-reply-timeout-secs",
+            Setting::StatsFrequencySecs => "stats-frequency-secs",
+            Setting::StatsRetentionPeriodYrs => "stats-retention-period-yrs",
+            Setting::UsageFrequencySecs => "usage-frequency-secs",
+            Setting::UsageRetentionPeriodYrs => "usage-retention-period-yrs",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Setting> {
+        Setting::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The inclusive range `setcfg` accepts.
+    pub const fn range(self) -> (u64, u64) {
+        match self {
+            Setting::MaxWsMsgLen => (1024, 1_048_576),
+            Setting::MaxSubscriberCapacity => (1, 1024),
+            Setting::SavedSessionTimeoutSecs => (10, 86_400),
+            Setting::NoReplyTimeoutSecs => (1, 300),
+            Setting::StatsFrequencySecs => (300, 3600),
+            Setting::StatsRetentionPeriodYrs => (1, 10),
+            Setting::UsageFrequencySecs => (1800, 86_400),
+            Setting::UsageRetentionPeriodYrs => (1, 20),
+        }
+    }
+
+    /// The value a new queue starts with on `tier`.
+    pub const fn default_for(self, tier: Tier) -> u64 {
+        match (self, tier) {
+            (Setting::MaxWsMsgLen, _) => 65_536,
+            (Setting::MaxSubscriberCapacity, _) => 1024,
+            (Setting::SavedSessionTimeoutSecs, Tier::Standard) => 10,
+            (Setting::SavedSessionTimeoutSecs, Tier::Devtest) => 3600,
+            (Setting::NoReplyTimeoutSecs, _) => 10,
+            (Setting::StatsFrequencySecs, Tier::Standard) => 300,
+            (Setting::StatsFrequencySecs, Tier::Devtest) => 3600,
+            (Setting::StatsRetentionPeriodYrs, Tier::Standard) => 5,
+            (Setting::StatsRetentionPeriodYrs, Tier::Devtest) => 1,
+            (Setting::UsageFrequencySecs, _) => 1800,
+            (Setting::UsageRetentionPeriodYrs, _) => 5,
+        }
+    }
+
+    pub fn accepts(self, value: u64) -> bool {
+        let (min, max) = self.range();
+        (min..=max).contains(&value)
+    }
+}
+
+/// A setting `getcfg` shows that only the operator or the machine decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReadOnlySetting {
+    MaxTasks,
+    MaxMessages,
+    MaxMessagesMemory,
+    MessagesMemoryUsed,
+    MaxWriteQueueBytes,
+    MessageTimeoutSecs,
+    LogLevel,
+}
+
+impl ReadOnlySetting {
+    /// In the Reference's order.
+    pub const ALL: [ReadOnlySetting; 7] = [
+        ReadOnlySetting::MaxTasks,
+        ReadOnlySetting::MaxMessages,
+        ReadOnlySetting::MaxMessagesMemory,
+        ReadOnlySetting::MessagesMemoryUsed,
+        ReadOnlySetting::MaxWriteQueueBytes,
+        ReadOnlySetting::MessageTimeoutSecs,
+        ReadOnlySetting::LogLevel,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReadOnlySetting::MaxTasks => "max-tasks",
+            ReadOnlySetting::MaxMessages => "max-messages",
+            ReadOnlySetting::MaxMessagesMemory => "max-messages-memory",
+            ReadOnlySetting::MessagesMemoryUsed => "messages-memory-used",
+            ReadOnlySetting::MaxWriteQueueBytes => "max-write-queue-bytes",
+            ReadOnlySetting::MessageTimeoutSecs => "message-timeout-secs",
+            ReadOnlySetting::LogLevel => "log-level",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<ReadOnlySetting> {
+        ReadOnlySetting::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// The manual's fixed read-only values.
+pub mod fixed {
+    use super::Tier;
+
+    /// The most messages any queue holds, whatever its memory.
+    pub const MAX_MESSAGES_CEILING: u64 = 1_000_000;
+    /// Connections on Dev/test.
+    pub const DEVTEST_MAX_TASKS: u64 = 100;
+    /// A fragmented message must arrive whole within this time.
+    pub const MESSAGE_TIMEOUT_SECS: u64 = 30;
+
+    /// Bytes that may wait to be sent to one connection before it is cut off.
+    pub const fn max_write_queue_bytes(tier: Tier) -> u64 {
+        match tier {
+            Tier::Standard => 4 << 20,
+            Tier::Devtest => 1 << 20,
+        }
+    }
+}
+
+/// The current value of every writable setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    values: [u64; Setting::ALL.len()],
+}
+
+impl Settings {
+    pub fn defaults(tier: Tier) -> Settings {
+        Settings {
+            values: Setting::ALL.map(|s| s.default_for(tier)),
+        }
+    }
+
+    pub fn get(&self, setting: Setting) -> u64 {
+        self.values[setting as usize]
+    }
+
+    /// Sets a value the caller has checked with [`Setting::accepts`].
+    pub fn set(&mut self, setting: Setting, value: u64) {
+        debug_assert!(setting.accepts(value));
+        self.values[setting as usize] = value;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Reference's settings table, read from the manual: name, default, min, max.
+    fn manual_settings() -> Vec<(String, u64, u64, u64)> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/spec/queue-expert-manual.txt"
+        );
+        let manual = std::fs::read_to_string(path).expect("the manual");
+        let start = manual
+            .find("Limits and settings")
+            .expect("the settings section");
+        let number = |s: &str| s.replace(',', "").parse::<u64>().unwrap();
+        manual[start..]
+            .lines()
+            .take_while(|l| !l.starts_with("These can only be read"))
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let name = cells.first()?.to_string();
+                let (min, max) = cells.get(2)?.split_once(" to ")?;
+                Some((name, number(cells.get(1)?), number(min), number(max)))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn writable_settings_match_the_manual() {
+        let ours: Vec<(String, u64, u64, u64)> = Setting::ALL
+            .iter()
+            .map(|s| {
+                let (min, max) = s.range();
+                (
+                    s.name().to_string(),
+                    s.default_for(Tier::Standard),
+                    min,
+                    max,
+                )
+            })
+            .collect();
+        assert_eq!(ours, manual_settings());
+    }
+
+    #[test]
+    fn devtest_defaults_follow_the_manual() {
+        let devtest = Settings::defaults(Tier::Devtest);
+        assert_eq!(devtest.get(Setting::SavedSessionTimeoutSecs), 3600);
+        assert_eq!(devtest.get(Setting::StatsFrequencySecs), 3600);
+        assert_eq!(devtest.get(Setting::StatsRetentionPeriodYrs), 1);
+        assert_eq!(devtest.get(Setting::MaxWsMsgLen), 65_536);
+    }
+
+    #[test]
+    fn read_only_names_are_the_manuals() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/spec/queue-expert-manual.txt"
+        );
+        let manual = std::fs::read_to_string(path).expect("the manual");
+        let start = manual.find("These can only be read").unwrap();
+        let end = manual.find("Why a connection closed").unwrap();
+        let names: Vec<&str> = manual[start..end]
+            .lines()
+            .filter_map(|l| l.split_once(" |").map(|(n, _)| n.trim()))
+            .filter(|n| !n.is_empty() && *n != "Setting" && !n.starts_with('|'))
+            .collect();
+        let ours: Vec<&str> = ReadOnlySetting::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(ours, names);
+    }
+}

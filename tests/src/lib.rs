@@ -1,0 +1,296 @@
+//! The end-to-end harness: starts the real `dataplane` binary and talks to it over real
+//! sockets.
+//!
+//! - [`Node`] starts a node on `127.0.0.1:0` with a fresh data directory, reads its address
+//!   from the `listening on ADDR` line, and kills it when dropped (printing its log if the test
+//!   failed).
+//! - [`Client`] is a WebSocket client (tokio-tungstenite) that tells a close frame's code from
+//!   a connection that ended with none.
+//! - [`python`] finds the Python that has the `websockets` package, for the interop tests.
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// The logins every test node gets.
+pub const PUBLISHER: (&str, &str) = ("PUBLISHER-NAME", "PUBLISHER-PASSWORD");
+pub const SUBSCRIBER: (&str, &str) = ("SUBSCRIBER-NAME", "SUBSCRIBER-PASSWORD");
+pub const ADMIN: (&str, &str) = ("ADMIN-NAME", "ADMIN-PASSWORD");
+
+/// How long a test waits for any one thing the node should do at once.
+pub const PROMPT: Duration = Duration::from_secs(10);
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The `dataplane` binary that `cargo test --workspace` built beside this test binary, or
+/// `QE_DATAPLANE_BIN`.
+pub fn dataplane_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("QE_DATAPLANE_BIN") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let binary = profile_dir.join("dataplane");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`, which builds it",
+        binary.display()
+    );
+    binary
+}
+
+/// A running node; killed on drop.
+pub struct Node {
+    child: Child,
+    pub addr: SocketAddr,
+    /// Its data directory, removed on drop.
+    pub data_dir: tempfile::TempDir,
+    /// Everything it wrote to stderr.
+    log: Arc<Mutex<String>>,
+}
+
+impl Node {
+    /// A standard-tier node with the test logins.
+    pub fn start() -> Node {
+        Node::start_with(&[])
+    }
+
+    /// A node with extra flags.
+    pub fn start_with(extra: &[&str]) -> Node {
+        let data_dir = tempfile::tempdir().unwrap();
+        let login = |(name, password): (&str, &str)| format!("{name}:{password}");
+        let mut child = Command::new(dataplane_binary())
+            .args(["--listen", "127.0.0.1:0", "--plaintext", "--data-dir"])
+            .arg(data_dir.path())
+            .args(["--publisher", &login(PUBLISHER)])
+            .args(["--subscriber", &login(SUBSCRIBER)])
+            .args(["--admin", &login(ADMIN)])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start dataplane");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut buffer) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let addr = loop {
+            let mut line = String::new();
+            if stdout.read_line(&mut line).unwrap() == 0 {
+                let _ = child.wait();
+                panic!(
+                    "dataplane exited before listening:\n{}",
+                    log.lock().unwrap()
+                );
+            }
+            if let Some(addr) = line.trim().strip_prefix("listening on ") {
+                break addr.parse().expect("an address after `listening on`");
+            }
+        };
+        // Keep reading stdout so the node never blocks on a full pipe.
+        std::thread::spawn(move || for _ in stdout.lines() {});
+        Node {
+            child,
+            addr,
+            data_dir,
+            log,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("ws://{}/", self.addr)
+    }
+
+    /// Connects and logs in; panics unless the login succeeds.
+    pub async fn login(&self, role: &str, queue_type: &str, extra: Value) -> (Client, Value) {
+        let mut client = Client::connect(self).await;
+        let reply = client.request(login_request(role, queue_type, extra)).await;
+        assert_eq!(reply["status"], "Success.", "login failed: {reply}");
+        (client, reply)
+    }
+
+    pub async fn publisher(&self) -> Client {
+        self.login("publisher", "distribute", json!({})).await.0
+    }
+
+    /// A distribute subscriber with `capacity`, and its session id.
+    pub async fn subscriber(&self, capacity: u64) -> (Client, String) {
+        let (client, reply) = self
+            .login("subscriber", "distribute", json!({ "capacity": capacity }))
+            .await;
+        (client, reply["sessionid"].as_str().unwrap().to_string())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- dataplane log ---\n{}", self.log.lock().unwrap());
+        }
+    }
+}
+
+/// The login for `role` with the test credentials, plus `extra` fields.
+pub fn login_request(role: &str, queue_type: &str, extra: Value) -> Value {
+    let (username, password) = match role {
+        "publisher" => PUBLISHER,
+        "subscriber" => SUBSCRIBER,
+        _ => ADMIN,
+    };
+    let mut login = json!({
+        "username": username, "password": password, "role": role, "queuetype": queue_type,
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        login[key] = value.clone();
+    }
+    login
+}
+
+/// How a connection ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// A close frame with this code.
+    Closed(u16),
+    /// The TCP connection ended with no close frame (clients report 1006).
+    NoCloseFrame,
+}
+
+pub struct Client {
+    socket: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl Client {
+    pub async fn connect(node: &Node) -> Client {
+        let (socket, _) = tokio_tungstenite::connect_async(node.url()).await.unwrap();
+        Client { socket }
+    }
+
+    pub async fn send_text(&mut self, text: &str) {
+        self.socket.send(Message::text(text)).await.unwrap();
+    }
+
+    pub async fn send_binary(&mut self, bytes: &[u8]) {
+        self.socket
+            .send(Message::binary(bytes.to_vec()))
+            .await
+            .unwrap();
+    }
+
+    pub async fn send_json(&mut self, value: &Value) {
+        self.send_text(&value.to_string()).await;
+    }
+
+    /// Sends a request and returns the next frame.
+    pub async fn request(&mut self, value: Value) -> Value {
+        self.send_json(&value).await;
+        self.recv().await
+    }
+
+    /// The next frame, as JSON; panics if none comes promptly.
+    pub async fn recv(&mut self) -> Value {
+        match self.next_message(PROMPT).await {
+            Some(Ok(Message::Text(text))) => serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("a frame that is not JSON: {text}: {e}")),
+            other => panic!("expected a text frame, got {other:?}"),
+        }
+    }
+
+    /// Whether a frame arrives within `wait`; for checking that nothing was sent, use a wait
+    /// after an event that would have come before it (see the tests).
+    pub async fn recv_within(&mut self, wait: Duration) -> Option<Value> {
+        match self.next_message(wait).await {
+            None => None,
+            Some(Ok(Message::Text(text))) => Some(serde_json::from_str(&text).unwrap()),
+            other => panic!("expected a text frame or nothing, got {other:?}"),
+        }
+    }
+
+    /// Waits for the connection to end, with no other frame before that.
+    pub async fn ending(&mut self) -> Ending {
+        loop {
+            match self.next_message(PROMPT).await {
+                None => panic!("the connection did not end"),
+                Some(Ok(Message::Close(Some(frame)))) => return Ending::Closed(frame.code.into()),
+                Some(Ok(Message::Close(None))) => return Ending::Closed(CloseCode::Status.into()),
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                Some(Ok(other)) => panic!("expected the end, got {other:?}"),
+                Some(Err(
+                    tungstenite::Error::ConnectionClosed
+                    | tungstenite::Error::AlreadyClosed
+                    | tungstenite::Error::Io(_)
+                    | tungstenite::Error::Protocol(
+                        tungstenite::error::ProtocolError::ResetWithoutClosingHandshake,
+                    ),
+                )) => return Ending::NoCloseFrame,
+                Some(Err(other)) => panic!("unexpected error: {other}"),
+            }
+        }
+    }
+
+    /// `None` when `wait` passes; `Some(Err)` when the stream ended with no close frame.
+    async fn next_message(
+        &mut self,
+        wait: Duration,
+    ) -> Option<Result<Message, tungstenite::Error>> {
+        match tokio::time::timeout(wait, self.socket.next()).await {
+            Err(_) => None,
+            Ok(Some(result)) => Some(result),
+            Ok(None) => Some(Err(tungstenite::Error::ConnectionClosed)),
+        }
+    }
+
+    /// The raw stream, for tests that need frames this client does not offer.
+    pub fn socket(&mut self) -> &mut WebSocketStream<MaybeTlsStream<TcpStream>> {
+        &mut self.socket
+    }
+}
+
+/// Asserts `reply` is a failure with `code` and the manual's reason.
+pub fn assert_failure(reply: &Value, code: u16) {
+    assert_eq!(reply["status"], "Failure.", "{reply}");
+    assert_eq!(reply["code"], code, "{reply}");
+    assert!(
+        reply["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{reply}"
+    );
+}
+
+/// The Python with the `websockets` package: `QE_PYTHON`, else the repo's `.venv`.
+pub fn python() -> PathBuf {
+    let python = std::env::var_os("QE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".venv/bin/python"));
+    assert!(
+        python.exists(),
+        "{} is missing: the README's test command installs it",
+        python.display()
+    );
+    python
+}

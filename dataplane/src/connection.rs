@@ -100,15 +100,12 @@ async fn serve(mut socket: Socket, closer: Closer, mut session: Session) {
 
 /// The next text or binary message; pings are answered by yawc and skipped here.
 async fn next_data(socket: &mut Socket) -> Incoming {
-    loop {
-        match socket.next_frame().await {
-            Ok(frame) => match frame.opcode() {
-                OpCode::Text => return Incoming::Data(Data::text(frame.into_payload())),
-                OpCode::Binary => return Incoming::Data(Data::Binary(frame.into_payload())),
-                OpCode::Close => break,
-                OpCode::Ping | OpCode::Pong | OpCode::Continuation => continue,
-            },
-            Err(_) => break,
+    while let Ok(frame) = socket.next_frame().await {
+        match frame.opcode() {
+            OpCode::Text => return Incoming::Data(Data::text(frame.into_payload())),
+            OpCode::Binary => return Incoming::Data(Data::Binary(frame.into_payload())),
+            OpCode::Close => break,
+            OpCode::Ping | OpCode::Pong | OpCode::Continuation => continue,
         }
     }
     // yawc has queued the answering close frame (the client's code echoed, or ours for a

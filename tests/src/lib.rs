@@ -188,8 +188,12 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(node: &Node) -> Client {
-        let (socket, _) = tokio_tungstenite::connect_async(node.url()).await.unwrap();
-        Client { socket }
+        Client::try_connect(node).await.unwrap()
+    }
+
+    pub async fn try_connect(node: &Node) -> Result<Client, tungstenite::Error> {
+        let (socket, _) = tokio_tungstenite::connect_async(node.url()).await?;
+        Ok(Client { socket })
     }
 
     pub async fn send_text(&mut self, text: &str) {
@@ -234,8 +238,12 @@ impl Client {
 
     /// Waits for the connection to end, with no other frame before that.
     pub async fn ending(&mut self) -> Ending {
+        self.ending_within(PROMPT).await
+    }
+
+    pub async fn ending_within(&mut self, wait: Duration) -> Ending {
         loop {
-            match self.next_message(PROMPT).await {
+            match self.next_message(wait).await {
                 None => panic!("the connection did not end"),
                 Some(Ok(Message::Close(Some(frame)))) => return Ending::Closed(frame.code.into()),
                 Some(Ok(Message::Close(None))) => return Ending::Closed(CloseCode::Status.into()),

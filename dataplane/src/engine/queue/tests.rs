@@ -82,7 +82,7 @@ fn messages_are_not_spread_evenly() {
     let mut idle = Sub::join(&mut q, 10);
     for i in 0..5 {
         let id = publish(&mut q, &format!("m{i}"));
-        q.ack(first.session, id).unwrap();
+        let _ = q.ack(first.session, id).unwrap();
     }
     assert_eq!(first.bodies().len(), 5);
     assert!(idle.bodies().is_empty(), "the back of the line stays idle");
@@ -97,7 +97,7 @@ fn an_ack_makes_room_and_the_oldest_waiting_message_follows() {
     publish(&mut q, "m3");
     assert_eq!(a.bodies(), ["m1"]);
     assert_eq!(q.waiting_count(), 2);
-    q.ack(a.session, m1).unwrap();
+    let _ = q.ack(a.session, m1).unwrap();
     assert_eq!(a.bodies(), ["m2"]);
     assert_eq!(q.message_count(), 2);
 }
@@ -112,7 +112,7 @@ fn an_earlier_subscriber_that_gets_room_is_served_before_later_ones() {
     publish(&mut q, "m3");
     assert_eq!(a.bodies(), ["m1"]);
     assert_eq!(b.bodies(), ["m2"]);
-    q.ack(a.session, m1).unwrap();
+    let _ = q.ack(a.session, m1).unwrap();
     assert_eq!(a.bodies(), ["m3"]);
     assert!(b.bodies().is_empty());
 }
@@ -137,11 +137,11 @@ fn a_smaller_capacity_keeps_what_is_held_and_takes_nothing_new_until_below_it() 
     assert_eq!(a.bodies().len(), 3);
     q.set_capacity(a.session, 1);
     publish(&mut q, "m4");
-    q.ack(a.session, ids[0]).unwrap();
+    let _ = q.ack(a.session, ids[0]).unwrap();
     assert!(a.bodies().is_empty(), "holds 2 with capacity 1");
-    q.ack(a.session, ids[1]).unwrap();
+    let _ = q.ack(a.session, ids[1]).unwrap();
     assert!(a.bodies().is_empty(), "holds 1 with capacity 1");
-    q.ack(a.session, ids[2]).unwrap();
+    let _ = q.ack(a.session, ids[2]).unwrap();
     assert_eq!(a.bodies(), ["m4"]);
 }
 
@@ -166,7 +166,7 @@ fn a_nack_dead_letters_the_message_and_it_is_never_delivered_again() {
     let mut b = Sub::join(&mut q, 1);
     let m1 = publish(&mut q, "m1");
     assert_eq!(a.bodies(), ["m1"]);
-    q.nack(a.session, m1).unwrap();
+    let _ = q.nack(a.session, m1).unwrap();
     assert!(q.is_dead_lettered(m1));
     assert_eq!(q.dead_letter_count(), 1);
     assert_eq!(q.message_count(), 1, "the dead letter queue counts");
@@ -226,7 +226,7 @@ fn a_delayed_message_waits_for_its_time_then_joins_the_back() {
         delay_secs: 10,
         ..text("later")
     };
-    q.publish(&delayed, T0).unwrap();
+    let _ = q.publish(&delayed, T0).unwrap();
     publish(&mut q, "now");
     let mut a = Sub::join(&mut q, 1);
     assert_eq!(a.bodies(), ["now"]);
@@ -254,7 +254,7 @@ fn delayed_messages_are_released_in_due_order() {
             delay_secs,
             ..text(body)
         };
-        q.publish(&new, T0).unwrap();
+        let _ = q.publish(&new, T0).unwrap();
     }
     let mut s = Sub::join(&mut q, 10);
     q.release_due(T0 + 30_000);
@@ -272,7 +272,7 @@ fn max_messages_counts_the_dead_letter_queue() {
     let mut q = QueueState::new(Box::new(MemoryStore), limits);
     let a = Sub::join(&mut q, 1);
     let m1 = publish(&mut q, "m1");
-    q.nack(a.session, m1).unwrap();
+    let _ = q.nack(a.session, m1).unwrap();
     publish(&mut q, "m2");
     let refused = q.publish(&text("m3"), T0).unwrap_err();
     assert_eq!(refused, Refused::QueueFull);
@@ -300,7 +300,7 @@ fn max_messages_memory_counts_frames_and_overhead() {
     let refused = q.publish(&text("0123456789"), T0).unwrap_err();
     assert_eq!(refused, Refused::MemoryFull);
     assert_eq!(refused.code().number(), 211);
-    q.ack(a.session, m1).unwrap();
+    let _ = q.ack(a.session, m1).unwrap();
     assert_eq!(q.memory_used(), one);
     assert!(q.publish(&text("0123456789"), T0).is_ok());
 }
@@ -315,7 +315,7 @@ fn binary_and_keyed_messages_keep_their_fields() {
         publisher_key: Some("k-1".into()),
         ..NewMessage::default()
     };
-    q.publish(&new, T0).unwrap();
+    let _ = q.publish(&new, T0).unwrap();
     let frame = a.frames.try_recv().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
     assert_eq!(v["type"], 2);
@@ -349,8 +349,8 @@ fn every_change_passes_the_store() {
     let a = Sub::join(&mut q, 2);
     let m1 = publish(&mut q, "m1");
     let m2 = publish(&mut q, "m2");
-    q.ack(a.session, m1).unwrap();
-    q.nack(a.session, m2).unwrap();
+    let _ = q.ack(a.session, m1).unwrap();
+    let _ = q.nack(a.session, m2).unwrap();
     let m3 = publish(&mut q, "m3");
     q.leave(a.session);
     let log = store.0.lock().unwrap().clone();

@@ -1,0 +1,98 @@
+//! The HTTP side: only a WebSocket upgrade on `/` is served; a connection beyond max-tasks is
+//! closed with nothing sent.
+
+use qe_tests::{Client, Node, PROMPT};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const KEY: &str = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+
+/// Sends a raw HTTP request and returns the status line of the response.
+async fn status_line(node: &Node, request: &str) -> String {
+    let mut tcp = TcpStream::connect(node.addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while !response.windows(2).any(|w| w == b"\r\n") {
+        let n = tokio::time::timeout(PROMPT, tcp.read(&mut buffer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed without a response");
+        response.extend_from_slice(&buffer[..n]);
+    }
+    let text = String::from_utf8_lossy(&response).to_string();
+    text.lines().next().unwrap().to_string()
+}
+
+fn upgrade(method: &str, path: &str, headers: &str) -> String {
+    format!("{method} {path} HTTP/1.1\r\nHost: q\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n{headers}\r\n")
+}
+
+#[tokio::test]
+async fn anything_but_a_websocket_upgrade_on_the_root_gets_400() {
+    let node = Node::start();
+    let version = "Sec-WebSocket-Version: 13\r\n";
+    let cases = [
+        "GET / HTTP/1.1\r\nHost: q\r\n\r\n".to_string(),
+        "GET /index.html HTTP/1.1\r\nHost: q\r\n\r\n".to_string(),
+        "POST / HTTP/1.1\r\nHost: q\r\nContent-Length: 2\r\n\r\n{}".to_string(),
+        upgrade("GET", "/other", &format!("{KEY}{version}")),
+        upgrade("POST", "/", &format!("{KEY}{version}")),
+        upgrade("GET", "/", version),
+        upgrade("GET", "/", &format!("{KEY}Sec-WebSocket-Version: 12\r\n")),
+        upgrade("GET", "/", KEY),
+        format!("GET / HTTP/1.1\r\nHost: q\r\nConnection: Upgrade\r\n{KEY}{version}\r\n"),
+    ];
+    for request in cases {
+        assert_eq!(
+            status_line(&node, &request).await,
+            "HTTP/1.1 400 Bad Request",
+            "{request}"
+        );
+    }
+    let good = upgrade("GET", "/?any=query", &format!("{KEY}{version}"));
+    assert_eq!(
+        status_line(&node, &good).await,
+        "HTTP/1.1 101 Switching Protocols"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_beyond_max_tasks_is_closed_with_nothing_sent() {
+    let node = Node::start_with(&["--tier", "devtest"]);
+    let mut open = Vec::new();
+    for _ in 0..100 {
+        open.push(Client::connect(&node).await);
+    }
+    let mut extra = TcpStream::connect(node.addr).await.unwrap();
+    let mut buffer = [0u8; 64];
+    let read = tokio::time::timeout(PROMPT, extra.read(&mut buffer))
+        .await
+        .unwrap();
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed with nothing sent: {read:?}"
+    );
+
+    // A slot frees when a connection ends.
+    drop(open.pop());
+    // The node frees the slot when it sees the close; until then each try is refused at once.
+    let mut tries = 0;
+    let mut client = loop {
+        match Client::try_connect(&node).await {
+            Ok(client) => break client,
+            Err(_) if tries < 10_000 => tries += 1,
+            Err(error) => panic!("no slot was freed: {error}"),
+        }
+    };
+    drop(open.pop());
+    let reply = client
+        .request(qe_tests::login_request(
+            "publisher",
+            "distribute",
+            serde_json::json!({}),
+        ))
+        .await;
+    assert_eq!(reply["status"], "Success.");
+}

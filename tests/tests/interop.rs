@@ -1,0 +1,172 @@
+//! Real third-party clients: the manual's Python programs (package `websockets`), unchanged
+//! but for the address, and what Python sees of the queue's close behaviour.
+
+use qe_tests::{python, workspace, Node, PROMPT};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const MANUAL_ADDRESS: &str = "wss://QUEUE-ID.q.CLUSTER.thequeueexpert.com/";
+
+fn manual_program(name: &str) -> PathBuf {
+    workspace().join("tests/interop/manual").join(name)
+}
+
+/// The manual's program `name`, pointed at `node`, as a file in the node's data directory.
+fn program_for(node: &Node, name: &str) -> PathBuf {
+    let text = std::fs::read_to_string(manual_program(name)).unwrap();
+    assert!(text.contains(MANUAL_ADDRESS));
+    let path = node.data_dir.path().join(name);
+    std::fs::write(&path, text.replace(MANUAL_ADDRESS, &node.url())).unwrap();
+    path
+}
+
+/// Runs a program that ends by itself; returns its stdout.
+async fn run_python(script: &std::path::Path, args: &[String]) -> String {
+    let output = tokio::process::Command::new(python())
+        .arg(script)
+        .args(args)
+        .output();
+    let output = tokio::time::timeout(PROMPT * 6, output)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The copies are the manual's programs: the same lines, once indentation (which the
+/// manual's text format drops) is set aside.
+#[test]
+fn the_python_programs_are_the_manuals() {
+    let manual =
+        std::fs::read_to_string(workspace().join("../shared/spec/queue-expert-manual.txt"))
+            .expect("the manual beside the repository");
+    let manual_lines: Vec<&str> = manual.lines().collect();
+    for name in ["publisher.py", "subscriber.py", "admin.py"] {
+        let copy = std::fs::read_to_string(manual_program(name)).unwrap();
+        let copy: Vec<&str> = copy
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let found = manual_lines
+            .windows(copy.len())
+            .any(|window| window.iter().map(|l| l.trim()).eq(copy.iter().copied()));
+        assert!(
+            found,
+            "{name} is not, line for line, a program of the manual"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_manuals_python_publisher_and_subscriber_work() {
+    let node = Node::start();
+    let published = run_python(&program_for(&node, "publisher.py"), &[]).await;
+    let id = published
+        .trim()
+        .strip_prefix("Published. The message id is ")
+        .unwrap_or_else(|| panic!("{published}"))
+        .to_string();
+
+    let mut subscriber = tokio::process::Command::new(python())
+        .arg(program_for(&node, "subscriber.py"))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(subscriber.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(PROMPT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(line.as_deref(), Some("Received: Hello from Python"));
+
+    // The program acked it: the message is gone. A second publish reaches the program too.
+    let second = run_python(&program_for(&node, "publisher.py"), &[]).await;
+    assert!(
+        second.starts_with("Published. The message id is "),
+        "{second}"
+    );
+    let line = tokio::time::timeout(PROMPT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(line.as_deref(), Some("Received: Hello from Python"));
+    subscriber.kill().await.unwrap();
+
+    let (mut check, _) = node.subscriber(10).await;
+    let mut publisher = node.publisher().await;
+    publisher.request(json!({"body": "marker"})).await;
+    let next = check.recv().await;
+    assert_eq!(
+        next["body"], "marker",
+        "the acked messages ({id}) did not come back: {next}"
+    );
+}
+
+#[tokio::test]
+async fn the_manuals_python_publisher_reports_a_failed_login() {
+    let node = Node::start();
+    let script = program_for(&node, "publisher.py");
+    let text = std::fs::read_to_string(&script).unwrap();
+    std::fs::write(
+        &script,
+        text.replace("PUBLISHER-PASSWORD", "not-the-password"),
+    )
+    .unwrap();
+    let output = run_python(&script, &[]).await;
+    assert_eq!(
+        output.trim(),
+        "Failed: 107 Authentication failed. Invalid combination of username, password and role."
+    );
+}
+
+#[tokio::test]
+async fn python_sees_deflate_and_the_manuals_close_behaviour() {
+    let node = Node::start();
+    let script = workspace().join("tests/interop/close_codes.py");
+    let output = run_python(&script, &[node.url()]).await;
+    let cases: Vec<Value> = output
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let case = |name: &str| cases.iter().find(|c| c["case"] == name).unwrap().clone();
+
+    assert_eq!(
+        case("extensions")["extensions"],
+        json!(["permessage-deflate"])
+    );
+
+    let failed = case("failed_login");
+    assert_eq!(
+        failed["replies"][0]["code"], 107,
+        "the reply arrives before the close"
+    );
+    assert_eq!(failed["code"], 1006, "no close frame");
+
+    let logout = case("logout");
+    assert_eq!(logout["replies"][1]["status"], "Logout Success.");
+    assert_eq!(logout["code"], 1000);
+
+    let not_json = case("not_json");
+    assert_eq!(not_json["replies"][1]["code"], 100);
+    assert_eq!(not_json["code"], 1006);
+
+    assert_eq!(case("too_big")["code"], 1009);
+}
+
+#[test]
+fn python_has_websockets() {
+    let status = Command::new(python())
+        .args(["-c", "import websockets"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}

@@ -98,6 +98,24 @@ mod tests {
     }
 
     #[test]
+    fn a_number_context_comes_back_as_the_same_number() {
+        // Every digit is kept; only an exponent's spelling is normalized (1e400 → 1e+400).
+        for (text, echo) in [
+            ("12345678901234567890123", "12345678901234567890123"),
+            ("1.50", "1.50"),
+            ("-0", "-0"),
+            ("1e400", "1e+400"),
+        ] {
+            let parsed = match parse(&format!(r#"{{"context":{text}}}"#)) {
+                Parsed::Object(fields) => fields,
+                _ => panic!("{text}"),
+            };
+            let echoed = serde_json::to_string(&context(&parsed).unwrap().unwrap()).unwrap();
+            assert_eq!(echoed, echo);
+        }
+    }
+
+    #[test]
     fn whole_numbers_are_json_integers_only() {
         assert_eq!(whole_number(&json!(3)), Some(3));
         for not in [json!(1.0), json!(-1), json!("1"), json!(true), json!(1e3)] {

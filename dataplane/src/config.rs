@@ -47,6 +47,9 @@ pub struct Flags {
     /// A TOML file with the same settings.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Size at which the message log starts a new segment file (tuning and tests).
+    #[arg(long, hide = true)]
+    pub log_segment_bytes: Option<u64>,
 }
 
 /// The TOML file. Every field is optional here; the flags may supply what it lacks.
@@ -76,6 +79,8 @@ pub struct ConfigFile {
     pub subscriber: Option<LoginFile>,
     /// The administrator's login (password as a hash).
     pub admin: Option<LoginFile>,
+    /// Size at which the message log starts a new segment file. Default 16 MiB.
+    pub log_segment_bytes: Option<u64>,
 }
 
 /// A login as it rests in the file: never the password itself.
@@ -104,6 +109,7 @@ pub struct Config {
     pub logins: Logins,
     pub max_messages: Option<u64>,
     pub max_messages_memory: Option<u64>,
+    pub log_segment_bytes: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +190,7 @@ impl Config {
             },
             max_messages: flags.max_messages.or(file.max_messages),
             max_messages_memory: flags.max_messages_memory.or(file.max_messages_memory),
+            log_segment_bytes: flags.log_segment_bytes.or(file.log_segment_bytes),
         })
     }
 }

@@ -35,7 +35,16 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
 
-    let node = Node::new(&config);
+    let node = match Node::open(&config).await {
+        Ok(node) => node,
+        Err(error) => {
+            eprintln!(
+                "dataplane: cannot start on {}: {error}",
+                config.data_dir.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     let server = match Server::bind(config.listen, node.clone()).await {
         Ok(server) => server,
         Err(error) => {

@@ -1,10 +1,13 @@
-//! What every connection of the node shares.
+//! What every connection of the node shares, and how the node starts from its data directory.
+//!
+//! The data directory holds `messages/` (the message log) and `meta/` (sled: settings).
 
 use crate::auth::Logins;
 use crate::config::Config;
 use crate::engine::{CopyQueue, Limits, Queue};
 use crate::limits::{usable_memory, NodeLimits};
-use crate::store::MemoryStore;
+use crate::store::log::{self, LogOptions, LogStore};
+use crate::store::Meta;
 use qe_shared::settings::{Setting, Settings, Tier};
 use std::sync::{Arc, RwLock};
 
@@ -16,30 +19,72 @@ pub struct Node {
     pub logins: Logins,
     pub tier: Tier,
     pub limits: NodeLimits,
+    /// Where the settings are kept across restarts.
+    pub meta: Meta,
     /// The writable settings; `setcfg` (part 4) changes them while connections read them.
     settings: RwLock<Settings>,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the message log: {0}")]
+    Log(#[from] std::io::Error),
+    #[error("the settings store: {0}")]
+    Meta(#[from] sled::Error),
+    #[error("the damaged records' dead-letter entries could not be synced")]
+    Damaged,
+}
+
 impl Node {
-    pub fn new(config: &Config) -> Arc<Node> {
+    /// Opens the data directory, reads back the queue, and gets ready to serve.
+    pub async fn open(config: &Config) -> Result<Arc<Node>, StartError> {
         let limits = NodeLimits::derive(
             usable_memory(),
             config.tier,
             config.max_messages,
             config.max_messages_memory,
         );
-        let queue_limits = Limits {
-            max_messages: limits.max_messages,
-            max_memory: limits.max_messages_memory,
+        let meta = Meta::open(&config.data_dir.join("meta"))?;
+        let settings = meta.settings(config.tier);
+
+        let log_dir = config.data_dir.join("messages");
+        let options = LogOptions {
+            segment_bytes: config
+                .log_segment_bytes
+                .unwrap_or(LogOptions::default().segment_bytes),
         };
-        Arc::new(Node {
-            queue: Queue::new(Box::new(MemoryStore), queue_limits),
+        let (store, recovered) = LogStore::open(&log_dir, options)?;
+        let queue = Queue::new(
+            Box::new(store),
+            Limits {
+                max_messages: limits.max_messages,
+                max_memory: limits.max_messages_memory,
+            },
+        );
+        let restored = recovered.messages.len();
+        queue.restore(recovered.messages);
+        for region in &recovered.damaged {
+            let (id, receipt) = queue.add_damaged(&region.bytes);
+            tracing::warn!(%id, segment = region.segment, offset = region.offset,
+                len = region.bytes.len(), "a damaged record went to the dead letter queue");
+            receipt.wait().await.map_err(|_| StartError::Damaged)?;
+        }
+        log::repair(&log_dir, &recovered.damaged)?;
+        tracing::info!(
+            restored,
+            damaged = recovered.damaged.len(),
+            "queue read back"
+        );
+
+        Ok(Arc::new(Node {
+            queue,
             copy: Arc::default(),
             logins: config.logins.clone(),
             tier: config.tier,
             limits,
-            settings: RwLock::new(Settings::defaults(config.tier)),
-        })
+            meta,
+            settings: RwLock::new(settings),
+        }))
     }
 
     pub fn setting(&self, setting: Setting) -> u64 {

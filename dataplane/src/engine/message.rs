@@ -100,6 +100,41 @@ impl Message {
     }
 }
 
+/// The biggest damaged file shown whole in a dead-letter entry; a bigger one is left out.
+pub const DAMAGED_FILE_MAX_BYTES: usize = 48 << 10;
+
+#[derive(Serialize)]
+struct DamagedFrame {
+    id: String,
+    damaged: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
+}
+
+impl Message {
+    /// A dead-letter entry for bytes of the store that failed their checksum:
+    /// `{"id":..,"damaged":true,"file":base64}`.
+    pub fn damaged(id: MessageId, file: &[u8], recdat: u64) -> Message {
+        use base64::Engine;
+        let file = (file.len() <= DAMAGED_FILE_MAX_BYTES)
+            .then(|| base64::engine::general_purpose::STANDARD.encode(file));
+        let frame = serde_json::to_vec(&DamagedFrame {
+            id: id.to_string(),
+            damaged: true,
+            file,
+        })
+        .expect("a frame of strings serializes");
+        Message {
+            id,
+            // Synced before the damaged bytes are padded over, so it is never lost between.
+            durability: Durability::Immediate,
+            delay_secs: 0,
+            recdat,
+            frame: frame.into(),
+        }
+    }
+}
+
 /// The frame a copy-queue subscriber receives: no id, because there is nothing to ack.
 pub fn copy_frame(body_type: BodyType, body: &str, recdat: u64) -> Bytes {
     serde_json::to_vec(&CopyFrame {

@@ -74,6 +74,17 @@ impl Queue {
         published
     }
 
+    /// Loads what the store kept, at start.
+    pub fn restore(&self, messages: Vec<crate::store::log::RecoveredMessage>) {
+        self.lock().restore(messages, now_ms());
+        self.shared.delays_changed.notify_one();
+    }
+
+    /// Puts damaged bytes of the store in the dead letter queue; see [`QueueState::add_damaged`].
+    pub fn add_damaged(&self, file: &[u8]) -> (MessageId, Receipt) {
+        self.lock().add_damaged(file, now_ms())
+    }
+
     /// Joins the line at the back; the receiver gets every frame meant for this subscriber.
     pub fn subscribe(&self, capacity: u64) -> (Subscription, UnboundedReceiver<Bytes>) {
         let (outbox, frames) = unbounded_channel();

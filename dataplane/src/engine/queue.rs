@@ -9,6 +9,7 @@
 use super::ids::{IdGenerator, MessageId, SessionId};
 use super::line::{Line, Outbox};
 use super::message::{Durability, Message, NewMessage};
+use crate::store::log::RecoveredMessage;
 use crate::store::{Change, Receipt, Store};
 use qe_shared::Code;
 use std::collections::{BTreeMap, BTreeSet};
@@ -122,18 +123,68 @@ impl QueueState {
         if self.memory_used + cost > self.limits.max_memory {
             return Err(Refused::MemoryFull);
         }
-        let receipt = self.store.record(Change::Published(&message));
+        let due_ms = (new.delay_secs > 0).then(|| now_ms + new.delay_secs * 1000);
+        let receipt = self.store.record(Change::Published {
+            message: &message,
+            due_ms,
+        });
         self.memory_used += cost;
-        let place = if new.delay_secs > 0 {
-            let due_ms = now_ms + new.delay_secs * 1000;
-            self.delayed.insert((due_ms, id));
-            Place::Delayed(due_ms)
-        } else {
-            Place::Waiting(self.take_turn(id))
+        let place = match due_ms {
+            Some(due_ms) => {
+                self.delayed.insert((due_ms, id));
+                Place::Delayed(due_ms)
+            }
+            None => Place::Waiting(self.take_turn(id)),
         };
         self.messages.insert(id, Entry { message, place });
         self.dispatch();
         Ok((id, receipt))
+    }
+
+    /// Loads what the store kept, at start. Messages that were held wait again, in id order; a
+    /// delay that ended while the node was down ends now. Nothing is recorded: the store
+    /// already has it all. The limits are not applied: nothing kept is ever dropped.
+    pub fn restore(&mut self, messages: Vec<RecoveredMessage>, now_ms: u64) {
+        for recovered in messages {
+            let id = recovered.id;
+            self.ids.observe(id.0);
+            let message = Message {
+                id,
+                durability: recovered.durability,
+                delay_secs: recovered.delay_secs,
+                recdat: recovered.recdat,
+                frame: recovered.frame,
+            };
+            self.memory_used += memory_cost(&message);
+            if recovered.dead {
+                self.dead.insert(id, message);
+                continue;
+            }
+            let place = match recovered.due_ms {
+                Some(due_ms) if due_ms > now_ms => {
+                    self.delayed.insert((due_ms, id));
+                    Place::Delayed(due_ms)
+                }
+                _ => Place::Waiting(self.take_turn(id)),
+            };
+            self.messages.insert(id, Entry { message, place });
+        }
+        self.dispatch();
+    }
+
+    /// Puts bytes of the store that failed their checksum in the dead letter queue, as the
+    /// manual's damaged entry. Returns the receipt of the entry's own record.
+    pub fn add_damaged(&mut self, file: &[u8], now_ms: u64) -> (MessageId, Receipt) {
+        let id = MessageId(self.ids.next(now_ms));
+        let message = Message::damaged(id, file, now_ms / 1000);
+        self.memory_used += memory_cost(&message);
+        let _ = self.store.record(Change::Published {
+            message: &message,
+            due_ms: None,
+        });
+        let receipt = self.store.record(Change::DeadLettered(id));
+        self.dead.insert(id, message);
+        (id, receipt)
     }
 
     /// A new subscriber at the back of the line; it gets waiting messages at once.

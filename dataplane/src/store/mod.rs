@@ -2,25 +2,31 @@
 //!
 //! The engine tells the store what changed ([`Change`]) while it holds the queue's lock; the
 //! store answers with a [`Receipt`] that the connection awaits *after* the lock is released,
-//! before it replies. Today's [`MemoryStore`] keeps nothing (messages live in the engine's
-//! memory, durability is only validated and carried); the append-only log of part 2 slots in
-//! behind the same trait, and its receipts will complete at the write (durability 1) or the
-//! shared sync (durability 2).
+//! before it replies. [`LogStore`] keeps durable messages in an append-only log;
+//! [`MemoryStore`] keeps nothing (for engine tests). [`Meta`] keeps the settings.
 
+pub mod log;
 mod memory;
+pub mod meta;
 
+pub use log::{LogOptions, LogStore};
 pub use memory::MemoryStore;
+pub use meta::Meta;
 
 use crate::engine::{Message, MessageId, SessionId};
+use tokio::sync::watch;
 
 /// One change to the queue's messages.
 #[derive(Debug)]
 pub enum Change<'a> {
-    /// A new message entered the queue (waiting or delayed).
-    Published(&'a Message),
+    /// A new message entered the queue; `due_ms` is when a delayed one falls due.
+    Published {
+        message: &'a Message,
+        due_ms: Option<u64>,
+    },
     /// A subscriber was given a message to hold.
     Delivered { id: MessageId, session: SessionId },
-    /// A subscriber acknowledged a message: it is gone.
+    /// A message is gone: acknowledged (or deleted).
     Acked(MessageId),
     /// A message moved to the dead letter queue.
     DeadLettered(MessageId),
@@ -28,26 +34,62 @@ pub enum Change<'a> {
     Returned(MessageId),
 }
 
-/// Why the store could not keep a change.
-#[derive(Debug, thiserror::Error)]
+/// Why a change is not yet as safe as its durability promised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    #[error("writing to the message store failed: {0}")]
-    Write(#[from] std::io::Error),
+    #[error("the write failed; the change is kept in memory and written later")]
+    NotWritten,
+    #[error("the sync failed; the change is written but may not survive a machine failure")]
+    NotSynced,
+}
+
+/// A place in the log to wait for.
+#[derive(Debug)]
+pub struct Ticket {
+    /// The LSN the change's record ends at.
+    lsn: u64,
+    progress: watch::Receiver<log::Progress>,
 }
 
 /// The store's answer to a change: what the connection waits on before its reply.
 #[must_use]
 #[derive(Debug)]
 pub enum Receipt {
-    /// Kept as well as the change's durability asks.
+    /// Nothing to wait for (durability 0, or a change that is not kept).
     Done,
+    /// Durability 1: wait until the record is written (handed to the operating system).
+    Written(Ticket),
+    /// Durability 2: wait until the record is synced.
+    Synced(Ticket),
 }
 
 impl Receipt {
     /// Waits until the change is as safe as its durability promises.
     pub async fn wait(self) -> Result<(), StoreError> {
-        match self {
-            Receipt::Done => Ok(()),
+        let (mut ticket, synced) = match self {
+            Receipt::Done => return Ok(()),
+            Receipt::Written(ticket) => (ticket, false),
+            Receipt::Synced(ticket) => (ticket, true),
+        };
+        let lsn = ticket.lsn;
+        let reached = |p: &log::Progress| {
+            if synced {
+                p.synced >= lsn
+            } else {
+                p.written >= lsn
+            }
+        };
+        let progress = ticket
+            .progress
+            .wait_for(|p| reached(p) || p.failed_through >= lsn)
+            .await
+            // The writer only stops when the store is dropped, after writing everything.
+            .map(|p| *p)
+            .unwrap_or_else(|_| *ticket.progress.borrow());
+        match (reached(&progress), synced) {
+            (true, _) => Ok(()),
+            (false, false) => Err(StoreError::NotWritten),
+            (false, true) => Err(StoreError::NotSynced),
         }
     }
 }

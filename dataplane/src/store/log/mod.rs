@@ -1,0 +1,298 @@
+//! The append-only message log: durability 1 and 2 on disk, with shared syncs.
+//!
+//! [`LogStore::record`] runs under the queue's lock: it encodes the change into a pending
+//! buffer, notes where it will land, and returns a receipt for the record's end position (its
+//! LSN, counted in bytes appended since start). One writer thread ([`writer`]) takes the whole
+//! pending buffer at once, writes it with one `write` (the durability-1 receipts complete),
+//! and, if any durability-2 change is in it or a second has passed, syncs once (the
+//! durability-2 receipts complete). Everything that arrives during a sync goes in the next
+//! batch: that is the group commit, and no timer delays a lone publisher.
+//!
+//! Each message's latest record is known ([`Live`]), so the writer can compact: the oldest
+//! segment's live messages are appended again, synced, and the old file removed. Tombstones
+//! in the oldest segment are dropped with it: what they removed was in that segment or in an
+//! older one, already gone.
+
+pub mod record;
+mod recovery;
+mod writer;
+
+pub use recovery::{repair, DamagedRegion, Recovered, RecoveredMessage};
+
+use super::{Change, Receipt, Store};
+use crate::engine::{Durability, MessageId};
+use record::{encode_id, encode_message, Kind, MessageRecord};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use tokio::sync::watch;
+
+/// How far the writer has got, in LSNs (bytes appended since start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Every record ending at or before this is in the operating system's hands.
+    pub written: u64,
+    /// Every record ending at or before this is synced to the disk.
+    pub synced: u64,
+    /// Records ending at or before this, and not yet written or synced, met a failed write or
+    /// sync: their changes are kept in memory and written later (eventual durability).
+    pub failed_through: u64,
+    /// Syncs done so far (each one answers every durability-2 change written before it).
+    pub syncs: u64,
+}
+
+/// Tuning of the log.
+#[derive(Debug, Clone, Copy)]
+pub struct LogOptions {
+    /// A segment file is closed and a new one begun once it holds this many bytes.
+    pub segment_bytes: u64,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            segment_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Where a live durable message's latest record is.
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    segment: u32,
+    /// The record's length in bytes.
+    len: u32,
+    dead: bool,
+    durability: Durability,
+}
+
+/// How much of a segment file still matters.
+#[derive(Debug, Clone, Copy, Default)]
+struct SegmentUse {
+    bytes: u64,
+    live: u64,
+}
+
+/// Bytes waiting for the writer, all for one segment.
+struct Chunk {
+    segment: u32,
+    bytes: Vec<u8>,
+}
+
+/// The log's state, shared by the store (under the queue's lock) and the writer thread.
+struct State {
+    pending: Vec<Chunk>,
+    /// The LSN at the end of `pending`.
+    appended: u64,
+    /// `pending` holds a durability-2 change: sync right after writing it.
+    sync_wanted: bool,
+    /// Every durable message in the queue or the dead letter queue.
+    live: HashMap<MessageId, Live>,
+    segments: BTreeMap<u32, SegmentUse>,
+    /// The segment new records go to.
+    active: u32,
+    options: LogOptions,
+    stopping: bool,
+}
+
+impl State {
+    /// Appends one record; returns the segment it lands in, its LSN and its length.
+    fn append(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> usize) -> (u32, u64, u32) {
+        if self
+            .segments
+            .get(&self.active)
+            .is_some_and(|s| s.bytes >= self.options.segment_bytes)
+        {
+            self.active += 1;
+            self.segments.insert(self.active, SegmentUse::default());
+        }
+        let segment = self.active;
+        if self
+            .pending
+            .last()
+            .is_none_or(|chunk| chunk.segment != segment)
+        {
+            self.pending.push(Chunk {
+                segment,
+                bytes: Vec::with_capacity(64 << 10),
+            });
+        }
+        let chunk = self.pending.last_mut().expect("just ensured");
+        let len = encode(&mut chunk.bytes) as u64;
+        self.segments.entry(segment).or_default().bytes += len;
+        self.appended += len;
+        (segment, self.appended, len as u32)
+    }
+
+    /// A live message's latest record moved or went.
+    fn forget(&mut self, live: Live) {
+        if let Some(segment) = self.segments.get_mut(&live.segment) {
+            segment.live -= live.len as u64;
+        }
+    }
+
+    fn remember(&mut self, id: MessageId, live: Live) {
+        self.segments.entry(live.segment).or_default().live += live.len as u64;
+        if let Some(old) = self.live.insert(id, live) {
+            self.forget(old);
+        }
+    }
+
+    /// The oldest segment, if compacting it now is worth it: it is mostly dead, or the whole
+    /// log is, which bounds the log at about twice what is live.
+    fn compaction_candidate(&self) -> Option<u32> {
+        let (&oldest, use_) = self.segments.first_key_value()?;
+        if oldest == self.active {
+            return None;
+        }
+        let (bytes, live) = self
+            .segments
+            .values()
+            .fold((0, 0), |(b, l), s| (b + s.bytes, l + s.live));
+        (use_.live * 2 < use_.bytes || live * 2 < bytes).then_some(oldest)
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the writer: there is something to write, or it is time to stop.
+    work: Condvar,
+    progress: watch::Sender<Progress>,
+    dir: PathBuf,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("the log lock is never poisoned")
+    }
+}
+
+/// The log, as the queue's [`Store`].
+pub struct LogStore {
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl LogStore {
+    /// Opens the log in `dir` (creating it), reads back what it holds, and starts the writer.
+    pub fn open(dir: &Path, options: LogOptions) -> std::io::Result<(LogStore, Recovered)> {
+        std::fs::create_dir_all(dir)?;
+        let scan = recovery::scan(dir)?;
+        // Every start writes to a new segment, so no file is ever appended after a torn tail.
+        let active = scan.segments.keys().next_back().map_or(1, |last| last + 1);
+        let mut segments = scan.segments;
+        segments.insert(active, SegmentUse::default());
+        let state = State {
+            pending: Vec::new(),
+            appended: 0,
+            sync_wanted: false,
+            live: scan.live,
+            segments,
+            active,
+            options,
+            stopping: false,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            work: Condvar::new(),
+            progress: watch::Sender::new(Progress::default()),
+            dir: dir.to_path_buf(),
+        });
+        let writer = writer::spawn(shared.clone())?;
+        let store = LogStore {
+            shared,
+            writer: Some(writer),
+        };
+        Ok((store, scan.recovered))
+    }
+
+    /// The log's files' total size, in bytes.
+    pub fn disk_bytes(&self) -> u64 {
+        self.shared.lock().segments.values().map(|s| s.bytes).sum()
+    }
+
+    fn receipt(&self, lsn: u64, durability: Durability) -> Receipt {
+        let progress = self.shared.progress.subscribe();
+        let ticket = super::Ticket { lsn, progress };
+        match durability {
+            Durability::None => Receipt::Done,
+            Durability::Eventual => Receipt::Written(ticket),
+            Durability::Immediate => Receipt::Synced(ticket),
+        }
+    }
+}
+
+impl Store for LogStore {
+    fn record(&mut self, change: Change<'_>) -> Receipt {
+        let mut state = self.shared.lock();
+        let (lsn, durability) = match change {
+            Change::Published { message, due_ms } => {
+                if message.durability == Durability::None {
+                    return Receipt::Done;
+                }
+                let record = MessageRecord {
+                    id: message.id,
+                    durability: message.durability as u8,
+                    dead: false,
+                    delay_secs: message.delay_secs as u32,
+                    due_ms: due_ms.unwrap_or(0),
+                    recdat: message.recdat,
+                    frame: &message.frame,
+                };
+                let (segment, lsn, len) = state.append(|out| encode_message(out, &record));
+                let live = Live {
+                    segment,
+                    len,
+                    dead: false,
+                    durability: message.durability,
+                };
+                state.remember(message.id, live);
+                (lsn, message.durability)
+            }
+            Change::Acked(id) => {
+                let Some(live) = state.live.remove(&id) else {
+                    return Receipt::Done; // durability 0: never written
+                };
+                state.forget(live);
+                let (_, lsn, _) = state.append(|out| encode_id(out, Kind::Removed, id));
+                (lsn, live.durability)
+            }
+            Change::DeadLettered(id) => {
+                let Some(live) = state.live.get_mut(&id) else {
+                    return Receipt::Done;
+                };
+                live.dead = true;
+                let durability = live.durability;
+                let (_, lsn, _) = state.append(|out| encode_id(out, Kind::DeadLettered, id));
+                (lsn, durability)
+            }
+            // Holding is not kept: a restart ends every session.
+            Change::Delivered { .. } | Change::Returned(_) => return Receipt::Done,
+        };
+        if durability == Durability::Immediate {
+            state.sync_wanted = true;
+        }
+        drop(state);
+        self.shared.work.notify_one();
+        self.receipt(lsn, durability)
+    }
+}
+
+impl Drop for LogStore {
+    /// Writes and syncs what is pending, then stops the writer.
+    fn drop(&mut self) {
+        self.shared.lock().stopping = true;
+        self.shared.work.notify_one();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+fn segment_path(dir: &Path, segment: u32) -> PathBuf {
+    dir.join(format!("{segment:08}.log"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,317 @@
+//! The log's record format, and reading it back with damage found and stepped over.
+//!
+//! A record is `[len: u32 LE][crc: u32 LE][kind: u8][payload]`, where `len` counts the kind and
+//! the payload and `crc` is CRC32C over them. A message record is a whole snapshot of the
+//! message (so a later copy replaces an earlier one); the other kinds name a message by id.
+
+use crate::engine::MessageId;
+use uuid::Uuid;
+
+/// Bytes before the kind: the length and the checksum.
+pub const HEADER_LEN: usize = 8;
+/// No record is bigger: a message frame is at most a few MiB. A larger length is damage.
+pub const MAX_RECORD_LEN: usize = 64 << 20;
+/// Fixed bytes of a message record's payload before its frame.
+const MESSAGE_FIXED_LEN: usize = 16 + 1 + 1 + 4 + 8 + 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Filler over a damaged region that has been repaired; skipped.
+    Padding = 0,
+    /// A message, in full.
+    Message = 1,
+    /// The message is gone (acked or deleted).
+    Removed = 2,
+    /// The message moved to the dead letter queue.
+    DeadLettered = 3,
+}
+
+impl Kind {
+    fn from_byte(byte: u8) -> Option<Kind> {
+        match byte {
+            0 => Some(Kind::Padding),
+            1 => Some(Kind::Message),
+            2 => Some(Kind::Removed),
+            3 => Some(Kind::DeadLettered),
+            _ => None,
+        }
+    }
+}
+
+/// A message as the log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageRecord<'a> {
+    pub id: MessageId,
+    pub durability: u8,
+    pub dead: bool,
+    pub delay_secs: u32,
+    /// When a delayed message falls due (ms since 1970); 0 when it is not delayed.
+    pub due_ms: u64,
+    pub recdat: u64,
+    /// The frame a subscriber receives.
+    pub frame: &'a [u8],
+}
+
+/// Appends a message record to `out`; returns its length.
+pub fn encode_message(out: &mut Vec<u8>, record: &MessageRecord<'_>) -> usize {
+    let start = begin(out, Kind::Message);
+    out.extend_from_slice(record.id.0.as_bytes());
+    out.push(record.durability);
+    out.push(record.dead as u8);
+    out.extend_from_slice(&record.delay_secs.to_le_bytes());
+    out.extend_from_slice(&record.due_ms.to_le_bytes());
+    out.extend_from_slice(&record.recdat.to_le_bytes());
+    out.extend_from_slice(record.frame);
+    finish(out, start)
+}
+
+/// Appends a record that names a message by id; returns its length.
+pub fn encode_id(out: &mut Vec<u8>, kind: Kind, id: MessageId) -> usize {
+    let start = begin(out, kind);
+    out.extend_from_slice(id.0.as_bytes());
+    finish(out, start)
+}
+
+/// A padding record exactly `total_len` bytes long (at least `HEADER_LEN + 1`).
+pub fn padding(total_len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(total_len);
+    let start = begin(&mut out, Kind::Padding);
+    out.resize(total_len, 0);
+    finish(&mut out, start);
+    out
+}
+
+fn begin(out: &mut Vec<u8>, kind: Kind) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER_LEN]);
+    out.push(kind as u8);
+    start
+}
+
+fn finish(out: &mut [u8], start: usize) -> usize {
+    let body = &out[start + HEADER_LEN..];
+    let len = body.len() as u32;
+    let crc = crc32c::crc32c(body);
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    out.len() - start
+}
+
+/// A record read back.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Record<'a> {
+    Padding,
+    Message(MessageRecord<'a>),
+    Removed(MessageId),
+    DeadLettered(MessageId),
+}
+
+/// What lies at a position of a segment.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Read<'a> {
+    /// A sound record of `len` bytes.
+    Sound { record: Record<'a>, len: usize },
+    /// Bytes that fail their checksum (or do not parse), up to the next sound record.
+    Damaged { len: usize },
+    /// From here to the end there is no sound record: a write cut short.
+    Unfinished,
+}
+
+/// Reads the record at `offset` of `segment`.
+pub fn read_at(segment: &[u8], offset: usize) -> Read<'_> {
+    if let Some((record, len)) = sound_record_at(segment, offset) {
+        return Read::Sound { record, len };
+    }
+    // Damage. If the length field looks right and a sound record (or the end) follows it,
+    // the damage is that one record; otherwise look for the next sound record byte by byte.
+    if let Some(claimed) = claimed_len(segment, offset) {
+        let next = offset + claimed;
+        if next == segment.len() || sound_record_at(segment, next).is_some() {
+            return Read::Damaged { len: claimed };
+        }
+    }
+    match (offset + 1..segment.len()).find(|&p| sound_record_at(segment, p).is_some()) {
+        Some(next) => Read::Damaged { len: next - offset },
+        None => Read::Unfinished,
+    }
+}
+
+/// The total length the header at `offset` claims, if it fits in the segment.
+fn claimed_len(segment: &[u8], offset: usize) -> Option<usize> {
+    let header = segment.get(offset..offset + HEADER_LEN)?;
+    let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+    (len >= 1 && len <= MAX_RECORD_LEN && offset + HEADER_LEN + len <= segment.len())
+        .then_some(HEADER_LEN + len)
+}
+
+fn sound_record_at(segment: &[u8], offset: usize) -> Option<(Record<'_>, usize)> {
+    let total = claimed_len(segment, offset)?;
+    let crc = u32::from_le_bytes(segment[offset + 4..offset + 8].try_into().unwrap());
+    let body = &segment[offset + HEADER_LEN..offset + total];
+    if crc32c::crc32c(body) != crc {
+        return None;
+    }
+    Some((parse(body)?, total))
+}
+
+fn parse(body: &[u8]) -> Option<Record<'_>> {
+    let (&kind, payload) = body.split_first()?;
+    match Kind::from_byte(kind)? {
+        Kind::Padding => Some(Record::Padding),
+        Kind::Removed => Some(Record::Removed(id_of(payload)?)),
+        Kind::DeadLettered => Some(Record::DeadLettered(id_of(payload)?)),
+        Kind::Message => {
+            if payload.len() < MESSAGE_FIXED_LEN {
+                return None;
+            }
+            let u32_at = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().unwrap());
+            let u64_at = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap());
+            Some(Record::Message(MessageRecord {
+                id: id_of(payload)?,
+                durability: payload[16],
+                dead: payload[17] != 0,
+                delay_secs: u32_at(18),
+                due_ms: u64_at(22),
+                recdat: u64_at(30),
+                frame: &payload[MESSAGE_FIXED_LEN..],
+            }))
+        }
+    }
+}
+
+fn id_of(payload: &[u8]) -> Option<MessageId> {
+    let bytes: [u8; 16] = payload.get(..16)?.try_into().ok()?;
+    Some(MessageId(Uuid::from_bytes(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> MessageId {
+        MessageId(Uuid::from_bytes([n; 16]))
+    }
+
+    fn message(n: u8, frame: &[u8]) -> MessageRecord<'_> {
+        MessageRecord {
+            id: id(n),
+            durability: 2,
+            dead: false,
+            delay_secs: 60,
+            due_ms: 1_794_233_093_000,
+            recdat: 1_794_233_033,
+            frame,
+        }
+    }
+
+    /// Three records: a message, a removal, a dead-lettering; with their offsets.
+    fn segment() -> (Vec<u8>, [usize; 3]) {
+        let mut out = Vec::new();
+        let a = 0;
+        encode_message(&mut out, &message(1, b"{\"body\":\"first\"}"));
+        let b = out.len();
+        encode_id(&mut out, Kind::Removed, id(1));
+        let c = out.len();
+        encode_id(&mut out, Kind::DeadLettered, id(2));
+        (out, [a, b, c])
+    }
+
+    fn read_all(segment: &[u8]) -> Vec<String> {
+        let mut offset = 0;
+        let mut seen = Vec::new();
+        while offset < segment.len() {
+            match read_at(segment, offset) {
+                Read::Sound { record, len } => {
+                    seen.push(format!("{record:?}").chars().take(12).collect());
+                    offset += len;
+                }
+                Read::Damaged { len } => {
+                    seen.push(format!("damaged {len}"));
+                    offset += len;
+                }
+                Read::Unfinished => {
+                    seen.push("unfinished".into());
+                    break;
+                }
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let (bytes, [_, b, c]) = segment();
+        let Read::Sound { record, len } = read_at(&bytes, 0) else {
+            panic!()
+        };
+        assert_eq!(record, Record::Message(message(1, b"{\"body\":\"first\"}")));
+        assert_eq!(len, b);
+        assert_eq!(
+            read_at(&bytes, b),
+            Read::Sound {
+                record: Record::Removed(id(1)),
+                len: c - b
+            }
+        );
+        let tail = read_at(&bytes, c);
+        assert_eq!(
+            tail,
+            Read::Sound {
+                record: Record::DeadLettered(id(2)),
+                len: bytes.len() - c
+            }
+        );
+    }
+
+    #[test]
+    fn a_flipped_byte_damages_one_record_and_hides_no_other() {
+        let (mut bytes, [_, b, _]) = segment();
+        bytes[20] ^= 0x40; // inside the first record's payload
+        assert_eq!(
+            read_all(&bytes),
+            ["damaged 63", "Removed(Mess", "DeadLettered"]
+        );
+        assert_eq!(b, 63);
+    }
+
+    #[test]
+    fn a_damaged_length_is_stepped_over_to_the_next_sound_record() {
+        let (mut bytes, [_, b, _]) = segment();
+        bytes[1] = 0x7f; // the first record's length now claims far too much
+        assert_eq!(
+            read_all(&bytes),
+            [
+                format!("damaged {b}"),
+                "Removed(Mess".into(),
+                "DeadLettered".into()
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cut_short_tail_is_unfinished() {
+        let (bytes, [_, _, c]) = segment();
+        for cut in [c + 3, c + 9, bytes.len() - 1] {
+            assert_eq!(
+                read_all(&bytes[..cut]).last().unwrap(),
+                "unfinished",
+                "cut at {cut}"
+            );
+            assert_eq!(read_all(&bytes[..cut]).len(), 3);
+        }
+    }
+
+    #[test]
+    fn padding_is_a_sound_record_of_the_asked_length() {
+        let pad = padding(40);
+        assert_eq!(pad.len(), 40);
+        assert_eq!(
+            read_at(&pad, 0),
+            Read::Sound {
+                record: Record::Padding,
+                len: 40
+            }
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! Reading the log back at start.
+
+use super::record::{read_at, Read, Record};
+use super::{segment_path, Live, SegmentUse};
+use crate::engine::{Durability, MessageId};
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+
+/// A message read back from the log.
+#[derive(Debug, Clone)]
+pub struct RecoveredMessage {
+    pub id: MessageId,
+    pub durability: Durability,
+    pub dead: bool,
+    pub delay_secs: u64,
+    /// When a delayed message falls due (ms since 1970).
+    pub due_ms: Option<u64>,
+    pub recdat: u64,
+    pub frame: Bytes,
+}
+
+/// Bytes that failed their checksum, to be shown in the dead letter queue.
+#[derive(Debug, Clone)]
+pub struct DamagedRegion {
+    pub segment: u32,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// What the log held at start.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Live messages, queued and dead-lettered, in id order.
+    pub messages: Vec<RecoveredMessage>,
+    pub damaged: Vec<DamagedRegion>,
+}
+
+/// The scan's result, including what the store needs to go on.
+pub(super) struct Scan {
+    pub recovered: Recovered,
+    pub live: HashMap<MessageId, Live>,
+    pub segments: BTreeMap<u32, SegmentUse>,
+}
+
+/// Reads every segment in order. A record cut short at the end of the last segment (a write
+/// torn by a crash) is cut off the file.
+pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
+    let numbers = segment_numbers(dir)?;
+    let mut messages: HashMap<MessageId, RecoveredMessage> = HashMap::new();
+    let mut scan = Scan {
+        recovered: Recovered::default(),
+        live: HashMap::new(),
+        segments: BTreeMap::new(),
+    };
+    for (index, &segment) in numbers.iter().enumerate() {
+        let path = segment_path(dir, segment);
+        let bytes = std::fs::read(&path)?;
+        let is_last = index + 1 == numbers.len();
+        let mut file_len = bytes.len();
+        let mut offset = 0;
+        while offset < bytes.len() {
+            match read_at(&bytes, offset) {
+                Read::Sound { record, len } => {
+                    apply(&mut scan, &mut messages, segment, record, len);
+                    offset += len;
+                }
+                Read::Damaged { len } => {
+                    let region = bytes[offset..offset + len].to_vec();
+                    scan.recovered.damaged.push(DamagedRegion {
+                        segment,
+                        offset: offset as u64,
+                        bytes: region,
+                    });
+                    offset += len;
+                }
+                Read::Unfinished if is_last => {
+                    tracing::warn!(segment, offset, "cutting off a torn write at the log's end");
+                    let file = OpenOptions::new().write(true).open(&path)?;
+                    file.set_len(offset as u64)?;
+                    file.sync_all()?;
+                    file_len = offset;
+                    break;
+                }
+                Read::Unfinished => {
+                    scan.recovered.damaged.push(DamagedRegion {
+                        segment,
+                        offset: offset as u64,
+                        bytes: bytes[offset..].to_vec(),
+                    });
+                    break;
+                }
+            }
+        }
+        scan.segments.entry(segment).or_default().bytes = file_len as u64;
+    }
+    let mut live: Vec<RecoveredMessage> = messages.into_values().collect();
+    live.sort_unstable_by_key(|m| m.id);
+    scan.recovered.messages = live;
+    Ok(scan)
+}
+
+fn apply(
+    scan: &mut Scan,
+    messages: &mut HashMap<MessageId, RecoveredMessage>,
+    segment: u32,
+    record: Record<'_>,
+    len: usize,
+) {
+    match record {
+        Record::Padding => {}
+        Record::Message(record) => {
+            let durability = match record.durability {
+                2 => Durability::Immediate,
+                _ => Durability::Eventual,
+            };
+            let live = Live {
+                segment,
+                len: len as u32,
+                dead: record.dead,
+                durability,
+            };
+            forget(scan, record.id);
+            scan.segments.entry(segment).or_default().live += len as u64;
+            scan.live.insert(record.id, live);
+            messages.insert(
+                record.id,
+                RecoveredMessage {
+                    id: record.id,
+                    durability,
+                    dead: record.dead,
+                    delay_secs: record.delay_secs as u64,
+                    due_ms: (record.due_ms != 0).then_some(record.due_ms),
+                    recdat: record.recdat,
+                    frame: Bytes::copy_from_slice(record.frame),
+                },
+            );
+        }
+        Record::Removed(id) => {
+            forget(scan, id);
+            messages.remove(&id);
+        }
+        Record::DeadLettered(id) => {
+            if let Some(message) = messages.get_mut(&id) {
+                message.dead = true;
+            }
+            if let Some(live) = scan.live.get_mut(&id) {
+                live.dead = true;
+            }
+        }
+    }
+}
+
+/// The message's earlier record no longer counts as live.
+fn forget(scan: &mut Scan, id: MessageId) {
+    if let Some(old) = scan.live.remove(&id) {
+        if let Some(segment) = scan.segments.get_mut(&old.segment) {
+            segment.live -= old.len as u64;
+        }
+    }
+}
+
+fn segment_numbers(dir: &Path) -> std::io::Result<Vec<u32>> {
+    let mut numbers = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if let Some(number) = name
+            .strip_suffix(".log")
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            numbers.push(number);
+        }
+    }
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// Overwrites each damaged region with a padding record of its length, and syncs: call it once
+/// the regions' dead-letter entries are safe, so a later start does not find them again.
+pub fn repair(dir: &Path, regions: &[DamagedRegion]) -> std::io::Result<()> {
+    for region in regions {
+        if region.bytes.len() <= super::record::HEADER_LEN {
+            continue; // too short to hold any record, or padding
+        }
+        let mut file = match OpenOptions::new()
+            .write(true)
+            .open(segment_path(dir, region.segment))
+        {
+            Ok(file) => file,
+            // Compaction already dropped the segment, damage and all.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        file.seek(SeekFrom::Start(region.offset))?;
+        file.write_all(&super::record::padding(region.bytes.len()))?;
+        file.sync_data()?;
+    }
+    if !regions.is_empty() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}

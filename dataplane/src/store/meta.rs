@@ -1,0 +1,101 @@
+//! The node's small, rarely written state, kept in sled: today the administrator's settings.
+//! (Stats and usage history join it in part 4.)
+
+use qe_shared::settings::{Setting, Settings, Tier};
+use qe_shared::Code;
+use std::path::Path;
+
+pub struct Meta {
+    db: sled::Db,
+    /// Setting name → value (u64, big-endian): only settings an administrator changed.
+    settings: sled::Tree,
+}
+
+/// Why a settings change did not fully take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SaveError {
+    #[error("the settings could not be saved; nothing changed")]
+    NotSaved,
+    #[error("the settings were saved but not synced")]
+    NotSynced,
+}
+
+impl SaveError {
+    pub fn code(self) -> Code {
+        match self {
+            SaveError::NotSaved => Code::SettingsNotSaved,
+            SaveError::NotSynced => Code::SettingsNotSynced,
+        }
+    }
+}
+
+impl Meta {
+    pub fn open(dir: &Path) -> Result<Meta, sled::Error> {
+        let db = sled::Config::new()
+            .path(dir)
+            // Settings and history are small: a small cache is plenty.
+            .cache_capacity(8 << 20)
+            .open()?;
+        let settings = db.open_tree("settings")?;
+        Ok(Meta { db, settings })
+    }
+
+    /// The tier's defaults with every saved change laid over them. A saved value out of range
+    /// (an older build's, say) is ignored rather than trusted.
+    pub fn settings(&self, tier: Tier) -> Settings {
+        let mut settings = Settings::defaults(tier);
+        for setting in Setting::ALL {
+            let saved = self.settings.get(setting.name()).ok().flatten();
+            let value = saved.and_then(|v| Some(u64::from_be_bytes(v.as_ref().try_into().ok()?)));
+            if let Some(value) = value.filter(|v| setting.accepts(*v)) {
+                settings.set(setting, value);
+            }
+        }
+        settings
+    }
+
+    /// Saves `changes` all together, and syncs.
+    pub fn save(&self, changes: &[(Setting, u64)]) -> Result<(), SaveError> {
+        let mut batch = sled::Batch::default();
+        for (setting, value) in changes {
+            batch.insert(setting.name(), &value.to_be_bytes());
+        }
+        self.settings
+            .apply_batch(batch)
+            .map_err(|_| SaveError::NotSaved)?;
+        self.db.flush().map_err(|_| SaveError::NotSynced)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_settings_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let meta = Meta::open(dir.path()).unwrap();
+            assert_eq!(
+                meta.settings(Tier::Standard),
+                Settings::defaults(Tier::Standard)
+            );
+            let changes = [
+                (Setting::SavedSessionTimeoutSecs, 60),
+                (Setting::MaxWsMsgLen, 2048),
+            ];
+            meta.save(&changes).unwrap();
+        }
+        let meta = Meta::open(dir.path()).unwrap();
+        let settings = meta.settings(Tier::Devtest);
+        assert_eq!(settings.get(Setting::SavedSessionTimeoutSecs), 60);
+        assert_eq!(settings.get(Setting::MaxWsMsgLen), 2048);
+        assert_eq!(
+            settings.get(Setting::StatsFrequencySecs),
+            3600,
+            "devtest default kept"
+        );
+        assert_eq!(SaveError::NotSynced.code().number(), 506);
+    }
+}

@@ -4,7 +4,7 @@ use clap::Parser;
 use dataplane::config::{Config, Flags, Transport};
 use dataplane::node::Node;
 use dataplane::server::Server;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 #[tokio::main]
@@ -14,6 +14,7 @@ async fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 
     let config = match Config::load(Flags::parse()) {

@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -25,6 +25,9 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 pub const PUBLISHER: (&str, &str) = ("PUBLISHER-NAME", "PUBLISHER-PASSWORD");
 pub const SUBSCRIBER: (&str, &str) = ("SUBSCRIBER-NAME", "SUBSCRIBER-PASSWORD");
 pub const ADMIN: (&str, &str) = ("ADMIN-NAME", "ADMIN-PASSWORD");
+
+/// Marks where a restarted node's log begins.
+const RESTARTED: &str = "--- restarted ---\n";
 
 /// How long a test waits for any one thing the node should do at once.
 pub const PROMPT: Duration = Duration::from_secs(10);
@@ -37,8 +40,8 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// The `dataplane` binary that `cargo test --workspace` built beside this test binary, or
-/// `QE_DATAPLANE_BIN`.
+/// The `dataplane` binary that `cargo build --workspace --bins` built beside this test binary
+/// (the README's test command does that first), or `QE_DATAPLANE_BIN`.
 pub fn dataplane_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("QE_DATAPLANE_BIN") {
         return path.into();
@@ -46,12 +49,38 @@ pub fn dataplane_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let binary = profile_dir.join("dataplane");
-    assert!(
-        binary.exists(),
-        "{} is missing: run the tests with `cargo test --workspace`, which builds it",
-        binary.display()
-    );
+    let built = std::fs::metadata(&binary)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: run the tests with `cargo test --workspace`",
+                binary.display()
+            )
+        });
+    // `cargo test` does not build another package's binary: catch a stale one.
+    for source in ["dataplane/src", "shared/src"] {
+        let newest = newest_change(&workspace().join(source));
+        assert!(
+            newest <= built,
+            "{} is older than {source}: run ./scripts/test, or `cargo build --workspace --bins`",
+            binary.display()
+        );
+    }
     binary
+}
+
+fn newest_change(dir: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let modified = if entry.file_type().unwrap().is_dir() {
+            newest_change(&entry.path())
+        } else {
+            entry.metadata().unwrap().modified().unwrap()
+        };
+        newest = newest.max(modified);
+    }
+    newest
 }
 
 /// A running node; killed on drop.
@@ -61,7 +90,15 @@ pub struct Node {
     /// Its data directory, removed on drop.
     pub data_dir: tempfile::TempDir,
     /// Everything it wrote to stderr.
-    log: Arc<Mutex<String>>,
+    log: Arc<Log>,
+}
+
+/// A node's stderr, as it arrives.
+#[derive(Default)]
+struct Log {
+    text: Mutex<String>,
+    /// Signalled on every append.
+    grew: Condvar,
 }
 
 impl Node {
@@ -72,7 +109,55 @@ impl Node {
 
     /// A node with extra flags.
     pub fn start_with(extra: &[&str]) -> Node {
-        let data_dir = tempfile::tempdir().unwrap();
+        Node::start_in(tempfile::tempdir().unwrap(), extra)
+    }
+
+    /// Kills the node with SIGKILL (no chance to flush anything), and waits for it to go.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Kills the node and starts a new one on the same data directory with `extra` flags.
+    pub fn restart(mut self, extra: &[&str]) -> Node {
+        self.kill();
+        let log = self.log();
+        // Move the directory out; the old node's Drop then only reaps a dead child.
+        let data_dir = std::mem::replace(&mut self.data_dir, tempfile::tempdir().unwrap());
+        drop(self);
+        let node = Node::start_in(data_dir, extra);
+        let mut text = node.log.text.lock().unwrap();
+        text.insert_str(0, &format!("{log}{RESTARTED}"));
+        drop(text);
+        node
+    }
+
+    /// What the node has written to its log so far.
+    pub fn log(&self) -> String {
+        self.log.text.lock().unwrap().clone()
+    }
+
+    /// Waits until the log since the last restart contains `needle`; returns that part of it.
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + PROMPT;
+        let mut text = self.log.text.lock().unwrap();
+        loop {
+            let current = text.rsplit(RESTARTED).next().unwrap_or_default();
+            if current.contains(needle) {
+                return current.to_string();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "the node never logged {needle:?}:\n{}",
+                *text
+            );
+            text = self.log.grew.wait_timeout(text, left).unwrap().0;
+        }
+    }
+
+    /// A node on an existing data directory.
+    pub fn start_in(data_dir: tempfile::TempDir, extra: &[&str]) -> Node {
         let login = |(name, password): (&str, &str)| format!("{name}:{password}");
         let mut child = Command::new(dataplane_binary())
             .args(["--listen", "127.0.0.1:0", "--plaintext", "--data-dir"])
@@ -87,15 +172,15 @@ impl Node {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start dataplane");
-        let log = Arc::new(Mutex::new(String::new()));
+        let log = Arc::new(Log::default());
         let mut stderr = child.stderr.take().unwrap();
         let sink = log.clone();
         std::thread::spawn(move || {
             let mut buffer = [0u8; 4096];
             while let Ok(n @ 1..) = stderr.read(&mut buffer) {
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+                let text = String::from_utf8_lossy(&buffer[..n]);
+                sink.text.lock().unwrap().push_str(&text);
+                sink.grew.notify_all();
             }
         });
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -105,7 +190,7 @@ impl Node {
                 let _ = child.wait();
                 panic!(
                     "dataplane exited before listening:\n{}",
-                    log.lock().unwrap()
+                    log.text.lock().unwrap()
                 );
             }
             if let Some(addr) = line.trim().strip_prefix("listening on ") {
@@ -152,7 +237,7 @@ impl Drop for Node {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("--- dataplane log ---\n{}", self.log.lock().unwrap());
+            eprintln!("--- dataplane log ---\n{}", self.log());
         }
     }
 }

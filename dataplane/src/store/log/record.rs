@@ -141,7 +141,7 @@ pub fn read_at(segment: &[u8], offset: usize) -> Read<'_> {
 fn claimed_len(segment: &[u8], offset: usize) -> Option<usize> {
     let header = segment.get(offset..offset + HEADER_LEN)?;
     let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
-    (len >= 1 && len <= MAX_RECORD_LEN && offset + HEADER_LEN + len <= segment.len())
+    ((1..=MAX_RECORD_LEN).contains(&len) && offset + HEADER_LEN + len <= segment.len())
         .then_some(HEADER_LEN + len)
 }
 

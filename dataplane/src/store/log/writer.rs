@@ -37,6 +37,8 @@ struct Writer {
     retry: Vec<Chunk>,
     /// When the oldest written-but-unsynced data was written.
     unsynced_since: Option<Instant>,
+    /// When to try `retry` again if nothing new comes first.
+    retry_at: Option<Instant>,
     progress: Progress,
 }
 
@@ -47,6 +49,7 @@ impl Writer {
             file: None,
             retry: Vec::new(),
             unsynced_since: None,
+            retry_at: None,
             progress: Progress::default(),
         }
     }
@@ -56,27 +59,31 @@ impl Writer {
             self.write(batch);
             if self.retry.is_empty() {
                 self.compact();
+            } else if self.shared.lock().stopping {
+                tracing::error!("stopping with records the disk would not take");
+                return;
             }
         }
     }
 
-    /// Waits for work: pending records, a sync that is due, or the stop (`None` once nothing
-    /// is left to write).
+    /// Waits for work: pending records, a retry or a sync that is due, or the stop (`None`
+    /// once nothing is left to write). New records end the wait even while a failed write
+    /// waits for its retry, so their writers hear of a full disk at once.
     fn next_batch(&mut self) -> Option<Batch> {
         let shared = self.shared.clone();
         let mut state = shared.lock();
         loop {
-            let idle = state.pending.is_empty() && self.retry.is_empty();
-            if !idle {
+            let now = Instant::now();
+            let sync_at = self.unsynced_since.map(|since| since + SYNC_WITHIN);
+            let due = [self.retry_at, sync_at].into_iter().flatten().min();
+            if !state.pending.is_empty() || due.is_some_and(|at| at <= now) {
                 break;
             }
-            match self.unsynced_since {
-                Some(since) if since.elapsed() >= SYNC_WITHIN => break,
-                Some(since) => {
-                    let wait = SYNC_WITHIN - since.elapsed();
+            match due {
+                Some(at) => {
                     state = shared
                         .work
-                        .wait_timeout(state, wait)
+                        .wait_timeout(state, at - now)
                         .expect("never poisoned")
                         .0;
                 }
@@ -105,11 +112,12 @@ impl Writer {
                 tracing::error!(%error, "writing the message log failed; will retry");
                 self.retry.push(chunk);
                 self.retry.extend(chunks);
+                self.retry_at = Some(Instant::now() + RETRY_AFTER);
                 self.publish(|p| p.failed_through = batch.end);
-                std::thread::sleep(RETRY_AFTER);
                 return;
             }
         }
+        self.retry_at = None;
         if batch.end > self.progress.written {
             self.publish(|p| p.written = batch.end);
             self.unsynced_since.get_or_insert_with(Instant::now);

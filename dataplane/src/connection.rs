@@ -11,11 +11,13 @@
 use crate::node::Node;
 use crate::session::{self, Data, Reply, Session, Then};
 use bytes::Bytes;
-use futures::{FutureExt, SinkExt};
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, SinkExt, StreamExt};
 use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{timeout, timeout_at, Instant};
 use yawc::frame::{Frame, OpCode};
 use yawc::{HttpStream, WebSocket, WebSocketError};
@@ -73,24 +75,37 @@ pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_dead
     }
 }
 
-/// The logged-in part: requests and their replies, and frames the queue sends on its own.
+/// Replies that may wait for the disk on one connection; past this the connection stops
+/// reading until one is sent, so a client cannot queue unbounded work.
+const MAX_WAITING_REPLIES: usize = 4096;
+
+/// The logged-in part. Requests take effect in the order they arrive; their replies wait for
+/// their changes' durability side by side and go out in that same order, while the queue's
+/// deliveries keep flowing. A reply that ends the connection stops the reading.
 async fn serve(mut socket: Socket, closer: Closer, mut session: Session) {
+    let mut frames = session.take_frames();
+    let mut replies = FuturesOrdered::new();
+    let mut reading = true;
     loop {
         tokio::select! {
-            incoming = next_data(&mut socket) => {
+            incoming = next_data(&mut socket), if reading && replies.len() < MAX_WAITING_REPLIES => {
                 let Incoming::Data(data) = incoming else { return };
-                let response = session.handle(data).await;
-                if send(&mut socket, &response.reply).await.is_err() {
+                let response = session.handle(data);
+                reading = response.then == Then::Continue;
+                replies.push_back(response.settle());
+            }
+            Some((reply, then)) = replies.next(), if !replies.is_empty() => {
+                if send(&mut socket, &reply).await.is_err() {
                     return;
                 }
-                match response.then {
+                match then {
                     Then::Continue => {}
                     Then::Logout => return close_normally(socket).await,
                     Then::Abort => return abort(socket, closer).await,
                 }
             }
-            Some(frame) = next_outbound(&mut session) => {
-                if send_outbound(&mut socket, frame, &mut session).await.is_err() {
+            Some(frame) = next_outbound(&mut frames) => {
+                if send_outbound(&mut socket, frame, &mut frames).await.is_err() {
                     return;
                 }
             }
@@ -125,8 +140,8 @@ fn sent_during_login(socket: &mut Socket) -> bool {
     }
 }
 
-async fn next_outbound(session: &mut Session) -> Option<Bytes> {
-    match session.frames() {
+async fn next_outbound(frames: &mut Option<UnboundedReceiver<Bytes>>) -> Option<Bytes> {
+    match frames {
         Some(frames) => frames.recv().await,
         None => std::future::pending().await,
     }
@@ -140,10 +155,10 @@ async fn send(socket: &mut Socket, reply: &Reply) -> Result<(), WebSocketError> 
 async fn send_outbound(
     socket: &mut Socket,
     first: Bytes,
-    session: &mut Session,
+    frames: &mut Option<UnboundedReceiver<Bytes>>,
 ) -> Result<(), WebSocketError> {
     socket.feed(Frame::text(first)).await?;
-    if let Some(frames) = session.frames() {
+    if let Some(frames) = frames {
         while let Ok(frame) = frames.try_recv() {
             socket.feed(Frame::text(frame)).await?;
         }

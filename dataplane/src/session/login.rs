@@ -53,7 +53,12 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
         (Role::Publisher, queue_type) => {
             let publisher = Publisher::new(node.clone(), queue_type);
             let reply = if has_publish_fields(&fields) {
-                publisher.publish_fields(fields, context).await
+                publisher
+                    .publish_fields(fields)
+                    .context(context)
+                    .settle()
+                    .await
+                    .0
             } else {
                 Reply::success().context(context)
             };

@@ -1,8 +1,11 @@
 //! What a frame means: first the login, then the requests of the role it chose.
 //!
 //! The connection layer hands each data frame to [`login`] and then to [`Session::handle`],
-//! and gets back a [`Response`]: the reply to send and whether the connection goes on.
-//! Close codes are the connection layer's business; this layer only says how to end.
+//! and gets back a [`Response`]: the reply to send, what must be durable before it is true,
+//! and whether the connection goes on. `handle` is synchronous: each request takes effect at
+//! once, in order, and only its reply waits for the disk, so a connection never stops reading
+//! (or receiving deliveries) while its changes are synced. Close codes are the connection
+//! layer's business; this layer only says how to end.
 
 mod admin;
 mod login;
@@ -14,6 +17,7 @@ mod subscriber;
 pub use login::login;
 pub use reply::Reply;
 
+use crate::store::Receipt;
 use admin::Admin;
 use bytes::Bytes;
 use publisher::Publisher;
@@ -52,7 +56,10 @@ pub enum Then {
 
 /// The answer to one frame.
 pub struct Response {
-    pub reply: Reply,
+    reply: Reply,
+    /// A change the reply speaks of, and the reply to send instead if it cannot be made as
+    /// durable as promised (507).
+    durability: Option<(Receipt, Reply)>,
     pub then: Then,
 }
 
@@ -60,15 +67,47 @@ impl Response {
     pub fn reply(reply: Reply) -> Response {
         Response {
             reply,
+            durability: None,
             then: Then::Continue,
         }
     }
 
     pub fn abort(reply: Reply) -> Response {
         Response {
-            reply,
             then: Then::Abort,
+            ..Response::reply(reply)
         }
+    }
+
+    /// `reply` once the change behind `receipt` is as durable as promised; else `instead`.
+    pub fn durable(reply: Reply, receipt: Receipt, instead: Reply) -> Response {
+        Response {
+            durability: Some((receipt, instead)),
+            ..Response::reply(reply)
+        }
+    }
+
+    /// Attaches the request's context to whichever reply is sent.
+    pub fn context(self, context: Option<serde_json::Value>) -> Response {
+        Response {
+            reply: self.reply.context(context.clone()),
+            durability: self
+                .durability
+                .map(|(r, instead)| (r, instead.context(context))),
+            then: self.then,
+        }
+    }
+
+    /// Waits for the durability, then gives the reply to send and what follows.
+    pub async fn settle(self) -> (Reply, Then) {
+        let reply = match self.durability {
+            None => self.reply,
+            Some((receipt, instead)) => match receipt.wait().await {
+                Ok(()) => self.reply,
+                Err(_) => instead,
+            },
+        };
+        (reply, self.then)
     }
 }
 
@@ -83,20 +122,21 @@ pub enum Session {
 }
 
 impl Session {
-    pub async fn handle(&mut self, data: Data) -> Response {
+    pub fn handle(&mut self, data: Data) -> Response {
         match self {
-            Session::Publisher(publisher) => Response::reply(publisher.handle(data).await),
-            Session::Subscriber(subscriber) => subscriber.handle(data).await,
+            Session::Publisher(publisher) => publisher.handle(data),
+            Session::Subscriber(subscriber) => subscriber.handle(data),
             Session::CopySubscriber(subscriber) => subscriber.handle(data),
             Session::Admin(admin) => admin.handle(data),
         }
     }
 
     /// Frames the queue sends on its own (deliveries, notices), for the roles that get them.
-    pub fn frames(&mut self) -> Option<&mut UnboundedReceiver<Bytes>> {
+    /// The connection takes them once, to send them while replies wait.
+    pub fn take_frames(&mut self) -> Option<UnboundedReceiver<Bytes>> {
         match self {
-            Session::Subscriber(subscriber) => Some(&mut subscriber.frames),
-            Session::CopySubscriber(subscriber) => Some(&mut subscriber.frames),
+            Session::Subscriber(subscriber) => subscriber.frames.take(),
+            Session::CopySubscriber(subscriber) => subscriber.frames.take(),
             Session::Publisher(_) | Session::Admin(_) => None,
         }
     }

@@ -1,7 +1,7 @@
 //! A publisher: every frame is a message to publish.
 
 use super::request::{self, optional_number_in, Fields, Parsed};
-use super::{as_str, Data, Reply};
+use super::{as_str, Data, Reply, Response};
 use crate::engine::{now_ms, BodyType, Durability, NewMessage};
 use crate::node::Node;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -28,61 +28,58 @@ impl Publisher {
         Publisher { node, queue_type }
     }
 
-    pub async fn handle(&self, data: Data) -> Reply {
+    pub fn handle(&self, data: Data) -> Response {
         let payload = match data {
             // A binary frame is a binary message, sent on as base64.
             Data::Binary(payload) => {
-                return self
-                    .publish(plain(BodyType::Binary, BASE64.encode(&payload)), None)
-                    .await;
+                return self.publish(plain(BodyType::Binary, BASE64.encode(&payload)));
             }
             Data::Text(payload) => payload,
         };
         let text = as_str(&payload);
         match request::parse(text) {
             Parsed::Object(fields) => match request::context(&fields) {
-                Ok(context) => self.publish_fields(fields, context).await,
-                Err(code) => Reply::failure(code),
+                Ok(context) => self.publish_fields(fields).context(context),
+                Err(code) => Response::reply(Reply::failure(code)),
             },
             // Text that only looks like a JSON object is a typing mistake, not a message.
             Parsed::NotJson if text.trim_start().starts_with('{') => {
-                Reply::failure(Code::InvalidJson)
+                Response::reply(Reply::failure(Code::InvalidJson))
             }
             // Any other text, JSON or not, is itself the message.
             Parsed::NotJson | Parsed::OtherJson => {
-                self.publish(plain(BodyType::Text, text.to_string()), None)
-                    .await
+                self.publish(plain(BodyType::Text, text.to_string()))
             }
         }
     }
 
     /// Publishes a JSON request's message (also used for a publish in the login).
-    pub async fn publish_fields(&self, fields: Fields, context: Option<Value>) -> Reply {
+    pub fn publish_fields(&self, fields: Fields) -> Response {
         match read_message(fields, self.queue_type) {
-            Ok(message) => self.publish(message, context).await,
-            Err(code) => Reply::failure(code).context(context),
+            Ok(message) => self.publish(message),
+            Err(code) => Response::reply(Reply::failure(code)),
         }
     }
 
-    async fn publish(&self, message: NewMessage, context: Option<Value>) -> Reply {
-        let reply = match self.queue_type {
+    fn publish(&self, message: NewMessage) -> Response {
+        match self.queue_type {
             QueueType::Copy => {
                 let recdat = now_ms() / 1000;
                 let subscribers = self
                     .node
                     .copy
                     .publish(message.body_type, &message.body, recdat);
-                Reply::success().with("subscribers", subscribers)
+                Response::reply(Reply::success().with("subscribers", subscribers))
             }
             QueueType::Distribute => match self.node.queue.publish(&message) {
-                Ok((id, receipt)) => match receipt.wait().await {
-                    Ok(()) => Reply::success().with("id", id.to_string()),
-                    Err(_) => Reply::failure(Code::SyncFailed).with("id", id.to_string()),
-                },
-                Err(refused) => Reply::failure(refused.code()),
+                Ok((id, receipt)) => {
+                    let id = id.to_string();
+                    let not_synced = Reply::failure(Code::SyncFailed).with("id", id.clone());
+                    Response::durable(Reply::success().with("id", id), receipt, not_synced)
+                }
+                Err(refused) => Response::reply(Reply::failure(refused.code())),
             },
-        };
-        reply.context(context)
+        }
     }
 }
 

@@ -15,8 +15,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 pub struct Subscriber {
     node: Arc<Node>,
     subscription: Subscription,
-    /// Deliveries from the queue.
-    pub frames: UnboundedReceiver<Bytes>,
+    /// Deliveries from the queue, until the connection takes them.
+    pub frames: Option<UnboundedReceiver<Bytes>>,
 }
 
 /// What a distribute subscriber may send.
@@ -32,7 +32,7 @@ impl Subscriber {
         Subscriber {
             node: node.clone(),
             subscription,
-            frames,
+            frames: Some(frames),
         }
     }
 
@@ -40,7 +40,7 @@ impl Subscriber {
         self.subscription.session()
     }
 
-    pub async fn handle(&mut self, data: Data) -> Response {
+    pub fn handle(&mut self, data: Data) -> Response {
         let fields = match &data {
             Data::Binary(_) => return Response::abort(Reply::failure(Code::InvalidJson)),
             Data::Text(payload) => match request::parse(as_str(payload)) {
@@ -55,46 +55,44 @@ impl Subscriber {
             Ok(context) => context,
             Err(code) => return Response::reply(Reply::failure(code)),
         };
-        let (reply, then) = match classify(&fields) {
-            Some(Request::Ack) => (self.ack(&fields).await, Then::Continue),
-            Some(Request::Capacity) => (self.set_capacity(&fields), Then::Continue),
+        let response = match classify(&fields) {
+            Some(Request::Ack) => self.ack(&fields),
+            Some(Request::Capacity) => Response::reply(self.set_capacity(&fields)),
             Some(Request::Logout) => match fields["logout"] {
-                Value::Bool(true) => (Reply::logout(), Then::Logout),
-                _ => (Reply::failure(Code::InvalidLogout), Then::Continue),
+                Value::Bool(true) => Response {
+                    then: Then::Logout,
+                    ..Response::reply(Reply::logout())
+                },
+                _ => Response::reply(Reply::failure(Code::InvalidLogout)),
             },
-            None => (
-                Reply::failure(Code::UnexpectedSubscriberMessage),
-                Then::Continue,
-            ),
+            None => Response::reply(Reply::failure(Code::UnexpectedSubscriberMessage)),
         };
-        Response {
-            reply: reply.context(context),
-            then,
-        }
+        response.context(context)
     }
 
     /// `{"id":..,"ack":1}` acknowledges; `"ack":0` rejects to the dead letter queue.
-    async fn ack(&self, fields: &Fields) -> Reply {
+    fn ack(&self, fields: &Fields) -> Response {
         let Some(ack) = fields.get("ack").and_then(whole_number).filter(|a| *a <= 1) else {
-            return Reply::failure(Code::InvalidAck);
+            return Response::reply(Reply::failure(Code::InvalidAck));
         };
         let Some(id) = fields
             .get("id")
             .and_then(Value::as_str)
             .and_then(MessageId::parse)
         else {
-            return Reply::failure(Code::InvalidMessageId);
+            return Response::reply(Reply::failure(Code::InvalidMessageId));
         };
         let recorded = match ack {
             1 => self.subscription.ack(id),
             _ => self.subscription.nack(id),
         };
         match recorded {
-            Ok(receipt) => match receipt.wait().await {
-                Ok(()) => Reply::success().with("id", id.to_string()),
-                Err(_) => Reply::failure(Code::SyncFailed).with("id", id.to_string()),
-            },
-            Err(refused) => Reply::failure(refused.code()),
+            Ok(receipt) => {
+                let id = id.to_string();
+                let not_synced = Reply::failure(Code::SyncFailed).with("id", id.clone());
+                Response::durable(Reply::success().with("id", id), receipt, not_synced)
+            }
+            Err(refused) => Response::reply(Reply::failure(refused.code())),
         }
     }
 
@@ -124,7 +122,8 @@ fn classify(fields: &Fields) -> Option<Request> {
 /// A copy subscriber: it receives, and sends nothing after its login.
 pub struct CopySubscriber {
     _subscription: CopySubscription,
-    pub frames: UnboundedReceiver<Bytes>,
+    /// Copies from the queue, until the connection takes them.
+    pub frames: Option<UnboundedReceiver<Bytes>>,
 }
 
 impl CopySubscriber {
@@ -132,7 +131,7 @@ impl CopySubscriber {
         let (subscription, frames) = node.copy.subscribe();
         CopySubscriber {
             _subscription: subscription,
-            frames,
+            frames: Some(frames),
         }
     }
 

@@ -35,6 +35,9 @@ impl Meta {
             .path(dir)
             // Settings and history are small: a small cache is plenty.
             .cache_capacity(8 << 20)
+            // Every save flushes (syncs) itself; no background flusher thread is needed, and
+            // without one a dropped database lets go of its files at once.
+            .flush_every_ms(None)
             .open()?;
         let settings = db.open_tree("settings")?;
         Ok(Meta { db, settings })

@@ -14,7 +14,6 @@ pub use memory::MemoryStore;
 pub use meta::Meta;
 
 use crate::engine::{Message, MessageId, SessionId};
-use tokio::sync::watch;
 
 /// One change to the queue's messages.
 #[derive(Debug)]
@@ -43,14 +42,6 @@ pub enum StoreError {
     NotSynced,
 }
 
-/// A place in the log to wait for.
-#[derive(Debug)]
-pub struct Ticket {
-    /// The LSN the change's record ends at.
-    lsn: u64,
-    progress: watch::Receiver<log::Progress>,
-}
-
 /// The store's answer to a change: what the connection waits on before its reply.
 #[must_use]
 #[derive(Debug)]
@@ -58,38 +49,24 @@ pub enum Receipt {
     /// Nothing to wait for (durability 0, or a change that is not kept).
     Done,
     /// Durability 1: wait until the record is written (handed to the operating system).
-    Written(Ticket),
+    Written(log::Ticket),
     /// Durability 2: wait until the record is synced.
-    Synced(Ticket),
+    Synced(log::Ticket),
 }
 
 impl Receipt {
     /// Waits until the change is as safe as its durability promises.
     pub async fn wait(self) -> Result<(), StoreError> {
-        let (mut ticket, synced) = match self {
-            Receipt::Done => return Ok(()),
-            Receipt::Written(ticket) => (ticket, false),
-            Receipt::Synced(ticket) => (ticket, true),
-        };
-        let lsn = ticket.lsn;
-        let reached = |p: &log::Progress| {
-            if synced {
-                p.synced >= lsn
-            } else {
-                p.written >= lsn
-            }
-        };
-        let progress = ticket
-            .progress
-            .wait_for(|p| reached(p) || p.failed_through >= lsn)
-            .await
-            // The writer only stops when the store is dropped, after writing everything.
-            .map(|p| *p)
-            .unwrap_or_else(|_| *ticket.progress.borrow());
-        match (reached(&progress), synced) {
-            (true, _) => Ok(()),
-            (false, false) => Err(StoreError::NotWritten),
-            (false, true) => Err(StoreError::NotSynced),
+        match self {
+            Receipt::Done => Ok(()),
+            Receipt::Written(ticket) => match ticket.wait(false).await {
+                true => Ok(()),
+                false => Err(StoreError::NotWritten),
+            },
+            Receipt::Synced(ticket) => match ticket.wait(true).await {
+                true => Ok(()),
+                false => Err(StoreError::NotSynced),
+            },
         }
     }
 }

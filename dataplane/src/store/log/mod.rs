@@ -2,20 +2,23 @@
 //!
 //! [`LogStore::record`] runs under the queue's lock: it encodes the change into a pending
 //! buffer, notes where it will land, and returns a receipt for the record's end position (its
-//! LSN, counted in bytes appended since start). One writer thread ([`writer`]) takes the whole
-//! pending buffer at once, writes it with one `write` (the durability-1 receipts complete),
-//! and, if any durability-2 change is in it or a second has passed, syncs once (the
-//! durability-2 receipts complete). Everything that arrives during a sync goes in the next
-//! batch: that is the group commit, and no timer delays a lone publisher.
+//! LSN, counted in bytes appended since start). Waiting on the receipt (after the queue's
+//! lock is released) first lets every other ready request add its record, then writes the
+//! whole pending buffer with one `write` unless another request already did ([`files`]):
+//! the durability-1 receipts complete with no thread handoff. A durability-2 receipt then asks
+//! the [`syncer`] thread for a sync, and one `fdatasync` answers every change written before
+//! it; what is written during a sync goes in the next one. That is the group commit, and no
+//! timer delays a lone publisher.
 //!
-//! Each message's latest record is known ([`Live`]), so the writer can compact: the oldest
+//! Each message's latest record is known ([`Live`]), so the syncer can compact: the oldest
 //! segment's live messages are appended again, synced, and the old file removed. Tombstones
 //! in the oldest segment are dropped with it: what they removed was in that segment or in an
 //! older one, already gone.
 
+mod files;
 pub mod record;
 mod recovery;
-mod writer;
+mod syncer;
 
 pub use recovery::{repair, DamagedRegion, Recovered, RecoveredMessage};
 
@@ -40,6 +43,8 @@ pub struct Progress {
     pub failed_through: u64,
     /// Syncs done so far (each one answers every durability-2 change written before it).
     pub syncs: u64,
+    /// Compaction rounds done so far.
+    pub compactions: u64,
 }
 
 /// Tuning of the log.
@@ -85,8 +90,10 @@ struct State {
     pending: Vec<Chunk>,
     /// The LSN at the end of `pending`.
     appended: u64,
-    /// `pending` holds a durability-2 change: sync right after writing it.
-    sync_wanted: bool,
+    /// A durability-2 receipt waits for the next sync.
+    sync_requested: bool,
+    /// A segment filled up since the syncer last looked: time to consider compacting.
+    compaction_due: bool,
     /// Every durable message in the queue or the dead letter queue.
     live: HashMap<MessageId, Live>,
     segments: BTreeMap<u32, SegmentUse>,
@@ -105,6 +112,7 @@ impl State {
             .is_some_and(|s| s.bytes >= self.options.segment_bytes)
         {
             self.active += 1;
+            self.compaction_due = true;
             self.segments.insert(self.active, SegmentUse::default());
         }
         let segment = self.active;
@@ -156,7 +164,9 @@ impl State {
 
 struct Shared {
     state: Mutex<State>,
-    /// Wakes the writer: there is something to write, or it is time to stop.
+    /// The files and the right to write them. Taken before `state` when both are needed.
+    files: Mutex<files::Files>,
+    /// Wakes the syncer: a sync is asked for, or it is time to stop.
     work: Condvar,
     progress: watch::Sender<Progress>,
     dir: PathBuf,
@@ -166,12 +176,72 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("the log lock is never poisoned")
     }
+
+    fn wake_syncer(&self) {
+        self.work.notify_one();
+    }
+
+    /// Asks for a sync of everything written so far; one wake however many ask.
+    fn request_sync(&self) {
+        let mut state = self.lock();
+        if !state.sync_requested {
+            state.sync_requested = true;
+            drop(state);
+            self.wake_syncer();
+        }
+    }
+}
+
+/// A change's place in the log, to wait for.
+#[derive(Debug)]
+pub struct Ticket {
+    /// The LSN the change's record ends at.
+    lsn: u64,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket {
+    /// Waits until the change is written (`synced` false) or synced (`synced` true); false if
+    /// a write or sync failed first (the change is kept and retried).
+    pub(super) async fn wait(self, synced: bool) -> bool {
+        let lsn = self.lsn;
+        let reached = |p: &Progress| {
+            if synced {
+                p.synced >= lsn
+            } else {
+                p.written >= lsn
+            }
+        };
+        if self.shared.progress.borrow().written < lsn {
+            // Let every request that is ready add its record first: one write for them all.
+            tokio::task::yield_now().await;
+            self.shared.write_pending();
+        }
+        if synced && !reached(&self.shared.progress.borrow()) {
+            self.shared.request_sync();
+        }
+        let mut progress = self.shared.progress.subscribe();
+        let outcome = progress
+            .wait_for(|p| reached(p) || p.failed_through >= lsn)
+            .await;
+        // The sender lives in `shared`, which this ticket holds: it cannot be gone.
+        let outcome = *outcome.expect("the log's progress outlives its tickets");
+        reached(&outcome)
+    }
 }
 
 /// The log, as the queue's [`Store`].
 pub struct LogStore {
     shared: Arc<Shared>,
-    writer: Option<JoinHandle<()>>,
+    syncer: Option<JoinHandle<()>>,
 }
 
 impl LogStore {
@@ -186,7 +256,8 @@ impl LogStore {
         let state = State {
             pending: Vec::new(),
             appended: 0,
-            sync_wanted: false,
+            sync_requested: false,
+            compaction_due: false,
             live: scan.live,
             segments,
             active,
@@ -195,14 +266,15 @@ impl LogStore {
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
+            files: Mutex::default(),
             work: Condvar::new(),
             progress: watch::Sender::new(Progress::default()),
             dir: dir.to_path_buf(),
         });
-        let writer = writer::spawn(shared.clone())?;
+        let syncer = syncer::spawn(shared.clone())?;
         let store = LogStore {
             shared,
-            writer: Some(writer),
+            syncer: Some(syncer),
         };
         Ok((store, scan.recovered))
     }
@@ -213,8 +285,10 @@ impl LogStore {
     }
 
     fn receipt(&self, lsn: u64, durability: Durability) -> Receipt {
-        let progress = self.shared.progress.subscribe();
-        let ticket = super::Ticket { lsn, progress };
+        let ticket = Ticket {
+            lsn,
+            shared: self.shared.clone(),
+        };
         match durability {
             Durability::None => Receipt::Done,
             Durability::Eventual => Receipt::Written(ticket),
@@ -270,22 +344,22 @@ impl Store for LogStore {
             // Holding is not kept: a restart ends every session.
             Change::Delivered { .. } | Change::Returned(_) => return Receipt::Done,
         };
-        if durability == Durability::Immediate {
-            state.sync_wanted = true;
-        }
+        let compaction_due = state.compaction_due;
         drop(state);
-        self.shared.work.notify_one();
+        if compaction_due {
+            self.shared.wake_syncer();
+        }
         self.receipt(lsn, durability)
     }
 }
 
 impl Drop for LogStore {
-    /// Writes and syncs what is pending, then stops the writer.
+    /// Writes and syncs what is pending, then stops the syncer.
     fn drop(&mut self) {
         self.shared.lock().stopping = true;
-        self.shared.work.notify_one();
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
+        self.shared.wake_syncer();
+        if let Some(syncer) = self.syncer.take() {
+            let _ = syncer.join();
         }
     }
 }

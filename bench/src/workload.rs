@@ -1,0 +1,434 @@
+//! The workloads: publishers and subscribers on real connections, and what they measured.
+
+use crate::node::{Node, NodeConfig, PUBLISHER, SUBSCRIBER};
+use futures::{FutureExt, SinkExt, StreamExt};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio_tungstenite::tungstenite::Message;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    pub name: &'static str,
+    pub publishers: usize,
+    /// Publishes each publisher keeps in flight (told apart by `context`).
+    pub window: usize,
+    pub subscribers: usize,
+    pub capacity: usize,
+}
+
+impl Workload {
+    pub fn named(name: &str) -> Option<Workload> {
+        let (publishers, window, subscribers, capacity) = match name {
+            "w1" => (1, 1, 1, 1),
+            "w4" => (16, 1, 4, 64),
+            "w5" => (16, 64, 16, 64),
+            _ => return None,
+        };
+        let name = match name {
+            "w1" => "W1",
+            "w4" => "W4",
+            _ => "W5",
+        };
+        Some(Workload {
+            name,
+            publishers,
+            window,
+            subscribers,
+            capacity,
+        })
+    }
+}
+
+pub struct Report {
+    workload: &'static str,
+    size: usize,
+    durability: u8,
+    messages: usize,
+    /// End-to-end messages per second (published and delivered).
+    pub rate: f64,
+    reply: Percentiles,
+    delivery: Percentiles,
+    cpu_us_per_message: f64,
+    peak_rss: u64,
+}
+
+struct Percentiles {
+    p50: Duration,
+    p99: Duration,
+}
+
+impl Percentiles {
+    fn of(mut samples: Vec<u64>) -> Percentiles {
+        samples.sort_unstable();
+        let at = |q: f64| Duration::from_nanos(samples[((samples.len() - 1) as f64 * q) as usize]);
+        Percentiles {
+            p50: at(0.5),
+            p99: at(0.99),
+        }
+    }
+}
+
+impl Report {
+    pub fn header() -> String {
+        format!(
+            "{:<4} {:>5} {:>2} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>8}",
+            "load",
+            "body",
+            "d",
+            "messages",
+            "msg/s",
+            "reply50",
+            "reply99",
+            "deliv50",
+            "deliv99",
+            "cpu/msg",
+            "peakRSS"
+        )
+    }
+
+    pub fn line(&self) -> String {
+        let ms = |d: Duration| format!("{:.3}ms", d.as_secs_f64() * 1000.0);
+        format!(
+            "{:<4} {:>5} {:>2} {:>8} {:>9.0} {:>9} {:>9} {:>9} {:>9} {:>5.1}us {:>6}MB",
+            self.workload,
+            self.size,
+            self.durability,
+            self.messages,
+            self.rate,
+            ms(self.reply.p50),
+            ms(self.reply.p99),
+            ms(self.delivery.p50),
+            ms(self.delivery.p99),
+            self.cpu_us_per_message,
+            self.peak_rss >> 20,
+        )
+    }
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn login(url: &str, login: serde_json::Value) -> Socket {
+    let (mut socket, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("connect");
+    socket.send(Message::text(login.to_string())).await.unwrap();
+    let reply = socket.next().await.unwrap().unwrap();
+    assert!(
+        reply.to_text().unwrap().contains("Success."),
+        "login: {reply}"
+    );
+    socket
+}
+
+/// When a publisher stops.
+#[derive(Clone, Copy)]
+enum Until {
+    Time(Instant),
+    Count(usize),
+}
+
+/// What a publisher got back.
+#[derive(Default)]
+struct Published {
+    ids: Vec<String>,
+    /// Publish → reply, in ns.
+    reply_ns: Vec<u64>,
+}
+
+/// Text between `key` and the next `"` (or `,`/`}` for numbers).
+fn field<'a>(frame: &'a str, key: &str) -> Option<&'a str> {
+    let start = frame.find(key)? + key.len();
+    let rest = &frame[start..];
+    let end = rest.find(['"', ',', '}']).unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// Publishes until `until`; each publish takes one unit of `in_flight_budget`, which the
+/// subscriber that receives it gives back, so at most `publishers × window` messages are
+/// between publish and delivery: a closed loop that measures the node, not a backlog.
+async fn publisher(
+    url: String,
+    epoch: Instant,
+    size: usize,
+    durability: u8,
+    window: usize,
+    until: Until,
+    in_flight_budget: Arc<Semaphore>,
+) -> Published {
+    let socket = login(&url, serde_json::json!({
+        "username": PUBLISHER.0, "password": PUBLISHER.1, "role": "publisher", "queuetype": "distribute",
+    }))
+    .await;
+    let (mut sink, mut stream) = socket.split();
+    let mut sent_at: Vec<u64> = Vec::new();
+    let mut published = Published::default();
+    let mut unanswered = 0;
+    let padding = "x".repeat(size.saturating_sub(16));
+    loop {
+        let more = match until {
+            Until::Time(deadline) => Instant::now() < deadline,
+            Until::Count(n) => sent_at.len() < n,
+        };
+        if !more && unanswered == 0 {
+            return published;
+        }
+        let may_send = more && unanswered < window;
+        let reply = tokio::select! {
+            permit = in_flight_budget.acquire(), if may_send => {
+                permit.unwrap().forget();
+                let now = epoch.elapsed().as_nanos() as u64;
+                let context = sent_at.len();
+                let request = format!(
+                    r#"{{"body":"{now:016x}{padding}","durability":{durability},"context":{context}}}"#
+                );
+                sink.send(Message::text(request)).await.unwrap();
+                sent_at.push(now);
+                unanswered += 1;
+                continue;
+            }
+            reply = stream.next(), if unanswered > 0 => reply,
+        };
+        let reply = reply.unwrap().unwrap();
+        let reply = reply.to_text().unwrap();
+        assert!(reply.contains(r#""status":"Success.""#), "publish: {reply}");
+        let context: usize = field(reply, r#""context":"#).unwrap().parse().unwrap();
+        published
+            .reply_ns
+            .push(epoch.elapsed().as_nanos() as u64 - sent_at[context]);
+        published
+            .ids
+            .push(field(reply, r#""id":""#).unwrap().to_string());
+        unanswered -= 1;
+    }
+}
+
+/// What a subscriber received.
+#[derive(Default)]
+struct Received {
+    ids: Vec<String>,
+    /// Publish → delivery, in ns.
+    delivery_ns: Vec<u64>,
+}
+
+async fn subscriber(
+    url: String,
+    epoch: Instant,
+    capacity: usize,
+    delivered: Arc<(AtomicUsize, Notify)>,
+    in_flight_budget: Arc<Semaphore>,
+    mut stop: watch::Receiver<bool>,
+) -> Received {
+    let socket = login(
+        &url,
+        serde_json::json!({
+            "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
+            "queuetype": "distribute", "capacity": capacity,
+        }),
+    )
+    .await;
+    let (mut sink, mut stream) = socket.split();
+    let mut received = Received::default();
+    loop {
+        let first = tokio::select! {
+            frame = stream.next() => frame,
+            _ = stop.changed() => return received,
+        };
+        let mut frame = first;
+        // Take every frame already here, then send all their acks with one flush.
+        loop {
+            let text = frame.unwrap().unwrap().into_text().unwrap();
+            if let Some(body) = field(&text, r#""body":""#) {
+                let sent = u64::from_str_radix(&body[..16], 16).unwrap();
+                received
+                    .delivery_ns
+                    .push(epoch.elapsed().as_nanos() as u64 - sent);
+                let id = field(&text, r#""id":""#).unwrap();
+                sink.feed(Message::text(format!(r#"{{"id":"{id}","ack":1}}"#)))
+                    .await
+                    .unwrap();
+                received.ids.push(id.to_string());
+                delivered.0.fetch_add(1, Ordering::Relaxed);
+                delivered.1.notify_one();
+                in_flight_budget.add_permits(1);
+            } else {
+                assert!(text.contains("Success."), "ack: {text}");
+            }
+            match stream.next().now_or_never() {
+                Some(next) => frame = next,
+                None => break,
+            }
+        }
+        sink.flush().await.unwrap();
+    }
+}
+
+pub async fn run(
+    config: &NodeConfig,
+    workload: Workload,
+    size: usize,
+    durability: u8,
+    time: Duration,
+) -> Report {
+    let dir = tempfile::tempdir_in(&config.data_root).unwrap();
+    let node = Node::start(config, dir.path());
+    let url = node.url();
+    let epoch = Instant::now();
+    let delivered = Arc::new((AtomicUsize::new(0), Notify::new()));
+    let (stop, stopped) = watch::channel(false);
+    let budget = Arc::new(Semaphore::new(workload.publishers * workload.window));
+    let subscribers: Vec<_> = (0..workload.subscribers)
+        .map(|_| {
+            let subscriber = subscriber(
+                url.clone(),
+                epoch,
+                workload.capacity,
+                delivered.clone(),
+                budget.clone(),
+                stopped.clone(),
+            );
+            tokio::spawn(subscriber)
+        })
+        .collect();
+    let cpu_before = node.cpu_time();
+    let started = Instant::now();
+    let until = Until::Time(started + time);
+    let publishers: Vec<_> = (0..workload.publishers)
+        .map(|_| {
+            tokio::spawn(publisher(
+                url.clone(),
+                epoch,
+                size,
+                durability,
+                workload.window,
+                until,
+                budget.clone(),
+            ))
+        })
+        .collect();
+    let mut published = Published::default();
+    for handle in publishers {
+        let part = handle.await.unwrap();
+        published.ids.extend(part.ids);
+        published.reply_ns.extend(part.reply_ns);
+    }
+    while delivered.0.load(Ordering::Relaxed) < published.ids.len() {
+        delivered.1.notified().await;
+    }
+    let elapsed = started.elapsed();
+    let cpu = node.cpu_time() - cpu_before;
+    stop.send(true).unwrap();
+    let mut received = Received::default();
+    for handle in subscribers {
+        let part = handle.await.unwrap();
+        received.ids.extend(part.ids);
+        received.delivery_ns.extend(part.delivery_ns);
+    }
+    check_exactly_once(&mut published.ids, &mut received.ids);
+    let messages = published.ids.len();
+    let (peak_rss, _) = node.memory();
+    node.kill();
+    Report {
+        workload: workload.name,
+        size,
+        durability,
+        messages,
+        rate: messages as f64 / elapsed.as_secs_f64(),
+        reply: Percentiles::of(published.reply_ns),
+        delivery: Percentiles::of(received.delivery_ns),
+        cpu_us_per_message: cpu.as_secs_f64() * 1e6 / messages as f64,
+        peak_rss,
+    }
+}
+
+/// Every id a publisher was given reached a subscriber exactly once.
+fn check_exactly_once(published: &mut [String], received: &mut [String]) {
+    published.sort_unstable();
+    received.sort_unstable();
+    assert!(
+        received.windows(2).all(|w| w[0] != w[1]),
+        "a message was delivered twice"
+    );
+    assert!(
+        published == received,
+        "published {} ids, received {}",
+        published.len(),
+        received.len()
+    );
+}
+
+pub async fn recovery(config: &NodeConfig, messages: usize) {
+    let dir = tempfile::tempdir_in(&config.data_root).unwrap();
+    let node = Node::start(config, dir.path());
+    let (_, empty_rss) = node.memory();
+    let epoch = Instant::now();
+    let publishers = 16;
+    let started = Instant::now();
+    let handles: Vec<_> = (0..publishers)
+        .map(|_| {
+            // No subscribers: the messages are stored, so the budget is unbounded.
+            let budget = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
+            tokio::spawn(publisher(
+                node.url(),
+                epoch,
+                100,
+                1,
+                64,
+                Until::Count(messages / publishers),
+                budget,
+            ))
+        })
+        .collect();
+    let mut stored = 0;
+    for handle in handles {
+        stored += handle.await.unwrap().ids.len();
+    }
+    let publish_time = started.elapsed();
+    let (_, full_rss) = node.memory();
+    node.kill();
+    let disk: u64 = std::fs::read_dir(dir.path().join("messages"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let restarted = Node::start(config, dir.path());
+    let (_, restored_rss) = restarted.memory();
+    let per_message = |rss: u64| (rss.saturating_sub(empty_rss)) as f64 / stored as f64;
+    println!(
+        "stored {stored} messages of 100 B at durability 1 in {:.1}s ({:.0}/s)",
+        publish_time.as_secs_f64(),
+        stored as f64 / publish_time.as_secs_f64()
+    );
+    println!(
+        "log on disk: {} MB ({:.0} B/message)",
+        disk >> 20,
+        disk as f64 / stored as f64
+    );
+    println!(
+        "resident memory: empty {} MB, full {} MB ({:.0} B/message beyond the empty node)",
+        empty_rss >> 20,
+        full_rss >> 20,
+        per_message(full_rss)
+    );
+    println!(
+        "after SIGKILL, restart to serving: {:.2}s; resident {} MB ({:.0} B/message)",
+        restarted.startup.as_secs_f64(),
+        restored_rss >> 20,
+        per_message(restored_rss)
+    );
+    let mut probe = login(
+        &restarted.url(),
+        serde_json::json!({
+            "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
+            "queuetype": "distribute", "capacity": 1,
+        }),
+    )
+    .await;
+    let first = probe.next().await.unwrap().unwrap();
+    assert!(
+        first.to_text().unwrap().contains("\"body\""),
+        "a stored message is served: {first}"
+    );
+    restarted.kill();
+}

@@ -52,10 +52,11 @@ pub struct NewMessage {
 pub struct Message {
     pub id: MessageId,
     pub durability: Durability,
-    /// The delay the publisher asked for (shown to administrators).
-    pub delay_secs: u64,
-    /// When the queue received it, in seconds since 1970.
-    pub recdat: u64,
+    /// The delay the publisher asked for (shown to administrators); at most two days.
+    pub delay_secs: u32,
+    /// When the queue received it, in seconds since 1970 (u32 lasts until 2106; these two
+    /// narrow fields keep a stored message small).
+    pub recdat: u32,
     /// The exact frame a subscriber receives, built once at publish and shared by every
     /// delivery; its length is the manual's `len`.
     pub frame: Bytes,
@@ -82,7 +83,7 @@ struct CopyFrame<'a> {
 
 impl Message {
     pub fn new(id: MessageId, new: &NewMessage, recdat: u64) -> Message {
-        let frame = serde_json::to_vec(&DeliveryFrame {
+        let mut frame = serde_json::to_vec(&DeliveryFrame {
             id: id.to_string(),
             publisherkey: new.publisher_key.as_deref(),
             body_type: new.body_type as u8,
@@ -90,11 +91,13 @@ impl Message {
             recdat,
         })
         .expect("a frame of strings and numbers serializes");
+        // The vector grew by doubling; a stored message keeps only what it uses.
+        frame.shrink_to_fit();
         Message {
             id,
             durability: new.durability,
-            delay_secs: new.delay_secs,
-            recdat,
+            delay_secs: new.delay_secs as u32,
+            recdat: recdat as u32,
             frame: frame.into(),
         }
     }
@@ -129,7 +132,7 @@ impl Message {
             // Synced before the damaged bytes are padded over, so it is never lost between.
             durability: Durability::Immediate,
             delay_secs: 0,
-            recdat,
+            recdat: recdat as u32,
             frame: frame.into(),
         }
     }

@@ -1,6 +1,6 @@
 //! The distribute queue's rules, as plain synchronous code with the clock passed in.
 //!
-//! Every message is in exactly one place: waiting (in `waiting`, in turn order), held by one
+//! Every message is in exactly one place: waiting (in `waiting`, in delivery order), held by one
 //! subscriber (in the line), delayed (in `delayed`, by due time) or dead-lettered (in `dead`).
 //! After every operation, `dispatch` restores the invariant that no message waits while a
 //! subscriber has room. Each step costs O(log n) in what is stored; nothing walks all messages
@@ -12,7 +12,7 @@ use super::message::{Durability, Message, NewMessage};
 use crate::store::log::RecoveredMessage;
 use crate::store::{Change, Receipt, Store};
 use qe_shared::Code;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Memory the queue counts for each message beyond its frame: the index entries, the map node
 /// and the frame's allocation header. `messages-memory-used` is the frames plus this each.
@@ -59,8 +59,8 @@ pub fn memory_cost(message: &Message) -> u64 {
 /// Where a message in the queue (not the dead letter queue) is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
-    /// Waiting for a subscriber with room; the number is its turn in `waiting`.
-    Waiting(u64),
+    /// Waiting for a subscriber with room, in `waiting`.
+    Waiting,
     Held(SessionId),
     /// Waiting for its delay to end, at this time (ms since 1970).
     Delayed(u64),
@@ -74,13 +74,14 @@ struct Entry {
 pub struct QueueState {
     ids: IdGenerator,
     limits: Limits,
-    /// Waiting, held and delayed messages, by id (the order administrators page in).
-    messages: BTreeMap<MessageId, Entry>,
-    /// Waiting messages in delivery order: turn → id. A returned message takes a new turn at
-    /// the back.
-    waiting: BTreeMap<u64, MessageId>,
-    /// The turn the next waiting message takes.
-    next_turn: u64,
+    /// Waiting, held and delayed messages, by id (the order administrators page in). Boxed:
+    /// B-tree nodes of ascending keys stay about half full, so small values save the most.
+    messages: BTreeMap<MessageId, Box<Entry>>,
+    /// Waiting messages in delivery order; a returned message goes to the back. An id whose
+    /// message no longer waits (an administrator took it) is skipped when it comes up.
+    waiting: VecDeque<MessageId>,
+    /// How many messages wait (`waiting` may also hold skipped ids).
+    waiting_count: usize,
     /// Delayed messages by (due time in ms, id): the first entry is the next to release.
     delayed: BTreeSet<(u64, MessageId)>,
     /// The dead letter queue, by id.
@@ -97,8 +98,8 @@ impl QueueState {
             ids: IdGenerator::new(),
             limits,
             messages: BTreeMap::new(),
-            waiting: BTreeMap::new(),
-            next_turn: 0,
+            waiting: VecDeque::new(),
+            waiting_count: 0,
             delayed: BTreeSet::new(),
             dead: BTreeMap::new(),
             line: Line::default(),
@@ -134,9 +135,9 @@ impl QueueState {
                 self.delayed.insert((due_ms, id));
                 Place::Delayed(due_ms)
             }
-            None => Place::Waiting(self.take_turn(id)),
+            None => self.enqueue(id),
         };
-        self.messages.insert(id, Entry { message, place });
+        self.messages.insert(id, Box::new(Entry { message, place }));
         self.dispatch();
         Ok((id, receipt))
     }
@@ -151,8 +152,8 @@ impl QueueState {
             let message = Message {
                 id,
                 durability: recovered.durability,
-                delay_secs: recovered.delay_secs,
-                recdat: recovered.recdat,
+                delay_secs: recovered.delay_secs as u32,
+                recdat: recovered.recdat as u32,
                 frame: recovered.frame,
             };
             self.memory_used += memory_cost(&message);
@@ -165,9 +166,9 @@ impl QueueState {
                     self.delayed.insert((due_ms, id));
                     Place::Delayed(due_ms)
                 }
-                _ => Place::Waiting(self.take_turn(id)),
+                _ => self.enqueue(id),
             };
-            self.messages.insert(id, Entry { message, place });
+            self.messages.insert(id, Box::new(Entry { message, place }));
         }
         self.dispatch();
     }
@@ -241,12 +242,12 @@ impl QueueState {
     /// subscriber with room, else to the back of the queue, in id order.
     pub fn leave(&mut self, session: SessionId) {
         for id in self.line.leave(session) {
-            let turn = self.take_turn(id);
+            let place = self.enqueue(id);
             let entry = self
                 .messages
                 .get_mut(&id)
                 .expect("a held message is in the queue");
-            entry.place = Place::Waiting(turn);
+            entry.place = place;
             let _ = self.store.record(Change::Returned(id));
         }
         self.dispatch();
@@ -259,11 +260,11 @@ impl QueueState {
                 break;
             }
             self.delayed.pop_first();
-            let turn = self.take_turn(id);
+            let place = self.enqueue(id);
             self.messages
                 .get_mut(&id)
                 .expect("a delayed message is in the queue")
-                .place = Place::Waiting(turn);
+                .place = place;
         }
         self.dispatch();
     }
@@ -287,7 +288,7 @@ impl QueueState {
     }
 
     pub fn waiting_count(&self) -> usize {
-        self.waiting.len()
+        self.waiting_count
     }
 
     pub fn delayed_count(&self) -> usize {
@@ -298,24 +299,27 @@ impl QueueState {
         self.memory_used
     }
 
-    fn take_turn(&mut self, id: MessageId) -> u64 {
-        let turn = self.next_turn;
-        self.next_turn += 1;
-        self.waiting.insert(turn, id);
-        turn
+    /// Puts `id` at the back of the waiting line; its place is then `Waiting`.
+    fn enqueue(&mut self, id: MessageId) -> Place {
+        self.waiting.push_back(id);
+        self.waiting_count += 1;
+        Place::Waiting
     }
 
-    /// Gives waiting messages, oldest turn first, to the first subscriber with room, until
-    /// nothing waits or nobody has room.
+    /// Gives waiting messages, front first, to the first subscriber with room, until nothing
+    /// waits or nobody has room.
     fn dispatch(&mut self) {
         while let Some(session) = self.line.first_with_room() {
-            let Some((_, id)) = self.waiting.pop_first() else {
+            let Some(id) = self.waiting.pop_front() else {
                 break;
             };
-            let entry = self
-                .messages
-                .get_mut(&id)
-                .expect("a waiting message is in the queue");
+            let Some(entry) = self.messages.get_mut(&id) else {
+                continue; // taken by an administrator while it waited
+            };
+            if entry.place != Place::Waiting {
+                continue;
+            }
+            self.waiting_count -= 1;
             entry.place = Place::Held(session);
             let frame = entry.message.frame.clone();
             let _ = self.store.record(Change::Delivered { id, session });

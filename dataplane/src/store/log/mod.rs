@@ -309,9 +309,9 @@ impl Store for LogStore {
                     id: message.id,
                     durability: message.durability as u8,
                     dead: false,
-                    delay_secs: message.delay_secs as u32,
+                    delay_secs: message.delay_secs,
                     due_ms: due_ms.unwrap_or(0),
-                    recdat: message.recdat,
+                    recdat: message.recdat as u64,
                     frame: &message.frame,
                 };
                 let (segment, lsn, len) = state.append(|out| encode_message(out, &record));

@@ -1,11 +1,13 @@
 //! The node's configuration: a TOML file (what the control plane writes) overridden by flags.
 
 use crate::auth::{Login, Logins, PasswordHash};
+use crate::connection::Keepalive;
 use clap::Parser;
 use qe_shared::settings::Tier;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Command-line flags; each overrides the same setting in `--config`.
 #[derive(Debug, Parser, Default)]
@@ -50,6 +52,12 @@ pub struct Flags {
     /// Size at which the message log starts a new segment file (tuning and tests).
     #[arg(long, hide = true)]
     pub log_segment_bytes: Option<u64>,
+    /// Seconds between pings of an idle connection (default 15; tests make it short).
+    #[arg(long, hide = true)]
+    pub ping_secs: Option<u64>,
+    /// Seconds a peer may stay silent before it counts as gone (default 45).
+    #[arg(long, hide = true)]
+    pub silence_limit_secs: Option<u64>,
 }
 
 /// The TOML file. Every field is optional here; the flags may supply what it lacks.
@@ -81,6 +89,10 @@ pub struct ConfigFile {
     pub admin: Option<LoginFile>,
     /// Size at which the message log starts a new segment file. Default 16 MiB.
     pub log_segment_bytes: Option<u64>,
+    /// Seconds between pings of an idle connection. Default 15.
+    pub ping_secs: Option<u64>,
+    /// Seconds a peer may stay silent before it counts as gone. Default 45.
+    pub silence_limit_secs: Option<u64>,
 }
 
 /// A login as it rests in the file: never the password itself.
@@ -110,6 +122,7 @@ pub struct Config {
     pub max_messages: Option<u64>,
     pub max_messages_memory: Option<u64>,
     pub log_segment_bytes: Option<u64>,
+    pub keepalive: Keepalive,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -191,6 +204,20 @@ impl Config {
             max_messages: flags.max_messages.or(file.max_messages),
             max_messages_memory: flags.max_messages_memory.or(file.max_messages_memory),
             log_segment_bytes: flags.log_segment_bytes.or(file.log_segment_bytes),
+            keepalive: {
+                let default = Keepalive::default();
+                let secs = |flag: Option<u64>, file: Option<u64>, default: Duration| {
+                    flag.or(file).map_or(default, Duration::from_secs)
+                };
+                Keepalive {
+                    ping_every: secs(flags.ping_secs, file.ping_secs, default.ping_every),
+                    silence_limit: secs(
+                        flags.silence_limit_secs,
+                        file.silence_limit_secs,
+                        default.silence_limit,
+                    ),
+                }
+            },
         })
     }
 }

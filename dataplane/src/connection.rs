@@ -8,6 +8,7 @@
 //! sends is read for a moment, so the kernel does not answer unread input with a reset that
 //! would destroy the reply.
 
+use crate::engine::Outbound;
 use crate::node::Node;
 use crate::session::{self, Data, Reply, Session, Then};
 use bytes::Bytes;
@@ -49,7 +50,9 @@ enum Incoming {
 
 /// Runs a connection from its first frame to its end.
 pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_deadline: Instant) {
-    let Ok(Incoming::Data(login)) = timeout_at(login_deadline, next_data(&mut socket)).await else {
+    let mut last_heard = Instant::now();
+    let login = timeout_at(login_deadline, next_data(&mut socket, &mut last_heard)).await;
+    let Ok(Incoming::Data(login)) = login else {
         return;
     };
     if sent_during_login(&mut socket) {
@@ -61,18 +64,58 @@ pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_dead
     if sent_during_login(&mut socket) {
         return;
     }
-    match outcome {
+    let mut session = match outcome {
         Ok((session, reply)) => {
-            if send(&mut socket, &reply).await.is_ok() {
-                serve(socket, closer, session).await;
+            if send(&mut socket, &reply).await.is_err() {
+                return; // dropping the session undoes the login
             }
+            session
         }
         Err(reply) => {
             if send(&mut socket, &reply).await.is_ok() {
                 abort(socket, closer).await;
             }
+            return;
+        }
+    };
+    let mut frames = session.take_frames();
+    let ended = serve(&mut socket, &mut session, &mut frames, &node.keepalive).await;
+    // Only a logout ends a session for good; any other end is a drop.
+    session.end(ended == Ended::Logout, frames);
+    match ended {
+        Ended::Logout => close_normally(socket).await,
+        Ended::Abort => abort(socket, closer).await,
+        Ended::Gone => {}
+    }
+}
+
+/// How often an idle connection is pinged, and how long a peer may stay silent (no frame,
+/// not even a pong) before it counts as gone: a peer that vanished without a FIN is noticed
+/// within `silence_limit` plus one `ping_every`. TCP keepalive (set at accept) backs this up.
+#[derive(Debug, Clone, Copy)]
+pub struct Keepalive {
+    pub ping_every: Duration,
+    pub silence_limit: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            ping_every: Duration::from_secs(15),
+            silence_limit: Duration::from_secs(45),
         }
     }
+}
+
+/// How the logged-in part of a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The subscriber logged out; its reply is sent: close with 1000.
+    Logout,
+    /// A reply that ends the connection is sent: close with no close frame.
+    Abort,
+    /// The client closed, broke the protocol, went silent or away.
+    Gone,
 }
 
 /// Replies that may wait for the disk on one connection; past this the connection stops
@@ -82,40 +125,58 @@ const MAX_WAITING_REPLIES: usize = 4096;
 /// The logged-in part. Requests take effect in the order they arrive; their replies wait for
 /// their changes' durability side by side and go out in that same order, while the queue's
 /// deliveries keep flowing. A reply that ends the connection stops the reading.
-async fn serve(mut socket: Socket, closer: Closer, mut session: Session) {
-    let mut frames = session.take_frames();
+async fn serve(
+    socket: &mut Socket,
+    session: &mut Session,
+    frames: &mut Option<UnboundedReceiver<Outbound>>,
+    keepalive: &Keepalive,
+) -> Ended {
     let mut replies = FuturesOrdered::new();
     let mut reading = true;
+    let mut last_heard = Instant::now();
+    let mut ping =
+        tokio::time::interval_at(Instant::now() + keepalive.ping_every, keepalive.ping_every);
     loop {
         tokio::select! {
-            incoming = next_data(&mut socket), if reading && replies.len() < MAX_WAITING_REPLIES => {
-                let Incoming::Data(data) = incoming else { return };
+            incoming = next_data(socket, &mut last_heard), if reading && replies.len() < MAX_WAITING_REPLIES => {
+                let Incoming::Data(data) = incoming else { return Ended::Gone };
                 let response = session.handle(data);
                 reading = response.then == Then::Continue;
                 replies.push_back(response.settle());
             }
             Some((reply, then)) = replies.next(), if !replies.is_empty() => {
-                if send(&mut socket, &reply).await.is_err() {
-                    return;
+                if send(socket, &reply).await.is_err() {
+                    return Ended::Gone;
                 }
                 match then {
                     Then::Continue => {}
-                    Then::Logout => return close_normally(socket).await,
-                    Then::Abort => return abort(socket, closer).await,
+                    Then::Logout => return Ended::Logout,
+                    Then::Abort => return Ended::Abort,
                 }
             }
-            Some(frame) = next_outbound(&mut frames) => {
-                if send_outbound(&mut socket, frame, &mut frames).await.is_err() {
-                    return;
+            Some(outbound) = next_outbound(frames) => {
+                if send_outbound(socket, outbound.frame, frames).await.is_err() {
+                    return Ended::Gone;
+                }
+            }
+            _ = ping.tick() => {
+                if last_heard.elapsed() >= keepalive.silence_limit {
+                    tracing::info!(silent_for = ?last_heard.elapsed(), "dropping a silent peer");
+                    return Ended::Gone;
+                }
+                if socket.send(Frame::ping(Bytes::new())).await.is_err() {
+                    return Ended::Gone;
                 }
             }
         }
     }
 }
 
-/// The next text or binary message; pings are answered by yawc and skipped here.
-async fn next_data(socket: &mut Socket) -> Incoming {
+/// The next text or binary message; pings are answered by yawc and skipped here. Any frame
+/// at all, a pong included, moves `last_heard`.
+async fn next_data(socket: &mut Socket, last_heard: &mut Instant) -> Incoming {
     while let Ok(frame) = socket.next_frame().await {
+        *last_heard = Instant::now();
         match frame.opcode() {
             OpCode::Text => return Incoming::Data(Data::text(frame.into_payload())),
             OpCode::Binary => return Incoming::Data(Data::Binary(frame.into_payload())),
@@ -140,7 +201,7 @@ fn sent_during_login(socket: &mut Socket) -> bool {
     }
 }
 
-async fn next_outbound(frames: &mut Option<UnboundedReceiver<Bytes>>) -> Option<Bytes> {
+async fn next_outbound(frames: &mut Option<UnboundedReceiver<Outbound>>) -> Option<Outbound> {
     match frames {
         Some(frames) => frames.recv().await,
         None => std::future::pending().await,
@@ -155,12 +216,12 @@ async fn send(socket: &mut Socket, reply: &Reply) -> Result<(), WebSocketError> 
 async fn send_outbound(
     socket: &mut Socket,
     first: Bytes,
-    frames: &mut Option<UnboundedReceiver<Bytes>>,
+    frames: &mut Option<UnboundedReceiver<Outbound>>,
 ) -> Result<(), WebSocketError> {
     socket.feed(Frame::text(first)).await?;
     if let Some(frames) = frames {
-        while let Ok(frame) = frames.try_recv() {
-            socket.feed(Frame::text(frame)).await?;
+        while let Ok(outbound) = frames.try_recv() {
+            socket.feed(Frame::text(outbound.frame)).await?;
         }
     }
     socket.flush().await

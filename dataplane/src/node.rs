@@ -4,6 +4,7 @@
 
 use crate::auth::Logins;
 use crate::config::Config;
+use crate::connection::Keepalive;
 use crate::engine::{CopyQueue, Limits, Queue};
 use crate::limits::{usable_memory, NodeLimits};
 use crate::store::log::{self, LogOptions, LogStore};
@@ -21,6 +22,8 @@ pub struct Node {
     pub limits: NodeLimits,
     /// Where the settings are kept across restarts.
     pub meta: Meta,
+    /// When idle connections are pinged and silent ones dropped.
+    pub keepalive: Keepalive,
     /// The writable settings; `setcfg` (part 4) changes them while connections read them.
     settings: RwLock<Settings>,
 }
@@ -83,6 +86,7 @@ impl Node {
             tier: config.tier,
             limits,
             meta,
+            keepalive: config.keepalive,
             settings: RwLock::new(settings),
         }))
     }

@@ -49,7 +49,7 @@ impl Server {
 
     /// Serves until the process ends.
     pub async fn run(self) {
-        tokio::spawn(self.node.queue.clone().run_delays());
+        tokio::spawn(self.node.queue.clone().run_timers());
         loop {
             let tcp = match self.listener.accept().await {
                 Ok((tcp, _peer)) => tcp,
@@ -78,6 +78,12 @@ async fn serve(tcp: TcpStream, node: Arc<Node>, _slot: OwnedSemaphorePermit) {
         return;
     };
     let _ = tcp.set_nodelay(true);
+    // A peer that vanished without a FIN is noticed by the kernel too, after about 45 s.
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(3);
+    let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&probes);
     if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(tcp, &node)).await {
         connection::run(websocket, closer, node, login_deadline).await;
     }

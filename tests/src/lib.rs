@@ -347,15 +347,20 @@ impl Client {
         }
     }
 
-    /// `None` when `wait` passes; `Some(Err)` when the stream ended with no close frame.
+    /// The next frame that is not a ping or pong (the client library answers pings as it
+    /// reads); `None` when `wait` passes; `Some(Err)` when the stream ended with no close frame.
     async fn next_message(
         &mut self,
         wait: Duration,
     ) -> Option<Result<Message, tungstenite::Error>> {
-        match tokio::time::timeout(wait, self.socket.next()).await {
-            Err(_) => None,
-            Ok(Some(result)) => Some(result),
-            Ok(None) => Some(Err(tungstenite::Error::ConnectionClosed)),
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.socket.next()).await {
+                Err(_) => return None,
+                Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+                Ok(Some(result)) => return Some(result),
+                Ok(None) => return Some(Err(tungstenite::Error::ConnectionClosed)),
+            }
         }
     }
 

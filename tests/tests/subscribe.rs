@@ -195,22 +195,6 @@ async fn an_ack_sent_just_before_a_logout_still_counts() {
 }
 
 #[tokio::test]
-async fn a_dropped_connection_hands_on_what_it_held() {
-    let node = Node::start();
-    let (mut dropping, _) = node.subscriber(1).await;
-    let mut publisher = node.publisher().await;
-    let id = publish(&mut publisher, "in flight").await;
-    assert_eq!(dropping.recv().await["id"], id);
-    drop(dropping); // TCP closed, no close frame, no logout
-    let (mut next, _) = node.subscriber(1).await;
-    let message = next.recv().await;
-    assert_eq!(
-        (&message["id"], &message["body"]),
-        (&json!(id), &json!("in flight"))
-    );
-}
-
-#[tokio::test]
 async fn text_that_is_not_json_from_a_subscriber_gets_100_and_the_connection_ends() {
     let node = Node::start();
     let (mut subscriber, _) = node.subscriber(1).await;

@@ -1,9 +1,8 @@
 //! The copy queue type: each message goes to every copy subscriber connected at that moment.
 //! Nothing is stored, so there is no id, no ack and no line.
 
-use super::line::Outbox;
+use super::line::{Outbound, Outbox};
 use super::message::{copy_frame, BodyType};
-use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +17,7 @@ pub struct CopyQueue {
 
 impl CopyQueue {
     /// Adds a subscriber; the receiver gets every copy published from now on.
-    pub fn subscribe(self: &Arc<Self>) -> (CopySubscription, UnboundedReceiver<Bytes>) {
+    pub fn subscribe(self: &Arc<Self>) -> (CopySubscription, UnboundedReceiver<Outbound>) {
         let (outbox, frames) = unbounded_channel();
         let number = self.next_number.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(number, outbox);
@@ -34,7 +33,13 @@ impl CopyQueue {
         let frame = copy_frame(body_type, body, recdat);
         self.lock()
             .values()
-            .filter(|outbox| outbox.send(frame.clone()).is_ok())
+            .filter(|outbox| {
+                let outbound = Outbound {
+                    frame: frame.clone(),
+                    message: None,
+                };
+                outbox.send(outbound).is_ok()
+            })
             .count()
     }
 

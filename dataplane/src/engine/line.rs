@@ -3,15 +3,26 @@
 //! Finding the first subscriber with room is the hot question of every dispatch, so the line
 //! keeps an ordered index of exactly the subscribers that have room: the answer is its first
 //! entry, O(log n) however many subscribers are full.
+//!
+//! A subscriber whose connection dropped stays in the line, saved, with its place and what it
+//! holds, but without an outbox and so without room, until it resumes or its time runs out.
 
 use super::ids::{MessageId, SessionId};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tokio::sync::mpsc::UnboundedSender;
 
+/// A frame for a connection. `message` names the held message a delivery carries, so a
+/// connection that drops can say which deliveries it never sent.
+#[derive(Debug)]
+pub struct Outbound {
+    pub frame: Bytes,
+    pub message: Option<MessageId>,
+}
+
 /// Where a subscriber's frames go: its connection's outbox. Deliveries are bounded by the
 /// subscriber's capacity, so the channel needs no bound of its own.
-pub type Outbox = UnboundedSender<Bytes>;
+pub type Outbox = UnboundedSender<Outbound>;
 
 /// A place in the line; lower stands earlier. Kept by a session for its whole life.
 pub type Place = u64;
@@ -23,14 +34,30 @@ struct Subscriber {
     capacity: u64,
     /// The messages it holds now, in id order (the order a replay resends them).
     held: BTreeSet<MessageId>,
-    /// Its connection's outbox.
-    outbox: Outbox,
+    /// Held messages whose frames never left for the client (the connection dropped first).
+    unsent: BTreeSet<MessageId>,
+    /// Its connection's outbox; `None` while the session is saved after a drop.
+    outbox: Option<Outbox>,
+    /// Whether it was ever given a message: a session that never was is not saved.
+    received: bool,
 }
 
 impl Subscriber {
     fn has_room(&self) -> bool {
-        (self.held.len() as u64) < self.capacity
+        self.outbox.is_some() && (self.held.len() as u64) < self.capacity
     }
+}
+
+/// What a dropped subscriber leaves behind, to decide whether it is saved.
+pub struct Dropped {
+    pub holds_any: bool,
+    pub received_any: bool,
+}
+
+/// A resumed subscriber's held messages: all of them, and the ones to send again.
+pub struct Resumed {
+    pub held: Vec<MessageId>,
+    pub resend: Vec<MessageId>,
 }
 
 #[derive(Default)]
@@ -51,13 +78,15 @@ impl Line {
             place,
             capacity,
             held: BTreeSet::new(),
-            outbox,
+            unsent: BTreeSet::new(),
+            outbox: Some(outbox),
+            received: false,
         };
         self.subscribers.insert(session, subscriber);
         self.refresh(session);
     }
 
-    /// Takes a subscriber out of the line; returns what it held.
+    /// Takes a subscriber out of the line for good; returns what it held.
     pub fn leave(&mut self, session: SessionId) -> BTreeSet<MessageId> {
         match self.subscribers.remove(&session) {
             Some(subscriber) => {
@@ -66,6 +95,61 @@ impl Line {
             }
             None => BTreeSet::new(),
         }
+    }
+
+    /// The connection dropped: the subscriber keeps its place and holdings but gets nothing
+    /// until it resumes. `unsent` are deliveries its connection never sent.
+    pub fn disconnect(
+        &mut self,
+        session: SessionId,
+        unsent: impl IntoIterator<Item = MessageId>,
+    ) -> Option<Dropped> {
+        let subscriber = self.subscribers.get_mut(&session)?;
+        subscriber.outbox = None;
+        subscriber.unsent = unsent
+            .into_iter()
+            .filter(|id| subscriber.held.contains(id))
+            .collect();
+        let dropped = Dropped {
+            holds_any: !subscriber.held.is_empty(),
+            received_any: subscriber.received,
+        };
+        self.refresh(session);
+        Some(dropped)
+    }
+
+    /// Whether `session` is in the line and saved (dropped, not resumed).
+    pub fn is_saved(&self, session: SessionId) -> bool {
+        self.subscribers
+            .get(&session)
+            .is_some_and(|s| s.outbox.is_none())
+    }
+
+    /// A saved subscriber comes back as `new`, at its old place, with its holdings.
+    pub fn reconnect(
+        &mut self,
+        old: SessionId,
+        new: SessionId,
+        capacity: Option<u64>,
+        outbox: Outbox,
+        replay: bool,
+    ) -> Resumed {
+        let mut subscriber = self.subscribers.remove(&old).expect("a saved subscriber");
+        if let Some(capacity) = capacity {
+            subscriber.capacity = capacity;
+        }
+        subscriber.outbox = Some(outbox);
+        let unsent = std::mem::take(&mut subscriber.unsent);
+        let held: Vec<MessageId> = subscriber.held.iter().copied().collect();
+        let resend = if replay {
+            held.clone()
+        } else {
+            unsent.into_iter().collect()
+        };
+        self.with_room.remove(&subscriber.place);
+        self.subscribers.insert(new, subscriber);
+        self.refresh(new);
+        Resumed { held, resend }
     }
 
     pub fn set_capacity(&mut self, session: SessionId, capacity: u64) {
@@ -89,10 +173,25 @@ impl Line {
             .get_mut(&session)
             .expect("only subscribers in the line hold messages");
         subscriber.held.insert(message);
-        // A closed outbox means the connection is ending; its session's leave returns the
-        // message, so nothing is lost by ignoring the error here.
-        let _ = subscriber.outbox.send(frame);
+        subscriber.received = true;
+        self.send(session, message, frame);
         self.refresh(session);
+    }
+
+    /// Sends the frame of a message `session` holds to its connection.
+    pub fn send(&mut self, session: SessionId, message: MessageId, frame: Bytes) {
+        let Some(subscriber) = self.subscribers.get_mut(&session) else {
+            return;
+        };
+        let outbound = Outbound {
+            frame,
+            message: Some(message),
+        };
+        // No outbox, or a closed one: the connection is gone or going. Either way the session
+        // is saved or ended with the message still held, so nothing is lost.
+        if let Some(outbox) = &subscriber.outbox {
+            let _ = outbox.send(outbound);
+        }
     }
 
     /// Ends `session`'s hold on `message`; false if it did not hold it.
@@ -101,6 +200,7 @@ impl Line {
             return false;
         };
         let released = subscriber.held.remove(&message);
+        subscriber.unsent.remove(&message);
         self.refresh(session);
         released
     }
@@ -111,7 +211,7 @@ impl Line {
             .is_some_and(|s| s.held.contains(&message))
     }
 
-    /// Connected subscribers.
+    /// Subscribers in the line, connected or saved.
     pub fn len(&self) -> usize {
         self.subscribers.len()
     }
@@ -120,7 +220,7 @@ impl Line {
         self.subscribers.is_empty()
     }
 
-    /// Keeps `with_room` true to the subscriber's holdings and capacity.
+    /// Keeps `with_room` true to the subscriber's holdings, capacity and connection.
     fn refresh(&mut self, session: SessionId) {
         let Some(subscriber) = self.subscribers.get(&session) else {
             return;

@@ -7,7 +7,8 @@
 //! - [`copy`]: the copy queue type, which stores nothing.
 //!
 //! [`Queue`] is the handle connections use: short synchronous methods under one std mutex that
-//! is never held across an `.await`. Delayed messages are released by [`Queue::run_delays`].
+//! is never held across an `.await`. Delayed messages and saved sessions run out in
+//! [`Queue::run_timers`].
 
 pub mod copy;
 pub mod ids;
@@ -17,11 +18,11 @@ pub mod queue;
 
 pub use copy::{CopyQueue, CopySubscription};
 pub use ids::{MessageId, SessionId};
+pub use line::Outbound;
 pub use message::{BodyType, Durability, Message, NewMessage};
 pub use queue::{Limits, QueueState, Refused};
 
 use crate::store::{Receipt, Store};
-use bytes::Bytes;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -43,8 +44,9 @@ pub struct Queue {
 
 struct Shared {
     state: Mutex<QueueState>,
-    /// Wakes the delay timer when a delayed message may have become the next one due.
-    delays_changed: Notify,
+    /// Wakes the timer task when a delayed message or a saved session may have become the
+    /// next thing due.
+    timers_changed: Notify,
 }
 
 impl Queue {
@@ -52,7 +54,7 @@ impl Queue {
         Queue {
             shared: Arc::new(Shared {
                 state: Mutex::new(QueueState::new(store, limits)),
-                delays_changed: Notify::new(),
+                timers_changed: Notify::new(),
             }),
         }
     }
@@ -69,7 +71,7 @@ impl Queue {
     pub fn publish(&self, new: &NewMessage) -> Result<(MessageId, Receipt), Refused> {
         let published = self.lock().publish(new, now_ms());
         if published.is_ok() && new.delay_secs > 0 {
-            self.shared.delays_changed.notify_one();
+            self.shared.timers_changed.notify_one();
         }
         published
     }
@@ -77,7 +79,7 @@ impl Queue {
     /// Loads what the store kept, at start.
     pub fn restore(&self, messages: Vec<crate::store::log::RecoveredMessage>) {
         self.lock().restore(messages, now_ms());
-        self.shared.delays_changed.notify_one();
+        self.shared.timers_changed.notify_one();
     }
 
     /// Puts damaged bytes of the store in the dead letter queue; see [`QueueState::add_damaged`].
@@ -86,41 +88,73 @@ impl Queue {
     }
 
     /// Joins the line at the back; the receiver gets every frame meant for this subscriber.
-    pub fn subscribe(&self, capacity: u64) -> (Subscription, UnboundedReceiver<Bytes>) {
+    pub fn subscribe(&self, capacity: u64) -> (Subscription, UnboundedReceiver<Outbound>) {
         let (outbox, frames) = unbounded_channel();
         let session = self.lock().join(capacity, outbox, now_ms());
-        let subscription = Subscription {
-            queue: self.clone(),
-            session,
-        };
-        (subscription, frames)
+        (self.subscription(session), frames)
     }
 
-    /// Releases delayed messages when they fall due. Runs for the life of the node.
-    pub async fn run_delays(self) {
+    /// Resumes the saved session `old` (see [`QueueState::resume`]); `None` means 109.
+    pub fn resume(
+        &self,
+        old: SessionId,
+        capacity: Option<u64>,
+        replay: bool,
+    ) -> Option<(Subscription, UnboundedReceiver<Outbound>)> {
+        let (outbox, frames) = unbounded_channel();
+        let session = self
+            .lock()
+            .resume(old, capacity, replay, outbox, now_ms())?;
+        Some((self.subscription(session), frames))
+    }
+
+    fn subscription(&self, session: SessionId) -> Subscription {
+        Subscription {
+            queue: self.clone(),
+            session,
+            ended: false,
+        }
+    }
+
+    /// Releases delayed messages when they fall due and ends saved sessions whose time runs
+    /// out. Runs for the life of the node.
+    pub async fn run_timers(self) {
         loop {
-            let next_due = self.lock().next_due();
+            let next = {
+                let state = self.lock();
+                [state.next_due(), state.next_expiry()]
+                    .into_iter()
+                    .flatten()
+                    .min()
+            };
             let now = now_ms();
-            match next_due {
-                Some(due) if due <= now => self.lock().release_due(now),
-                Some(due) => {
-                    let wait = Duration::from_millis(due - now);
+            match next {
+                Some(at) if at <= now => {
+                    let mut state = self.lock();
+                    state.release_due(now);
+                    state.expire_sessions(now);
+                }
+                Some(at) => {
+                    let wait = Duration::from_millis(at - now);
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
-                        _ = self.shared.delays_changed.notified() => {}
+                        _ = self.shared.timers_changed.notified() => {}
                     }
                 }
-                None => self.shared.delays_changed.notified().await,
+                None => self.shared.timers_changed.notified().await,
             }
         }
     }
 }
 
-/// A distribute subscriber's session in the line. Dropping it ends the session: what it held
-/// goes back to the queue.
+/// A distribute subscriber's session in the line. It ends by [`Subscription::logout`] or
+/// [`Subscription::disconnect`]; dropped without either (a connection that ended before its
+/// login was answered, so its client never learned the session id), it ends at once.
 pub struct Subscription {
     queue: Queue,
     session: SessionId,
+    /// Logout or disconnect has run.
+    ended: bool,
 }
 
 impl Subscription {
@@ -139,10 +173,41 @@ impl Subscription {
     pub fn set_capacity(&self, capacity: u64) {
         self.queue.lock().set_capacity(self.session, capacity);
     }
+
+    /// The subscriber logged out: what it holds goes to others now.
+    pub fn logout(mut self) {
+        self.ended = true;
+        self.queue.lock().leave(self.session);
+    }
+
+    /// The connection dropped: the session is saved for `timeout` or ends, by the manual's
+    /// rules (see [`QueueState::disconnect`]). What is still in `frames` was never sent; it
+    /// is read under the queue's lock, so no delivery slips in between.
+    pub fn disconnect(
+        mut self,
+        mut frames: UnboundedReceiver<Outbound>,
+        timeout: Duration,
+        max_saved: u64,
+    ) {
+        self.ended = true;
+        let timeout_ms = timeout.as_millis() as u64;
+        let mut state = self.queue.lock();
+        frames.close();
+        let mut unsent = Vec::new();
+        while let Ok(outbound) = frames.try_recv() {
+            unsent.extend(outbound.message);
+        }
+        let saved = state.disconnect(self.session, unsent, timeout_ms, max_saved, now_ms());
+        drop(state);
+        self.queue.shared.timers_changed.notify_one();
+        tracing::info!(session = %self.session, saved, "a subscriber's connection dropped");
+    }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.queue.lock().leave(self.session);
+        if !self.ended {
+            self.queue.lock().leave(self.session);
+        }
     }
 }

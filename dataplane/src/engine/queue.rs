@@ -12,7 +12,7 @@ use super::message::{Durability, Message, NewMessage};
 use crate::store::log::RecoveredMessage;
 use crate::store::{Change, Receipt, Store};
 use qe_shared::Code;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// Memory the queue counts for each message beyond its frame: the index entries, the map node
 /// and the frame's allocation header. `messages-memory-used` is the frames plus this each.
@@ -87,6 +87,10 @@ pub struct QueueState {
     /// The dead letter queue, by id.
     dead: BTreeMap<MessageId, Message>,
     line: Line,
+    /// Saved sessions (dropped, not resumed) and when each runs out (ms since 1970).
+    saved: HashMap<SessionId, u64>,
+    /// The same, by time: the first entry runs out first.
+    expiries: BTreeSet<(u64, SessionId)>,
     /// Sum of [`memory_cost`] over `messages` and `dead`.
     memory_used: u64,
     store: Box<dyn Store>,
@@ -103,6 +107,8 @@ impl QueueState {
             delayed: BTreeSet::new(),
             dead: BTreeMap::new(),
             line: Line::default(),
+            saved: HashMap::new(),
+            expiries: BTreeSet::new(),
             memory_used: 0,
             store,
         }
@@ -241,6 +247,9 @@ impl QueueState {
     /// A session ends (logout, or a drop without resume): what it held goes to the first
     /// subscriber with room, else to the back of the queue, in id order.
     pub fn leave(&mut self, session: SessionId) {
+        if let Some(expires_ms) = self.saved.remove(&session) {
+            self.expiries.remove(&(expires_ms, session));
+        }
         for id in self.line.leave(session) {
             let place = self.enqueue(id);
             let entry = self
@@ -251,6 +260,88 @@ impl QueueState {
             let _ = self.store.record(Change::Returned(id));
         }
         self.dispatch();
+    }
+
+    /// The connection of `session` dropped without a logout. The session is saved for
+    /// `timeout_ms` if it holds a message, or if it has received one and fewer than
+    /// `max_saved` sessions are saved; otherwise it ends now. `unsent` are deliveries the
+    /// connection never sent. Returns whether the session was saved.
+    pub fn disconnect(
+        &mut self,
+        session: SessionId,
+        unsent: Vec<MessageId>,
+        timeout_ms: u64,
+        max_saved: u64,
+        now_ms: u64,
+    ) -> bool {
+        let Some(dropped) = self.line.disconnect(session, unsent) else {
+            return false;
+        };
+        let room_to_save = (self.saved.len() as u64) < max_saved;
+        if !(dropped.holds_any || dropped.received_any && room_to_save) {
+            self.leave(session);
+            return false;
+        }
+        let expires_ms = now_ms + timeout_ms;
+        self.saved.insert(session, expires_ms);
+        self.expiries.insert((expires_ms, session));
+        true
+    }
+
+    /// Resumes a saved session under a new id, at its old place and with what it held:
+    /// resending all of it (`replay`) or only what was never sent. `None` if `old` is not a
+    /// saved session (never saved, ended, already resumed, or its time ran out).
+    pub fn resume(
+        &mut self,
+        old: SessionId,
+        capacity: Option<u64>,
+        replay: bool,
+        outbox: Outbox,
+        now_ms: u64,
+    ) -> Option<SessionId> {
+        let expires_ms = *self.saved.get(&old)?;
+        if expires_ms <= now_ms {
+            self.expire_sessions(now_ms);
+            return None;
+        }
+        self.saved.remove(&old);
+        self.expiries.remove(&(expires_ms, old));
+        let new = SessionId(self.ids.next(now_ms));
+        let resumed = self.line.reconnect(old, new, capacity, outbox, replay);
+        for id in &resumed.held {
+            self.messages
+                .get_mut(id)
+                .expect("a held message is in the queue")
+                .place = Place::Held(new);
+        }
+        for id in resumed.resend {
+            let frame = self.messages[&id].message.frame.clone();
+            self.line.send(new, id, frame);
+        }
+        self.dispatch();
+        Some(new)
+    }
+
+    /// Ends every saved session whose time has run out: what they held goes back.
+    pub fn expire_sessions(&mut self, now_ms: u64) {
+        while let Some(&(expires_ms, session)) = self.expiries.first() {
+            if expires_ms > now_ms {
+                break;
+            }
+            self.expiries.pop_first();
+            self.saved.remove(&session);
+            self.leave(session);
+        }
+    }
+
+    /// When the next saved session runs out (ms since 1970).
+    pub fn next_expiry(&self) -> Option<u64> {
+        self.expiries.first().map(|&(expires_ms, _)| expires_ms)
+    }
+
+    /// Saved sessions (the manual's "saved subscribers").
+    pub fn saved_count(&self) -> usize {
+        self.saved.len()
     }
 
     /// Moves every delayed message whose time has come to the back of the queue.

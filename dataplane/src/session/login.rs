@@ -27,6 +27,8 @@ struct LoginForm<'a> {
     capacity: Option<u64>,
     /// The session a distribute subscriber asks to resume.
     resume: Option<SessionId>,
+    /// On a resume, send again every held message (else only those never sent).
+    replay: bool,
 }
 
 /// Logs a connection in. `Ok` holds the session and its reply (for a publish in the login,
@@ -65,14 +67,14 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
             Ok((Session::Publisher(publisher), reply))
         }
         (Role::Subscriber, QueueType::Distribute) => {
-            if form.resume.is_some() {
-                // Sessions are not saved yet (part 3): no session id can be resumed.
-                return Err(refuse(Code::InvalidSessionId));
-            }
-            let capacity = form
-                .capacity
-                .expect("a login without sessionid has a capacity");
-            let subscriber = Subscriber::join(node, capacity);
+            let subscriber = match form.resume {
+                Some(old) => Subscriber::resume(node, old, form.capacity, form.replay)
+                    .ok_or_else(|| refuse(Code::InvalidSessionId))?,
+                None => {
+                    let capacity = form.capacity.expect("a login without sessionid has one");
+                    Subscriber::join(node, capacity)
+                }
+            };
             let reply = Reply::success()
                 .with("sessionid", subscriber.session_id().to_string())
                 .context(context);
@@ -110,6 +112,7 @@ impl<'a> LoginForm<'a> {
             queue_type,
             capacity: None,
             resume: None,
+            replay: false,
         };
         match (role, queue_type) {
             (Role::Admin, QueueType::Copy) => return Err(Code::AdminNotOnCopy),
@@ -123,9 +126,11 @@ impl<'a> LoginForm<'a> {
                             .ok_or(Code::InvalidSessionId)?,
                     ),
                 };
-                if fields.get("replay").is_some_and(|r| !r.is_boolean()) {
-                    return Err(Code::InvalidReplay);
-                }
+                form.replay = match fields.get("replay") {
+                    None => false,
+                    Some(Value::Bool(replay)) => *replay,
+                    Some(_) => return Err(Code::InvalidReplay),
+                };
                 form.capacity = optional_number_in(
                     fields,
                     "capacity",

@@ -17,6 +17,7 @@ mod subscriber;
 pub use login::login;
 pub use reply::Reply;
 
+use crate::engine::Outbound;
 use crate::store::Receipt;
 use admin::Admin;
 use bytes::Bytes;
@@ -122,6 +123,13 @@ pub enum Session {
 }
 
 impl Session {
+    /// The connection ended, by a logout or not (a drop); `frames` is what `take_frames` gave.
+    pub fn end(self, logged_out: bool, frames: Option<UnboundedReceiver<Outbound>>) {
+        if let Session::Subscriber(subscriber) = self {
+            subscriber.end(logged_out, frames);
+        }
+    }
+
     pub fn handle(&mut self, data: Data) -> Response {
         match self {
             Session::Publisher(publisher) => publisher.handle(data),
@@ -133,7 +141,7 @@ impl Session {
 
     /// Frames the queue sends on its own (deliveries, notices), for the roles that get them.
     /// The connection takes them once, to send them while replies wait.
-    pub fn take_frames(&mut self) -> Option<UnboundedReceiver<Bytes>> {
+    pub fn take_frames(&mut self) -> Option<UnboundedReceiver<Outbound>> {
         match self {
             Session::Subscriber(subscriber) => subscriber.frames.take(),
             Session::CopySubscriber(subscriber) => subscriber.frames.take(),

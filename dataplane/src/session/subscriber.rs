@@ -3,20 +3,20 @@
 
 use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response, Then};
-use crate::engine::{CopySubscription, MessageId, SessionId, Subscription};
+use crate::engine::{CopySubscription, MessageId, Outbound, SessionId, Subscription};
 use crate::node::Node;
-use bytes::Bytes;
 use qe_shared::settings::Setting;
 use qe_shared::Code;
 use serde_json::Value;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub struct Subscriber {
     node: Arc<Node>,
     subscription: Subscription,
     /// Deliveries from the queue, until the connection takes them.
-    pub frames: Option<UnboundedReceiver<Bytes>>,
+    pub frames: Option<UnboundedReceiver<Outbound>>,
 }
 
 /// What a distribute subscriber may send.
@@ -36,8 +36,38 @@ impl Subscriber {
         }
     }
 
+    /// Resumes the saved session `old`; `None` if it cannot be (the manual's 109).
+    pub fn resume(
+        node: &Arc<Node>,
+        old: SessionId,
+        capacity: Option<u64>,
+        replay: bool,
+    ) -> Option<Subscriber> {
+        let (subscription, frames) = node.queue.resume(old, capacity, replay)?;
+        Some(Subscriber {
+            node: node.clone(),
+            subscription,
+            frames: Some(frames),
+        })
+    }
+
     pub fn session_id(&self) -> SessionId {
         self.subscription.session()
+    }
+
+    /// The connection ended: a logout ends the session now; anything else is a drop, after
+    /// which the session is saved for `saved-session-timeout-secs` or ends by the manual's
+    /// rules. `frames` is the outbox the connection took (what is left in it was never sent).
+    pub fn end(self, logged_out: bool, frames: Option<UnboundedReceiver<Outbound>>) {
+        match (logged_out, frames) {
+            (false, Some(frames)) => {
+                let secs = self.node.setting(Setting::SavedSessionTimeoutSecs);
+                let max_saved = self.node.limits.max_tasks;
+                self.subscription
+                    .disconnect(frames, Duration::from_secs(secs), max_saved);
+            }
+            _ => self.subscription.logout(),
+        }
     }
 
     pub fn handle(&mut self, data: Data) -> Response {
@@ -123,7 +153,7 @@ fn classify(fields: &Fields) -> Option<Request> {
 pub struct CopySubscriber {
     _subscription: CopySubscription,
     /// Copies from the queue, until the connection takes them.
-    pub frames: Option<UnboundedReceiver<Bytes>>,
+    pub frames: Option<UnboundedReceiver<Outbound>>,
 }
 
 impl CopySubscriber {

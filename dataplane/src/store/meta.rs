@@ -75,6 +75,18 @@ impl Meta {
 mod tests {
     use super::*;
 
+    /// sled lets go of its lock file a moment after the last handle drops (its threads wind
+    /// down); a node opens it once per process, but this test reopens it in the same one.
+    fn reopen(dir: &Path) -> Meta {
+        for _ in 0..100 {
+            match Meta::open(dir) {
+                Ok(meta) => return meta,
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+        Meta::open(dir).unwrap()
+    }
+
     #[test]
     fn saved_settings_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
@@ -90,7 +102,7 @@ mod tests {
             ];
             meta.save(&changes).unwrap();
         }
-        let meta = Meta::open(dir.path()).unwrap();
+        let meta = reopen(dir.path());
         let settings = meta.settings(Tier::Devtest);
         assert_eq!(settings.get(Setting::SavedSessionTimeoutSecs), 60);
         assert_eq!(settings.get(Setting::MaxWsMsgLen), 2048);

@@ -1,9 +1,9 @@
 //! The queue's rules, fed publishes, acks, capacity changes and leaves, with the clock in hand.
 
 use super::*;
+use crate::engine::line::Outbound;
 use crate::engine::message::BodyType;
 use crate::store::MemoryStore;
-use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -29,7 +29,7 @@ fn text(body: &str) -> NewMessage {
 
 struct Sub {
     session: SessionId,
-    frames: UnboundedReceiver<Bytes>,
+    frames: UnboundedReceiver<Outbound>,
 }
 
 impl Sub {
@@ -42,8 +42,8 @@ impl Sub {
     /// Bodies and ids of the frames sent since the last call.
     fn received(&mut self) -> Vec<(String, MessageId)> {
         let mut out = Vec::new();
-        while let Ok(frame) = self.frames.try_recv() {
-            let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
+        while let Ok(outbound) = self.frames.try_recv() {
+            let v: serde_json::Value = serde_json::from_slice(&outbound.frame).unwrap();
             let id = MessageId::parse(v["id"].as_str().unwrap()).unwrap();
             out.push((v["body"].as_str().unwrap().to_string(), id));
         }
@@ -316,7 +316,7 @@ fn binary_and_keyed_messages_keep_their_fields() {
         ..NewMessage::default()
     };
     let _ = q.publish(&new, T0).unwrap();
-    let frame = a.frames.try_recv().unwrap();
+    let frame = a.frames.try_recv().unwrap().frame;
     let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
     assert_eq!(v["type"], 2);
     assert_eq!(v["body"], "aGVsbG8=");
@@ -384,4 +384,147 @@ fn ten_thousand_full_subscribers_do_not_stand_between_a_publish_and_the_one_with
     // The index of subscribers with room holds only `last`'s absence now: every publish asked
     // it one O(log n) question instead of walking 10,000 full subscribers.
     assert_eq!(q.line.first_with_room(), None);
+}
+
+// Sessions: saved on a drop, resumed at their place, run out.
+
+const TIMEOUT_MS: u64 = 10_000;
+
+impl Sub {
+    /// Drops the connection; `unsent` are deliveries it never sent.
+    fn drop_connection(
+        self,
+        q: &mut QueueState,
+        unsent: Vec<MessageId>,
+        max_saved: u64,
+    ) -> SessionId {
+        let _ = q.disconnect(self.session, unsent, TIMEOUT_MS, max_saved, T0);
+        self.session
+    }
+
+    fn resume(
+        q: &mut QueueState,
+        old: SessionId,
+        capacity: Option<u64>,
+        replay: bool,
+        now: u64,
+    ) -> Option<Sub> {
+        let (outbox, frames) = unbounded_channel();
+        let session = q.resume(old, capacity, replay, outbox, now)?;
+        Some(Sub { session, frames })
+    }
+}
+
+#[test]
+fn a_dropped_session_keeps_what_it_holds_and_resumes_at_its_place() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 2);
+    let mut b = Sub::join(&mut q, 5);
+    let m1 = publish(&mut q, "m1");
+    assert_eq!(a.bodies(), ["m1"]);
+    let old = a.drop_connection(&mut q, vec![], 100);
+    assert_eq!(q.saved_count(), 1);
+    publish(&mut q, "m2");
+    assert_eq!(b.bodies(), ["m2"], "a saved session gets nothing new");
+
+    let mut a = Sub::resume(&mut q, old, None, true, T0 + 1_000).unwrap();
+    assert_ne!(a.session, old, "every login gives a new session id");
+    assert_eq!(a.bodies(), ["m1"], "replay resends what it holds");
+    assert_eq!(q.saved_count(), 0);
+    // Its place is before b's, and its capacity (2) is kept: m3 goes to it.
+    publish(&mut q, "m3");
+    assert_eq!(a.bodies(), ["m3"]);
+    assert!(
+        q.ack(a.session, m1).is_ok(),
+        "it still holds m1, under its new id"
+    );
+    assert!(
+        Sub::resume(&mut q, old, None, true, T0 + 2_000).is_none(),
+        "only the latest id"
+    );
+}
+
+#[test]
+fn without_replay_only_what_was_never_sent_is_sent_again() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 3);
+    let m1 = publish(&mut q, "sent");
+    let m2 = publish(&mut q, "never sent");
+    assert_eq!(a.received().len(), 2);
+    let old = a.drop_connection(&mut q, vec![m2], 100);
+    let mut a = Sub::resume(&mut q, old, Some(1), false, T0 + 1).unwrap();
+    assert_eq!(a.bodies(), ["never sent"]);
+    assert!(q.ack(a.session, m1).is_ok() && q.ack(a.session, m2).is_ok());
+    publish(&mut q, "next");
+    assert_eq!(
+        a.bodies(),
+        ["next"],
+        "the capacity given on resume (1) applies"
+    );
+}
+
+#[test]
+fn a_saved_session_runs_out_and_what_it_held_goes_on() {
+    let mut q = queue();
+    let a = Sub::join(&mut q, 1);
+    let mut b = Sub::join(&mut q, 1);
+    publish(&mut q, "m1");
+    publish(&mut q, "m2");
+    assert_eq!(b.bodies(), ["m2"]);
+    let old = a.drop_connection(&mut q, vec![], 100);
+    assert_eq!(q.next_expiry(), Some(T0 + TIMEOUT_MS));
+    q.expire_sessions(T0 + TIMEOUT_MS - 1);
+    assert_eq!(q.saved_count(), 1);
+    let mut c = Sub::join(&mut q, 1);
+    q.expire_sessions(T0 + TIMEOUT_MS);
+    assert_eq!(q.saved_count(), 0);
+    assert_eq!(c.bodies(), ["m1"], "b is full; c is the first with room");
+    assert!(Sub::resume(&mut q, old, None, true, T0 + TIMEOUT_MS).is_none());
+}
+
+#[test]
+fn a_session_that_never_received_a_message_is_not_saved() {
+    let mut q = queue();
+    let a = Sub::join(&mut q, 1);
+    let old = a.drop_connection(&mut q, vec![], 100);
+    assert_eq!(q.saved_count(), 0);
+    assert!(Sub::resume(&mut q, old, None, true, T0).is_none());
+}
+
+#[test]
+fn one_that_holds_nothing_is_saved_only_below_max_saved() {
+    let mut q = queue();
+    let mut olds = Vec::new();
+    for _ in 0..3 {
+        let mut s = Sub::join(&mut q, 1);
+        let id = publish(&mut q, "m");
+        assert_eq!(s.bodies().len(), 1);
+        let _ = q.ack(s.session, id).unwrap();
+        olds.push(s.drop_connection(&mut q, vec![], 2));
+    }
+    assert_eq!(
+        q.saved_count(),
+        2,
+        "the third held nothing and two were saved already"
+    );
+    assert!(Sub::resume(&mut q, olds[2], None, false, T0).is_none());
+    // One that holds a message is saved whatever the count.
+    let s = Sub::join(&mut q, 1);
+    publish(&mut q, "held");
+    s.drop_connection(&mut q, vec![], 2);
+    assert_eq!(q.saved_count(), 3);
+    assert!(Sub::resume(&mut q, olds[0], None, false, T0).is_some());
+}
+
+#[test]
+fn a_session_resumes_once() {
+    let mut q = queue();
+    let a = Sub::join(&mut q, 1);
+    publish(&mut q, "m1");
+    let old = a.drop_connection(&mut q, vec![], 100);
+    assert!(Sub::resume(&mut q, old, None, true, T0).is_some());
+    assert!(
+        Sub::resume(&mut q, old, None, true, T0).is_none(),
+        "the second finds it taken"
+    );
 }

@@ -105,6 +105,18 @@ const COMPACTION_ROUND: usize = 64;
 fn compact(shared: &Shared) {
     let mut retired = Vec::new();
     while retired.len() < COMPACTION_ROUND {
+        // A segment's last records (this round's copies among them) may still be pending:
+        // write them, so the file read below is the whole segment. Records never reach a
+        // segment after the segment is no longer the active one.
+        shared.write_pending();
+        if shared
+            .files
+            .lock()
+            .expect("never poisoned")
+            .has_failed_writes()
+        {
+            break;
+        }
         // Bound first: the guard must be gone before copying takes the lock again.
         let candidate = shared.lock().compaction_candidate();
         let Some(oldest) = candidate else { break };

@@ -53,6 +53,18 @@ async fn resume_fails(node: &Node, session: &str) {
     assert_eq!(client.ending().await, Ending::NoCloseFrame);
 }
 
+/// A saved session holding one message: a subscriber received it and its connection dropped.
+/// Returns the session id, the message id and the publisher.
+async fn saved_session_holding_one(node: &Node) -> (String, String, Client) {
+    let (mut subscriber, session) = node.subscriber(1).await;
+    let mut publisher = node.publisher().await;
+    let id = publish(&mut publisher, "m1").await;
+    assert_eq!(subscriber.recv().await["id"], id);
+    drop(subscriber); // TCP closed with no close frame
+    assert!(dropped(node, &session));
+    (session, id, publisher)
+}
+
 #[tokio::test]
 async fn after_an_abrupt_drop_a_resume_with_replay_gets_back_what_it_held() {
     let node = Node::start();
@@ -173,12 +185,7 @@ async fn a_session_whose_old_connection_is_still_open_cannot_be_resumed() {
 #[tokio::test]
 async fn of_two_concurrent_resumes_exactly_one_wins() {
     let node = Node::start();
-    let (mut a, session) = node.subscriber(1).await;
-    let mut publisher = node.publisher().await;
-    publish(&mut publisher, "m1").await;
-    a.recv().await;
-    drop(a);
-    assert!(dropped(&node, &session));
+    let (session, _, _publisher) = saved_session_holding_one(&node).await;
 
     let mut first = Client::connect(&node).await;
     let mut second = Client::connect(&node).await;
@@ -228,12 +235,7 @@ async fn a_session_that_never_received_a_message_is_not_saved() {
 #[tokio::test]
 async fn a_failed_resume_does_not_use_up_the_saved_session() {
     let node = Node::start();
-    let (mut a, session) = node.subscriber(1).await;
-    let mut publisher = node.publisher().await;
-    publish(&mut publisher, "m1").await;
-    a.recv().await;
-    drop(a);
-    assert!(dropped(&node, &session));
+    let (session, _, _publisher) = saved_session_holding_one(&node).await;
     for (extra, code) in [
         (json!({"password": "wrong"}), 107),
         (json!({"replay": "yes"}), 110),

@@ -78,6 +78,7 @@ pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_dead
             return;
         }
     };
+    let _present = node.presence.enter(session.role());
     let mut frames = session.take_frames();
     let ended = serve(&mut socket, &mut session, &mut frames, &node.keepalive).await;
     // Only a logout ends a session for good; any other end is a drop.

@@ -8,8 +8,11 @@ use crate::connection::Keepalive;
 use crate::engine::{CopyQueue, Limits, Queue};
 use crate::limits::{usable_memory, NodeLimits};
 use crate::store::log::{self, LogOptions, LogStore};
+use crate::store::meta::SaveError;
 use crate::store::Meta;
+use qe_shared::protocol::Role;
 use qe_shared::settings::{Setting, Settings, Tier};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 pub struct Node {
@@ -24,8 +27,44 @@ pub struct Node {
     pub meta: Meta,
     /// When idle connections are pinged and silent ones dropped.
     pub keepalive: Keepalive,
-    /// The writable settings; `setcfg` (part 4) changes them while connections read them.
+    /// The writable settings; `setcfg` changes them while connections read them.
     settings: RwLock<Settings>,
+    /// Open connections by role, for `getlivestats`.
+    pub presence: Arc<Presence>,
+    /// How much the node logs (`RUST_LOG`), shown by `getcfg`.
+    pub log_level: String,
+}
+
+/// Counts of open connections by role. [`Presence::enter`] counts one until dropped.
+#[derive(Default)]
+pub struct Presence {
+    counts: [AtomicUsize; 3],
+}
+
+impl Presence {
+    pub fn enter(self: &Arc<Self>, role: Role) -> Present {
+        self.counts[role as usize].fetch_add(1, Ordering::Relaxed);
+        Present {
+            presence: self.clone(),
+            role,
+        }
+    }
+
+    pub fn count(&self, role: Role) -> usize {
+        self.counts[role as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// One open connection counted under its role.
+pub struct Present {
+    presence: Arc<Presence>,
+    role: Role,
+}
+
+impl Drop for Present {
+    fn drop(&mut self) {
+        self.presence.counts[self.role as usize].fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +127,32 @@ impl Node {
             meta,
             keepalive: config.keepalive,
             settings: RwLock::new(settings),
+            presence: Arc::default(),
+            log_level: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         }))
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings
+            .read()
+            .expect("the settings lock is never poisoned")
+            .clone()
+    }
+
+    /// Saves `changes` and applies them to every connection at once. A save that failed
+    /// changes nothing; one that was not synced still applies (the manual's 506).
+    pub fn change_settings(&self, changes: &[(Setting, u64)]) -> Result<(), SaveError> {
+        let saved = self.meta.save(changes);
+        if saved != Err(SaveError::NotSaved) {
+            let mut settings = self
+                .settings
+                .write()
+                .expect("the settings lock is never poisoned");
+            for &(setting, value) in changes {
+                settings.set(setting, value);
+            }
+        }
+        saved
     }
 
     pub fn setting(&self, setting: Setting) -> u64 {

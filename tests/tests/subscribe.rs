@@ -255,17 +255,3 @@ async fn ids_sort_in_publish_order() {
         last = id;
     }
 }
-
-#[tokio::test]
-async fn an_admin_is_logged_in_and_its_commands_are_not_built_yet() {
-    let node = Node::start();
-    let (mut admin, _) = node.login("admin", "distribute", json!({})).await;
-    let reply = admin
-        .request(json!({"cmd": "getlivestats", "context": 2}))
-        .await;
-    assert_failure(&reply, 400);
-    assert_eq!(reply["context"], 2);
-    admin.send_text("{oops").await;
-    assert_failure(&admin.recv().await, 100);
-    assert_eq!(admin.ending().await, Ending::NoCloseFrame);
-}

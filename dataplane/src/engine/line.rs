@@ -194,6 +194,20 @@ impl Line {
         }
     }
 
+    /// Sends `session` a frame that is not a delivery (a notice).
+    pub fn notify(&mut self, session: SessionId, frame: Bytes) {
+        if let Some(outbox) = self
+            .subscribers
+            .get(&session)
+            .and_then(|s| s.outbox.as_ref())
+        {
+            let _ = outbox.send(Outbound {
+                frame,
+                message: None,
+            });
+        }
+    }
+
     /// Ends `session`'s hold on `message`; false if it did not hold it.
     pub fn release(&mut self, session: SessionId, message: MessageId) -> bool {
         let Some(subscriber) = self.subscribers.get_mut(&session) else {

@@ -52,6 +52,7 @@ pub struct NewMessage {
 pub struct Message {
     pub id: MessageId,
     pub durability: Durability,
+    pub body_type: BodyType,
     /// The delay the publisher asked for (shown to administrators); at most two days.
     pub delay_secs: u32,
     /// When the queue received it, in seconds since 1970 (u32 lasts until 2106; these two
@@ -96,6 +97,7 @@ impl Message {
         Message {
             id,
             durability: new.durability,
+            body_type: new.body_type,
             delay_secs: new.delay_secs as u32,
             recdat: recdat as u32,
             frame: frame.into(),
@@ -131,11 +133,28 @@ impl Message {
             id,
             // Synced before the damaged bytes are padded over, so it is never lost between.
             durability: Durability::Immediate,
+            body_type: BodyType::Text,
             delay_secs: 0,
             recdat: recdat as u32,
             frame: frame.into(),
         }
     }
+}
+
+/// The body type written in one of our own frames. A publisher key, which comes before the
+/// type, cannot hold a quote, so the first `"type":` is the type's.
+pub fn frame_body_type(frame: &[u8]) -> BodyType {
+    const KEY: &[u8] = b"\"type\":";
+    match frame.windows(KEY.len()).position(|w| w == KEY) {
+        Some(at) if frame.get(at + KEY.len()) == Some(&b'2') => BodyType::Binary,
+        _ => BodyType::Text,
+    }
+}
+
+/// A notice to a subscriber that an administrator took a message it holds: `kind` is
+/// `deleted` or `movedtodlq`.
+pub fn notice_frame(kind: &str, id: MessageId) -> Bytes {
+    format!(r#"{{"{kind}":true,"id":"{id}"}}"#).into()
 }
 
 /// The frame a copy-queue subscriber receives: no id, because there is nothing to ack.

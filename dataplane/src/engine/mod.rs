@@ -20,7 +20,7 @@ pub use copy::{CopyQueue, CopySubscription};
 pub use ids::{MessageId, SessionId};
 pub use line::Outbound;
 pub use message::{BodyType, Durability, Message, NewMessage};
-pub use queue::{Limits, QueueState, Refused};
+pub use queue::{Anchor, Counts, Limits, QueueState, Refused};
 
 use crate::store::{Receipt, Store};
 use std::sync::{Arc, Mutex, MutexGuard};

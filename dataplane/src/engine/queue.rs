@@ -8,7 +8,7 @@
 
 use super::ids::{IdGenerator, MessageId, SessionId};
 use super::line::{Line, Outbox};
-use super::message::{Durability, Message, NewMessage};
+use super::message::{frame_body_type, notice_frame, Durability, Message, NewMessage};
 use crate::store::log::RecoveredMessage;
 use crate::store::{Change, Receipt, Store};
 use qe_shared::Code;
@@ -29,6 +29,10 @@ pub enum Refused {
     QueueFull,
     #[error("the queue's messages use max-messages-memory bytes")]
     MemoryFull,
+    #[error("no such message")]
+    NotFound,
+    #[error("a durability-0 message cannot be moved to the dead letter queue")]
+    MoveNotDurable,
 }
 
 impl Refused {
@@ -38,6 +42,8 @@ impl Refused {
             Refused::NackNotDurable => Code::NackDurabilityZero,
             Refused::QueueFull => Code::MessageCountExceeded,
             Refused::MemoryFull => Code::MessageMemoryExceeded,
+            Refused::NotFound => Code::InvalidMessageId,
+            Refused::MoveNotDurable => Code::MoveDurabilityZero,
         }
     }
 }
@@ -54,6 +60,26 @@ pub struct Limits {
 /// What a message counts against `max-messages-memory`.
 pub fn memory_cost(message: &Message) -> u64 {
     message.frame.len() as u64 + MESSAGE_OVERHEAD_BYTES
+}
+
+/// Where an administrator's page starts: after an id (`None`: from the start) or before one
+/// (`None`: from the end). Pages are in ascending id order either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Anchor {
+    After(Option<MessageId>),
+    Before(Option<MessageId>),
+}
+
+/// The live counters of `getlivestats` that the queue knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    /// Waiting, held, delayed and dead-lettered.
+    pub messages: usize,
+    pub saved_sessions: usize,
+    pub unacknowledged: usize,
+    pub dead_letter: usize,
+    pub delayed: usize,
+    pub durable: usize,
 }
 
 /// Where a message in the queue (not the dead letter queue) is.
@@ -93,6 +119,8 @@ pub struct QueueState {
     expiries: BTreeSet<(u64, SessionId)>,
     /// Sum of [`memory_cost`] over `messages` and `dead`.
     memory_used: u64,
+    /// Messages with durability 1 or 2, dead letter included.
+    durable_count: usize,
     store: Box<dyn Store>,
 }
 
@@ -110,6 +138,7 @@ impl QueueState {
             saved: HashMap::new(),
             expiries: BTreeSet::new(),
             memory_used: 0,
+            durable_count: 0,
             store,
         }
     }
@@ -136,6 +165,7 @@ impl QueueState {
             due_ms,
         });
         self.memory_used += cost;
+        self.durable_count += (new.durability != Durability::None) as usize;
         let place = match due_ms {
             Some(due_ms) => {
                 self.delayed.insert((due_ms, id));
@@ -158,11 +188,13 @@ impl QueueState {
             let message = Message {
                 id,
                 durability: recovered.durability,
+                body_type: frame_body_type(&recovered.frame),
                 delay_secs: recovered.delay_secs as u32,
                 recdat: recovered.recdat as u32,
                 frame: recovered.frame,
             };
             self.memory_used += memory_cost(&message);
+            self.durable_count += 1;
             if recovered.dead {
                 self.dead.insert(id, message);
                 continue;
@@ -185,6 +217,7 @@ impl QueueState {
         let id = MessageId(self.ids.next(now_ms));
         let message = Message::damaged(id, file, now_ms / 1000);
         self.memory_used += memory_cost(&message);
+        self.durable_count += 1;
         let _ = self.store.record(Change::Published {
             message: &message,
             due_ms: None,
@@ -218,7 +251,7 @@ impl QueueState {
             .messages
             .remove(&id)
             .expect("a held message is in the queue");
-        self.memory_used -= memory_cost(&entry.message);
+        self.forget(&entry.message);
         let receipt = self.store.record(Change::Acked(id));
         self.dispatch();
         Ok(receipt)
@@ -342,6 +375,121 @@ impl QueueState {
     /// Saved sessions (the manual's "saved subscribers").
     pub fn saved_count(&self) -> usize {
         self.saved.len()
+    }
+
+    /// The live counters (`getlivestats`) that the queue keeps.
+    pub fn counts(&self) -> Counts {
+        let delayed = self.delayed.len();
+        Counts {
+            messages: self.messages.len() + self.dead.len(),
+            saved_sessions: self.saved.len(),
+            // Every message in `messages` waits, is held, or is delayed.
+            unacknowledged: self.messages.len() - self.waiting_count - delayed,
+            dead_letter: self.dead.len(),
+            delayed,
+            durable: self.durable_count,
+        }
+    }
+
+    /// Up to `count` messages of the queue (`dead` false) or the dead letter queue, in id
+    /// order, from `anchor`: O(log n + count).
+    pub fn page(&self, dead: bool, anchor: Anchor, count: usize) -> Vec<&Message> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let range = match anchor {
+            Anchor::After(Some(id)) => (Excluded(id), Unbounded),
+            Anchor::Before(Some(id)) => (Unbounded, Excluded(id)),
+            Anchor::After(None) | Anchor::Before(None) => (Unbounded, Unbounded),
+        };
+        let mut page: Vec<&Message> = match (dead, anchor) {
+            (false, Anchor::After(_)) => self
+                .messages
+                .range(range)
+                .take(count)
+                .map(|(_, e)| &e.message)
+                .collect(),
+            (false, Anchor::Before(_)) => self
+                .messages
+                .range(range)
+                .rev()
+                .take(count)
+                .map(|(_, e)| &e.message)
+                .collect(),
+            (true, Anchor::After(_)) => {
+                self.dead.range(range).take(count).map(|(_, m)| m).collect()
+            }
+            (true, Anchor::Before(_)) => self
+                .dead
+                .range(range)
+                .rev()
+                .take(count)
+                .map(|(_, m)| m)
+                .collect(),
+        };
+        if let Anchor::Before(_) = anchor {
+            page.reverse();
+        }
+        page
+    }
+
+    /// A message of the queue (`dead` false) or of the dead letter queue.
+    pub fn get(&self, id: MessageId, dead: bool) -> Option<&Message> {
+        match dead {
+            false => self.messages.get(&id).map(|e| &e.message),
+            true => self.dead.get(&id),
+        }
+    }
+
+    /// An administrator deletes a waiting, held or delayed message; its holder is told.
+    pub fn delete(&mut self, id: MessageId) -> Result<Receipt, Refused> {
+        let entry = self.take(id, "deleted").ok_or(Refused::NotFound)?;
+        self.forget(&entry.message);
+        let receipt = self.store.record(Change::Acked(id));
+        self.dispatch();
+        Ok(receipt)
+    }
+
+    /// An administrator moves a waiting, held or delayed message to the dead letter queue;
+    /// its holder is told. A durability-0 message cannot go there.
+    pub fn move_to_dead_letter(&mut self, id: MessageId) -> Result<Receipt, Refused> {
+        let entry = self.messages.get(&id).ok_or(Refused::NotFound)?;
+        if entry.message.durability == Durability::None {
+            return Err(Refused::MoveNotDurable);
+        }
+        let entry = self.take(id, "movedtodlq").expect("just found");
+        let receipt = self.store.record(Change::DeadLettered(id));
+        self.dead.insert(id, entry.message);
+        self.dispatch();
+        Ok(receipt)
+    }
+
+    /// An administrator deletes a message from the dead letter queue.
+    pub fn delete_dead_letter(&mut self, id: MessageId) -> Result<Receipt, Refused> {
+        let message = self.dead.remove(&id).ok_or(Refused::NotFound)?;
+        self.forget(&message);
+        Ok(self.store.record(Change::Acked(id)))
+    }
+
+    /// Takes `id` out of the queue, wherever it is; a holder gets a `notice` and its slot back.
+    fn take(&mut self, id: MessageId, notice: &str) -> Option<Entry> {
+        let entry = *self.messages.remove(&id)?;
+        match entry.place {
+            // Its id stays in `waiting` and is skipped when it comes up.
+            Place::Waiting => self.waiting_count -= 1,
+            Place::Held(session) => {
+                self.line.release(session, id);
+                self.line.notify(session, notice_frame(notice, id));
+            }
+            Place::Delayed(due_ms) => {
+                self.delayed.remove(&(due_ms, id));
+            }
+        }
+        Some(entry)
+    }
+
+    /// A message left for good: it no longer counts against the limits.
+    fn forget(&mut self, message: &Message) {
+        self.memory_used -= memory_cost(message);
+        self.durable_count -= (message.durability != Durability::None) as usize;
     }
 
     /// Moves every delayed message whose time has come to the back of the queue.

@@ -1,18 +1,56 @@
-//! An administrator. The commands arrive with part 4 (issue 5); until then every command is
-//! refused as not known, and the connection's rules (JSON only, context) already hold.
+//! An administrator: watches the queue, manages its messages and settings.
 
-use super::request::{self, Parsed};
+use super::publisher::Publisher;
+use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response};
+use crate::engine::{Anchor, Message, MessageId, Outbound};
+use crate::node::Node;
+use qe_shared::protocol::{QueueType, Role};
+use qe_shared::settings::{fixed, ReadOnlySetting, Setting};
 use qe_shared::Code;
+use serde_json::Value;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::task::JoinHandle;
 
-pub struct Admin;
+/// The longest page of `getmsgs` and `getdlqmsgs`.
+const MAX_PAGE: u64 = 1600;
+/// `getlivestats` pushes: 0 stops them, else every 30 to 900 seconds.
+const PUSH_PERIOD_SECS: std::ops::RangeInclusive<u64> = 30..=900;
+
+pub struct Admin {
+    node: Arc<Node>,
+    /// `addmsg` publishes as a distribute publisher would.
+    publisher: Publisher,
+    /// Where `getlivestats` pushes go, and their receiving end until the connection takes it.
+    outbox: UnboundedSender<Outbound>,
+    pub frames: Option<UnboundedReceiver<Outbound>>,
+    /// The task that pushes live stats, while a subscription is active.
+    pushes: Option<JoinHandle<()>>,
+}
+
+/// Which of the two queues a command looks at.
+#[derive(Clone, Copy)]
+enum Shelf {
+    Queue,
+    DeadLetter,
+}
 
 impl Admin {
-    pub fn new() -> Admin {
-        Admin
+    pub fn new(node: &Arc<Node>) -> Admin {
+        let (outbox, frames) = unbounded_channel();
+        Admin {
+            node: node.clone(),
+            publisher: Publisher::new(node.clone(), QueueType::Distribute),
+            outbox,
+            frames: Some(frames),
+            pushes: None,
+        }
     }
 
-    pub fn handle(&self, data: Data) -> Response {
+    pub fn handle(&mut self, data: Data) -> Response {
         let fields = match &data {
             Data::Binary(_) => return Response::abort(Reply::failure(Code::InvalidJson)),
             Data::Text(payload) => match request::parse(as_str(payload)) {
@@ -21,9 +59,260 @@ impl Admin {
                 Parsed::Object(fields) => fields,
             },
         };
-        match request::context(&fields) {
-            Ok(context) => Response::reply(Reply::failure(Code::InvalidCommand).context(context)),
-            Err(code) => Response::reply(Reply::failure(code)),
+        let context = match request::context(&fields) {
+            Ok(context) => context,
+            Err(code) => return Response::reply(Reply::failure(code)),
+        };
+        let cmd = fields
+            .get("cmd")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let response = match cmd {
+            "getlivestats" => Response::reply(self.live_stats(&fields)),
+            "getmsgs" => Response::reply(self.list(&fields, Shelf::Queue)),
+            "getdlqmsgs" => Response::reply(self.list(&fields, Shelf::DeadLetter)),
+            "getmsg" => Response::reply(self.show(&fields, Shelf::Queue)),
+            "getdlqmsg" => Response::reply(self.show(&fields, Shelf::DeadLetter)),
+            "addmsg" => self.publisher.publish_fields(fields),
+            "delmsg" => self.change(&fields, |q, id| q.delete(id)),
+            "movetodlq" => self.change(&fields, |q, id| q.move_to_dead_letter(id)),
+            "deldlqmsg" => self.change(&fields, |q, id| q.delete_dead_letter(id)),
+            "getcfg" => Response::reply(self.config()),
+            "setcfg" => Response::reply(self.set_config(&fields)),
+            _ => Response::reply(Reply::failure(Code::InvalidCommand)),
+        };
+        response.context(context)
+    }
+
+    /// `getlivestats`, and `subscribe` to have it pushed.
+    fn live_stats(&mut self, fields: &Fields) -> Reply {
+        let Some(period) = fields.get("subscribe") else {
+            return Reply::success().with("csv", live_stats_csv(&self.node));
+        };
+        let period = whole_number(period)
+            .filter(|p| *p == 0 || PUSH_PERIOD_SECS.contains(p))
+            .ok_or(Code::InvalidSubscriptionPeriod);
+        match (period, self.pushes.is_some()) {
+            (Err(code), _) => Reply::failure(code),
+            (Ok(0), false) => Reply::failure(Code::NoSubscription),
+            (Ok(0), true) => {
+                self.stop_pushes();
+                Reply::success()
+            }
+            (Ok(_), true) => Reply::failure(Code::SubscriptionActive),
+            (Ok(secs), false) => {
+                self.pushes = Some(tokio::spawn(push_live_stats(
+                    self.node.clone(),
+                    self.outbox.clone(),
+                    Duration::from_secs(secs),
+                )));
+                Reply::success().with("csv", live_stats_csv(&self.node))
+            }
         }
     }
+
+    fn stop_pushes(&mut self) {
+        if let Some(pushes) = self.pushes.take() {
+            pushes.abort();
+        }
+    }
+
+    /// `getmsgs` / `getdlqmsgs`: a page, as `id,len,delay,durability,type,recdat` lines.
+    fn list(&self, fields: &Fields, shelf: Shelf) -> Reply {
+        let anchor = match (fields.get("after"), fields.get("before")) {
+            (Some(after), None) => anchor_id(after, Code::InvalidAfter).map(Anchor::After),
+            (None, Some(before)) => anchor_id(before, Code::InvalidBefore).map(Anchor::Before),
+            _ => Err(Code::BeforeOrAfter),
+        };
+        let count = fields
+            .get("count")
+            .and_then(whole_number)
+            .filter(|c| (1..=MAX_PAGE).contains(c));
+        let (anchor, count) = match (anchor, count) {
+            (Err(code), _) => return Reply::failure(code),
+            (Ok(_), None) => return Reply::failure(Code::InvalidCount),
+            (Ok(anchor), Some(count)) => (anchor, count as usize),
+        };
+        let queue = self.node.queue.lock();
+        let mut csv = String::new();
+        for message in queue.page(matches!(shelf, Shelf::DeadLetter), anchor, count) {
+            let _ = writeln!(
+                csv,
+                "{},{},{},{},{},{}",
+                message.id,
+                message.frame.len(),
+                message.delay_secs,
+                message.durability as u8,
+                message.body_type as u8,
+                message.recdat
+            );
+        }
+        Reply::success().with("csv", csv)
+    }
+
+    /// `getmsg` / `getdlqmsg`: one message as its subscriber would receive it.
+    fn show(&self, fields: &Fields, shelf: Shelf) -> Reply {
+        let Some(id) = message_id(fields) else {
+            return Reply::failure(Code::InvalidMessageId);
+        };
+        let queue = self.node.queue.lock();
+        match queue.get(id, matches!(shelf, Shelf::DeadLetter)) {
+            Some(message) => shown(message),
+            None => Reply::failure(Code::InvalidMessageId),
+        }
+    }
+
+    /// `delmsg`, `movetodlq`, `deldlqmsg`: a change to one message, durable as the message is.
+    fn change(
+        &self,
+        fields: &Fields,
+        change: impl FnOnce(
+            &mut crate::engine::QueueState,
+            MessageId,
+        ) -> Result<crate::store::Receipt, crate::engine::Refused>,
+    ) -> Response {
+        let Some(id) = message_id(fields) else {
+            return Response::reply(Reply::failure(Code::InvalidMessageId));
+        };
+        let changed = change(&mut self.node.queue.lock(), id);
+        match changed {
+            Ok(receipt) => {
+                let id = id.to_string();
+                let not_synced = Reply::failure(Code::SyncFailed).with("id", id.clone());
+                Response::durable(Reply::success().with("id", id), receipt, not_synced)
+            }
+            Err(refused) => Response::reply(Reply::failure(refused.code())),
+        }
+    }
+
+    /// `getcfg`: every setting, `NAME,FLAG,VALUE` a line, writable ones first.
+    fn config(&self) -> Reply {
+        let settings = self.node.settings();
+        let mut csv = String::new();
+        for setting in Setting::ALL {
+            let _ = writeln!(csv, "{},w,{}", setting.name(), settings.get(setting));
+        }
+        for setting in ReadOnlySetting::ALL {
+            let _ = writeln!(csv, "{},r,{}", setting.name(), self.read_only(setting));
+        }
+        Reply::success().with("csv", csv)
+    }
+
+    fn read_only(&self, setting: ReadOnlySetting) -> String {
+        let limits = &self.node.limits;
+        match setting {
+            ReadOnlySetting::MaxTasks => limits.max_tasks.to_string(),
+            ReadOnlySetting::MaxMessages => limits.max_messages.to_string(),
+            ReadOnlySetting::MaxMessagesMemory => limits.max_messages_memory.to_string(),
+            ReadOnlySetting::MessagesMemoryUsed => self.node.queue.lock().memory_used().to_string(),
+            ReadOnlySetting::MaxWriteQueueBytes => {
+                fixed::max_write_queue_bytes(self.node.tier).to_string()
+            }
+            ReadOnlySetting::MessageTimeoutSecs => fixed::MESSAGE_TIMEOUT_SECS.to_string(),
+            ReadOnlySetting::LogLevel => self.node.log_level.clone(),
+        }
+    }
+
+    /// `setcfg`: all of the named settings change, or none does.
+    fn set_config(&self, fields: &Fields) -> Reply {
+        let mut changes = Vec::new();
+        let mut faults = Vec::new();
+        for (name, value) in fields
+            .iter()
+            .filter(|(k, _)| !["cmd", "context"].contains(&k.as_str()))
+        {
+            if let Some(setting) = Setting::parse(name) {
+                match whole_number(value).filter(|v| setting.accepts(*v)) {
+                    Some(value) => changes.push((setting, value)),
+                    None => {
+                        let (min, max) = setting.range();
+                        let reason = format!("Invalid {name}. Must be between {min} and {max}.");
+                        faults.push(Reply::failure_because(Code::SettingOutOfRange, reason));
+                    }
+                }
+            } else if ReadOnlySetting::parse(name).is_some() {
+                let reason = format!("Read only parameter {name} specified.");
+                faults.push(Reply::failure_because(Code::SettingReadOnly, reason));
+            } else {
+                faults.push(Reply::failure(Code::NoWritableSetting));
+            }
+        }
+        if changes.is_empty() && faults.is_empty() {
+            return Reply::failure(Code::NoWritableSetting);
+        }
+        if let Some(fault) = faults.into_iter().min_by_key(|f| f.code()) {
+            return fault;
+        }
+        match self.node.change_settings(&changes) {
+            Ok(()) => Reply::success(),
+            Err(error) => Reply::failure(error.code()),
+        }
+    }
+}
+
+impl Drop for Admin {
+    /// Pushes stop when the connection closes.
+    fn drop(&mut self) {
+        self.stop_pushes();
+    }
+}
+
+/// The nine columns of `getlivestats`.
+pub fn live_stats_csv(node: &Node) -> String {
+    let counts = node.queue.lock().counts();
+    let presence = &node.presence;
+    format!(
+        "{},{},{},{},{},{},{},{},{}",
+        counts.messages,
+        presence.count(Role::Publisher),
+        presence.count(Role::Subscriber),
+        counts.saved_sessions,
+        presence.count(Role::Admin),
+        counts.unacknowledged,
+        counts.dead_letter,
+        counts.delayed,
+        counts.durable
+    )
+}
+
+async fn push_live_stats(node: Arc<Node>, outbox: UnboundedSender<Outbound>, period: Duration) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    loop {
+        ticks.tick().await;
+        let push = serde_json::json!({"cmd": "getlivestats", "csv": live_stats_csv(&node)});
+        let outbound = Outbound {
+            frame: push.to_string().into(),
+            message: None,
+        };
+        if outbox.send(outbound).is_err() {
+            return;
+        }
+    }
+}
+
+/// `after` / `before`: an id, or "" for the start / the end.
+fn anchor_id(value: &Value, code: Code) -> Result<Option<MessageId>, Code> {
+    match value.as_str() {
+        Some("") => Ok(None),
+        Some(text) => MessageId::parse(text).map(Some).ok_or(code),
+        None => Err(code),
+    }
+}
+
+fn message_id(fields: &Fields) -> Option<MessageId> {
+    fields
+        .get("id")
+        .and_then(Value::as_str)
+        .and_then(MessageId::parse)
+}
+
+/// `getmsg`'s reply: the message unchanged, its length, delay and durability.
+fn shown(message: &Message) -> Reply {
+    let msg: Value = serde_json::from_slice(&message.frame).expect("frames are JSON objects");
+    Reply::success()
+        .with("id", message.id.to_string())
+        .with("msg", msg)
+        .with("len", message.frame.len())
+        .with("delay", message.delay_secs)
+        .with("durability", message.durability as u8)
 }

@@ -88,7 +88,7 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
             ))
         }
         (Role::Admin, QueueType::Distribute) => Ok((
-            Session::Admin(Admin::new()),
+            Session::Admin(Admin::new(node)),
             Reply::success().context(context),
         )),
         (Role::Admin, QueueType::Copy) => unreachable!("LoginForm::read refuses it with 108"),

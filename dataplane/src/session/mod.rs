@@ -22,6 +22,7 @@ use crate::store::Receipt;
 use admin::Admin;
 use bytes::Bytes;
 use publisher::Publisher;
+use qe_shared::protocol::Role;
 use subscriber::{CopySubscriber, Subscriber};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -145,7 +146,17 @@ impl Session {
         match self {
             Session::Subscriber(subscriber) => subscriber.frames.take(),
             Session::CopySubscriber(subscriber) => subscriber.frames.take(),
-            Session::Publisher(_) | Session::Admin(_) => None,
+            Session::Admin(admin) => admin.frames.take(),
+            Session::Publisher(_) => None,
+        }
+    }
+
+    /// The role the connection logged in as.
+    pub fn role(&self) -> Role {
+        match self {
+            Session::Publisher(_) => Role::Publisher,
+            Session::Subscriber(_) | Session::CopySubscriber(_) => Role::Subscriber,
+            Session::Admin(_) => Role::Admin,
         }
     }
 }

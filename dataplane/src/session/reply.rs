@@ -24,6 +24,13 @@ impl Reply {
             .with("reason", code.reason())
     }
 
+    /// A failure whose reason names the particular (the manual's 414 and 415 do).
+    pub fn failure_because(code: Code, reason: String) -> Reply {
+        Reply::with_status("Failure.")
+            .with("code", code.number())
+            .with("reason", reason)
+    }
+
     fn with_status(status: &str) -> Reply {
         Reply { fields: Map::new() }.with("status", status)
     }

@@ -2,6 +2,7 @@
 
 use crate::auth::{Login, Logins, PasswordHash};
 use crate::connection::Keepalive;
+use crate::history::Placement;
 use clap::Parser;
 use qe_shared::settings::Tier;
 use serde::Deserialize;
@@ -93,6 +94,13 @@ pub struct ConfigFile {
     pub ping_secs: Option<u64>,
     /// Seconds a peer may stay silent before it counts as gone. Default 45.
     pub silence_limit_secs: Option<u64>,
+    /// The machine type the queue runs on, for usage records. Default "local".
+    pub instance_type: Option<String>,
+    /// The region it runs in, for usage records. Default "local".
+    pub region: Option<String>,
+    /// Whether the queue has an IPv4 address, for usage records. Default false.
+    #[serde(default)]
+    pub ipv4: bool,
 }
 
 /// A login as it rests in the file: never the password itself.
@@ -123,6 +131,7 @@ pub struct Config {
     pub max_messages_memory: Option<u64>,
     pub log_segment_bytes: Option<u64>,
     pub keepalive: Keepalive,
+    pub placement: Placement,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -204,6 +213,11 @@ impl Config {
             max_messages: flags.max_messages.or(file.max_messages),
             max_messages_memory: flags.max_messages_memory.or(file.max_messages_memory),
             log_segment_bytes: flags.log_segment_bytes.or(file.log_segment_bytes),
+            placement: Placement {
+                instance_type: file.instance_type.unwrap_or_else(|| "local".into()),
+                region: file.region.unwrap_or_else(|| "local".into()),
+                ipv4: file.ipv4,
+            },
             keepalive: {
                 let default = Keepalive::default();
                 let secs = |flag: Option<u64>, file: Option<u64>, default: Duration| {

@@ -11,15 +11,18 @@
 //!   dead-lettered messages; the copy queue type.
 //! - [`store`]: the boundary every change to the messages passes.
 //!
-//! Beside the path: [`config`] (flags and the TOML file), [`auth`] (the three logins) and
-//! [`node`] (what every connection shares).
+//! Beside the path: [`config`] (flags and the TOML file), [`auth`] (the three logins),
+//! [`node`] (what every connection shares), [`history`] (stats and usage records) and
+//! [`traffic`] (bytes on the sockets).
 
 pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod engine;
+pub mod history;
 pub mod limits;
 pub mod node;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod traffic;

@@ -6,10 +6,13 @@ use crate::auth::Logins;
 use crate::config::Config;
 use crate::connection::Keepalive;
 use crate::engine::{CopyQueue, Limits, Queue};
+use crate::history::{History, Placement, Totals};
 use crate::limits::{usable_memory, NodeLimits};
 use crate::store::log::{self, LogOptions, LogStore};
 use crate::store::meta::SaveError;
 use crate::store::Meta;
+use crate::store::StorageMeter;
+use crate::traffic::Traffic;
 use qe_shared::protocol::Role;
 use qe_shared::settings::{Setting, Settings, Tier};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +36,14 @@ pub struct Node {
     pub presence: Arc<Presence>,
     /// How much the node logs (`RUST_LOG`), shown by `getcfg`.
     pub log_level: String,
+    /// Stats and usage records.
+    pub history: History,
+    /// What usage is billed under.
+    pub placement: Placement,
+    /// Bytes on the sockets.
+    pub traffic: Arc<Traffic>,
+    /// Bytes of the message log.
+    pub storage: StorageMeter,
 }
 
 /// Counts of open connections by role. [`Presence::enter`] counts one until dropped.
@@ -96,6 +107,7 @@ impl Node {
                 .unwrap_or(LogOptions::default().segment_bytes),
         };
         let (store, recovered) = LogStore::open(&log_dir, options)?;
+        let storage = store.meter();
         let queue = Queue::new(
             Box::new(store),
             Limits {
@@ -118,6 +130,7 @@ impl Node {
             "queue read back"
         );
 
+        let history = History::open(meta.db(), crate::engine::now_ms() / 1000)?;
         Ok(Arc::new(Node {
             queue,
             copy: Arc::default(),
@@ -129,6 +142,10 @@ impl Node {
             settings: RwLock::new(settings),
             presence: Arc::default(),
             log_level: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            history,
+            placement: config.placement.clone(),
+            traffic: Arc::default(),
+            storage,
         }))
     }
 
@@ -153,6 +170,40 @@ impl Node {
             }
         }
         saved
+    }
+
+    /// The nine columns of `getlivestats`: messages, publishers, subscribers, saved
+    /// subscribers, administrators, unacknowledged, dead letter, delayed, durable.
+    pub fn live_stats_csv(&self) -> String {
+        let counts = self.queue.lock().counts();
+        let presence = &self.presence;
+        format!(
+            "{},{},{},{},{},{},{},{},{}",
+            counts.messages,
+            presence.count(Role::Publisher),
+            presence.count(Role::Subscriber),
+            counts.saved_sessions,
+            presence.count(Role::Admin),
+            counts.unacknowledged,
+            counts.dead_letter,
+            counts.delayed,
+            counts.durable
+        )
+    }
+
+    /// The growing byte totals usage records are cut from.
+    pub fn totals(&self) -> Totals {
+        Totals {
+            network_sent: self.traffic.sent(),
+            network_received: self.traffic.received(),
+            storage_written: self.storage.written(),
+            storage_read: self.storage.read(),
+        }
+    }
+
+    /// The message log's size on disk now.
+    pub fn storage_held(&self) -> u64 {
+        self.storage.held()
     }
 
     pub fn setting(&self, setting: Setting) -> u64 {

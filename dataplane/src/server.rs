@@ -7,6 +7,7 @@
 
 use crate::connection::{self, Closer};
 use crate::node::Node;
+use crate::traffic::Counted;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -50,6 +51,7 @@ impl Server {
     /// Serves until the process ends.
     pub async fn run(self) {
         tokio::spawn(self.node.queue.clone().run_timers());
+        tokio::spawn(crate::history::run(self.node.clone()));
         loop {
             let tcp = match self.listener.accept().await {
                 Ok((tcp, _peer)) => tcp,
@@ -100,7 +102,10 @@ async fn upgrade(tcp: TcpStream, node: &Node) -> Option<WebSocket<HttpStream>> {
         async move { Ok::<_, Infallible>(response) }
     });
     http1::Builder::new()
-        .serve_connection(TokioIo::new(tcp), service)
+        .serve_connection(
+            TokioIo::new(Counted::new(tcp, node.traffic.clone())),
+            service,
+        )
         .with_upgrades()
         .await
         .ok()?;

@@ -464,3 +464,67 @@ async fn an_unknown_command_is_400_and_text_that_is_not_json_closes() {
     assert_failure(&admin.recv().await, 100);
     assert_eq!(admin.ending().await, Ending::NoCloseFrame);
 }
+
+#[tokio::test]
+async fn getstats_and_getusage_check_the_day_and_the_flag() {
+    let node = Node::start();
+    let mut admin = admin(&node).await;
+    // The node's first day, as a 407 for an older day names it.
+    let old_day = json!({"cmd": "getstats", "year": 2020, "month": 1, "day": 1, "average": false});
+    let refused = command(&mut admin, old_day).await;
+    assert_failure(&refused, 407);
+    let reason = refused["reason"].as_str().unwrap();
+    let first = reason
+        .strip_prefix("Invalid date, don't have data before ")
+        .and_then(|r| r.strip_suffix('.'))
+        .unwrap_or_else(|| panic!("{reason}"));
+    let parts: Vec<u64> = first.split('-').map(|p| p.parse().unwrap()).collect();
+    let today = (parts[0], parts[1], parts[2]);
+    for (cmd, flag) in [("getstats", "average"), ("getusage", "totals")] {
+        let (y, m, d) = today;
+        let request = |fields: Value| {
+            let mut request = json!({"cmd": cmd, "year": y, "month": m, "day": d, flag: false});
+            for (key, value) in fields.as_object().unwrap() {
+                if value.is_null() {
+                    request.as_object_mut().unwrap().remove(key);
+                } else {
+                    request[key] = value.clone();
+                }
+            }
+            request
+        };
+        for (fields, code) in [
+            (json!({"year": null}), 404),
+            (json!({"year": "2026"}), 404),
+            (json!({"month": 13}), 405),
+            (json!({"month": null}), 405),
+            (json!({"day": 32}), 406),
+            (json!({"month": 2, "day": 30}), 406),
+            (json!({flag: null}), 408),
+            (json!({flag: "yes"}), 408),
+            (json!({"year": 2020, "month": 1, "day": 1}), 407),
+        ] {
+            assert_failure(&command(&mut admin, request(fields)).await, code);
+        }
+        // The day before the first is refused, the first is served.
+        let (py, pm, pd) = if d > 1 {
+            (y, m, d - 1)
+        } else if m > 1 {
+            (y, m - 1, 28)
+        } else {
+            (y - 1, 12, 31)
+        };
+        let previous = command(
+            &mut admin,
+            request(json!({"year": py, "month": pm, "day": pd})),
+        )
+        .await;
+        assert_failure(&previous, 407);
+        // Today: the records so far (none yet: the first comes at the next 5 minutes).
+        for summary in [false, true] {
+            let reply = command(&mut admin, request(json!({flag: summary}))).await;
+            assert_eq!(reply["status"], "Success.", "{reply}");
+            assert_eq!(reply["csv"], "");
+        }
+    }
+}

@@ -247,6 +247,27 @@ async fn a_damaged_record_goes_to_the_dead_letter_queue_and_hides_nothing() {
     node.wait_for_log("a damaged record went to the dead letter queue");
     assert_eq!(drain_queue(&node).await, ["first", "third"]);
 
+    // An administrator sees it in the dead letter queue as the manual's damaged entry.
+    let (mut admin, _) = node.login("admin", "distribute", json!({})).await;
+    let list = admin
+        .request(json!({"cmd": "getdlqmsgs", "after": "", "count": 10}))
+        .await;
+    let csv = list["csv"].as_str().unwrap();
+    assert_eq!(csv.lines().count(), 1, "{csv}");
+    let id = csv.split(',').next().unwrap();
+    let entry = admin.request(json!({"cmd": "getdlqmsg", "id": id})).await;
+    assert_eq!(entry["msg"]["id"], id);
+    assert_eq!(entry["msg"]["damaged"], true);
+    let file = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        entry["msg"]["file"].as_str().unwrap(),
+    )
+    .unwrap();
+    assert!(
+        file.windows(6).any(|w| w == b"seCond"),
+        "the whole damaged record"
+    );
+
     // The damaged bytes were padded over: the next start finds no damage.
     let node = node.restart(&[]);
     let last_start = node.wait_for_log("damaged=0");

@@ -4,8 +4,9 @@ use super::publisher::Publisher;
 use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response};
 use crate::engine::{Anchor, Message, MessageId, Outbound};
+use crate::history;
 use crate::node::Node;
-use qe_shared::protocol::{QueueType, Role};
+use qe_shared::protocol::QueueType;
 use qe_shared::settings::{fixed, ReadOnlySetting, Setting};
 use qe_shared::Code;
 use serde_json::Value;
@@ -29,6 +30,15 @@ pub struct Admin {
     pub frames: Option<UnboundedReceiver<Outbound>>,
     /// The task that pushes live stats, while a subscription is active.
     pushes: Option<JoinHandle<()>>,
+}
+
+/// Which history a command reads.
+#[derive(Clone, Copy)]
+enum History {
+    /// `getstats`, with `average`.
+    Stats,
+    /// `getusage`, with `totals`.
+    Usage,
 }
 
 /// Which of the two queues a command looks at.
@@ -69,6 +79,8 @@ impl Admin {
             .unwrap_or_default();
         let response = match cmd {
             "getlivestats" => Response::reply(self.live_stats(&fields)),
+            "getstats" => Response::reply(self.history(&fields, History::Stats)),
+            "getusage" => Response::reply(self.history(&fields, History::Usage)),
             "getmsgs" => Response::reply(self.list(&fields, Shelf::Queue)),
             "getdlqmsgs" => Response::reply(self.list(&fields, Shelf::DeadLetter)),
             "getmsg" => Response::reply(self.show(&fields, Shelf::Queue)),
@@ -87,7 +99,7 @@ impl Admin {
     /// `getlivestats`, and `subscribe` to have it pushed.
     fn live_stats(&mut self, fields: &Fields) -> Reply {
         let Some(period) = fields.get("subscribe") else {
-            return Reply::success().with("csv", live_stats_csv(&self.node));
+            return Reply::success().with("csv", self.node.live_stats_csv());
         };
         let period = whole_number(period)
             .filter(|p| *p == 0 || PUSH_PERIOD_SECS.contains(p))
@@ -106,8 +118,39 @@ impl Admin {
                     self.outbox.clone(),
                     Duration::from_secs(secs),
                 )));
-                Reply::success().with("csv", live_stats_csv(&self.node))
+                Reply::success().with("csv", self.node.live_stats_csv())
             }
+        }
+    }
+
+    /// `getstats` / `getusage`: one UTC day of records, or its one-line summary.
+    fn history(&self, fields: &Fields, which: History) -> Reply {
+        let day =
+            match history::parse_day(fields.get("year"), fields.get("month"), fields.get("day")) {
+                Ok(day) => day,
+                Err(code) => return Reply::failure(code),
+            };
+        let flag = match which {
+            History::Stats => "average",
+            History::Usage => "totals",
+        };
+        let Some(summary) = fields.get(flag).and_then(Value::as_bool) else {
+            return Reply::failure(Code::InvalidAverage);
+        };
+        let history = &self.node.history;
+        if let Err(refused) = history.check_has_data(day) {
+            let reason = refused
+                .reason
+                .unwrap_or_else(|| refused.code.reason().into());
+            return Reply::failure_because(refused.code, reason);
+        }
+        let csv = match which {
+            History::Stats => history.stats_of(day, summary),
+            History::Usage => history.usage_of(day, summary),
+        };
+        match csv {
+            Ok(csv) => Reply::success().with("csv", csv),
+            Err(_) => Reply::failure(Code::DatabaseDown),
         }
     }
 
@@ -257,29 +300,11 @@ impl Drop for Admin {
     }
 }
 
-/// The nine columns of `getlivestats`.
-pub fn live_stats_csv(node: &Node) -> String {
-    let counts = node.queue.lock().counts();
-    let presence = &node.presence;
-    format!(
-        "{},{},{},{},{},{},{},{},{}",
-        counts.messages,
-        presence.count(Role::Publisher),
-        presence.count(Role::Subscriber),
-        counts.saved_sessions,
-        presence.count(Role::Admin),
-        counts.unacknowledged,
-        counts.dead_letter,
-        counts.delayed,
-        counts.durable
-    )
-}
-
 async fn push_live_stats(node: Arc<Node>, outbox: UnboundedSender<Outbound>, period: Duration) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
         ticks.tick().await;
-        let push = serde_json::json!({"cmd": "getlivestats", "csv": live_stats_csv(&node)});
+        let push = serde_json::json!({"cmd": "getlivestats", "csv": node.live_stats_csv()});
         let outbound = Outbound {
             frame: push.to_string().into(),
             message: None,

@@ -43,6 +43,11 @@ impl Meta {
         Ok(Meta { db, settings })
     }
 
+    /// The database, for other small state (the history).
+    pub fn db(&self) -> &sled::Db {
+        &self.db
+    }
+
     /// The tier's defaults with every saved change laid over them. A saved value out of range
     /// (an older build's, say) is ignored rather than trusted.
     pub fn settings(&self, tier: Tier) -> Settings {

@@ -9,7 +9,7 @@ pub mod log;
 mod memory;
 pub mod meta;
 
-pub use log::{LogOptions, LogStore};
+pub use log::{LogOptions, LogStore, StorageMeter};
 pub use memory::MemoryStore;
 pub use meta::Meta;
 

@@ -79,6 +79,11 @@ impl Shared {
         let file = self.file_for(files, chunk.segment)?;
         let before = file.metadata()?.len();
         let written = (&*file).write_all(&chunk.bytes);
+        if written.is_ok() {
+            let len = chunk.bytes.len() as u64;
+            self.bytes_written
+                .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        }
         if written.is_err() {
             let _ = file.set_len(before);
         } else if !files.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {

@@ -27,6 +27,7 @@ use crate::engine::{Durability, MessageId};
 use record::{encode_id, encode_message, Kind, MessageRecord};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use tokio::sync::watch;
@@ -170,6 +171,9 @@ struct Shared {
     work: Condvar,
     progress: watch::Sender<Progress>,
     dir: PathBuf,
+    /// Bytes written to and read from segment files since start (usage records).
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
 }
 
 impl Shared {
@@ -238,6 +242,29 @@ impl Ticket {
     }
 }
 
+/// The log's storage figures, for usage records.
+#[derive(Clone)]
+pub struct StorageMeter {
+    shared: Arc<Shared>,
+}
+
+impl StorageMeter {
+    /// Bytes written to segment files since start.
+    pub fn written(&self) -> u64 {
+        self.shared.bytes_written.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read from segment files since start (recovery and compaction).
+    pub fn read(&self) -> u64 {
+        self.shared.bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// The segment files' total size now.
+    pub fn held(&self) -> u64 {
+        self.shared.lock().segments.values().map(|s| s.bytes).sum()
+    }
+}
+
 /// The log, as the queue's [`Store`].
 pub struct LogStore {
     shared: Arc<Shared>,
@@ -270,6 +297,8 @@ impl LogStore {
             work: Condvar::new(),
             progress: watch::Sender::new(Progress::default()),
             dir: dir.to_path_buf(),
+            bytes_written: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(scan.bytes_read),
         });
         let syncer = syncer::spawn(shared.clone())?;
         let store = LogStore {
@@ -281,7 +310,14 @@ impl LogStore {
 
     /// The log's files' total size, in bytes.
     pub fn disk_bytes(&self) -> u64 {
-        self.shared.lock().segments.values().map(|s| s.bytes).sum()
+        self.meter().held()
+    }
+
+    /// A handle on the log's storage figures that outlives handing the store to the queue.
+    pub fn meter(&self) -> StorageMeter {
+        StorageMeter {
+            shared: self.shared.clone(),
+        }
     }
 
     fn receipt(&self, lsn: u64, durability: Durability) -> Receipt {

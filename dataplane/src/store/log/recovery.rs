@@ -41,6 +41,8 @@ pub struct Recovered {
 /// The scan's result, including what the store needs to go on.
 pub(super) struct Scan {
     pub recovered: Recovered,
+    /// Bytes read from the segment files.
+    pub bytes_read: u64,
     pub live: HashMap<MessageId, Live>,
     pub segments: BTreeMap<u32, SegmentUse>,
 }
@@ -52,12 +54,14 @@ pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
     let mut messages: HashMap<MessageId, RecoveredMessage> = HashMap::new();
     let mut scan = Scan {
         recovered: Recovered::default(),
+        bytes_read: 0,
         live: HashMap::new(),
         segments: BTreeMap::new(),
     };
     for (index, &segment) in numbers.iter().enumerate() {
         let path = segment_path(dir, segment);
         let bytes = std::fs::read(&path)?;
+        scan.bytes_read += bytes.len() as u64;
         let is_last = index + 1 == numbers.len();
         let mut file_len = bytes.len();
         let mut offset = 0;

@@ -167,6 +167,10 @@ fn copy_live(shared: &Shared, oldest: u32) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e),
     };
+    let read = bytes.len() as u64;
+    shared
+        .bytes_read
+        .fetch_add(read, std::sync::atomic::Ordering::Relaxed);
     let mut offset = 0;
     while offset < bytes.len() {
         let mut state = shared.lock();

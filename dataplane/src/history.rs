@@ -1,0 +1,359 @@
+//! The queue's history: a stats record every `stats-frequency-secs` and a usage record every
+//! `usage-frequency-secs`, kept in sled for their retention periods, read back a UTC day at a
+//! time by `getstats` and `getusage`.
+//!
+//! Everything here takes the time as an argument; [`run`] is the only part that reads the
+//! clock, so the recording, aggregation and pruning rules are tested with a clock in hand.
+
+use crate::node::Node;
+use qe_shared::settings::Setting;
+use qe_shared::Code;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+const DAY_SECS: u64 = 86_400;
+/// Retention is counted in years of 365 days.
+const YEAR_SECS: u64 = 365 * DAY_SECS;
+
+/// One usage record's figures (time aside).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub network_sent: u64,
+    pub network_received: u64,
+    pub storage_written: u64,
+    pub storage_read: u64,
+    /// The average on-disk size over the record's period.
+    pub storage_held: u64,
+}
+
+/// What the node bills under: from its config, written by the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub instance_type: String,
+    pub region: String,
+    pub ipv4: bool,
+}
+
+/// Reads a requested UTC day: year (404), month (405), day (406), as JSON integers.
+pub fn parse_day(
+    year: Option<&serde_json::Value>,
+    month: Option<&serde_json::Value>,
+    day: Option<&serde_json::Value>,
+) -> Result<Day, Code> {
+    let number = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_u64());
+    let year = number(year)
+        .filter(|y| (1970..=9999).contains(y))
+        .ok_or(Code::InvalidYear)?;
+    let month = number(month)
+        .filter(|m| (1..=12).contains(m))
+        .ok_or(Code::InvalidMonth)?;
+    let day = number(day)
+        .filter(|d| (1..=days_in_month(year, month)).contains(d))
+        .ok_or(Code::InvalidDay)?;
+    Ok(Day {
+        start: days_from_civil(year, month, day) * DAY_SECS,
+    })
+}
+
+/// A day the administrator asked about, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Day {
+    /// Its first second, since 1970 (UTC).
+    pub start: u64,
+}
+
+/// Why a day cannot be read: the code, and the reason text when it names a particular.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DayRefused {
+    pub code: Code,
+    pub reason: Option<String>,
+}
+
+pub struct History {
+    /// time (u64 BE) → the nine `getlivestats` columns, as CSV text.
+    stats: sled::Tree,
+    /// time (u64 BE) → the usage columns, as CSV text.
+    usage: sled::Tree,
+    /// When the queue first started: days that end before it have no data (407).
+    created: u64,
+}
+
+impl History {
+    /// Opens the history in `db`; `now` becomes the queue's first day if it has none yet.
+    pub fn open(db: &sled::Db, now: u64) -> Result<History, sled::Error> {
+        let meta = db.open_tree("history")?;
+        let created = match meta.get("created")? {
+            Some(bytes) => u64::from_be_bytes(bytes.as_ref().try_into().unwrap_or_default()),
+            None => {
+                meta.insert("created", &now.to_be_bytes())?;
+                now
+            }
+        };
+        Ok(History {
+            stats: db.open_tree("stats")?,
+            usage: db.open_tree("usage")?,
+            created,
+        })
+    }
+
+    pub fn record_stats(&self, time: u64, live_stats_csv: &str) -> Result<(), sled::Error> {
+        self.stats
+            .insert(time.to_be_bytes(), live_stats_csv.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn record_usage(
+        &self,
+        time: u64,
+        usage: &Usage,
+        placement: &Placement,
+    ) -> Result<(), sled::Error> {
+        let line = format!(
+            "{},{},{},{},{},{},{},{}",
+            usage.network_sent,
+            usage.network_received,
+            usage.storage_written,
+            usage.storage_read,
+            usage.storage_held,
+            placement.instance_type,
+            placement.region,
+            placement.ipv4 as u8
+        );
+        self.usage.insert(time.to_be_bytes(), line.as_bytes())?;
+        Ok(())
+    }
+
+    /// Drops records older than their retention periods.
+    pub fn prune(&self, now: u64, stats_years: u64, usage_years: u64) -> Result<(), sled::Error> {
+        for (tree, years) in [(&self.stats, stats_years), (&self.usage, usage_years)] {
+            let oldest_kept = now.saturating_sub(years * YEAR_SECS);
+            for key in tree.range(..oldest_kept.to_be_bytes()).keys() {
+                tree.remove(key?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a day that ends before the queue existed (407; the reason names its first day).
+    pub fn check_has_data(&self, day: Day) -> Result<(), DayRefused> {
+        if day.start + DAY_SECS > self.created {
+            return Ok(());
+        }
+        let (year, month, first) = civil_from_days(self.created / DAY_SECS);
+        let reason =
+            format!("Invalid date, don't have data before {year:04}-{month:02}-{first:02}.");
+        Err(DayRefused {
+            code: Code::DateBeforeData,
+            reason: Some(reason),
+        })
+    }
+
+    /// `getstats`: every record of the day, or one line of averages (rounded to whole numbers).
+    pub fn stats_of(&self, day: Day, average: bool) -> Result<String, sled::Error> {
+        let records = records(&self.stats, day)?;
+        if !average {
+            return Ok(lines(&records));
+        }
+        let Some(columns) = records.first().map(|(_, c)| c.len()) else {
+            return Ok(String::new());
+        };
+        let mut sums = vec![0u64; columns];
+        for (_, fields) in &records {
+            for (sum, field) in sums.iter_mut().zip(fields) {
+                *sum += field.parse::<u64>().unwrap_or(0);
+            }
+        }
+        let count = records.len() as u64;
+        let averages: Vec<String> = sums
+            .iter()
+            .map(|s| ((s + count / 2) / count).to_string())
+            .collect();
+        Ok(format!("{},{}\n", day.start, averages.join(",")))
+    }
+
+    /// `getusage`: every record of the day, or one line with the bytes added up and the
+    /// storage held averaged.
+    pub fn usage_of(&self, day: Day, totals: bool) -> Result<String, sled::Error> {
+        let records = records(&self.usage, day)?;
+        if !totals {
+            return Ok(lines(&records));
+        }
+        let Some((_, last)) = records.last() else {
+            return Ok(String::new());
+        };
+        let sum = |column: usize| -> u64 {
+            records
+                .iter()
+                .map(|(_, f)| f[column].parse::<u64>().unwrap_or(0))
+                .sum()
+        };
+        let held = sum(4) / records.len() as u64;
+        Ok(format!(
+            "{},{},{},{},{},{},{},{},{}\n",
+            day.start,
+            sum(0),
+            sum(1),
+            sum(2),
+            sum(3),
+            held,
+            last[5],
+            last[6],
+            last[7]
+        ))
+    }
+}
+
+/// The day's records: (time, fields).
+fn records(tree: &sled::Tree, day: Day) -> Result<Vec<(u64, Vec<String>)>, sled::Error> {
+    let range = day.start.to_be_bytes()..(day.start + DAY_SECS).to_be_bytes();
+    tree.range(range)
+        .map(|entry| {
+            let (key, value) = entry?;
+            let time = u64::from_be_bytes(key.as_ref().try_into().unwrap_or_default());
+            let fields = String::from_utf8_lossy(&value)
+                .split(',')
+                .map(str::to_string)
+                .collect();
+            Ok((time, fields))
+        })
+        .collect()
+}
+
+fn lines(records: &[(u64, Vec<String>)]) -> String {
+    let mut csv = String::new();
+    for (time, fields) in records {
+        let _ = writeln!(csv, "{time},{}", fields.join(","));
+    }
+    csv
+}
+
+fn days_in_month(year: u64, month: u64) -> u64 {
+    match month {
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of a date (Howard Hinnant's algorithm, for years from 1970).
+fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day number (inverse of [`days_from_civil`]).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as u64;
+    (year, month, day)
+}
+
+/// Totals that only grow, read at each usage record to take the period's share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub network_sent: u64,
+    pub network_received: u64,
+    pub storage_written: u64,
+    pub storage_read: u64,
+}
+
+/// Builds usage records from growing totals and samples of the storage held.
+#[derive(Debug, Default)]
+pub struct UsageMeter {
+    last: Totals,
+    held_samples: u64,
+    held_sum: u64,
+}
+
+impl UsageMeter {
+    pub fn new(start: Totals) -> UsageMeter {
+        UsageMeter {
+            last: start,
+            ..UsageMeter::default()
+        }
+    }
+
+    /// Notes the storage held now (sampled between records, for the average).
+    pub fn sample_held(&mut self, held: u64) {
+        self.held_samples += 1;
+        self.held_sum += held;
+    }
+
+    /// The record for the period that ends now.
+    pub fn take(&mut self, now: Totals, held_now: u64) -> Usage {
+        self.sample_held(held_now);
+        let usage = Usage {
+            network_sent: now.network_sent - self.last.network_sent,
+            network_received: now.network_received - self.last.network_received,
+            storage_written: now.storage_written - self.last.storage_written,
+            storage_read: now.storage_read - self.last.storage_read,
+            storage_held: self.held_sum / self.held_samples,
+        };
+        *self = UsageMeter::new(now);
+        usage
+    }
+}
+
+/// The next multiple of `every` seconds after `now`.
+pub fn next_multiple(now: u64, every: u64) -> u64 {
+    (now / every + 1) * every
+}
+
+/// Records stats and usage at multiples of their frequencies (read anew each time, so a
+/// `setcfg` applies from the next record) and prunes by retention. Runs for the life of the
+/// node.
+pub async fn run(node: Arc<Node>) {
+    let now = || crate::engine::now_ms() / 1000;
+    let mut meter = UsageMeter::new(node.totals());
+    loop {
+        let stats_every = node.setting(Setting::StatsFrequencySecs);
+        let usage_every = node.setting(Setting::UsageFrequencySecs);
+        let start = now();
+        let (next_stats, next_usage) = (
+            next_multiple(start, stats_every),
+            next_multiple(start, usage_every),
+        );
+        let next = next_stats.min(next_usage);
+        tokio::time::sleep(Duration::from_secs(next - start)).await;
+        let history = &node.history;
+        meter.sample_held(node.storage_held());
+        if next == next_stats {
+            if let Err(error) = history.record_stats(next, &node.live_stats_csv()) {
+                tracing::error!(%error, "recording stats failed");
+            }
+        }
+        if next == next_usage {
+            let usage = meter.take(node.totals(), node.storage_held());
+            if let Err(error) = history.record_usage(next, &usage, &node.placement) {
+                tracing::error!(%error, "recording usage failed");
+            }
+        }
+        let (stats_years, usage_years) = (
+            node.setting(Setting::StatsRetentionPeriodYrs),
+            node.setting(Setting::UsageRetentionPeriodYrs),
+        );
+        if let Err(error) = history.prune(next, stats_years, usage_years) {
+            tracing::error!(%error, "pruning the history failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -230,7 +230,9 @@ fn lines(records: &[(u64, Vec<String>)]) -> String {
 
 fn days_in_month(year: u64, month: u64) -> u64 {
     match month {
-        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 if year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400)) => {
+            29
+        }
         2 => 28,
         4 | 6 | 9 | 11 => 30,
         _ => 31,

@@ -25,4 +25,5 @@ pub mod node;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod tls;
 pub mod traffic;

@@ -4,6 +4,7 @@ use clap::Parser;
 use dataplane::config::{Config, Flags, Transport};
 use dataplane::node::Node;
 use dataplane::server::Server;
+use dataplane::tls::Certificate;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
@@ -24,10 +25,27 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Transport::Tls { .. } = config.transport {
-        eprintln!("dataplane: TLS is not built yet (part 5); use --plaintext");
-        return ExitCode::from(2);
-    }
+    let tls = match &config.transport {
+        Transport::Plaintext => None,
+        Transport::Tls { cert, key } => match Certificate::load(cert, key) {
+            Ok(certificate) => Some(certificate),
+            Err(error) => {
+                eprintln!("dataplane: {error}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let acceptor = match tls
+        .as_ref()
+        .map(|certificate| certificate.acceptor())
+        .transpose()
+    {
+        Ok(acceptor) => acceptor,
+        Err(error) => {
+            eprintln!("dataplane: {error}");
+            return ExitCode::from(2);
+        }
+    };
     if let Err(error) = std::fs::create_dir_all(&config.data_dir) {
         eprintln!(
             "dataplane: cannot create {}: {error}",
@@ -46,7 +64,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let server = match Server::bind(config.listen, node.clone()).await {
+    let server = match Server::bind(config.listen, node.clone(), acceptor).await {
         Ok(server) => server,
         Err(error) => {
             eprintln!("dataplane: cannot listen on {}: {error}", config.listen);
@@ -56,6 +74,9 @@ async fn main() -> ExitCode {
     let addr = server
         .local_addr()
         .expect("a bound listener has an address");
+    if let Some(certificate) = tls {
+        tokio::spawn(certificate.watch());
+    }
     // Harnesses read the real address from this line.
     println!("listening on {addr}");
     println!(

@@ -21,9 +21,11 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{timeout_at, Instant};
+use tokio_rustls::TlsAcceptor;
 use yawc::{HttpStream, Options, UpgradeFut, WebSocket};
 
 pub struct Server {
@@ -31,16 +33,27 @@ pub struct Server {
     node: Arc<Node>,
     /// One permit per open connection: `max-tasks` of them.
     slots: Arc<Semaphore>,
+    /// `None` serves plain ws://.
+    tls: Option<TlsAcceptor>,
 }
 
+/// A connection's byte stream, plain or TLS.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
 impl Server {
-    pub async fn bind(addr: SocketAddr, node: Arc<Node>) -> std::io::Result<Server> {
+    pub async fn bind(
+        addr: SocketAddr,
+        node: Arc<Node>,
+        tls: Option<TlsAcceptor>,
+    ) -> std::io::Result<Server> {
         let listener = TcpListener::bind(addr).await?;
         let slots = Arc::new(Semaphore::new(node.limits.max_tasks as usize));
         Ok(Server {
             listener,
             node,
             slots,
+            tls,
         })
     }
 
@@ -64,7 +77,7 @@ impl Server {
             };
             match self.slots.clone().try_acquire_owned() {
                 Ok(slot) => {
-                    tokio::spawn(serve(tcp, self.node.clone(), slot));
+                    tokio::spawn(serve(tcp, self.node.clone(), self.tls.clone(), slot));
                 }
                 Err(_) => drop(tcp),
             }
@@ -73,7 +86,12 @@ impl Server {
 }
 
 /// One connection, from accept to close. Holding `_slot` keeps its place in `max-tasks`.
-async fn serve(tcp: TcpStream, node: Arc<Node>, _slot: OwnedSemaphorePermit) {
+async fn serve(
+    tcp: TcpStream,
+    node: Arc<Node>,
+    tls: Option<TlsAcceptor>,
+    _slot: OwnedSemaphorePermit,
+) {
     let login_time = Duration::from_secs(node.setting(Setting::NoReplyTimeoutSecs));
     let login_deadline = Instant::now() + login_time;
     let Ok(closer) = Closer::new(&tcp) else {
@@ -86,14 +104,24 @@ async fn serve(tcp: TcpStream, node: Arc<Node>, _slot: OwnedSemaphorePermit) {
         .with_interval(Duration::from_secs(5))
         .with_retries(3);
     let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&probes);
-    if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(tcp, &node)).await {
+    // Bytes are counted on the socket: under TLS, what the client is billed for.
+    let counted = Counted::new(tcp, node.traffic.clone());
+    let io: Box<dyn Io> = match tls {
+        None => Box::new(counted),
+        Some(acceptor) => match timeout_at(login_deadline, acceptor.accept(counted)).await {
+            Ok(Ok(stream)) => Box::new(stream),
+            // Not TLS 1.2 or 1.3 (plain HTTP, an old protocol), or too slow: refused.
+            _ => return,
+        },
+    };
+    if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(io, &node)).await {
         connection::run(websocket, closer, node, login_deadline).await;
     }
 }
 
 /// Answers the connection's HTTP requests until one upgrades to a WebSocket (`Some`) or the
 /// client goes away (`None`).
-async fn upgrade(tcp: TcpStream, node: &Node) -> Option<WebSocket<HttpStream>> {
+async fn upgrade(io: Box<dyn Io>, node: &Node) -> Option<WebSocket<HttpStream>> {
     let options = websocket_options(node);
     let (sender, receiver) = oneshot::channel();
     let sender = Mutex::new(Some(sender));
@@ -102,10 +130,7 @@ async fn upgrade(tcp: TcpStream, node: &Node) -> Option<WebSocket<HttpStream>> {
         async move { Ok::<_, Infallible>(response) }
     });
     http1::Builder::new()
-        .serve_connection(
-            TokioIo::new(Counted::new(tcp, node.traffic.clone())),
-            service,
-        )
+        .serve_connection(TokioIo::new(io), service)
         .with_upgrades()
         .await
         .ok()?;

@@ -159,12 +159,18 @@ impl Node {
     /// A node on an existing data directory.
     pub fn start_in(data_dir: tempfile::TempDir, extra: &[&str]) -> Node {
         let login = |(name, password): (&str, &str)| format!("{name}:{password}");
+        // Plain ws:// unless the test gives a certificate.
+        let transport = match extra.contains(&"--tls-cert") {
+            true => None,
+            false => Some("--plaintext"),
+        };
         let mut child = Command::new(dataplane_binary())
-            .args(["--listen", "127.0.0.1:0", "--plaintext", "--data-dir"])
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir.path())
             .args(["--publisher", &login(PUBLISHER)])
             .args(["--subscriber", &login(SUBSCRIBER)])
             .args(["--admin", &login(ADMIN)])
+            .args(transport)
             .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -209,6 +215,20 @@ impl Node {
 
     pub fn url(&self) -> String {
         format!("ws://{}/", self.addr)
+    }
+
+    /// The address by name, for a node serving TLS with a certificate for `localhost`.
+    pub fn tls_url(&self) -> String {
+        format!("wss://localhost:{}/", self.addr.port())
+    }
+
+    /// Sends the node SIGHUP (it reloads its TLS certificate).
+    pub fn hang_up(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
 
     /// Connects and logs in; panics unless the login succeeds.

@@ -14,12 +14,14 @@ use crate::session::{self, Data, Reply, Session, Then};
 use bytes::Bytes;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, SinkExt, StreamExt};
+use qe_shared::settings::Setting;
 use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{timeout, timeout_at, Instant};
+use yawc::close::CloseCode;
 use yawc::frame::{Frame, OpCode};
 use yawc::{HttpStream, WebSocket, WebSocketError};
 
@@ -51,7 +53,11 @@ enum Incoming {
 /// Runs a connection from its first frame to its end.
 pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_deadline: Instant) {
     let mut last_heard = Instant::now();
-    let login = timeout_at(login_deadline, next_data(&mut socket, &mut last_heard)).await;
+    let login = timeout_at(
+        login_deadline,
+        next_data(&mut socket, &mut last_heard, &node),
+    )
+    .await;
     let Ok(Incoming::Data(login)) = login else {
         return;
     };
@@ -80,7 +86,7 @@ pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_dead
     };
     let _present = node.presence.enter(session.role());
     let mut frames = session.take_frames();
-    let ended = serve(&mut socket, &mut session, &mut frames, &node.keepalive).await;
+    let ended = serve(&mut socket, &mut session, &mut frames, &node).await;
     // Only a logout ends a session for good; any other end is a drop.
     session.end(ended == Ended::Logout, frames);
     match ended {
@@ -130,8 +136,9 @@ async fn serve(
     socket: &mut Socket,
     session: &mut Session,
     frames: &mut Option<UnboundedReceiver<Outbound>>,
-    keepalive: &Keepalive,
+    node: &Node,
 ) -> Ended {
+    let keepalive = &node.keepalive;
     let mut replies = FuturesOrdered::new();
     let mut reading = true;
     let mut last_heard = Instant::now();
@@ -139,7 +146,7 @@ async fn serve(
         tokio::time::interval_at(Instant::now() + keepalive.ping_every, keepalive.ping_every);
     loop {
         tokio::select! {
-            incoming = next_data(socket, &mut last_heard), if reading && replies.len() < MAX_WAITING_REPLIES => {
+            incoming = next_data(socket, &mut last_heard, node), if reading && replies.len() < MAX_WAITING_REPLIES => {
                 let Incoming::Data(data) = incoming else { return Ended::Gone };
                 let response = session.handle(data);
                 reading = response.then == Then::Continue;
@@ -174,10 +181,19 @@ async fn serve(
 }
 
 /// The next text or binary message; pings are answered by yawc and skipped here. Any frame
-/// at all, a pong included, moves `last_heard`.
-async fn next_data(socket: &mut Socket, last_heard: &mut Instant) -> Incoming {
+/// at all, a pong included, moves `last_heard`. A message bigger than `max-ws-msg-len` (as it
+/// is now) closes the connection with 1009.
+async fn next_data(socket: &mut Socket, last_heard: &mut Instant, node: &Node) -> Incoming {
     while let Ok(frame) = socket.next_frame().await {
         *last_heard = Instant::now();
+        let is_data = matches!(frame.opcode(), OpCode::Text | OpCode::Binary);
+        if is_data && frame.payload().len() as u64 > node.setting(Setting::MaxWsMsgLen) {
+            let _ = socket
+                .send(Frame::close(CloseCode::Size, "message too big"))
+                .await;
+            drain(socket).await;
+            return Incoming::Gone;
+        }
         match frame.opcode() {
             OpCode::Text => return Incoming::Data(Data::text(frame.into_payload())),
             OpCode::Binary => return Incoming::Data(Data::Binary(frame.into_payload())),

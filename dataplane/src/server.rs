@@ -114,15 +114,15 @@ async fn serve(
             _ => return,
         },
     };
-    if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(io, &node)).await {
+    if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(io)).await {
         connection::run(websocket, closer, node, login_deadline).await;
     }
 }
 
 /// Answers the connection's HTTP requests until one upgrades to a WebSocket (`Some`) or the
 /// client goes away (`None`).
-async fn upgrade(io: Box<dyn Io>, node: &Node) -> Option<WebSocket<HttpStream>> {
-    let options = websocket_options(node);
+async fn upgrade(io: Box<dyn Io>) -> Option<WebSocket<HttpStream>> {
+    let options = websocket_options();
     let (sender, receiver) = oneshot::channel();
     let sender = Mutex::new(Some(sender));
     let service = service_fn(|mut request: Request<Incoming>| {
@@ -185,10 +185,13 @@ fn bad_request() -> Response<Full<Bytes>> {
         .expect("a static response is valid")
 }
 
-/// The WebSocket settings of a new connection.
-fn websocket_options(node: &Node) -> Options {
-    // yawc's limits are exclusive; the manual's max-ws-msg-len is the biggest message allowed.
-    let limit = node.setting(Setting::MaxWsMsgLen) as usize + 1;
+/// The WebSocket settings of a new connection. yawc bounds every message at the largest
+/// `max-ws-msg-len` there can be (after inflating, so compressed bombs are bounded too); the
+/// connection holds each message to the setting's current value, which `setcfg` may change
+/// while the connection is open.
+fn websocket_options() -> Options {
+    // yawc's limits are exclusive.
+    let limit = Setting::MaxWsMsgLen.range().1 as usize + 1;
     Options::default()
         .with_balanced_compression()
         .with_utf8()

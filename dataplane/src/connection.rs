@@ -8,7 +8,8 @@
 //! sends is read for a moment, so the kernel does not answer unread input with a reset that
 //! would destroy the reply.
 
-use crate::engine::Outbound;
+use crate::engine::outbox::Overflow;
+use crate::engine::{Frames, Outbound};
 use crate::node::Node;
 use crate::session::{self, Data, Reply, Session, Then};
 use bytes::Bytes;
@@ -19,7 +20,6 @@ use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{timeout, timeout_at, Instant};
 use yawc::close::CloseCode;
 use yawc::frame::{Frame, OpCode};
@@ -135,10 +135,11 @@ const MAX_WAITING_REPLIES: usize = 4096;
 async fn serve(
     socket: &mut Socket,
     session: &mut Session,
-    frames: &mut Option<UnboundedReceiver<Outbound>>,
+    frames: &mut Option<Frames>,
     node: &Node,
 ) -> Ended {
     let keepalive = &node.keepalive;
+    let overflow = frames.as_ref().map(Frames::overflow);
     let mut replies = FuturesOrdered::new();
     let mut reading = true;
     let mut last_heard = Instant::now();
@@ -163,9 +164,14 @@ async fn serve(
                 }
             }
             Some(outbound) = next_outbound(frames) => {
-                if send_outbound(socket, outbound.frame, frames).await.is_err() {
+                if send_outbound(socket, outbound, frames).await.is_err() {
+                    tracing::info!("dropping a client that reads too slowly");
                     return Ended::Gone;
                 }
+            }
+            _ = overflowed(&overflow) => {
+                tracing::info!("dropping a client that reads too slowly");
+                return Ended::Gone;
             }
             _ = ping.tick() => {
                 if last_heard.elapsed() >= keepalive.silence_limit {
@@ -218,9 +224,17 @@ fn sent_during_login(socket: &mut Socket) -> bool {
     }
 }
 
-async fn next_outbound(frames: &mut Option<UnboundedReceiver<Outbound>>) -> Option<Outbound> {
+async fn next_outbound(frames: &mut Option<Frames>) -> Option<Outbound> {
     match frames {
         Some(frames) => frames.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves when the connection's outbox went over `max-write-queue-bytes`.
+async fn overflowed(overflow: &Option<Overflow>) {
+    match overflow {
+        Some(overflow) => overflow.happened().await,
         None => std::future::pending().await,
     }
 }
@@ -229,19 +243,32 @@ async fn send(socket: &mut Socket, reply: &Reply) -> Result<(), WebSocketError> 
     socket.send(Frame::text(reply.to_frame())).await
 }
 
-/// Sends `first` and every other frame already waiting, with one flush.
+/// Sends `first` and every other frame already waiting, with one flush; gives up at once if
+/// the outbox overflows meanwhile (the client is not reading).
 async fn send_outbound(
     socket: &mut Socket,
-    first: Bytes,
-    frames: &mut Option<UnboundedReceiver<Outbound>>,
-) -> Result<(), WebSocketError> {
-    socket.feed(Frame::text(first)).await?;
-    if let Some(frames) = frames {
-        while let Ok(outbound) = frames.try_recv() {
+    first: Outbound,
+    frames: &mut Option<Frames>,
+) -> Result<(), ()> {
+    let Some(frames) = frames else {
+        return Err(());
+    };
+    let overflow = frames.overflow();
+    let write = async {
+        let mut written = first.frame.len();
+        socket.feed(Frame::text(first.frame)).await?;
+        while let Some(outbound) = frames.try_recv() {
+            written += outbound.frame.len();
             socket.feed(Frame::text(outbound.frame)).await?;
         }
+        socket.flush().await?;
+        frames.sent(written);
+        Ok::<(), WebSocketError>(())
+    };
+    tokio::select! {
+        written = write => written.map_err(|_| ()),
+        _ = overflow.happened() => Err(()),
     }
-    socket.flush().await
 }
 
 /// Closes with code 1000, then waits briefly for the client's answering close.

@@ -14,7 +14,7 @@ use crate::store::Meta;
 use crate::store::StorageMeter;
 use crate::traffic::Traffic;
 use qe_shared::protocol::Role;
-use qe_shared::settings::{Setting, Settings, Tier};
+use qe_shared::settings::{fixed, Setting, Settings, Tier};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -199,6 +199,11 @@ impl Node {
             storage_written: self.storage.written(),
             storage_read: self.storage.read(),
         }
+    }
+
+    /// The most bytes that may wait to be sent to one connection (`max-write-queue-bytes`).
+    pub fn write_limit(&self) -> usize {
+        fixed::max_write_queue_bytes(self.tier) as usize
     }
 
     /// The message log's size on disk now.

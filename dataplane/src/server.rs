@@ -103,7 +103,11 @@ async fn serve(
         .with_time(Duration::from_secs(30))
         .with_interval(Duration::from_secs(5))
         .with_retries(3);
-    let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&probes);
+    let socket = socket2::SockRef::from(&tcp);
+    let _ = socket.set_tcp_keepalive(&probes);
+    // Data the peer never acknowledges errors the socket after a minute, not the kernel's
+    // quarter of an hour of retransmissions.
+    let _ = socket.set_tcp_user_timeout(Some(Duration::from_secs(60)));
     // Bytes are counted on the socket: under TLS, what the client is billed for.
     let counted = Counted::new(tcp, node.traffic.clone());
     let io: Box<dyn Io> = match tls {

@@ -81,3 +81,25 @@ async fn a_compressed_message_that_cannot_be_unpacked_closes_with_1011() {
     assert_eq!(close[0] & 0x0F, 0x8, "a close frame");
     assert_eq!(u16::from_be_bytes([close[2], close[3]]), 1011);
 }
+
+#[tokio::test]
+async fn a_client_that_reads_too_slowly_is_dropped_and_nobody_else_is_slowed() {
+    // Dev/test: max-write-queue-bytes is 1 MiB.
+    let node = Node::start_with(&["--tier", "devtest"]);
+    let (_slow, _) = node.login("subscriber", "copy", json!({})).await;
+    let (mut fast, _) = node.login("subscriber", "copy", json!({})).await;
+    let (mut publisher, _) = node.login("publisher", "copy", json!({})).await;
+    let body = "b".repeat(60_000);
+    // The slow one never reads: its socket buffers fill, then 1 MiB waits for it.
+    for n in 0..300 {
+        let reply = publisher
+            .request(json!({"body": format!("{n} {body}")}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "publishing is not slowed");
+        let copy = fast.recv().await;
+        assert!(copy["body"].as_str().unwrap().starts_with(&format!("{n} ")));
+    }
+    node.wait_for_log("dropping a client that reads too slowly");
+    let reply = publisher.request(json!({"body": "after"})).await;
+    assert_eq!(reply["subscribers"], 1, "only the fast one is left");
+}

@@ -1,12 +1,11 @@
 //! The copy queue type: each message goes to every copy subscriber connected at that moment.
 //! Nothing is stored, so there is no id, no ack and no line.
 
-use super::line::{Outbound, Outbox};
 use super::message::{copy_frame, BodyType};
+use super::outbox::{outbox, Frames, Outbound, Outbox};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 #[derive(Default)]
 pub struct CopyQueue {
@@ -17,8 +16,8 @@ pub struct CopyQueue {
 
 impl CopyQueue {
     /// Adds a subscriber; the receiver gets every copy published from now on.
-    pub fn subscribe(self: &Arc<Self>) -> (CopySubscription, UnboundedReceiver<Outbound>) {
-        let (outbox, frames) = unbounded_channel();
+    pub fn subscribe(self: &Arc<Self>, write_limit: usize) -> (CopySubscription, Frames) {
+        let (outbox, frames) = outbox(write_limit);
         let number = self.next_number.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(number, outbox);
         let subscription = CopySubscription {
@@ -38,7 +37,7 @@ impl CopyQueue {
                     frame: frame.clone(),
                     message: None,
                 };
-                outbox.send(outbound).is_ok()
+                outbox.send(outbound)
             })
             .count()
     }

@@ -8,21 +8,9 @@
 //! holds, but without an outbox and so without room, until it resumes or its time runs out.
 
 use super::ids::{MessageId, SessionId};
+use super::outbox::{Outbound, Outbox};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use tokio::sync::mpsc::UnboundedSender;
-
-/// A frame for a connection. `message` names the held message a delivery carries, so a
-/// connection that drops can say which deliveries it never sent.
-#[derive(Debug)]
-pub struct Outbound {
-    pub frame: Bytes,
-    pub message: Option<MessageId>,
-}
-
-/// Where a subscriber's frames go: its connection's outbox. Deliveries are bounded by the
-/// subscriber's capacity, so the channel needs no bound of its own.
-pub type Outbox = UnboundedSender<Outbound>;
 
 /// A place in the line; lower stands earlier. Kept by a session for its whole life.
 pub type Place = u64;
@@ -190,7 +178,7 @@ impl Line {
         // No outbox, or a closed one: the connection is gone or going. Either way the session
         // is saved or ended with the message still held, so nothing is lost.
         if let Some(outbox) = &subscriber.outbox {
-            let _ = outbox.send(outbound);
+            outbox.send(outbound);
         }
     }
 

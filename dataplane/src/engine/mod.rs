@@ -14,18 +14,18 @@ pub mod copy;
 pub mod ids;
 pub mod line;
 pub mod message;
+pub mod outbox;
 pub mod queue;
 
 pub use copy::{CopyQueue, CopySubscription};
 pub use ids::{MessageId, SessionId};
-pub use line::Outbound;
 pub use message::{BodyType, Durability, Message, NewMessage};
+pub use outbox::{Frames, Outbound};
 pub use queue::{Anchor, Counts, Limits, QueueState, Refused};
 
 use crate::store::{Receipt, Store};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::Notify;
 
 /// Milliseconds since 1970, from the wall clock (delays must survive restarts, part 2).
@@ -88,8 +88,8 @@ impl Queue {
     }
 
     /// Joins the line at the back; the receiver gets every frame meant for this subscriber.
-    pub fn subscribe(&self, capacity: u64) -> (Subscription, UnboundedReceiver<Outbound>) {
-        let (outbox, frames) = unbounded_channel();
+    pub fn subscribe(&self, capacity: u64, write_limit: usize) -> (Subscription, Frames) {
+        let (outbox, frames) = outbox::outbox(write_limit);
         let session = self.lock().join(capacity, outbox, now_ms());
         (self.subscription(session), frames)
     }
@@ -100,8 +100,9 @@ impl Queue {
         old: SessionId,
         capacity: Option<u64>,
         replay: bool,
-    ) -> Option<(Subscription, UnboundedReceiver<Outbound>)> {
-        let (outbox, frames) = unbounded_channel();
+        write_limit: usize,
+    ) -> Option<(Subscription, Frames)> {
+        let (outbox, frames) = outbox::outbox(write_limit);
         let session = self
             .lock()
             .resume(old, capacity, replay, outbox, now_ms())?;
@@ -183,18 +184,13 @@ impl Subscription {
     /// The connection dropped: the session is saved for `timeout` or ends, by the manual's
     /// rules (see [`QueueState::disconnect`]). What is still in `frames` was never sent; it
     /// is read under the queue's lock, so no delivery slips in between.
-    pub fn disconnect(
-        mut self,
-        mut frames: UnboundedReceiver<Outbound>,
-        timeout: Duration,
-        max_saved: u64,
-    ) {
+    pub fn disconnect(mut self, mut frames: Frames, timeout: Duration, max_saved: u64) {
         self.ended = true;
         let timeout_ms = timeout.as_millis() as u64;
         let mut state = self.queue.lock();
         frames.close();
         let mut unsent = Vec::new();
-        while let Ok(outbound) = frames.try_recv() {
+        while let Some(outbound) = frames.try_recv() {
             unsent.extend(outbound.message);
         }
         let saved = state.disconnect(self.session, unsent, timeout_ms, max_saved, now_ms());

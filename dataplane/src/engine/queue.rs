@@ -7,8 +7,9 @@
 //! or all subscribers.
 
 use super::ids::{IdGenerator, MessageId, SessionId};
-use super::line::{Line, Outbox};
+use super::line::Line;
 use super::message::{frame_body_type, notice_frame, Durability, Message, NewMessage};
+use super::outbox::Outbox;
 use crate::store::log::RecoveredMessage;
 use crate::store::{Change, Receipt, Store};
 use qe_shared::Code;

@@ -3,7 +3,8 @@
 use super::publisher::Publisher;
 use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response};
-use crate::engine::{Anchor, Message, MessageId, Outbound};
+use crate::engine::outbox::{outbox, Outbox};
+use crate::engine::{Anchor, Frames, Message, MessageId, Outbound};
 use crate::history;
 use crate::node::Node;
 use qe_shared::protocol::QueueType;
@@ -13,7 +14,6 @@ use serde_json::Value;
 use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 
 /// The longest page of `getmsgs` and `getdlqmsgs`.
@@ -26,8 +26,8 @@ pub struct Admin {
     /// `addmsg` publishes as a distribute publisher would.
     publisher: Publisher,
     /// Where `getlivestats` pushes go, and their receiving end until the connection takes it.
-    outbox: UnboundedSender<Outbound>,
-    pub frames: Option<UnboundedReceiver<Outbound>>,
+    outbox: Outbox,
+    pub frames: Option<Frames>,
     /// The task that pushes live stats, while a subscription is active.
     pushes: Option<JoinHandle<()>>,
 }
@@ -50,7 +50,7 @@ enum Shelf {
 
 impl Admin {
     pub fn new(node: &Arc<Node>) -> Admin {
-        let (outbox, frames) = unbounded_channel();
+        let (outbox, frames) = outbox(node.write_limit());
         Admin {
             node: node.clone(),
             publisher: Publisher::new(node.clone(), QueueType::Distribute),
@@ -300,7 +300,7 @@ impl Drop for Admin {
     }
 }
 
-async fn push_live_stats(node: Arc<Node>, outbox: UnboundedSender<Outbound>, period: Duration) {
+async fn push_live_stats(node: Arc<Node>, outbox: Outbox, period: Duration) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
         ticks.tick().await;
@@ -309,7 +309,7 @@ async fn push_live_stats(node: Arc<Node>, outbox: UnboundedSender<Outbound>, per
             frame: push.to_string().into(),
             message: None,
         };
-        if outbox.send(outbound).is_err() {
+        if !outbox.send(outbound) {
             return;
         }
     }

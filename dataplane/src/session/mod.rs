@@ -17,14 +17,13 @@ mod subscriber;
 pub use login::login;
 pub use reply::Reply;
 
-use crate::engine::Outbound;
+use crate::engine::Frames;
 use crate::store::Receipt;
 use admin::Admin;
 use bytes::Bytes;
 use publisher::Publisher;
 use qe_shared::protocol::Role;
 use subscriber::{CopySubscriber, Subscriber};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 /// A data frame from the client.
 pub enum Data {
@@ -125,7 +124,7 @@ pub enum Session {
 
 impl Session {
     /// The connection ended, by a logout or not (a drop); `frames` is what `take_frames` gave.
-    pub fn end(self, logged_out: bool, frames: Option<UnboundedReceiver<Outbound>>) {
+    pub fn end(self, logged_out: bool, frames: Option<Frames>) {
         if let Session::Subscriber(subscriber) = self {
             subscriber.end(logged_out, frames);
         }
@@ -142,7 +141,7 @@ impl Session {
 
     /// Frames the queue sends on its own (deliveries, notices), for the roles that get them.
     /// The connection takes them once, to send them while replies wait.
-    pub fn take_frames(&mut self) -> Option<UnboundedReceiver<Outbound>> {
+    pub fn take_frames(&mut self) -> Option<Frames> {
         match self {
             Session::Subscriber(subscriber) => subscriber.frames.take(),
             Session::CopySubscriber(subscriber) => subscriber.frames.take(),

@@ -3,20 +3,19 @@
 
 use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response, Then};
-use crate::engine::{CopySubscription, MessageId, Outbound, SessionId, Subscription};
+use crate::engine::{CopySubscription, Frames, MessageId, SessionId, Subscription};
 use crate::node::Node;
 use qe_shared::settings::Setting;
 use qe_shared::Code;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 pub struct Subscriber {
     node: Arc<Node>,
     subscription: Subscription,
     /// Deliveries from the queue, until the connection takes them.
-    pub frames: Option<UnboundedReceiver<Outbound>>,
+    pub frames: Option<Frames>,
 }
 
 /// What a distribute subscriber may send.
@@ -28,7 +27,7 @@ enum Request {
 
 impl Subscriber {
     pub fn join(node: &Arc<Node>, capacity: u64) -> Subscriber {
-        let (subscription, frames) = node.queue.subscribe(capacity);
+        let (subscription, frames) = node.queue.subscribe(capacity, node.write_limit());
         Subscriber {
             node: node.clone(),
             subscription,
@@ -43,7 +42,9 @@ impl Subscriber {
         capacity: Option<u64>,
         replay: bool,
     ) -> Option<Subscriber> {
-        let (subscription, frames) = node.queue.resume(old, capacity, replay)?;
+        let (subscription, frames) =
+            node.queue
+                .resume(old, capacity, replay, node.write_limit())?;
         Some(Subscriber {
             node: node.clone(),
             subscription,
@@ -58,7 +59,7 @@ impl Subscriber {
     /// The connection ended: a logout ends the session now; anything else is a drop, after
     /// which the session is saved for `saved-session-timeout-secs` or ends by the manual's
     /// rules. `frames` is the outbox the connection took (what is left in it was never sent).
-    pub fn end(self, logged_out: bool, frames: Option<UnboundedReceiver<Outbound>>) {
+    pub fn end(self, logged_out: bool, frames: Option<Frames>) {
         match (logged_out, frames) {
             (false, Some(frames)) => {
                 let secs = self.node.setting(Setting::SavedSessionTimeoutSecs);
@@ -153,12 +154,12 @@ fn classify(fields: &Fields) -> Option<Request> {
 pub struct CopySubscriber {
     _subscription: CopySubscription,
     /// Copies from the queue, until the connection takes them.
-    pub frames: Option<UnboundedReceiver<Outbound>>,
+    pub frames: Option<Frames>,
 }
 
 impl CopySubscriber {
     pub fn join(node: &Arc<Node>) -> CopySubscriber {
-        let (subscription, frames) = node.copy.subscribe();
+        let (subscription, frames) = node.copy.subscribe(node.write_limit());
         CopySubscriber {
             _subscription: subscription,
             frames: Some(frames),

@@ -1,11 +1,10 @@
 //! The queue's rules, fed publishes, acks, capacity changes and leaves, with the clock in hand.
 
 use super::*;
-use crate::engine::line::Outbound;
 use crate::engine::message::BodyType;
+use crate::engine::outbox::{outbox, Frames};
 use crate::store::MemoryStore;
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 const T0: u64 = 1_794_233_033_000;
 
@@ -29,12 +28,12 @@ fn text(body: &str) -> NewMessage {
 
 struct Sub {
     session: SessionId,
-    frames: UnboundedReceiver<Outbound>,
+    frames: Frames,
 }
 
 impl Sub {
     fn join(q: &mut QueueState, capacity: u64) -> Sub {
-        let (outbox, frames) = unbounded_channel();
+        let (outbox, frames) = outbox(usize::MAX);
         let session = q.join(capacity, outbox, T0);
         Sub { session, frames }
     }
@@ -42,7 +41,7 @@ impl Sub {
     /// Bodies and ids of the frames sent since the last call.
     fn received(&mut self) -> Vec<(String, MessageId)> {
         let mut out = Vec::new();
-        while let Ok(outbound) = self.frames.try_recv() {
+        while let Some(outbound) = self.frames.try_recv() {
             let v: serde_json::Value = serde_json::from_slice(&outbound.frame).unwrap();
             let id = MessageId::parse(v["id"].as_str().unwrap()).unwrap();
             out.push((v["body"].as_str().unwrap().to_string(), id));
@@ -409,7 +408,7 @@ impl Sub {
         replay: bool,
         now: u64,
     ) -> Option<Sub> {
-        let (outbox, frames) = unbounded_channel();
+        let (outbox, frames) = outbox(usize::MAX);
         let session = q.resume(old, capacity, replay, outbox, now)?;
         Some(Sub { session, frames })
     }

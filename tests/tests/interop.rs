@@ -43,12 +43,16 @@ async fn run_python(script: &std::path::Path, args: &[String]) -> String {
 /// The copies are the manual's programs: the same lines, once indentation (which the
 /// manual's text format drops) is set aside.
 #[test]
-fn the_python_programs_are_the_manuals() {
+fn the_python_and_node_programs_are_the_manuals() {
     let manual =
         std::fs::read_to_string(workspace().join("../shared/spec/queue-expert-manual.txt"))
             .expect("the manual beside the repository");
     let manual_lines: Vec<&str> = manual.lines().collect();
-    for name in ["publisher.py", "subscriber.py", "admin.py"] {
+    let programs = ["publisher.py", "subscriber.py", "admin.py"];
+    for name in programs
+        .into_iter()
+        .chain(["publisher.mjs", "subscriber.mjs", "admin.mjs"])
+    {
         let copy = std::fs::read_to_string(manual_program(name)).unwrap();
         let copy: Vec<&str> = copy
             .lines()
@@ -169,4 +173,111 @@ fn python_has_websockets() {
         .status()
         .unwrap();
     assert!(status.success());
+}
+
+/// Node resolves `ws` from the program's folder: run the programs from a folder beside the
+/// installed package.
+fn node_program(node: &Node, name: &str, replace: &[(&str, &str)]) -> PathBuf {
+    let dir = node.data_dir.path().join("node");
+    std::fs::create_dir_all(&dir).unwrap();
+    let modules = workspace().join("tests/interop/node/node_modules");
+    assert!(
+        modules.join("ws").exists(),
+        "the README's test command installs the ws package"
+    );
+    let _ = std::os::unix::fs::symlink(&modules, dir.join("node_modules"));
+    let mut text = std::fs::read_to_string(manual_program(name)).unwrap();
+    text = text.replace(MANUAL_ADDRESS, &node.url());
+    for (from, to) in replace {
+        text = text.replace(from, to);
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn run_node(script: &std::path::Path, args: &[String]) -> String {
+    let output = tokio::process::Command::new("node")
+        .arg(script)
+        .args(args)
+        .output();
+    let output = tokio::time::timeout(PROMPT * 3, output)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn the_manuals_node_programs_work() {
+    let node = Node::start();
+    let published = run_node(&node_program(&node, "publisher.mjs", &[]), &[]).await;
+    assert!(
+        published.starts_with("Published. The message id is "),
+        "{published}"
+    );
+
+    let mut subscriber = tokio::process::Command::new("node")
+        .arg(node_program(&node, "subscriber.mjs", &[]))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(subscriber.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(PROMPT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(line.as_deref(), Some("Received: Hello from Node.js"));
+    subscriber.kill().await.unwrap();
+
+    let admin = run_node(&node_program(&node, "admin.mjs", &[]), &[]).await;
+    assert!(admin.starts_with("Messages in the queue: "), "{admin}");
+
+    let refused = node_program(&node, "publisher.mjs", &[("PUBLISHER-PASSWORD", "wrong")]);
+    let refused = run_node(&refused, &[]).await;
+    assert_eq!(
+        refused.trim(),
+        "Failed: 107 Authentication failed. Invalid combination of username, password and role."
+    );
+}
+
+#[tokio::test]
+async fn node_sees_deflate_and_the_manuals_close_behaviour() {
+    let node = Node::start();
+    let script = workspace().join("tests/interop/node/close_codes.mjs");
+    let output = run_node(&script, &[node.url()]).await;
+    let cases: Vec<Value> = output
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let case = |name: &str| cases.iter().find(|c| c["case"] == name).unwrap().clone();
+    let failed = case("failed_login");
+    assert_eq!(
+        (failed["replies"][0]["code"].clone(), failed["code"].clone()),
+        (json!(107), json!(1006))
+    );
+    assert_eq!(failed["deflate"], true);
+    let logout = case("logout");
+    assert_eq!(
+        (
+            logout["replies"][1]["status"].clone(),
+            logout["code"].clone()
+        ),
+        (json!("Logout Success."), json!(1000))
+    );
+    let not_json = case("not_json");
+    assert_eq!(
+        (
+            not_json["replies"][1]["code"].clone(),
+            not_json["code"].clone()
+        ),
+        (json!(100), json!(1006))
+    );
+    assert_eq!(case("too_big")["code"], 1009);
 }

@@ -4,7 +4,7 @@ use crate::auth::{Login, Logins, PasswordHash};
 use crate::connection::Keepalive;
 use crate::history::Placement;
 use clap::Parser;
-use qe_shared::settings::Tier;
+use qe_shared::settings::{fixed, Tier};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,6 +59,9 @@ pub struct Flags {
     /// Seconds a peer may stay silent before it counts as gone (default 45).
     #[arg(long, hide = true)]
     pub silence_limit_secs: Option<u64>,
+    /// Seconds a fragmented message has to arrive whole (default 30; tests make it short).
+    #[arg(long, hide = true)]
+    pub message_timeout_secs: Option<u64>,
 }
 
 /// The TOML file. Every field is optional here; the flags may supply what it lacks.
@@ -132,6 +135,7 @@ pub struct Config {
     pub log_segment_bytes: Option<u64>,
     pub keepalive: Keepalive,
     pub placement: Placement,
+    pub message_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +217,11 @@ impl Config {
             max_messages: flags.max_messages.or(file.max_messages),
             max_messages_memory: flags.max_messages_memory.or(file.max_messages_memory),
             log_segment_bytes: flags.log_segment_bytes.or(file.log_segment_bytes),
+            message_timeout: Duration::from_secs(
+                flags
+                    .message_timeout_secs
+                    .unwrap_or(fixed::MESSAGE_TIMEOUT_SECS),
+            ),
             placement: Placement {
                 instance_type: file.instance_type.unwrap_or_else(|| "local".into()),
                 region: file.region.unwrap_or_else(|| "local".into()),

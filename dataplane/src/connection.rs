@@ -10,6 +10,7 @@
 
 use crate::engine::outbox::Overflow;
 use crate::engine::{Frames, Outbound};
+use crate::fragments::Assembly;
 use crate::node::Node;
 use crate::session::{self, Data, Reply, Session, Then};
 use bytes::Bytes;
@@ -51,7 +52,13 @@ enum Incoming {
 }
 
 /// Runs a connection from its first frame to its end.
-pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_deadline: Instant) {
+pub async fn run(
+    mut socket: Socket,
+    closer: Closer,
+    node: Arc<Node>,
+    login_deadline: Instant,
+    assembly: Arc<Assembly>,
+) {
     let mut last_heard = Instant::now();
     let login = timeout_at(
         login_deadline,
@@ -86,7 +93,7 @@ pub async fn run(mut socket: Socket, closer: Closer, node: Arc<Node>, login_dead
     };
     let _present = node.presence.enter(session.role());
     let mut frames = session.take_frames();
-    let ended = serve(&mut socket, &mut session, &mut frames, &node).await;
+    let ended = serve(&mut socket, &mut session, &mut frames, &node, &assembly).await;
     // Only a logout ends a session for good; any other end is a drop.
     session.end(ended == Ended::Logout, frames);
     match ended {
@@ -137,6 +144,7 @@ async fn serve(
     session: &mut Session,
     frames: &mut Option<Frames>,
     node: &Node,
+    assembly: &Assembly,
 ) -> Ended {
     let keepalive = &node.keepalive;
     let overflow = frames.as_ref().map(Frames::overflow);
@@ -171,6 +179,12 @@ async fn serve(
             }
             _ = overflowed(&overflow) => {
                 tracing::info!("dropping a client that reads too slowly");
+                return Ended::Gone;
+            }
+            _ = assembly.overdue(node.message_timeout) => {
+                let closing = Frame::close(CloseCode::Policy, "message not whole in time");
+                let _ = socket.send(closing).await;
+                drain(socket).await;
                 return Ended::Gone;
             }
             _ = ping.tick() => {

@@ -19,6 +19,7 @@ pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod engine;
+pub mod fragments;
 pub mod history;
 pub mod limits;
 pub mod node;

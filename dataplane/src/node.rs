@@ -17,6 +17,7 @@ use qe_shared::protocol::Role;
 use qe_shared::settings::{fixed, Setting, Settings, Tier};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 pub struct Node {
     /// The distribute queue.
@@ -30,6 +31,8 @@ pub struct Node {
     pub meta: Meta,
     /// When idle connections are pinged and silent ones dropped.
     pub keepalive: Keepalive,
+    /// How long a fragmented message has to arrive whole (`message-timeout-secs`).
+    pub message_timeout: Duration,
     /// The writable settings; `setcfg` changes them while connections read them.
     settings: RwLock<Settings>,
     /// Open connections by role, for `getlivestats`.
@@ -139,6 +142,7 @@ impl Node {
             limits,
             meta,
             keepalive: config.keepalive,
+            message_timeout: config.message_timeout,
             settings: RwLock::new(settings),
             presence: Arc::default(),
             log_level: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),

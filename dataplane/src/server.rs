@@ -6,6 +6,7 @@
 //! from accept, so a client that never upgrades is dropped in time too.
 
 use crate::connection::{self, Closer};
+use crate::fragments::{Assembly, FragmentWatch};
 use crate::node::Node;
 use crate::traffic::Counted;
 use bytes::Bytes;
@@ -118,8 +119,10 @@ async fn serve(
             _ => return,
         },
     };
+    let assembly = Assembly::new();
+    let io = Box::new(FragmentWatch::new(io, assembly.clone()));
     if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(io)).await {
-        connection::run(websocket, closer, node, login_deadline).await;
+        connection::run(websocket, closer, node, login_deadline, assembly).await;
     }
 }
 

@@ -24,24 +24,35 @@ async fn a_new_max_ws_msg_len_applies_to_open_connections() {
     assert_eq!(publisher.ending().await, Ending::Closed(1009));
 }
 
-/// A WebSocket client frame: FIN, the given RSV1 and opcode, masked.
-fn frame(rsv1: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+/// A masked client frame of any length.
+fn client_frame(fin: bool, rsv1: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
     let mask = [0x12, 0x34, 0x56, 0x78];
-    let mut out = vec![0x80 | ((rsv1 as u8) << 6) | opcode];
-    assert!(payload.len() < 126);
-    out.push(0x80 | payload.len() as u8);
+    let mut out = vec![((fin as u8) << 7) | ((rsv1 as u8) << 6) | opcode];
+    match payload.len() {
+        n if n < 126 => out.push(0x80 | n as u8),
+        n => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
     out.extend_from_slice(&mask);
     out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     out
 }
 
-#[tokio::test]
-async fn a_compressed_message_that_cannot_be_unpacked_closes_with_1011() {
-    let node = Node::start();
+/// A raw WebSocket client, upgraded (offering permessage-deflate when `deflate`) and logged in
+/// as a publisher.
+async fn raw_publisher(node: &Node, deflate: bool) -> TcpStream {
     let mut tcp = TcpStream::connect(node.addr).await.unwrap();
-    let handshake = "GET / HTTP/1.1\r\nHost: q\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
-        Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n";
+    let extension = if deflate {
+        "Sec-WebSocket-Extensions: permessage-deflate\r\n"
+    } else {
+        ""
+    };
+    let handshake = format!(
+        "GET / HTTP/1.1\r\nHost: q\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extension}\r\n"
+    );
     tcp.write_all(handshake.as_bytes()).await.unwrap();
     let mut response = Vec::new();
     while !response.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -51,35 +62,65 @@ async fn a_compressed_message_that_cannot_be_unpacked_closes_with_1011() {
     }
     let response = String::from_utf8(response).unwrap().to_lowercase();
     assert!(response.starts_with("http/1.1 101"), "{response}");
-    assert!(
+    assert_eq!(
         response.contains("permessage-deflate"),
-        "deflate is negotiated: {response}"
+        deflate,
+        "{response}"
     );
-
-    // An uncompressed login, then a "compressed" frame of bytes that are not deflate.
     let login = login_request("publisher", "distribute", json!({})).to_string();
-    let mut out = Vec::new();
-    let mut masked_login = vec![0x81, 0xFE];
-    masked_login.extend_from_slice(&(login.len() as u16).to_be_bytes());
-    let mask = [1u8, 2, 3, 4];
-    masked_login.extend_from_slice(&mask);
-    masked_login.extend(login.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    out.extend(masked_login);
-    tcp.write_all(&out).await.unwrap();
-    // Read the login's reply (one unmasked text frame, maybe compressed) before going on.
-    let mut header = [0u8; 2];
-    tcp.read_exact(&mut header).await.unwrap();
-    let mut reply = vec![0u8; (header[1] & 0x7F) as usize];
-    tcp.read_exact(&mut reply).await.unwrap();
+    tcp.write_all(&client_frame(true, false, 0x1, login.as_bytes()))
+        .await
+        .unwrap();
+    read_small_frame(&mut tcp).await;
+    tcp
+}
 
-    tcp.write_all(&frame(true, 0x1, &[0xFF; 16])).await.unwrap();
-    let mut close = [0u8; 4];
-    tokio::time::timeout(PROMPT, tcp.read_exact(&mut close))
+/// Reads one short frame from the node: (first byte, payload).
+async fn read_small_frame(tcp: &mut TcpStream) -> (u8, Vec<u8>) {
+    let mut header = [0u8; 2];
+    tokio::time::timeout(PROMPT, tcp.read_exact(&mut header))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(close[0] & 0x0F, 0x8, "a close frame");
-    assert_eq!(u16::from_be_bytes([close[2], close[3]]), 1011);
+    assert!(header[1] & 0x7F < 126, "a short frame");
+    let mut payload = vec![0u8; (header[1] & 0x7F) as usize];
+    tcp.read_exact(&mut payload).await.unwrap();
+    (header[0], payload)
+}
+
+#[tokio::test]
+async fn a_compressed_message_that_cannot_be_unpacked_closes_with_1011() {
+    let node = Node::start();
+    let mut tcp = raw_publisher(&node, true).await;
+    // A "compressed" frame of bytes that are not deflate.
+    tcp.write_all(&client_frame(true, true, 0x1, &[0xFF; 16]))
+        .await
+        .unwrap();
+    let (first, payload) = read_small_frame(&mut tcp).await;
+    assert_eq!(first & 0x0F, 0x8, "a close frame");
+    assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 1011);
+}
+
+#[tokio::test]
+async fn a_fragmented_message_must_arrive_whole_in_time_or_the_connection_closes_with_1008() {
+    let node = Node::start_with(&["--message-timeout-secs", "1"]);
+    let mut tcp = raw_publisher(&node, false).await;
+    // In time: two fragments, then a reply.
+    tcp.write_all(&client_frame(false, false, 0x1, br#"{"body":"#))
+        .await
+        .unwrap();
+    tcp.write_all(&client_frame(true, false, 0x0, br#""two parts"}"#))
+        .await
+        .unwrap();
+    let (_, reply) = read_small_frame(&mut tcp).await;
+    assert!(String::from_utf8_lossy(&reply).contains("Success."));
+    // Not in time: the first fragment, and nothing more.
+    tcp.write_all(&client_frame(false, false, 0x1, br#"{"body":"#))
+        .await
+        .unwrap();
+    let (first, payload) = read_small_frame(&mut tcp).await;
+    assert_eq!(first & 0x0F, 0x8, "a close frame");
+    assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 1008);
 }
 
 #[tokio::test]

@@ -251,7 +251,7 @@ impl Admin {
             ReadOnlySetting::MaxWriteQueueBytes => {
                 fixed::max_write_queue_bytes(self.node.tier).to_string()
             }
-            ReadOnlySetting::MessageTimeoutSecs => fixed::MESSAGE_TIMEOUT_SECS.to_string(),
+            ReadOnlySetting::MessageTimeoutSecs => self.node.message_timeout.as_secs().to_string(),
             ReadOnlySetting::LogLevel => self.node.log_level.clone(),
         }
     }

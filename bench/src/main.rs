@@ -10,6 +10,7 @@
 //! - `bench recovery`: stores N messages, kills the node with SIGKILL, restarts it, and times
 //!   how long it takes to serve again.
 
+mod client;
 mod node;
 mod workload;
 
@@ -29,6 +30,12 @@ struct Args {
     /// Where the node's data directory goes (the disk under test).
     #[arg(long, default_value = "target/bench-data", global = true)]
     data_root: String,
+    /// Connect over TLS (wss://, with a CA made for the run).
+    #[arg(long, global = true)]
+    tls: bool,
+    /// Offer permessage-deflate (the node always accepts it).
+    #[arg(long, global = true)]
+    compress: bool,
 }
 
 #[derive(Subcommand)]
@@ -58,12 +65,27 @@ enum Command {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args = Args::parse();
+    let data_root: std::path::PathBuf = args.data_root.clone().into();
+    std::fs::create_dir_all(&data_root).expect("the data root");
+    let (tls, tls_files) = match args.tls {
+        true => {
+            let (cert, key, connector) = client::test_pki(&data_root.join("tls"));
+            (Some(connector), Some((cert, key)))
+        }
+        false => (None, None),
+    };
+    let wire = client::Wire {
+        tls,
+        compress: args.compress,
+    };
+    println!("clients connect over {}", wire.describe());
     let config = node::NodeConfig {
         binary: args.dataplane.clone(),
         cpu: args.server_cpu,
-        data_root: args.data_root.clone().into(),
+        data_root,
+        wire,
+        tls_files,
     };
-    std::fs::create_dir_all(&config.data_root).expect("the data root");
     match args.command {
         Command::Run {
             workloads,

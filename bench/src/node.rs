@@ -1,8 +1,8 @@
 //! Starting the node under test, and reading its costs from /proc.
 
+use crate::client::Wire;
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,11 +14,15 @@ pub struct NodeConfig {
     pub binary: String,
     pub cpu: usize,
     pub data_root: PathBuf,
+    /// How clients connect.
+    pub wire: Wire,
+    /// The node's certificate and key, when the wire is TLS.
+    pub tls_files: Option<(PathBuf, PathBuf)>,
 }
 
 pub struct Node {
     child: Child,
-    pub addr: SocketAddr,
+    url: String,
     /// Time from spawn to the `listening on` line.
     pub startup: Duration,
 }
@@ -28,9 +32,19 @@ impl Node {
     pub fn start(config: &NodeConfig, data_dir: &Path) -> Node {
         let login = |(name, password): (&str, &str)| format!("{name}:{password}");
         let started = Instant::now();
+        let transport: Vec<&std::ffi::OsStr> = match &config.tls_files {
+            Some((cert, key)) => vec![
+                "--tls-cert".as_ref(),
+                cert.as_os_str(),
+                "--tls-key".as_ref(),
+                key.as_os_str(),
+            ],
+            None => vec!["--plaintext".as_ref()],
+        };
         let mut child = Command::new("taskset")
             .args(["-c", &config.cpu.to_string(), &config.binary])
-            .args(["--listen", "127.0.0.1:0", "--plaintext", "--data-dir"])
+            .args(transport)
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(["--publisher", &login(PUBLISHER)])
             .args(["--subscriber", &login(SUBSCRIBER)])
@@ -45,20 +59,20 @@ impl Node {
             let mut line = String::new();
             assert!(stdout.read_line(&mut line).unwrap() > 0, "the node exited");
             if let Some(addr) = line.trim().strip_prefix("listening on ") {
-                break addr.parse().unwrap();
+                break addr.parse::<std::net::SocketAddr>().unwrap();
             }
         };
         let startup = started.elapsed();
         std::thread::spawn(move || for _ in stdout.lines() {});
         Node {
             child,
-            addr,
+            url: config.wire.url(addr),
             startup,
         }
     }
 
     pub fn url(&self) -> String {
-        format!("ws://{}/", self.addr)
+        self.url.clone()
     }
 
     /// User plus system CPU time the node has used.

@@ -1,12 +1,13 @@
 //! The workloads: publishers and subscribers on real connections, and what they measured.
 
+use crate::client::{login, next_text, Wire};
 use crate::node::{Node, NodeConfig, PUBLISHER, SUBSCRIBER};
 use futures::{FutureExt, SinkExt, StreamExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, Semaphore};
-use tokio_tungstenite::tungstenite::Message;
+use yawc::frame::{Frame, OpCode};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Workload {
@@ -107,22 +108,6 @@ impl Report {
     }
 }
 
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn login(url: &str, login: serde_json::Value) -> Socket {
-    let (mut socket, _) = tokio_tungstenite::connect_async(url)
-        .await
-        .expect("connect");
-    socket.send(Message::text(login.to_string())).await.unwrap();
-    let reply = socket.next().await.unwrap().unwrap();
-    assert!(
-        reply.to_text().unwrap().contains("Success."),
-        "login: {reply}"
-    );
-    socket
-}
-
 /// When a publisher stops.
 #[derive(Clone, Copy)]
 enum Until {
@@ -149,16 +134,29 @@ fn field<'a>(frame: &'a str, key: &str) -> Option<&'a str> {
 /// Publishes until `until`; each publish takes one unit of `in_flight_budget`, which the
 /// subscriber that receives it gives back, so at most `publishers × window` messages are
 /// between publish and delivery: a closed loop that measures the node, not a backlog.
-async fn publisher(
+/// What every publisher of a run shares.
+#[derive(Clone)]
+struct PublishPlan {
+    wire: Wire,
     url: String,
+    /// Bodies carry nanoseconds since this, for the delivery latency.
     epoch: Instant,
     size: usize,
     durability: u8,
+    /// Publishes in flight per publisher.
     window: usize,
-    until: Until,
-    in_flight_budget: Arc<Semaphore>,
-) -> Published {
-    let socket = login(&url, serde_json::json!({
+}
+
+async fn publisher(plan: PublishPlan, until: Until, in_flight_budget: Arc<Semaphore>) -> Published {
+    let PublishPlan {
+        wire,
+        url,
+        epoch,
+        size,
+        durability,
+        window,
+    } = plan;
+    let socket = login(&wire, &url, serde_json::json!({
         "username": PUBLISHER.0, "password": PUBLISHER.1, "role": "publisher", "queuetype": "distribute",
     }))
     .await;
@@ -184,15 +182,15 @@ async fn publisher(
                 let request = format!(
                     r#"{{"body":"{now:016x}{padding}","durability":{durability},"context":{context}}}"#
                 );
-                sink.send(Message::text(request)).await.unwrap();
+                sink.send(Frame::text(request)).await.unwrap();
                 sent_at.push(now);
                 unanswered += 1;
                 continue;
             }
-            reply = stream.next(), if unanswered > 0 => reply,
+            reply = next_text(&mut stream), if unanswered > 0 => reply,
         };
-        let reply = reply.unwrap().unwrap();
-        let reply = reply.to_text().unwrap();
+        let reply = reply.expect("a reply");
+        let reply = reply.as_str();
         assert!(reply.contains(r#""status":"Success.""#), "publish: {reply}");
         let context: usize = field(reply, r#""context":"#).unwrap().parse().unwrap();
         published
@@ -214,6 +212,7 @@ struct Received {
 }
 
 async fn subscriber(
+    wire: Wire,
     url: String,
     epoch: Instant,
     capacity: usize,
@@ -222,6 +221,7 @@ async fn subscriber(
     mut stop: watch::Receiver<bool>,
 ) -> Received {
     let socket = login(
+        &wire,
         &url,
         serde_json::json!({
             "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
@@ -239,22 +239,24 @@ async fn subscriber(
         let mut frame = first;
         // Take every frame already here, then send all their acks with one flush.
         loop {
-            let text = frame.unwrap().unwrap().into_text().unwrap();
-            if let Some(body) = field(&text, r#""body":""#) {
-                let sent = u64::from_str_radix(&body[..16], 16).unwrap();
-                received
-                    .delivery_ns
-                    .push(epoch.elapsed().as_nanos() as u64 - sent);
-                let id = field(&text, r#""id":""#).unwrap();
-                sink.feed(Message::text(format!(r#"{{"id":"{id}","ack":1}}"#)))
-                    .await
-                    .unwrap();
-                received.ids.push(id.to_string());
-                delivered.0.fetch_add(1, Ordering::Relaxed);
-                delivered.1.notify_one();
-                in_flight_budget.add_permits(1);
-            } else {
-                assert!(text.contains("Success."), "ack: {text}");
+            let current = frame.expect("the node is there");
+            // Pings and other control frames carry nothing for the bench.
+            if current.opcode() == OpCode::Text {
+                let text = current.as_str();
+                if let Some(body) = field(text, r#""body":""#) {
+                    let sent = u64::from_str_radix(&body[..16], 16).unwrap();
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    received.delivery_ns.push(now - sent);
+                    let id = field(text, r#""id":""#).unwrap();
+                    let ack = Frame::text(format!(r#"{{"id":"{id}","ack":1}}"#));
+                    sink.feed(ack).await.unwrap();
+                    received.ids.push(id.to_string());
+                    delivered.0.fetch_add(1, Ordering::Relaxed);
+                    delivered.1.notify_one();
+                    in_flight_budget.add_permits(1);
+                } else {
+                    assert!(text.contains("Success."), "ack: {text}");
+                }
             }
             match stream.next().now_or_never() {
                 Some(next) => frame = next,
@@ -282,6 +284,7 @@ pub async fn run(
     let subscribers: Vec<_> = (0..workload.subscribers)
         .map(|_| {
             let subscriber = subscriber(
+                config.wire.clone(),
                 url.clone(),
                 epoch,
                 workload.capacity,
@@ -297,15 +300,15 @@ pub async fn run(
     let until = Until::Time(started + time);
     let publishers: Vec<_> = (0..workload.publishers)
         .map(|_| {
-            tokio::spawn(publisher(
-                url.clone(),
+            let plan = PublishPlan {
+                wire: config.wire.clone(),
+                url: url.clone(),
                 epoch,
                 size,
                 durability,
-                workload.window,
-                until,
-                budget.clone(),
-            ))
+                window: workload.window,
+            };
+            tokio::spawn(publisher(plan, until, budget.clone()))
         })
         .collect();
     let mut published = Published::default();
@@ -370,15 +373,15 @@ pub async fn recovery(config: &NodeConfig, messages: usize) {
         .map(|_| {
             // No subscribers: the messages are stored, so the budget is unbounded.
             let budget = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
-            tokio::spawn(publisher(
-                node.url(),
+            let plan = PublishPlan {
+                wire: config.wire.clone(),
+                url: node.url(),
                 epoch,
-                100,
-                1,
-                64,
-                Until::Count(messages / publishers),
-                budget,
-            ))
+                size: 100,
+                durability: 1,
+                window: 64,
+            };
+            tokio::spawn(publisher(plan, Until::Count(messages / publishers), budget))
         })
         .collect();
     let mut stored = 0;
@@ -418,6 +421,7 @@ pub async fn recovery(config: &NodeConfig, messages: usize) {
         per_message(restored_rss)
     );
     let mut probe = login(
+        &config.wire,
         &restarted.url(),
         serde_json::json!({
             "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
@@ -425,9 +429,9 @@ pub async fn recovery(config: &NodeConfig, messages: usize) {
         }),
     )
     .await;
-    let first = probe.next().await.unwrap().unwrap();
+    let first = next_text(&mut probe).await.expect("a delivery");
     assert!(
-        first.to_text().unwrap().contains("\"body\""),
+        first.contains("\"body\""),
         "a stored message is served: {first}"
     );
     restarted.kill();

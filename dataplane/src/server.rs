@@ -192,6 +192,9 @@ fn bad_request() -> Response<Full<Bytes>> {
         .expect("a static response is valid")
 }
 
+/// Frames shorter than this are sent uncompressed.
+const COMPRESS_FROM_BYTES: usize = 512;
+
 /// The WebSocket settings of a new connection. yawc bounds every message at the largest
 /// `max-ws-msg-len` there can be (after inflating, so compressed bombs are bounded too); the
 /// connection holds each message to the setting's current value, which `setcfg` may change
@@ -201,6 +204,9 @@ fn websocket_options() -> Options {
     let limit = Setting::MaxWsMsgLen.range().1 as usize + 1;
     Options::default()
         .with_balanced_compression()
+        // Below this a frame is sent uncompressed (RFC 7692 lets each message choose): for
+        // short frames deflate costs far more CPU than the bytes it saves.
+        .with_compression_threshold(COMPRESS_FROM_BYTES)
         .with_utf8()
         .with_max_payload_read(limit)
         .with_max_read_buffer(limit)

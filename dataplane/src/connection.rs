@@ -62,7 +62,7 @@ pub async fn run(
     let mut last_heard = Instant::now();
     let login = timeout_at(
         login_deadline,
-        next_data(&mut socket, &mut last_heard, &node),
+        next_data(&mut socket, &mut last_heard, &node, &assembly),
     )
     .await;
     let Ok(Incoming::Data(login)) = login else {
@@ -155,7 +155,7 @@ async fn serve(
         tokio::time::interval_at(Instant::now() + keepalive.ping_every, keepalive.ping_every);
     loop {
         tokio::select! {
-            incoming = next_data(socket, &mut last_heard, node), if reading && replies.len() < MAX_WAITING_REPLIES => {
+            incoming = next_data(socket, &mut last_heard, node, assembly), if reading && replies.len() < MAX_WAITING_REPLIES => {
                 let Incoming::Data(data) = incoming else { return Ended::Gone };
                 let response = session.handle(data);
                 reading = response.then == Then::Continue;
@@ -202,9 +202,30 @@ async fn serve(
 
 /// The next text or binary message; pings are answered by yawc and skipped here. Any frame
 /// at all, a pong included, moves `last_heard`. A message bigger than `max-ws-msg-len` (as it
-/// is now) closes the connection with 1009.
-async fn next_data(socket: &mut Socket, last_heard: &mut Instant, node: &Node) -> Incoming {
-    while let Ok(frame) = socket.next_frame().await {
+/// is now) closes the connection with 1009; a broken frame with the manual's code for it.
+async fn next_data(
+    socket: &mut Socket,
+    last_heard: &mut Instant,
+    node: &Node,
+    assembly: &Assembly,
+) -> Incoming {
+    loop {
+        let frame = match socket.next_frame().await {
+            Ok(frame) => frame,
+            Err(error) => {
+                let code = match assembly.violated() {
+                    true => Some(CloseCode::Protocol),
+                    false => close_code(&error),
+                };
+                if let Some(code) = code {
+                    // Sent here rather than by yawc, whose codes differ from the manual's for
+                    // some faults; yawc's own close frame is never flushed, as nothing more
+                    // is read.
+                    let _ = socket.send(Frame::close(code, error.to_string())).await;
+                }
+                return Incoming::Gone;
+            }
+        };
         *last_heard = Instant::now();
         let is_data = matches!(frame.opcode(), OpCode::Text | OpCode::Binary);
         if is_data && frame.payload().len() as u64 > node.setting(Setting::MaxWsMsgLen) {
@@ -217,14 +238,29 @@ async fn next_data(socket: &mut Socket, last_heard: &mut Instant, node: &Node) -
         match frame.opcode() {
             OpCode::Text => return Incoming::Data(Data::text(frame.into_payload())),
             OpCode::Binary => return Incoming::Data(Data::Binary(frame.into_payload())),
-            OpCode::Close => break,
+            OpCode::Close => {
+                // yawc has queued the answer (the client's code echoed); one more read sends it.
+                let _ = timeout(DRAIN_TIME, socket.next_frame()).await;
+                return Incoming::Gone;
+            }
             OpCode::Ping | OpCode::Pong | OpCode::Continuation => continue,
         }
     }
-    // yawc has queued the answering close frame (the client's code echoed, or ours for a
-    // broken frame); one more read sends it.
-    let _ = timeout(DRAIN_TIME, socket.next_frame()).await;
-    Incoming::Gone
+}
+
+/// The manual's close code for a frame yawc could not read (*Why a connection closed*);
+/// `None` when the connection itself failed and no frame can be sent.
+fn close_code(error: &WebSocketError) -> Option<CloseCode> {
+    match error {
+        WebSocketError::FrameTooLarge => Some(CloseCode::Size),
+        WebSocketError::InvalidUTF8 => Some(CloseCode::Invalid),
+        // yawc reports an inflate failure as invalid input.
+        WebSocketError::IoError(io) if io.kind() == std::io::ErrorKind::InvalidInput => {
+            Some(CloseCode::Error)
+        }
+        error if error.is_protocol_error() => Some(CloseCode::Protocol),
+        _ => None,
+    }
 }
 
 /// Whether the client sent a frame before it had the login's reply.

@@ -6,9 +6,13 @@
 //! headers (after the HTTP upgrade request), and notes when an unfinished message began; the
 //! connection closes with 1008 if that same message is still unfinished after
 //! `message-timeout-secs`.
+//!
+//! It also stops at a reserved opcode: yawc would close that connection with 1003, where the
+//! manual's table wants 1002. The watch ends the stream there instead (so yawc sends nothing)
+//! and notes why; the connection closes with 1002.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -24,6 +28,8 @@ pub struct Assembly {
     epoch: Instant,
     /// Rung when a fragmented message begins.
     began: Notify,
+    /// The client sent a frame with a reserved opcode.
+    violated: AtomicBool,
 }
 
 impl Assembly {
@@ -32,7 +38,13 @@ impl Assembly {
             started: AtomicU64::new(0),
             epoch: Instant::now(),
             began: Notify::new(),
+            violated: AtomicBool::new(false),
         })
+    }
+
+    /// Whether the client broke the protocol in a way the watch stopped at.
+    pub fn violated(&self) -> bool {
+        self.violated.load(Ordering::Relaxed)
     }
 
     fn begin(&self) {
@@ -137,6 +149,7 @@ impl<S> FragmentWatch<S> {
         match (opcode, fin) {
             (0x1 | 0x2, false) => self.assembly.begin(),
             (0x0, true) => self.assembly.end(),
+            (0x3..=0x7 | 0xB..=0xF, _) => self.assembly.violated.store(true, Ordering::Relaxed),
             _ => {}
         }
         let payload = match self.header[1] & 0x7F {
@@ -169,11 +182,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for FragmentWatch<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.assembly.violated() {
+            return Poll::Ready(Ok(())); // the end of the stream, as far as yawc knows
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
             let new = buf.filled()[before..].to_vec();
             self.observe(&new);
+            if self.assembly.violated() {
+                // Hold back everything from the offending frame on.
+                buf.set_filled(before);
+            }
         }
         polled
     }

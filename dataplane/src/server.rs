@@ -48,7 +48,7 @@ impl Server {
         node: Arc<Node>,
         tls: Option<TlsAcceptor>,
     ) -> std::io::Result<Server> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = listen(addr)?;
         let slots = Arc::new(Semaphore::new(node.limits.max_tasks as usize));
         Ok(Server {
             listener,
@@ -84,6 +84,24 @@ impl Server {
             }
         }
     }
+}
+
+/// A listening socket on `addr`; on the IPv6 wildcard (`[::]`) it takes IPv4 too, whatever
+/// the system's default.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
 }
 
 /// One connection, from accept to close. Holding `_slot` keeps its place in `max-tasks`.

@@ -164,8 +164,13 @@ impl Node {
             true => None,
             false => Some("--plaintext"),
         };
+        let listen = match extra.contains(&"--listen") {
+            true => None,
+            false => Some(["--listen", "127.0.0.1:0"]),
+        };
         let mut child = Command::new(dataplane_binary())
-            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .args(listen.into_iter().flatten())
+            .arg("--data-dir")
             .arg(data_dir.path())
             .args(["--publisher", &login(PUBLISHER)])
             .args(["--subscriber", &login(SUBSCRIBER)])
@@ -411,4 +416,49 @@ pub fn python() -> PathBuf {
         python.display()
     );
     python
+}
+
+/// The address in the manual's programs.
+pub const MANUAL_ADDRESS: &str = "wss://QUEUE-ID.q.CLUSTER.thequeueexpert.com/";
+
+/// The manual's Node.js program `name` (tests/interop/manual), pointed at `address`, with
+/// `replace` applied, written to a folder of `node`'s from which Node finds the `ws` package.
+pub fn node_program(node: &Node, name: &str, address: &str, replace: &[(&str, &str)]) -> PathBuf {
+    let dir = node.data_dir.path().join("node");
+    std::fs::create_dir_all(&dir).unwrap();
+    let modules = workspace().join("tests/interop/node/node_modules");
+    assert!(
+        modules.join("ws").exists(),
+        "the README's test command installs the ws package"
+    );
+    let _ = std::os::unix::fs::symlink(&modules, dir.join("node_modules"));
+    let program = workspace().join("tests/interop/manual").join(name);
+    let mut text = std::fs::read_to_string(program).unwrap();
+    assert!(text.contains(MANUAL_ADDRESS));
+    text = text.replace(MANUAL_ADDRESS, address);
+    for (from, to) in replace {
+        text = text.replace(from, to);
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs a Node.js program that ends by itself, with `args` and `env` added; returns its stdout.
+pub async fn run_node(script: &Path, args: &[String], env: &[(&str, &Path)]) -> String {
+    let mut command = tokio::process::Command::new("node");
+    command.arg(script).args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = tokio::time::timeout(PROMPT * 3, command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
 }

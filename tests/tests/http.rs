@@ -96,3 +96,14 @@ async fn a_connection_beyond_max_tasks_is_closed_with_nothing_sent() {
         .await;
     assert_eq!(reply["status"], "Success.");
 }
+
+#[tokio::test]
+async fn on_the_ipv6_wildcard_the_node_takes_ipv4_and_ipv6() {
+    let node = Node::start_with(&["--listen", "[::]:0"]);
+    let port = node.addr.port();
+    for host in ["127.0.0.1", "[::1]"] {
+        let url = format!("ws://{host}:{port}/");
+        let (socket, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        drop(socket);
+    }
+}

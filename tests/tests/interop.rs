@@ -1,13 +1,11 @@
 //! Real third-party clients: the manual's Python programs (package `websockets`), unchanged
 //! but for the address, and what Python sees of the queue's close behaviour.
 
-use qe_tests::{python, workspace, Node, PROMPT};
+use qe_tests::{node_program, python, run_node, workspace, Node, MANUAL_ADDRESS, PROMPT};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use tokio::io::{AsyncBufReadExt, BufReader};
-
-const MANUAL_ADDRESS: &str = "wss://QUEUE-ID.q.CLUSTER.thequeueexpert.com/";
 
 fn manual_program(name: &str) -> PathBuf {
     workspace().join("tests/interop/manual").join(name)
@@ -175,55 +173,22 @@ fn python_has_websockets() {
     assert!(status.success());
 }
 
-/// Node resolves `ws` from the program's folder: run the programs from a folder beside the
-/// installed package.
-fn node_program(node: &Node, name: &str, replace: &[(&str, &str)]) -> PathBuf {
-    let dir = node.data_dir.path().join("node");
-    std::fs::create_dir_all(&dir).unwrap();
-    let modules = workspace().join("tests/interop/node/node_modules");
-    assert!(
-        modules.join("ws").exists(),
-        "the README's test command installs the ws package"
-    );
-    let _ = std::os::unix::fs::symlink(&modules, dir.join("node_modules"));
-    let mut text = std::fs::read_to_string(manual_program(name)).unwrap();
-    text = text.replace(MANUAL_ADDRESS, &node.url());
-    for (from, to) in replace {
-        text = text.replace(from, to);
-    }
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-async fn run_node(script: &std::path::Path, args: &[String]) -> String {
-    let output = tokio::process::Command::new("node")
-        .arg(script)
-        .args(args)
-        .output();
-    let output = tokio::time::timeout(PROMPT * 3, output)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
-
 #[tokio::test]
 async fn the_manuals_node_programs_work() {
     let node = Node::start();
-    let published = run_node(&node_program(&node, "publisher.mjs", &[]), &[]).await;
+    let published = run_node(
+        &node_program(&node, "publisher.mjs", &node.url(), &[]),
+        &[],
+        &[],
+    )
+    .await;
     assert!(
         published.starts_with("Published. The message id is "),
         "{published}"
     );
 
     let mut subscriber = tokio::process::Command::new("node")
-        .arg(node_program(&node, "subscriber.mjs", &[]))
+        .arg(node_program(&node, "subscriber.mjs", &node.url(), &[]))
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -236,11 +201,21 @@ async fn the_manuals_node_programs_work() {
     assert_eq!(line.as_deref(), Some("Received: Hello from Node.js"));
     subscriber.kill().await.unwrap();
 
-    let admin = run_node(&node_program(&node, "admin.mjs", &[]), &[]).await;
+    let admin = run_node(
+        &node_program(&node, "admin.mjs", &node.url(), &[]),
+        &[],
+        &[],
+    )
+    .await;
     assert!(admin.starts_with("Messages in the queue: "), "{admin}");
 
-    let refused = node_program(&node, "publisher.mjs", &[("PUBLISHER-PASSWORD", "wrong")]);
-    let refused = run_node(&refused, &[]).await;
+    let refused = node_program(
+        &node,
+        "publisher.mjs",
+        &node.url(),
+        &[("PUBLISHER-PASSWORD", "wrong")],
+    );
+    let refused = run_node(&refused, &[], &[]).await;
     assert_eq!(
         refused.trim(),
         "Failed: 107 Authentication failed. Invalid combination of username, password and role."
@@ -251,7 +226,7 @@ async fn the_manuals_node_programs_work() {
 async fn node_sees_deflate_and_the_manuals_close_behaviour() {
     let node = Node::start();
     let script = workspace().join("tests/interop/node/close_codes.mjs");
-    let output = run_node(&script, &[node.url()]).await;
+    let output = run_node(&script, &[node.url()], &[]).await;
     let cases: Vec<Value> = output
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

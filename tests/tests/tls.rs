@@ -1,7 +1,7 @@
 //! TLS: wss:// for real clients, old protocols and plain HTTP refused, a renewed certificate
 //! served without a restart while open connections go on.
 
-use qe_tests::{login_request, python, workspace, Node, PROMPT};
+use qe_tests::{login_request, node_program, python, run_node, workspace, Node, PROMPT};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -222,4 +222,42 @@ async fn plain_http_on_the_tls_port_is_refused_and_https_that_is_not_an_upgrade_
         "{}",
         String::from_utf8_lossy(&head[..n])
     );
+}
+
+#[tokio::test]
+async fn the_manuals_node_publisher_works_over_wss() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = start(&pki, dir.path());
+    let ca = pki.write_ca(dir.path());
+    let program = node_program(&node, "publisher.mjs", &node.tls_url(), &[]);
+    let output = run_node(&program, &[], &[("NODE_EXTRA_CA_CERTS", &ca)]).await;
+    assert!(
+        output.starts_with("Published. The message id is "),
+        "{output}"
+    );
+}
+
+#[tokio::test]
+async fn a_certificate_replaced_on_disk_is_picked_up_without_a_signal() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (node, first) = start(&pki, dir.path());
+    let (_open, shown) = login_tls(
+        &node,
+        &pki,
+        login_request("publisher", "distribute", json!({})),
+    )
+    .await;
+    assert_eq!(shown, first);
+    let second = pki.leaf(dir.path());
+    // The files are checked every 5 s.
+    node.wait_for_log("TLS certificate loaded");
+    let (_late, shown) = login_tls(
+        &node,
+        &pki,
+        login_request("publisher", "distribute", json!({})),
+    )
+    .await;
+    assert_eq!(shown, second);
 }

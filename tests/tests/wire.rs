@@ -144,3 +144,27 @@ async fn a_client_that_reads_too_slowly_is_dropped_and_nobody_else_is_slowed() {
     let reply = publisher.request(json!({"body": "after"})).await;
     assert_eq!(reply["subscribers"], 1, "only the fast one is left");
 }
+
+/// Reads the node's close frame and returns its code.
+async fn close_code(tcp: &mut TcpStream) -> u16 {
+    let (first, payload) = read_small_frame(tcp).await;
+    assert_eq!(first & 0x0F, 0x8, "a close frame");
+    u16::from_be_bytes([payload[0], payload[1]])
+}
+
+#[tokio::test]
+async fn invalid_utf8_closes_with_1007_and_a_protocol_violation_with_1002() {
+    let node = Node::start();
+    let mut tcp = raw_publisher(&node, false).await;
+    tcp.write_all(&client_frame(true, false, 0x1, &[0xC3, 0x28]))
+        .await
+        .unwrap();
+    assert_eq!(close_code(&mut tcp).await, 1007);
+
+    let mut tcp = raw_publisher(&node, false).await;
+    // A reserved opcode.
+    tcp.write_all(&client_frame(true, false, 0x3, b"x"))
+        .await
+        .unwrap();
+    assert_eq!(close_code(&mut tcp).await, 1002);
+}

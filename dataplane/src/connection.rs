@@ -77,12 +77,14 @@ pub async fn run(
     if sent_during_login(&mut socket) {
         return;
     }
-    let mut session = match outcome {
+    let (mut session, present) = match outcome {
         Ok((session, reply)) => {
+            // Counted before the reply, so a client that has its reply is in the live stats.
+            let present = node.presence.enter(session.role());
             if send(&mut socket, &reply).await.is_err() {
                 return; // dropping the session undoes the login
             }
-            session
+            (session, present)
         }
         Err(reply) => {
             if send(&mut socket, &reply).await.is_ok() {
@@ -91,9 +93,10 @@ pub async fn run(
             return;
         }
     };
-    let _present = node.presence.enter(session.role());
     let mut frames = session.take_frames();
     let ended = serve(&mut socket, &mut session, &mut frames, &node, &assembly).await;
+    // No longer an open connection, before the session's end is made known.
+    drop(present);
     // Only a logout ends a session for good; any other end is a drop.
     session.end(ended == Ended::Logout, frames);
     match ended {

@@ -77,7 +77,9 @@ impl Assembly {
 /// Where the reader is in the client's byte stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reading {
-    /// The HTTP request, until its blank line; `matched` counts bytes of "\r\n\r\n" seen.
+    /// An HTTP request, until its blank line; `matched` counts bytes of "\r\n\r\n" seen.
+    /// Frames follow only a request that asks for a WebSocket; after any other (answered 400,
+    /// which closes the connection) the bytes are not frames.
     Request { matched: usize },
     /// A frame header, `have` of its bytes read so far.
     Header { have: usize },
@@ -92,7 +94,12 @@ pub struct FragmentWatch<S> {
     reading: Reading,
     /// The header being read (at most 14 bytes).
     header: [u8; 14],
+    /// The current HTTP request's bytes, lower-cased (the first few KiB).
+    request: Vec<u8>,
 }
+
+/// How much of a request is kept to see whether it asks for a WebSocket.
+const REQUEST_KEPT: usize = 8 << 10;
 
 impl<S> FragmentWatch<S> {
     pub fn new(inner: S, assembly: Arc<Assembly>) -> FragmentWatch<S> {
@@ -101,6 +108,7 @@ impl<S> FragmentWatch<S> {
             assembly,
             reading: Reading::Request { matched: 0 },
             header: [0; 14],
+            request: Vec::new(),
         }
     }
 
@@ -111,13 +119,20 @@ impl<S> FragmentWatch<S> {
                     let end = b"\r\n\r\n";
                     let byte = bytes[0];
                     bytes = &bytes[1..];
+                    if self.request.len() < REQUEST_KEPT {
+                        self.request.push(byte.to_ascii_lowercase());
+                    }
                     let matched = match byte == end[matched] {
                         true => matched + 1,
                         false if byte == b'\r' => 1,
                         false => 0,
                     };
                     self.reading = match matched {
-                        4 => Reading::Header { have: 0 },
+                        4 if self.asks_for_websocket() => Reading::Header { have: 0 },
+                        4 => {
+                            self.request.clear();
+                            Reading::Request { matched: 0 }
+                        }
                         _ => Reading::Request { matched },
                     };
                 }
@@ -140,6 +155,10 @@ impl<S> FragmentWatch<S> {
                 }
             }
         }
+    }
+
+    fn asks_for_websocket(&self) -> bool {
+        self.request.windows(9).any(|w| w == b"websocket")
     }
 
     /// A whole header is read: note where messages begin and end; skip the payload.
@@ -257,7 +276,7 @@ mod tests {
 
     #[test]
     fn follows_fragmented_messages_across_any_split_of_the_bytes() {
-        let mut bytes = b"GET / HTTP/1.1\r\nHost: q\r\n\r\n".to_vec();
+        let mut bytes = b"GET / HTTP/1.1\r\nHost: q\r\nUpgrade: WebSocket\r\n\r\n".to_vec();
         bytes.extend(frame(true, 0x1, b"whole"));
         let started_at = bytes.len();
         bytes.extend(frame(false, 0x1, &[b'a'; 300]));
@@ -279,6 +298,13 @@ mod tests {
             assert!(seen_unfinished || chunk == bytes.len(), "chunks of {chunk}");
             assert!(!unfinished(&w), "finished, chunks of {chunk}");
         }
+    }
+
+    #[test]
+    fn the_body_of_a_request_that_is_not_an_upgrade_is_no_frame() {
+        let mut w = watch();
+        w.observe(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}");
+        assert!(!w.assembly.violated(), "{{ is not a reserved opcode here");
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,6 +10,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 ADDRESS = sys.argv[1]
+PUBLISHER = {"username": "PUBLISHER-NAME", "password": "PUBLISHER-PASSWORD",
+             "role": "publisher", "queuetype": "distribute"}
 SUBSCRIBER = {"username": "SUBSCRIBER-NAME", "password": "SUBSCRIBER-PASSWORD",
               "role": "subscriber", "queuetype": "distribute", "capacity": 1}
 
@@ -31,7 +33,44 @@ async def ending(frames):
     return replies, None
 
 
+async def raw_frame_case(name, write):
+    """Logs in, then lets `write` put something on the wire; returns the close code seen."""
+    async with connect(ADDRESS) as socket:
+        await socket.send(json.dumps(PUBLISHER))
+        await socket.recv()
+        await write(socket)
+        try:
+            await asyncio.wait_for(socket.recv(), 10)
+        except ConnectionClosed as closed:
+            return closed.rcvd.code if closed.rcvd else 1006
+    return None
+
+
+def masked(first_byte, payload):
+    """A client frame written below the library: FIN and opcode in `first_byte`, masked."""
+    mask = b"\x12\x34\x56\x78"
+    return bytes([first_byte, 0x80 | len(payload)]) + mask + bytes(
+        b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def unfinished(socket):
+    async def fragments():
+        yield '{"body":'
+        await asyncio.sleep(30)  # never finished: the node closes first
+        yield '"late"}'
+    asyncio.ensure_future(socket.send(fragments()))
+
+
 async def main():
+    raw = {
+        "invalid_utf8": lambda s: s.send(b"\xc3\x28", text=True),
+        "reserved_opcode": lambda s: asyncio.sleep(0, s.transport.write(masked(0x83, b"x"))),
+        "broken_deflate": lambda s: asyncio.sleep(0, s.transport.write(masked(0xC1, b"\xff" * 8))),
+        "unfinished": unfinished,
+    }
+    for name, write in raw.items():
+        code = await raw_frame_case(name, write)
+        print(json.dumps({"case": name, "code": code}), flush=True)
     cases = {
         "failed_login": [json.dumps({**SUBSCRIBER, "password": "wrong"})],
         "logout": [json.dumps(SUBSCRIBER), json.dumps({"logout": True})],

@@ -132,7 +132,7 @@ async fn the_manuals_python_publisher_reports_a_failed_login() {
 
 #[tokio::test]
 async fn python_sees_deflate_and_the_manuals_close_behaviour() {
-    let node = Node::start();
+    let node = Node::start_with(&["--message-timeout-secs", "1"]);
     let script = workspace().join("tests/interop/close_codes.py");
     let output = run_python(&script, &[node.url()]).await;
     let cases: Vec<Value> = output
@@ -162,6 +162,15 @@ async fn python_sees_deflate_and_the_manuals_close_behaviour() {
     assert_eq!(not_json["code"], 1006);
 
     assert_eq!(case("too_big")["code"], 1009);
+    assert_the_broken_frame_codes(&case);
+}
+
+/// What a real client sees for each broken frame (`case` finds one by name).
+fn assert_the_broken_frame_codes(case: &dyn Fn(&str) -> Value) {
+    assert_eq!(case("invalid_utf8")["code"], 1007);
+    assert_eq!(case("reserved_opcode")["code"], 1002);
+    assert_eq!(case("broken_deflate")["code"], 1011);
+    assert_eq!(case("unfinished")["code"], 1008);
 }
 
 #[test]
@@ -224,7 +233,7 @@ async fn the_manuals_node_programs_work() {
 
 #[tokio::test]
 async fn node_sees_deflate_and_the_manuals_close_behaviour() {
-    let node = Node::start();
+    let node = Node::start_with(&["--message-timeout-secs", "1"]);
     let script = workspace().join("tests/interop/node/close_codes.mjs");
     let output = run_node(&script, &[node.url()], &[]).await;
     let cases: Vec<Value> = output
@@ -255,4 +264,5 @@ async fn node_sees_deflate_and_the_manuals_close_behaviour() {
         (json!(100), json!(1006))
     );
     assert_eq!(case("too_big")["code"], 1009);
+    assert_the_broken_frame_codes(&case);
 }

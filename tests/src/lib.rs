@@ -446,12 +446,27 @@ pub fn node_program(node: &Node, name: &str, address: &str, replace: &[(&str, &s
 
 /// Runs a Node.js program that ends by itself, with `args` and `env` added; returns its stdout.
 pub async fn run_node(script: &Path, args: &[String], env: &[(&str, &Path)]) -> String {
-    let mut command = tokio::process::Command::new("node");
+    run_to_end(Path::new("node"), script, args, env).await
+}
+
+/// Runs a Python program (with the `websockets` package) that ends by itself; returns its
+/// stdout.
+pub async fn run_python(script: &Path, args: &[String]) -> String {
+    run_to_end(&python(), script, args, &[]).await
+}
+
+async fn run_to_end(
+    interpreter: &Path,
+    script: &Path,
+    args: &[String],
+    env: &[(&str, &Path)],
+) -> String {
+    let mut command = tokio::process::Command::new(interpreter);
     command.arg(script).args(args);
     for (key, value) in env {
         command.env(key, value);
     }
-    let output = tokio::time::timeout(PROMPT * 3, command.output())
+    let output = tokio::time::timeout(PROMPT * 6, command.output())
         .await
         .unwrap()
         .unwrap();
@@ -461,4 +476,50 @@ pub async fn run_node(script: &Path, args: &[String], env: &[(&str, &Path)]) -> 
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8(output.stdout).unwrap()
+}
+
+/// A program that runs until dropped (then it is killed), read a line at a time.
+pub struct Running {
+    _child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Running {
+    pub fn start(interpreter: &Path, script: &Path) -> Running {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(interpreter)
+            .arg(script)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        Running {
+            _child: child,
+            lines,
+        }
+    }
+
+    /// The next line it prints; panics if none comes promptly.
+    pub async fn next_line(&mut self) -> Option<String> {
+        tokio::time::timeout(PROMPT, self.lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+}
+
+/// The cases an interop script printed, one JSON object a line with a `case` name; the
+/// returned function finds one by name.
+pub fn cases(output: &str) -> impl Fn(&str) -> Value {
+    let cases: Vec<Value> = output
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    move |name| {
+        let found = cases.iter().find(|c| c["case"] == name);
+        found
+            .unwrap_or_else(|| panic!("no case {name} in {cases:?}"))
+            .clone()
+    }
 }

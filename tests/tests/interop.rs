@@ -1,11 +1,13 @@
-//! Real third-party clients: the manual's Python programs (package `websockets`), unchanged
-//! but for the address, and what Python sees of the queue's close behaviour.
+//! Real third-party clients: the manual's Python (package `websockets`) and Node.js (package
+//! `ws`) programs, unchanged but for the address, and what each client sees of the queue's
+//! close behaviour.
 
-use qe_tests::{node_program, python, run_node, workspace, Node, MANUAL_ADDRESS, PROMPT};
+use qe_tests::{
+    cases, node_program, python, run_node, run_python, workspace, Node, Running, MANUAL_ADDRESS,
+};
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 fn manual_program(name: &str) -> PathBuf {
     workspace().join("tests/interop/manual").join(name)
@@ -18,24 +20,6 @@ fn program_for(node: &Node, name: &str) -> PathBuf {
     let path = node.data_dir.path().join(name);
     std::fs::write(&path, text.replace(MANUAL_ADDRESS, &node.url())).unwrap();
     path
-}
-
-/// Runs a program that ends by itself; returns its stdout.
-async fn run_python(script: &std::path::Path, args: &[String]) -> String {
-    let output = tokio::process::Command::new(python())
-        .arg(script)
-        .args(args)
-        .output();
-    let output = tokio::time::timeout(PROMPT * 6, output)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
 }
 
 /// The copies are the manual's programs: the same lines, once indentation (which the
@@ -77,17 +61,8 @@ async fn the_manuals_python_publisher_and_subscriber_work() {
         .unwrap_or_else(|| panic!("{published}"))
         .to_string();
 
-    let mut subscriber = tokio::process::Command::new(python())
-        .arg(program_for(&node, "subscriber.py"))
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(subscriber.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(PROMPT, lines.next_line())
-        .await
-        .unwrap()
-        .unwrap();
+    let mut subscriber = Running::start(&python(), &program_for(&node, "subscriber.py"));
+    let line = subscriber.next_line().await;
     assert_eq!(line.as_deref(), Some("Received: Hello from Python"));
 
     // The program acked it: the message is gone. A second publish reaches the program too.
@@ -96,12 +71,9 @@ async fn the_manuals_python_publisher_and_subscriber_work() {
         second.starts_with("Published. The message id is "),
         "{second}"
     );
-    let line = tokio::time::timeout(PROMPT, lines.next_line())
-        .await
-        .unwrap()
-        .unwrap();
+    let line = subscriber.next_line().await;
     assert_eq!(line.as_deref(), Some("Received: Hello from Python"));
-    subscriber.kill().await.unwrap();
+    drop(subscriber);
 
     let (mut check, _) = node.subscriber(10).await;
     let mut publisher = node.publisher().await;
@@ -135,11 +107,7 @@ async fn python_sees_deflate_and_the_manuals_close_behaviour() {
     let node = Node::start_with(&["--message-timeout-secs", "1"]);
     let script = workspace().join("tests/interop/close_codes.py");
     let output = run_python(&script, &[node.url()]).await;
-    let cases: Vec<Value> = output
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let case = |name: &str| cases.iter().find(|c| c["case"] == name).unwrap().clone();
+    let case = cases(&output);
 
     assert_eq!(
         case("extensions")["extensions"],
@@ -196,19 +164,11 @@ async fn the_manuals_node_programs_work() {
         "{published}"
     );
 
-    let mut subscriber = tokio::process::Command::new("node")
-        .arg(node_program(&node, "subscriber.mjs", &node.url(), &[]))
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(subscriber.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(PROMPT, lines.next_line())
-        .await
-        .unwrap()
-        .unwrap();
+    let program = node_program(&node, "subscriber.mjs", &node.url(), &[]);
+    let mut subscriber = Running::start(Path::new("node"), &program);
+    let line = subscriber.next_line().await;
     assert_eq!(line.as_deref(), Some("Received: Hello from Node.js"));
-    subscriber.kill().await.unwrap();
+    drop(subscriber);
 
     let admin = run_node(
         &node_program(&node, "admin.mjs", &node.url(), &[]),
@@ -236,11 +196,7 @@ async fn node_sees_deflate_and_the_manuals_close_behaviour() {
     let node = Node::start_with(&["--message-timeout-secs", "1"]);
     let script = workspace().join("tests/interop/node/close_codes.mjs");
     let output = run_node(&script, &[node.url()], &[]).await;
-    let cases: Vec<Value> = output
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let case = |name: &str| cases.iter().find(|c| c["case"] == name).unwrap().clone();
+    let case = cases(&output);
     let failed = case("failed_login");
     assert_eq!(
         (failed["replies"][0]["code"].clone(), failed["code"].clone()),

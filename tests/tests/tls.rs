@@ -1,7 +1,7 @@
 //! TLS: wss:// for real clients, old protocols and plain HTTP refused, a renewed certificate
 //! served without a restart while open connections go on.
 
-use qe_tests::{login_request, node_program, python, run_node, workspace, Node, PROMPT};
+use qe_tests::{cases, login_request, node_program, run_node, run_python, workspace, Node, PROMPT};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -155,26 +155,9 @@ async fn python_speaks_tls_1_2_and_1_3_and_tls_1_1_is_refused() {
     let (node, _) = start(&pki, dir.path());
     let ca = pki.write_ca(dir.path());
     let script = workspace().join("tests/interop/tls_check.py");
-    let output = tokio::process::Command::new(python())
-        .arg(script)
-        .arg(node.tls_url())
-        .arg(ca)
-        .output();
-    let output = tokio::time::timeout(PROMPT * 3, output)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let cases: Vec<Value> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let case = |name: &str| cases.iter().find(|c| c["case"] == name).unwrap().clone();
+    let args = [node.tls_url(), ca.to_string_lossy().into_owned()];
+    let output = run_python(&script, &args).await;
+    let case = cases(&output);
     assert_eq!(case("tls")["reply"]["status"], "Success.");
     assert_eq!(case("tls")["extension"], "permessage-deflate");
     assert_eq!(case("tls12")["reply"]["status"], "Success.");

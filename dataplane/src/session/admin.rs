@@ -218,14 +218,7 @@ impl Admin {
             return Response::reply(Reply::failure(Code::InvalidMessageId));
         };
         let changed = change(&mut self.node.queue.lock(), id);
-        match changed {
-            Ok(receipt) => {
-                let id = id.to_string();
-                let not_synced = Reply::failure(Code::SyncFailed).with("id", id.clone());
-                Response::durable(Reply::success().with("id", id), receipt, not_synced)
-            }
-            Err(refused) => Response::reply(Reply::failure(refused.code())),
-        }
+        Response::changed(changed.map(|receipt| (id, receipt)))
     }
 
     /// `getcfg`: every setting, `NAME,FLAG,VALUE` a line, writable ones first.

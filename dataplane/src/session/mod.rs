@@ -17,12 +17,13 @@ mod subscriber;
 pub use login::login;
 pub use reply::Reply;
 
-use crate::engine::Frames;
+use crate::engine::{Frames, MessageId, Refused};
 use crate::store::Receipt;
 use admin::Admin;
 use bytes::Bytes;
 use publisher::Publisher;
 use qe_shared::protocol::Role;
+use qe_shared::Code;
 use subscriber::{CopySubscriber, Subscriber};
 
 /// A data frame from the client.
@@ -80,11 +81,20 @@ impl Response {
         }
     }
 
-    /// `reply` once the change behind `receipt` is as durable as promised; else `instead`.
-    pub fn durable(reply: Reply, receipt: Receipt, instead: Reply) -> Response {
-        Response {
-            durability: Some((receipt, instead)),
-            ..Response::reply(reply)
+    /// The answer to a change to message `id`: Success with the id once the change is as
+    /// durable as promised, else 507 with the id (the change was made; do not repeat it), or
+    /// the queue's refusal.
+    pub fn changed(changed: Result<(MessageId, Receipt), Refused>) -> Response {
+        match changed {
+            Ok((id, receipt)) => {
+                let id = id.to_string();
+                let not_synced = Reply::failure(Code::SyncFailed).with("id", id.clone());
+                Response {
+                    durability: Some((receipt, not_synced)),
+                    ..Response::reply(Reply::success().with("id", id))
+                }
+            }
+            Err(refused) => Response::reply(Reply::failure(refused.code())),
         }
     }
 

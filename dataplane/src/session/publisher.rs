@@ -71,14 +71,7 @@ impl Publisher {
                     .publish(message.body_type, &message.body, recdat);
                 Response::reply(Reply::success().with("subscribers", subscribers))
             }
-            QueueType::Distribute => match self.node.queue.publish(&message) {
-                Ok((id, receipt)) => {
-                    let id = id.to_string();
-                    let not_synced = Reply::failure(Code::SyncFailed).with("id", id.clone());
-                    Response::durable(Reply::success().with("id", id), receipt, not_synced)
-                }
-                Err(refused) => Response::reply(Reply::failure(refused.code())),
-            },
+            QueueType::Distribute => Response::changed(self.node.queue.publish(&message)),
         }
     }
 }

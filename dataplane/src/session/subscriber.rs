@@ -117,14 +117,7 @@ impl Subscriber {
             1 => self.subscription.ack(id),
             _ => self.subscription.nack(id),
         };
-        match recorded {
-            Ok(receipt) => {
-                let id = id.to_string();
-                let not_synced = Reply::failure(Code::SyncFailed).with("id", id.clone());
-                Response::durable(Reply::success().with("id", id), receipt, not_synced)
-            }
-            Err(refused) => Response::reply(Reply::failure(refused.code())),
-        }
+        Response::changed(recorded.map(|receipt| (id, receipt)))
     }
 
     fn set_capacity(&self, fields: &Fields) -> Reply {

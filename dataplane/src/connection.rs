@@ -1,12 +1,14 @@
 //! One WebSocket connection: the login, then frames in and out until it ends.
 //!
-//! This layer owns the close codes. yawc closes with 1009 (too big), 1007 (bad UTF-8), 1002
-//! (protocol) and 1011 (bad compression) on its own; it queues that close frame and sends it on
-//! the next read, so every read error here is followed by one more read. A logout closes with
-//! 1000. A failed login, and text that is not JSON from a subscriber or administrator, end with
-//! no close frame: the reply is flushed, the socket half-closed, and what the client still
-//! sends is read for a moment, so the kernel does not answer unread input with a reset that
-//! would destroy the reply.
+//! This layer owns the close codes of the manual's table. For a frame yawc cannot read it
+//! sends the code itself (1009 too big, 1007 bad UTF-8, 1011 a compressed message that cannot
+//! be unpacked, 1002 any other protocol fault) and reads no further, so yawc's own close frame,
+//! whose codes differ for some faults, is never flushed. A message over the current
+//! `max-ws-msg-len` closes with 1009, one left unfinished past `message-timeout-secs` with
+//! 1008, a logout with 1000; a client's own close is answered by yawc. A failed login, and text
+//! that is not JSON from a subscriber or administrator, end with no close frame: the reply is
+//! flushed, the socket half-closed, and what the client still sends is read for a moment, so
+//! the kernel does not answer unread input with a reset that would destroy the reply.
 
 use crate::engine::outbox::Overflow;
 use crate::engine::{Frames, Outbound};
@@ -176,7 +178,6 @@ async fn serve(
             }
             Some(outbound) = next_outbound(frames) => {
                 if send_outbound(socket, outbound, frames).await.is_err() {
-                    tracing::info!("dropping a client that reads too slowly");
                     return Ended::Gone;
                 }
             }
@@ -320,7 +321,10 @@ async fn send_outbound(
     };
     tokio::select! {
         written = write => written.map_err(|_| ()),
-        _ = overflow.happened() => Err(()),
+        _ = overflow.happened() => {
+            tracing::info!("dropping a client that reads too slowly");
+            Err(())
+        }
     }
 }
 

@@ -91,7 +91,8 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
             Session::Admin(Admin::new(node)),
             Reply::success().context(context),
         )),
-        (Role::Admin, QueueType::Copy) => unreachable!("LoginForm::read refuses it with 108"),
+        // LoginForm::read refuses this already; answering beats a panic that stops the node.
+        (Role::Admin, QueueType::Copy) => Err(refuse(Code::AdminNotOnCopy)),
     }
 }
 

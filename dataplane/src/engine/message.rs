@@ -3,6 +3,7 @@
 use super::ids::MessageId;
 use bytes::Bytes;
 use serde::Serialize;
+use std::sync::Arc;
 
 /// How safe a message is if the machine fails (the manual's Durability table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,7 +51,7 @@ pub struct NewMessage {
 /// A message the queue holds: waiting, held, delayed or dead-lettered.
 #[derive(Debug, Clone)]
 pub struct Message {
-    pub id: MessageId,
+    // No id: it is the key of every map that holds a message, and 16 bytes a stored message.
     pub durability: Durability,
     pub body_type: BodyType,
     /// The delay the publisher asked for (shown to administrators); at most two days.
@@ -59,8 +60,9 @@ pub struct Message {
     /// narrow fields keep a stored message small).
     pub recdat: u32,
     /// The exact frame a subscriber receives, built once at publish and shared by every
-    /// delivery; its length is the manual's `len`.
-    pub frame: Bytes,
+    /// delivery (see [`Message::frame_for_delivery`]); its length is the manual's `len`. An
+    /// `Arc<[u8]>` is half the size of a `Bytes` handle, which counts per stored message.
+    pub frame: Arc<[u8]>,
 }
 
 #[derive(Serialize)]
@@ -83,8 +85,13 @@ struct CopyFrame<'a> {
 }
 
 impl Message {
+    /// The frame as a delivery carries it: the same bytes, not a copy.
+    pub fn frame_for_delivery(&self) -> Bytes {
+        Bytes::from_owner(self.frame.clone())
+    }
+
     pub fn new(id: MessageId, new: &NewMessage, recdat: u64) -> Message {
-        let mut frame = serde_json::to_vec(&DeliveryFrame {
+        let frame = serde_json::to_vec(&DeliveryFrame {
             id: id.to_string(),
             publisherkey: new.publisher_key.as_deref(),
             body_type: new.body_type as u8,
@@ -92,10 +99,8 @@ impl Message {
             recdat,
         })
         .expect("a frame of strings and numbers serializes");
-        // The vector grew by doubling; a stored message keeps only what it uses.
-        frame.shrink_to_fit();
+        // Into an allocation of exactly its length: the vector grew by doubling.
         Message {
-            id,
             durability: new.durability,
             body_type: new.body_type,
             delay_secs: new.delay_secs as u32,
@@ -130,7 +135,6 @@ impl Message {
         })
         .expect("a frame of strings serializes");
         Message {
-            id,
             // Synced before the damaged bytes are padded over, so it is never lost between.
             durability: Durability::Immediate,
             body_type: BodyType::Text,

@@ -162,6 +162,7 @@ impl QueueState {
         }
         let due_ms = (new.delay_secs > 0).then(|| now_ms + new.delay_secs * 1000);
         let receipt = self.store.record(Change::Published {
+            id,
             message: &message,
             due_ms,
         });
@@ -187,7 +188,6 @@ impl QueueState {
             let id = recovered.id;
             self.ids.observe(id.0);
             let message = Message {
-                id,
                 durability: recovered.durability,
                 body_type: frame_body_type(&recovered.frame),
                 delay_secs: recovered.delay_secs as u32,
@@ -220,6 +220,7 @@ impl QueueState {
         self.memory_used += memory_cost(&message);
         self.durable_count += 1;
         let _ = self.store.record(Change::Published {
+            id,
             message: &message,
             due_ms: None,
         });
@@ -349,7 +350,7 @@ impl QueueState {
                 .place = Place::Held(new);
         }
         for id in resumed.resend {
-            let frame = self.messages[&id].message.frame.clone();
+            let frame = self.messages[&id].message.frame_for_delivery();
             self.line.send(new, id, frame);
         }
         self.dispatch();
@@ -392,41 +393,34 @@ impl QueueState {
         }
     }
 
-    /// Up to `count` messages of the queue (`dead` false) or the dead letter queue, in id
-    /// order, from `anchor`: O(log n + count).
-    pub fn page(&self, dead: bool, anchor: Anchor, count: usize) -> Vec<&Message> {
+    /// Up to `count` messages of the queue (`dead_letter` false) or the dead letter queue, in
+    /// id order, from `anchor`: O(log n + count).
+    pub fn page(
+        &self,
+        dead_letter: bool,
+        anchor: Anchor,
+        count: usize,
+    ) -> Vec<(MessageId, &Message)> {
         use std::ops::Bound::{Excluded, Unbounded};
         let range = match anchor {
             Anchor::After(Some(id)) => (Excluded(id), Unbounded),
             Anchor::Before(Some(id)) => (Unbounded, Excluded(id)),
             Anchor::After(None) | Anchor::Before(None) => (Unbounded, Unbounded),
         };
-        let mut page: Vec<&Message> = match (dead, anchor) {
-            (false, Anchor::After(_)) => self
-                .messages
-                .range(range)
-                .take(count)
-                .map(|(_, e)| &e.message)
-                .collect(),
-            (false, Anchor::Before(_)) => self
-                .messages
-                .range(range)
-                .rev()
-                .take(count)
-                .map(|(_, e)| &e.message)
-                .collect(),
-            (true, Anchor::After(_)) => {
-                self.dead.range(range).take(count).map(|(_, m)| m).collect()
+        let backwards = matches!(anchor, Anchor::Before(_));
+        let mut page: Vec<(MessageId, &Message)> = match (dead_letter, backwards) {
+            (false, false) => {
+                let rows = self.messages.range(range).take(count);
+                rows.map(|(id, entry)| queued(id, entry)).collect()
             }
-            (true, Anchor::Before(_)) => self
-                .dead
-                .range(range)
-                .rev()
-                .take(count)
-                .map(|(_, m)| m)
-                .collect(),
+            (false, true) => {
+                let rows = self.messages.range(range).rev().take(count);
+                rows.map(|(id, entry)| queued(id, entry)).collect()
+            }
+            (true, false) => self.dead.range(range).take(count).map(dead).collect(),
+            (true, true) => self.dead.range(range).rev().take(count).map(dead).collect(),
         };
-        if let Anchor::Before(_) = anchor {
+        if backwards {
             page.reverse();
         }
         page
@@ -561,11 +555,21 @@ impl QueueState {
             }
             self.waiting_count -= 1;
             entry.place = Place::Held(session);
-            let frame = entry.message.frame.clone();
+            let frame = entry.message.frame_for_delivery();
             let _ = self.store.record(Change::Delivered { id, session });
             self.line.hold(session, id, frame);
         }
     }
+}
+
+/// A page's row from the queue's map.
+fn queued<'a>(id: &MessageId, entry: &'a Entry) -> (MessageId, &'a Message) {
+    (*id, &entry.message)
+}
+
+/// A page's row from the dead letter queue's map.
+fn dead<'a>((id, message): (&MessageId, &'a Message)) -> (MessageId, &'a Message) {
+    (*id, message)
 }
 
 #[cfg(test)]

@@ -178,11 +178,11 @@ impl Admin {
         };
         let queue = self.node.queue.lock();
         let mut csv = String::new();
-        for message in queue.page(matches!(shelf, Shelf::DeadLetter), anchor, count) {
+        for (id, message) in queue.page(matches!(shelf, Shelf::DeadLetter), anchor, count) {
             let _ = writeln!(
                 csv,
                 "{},{},{},{},{},{}",
-                message.id,
+                id,
                 message.frame.len(),
                 message.delay_secs,
                 message.durability as u8,
@@ -200,7 +200,7 @@ impl Admin {
         };
         let queue = self.node.queue.lock();
         match queue.get(id, matches!(shelf, Shelf::DeadLetter)) {
-            Some(message) => shown(message),
+            Some(message) => shown(id, message),
             None => Reply::failure(Code::InvalidMessageId),
         }
     }
@@ -325,10 +325,10 @@ fn message_id(fields: &Fields) -> Option<MessageId> {
 }
 
 /// `getmsg`'s reply: the message unchanged, its length, delay and durability.
-fn shown(message: &Message) -> Reply {
+fn shown(id: MessageId, message: &Message) -> Reply {
     let msg: Value = serde_json::from_slice(&message.frame).expect("frames are JSON objects");
     Reply::success()
-        .with("id", message.id.to_string())
+        .with("id", id.to_string())
         .with("msg", msg)
         .with("len", message.frame.len())
         .with("delay", message.delay_secs)

@@ -20,6 +20,7 @@ use crate::engine::{Message, MessageId, SessionId};
 pub enum Change<'a> {
     /// A new message entered the queue; `due_ms` is when a delayed one falls due.
     Published {
+        id: MessageId,
         message: &'a Message,
         due_ms: Option<u64>,
     },

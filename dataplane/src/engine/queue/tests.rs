@@ -330,7 +330,7 @@ struct RecordingStore(Arc<Mutex<Vec<String>>>);
 impl Store for RecordingStore {
     fn record(&mut self, change: Change<'_>) -> Receipt {
         let line = match change {
-            Change::Published { message, .. } => format!("published {}", message.id),
+            Change::Published { id, .. } => format!("published {id}"),
             Change::Delivered { id, .. } => format!("delivered {id}"),
             Change::Acked(id) => format!("acked {id}"),
             Change::DeadLettered(id) => format!("dead-lettered {id}"),

@@ -337,12 +337,16 @@ impl Store for LogStore {
     fn record(&mut self, change: Change<'_>) -> Receipt {
         let mut state = self.shared.lock();
         let (lsn, durability) = match change {
-            Change::Published { message, due_ms } => {
+            Change::Published {
+                id,
+                message,
+                due_ms,
+            } => {
                 if message.durability == Durability::None {
                     return Receipt::Done;
                 }
                 let record = MessageRecord {
-                    id: message.id,
+                    id,
                     durability: message.durability as u8,
                     dead: false,
                     delay_secs: message.delay_secs,
@@ -357,7 +361,7 @@ impl Store for LogStore {
                     dead: false,
                     durability: message.durability,
                 };
-                state.remember(message.id, live);
+                state.remember(id, live);
                 (lsn, message.durability)
             }
             Change::Acked(id) => {

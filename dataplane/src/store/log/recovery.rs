@@ -3,11 +3,11 @@
 use super::record::{read_at, Read, Record};
 use super::{segment_path, Live, SegmentUse};
 use crate::engine::{Durability, MessageId};
-use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 /// A message read back from the log.
 #[derive(Debug, Clone)]
@@ -19,7 +19,7 @@ pub struct RecoveredMessage {
     /// When a delayed message falls due (ms since 1970).
     pub due_ms: Option<u64>,
     pub recdat: u64,
-    pub frame: Bytes,
+    pub frame: Arc<[u8]>,
 }
 
 /// Bytes that failed their checksum, to be shown in the dead letter queue.
@@ -138,7 +138,7 @@ fn apply(
                     delay_secs: record.delay_secs as u64,
                     due_ms: (record.due_ms != 0).then_some(record.due_ms),
                     recdat: record.recdat,
-                    frame: Bytes::copy_from_slice(record.frame),
+                    frame: Arc::from(record.frame),
                 },
             );
         }

@@ -9,23 +9,41 @@ use std::time::Duration;
 
 const NOW_MS: u64 = 1_794_233_033_000;
 
-fn message(ids: &mut IdGenerator, body: &str, durability: Durability) -> Message {
+/// A message with its id, as the queue would record it.
+struct Msg {
+    id: MessageId,
+    message: Message,
+}
+
+impl std::ops::Deref for Msg {
+    type Target = Message;
+
+    fn deref(&self) -> &Message {
+        &self.message
+    }
+}
+
+fn message(ids: &mut IdGenerator, body: &str, durability: Durability) -> Msg {
     let id = MessageId(ids.next(NOW_MS));
     let new = NewMessage {
         body: body.into(),
         durability,
         ..NewMessage::default()
     };
-    Message::new(id, &new, NOW_MS / 1000)
+    Msg {
+        id,
+        message: Message::new(id, &new, NOW_MS / 1000),
+    }
 }
 
 fn open(dir: &Path, segment_bytes: u64) -> (LogStore, Recovered) {
     LogStore::open(dir, LogOptions { segment_bytes }).unwrap()
 }
 
-fn publish(store: &mut LogStore, message: &Message) -> Receipt {
+fn publish(store: &mut LogStore, m: &Msg) -> Receipt {
     store.record(Change::Published {
-        message,
+        id: m.id,
+        message: &m.message,
         due_ms: None,
     })
 }
@@ -58,7 +76,8 @@ async fn what_is_recorded_comes_back_after_a_reopen() {
         }
         assert!(matches!(publish(&mut store, &fleeting), Receipt::Done));
         let receipt = store.record(Change::Published {
-            message: &delayed,
+            id: delayed.id,
+            message: &delayed.message,
             due_ms: Some(NOW_MS + 5000),
         });
         assert!(matches!(receipt, Receipt::Written(_)));
@@ -236,7 +255,7 @@ async fn many_durability_2_changes_share_syncs() {
     let (store, _) = open(dir.path(), 1 << 20);
     let store = Arc::new(std::sync::Mutex::new(store));
     let mut ids = IdGenerator::new();
-    let messages: Vec<Message> = (0..200)
+    let messages: Vec<Msg> = (0..200)
         .map(|i| message(&mut ids, &i.to_string(), Durability::Immediate))
         .collect();
     let receipts: Vec<Receipt> = messages

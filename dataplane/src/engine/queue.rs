@@ -15,9 +15,11 @@ use crate::store::{Change, Receipt, Store};
 use qe_shared::Code;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-/// Memory the queue counts for each message beyond its frame: the index entries, the map node
-/// and the frame's allocation header. `messages-memory-used` is the frames plus this each.
-pub const MESSAGE_OVERHEAD_BYTES: u64 = 160;
+/// Memory the queue counts for each message beyond its frame: its share of the id map's node,
+/// its boxed entry, the frame's allocation header, the waiting line and the log's index, as
+/// measured with a million stored messages (docs/performance.md). `messages-memory-used` is
+/// the frames plus this each.
+pub const MESSAGE_OVERHEAD_BYTES: u64 = 220;
 
 /// Why the queue refused an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -3,9 +3,11 @@
 //! - [`code`]: every failure code of the manual's Reference, with its reason text.
 //! - [`settings`]: the queue's settings (names, defaults, ranges, read/write), one table for the
 //!   config loader, `getcfg` and `setcfg`.
+//! - [`password`]: passwords as they may rest (salted hashes), for both sides.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
 
 pub mod code;
+pub mod password;
 pub mod protocol;
 pub mod settings;
 

@@ -46,19 +46,28 @@ pub fn dataplane_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("QE_DATAPLANE_BIN") {
         return path.into();
     }
+    built_binary("dataplane", &["dataplane/src", "shared/src"])
+}
+
+/// The `controlplane` binary built beside this test binary.
+pub fn controlplane_binary() -> PathBuf {
+    built_binary("controlplane", &["controlplane/src", "shared/src"])
+}
+
+/// A workspace binary, refused if it is older than any of its `sources`: `cargo test` does
+/// not build another package's binaries, so a stale one would test old code.
+fn built_binary(name: &str, sources: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let binary = profile_dir.join("dataplane");
+    let binary = exe.parent().unwrap().parent().unwrap().join(name);
     let built = std::fs::metadata(&binary)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| {
             panic!(
-                "{} is missing: run the tests with `cargo test --workspace`",
+                "{} is missing: run ./scripts/test, or `cargo build --workspace --bins`",
                 binary.display()
             )
         });
-    // `cargo test` does not build another package's binary: catch a stale one.
-    for source in ["dataplane/src", "shared/src"] {
+    for source in sources {
         let newest = newest_change(&workspace().join(source));
         assert!(
             newest <= built,
@@ -301,6 +310,12 @@ impl Client {
         Client::try_connect(node).await.unwrap()
     }
 
+    /// Connects to any node by its address.
+    pub async fn connect_url(url: &str) -> Client {
+        let (socket, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        Client { socket }
+    }
+
     pub async fn try_connect(node: &Node) -> Result<Client, tungstenite::Error> {
         let (socket, _) = tokio_tungstenite::connect_async(node.url()).await?;
         Ok(Client { socket })
@@ -522,4 +537,94 @@ pub fn cases(output: &str) -> impl Fn(&str) -> Value {
             .unwrap_or_else(|| panic!("no case {name} in {cases:?}"))
             .clone()
     }
+}
+
+/// A running control plane (`controlplane serve`) with local nodes; killed on drop (its nodes
+/// with it).
+pub struct ControlPlane {
+    child: Child,
+    pub addr: SocketAddr,
+    pub token: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl ControlPlane {
+    pub fn start() -> ControlPlane {
+        let dir = tempfile::tempdir().unwrap();
+        let token = "operator-token-for-tests".to_string();
+        let config = format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"test\"\n\
+             dataplane = {:?}\n",
+            dir.path().join("data"),
+            dataplane_binary()
+        );
+        std::fs::write(dir.path().join("controlplane.toml"), config).unwrap();
+        let mut child = Command::new(controlplane_binary())
+            .args(["serve", "--config"])
+            .arg(dir.path().join("controlplane.toml"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start controlplane");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("listening on")
+            .parse()
+            .unwrap();
+        std::thread::spawn(move || for _ in stdout.lines() {});
+        ControlPlane {
+            child,
+            addr,
+            token,
+            dir,
+        }
+    }
+
+    /// An API request with the operator's token; returns the status and the JSON body.
+    pub async fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let token = self.token.clone();
+        http(self.addr, method, path, Some(&token), body).await
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection; returns the status and the body as JSON.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let body = body.unwrap_or("");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: cp\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(PROMPT, tcp.read_to_end(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let (_, body) = response.split_once("\r\n\r\n").unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }

@@ -74,6 +74,9 @@ async fn the_manuals_python_publisher_and_subscriber_work() {
     let line = subscriber.next_line().await;
     assert_eq!(line.as_deref(), Some("Received: Hello from Python"));
     drop(subscriber);
+    // Until the node sees the drop, the killed program stands first in the line with room,
+    // and a message sent now would wait in its saved session.
+    node.wait_for_log("a subscriber's connection dropped");
 
     let (mut check, _) = node.subscriber(10).await;
     let mut publisher = node.publisher().await;

@@ -1,0 +1,42 @@
+//! The API's errors: each says its HTTP status and renders as `{"error":{"code","message"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("no queue {0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let body = serde_json::json!({"error": {"code": code, "message": self.to_string()}});
+        (status, Json(body)).into_response()
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(error: crate::store::StoreError) -> ApiError {
+        ApiError::Internal(error.to_string())
+    }
+}

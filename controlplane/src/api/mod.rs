@@ -1,0 +1,54 @@
+//! The operator's HTTP API. Every request carries `Authorization: Bearer TOKEN`; errors are
+//! JSON (`error.rs`); the queue routes are in `queues.rs`.
+
+mod error;
+pub mod queues;
+
+pub use error::ApiError;
+
+use crate::config::Config;
+use crate::fleet::Provider;
+use crate::store::Store;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+/// What every request shares.
+pub struct AppState {
+    pub config: Config,
+    pub store: Store,
+    pub fleet: Arc<dyn Provider>,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/queues", post(queues::create).get(queues::list))
+        .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
+        .fallback(|| async { ApiError::NotFound("such route".into()) })
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state)
+}
+
+/// Lets a request through only with the operator's token, compared in constant time.
+async fn require_token(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let presented = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    let expected = state.config.token.as_bytes();
+    let matches: bool = presented.as_bytes().ct_eq(expected).into();
+    match matches && !expected.is_empty() {
+        true => Ok(next.run(request).await),
+        false => Err(ApiError::Unauthorized),
+    }
+}

@@ -1,0 +1,95 @@
+//! `/v1/queues`: create, list, get, delete.
+
+use super::{ApiError, AppState};
+use crate::queues::{self, IssuedLogins, NewQueue, Queue, Status};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// A queue as the API shows it (never a password).
+fn view(state: &AppState, queue: &Queue) -> Value {
+    let host = format!(
+        "{}.q.{}.{}",
+        queue.id, state.config.cluster, state.config.domain
+    );
+    json!({
+        "id": queue.id,
+        "host": host,
+        "url": format!("wss://{host}/"),
+        "status": queue.status,
+        "tier": queue.tier,
+        "region": queue.region,
+        "instance_type": queue.instance_type,
+        "ipv4": queue.ipv4,
+        "node": queue.node,
+    })
+}
+
+/// Creates a queue and starts its node; the logins are shown here, once.
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<NewQueue>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(new) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let (queue, logins) = provision(&state, new).await?;
+    let mut shown = view(&state, &queue);
+    shown["logins"] = serde_json::to_value(&logins).expect("strings serialize");
+    Ok((StatusCode::CREATED, Json(shown)))
+}
+
+/// Records a new queue and starts its node (also used by `controlplane dev`).
+pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
+    let (mut queue, logins) = queues::create(new);
+    state.store.put(&queue)?;
+    match state.fleet.start(&queue).await {
+        Ok(node) => {
+            queue.status = Status::Running;
+            queue.node = Some(node);
+        }
+        Err(error) => {
+            tracing::error!(queue = %queue.id, %error, "a node did not start");
+            queue.status = Status::Failed;
+        }
+    }
+    state.store.put(&queue)?;
+    Ok((queue, logins))
+}
+
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let queues: Vec<Value> = state
+        .store
+        .list()?
+        .iter()
+        .map(|q| view(&state, q))
+        .collect();
+    Ok(Json(json!({ "queues": queues })))
+}
+
+pub async fn get(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let queue = state.store.get(&id)?.ok_or(ApiError::NotFound(id))?;
+    Ok(Json(view(&state, &queue)))
+}
+
+/// Stops the queue's node; the record stays (its usage is billed from it).
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let mut queue = state
+        .store
+        .get(&id)?
+        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    queue.status = Status::Deleting;
+    state.store.put(&queue)?;
+    state.fleet.stop(&queue.id).await;
+    queue.status = Status::Deleted;
+    queue.node = None;
+    state.store.put(&queue)?;
+    Ok(Json(view(&state, &queue)))
+}

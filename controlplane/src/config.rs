@@ -1,0 +1,71 @@
+//! The control plane's configuration: one TOML file, flags override it.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address of the operator API. Default `127.0.0.1:8443`.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Where the control plane keeps its state and its local nodes' data. Required.
+    pub data_dir: PathBuf,
+    /// The operator's bearer token for the API. Required.
+    pub token: String,
+    /// The cluster's name, in every queue's host name. Default `local`.
+    #[serde(default = "default_cluster")]
+    pub cluster: String,
+    /// The domain under which clusters live. Default `thequeueexpert.com`.
+    #[serde(default = "default_domain")]
+    pub domain: String,
+    /// The `dataplane` binary the local provider runs. Default: beside this binary.
+    pub dataplane: Option<PathBuf>,
+}
+
+fn default_listen() -> SocketAddr {
+    "127.0.0.1:8443".parse().expect("a valid default")
+}
+
+fn default_cluster() -> String {
+    "local".into()
+}
+
+fn default_domain() -> String {
+    "thequeueexpert.com".into()
+}
+
+impl Config {
+    pub fn parse(text: &str) -> Result<Config, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// The `dataplane` binary: configured, else the one beside this program.
+    pub fn dataplane_binary(&self) -> PathBuf {
+        self.dataplane.clone().unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("the running program's path");
+            exe.with_file_name("dataplane")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_unknown_fields() {
+        let config = Config::parse("data_dir = \"/tmp/cp\"\ntoken = \"t\"\n").unwrap();
+        assert_eq!(config.listen.port(), 8443);
+        assert_eq!(
+            (config.cluster.as_str(), config.domain.as_str()),
+            ("local", "thequeueexpert.com")
+        );
+        assert!(Config::parse("data_dir = \"/d\"\ntoken = \"t\"\nport = 1\n").is_err());
+        assert!(
+            Config::parse("data_dir = \"/d\"\n").is_err(),
+            "a token is required"
+        );
+    }
+}

@@ -1,0 +1,21 @@
+//! Providers run queues' nodes. Provisioning is asynchronous: `start` returns once the node
+//! reports it is listening, so a cloud provider fits the same shape.
+
+pub mod local;
+
+use crate::queues::Queue;
+use futures::future::BoxFuture;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("starting the node: {0}")]
+    Start(String),
+}
+
+pub trait Provider: Send + Sync {
+    /// Starts `queue`'s node; returns where it listens.
+    fn start<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>>;
+
+    /// Stops `queue`'s node, if it runs.
+    fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, ()>;
+}

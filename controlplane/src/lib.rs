@@ -1,0 +1,13 @@
+//! The control plane: provisions queues and their three logins, and runs their nodes.
+//!
+//! - [`api`]: the operator's HTTP API (axum): routes, bearer-token check, JSON errors.
+//! - [`queues`]: what a queue is to the control plane, and how one is created.
+//! - [`fleet`]: the providers that run nodes ([`fleet::local`] runs them on this machine).
+//! - [`store`]: the queues' records, in sled under the data directory.
+//! - [`config`]: the TOML config, which flags override.
+
+pub mod api;
+pub mod config;
+pub mod fleet;
+pub mod queues;
+pub mod store;

@@ -1,0 +1,159 @@
+//! The `controlplane` binary: `serve` runs the operator API; `dev` runs everything locally
+//! with a demo queue.
+
+use clap::{Parser, Subcommand};
+use controlplane::api::{self, queues, AppState};
+use controlplane::config::Config;
+use controlplane::fleet::local::LocalProvider;
+use controlplane::queues::{NewQueue, Tier};
+use controlplane::store::Store;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(name = "controlplane", about = "The Queue Expert's control plane")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the operator API from a config file.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+        /// Overrides the file's `listen`.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+    },
+    /// Runs the control plane with local nodes and a demo queue, and says how to try it.
+    Dev {
+        /// Where to keep everything (default: a new temporary directory).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        #[arg(long, default_value = "127.0.0.1:8443")]
+        listen: SocketAddr,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Args::parse().command {
+        Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Dev { dir, listen } => dev(dir, listen).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("controlplane: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Failure = Box<dyn std::error::Error>;
+
+async fn serve(config_path: PathBuf, listen: Option<SocketAddr>) -> Result<(), Failure> {
+    let mut config = Config::parse(&std::fs::read_to_string(&config_path)?)?;
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    let (state, listener) = start(config).await?;
+    run(state, listener).await
+}
+
+/// Opens the state and binds the API; prints `listening on ADDR`.
+async fn start(config: Config) -> Result<(Arc<AppState>, tokio::net::TcpListener), Failure> {
+    std::fs::create_dir_all(&config.data_dir)?;
+    let store = Store::open(&config.data_dir.join("state"))?;
+    let fleet = LocalProvider::new(config.dataplane_binary(), config.data_dir.clone());
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    println!("listening on {}", listener.local_addr()?);
+    let _ = std::io::stdout().flush();
+    let state = Arc::new(AppState {
+        config,
+        store,
+        fleet: Arc::new(fleet),
+    });
+    Ok((state, listener))
+}
+
+async fn run(state: Arc<AppState>, listener: tokio::net::TcpListener) -> Result<(), Failure> {
+    axum::serve(listener, api::router(state))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+async fn dev(dir: Option<PathBuf>, listen: SocketAddr) -> Result<(), Failure> {
+    let dir = match dir {
+        Some(dir) => dir,
+        None => tempfile::Builder::new()
+            .prefix("queue-expert-dev.")
+            .tempdir()?
+            .keep(),
+    };
+    let mut secret = [0u8; 16];
+    getrandom::fill(&mut secret).expect("the OS random source");
+    let token: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let config = Config::parse(&format!(
+        "listen = \"{listen}\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"dev\"\n",
+        dir
+    ))?;
+    let (state, listener) = start(config).await?;
+    let demo = NewQueue {
+        tier: Tier::Devtest,
+        region: "local".into(),
+        instance_type: "local".into(),
+        ipv4: true,
+    };
+    let (queue, logins) = queues::provision(&state, demo)
+        .await
+        .map_err(|e| e.to_string())?;
+    let node = queue
+        .node
+        .clone()
+        .ok_or("the demo queue's node did not start")?;
+    let login = |role: &str, name: &str, password: &str, extra: &str| {
+        format!(
+            r#"{{"username":"{name}","password":"{password}","role":"{role}","queuetype":"distribute"{extra}}}"#
+        )
+    };
+    println!(
+        "\nThe Queue Expert, local: everything lives in {}\n\
+         operator API  http://{} (Authorization: Bearer {token})\n\
+         demo queue    {} at {node}\n\n\
+         Try it: in one terminal `websocat {node}`, then type\n  {}\n\
+         and in another `websocat {node}`, then type\n  {}\n  {{\"body\":\"Hello\"}}\n",
+        dir.display(),
+        listener.local_addr()?,
+        queue.id,
+        login(
+            "subscriber",
+            &logins.subscriber.username,
+            &logins.subscriber.password,
+            r#","capacity":1"#
+        ),
+        login(
+            "publisher",
+            &logins.publisher.username,
+            &logins.publisher.password,
+            ""
+        ),
+    );
+    println!(
+        "admin login   {} / {}\n(Ctrl-C stops everything.)",
+        logins.admin.username, logins.admin.password
+    );
+    let _ = std::io::stdout().flush();
+    run(state, listener).await
+}

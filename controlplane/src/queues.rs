@@ -1,0 +1,173 @@
+//! A queue as the control plane knows it, and the making of a new one.
+
+use qe_shared::password::PasswordHash;
+use qe_shared::protocol::Role;
+use serde::{Deserialize, Serialize};
+
+/// A queue's service tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Devtest,
+    Standard,
+}
+
+/// Where a queue is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Provisioning,
+    Running,
+    Failed,
+    Deleting,
+    Deleted,
+}
+
+/// A login as the control plane keeps it: the password only as a hash.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredLogin {
+    pub username: String,
+    pub password_hash: String,
+}
+
+/// A queue's record, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Queue {
+    /// A DNS label: lowercase letters and digits.
+    pub id: String,
+    pub tier: Tier,
+    pub region: String,
+    pub instance_type: String,
+    pub ipv4: bool,
+    pub status: Status,
+    /// Where its node listens, once it runs.
+    pub node: Option<String>,
+    pub publisher: StoredLogin,
+    pub subscriber: StoredLogin,
+    pub admin: StoredLogin,
+}
+
+/// The operator's request for a queue.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewQueue {
+    pub tier: Tier,
+    pub region: String,
+    pub instance_type: String,
+    #[serde(default)]
+    pub ipv4: bool,
+}
+
+/// A login as shown once, at creation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+/// The three logins as shown once, at creation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IssuedLogins {
+    pub publisher: Credentials,
+    pub subscriber: Credentials,
+    pub admin: Credentials,
+}
+
+/// Makes a queue's record and its logins; the passwords leave only in the returned logins.
+pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
+    let id = random_label(12);
+    let issue = |role: Role| {
+        let credentials = Credentials {
+            username: format!("{}-{}", role.name(), random_label(8)),
+            password: random_secret(),
+        };
+        let stored = StoredLogin {
+            username: credentials.username.clone(),
+            password_hash: PasswordHash::new(&credentials.password).to_string(),
+        };
+        (credentials, stored)
+    };
+    let (publisher, stored_publisher) = issue(Role::Publisher);
+    let (subscriber, stored_subscriber) = issue(Role::Subscriber);
+    let (admin, stored_admin) = issue(Role::Admin);
+    let queue = Queue {
+        id,
+        tier: new.tier,
+        region: new.region,
+        instance_type: new.instance_type,
+        ipv4: new.ipv4,
+        status: Status::Provisioning,
+        node: None,
+        publisher: stored_publisher,
+        subscriber: stored_subscriber,
+        admin: stored_admin,
+    };
+    let logins = IssuedLogins {
+        publisher,
+        subscriber,
+        admin,
+    };
+    (queue, logins)
+}
+
+/// Lowercase letters and digits, safe in a DNS label.
+fn random_label(len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut bytes = vec![0u8; len];
+    getrandom::fill(&mut bytes).expect("the OS random source");
+    // The first character is a letter, so the label never looks like a number.
+    bytes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let letters = if i == 0 { 26 } else { ALPHABET.len() };
+            ALPHABET[*b as usize % letters] as char
+        })
+        .collect()
+}
+
+/// 192 random bits, as 32 characters of URL-safe base64 without padding.
+fn random_secret() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).expect("the OS random source");
+    let mut out = String::with_capacity(32);
+    for chunk in bytes.chunks(3) {
+        let n = (chunk[0] as u32) << 16 | (chunk[1] as u32) << 8 | chunk[2] as u32;
+        for shift in [18, 12, 6, 0] {
+            out.push(ALPHABET[(n >> shift) as usize & 63] as char);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_queue_has_a_dns_safe_id_and_logins_kept_only_as_hashes() {
+        let new = NewQueue {
+            tier: Tier::Devtest,
+            region: "local".into(),
+            instance_type: "local".into(),
+            ipv4: true,
+        };
+        let (queue, logins) = create(new);
+        assert_eq!(queue.id.len(), 12);
+        assert!(queue
+            .id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+        assert!(queue.id.chars().next().unwrap().is_ascii_lowercase());
+        assert_eq!(logins.admin.password.len(), 32, "192 bits");
+        let stored = serde_json::to_string(&queue).unwrap();
+        assert!(
+            !stored.contains(&logins.publisher.password),
+            "no password rests"
+        );
+        let hash = PasswordHash::parse(&queue.subscriber.password_hash).unwrap();
+        assert!(hash.matches(&logins.subscriber.password));
+        assert_ne!(logins.publisher.password, logins.subscriber.password);
+    }
+}

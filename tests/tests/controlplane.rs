@@ -1,0 +1,110 @@
+//! The control plane's API with the real binaries: a queue is created, its node runs and
+//! serves the returned logins, and it is deleted.
+
+use qe_tests::{http, Client, ControlPlane, PROMPT};
+use serde_json::{json, Value};
+
+async fn login(url: &str, login: &Value, role: &str, extra: Value) -> Client {
+    let mut request = json!({
+        "username": login["username"], "password": login["password"],
+        "role": role, "queuetype": "distribute",
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        request[key] = value.clone();
+    }
+    let mut client = Client::connect_url(url).await;
+    let reply = client.request(request).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    client
+}
+
+#[tokio::test]
+async fn a_created_queue_runs_serves_its_logins_and_is_deleted() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#;
+    let (status, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    assert_eq!(status, 201, "{queue}");
+    let id = queue["id"].as_str().unwrap().to_string();
+    assert_eq!(queue["host"], format!("{id}.q.test.thequeueexpert.com"));
+    assert_eq!(
+        queue["url"],
+        format!("wss://{id}.q.test.thequeueexpert.com/")
+    );
+    assert_eq!(queue["status"], "running");
+    let node = queue["node"].as_str().unwrap().to_string();
+    let logins = &queue["logins"];
+    assert!(
+        logins["publisher"]["password"].as_str().unwrap().len() >= 22,
+        "≥128 bits"
+    );
+
+    let mut subscriber = login(
+        &node,
+        &logins["subscriber"],
+        "subscriber",
+        json!({"capacity": 1}),
+    )
+    .await;
+    let mut publisher = login(&node, &logins["publisher"], "publisher", json!({})).await;
+    let reply = publisher
+        .request(json!({"body": "through the control plane"}))
+        .await;
+    assert_eq!(reply["status"], "Success.");
+    let delivered = subscriber.recv().await;
+    assert_eq!(delivered["body"], "through the control plane");
+    // The logins are the queue's own: another role's password does not pass.
+    let mut wrong = Client::connect_url(&node).await;
+    let mixed = json!({"username": logins["admin"]["username"], "password": logins["publisher"]["password"],
+        "role": "admin", "queuetype": "distribute"});
+    assert_eq!(wrong.request(mixed).await["code"], 107);
+
+    let (status, list) = cp.call("GET", "/v1/queues", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(list["queues"][0]["id"], id.as_str());
+    assert!(
+        !list.to_string().contains("password"),
+        "passwords are shown once"
+    );
+    let (status, shown) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!((status, shown["status"].clone()), (200, json!("running")));
+
+    let (status, deleted) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!((status, deleted["status"].clone()), (200, json!("deleted")));
+    let gone = tokio::time::timeout(PROMPT, tokio_tungstenite::connect_async(node))
+        .await
+        .unwrap();
+    assert!(gone.is_err(), "the node is stopped");
+    let (_, kept) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(kept["status"], "deleted", "the record stays, for billing");
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors() {
+    let cp = ControlPlane::start();
+    let (status, error) = http(cp.addr, "GET", "/v1/queues", None, None).await;
+    assert_eq!(
+        (status, error["error"]["code"].clone()),
+        (401, json!("unauthorized"))
+    );
+    let (status, _) = http(cp.addr, "GET", "/v1/queues", Some("wrong"), None).await;
+    assert_eq!(status, 401);
+    for body in [
+        r#"{"tier":"devtest""#,
+        r#"{"tier":"gold","region":"r","instance_type":"i"}"#,
+        r#"{"tier":"devtest","region":"r","instance_type":"i","colour":"red"}"#,
+    ] {
+        let (status, error) = cp.call("POST", "/v1/queues", Some(body)).await;
+        assert_eq!(
+            (status, error["error"]["code"].clone()),
+            (400, json!("bad_request")),
+            "{body}"
+        );
+    }
+    let (status, error) = cp.call("GET", "/v1/queues/nosuchqueue", None).await;
+    assert_eq!(
+        (status, error["error"]["code"].clone()),
+        (404, json!("not_found"))
+    );
+    let (status, _) = cp.call("DELETE", "/v1/queues/nosuchqueue", None).await;
+    assert_eq!(status, 404);
+}

@@ -87,11 +87,20 @@ async fn start(config: Config) -> Result<(Arc<AppState>, tokio::net::TcpListener
 
 async fn run(state: Arc<AppState>, listener: tokio::net::TcpListener) -> Result<(), Failure> {
     axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(stop_signal())
         .await?;
+    // Returning drops the provider, which stops the local nodes.
     Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
 }
 
 async fn dev(dir: Option<PathBuf>, listen: SocketAddr) -> Result<(), Failure> {

@@ -110,6 +110,21 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
     (queue, logins)
 }
 
+/// Gives `role` of `queue` a new password; returns it (shown once) and keeps only its hash.
+pub fn rotate(queue: &mut Queue, role: Role) -> Credentials {
+    let login = match role {
+        Role::Publisher => &mut queue.publisher,
+        Role::Subscriber => &mut queue.subscriber,
+        Role::Admin => &mut queue.admin,
+    };
+    let password = random_secret();
+    login.password_hash = PasswordHash::new(&password).to_string();
+    Credentials {
+        username: login.username.clone(),
+        password,
+    }
+}
+
 /// Lowercase letters and digits, safe in a DNS label.
 fn random_label(len: usize) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";

@@ -135,6 +135,11 @@ pub struct Config {
     pub log_segment_bytes: Option<u64>,
     pub keepalive: Keepalive,
     pub placement: Placement,
+    /// The file read at start, read again for a change of logins.
+    pub config_file: Option<PathBuf>,
+    /// The logins flags gave (publisher, subscriber, admin): they win over the file, also on a
+    /// reload.
+    login_flags: [Option<String>; 3],
     pub message_timeout: Duration,
 }
 
@@ -167,6 +172,30 @@ impl Config {
             None => ConfigFile::default(),
         };
         Config::merge(file, flags)
+    }
+
+    /// The logins as the config file has them now (flags still win): how a password rotated by
+    /// the control plane reaches a running node.
+    pub fn reload_logins(&self) -> Result<Logins, ConfigError> {
+        let path = self
+            .config_file
+            .as_ref()
+            .ok_or_else(|| ConfigError::Invalid("no --config to read logins from".into()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let file = ConfigFile::parse(&text)?;
+        let [publisher, subscriber, admin] = self.login_flags.clone();
+        let flags = Flags {
+            publisher,
+            subscriber,
+            admin,
+            plaintext: true,
+            data_dir: Some(self.data_dir.clone()),
+            ..Flags::default()
+        };
+        Ok(Config::merge(file, flags)?.logins)
     }
 
     /// Lays `flags` over `file`.
@@ -210,10 +239,12 @@ impl Config {
             transport,
             tier,
             logins: Logins {
-                publisher: login(flags.publisher, file.publisher, "publisher")?,
-                subscriber: login(flags.subscriber, file.subscriber, "subscriber")?,
-                admin: login(flags.admin, file.admin, "admin")?,
+                publisher: login(flags.publisher.clone(), file.publisher, "publisher")?,
+                subscriber: login(flags.subscriber.clone(), file.subscriber, "subscriber")?,
+                admin: login(flags.admin.clone(), file.admin, "admin")?,
             },
+            config_file: flags.config.clone(),
+            login_flags: [flags.publisher, flags.subscriber, flags.admin],
             max_messages: flags.max_messages.or(file.max_messages),
             max_messages_memory: flags.max_messages_memory.or(file.max_messages_memory),
             log_segment_bytes: flags.log_segment_bytes.or(file.log_segment_bytes),

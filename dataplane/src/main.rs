@@ -77,6 +77,9 @@ async fn main() -> ExitCode {
     if let Some(certificate) = tls {
         tokio::spawn(certificate.watch());
     }
+    if config.config_file.is_some() {
+        tokio::spawn(reload_logins_on_hangup(node.clone(), config.clone()));
+    }
     // Harnesses read the real address from this line.
     println!("listening on {addr}");
     println!(
@@ -86,4 +89,21 @@ async fn main() -> ExitCode {
     let _ = std::io::stdout().flush();
     server.run().await;
     ExitCode::SUCCESS
+}
+
+/// On SIGHUP, reads the logins from the config file again (a rotated password) and says so on
+/// stdout, where whoever started the node watches for it.
+async fn reload_logins_on_hangup(node: std::sync::Arc<Node>, config: Config) {
+    let kind = tokio::signal::unix::SignalKind::hangup();
+    let mut hangups = tokio::signal::unix::signal(kind).expect("a SIGHUP handler");
+    while hangups.recv().await.is_some() {
+        match config.reload_logins() {
+            Ok(logins) => {
+                node.replace_logins(logins);
+                println!("logins reloaded");
+                let _ = std::io::stdout().flush();
+            }
+            Err(error) => tracing::warn!(%error, "logins not reloaded; the old ones stay"),
+        }
+    }
 }

@@ -24,7 +24,8 @@ pub struct Node {
     pub queue: Queue,
     /// The copy queue type at the same address.
     pub copy: Arc<CopyQueue>,
-    pub logins: Logins,
+    /// The three logins; a rotation replaces them while connections go on.
+    logins: RwLock<Logins>,
     pub tier: Tier,
     pub limits: NodeLimits,
     /// Where the settings are kept across restarts.
@@ -137,7 +138,7 @@ impl Node {
         Ok(Arc::new(Node {
             queue,
             copy: Arc::default(),
-            logins: config.logins.clone(),
+            logins: RwLock::new(config.logins.clone()),
             tier: config.tier,
             limits,
             meta,
@@ -174,6 +175,17 @@ impl Node {
             }
         }
         saved
+    }
+
+    /// Whether `username` and `password` are `role`'s login now.
+    pub fn verify(&self, role: Role, username: &str, password: &str) -> bool {
+        let logins = self.logins.read().expect("never poisoned");
+        logins.verify(role, username, password)
+    }
+
+    /// New logins, for new logins from now on; open connections go on.
+    pub fn replace_logins(&self, logins: Logins) {
+        *self.logins.write().expect("never poisoned") = logins;
     }
 
     /// The nine columns of `getlivestats`: messages, publishers, subscribers, saved

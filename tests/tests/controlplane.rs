@@ -108,3 +108,63 @@ async fn bad_requests_get_json_errors() {
     let (status, _) = cp.call("DELETE", "/v1/queues/nosuchqueue", None).await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test]
+async fn a_rotated_password_replaces_the_old_one_and_open_connections_go_on() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let (id, node) = (
+        queue["id"].as_str().unwrap(),
+        queue["node"].as_str().unwrap(),
+    );
+    let old = queue["logins"]["publisher"].clone();
+    let mut open = login(node, &old, "publisher", json!({})).await;
+
+    let (status, new) = cp
+        .call(
+            "POST",
+            &format!("/v1/queues/{id}/logins/publisher/rotate"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{new}");
+    assert_eq!(new["username"], old["username"]);
+    assert_ne!(new["password"], old["password"]);
+
+    let mut refused = Client::connect_url(node).await;
+    let with_old = json!({"username": old["username"], "password": old["password"],
+        "role": "publisher", "queuetype": "distribute"});
+    assert_eq!(
+        refused.request(with_old).await["code"],
+        107,
+        "the old password no longer works"
+    );
+    login(node, &new, "publisher", json!({})).await;
+    let reply = open.request(json!({"body": "still connected"})).await;
+    assert_eq!(
+        reply["status"], "Success.",
+        "the open connection is not cut"
+    );
+
+    let (status, _) = cp
+        .call(
+            "POST",
+            &format!("/v1/queues/{id}/logins/owner/rotate"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    let (status, error) = cp
+        .call(
+            "POST",
+            &format!("/v1/queues/{id}/logins/admin/rotate"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, error["error"]["code"].clone()),
+        (409, json!("conflict"))
+    );
+}

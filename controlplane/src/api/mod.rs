@@ -28,6 +28,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/queues", post(queues::create).get(queues::list))
         .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
+        .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
         .fallback(|| async { ApiError::NotFound("such route".into()) })
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)

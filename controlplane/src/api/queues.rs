@@ -6,6 +6,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
+use qe_shared::protocol::Role;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -74,6 +75,33 @@ pub async fn get(
 ) -> Result<Json<Value>, ApiError> {
     let queue = state.store.get(&id)?.ok_or(ApiError::NotFound(id))?;
     Ok(Json(view(&state, &queue)))
+}
+
+/// A new password for one of the queue's logins; the running node takes it without a restart,
+/// and open connections go on.
+pub async fn rotate(
+    State(state): State<Arc<AppState>>,
+    Path((id, role)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let role =
+        Role::parse(&role).ok_or_else(|| ApiError::NotFound(format!("{id} login {role}")))?;
+    let mut queue = state
+        .store
+        .get(&id)?
+        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    if queue.status != Status::Running {
+        return Err(ApiError::Conflict(format!("queue {id} is not running")));
+    }
+    let credentials = queues::rotate(&mut queue, role);
+    state.store.put(&queue)?;
+    state
+        .fleet
+        .reload_logins(&queue)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(Json(
+        serde_json::to_value(credentials).expect("strings serialize"),
+    ))
 }
 
 /// Stops the queue's node; the record stays (its usage is billed from it).

@@ -10,15 +10,27 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Mutex;
+use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use tokio::sync::broadcast;
 
 pub struct LocalProvider {
     dataplane: PathBuf,
     /// Each queue's node lives in `nodes/QUEUE-ID/` here.
     dir: PathBuf,
-    running: Mutex<HashMap<String, Child>>,
+    running: Mutex<HashMap<String, RunningNode>>,
 }
+
+/// A node this provider started.
+struct RunningNode {
+    child: Child,
+    /// What the node prints on stdout, line by line (it says `logins reloaded` there).
+    lines: broadcast::Sender<String>,
+}
+
+/// How long a node may take to confirm new logins.
+const RELOAD_WITHIN: Duration = Duration::from_secs(5);
 
 impl LocalProvider {
     pub fn new(dataplane: PathBuf, dir: PathBuf) -> LocalProvider {
@@ -60,13 +72,59 @@ impl LocalProvider {
                 }
             }
         };
-        // Keep reading, so the node never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // Keep reading, so the node never blocks on a full pipe, and pass the lines on.
+        let (sender, _) = broadcast::channel(16);
+        let forward = sender.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = forward.send(line);
+            }
+        });
+        let node = RunningNode {
+            child,
+            lines: sender,
+        };
         self.running
             .lock()
             .expect("never poisoned")
-            .insert(queue.id.clone(), child);
+            .insert(queue.id.clone(), node);
         Ok(format!("ws://{addr}/"))
+    }
+
+    async fn reload(&self, queue: &Queue) -> Result<(), FleetError> {
+        let fail = |what: String| FleetError::Reload(what);
+        let dir = self.dir.join("nodes").join(&queue.id);
+        let (pid, mut lines) = {
+            let running = self.running.lock().expect("never poisoned");
+            let node = running
+                .get(&queue.id)
+                .ok_or_else(|| fail("it is not running".into()))?;
+            (
+                node.child.id().ok_or_else(|| fail("it exited".into()))?,
+                node.lines.subscribe(),
+            )
+        };
+        let config = node_config(queue, &dir);
+        std::fs::write(dir.join("node.toml"), config).map_err(|e| fail(e.to_string()))?;
+        let status = Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .await;
+        if !status.is_ok_and(|s| s.success()) {
+            return Err(fail("SIGHUP could not be sent".into()));
+        }
+        let confirmed = async {
+            while let Ok(line) = lines.recv().await {
+                if line.trim() == "logins reloaded" {
+                    return true;
+                }
+            }
+            false
+        };
+        match tokio::time::timeout(RELOAD_WITHIN, confirmed).await {
+            Ok(true) => Ok(()),
+            _ => Err(fail("no confirmation".into())),
+        }
     }
 }
 
@@ -77,16 +135,20 @@ impl Provider for LocalProvider {
 
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, ()> {
         async move {
-            let child = self
+            let node = self
                 .running
                 .lock()
                 .expect("never poisoned")
                 .remove(queue_id);
-            if let Some(mut child) = child {
-                let _ = child.kill().await;
+            if let Some(mut node) = node {
+                let _ = node.child.kill().await;
             }
         }
         .boxed()
+    }
+
+    fn reload_logins<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
+        self.reload(queue).boxed()
     }
 }
 

@@ -10,6 +10,8 @@ use futures::future::BoxFuture;
 pub enum FleetError {
     #[error("starting the node: {0}")]
     Start(String),
+    #[error("the node did not take its new logins: {0}")]
+    Reload(String),
 }
 
 pub trait Provider: Send + Sync {
@@ -18,4 +20,7 @@ pub trait Provider: Send + Sync {
 
     /// Stops `queue`'s node, if it runs.
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, ()>;
+
+    /// Gives the running node `queue`'s logins as they are now; returns once it has them.
+    fn reload_logins<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>>;
 }

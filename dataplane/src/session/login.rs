@@ -47,7 +47,7 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
 
     let max_capacity = node.setting(Setting::MaxSubscriberCapacity);
     let form = LoginForm::read(&fields, max_capacity).map_err(refuse)?;
-    if !node.logins.verify(form.role, form.username, form.password) {
+    if !node.verify(form.role, form.username, form.password) {
         return Err(refuse(Code::AuthenticationFailed));
     }
 

@@ -102,12 +102,43 @@ pub struct Node {
     log: Arc<Log>,
 }
 
-/// A node's stderr, as it arrives.
+/// A process's stderr, as it arrives.
 #[derive(Default)]
 struct Log {
     text: Mutex<String>,
     /// Signalled on every append.
     grew: Condvar,
+}
+
+impl Log {
+    /// Collects everything `stderr` says, on a thread of its own.
+    fn follow(mut stderr: impl Read + Send + 'static) -> Arc<Log> {
+        let log = Arc::new(Log::default());
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut buffer) {
+                let text = String::from_utf8_lossy(&buffer[..n]);
+                sink.text.lock().unwrap().push_str(&text);
+                sink.grew.notify_all();
+            }
+        });
+        log
+    }
+
+    /// Waits until `done` holds for the log, failing after `PROMPT`; returns the log.
+    fn wait_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + PROMPT;
+        let mut text = self.text.lock().unwrap();
+        loop {
+            if done(&text) {
+                return text.clone();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            assert!(!left.is_zero(), "never logged {what}:\n{}", *text);
+            text = self.grew.wait_timeout(text, left).unwrap().0;
+        }
+    }
 }
 
 impl Node {
@@ -148,21 +179,16 @@ impl Node {
 
     /// Waits until the log since the last restart contains `needle`; returns that part of it.
     pub fn wait_for_log(&self, needle: &str) -> String {
-        let deadline = std::time::Instant::now() + PROMPT;
-        let mut text = self.log.text.lock().unwrap();
-        loop {
-            let current = text.rsplit(RESTARTED).next().unwrap_or_default();
-            if current.contains(needle) {
-                return current.to_string();
-            }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            assert!(
-                !left.is_zero(),
-                "the node never logged {needle:?}:\n{}",
-                *text
-            );
-            text = self.log.grew.wait_timeout(text, left).unwrap().0;
-        }
+        let since_restart = |text: &str| {
+            text.rsplit(RESTARTED)
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        };
+        let text = self.log.wait_until(&format!("{needle:?}"), |text| {
+            since_restart(text).contains(needle)
+        });
+        since_restart(&text)
     }
 
     /// A node on an existing data directory.
@@ -192,17 +218,7 @@ impl Node {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start dataplane");
-        let log = Arc::new(Log::default());
-        let mut stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            let mut buffer = [0u8; 4096];
-            while let Ok(n @ 1..) = stderr.read(&mut buffer) {
-                let text = String::from_utf8_lossy(&buffer[..n]);
-                sink.text.lock().unwrap().push_str(&text);
-                sink.grew.notify_all();
-            }
-        });
+        let log = Log::follow(child.stderr.take().unwrap());
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let addr = loop {
             let mut line = String::new();
@@ -546,6 +562,8 @@ pub struct ControlPlane {
     pub addr: SocketAddr,
     pub token: String,
     pub dir: tempfile::TempDir,
+    /// Everything it wrote to stderr.
+    log: Arc<Log>,
 }
 
 impl ControlPlane {
@@ -563,9 +581,11 @@ impl ControlPlane {
             .args(["serve", "--config"])
             .arg(dir.path().join("controlplane.toml"))
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start controlplane");
+        let log = Log::follow(child.stderr.take().unwrap());
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
@@ -581,7 +601,15 @@ impl ControlPlane {
             addr,
             token,
             dir,
+            log,
         }
+    }
+
+    /// Waits until its log contains `needle` `times` times in all; returns the log.
+    pub fn wait_for_log(&self, needle: &str, times: usize) -> String {
+        let what = format!("{needle:?} {times} times");
+        self.log
+            .wait_until(&what, |text| text.matches(needle).count() >= times)
     }
 
     /// An API request with the operator's token; returns the status and the JSON body.

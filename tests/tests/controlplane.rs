@@ -168,3 +168,57 @@ async fn a_rotated_password_replaces_the_old_one_and_open_connections_go_on() {
         (409, json!("conflict"))
     );
 }
+
+/// The process whose command line names `path`, found through /proc.
+fn process_naming(path: &std::path::Path) -> u32 {
+    let wanted = path.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline)
+                .split('\0')
+                .any(|arg| arg == wanted)
+        })
+        .unwrap_or_else(|| panic!("no process runs with {wanted}"))
+}
+
+#[tokio::test]
+async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let (id, node) = (
+        queue["id"].as_str().unwrap(),
+        queue["node"].as_str().unwrap(),
+    );
+    let logins = &queue["logins"];
+    let mut publisher = login(node, &logins["publisher"], "publisher", json!({})).await;
+    let reply = publisher
+        .request(json!({"body": "outlives its node", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+
+    let config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
+    let pid = process_naming(&config);
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    cp.wait_for_log("a node was restarted", 1);
+
+    assert_ne!(process_naming(&config), pid, "a new process");
+    let mut subscriber = login(
+        node,
+        &logins["subscriber"],
+        "subscriber",
+        json!({"capacity": 1}),
+    )
+    .await;
+    let delivered = subscriber.recv().await;
+    assert_eq!(delivered["body"], "outlives its node");
+    let (_, listed) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(listed["node"], node, "the same address");
+}

@@ -65,31 +65,38 @@ async fn serve(config_path: PathBuf, listen: Option<SocketAddr>) -> Result<(), F
     if let Some(listen) = listen {
         config.listen = listen;
     }
-    let (state, listener) = start(config).await?;
+    let (state, listener, _) = start(config).await?;
+    // The nodes go on running after this returns: the next control plane adopts them.
     run(state, listener).await
 }
 
-/// Opens the state and binds the API; prints `listening on ADDR`.
-async fn start(config: Config) -> Result<(Arc<AppState>, tokio::net::TcpListener), Failure> {
+type Started = (Arc<AppState>, tokio::net::TcpListener, Arc<LocalProvider>);
+
+/// Opens the state, takes on the running queues' nodes and binds the API; prints
+/// `listening on ADDR`.
+async fn start(config: Config) -> Result<Started, Failure> {
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(&config.data_dir.join("state"))?;
-    let fleet = LocalProvider::new(config.dataplane_binary(), config.data_dir.clone());
+    let fleet = Arc::new(LocalProvider::new(
+        config.dataplane_binary(),
+        config.data_dir.clone(),
+    ));
+    queues::resume_all(&store, fleet.as_ref()).await?;
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     println!("listening on {}", listener.local_addr()?);
     let _ = std::io::stdout().flush();
     let state = Arc::new(AppState {
         config,
         store,
-        fleet: Arc::new(fleet),
+        fleet: fleet.clone(),
     });
-    Ok((state, listener))
+    Ok((state, listener, fleet))
 }
 
 async fn run(state: Arc<AppState>, listener: tokio::net::TcpListener) -> Result<(), Failure> {
     axum::serve(listener, api::router(state))
         .with_graceful_shutdown(stop_signal())
         .await?;
-    // Returning drops the provider, which stops the local nodes.
     Ok(())
 }
 
@@ -118,7 +125,7 @@ async fn dev(dir: Option<PathBuf>, listen: SocketAddr) -> Result<(), Failure> {
         "listen = \"{listen}\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"dev\"\n",
         dir
     ))?;
-    let (state, listener) = start(config).await?;
+    let (state, listener, fleet) = start(config).await?;
     let demo = NewQueue {
         tier: Tier::Devtest,
         region: "local".into(),
@@ -164,5 +171,7 @@ async fn dev(dir: Option<PathBuf>, listen: SocketAddr) -> Result<(), Failure> {
         logins.admin.username, logins.admin.password
     );
     let _ = std::io::stdout().flush();
-    run(state, listener).await
+    let result = run(state, listener).await;
+    fleet.stop_all().await;
+    result
 }

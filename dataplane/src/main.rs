@@ -81,14 +81,20 @@ async fn main() -> ExitCode {
         tokio::spawn(reload_logins_on_hangup(node.clone(), config.clone()));
     }
     // Harnesses read the real address from this line.
-    println!("listening on {addr}");
-    println!(
+    say(&format!("listening on {addr}"));
+    say(&format!(
         "ready: tier {:?}, max-tasks {}, max-messages {}, max-messages-memory {}",
         node.tier, node.limits.max_tasks, node.limits.max_messages, node.limits.max_messages_memory
-    );
-    let _ = std::io::stdout().flush();
+    ));
     server.run().await;
     ExitCode::SUCCESS
+}
+
+/// One line on stdout. Whoever reads it may have gone (a control plane restarting): the node
+/// goes on regardless, where `println!` would panic.
+fn say(line: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }
 
 /// On SIGHUP, reads the logins from the config file again (a rotated password) and says so on
@@ -100,8 +106,7 @@ async fn reload_logins_on_hangup(node: std::sync::Arc<Node>, config: Config) {
         match config.reload_logins() {
             Ok(logins) => {
                 node.replace_logins(logins);
-                println!("logins reloaded");
-                let _ = std::io::stdout().flush();
+                say("logins reloaded");
             }
             Err(error) => tracing::warn!(%error, "logins not reloaded; the old ones stay"),
         }

@@ -254,11 +254,7 @@ impl Node {
 
     /// Sends the node SIGHUP (it reloads its TLS certificate).
     pub fn hang_up(&self) {
-        let status = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        signal(self.child.id(), libc::SIGHUP);
     }
 
     /// Connects and logs in; panics unless the login succeeds.
@@ -557,6 +553,25 @@ pub fn cases(output: &str) -> impl Fn(&str) -> Value {
 
 /// A running control plane (`controlplane serve`) with local nodes; killed on drop (its nodes
 /// with it).
+/// Sends `pid` the signal `signal`; panics if it cannot.
+pub fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill takes a pid and a signal.
+    let sent = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    assert_eq!(sent, 0, "signal {signal} to {pid}");
+}
+
+/// The process whose command line has `path` as an argument, found through /proc.
+pub fn process_naming(path: &Path) -> Option<u32> {
+    let wanted = path.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmdline.split(|b| *b == 0).any(|arg| arg == wanted)
+        })
+}
+
 pub struct ControlPlane {
     child: Child,
     pub addr: SocketAddr,
@@ -568,10 +583,28 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub fn start() -> ControlPlane {
-        let dir = tempfile::tempdir().unwrap();
+        ControlPlane::start_in(tempfile::tempdir().unwrap())
+    }
+
+    /// Kills the control plane with SIGKILL, leaving its nodes, and starts a new one on the
+    /// same directory (and port).
+    pub fn restart(mut self) -> ControlPlane {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        let listen = self.addr;
+        std::mem::forget(self);
+        ControlPlane::start_at(dir, &listen.to_string())
+    }
+
+    fn start_in(dir: tempfile::TempDir) -> ControlPlane {
+        ControlPlane::start_at(dir, "127.0.0.1:0")
+    }
+
+    fn start_at(dir: tempfile::TempDir, listen: &str) -> ControlPlane {
         let token = "operator-token-for-tests".to_string();
         let config = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"test\"\n\
+            "listen = \"{listen}\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"test\"\n\
              dataplane = {:?}\n",
             dir.path().join("data"),
             dataplane_binary()
@@ -620,9 +653,16 @@ impl ControlPlane {
 }
 
 impl Drop for ControlPlane {
+    /// Kills it and the nodes it leaves running (their pid files name them).
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let nodes = std::fs::read_dir(self.dir.path().join("data/nodes"));
+        for node in nodes.into_iter().flatten().flatten() {
+            if let Some(pid) = process_naming(&node.path().join("node.toml")) {
+                signal(pid, libc::SIGKILL);
+            }
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The control plane's API with the real binaries: a queue is created, its node runs and
 //! serves the returned logins, and it is deleted.
 
-use qe_tests::{http, Client, ControlPlane, PROMPT};
+use qe_tests::{http, process_naming, signal, Client, ControlPlane, PROMPT};
 use serde_json::{json, Value};
 
 async fn login(url: &str, login: &Value, role: &str, extra: Value) -> Client {
@@ -169,21 +169,6 @@ async fn a_rotated_password_replaces_the_old_one_and_open_connections_go_on() {
     );
 }
 
-/// The process whose command line names `path`, found through /proc.
-fn process_naming(path: &std::path::Path) -> u32 {
-    let wanted = path.to_string_lossy().into_owned();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmdline)
-                .split('\0')
-                .any(|arg| arg == wanted)
-        })
-        .unwrap_or_else(|| panic!("no process runs with {wanted}"))
-}
-
 #[tokio::test]
 async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
     let cp = ControlPlane::start();
@@ -201,15 +186,11 @@ async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
     assert_eq!(reply["status"], "Success.", "{reply}");
 
     let config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
-    let pid = process_naming(&config);
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    let pid = process_naming(&config).expect("the node runs");
+    signal(pid, libc::SIGKILL);
     cp.wait_for_log("a node was restarted", 1);
 
-    assert_ne!(process_naming(&config), pid, "a new process");
+    assert_ne!(process_naming(&config), Some(pid), "a new process");
     let mut subscriber = login(
         node,
         &logins["subscriber"],
@@ -221,4 +202,53 @@ async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
     assert_eq!(delivered["body"], "outlives its node");
     let (_, listed) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
     assert_eq!(listed["node"], node, "the same address");
+}
+
+#[tokio::test]
+async fn a_restarted_control_plane_adopts_the_running_nodes_and_starts_none_twice() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let (id, node) = (
+        queue["id"].as_str().unwrap(),
+        queue["node"].as_str().unwrap(),
+    );
+    let logins = &queue["logins"];
+    let mut subscriber = login(
+        node,
+        &logins["subscriber"],
+        "subscriber",
+        json!({"capacity": 1}),
+    )
+    .await;
+    let config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
+    let pid = process_naming(&config).expect("the node runs");
+
+    let cp = cp.restart();
+    cp.wait_for_log("adopted a running node", 1);
+    assert_eq!(process_naming(&config), Some(pid), "the same process");
+    let (_, listed) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(
+        (listed["status"].as_str(), listed["node"].as_str()),
+        (Some("running"), Some(node))
+    );
+
+    // The connection made before the restart was never cut.
+    let mut publisher = login(node, &logins["publisher"], "publisher", json!({})).await;
+    let reply = publisher
+        .request(json!({"body": "across the restart"}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    assert_eq!(subscriber.recv().await["body"], "across the restart");
+
+    // The new control plane hears the adopted node: a rotation is confirmed.
+    let path = format!("/v1/queues/{id}/logins/admin/rotate");
+    let (status, new) = cp.call("POST", &path, None).await;
+    assert_eq!(status, 200, "{new}");
+    login(node, &new, "admin", json!({})).await;
+
+    // And it supervises it: killed, it comes back.
+    signal(pid, libc::SIGKILL);
+    cp.wait_for_log("a node was restarted", 1);
+    login(node, &new, "admin", json!({})).await;
 }

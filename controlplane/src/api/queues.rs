@@ -1,7 +1,9 @@
 //! `/v1/queues`: create, list, get, delete.
 
 use super::{ApiError, AppState};
+use crate::fleet::Provider;
 use crate::queues::{self, IssuedLogins, NewQueue, Queue, Status};
+use crate::store::{Store, StoreError};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -57,6 +59,24 @@ pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, Issued
     }
     state.store.put(&queue)?;
     Ok((queue, logins))
+}
+
+/// At start-up: takes on the node of every queue that was running (adopted, or started again).
+pub async fn resume_all(store: &Store, fleet: &dyn Provider) -> Result<(), StoreError> {
+    for mut queue in store.list()? {
+        if queue.status != Status::Running {
+            continue;
+        }
+        match fleet.resume(&queue).await {
+            Ok(node) => queue.node = Some(node),
+            Err(error) => {
+                tracing::error!(queue = %queue.id, %error, "a node could not be resumed");
+                queue.status = Status::Failed;
+            }
+        }
+        store.put(&queue)?;
+    }
+    Ok(())
 }
 
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {

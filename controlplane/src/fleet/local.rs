@@ -1,20 +1,22 @@
 //! The local provider: one `dataplane` process per queue on this machine, each with its own
 //! port and data directory, started from a config file the control plane writes (logins as
 //! hashes only). A node that dies is started again, on the same port and data, so its durable
-//! messages are there again.
+//! messages are there again. Nodes outlive the control plane: the next one adopts them (their
+//! pid file names them, their stdout is a FIFO it can open again) instead of starting twins.
 
+use super::process::{make_fifo, NodeProcess};
 use super::{FleetError, Provider};
 use crate::queues::{Queue, StoredLogin, Tier};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::net::unix::pipe;
+use tokio::process::Command;
 use tokio::sync::{broadcast, Notify};
 use tokio::task::JoinHandle;
 
@@ -54,58 +56,97 @@ struct Launcher {
 
 impl Launcher {
     /// Starts the node and waits for its `listening on` line; returns it and its address.
-    async fn launch(&self) -> Result<(Child, String), FleetError> {
+    async fn launch(&self) -> Result<(NodeProcess, String), FleetError> {
         let fail = |what: String| FleetError::Start(what);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join("node.log"))
             .map_err(|e| fail(e.to_string()))?;
+        // Subscribed before the node starts, so its first line is not missed.
+        let mut lines = self.lines.subscribe();
+        let stdout = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("node.out"))
+            .map_err(|e| fail(e.to_string()))?;
         let mut child = Command::new(&self.dataplane)
             .arg("--config")
             .arg(self.dir.join("node.toml"))
-            .stdout(Stdio::piped())
+            .stdout(stdout)
             .stderr(log)
-            .kill_on_drop(true)
+            // Its own process group: a Ctrl-C meant for the control plane does not reach it.
+            .process_group(0)
             .spawn()
             .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        let addr = loop {
-            match lines.next_line().await {
-                Ok(Some(line)) => {
-                    if let Some(addr) = line.trim().strip_prefix("listening on ") {
-                        break addr.to_string();
+        let listening = async {
+            loop {
+                match lines.recv().await {
+                    Ok(line) => {
+                        if let Some(addr) = line.trim().strip_prefix("listening on ") {
+                            return Some(addr.to_string());
+                        }
                     }
-                }
-                _ => {
-                    let log = self.dir.join("node.log");
-                    return Err(fail(format!("the node exited; see {}", log.display())));
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
                 }
             }
         };
-        // Keep reading, so the node never blocks on a full pipe, and pass the lines on.
+        let addr = tokio::select! {
+            Some(addr) = listening => addr,
+            _ = child.wait() => {
+                let log = self.dir.join("node.log");
+                return Err(fail(format!("the node exited; see {}", log.display())));
+            }
+        };
+        let pid = child.id().unwrap_or(0);
+        std::fs::write(self.dir.join("node.pid"), pid.to_string())
+            .map_err(|e| fail(e.to_string()))?;
+        Ok((NodeProcess::Child(child), addr))
+    }
+
+    /// Opens the node's stdout FIFO (once for all its runs) and passes its lines on to
+    /// `lines`, until the returned task is aborted.
+    fn listen(&self) -> std::io::Result<JoinHandle<()>> {
+        let fifo = self.dir.join("node.out");
+        make_fifo(&fifo)?;
+        // Read-write, so the reader never sees an end while no node holds the other side.
+        let receiver = pipe::OpenOptions::new()
+            .read_write(true)
+            .open_receiver(&fifo)?;
         let forward = self.lines.clone();
-        tokio::spawn(async move {
+        Ok(tokio::spawn(async move {
+            let mut lines = BufReader::new(receiver).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 let _ = forward.send(line);
             }
-        });
-        Ok((child, addr))
+        }))
+    }
+
+    /// Adopts the node a previous control plane left running here, if there is one.
+    fn adopt(&self) -> Option<NodeProcess> {
+        let pid = std::fs::read_to_string(self.dir.join("node.pid")).ok()?;
+        NodeProcess::adopt(pid.trim().parse().ok()?, &self.dir.join("node.toml"))
     }
 }
 
 /// Keeps a node running until `stop`: a node that exits is started again, backing off while
 /// starts fail.
-async fn supervise(mut child: Child, launcher: Launcher, pid: Arc<AtomicU32>, stop: Arc<Notify>) {
+async fn supervise(
+    mut child: NodeProcess,
+    launcher: Launcher,
+    listener: JoinHandle<()>,
+    pid: Arc<AtomicU32>,
+    stop: Arc<Notify>,
+) {
+    // However this ends, the node's stdout is no longer read.
+    let _listener = AbortOnDrop(listener);
     loop {
         tokio::select! {
             _ = stop.notified() => {
-                let _ = child.kill().await;
+                child.kill().await;
                 return;
             }
-            status = child.wait() => {
-                tracing::warn!(?status, node = %launcher.dir.display(), "a node exited");
-            }
+            _ = child.exited() => {}
         }
         let mut wait = RESTART_AFTER;
         child = loop {
@@ -121,8 +162,16 @@ async fn supervise(mut child: Child, launcher: Launcher, pid: Arc<AtomicU32>, st
                 }
             }
         };
-        pid.store(child.id().unwrap_or(0), Ordering::Relaxed);
+        pid.store(child.id(), Ordering::Relaxed);
         tracing::info!(node = %launcher.dir.display(), "a node was restarted");
+    }
+}
+
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -146,16 +195,61 @@ impl LocalProvider {
         let port = free_port().map_err(|e| fail(e.to_string()))?;
         let config = node_config(queue, &dir, port);
         std::fs::write(dir.join("node.toml"), config).map_err(|e| fail(e.to_string()))?;
+        let (launcher, listener) = self.launcher(dir).map_err(|e| fail(e.to_string()))?;
+        let (child, addr) = launcher.launch().await?;
+        self.keep_running(&queue.id, port, child, launcher, listener);
+        Ok(format!("ws://{addr}/"))
+    }
+
+    /// Adopts `queue`'s node if a previous control plane left it running, or starts it again
+    /// on its port and data; returns where it listens.
+    async fn resume_node(&self, queue: &Queue) -> Result<String, FleetError> {
+        let fail = |what: String| FleetError::Start(what);
+        let dir = self.node_dir(&queue.id);
+        let port = configured_port(&dir.join("node.toml")).map_err(fail)?;
+        let (launcher, listener) = self.launcher(dir).map_err(|e| fail(e.to_string()))?;
+        let child = match launcher.adopt() {
+            Some(child) => {
+                tracing::info!(queue = %queue.id, pid = child.id(), "adopted a running node");
+                child
+            }
+            None => launcher.launch().await?.0,
+        };
+        self.keep_running(&queue.id, port, child, launcher, listener);
+        Ok(format!("ws://127.0.0.1:{port}/"))
+    }
+
+    /// A launcher for the node in `dir`, and the task that reads its stdout.
+    fn launcher(&self, dir: PathBuf) -> std::io::Result<(Launcher, JoinHandle<()>)> {
         let (lines, _) = broadcast::channel(16);
         let launcher = Launcher {
             dataplane: self.dataplane.clone(),
             dir,
-            lines: lines.clone(),
+            lines,
         };
-        let (child, addr) = launcher.launch().await?;
-        let pid = Arc::new(AtomicU32::new(child.id().unwrap_or(0)));
+        let listener = launcher.listen()?;
+        Ok((launcher, listener))
+    }
+
+    /// Supervises `child` from now on.
+    fn keep_running(
+        &self,
+        queue_id: &str,
+        port: u16,
+        child: NodeProcess,
+        launcher: Launcher,
+        listener: JoinHandle<()>,
+    ) {
+        let pid = Arc::new(AtomicU32::new(child.id()));
         let stop = Arc::new(Notify::new());
-        let supervisor = tokio::spawn(supervise(child, launcher, pid.clone(), stop.clone()));
+        let lines = launcher.lines.clone();
+        let supervisor = tokio::spawn(supervise(
+            child,
+            launcher,
+            listener,
+            pid.clone(),
+            stop.clone(),
+        ));
         let node = RunningNode {
             port,
             pid,
@@ -166,8 +260,21 @@ impl LocalProvider {
         self.running
             .lock()
             .expect("never poisoned")
-            .insert(queue.id.clone(), node);
-        Ok(format!("ws://{addr}/"))
+            .insert(queue_id.to_string(), node);
+    }
+
+    /// Stops every node (`controlplane dev` on exit; `serve` leaves them to the next one).
+    pub async fn stop_all(&self) {
+        let ids: Vec<String> = self
+            .running
+            .lock()
+            .expect("never poisoned")
+            .keys()
+            .cloned()
+            .collect();
+        for id in ids {
+            self.stop_node(&id).await;
+        }
     }
 
     async fn stop_node(&self, queue_id: &str) {
@@ -198,11 +305,8 @@ impl LocalProvider {
         };
         let config = node_config(queue, &dir, port);
         std::fs::write(dir.join("node.toml"), config).map_err(|e| fail(e.to_string()))?;
-        let status = Command::new("kill")
-            .args(["-HUP", &pid.to_string()])
-            .status()
-            .await;
-        if !status.is_ok_and(|s| s.success()) {
+        // SAFETY: kill takes a pid and a signal.
+        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGHUP) } != 0 {
             return Err(fail("SIGHUP could not be sent".into()));
         }
         let confirmed = async {
@@ -225,6 +329,10 @@ impl Provider for LocalProvider {
         self.start_node(queue).boxed()
     }
 
+    fn resume<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>> {
+        self.resume_node(queue).boxed()
+    }
+
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, ()> {
         self.stop_node(queue_id).boxed()
     }
@@ -239,6 +347,15 @@ fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+/// The port a node's config gives it.
+fn configured_port(config: &Path) -> Result<u16, String> {
+    let text = std::fs::read_to_string(config).map_err(|e| e.to_string())?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    let listen = table.get("listen").and_then(|v| v.as_str()).unwrap_or("");
+    let addr: std::net::SocketAddr = listen.parse().map_err(|_| format!("listen = {listen:?}"))?;
+    Ok(addr.port())
 }
 
 /// The node's config file: what the control plane decides for it.

@@ -2,6 +2,7 @@
 //! reports it is listening, so a cloud provider fits the same shape.
 
 pub mod local;
+mod process;
 
 use crate::queues::Queue;
 use futures::future::BoxFuture;
@@ -17,6 +18,10 @@ pub enum FleetError {
 pub trait Provider: Send + Sync {
     /// Starts `queue`'s node; returns where it listens.
     fn start<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>>;
+
+    /// Takes on `queue`'s node after a control-plane restart: adopts it if it still runs,
+    /// starts it again otherwise; returns where it listens.
+    fn resume<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>>;
 
     /// Stops `queue`'s node, if it runs.
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, ()>;

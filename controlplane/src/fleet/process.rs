@@ -1,0 +1,100 @@
+//! A node's process as the local provider holds it: a child it started, or a node a previous
+//! control plane started and this one adopted. Both can be waited on and killed; waiting on an
+//! adopted node (not our child) goes through a pidfd, so it is an event, not a poll.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+use tokio::io::unix::AsyncFd;
+use tokio::process::Child;
+
+pub enum NodeProcess {
+    Child(Child),
+    Adopted { pid: u32, exit: AsyncFd<OwnedFd> },
+}
+
+impl NodeProcess {
+    /// Adopts the running process `pid`, if it is the node started with `config`.
+    pub fn adopt(pid: u32, config: &Path) -> Option<NodeProcess> {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let wanted = config.as_os_str().as_encoded_bytes();
+        if !cmdline.split(|b| *b == 0).any(|arg| arg == wanted) {
+            return None;
+        }
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just returned to us and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        // SAFETY: the OwnedFd is open and moves into the AsyncFd, which keeps it until dropped.
+        let exit =
+            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()?;
+        Some(NodeProcess::Adopted { pid, exit })
+    }
+
+    pub fn id(&self) -> u32 {
+        match self {
+            NodeProcess::Child(child) => child.id().unwrap_or(0),
+            NodeProcess::Adopted { pid, .. } => *pid,
+        }
+    }
+
+    /// Returns when the process has exited.
+    pub async fn exited(&mut self) {
+        match self {
+            NodeProcess::Child(child) => {
+                let status = child.wait().await;
+                tracing::warn!(?status, "a node exited");
+            }
+            // A pidfd becomes readable when its process exits.
+            NodeProcess::Adopted { exit, pid } => {
+                let _ = exit.readable().await;
+                tracing::warn!(pid, "an adopted node exited");
+            }
+        }
+    }
+
+    pub async fn kill(&mut self) {
+        match self {
+            NodeProcess::Child(child) => {
+                let _ = child.kill().await;
+            }
+            NodeProcess::Adopted { exit, .. } => {
+                use std::os::fd::AsRawFd;
+                let fd = exit.get_ref().as_raw_fd();
+                // Through the pidfd, so a reused pid is never signalled.
+                // SAFETY: pidfd_send_signal takes our open pidfd, a signal, no info and no flags.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_pidfd_send_signal,
+                        fd,
+                        libc::SIGKILL,
+                        std::ptr::null::<libc::siginfo_t>(),
+                        0,
+                    )
+                };
+                let _ = exit.readable().await;
+            }
+        }
+    }
+}
+
+/// Makes `path` a FIFO (the node's stdout): a later control plane can open it again and hear
+/// an adopted node, which an anonymous pipe would not allow.
+pub fn make_fifo(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.file_type().is_fifo() => return Ok(()),
+        Ok(_) => std::fs::remove_file(path)?,
+        Err(_) => {}
+    }
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    // SAFETY: mkfifo reads a NUL-terminated path.
+    match unsafe { libc::mkfifo(path.as_ptr(), 0o600) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}

@@ -89,6 +89,7 @@ async fn start(config: Config) -> Result<Started, Failure> {
         config,
         store,
         fleet: fleet.clone(),
+        metrics: Default::default(),
     });
     Ok((state, listener, fleet))
 }

@@ -674,6 +674,18 @@ pub async fn http(
     token: Option<&str>,
     body: Option<&str>,
 ) -> (u16, Value) {
+    let (status, body) = http_text(addr, method, path, token, body).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// One HTTP/1.1 request over a fresh connection; returns the status and the body.
+pub async fn http_text(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut tcp = TcpStream::connect(addr).await.unwrap();
     let body = body.unwrap_or("");
@@ -694,5 +706,5 @@ pub async fn http(
     let response = String::from_utf8(response).unwrap();
     let status = response[9..12].parse().unwrap();
     let (_, body) = response.split_once("\r\n\r\n").unwrap();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    (status, body.to_string())
 }

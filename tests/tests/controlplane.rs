@@ -1,7 +1,7 @@
 //! The control plane's API with the real binaries: a queue is created, its node runs and
 //! serves the returned logins, and it is deleted.
 
-use qe_tests::{http, process_naming, signal, Client, ControlPlane, PROMPT};
+use qe_tests::{http, http_text, process_naming, signal, Client, ControlPlane, PROMPT};
 use serde_json::{json, Value};
 
 async fn login(url: &str, login: &Value, role: &str, extra: Value) -> Client {
@@ -251,4 +251,71 @@ async fn a_restarted_control_plane_adopts_the_running_nodes_and_starts_none_twic
     signal(pid, libc::SIGKILL);
     cp.wait_for_log("a node was restarted", 1);
     login(node, &new, "admin", json!({})).await;
+}
+
+#[tokio::test]
+async fn health_metrics_and_the_openapi_document() {
+    let cp = ControlPlane::start();
+    let (status, health) = http(cp.addr, "GET", "/healthz", None, None).await;
+    assert_eq!((status, health), (200, json!({"status": "ok"})));
+
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let id = queue["id"].as_str().unwrap();
+    cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    let (status, _) = http_text(cp.addr, "GET", "/metrics", None, None).await;
+    assert_eq!(status, 401, "metrics need the operator's token");
+    let token = Some(cp.token.as_str());
+    let (status, metrics) = http_text(cp.addr, "GET", "/metrics", token, None).await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("qe_queues{status=\"running\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("qe_queues{status=\"deleted\"} 0\n"),
+        "{metrics}"
+    );
+    let created =
+        r#"qe_api_request_duration_seconds_count{method="POST",route="/v1/queues",status="201"} 1"#;
+    assert!(metrics.contains(created), "{metrics}");
+    let got = r#"qe_api_request_duration_seconds_count{method="GET",route="/v1/queues/{id}",status="200"} 1"#;
+    assert!(metrics.contains(got), "by route, never by id: {metrics}");
+
+    // The document is served without a token and describes every route the API has; each
+    // documented operation reaches a handler (never the unknown-route reply).
+    let (status, document) = http(cp.addr, "GET", "/openapi.json", None, None).await;
+    assert_eq!((status, document["openapi"].as_str()), (200, Some("3.1.0")));
+    let paths = document["paths"].as_object().unwrap();
+    let served = [
+        "/v1/queues",
+        "/v1/queues/{id}",
+        "/v1/queues/{id}/logins/{role}/rotate",
+        "/metrics",
+        "/healthz",
+        "/openapi.json",
+    ];
+    let documented: Vec<&str> = paths.keys().map(String::as_str).collect();
+    assert_eq!(documented.len(), served.len(), "{documented:?}");
+    for (path, operations) in paths {
+        assert!(served.contains(&path.as_str()), "{path}");
+        for method in operations.as_object().unwrap().keys() {
+            if method == "parameters" {
+                continue;
+            }
+            let concrete = path
+                .replace("{id}", "nosuchqueue")
+                .replace("{role}", "admin");
+            let (_, reply) = cp.call(&method.to_uppercase(), &concrete, Some("{}")).await;
+            assert_ne!(
+                reply["error"]["message"], "no such route",
+                "{method} {path}"
+            );
+        }
+    }
+    let (status, reply) = cp.call("GET", "/v1/nothing", None).await;
+    assert_eq!(
+        (status, reply["error"]["message"].as_str()),
+        (404, Some("no such route"))
+    );
 }

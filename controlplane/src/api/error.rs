@@ -12,6 +12,8 @@ pub enum ApiError {
     BadRequest(String),
     #[error("no queue {0}")]
     NotFound(String),
+    #[error("no such route")]
+    NoSuchRoute,
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
@@ -23,7 +25,7 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::NotFound(_) | ApiError::NoSuchRoute => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }

@@ -1,19 +1,24 @@
-//! The operator's HTTP API. Every request carries `Authorization: Bearer TOKEN`; errors are
-//! JSON (`error.rs`); the queue routes are in `queues.rs`.
+//! The operator's HTTP API. Every request carries `Authorization: Bearer TOKEN` except
+//! `/healthz` and `/openapi.json`; errors are JSON (`error.rs`); the queue routes are in
+//! `queues.rs`, `/metrics` in `metrics.rs`.
 
 mod error;
+mod metrics;
 pub mod queues;
 
 pub use error::ApiError;
+pub use metrics::Metrics;
 
 use crate::config::Config;
 use crate::fleet::Provider;
 use crate::store::Store;
 use axum::extract::{Request, State};
+use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Json, Router};
+use serde_json::json;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -22,15 +27,32 @@ pub struct AppState {
     pub config: Config,
     pub store: Store,
     pub fleet: Arc<dyn Provider>,
+    pub metrics: Metrics,
 }
 
+/// The API's description, kept beside the code and checked against the router by tests.
+const OPENAPI: &str = include_str!("../../openapi.json");
+
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let operator = Router::new()
         .route("/v1/queues", post(queues::create).get(queues::list))
         .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
         .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
-        .fallback(|| async { ApiError::NotFound("such route".into()) })
-        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .route("/metrics", get(metrics::render))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let open = Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route(
+            "/openapi.json",
+            get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
+        );
+    operator
+        .merge(open)
+        .fallback(|| async { ApiError::NoSuchRoute })
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::record,
+        ))
         .with_state(state)
 }
 

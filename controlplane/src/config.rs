@@ -22,6 +22,29 @@ pub struct Config {
     pub domain: String,
     /// The `dataplane` binary the local provider runs. Default: beside this binary.
     pub dataplane: Option<PathBuf>,
+    /// The price table bills are made with, in dollars. Default: everything free.
+    #[serde(default)]
+    pub prices: Prices,
+}
+
+/// `[prices]`: what each billable unit costs, in dollars.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Prices {
+    /// An instance-hour by `"REGION/INSTANCE_TYPE"`; the key `"*"` prices any other.
+    pub instance_hour: std::collections::BTreeMap<String, f64>,
+    pub ipv4_hour: f64,
+    pub network_out_gb: f64,
+    pub network_in_gb: f64,
+    pub storage_gb_month: f64,
+}
+
+impl Prices {
+    pub fn instance_hour(&self, region: &str, instance_type: &str) -> f64 {
+        let key = format!("{region}/{instance_type}");
+        let price = self.instance_hour.get(&key).or(self.instance_hour.get("*"));
+        price.copied().unwrap_or(0.0)
+    }
 }
 
 fn default_listen() -> SocketAddr {

@@ -9,5 +9,7 @@
 pub mod api;
 pub mod config;
 pub mod fleet;
+pub mod nodes;
 pub mod queues;
 pub mod store;
+pub mod usage;

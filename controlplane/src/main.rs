@@ -4,7 +4,8 @@
 use clap::{Parser, Subcommand};
 use controlplane::api::{self, queues, AppState};
 use controlplane::config::Config;
-use controlplane::fleet::local::LocalProvider;
+use controlplane::fleet::local::{LocalProvider, ReportTarget};
+use controlplane::nodes::NodeTokens;
 use controlplane::queues::{NewQueue, Tier};
 use controlplane::store::Store;
 use std::io::Write;
@@ -77,12 +78,23 @@ type Started = (Arc<AppState>, tokio::net::TcpListener, Arc<LocalProvider>);
 async fn start(config: Config) -> Result<Started, Failure> {
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(&config.data_dir.join("state"))?;
+    let node_tokens = Arc::new(NodeTokens::open(&config.data_dir.join("node-secret"))?);
+    // Bound first: the nodes are told where to report.
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let mut reachable = listener.local_addr()?;
+    if reachable.ip().is_unspecified() {
+        reachable.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let reports = ReportTarget {
+        url: format!("http://{reachable}"),
+        tokens: node_tokens.clone(),
+    };
     let fleet = Arc::new(LocalProvider::new(
         config.dataplane_binary(),
         config.data_dir.clone(),
+        reports,
     ));
     queues::resume_all(&store, fleet.as_ref()).await?;
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
     println!("listening on {}", listener.local_addr()?);
     let _ = std::io::stdout().flush();
     let state = Arc::new(AppState {
@@ -90,6 +102,7 @@ async fn start(config: Config) -> Result<Started, Failure> {
         store,
         fleet: fleet.clone(),
         metrics: Default::default(),
+        node_tokens,
     });
     Ok((state, listener, fleet))
 }

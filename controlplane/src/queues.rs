@@ -42,6 +42,9 @@ pub struct Queue {
     pub status: Status,
     /// Where its node listens, once it runs.
     pub node: Option<String>,
+    /// When it was made, in seconds since 1970: its first usage period starts here.
+    #[serde(default)]
+    pub created: u64,
     pub publisher: StoredLogin,
     pub subscriber: StoredLogin,
     pub admin: StoredLogin,
@@ -98,6 +101,9 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
         ipv4: new.ipv4,
         status: Status::Provisioning,
         node: None,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
         publisher: stored_publisher,
         subscriber: stored_subscriber,
         admin: stored_admin,

@@ -7,6 +7,17 @@ pub struct Store {
     db: sled::Db,
     /// Queue id → the queue's record (JSON).
     queues: sled::Tree,
+    /// `QUEUE-ID/TIME` (time as 20 digits, so keys sort by time) → a node's usage line.
+    usage: sled::Tree,
+    /// `QUEUE-ID/TIME` → a node's stats line.
+    stats: sled::Tree,
+}
+
+/// Which of a node's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    Usage,
+    Stats,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -20,8 +31,12 @@ pub enum StoreError {
 impl Store {
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let db = sled::Config::new().path(dir).flush_every_ms(None).open()?;
-        let queues = db.open_tree("queues")?;
-        Ok(Store { db, queues })
+        Ok(Store {
+            queues: db.open_tree("queues")?,
+            usage: db.open_tree("usage")?,
+            stats: db.open_tree("stats")?,
+            db,
+        })
     }
 
     /// Saves a queue's record, synced.
@@ -36,6 +51,35 @@ impl Store {
             Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
             None => Ok(None),
         }
+    }
+
+    /// Keeps a node's records, synced; one sent again replaces itself (same key, same line).
+    pub fn put_reports(
+        &self,
+        queue_id: &str,
+        kind: Report,
+        records: &[(u64, String)],
+    ) -> Result<(), StoreError> {
+        let tree = match kind {
+            Report::Usage => &self.usage,
+            Report::Stats => &self.stats,
+        };
+        let mut batch = sled::Batch::default();
+        for (time, line) in records {
+            batch.insert(format!("{queue_id}/{time:020}").as_bytes(), line.as_bytes());
+        }
+        tree.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Every usage line of one queue, oldest first.
+    pub fn usage_of(&self, queue_id: &str) -> Result<Vec<String>, StoreError> {
+        self.usage
+            .scan_prefix(format!("{queue_id}/"))
+            .values()
+            .map(|value| Ok(String::from_utf8_lossy(&value?).into_owned()))
+            .collect()
     }
 
     pub fn list(&self) -> Result<Vec<Queue>, StoreError> {

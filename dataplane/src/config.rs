@@ -104,6 +104,27 @@ pub struct ConfigFile {
     /// Whether the queue has an IPv4 address, for usage records. Default false.
     #[serde(default)]
     pub ipv4: bool,
+    /// Where to push stats and usage records (the control plane's base URL). None: nowhere.
+    pub control_plane: Option<String>,
+    /// The queue's id at the control plane.
+    pub queue_id: Option<String>,
+    /// This node's token for the control plane's node API.
+    pub node_token: Option<String>,
+}
+
+/// Where the node reports its history, and as whom.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReportTo {
+    pub url: String,
+    pub queue_id: String,
+    pub token: String,
+}
+
+impl std::fmt::Debug for ReportTo {
+    /// Never the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReportTo({} as {})", self.url, self.queue_id)
+    }
 }
 
 /// A login as it rests in the file: never the password itself.
@@ -141,6 +162,7 @@ pub struct Config {
     /// reload.
     login_flags: [Option<String>; 3],
     pub message_timeout: Duration,
+    pub report_to: Option<ReportTo>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -227,7 +249,21 @@ impl Config {
                 "--{role} NAME:PASSWORD is required"
             ))),
         };
+        let report_to = match (file.control_plane, file.queue_id, file.node_token) {
+            (Some(url), Some(queue_id), Some(token)) => Some(ReportTo {
+                url: url.trim_end_matches('/').to_string(),
+                queue_id,
+                token,
+            }),
+            (None, None, None) => None,
+            _ => {
+                return Err(invalid(
+                    "control_plane, queue_id and node_token go together",
+                ))
+            }
+        };
         Ok(Config {
+            report_to,
             listen: match flags.listen.or(file.listen) {
                 Some(addr) => addr,
                 None => DEFAULT_LISTEN.parse().expect("a valid default address"),

@@ -75,8 +75,28 @@ pub struct History {
     stats: sled::Tree,
     /// time (u64 BE) → the usage columns, as CSV text.
     usage: sled::Tree,
+    /// `created`, and how far the records have been reported (`report.rs`).
+    meta: sled::Tree,
     /// When the queue first started: days that end before it have no data (407).
     created: u64,
+    /// Signalled after every record, for the reporter.
+    pub recorded: tokio::sync::Notify,
+}
+
+/// Which records: the two kinds the history keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Stats,
+    Usage,
+}
+
+impl Kind {
+    fn cursor_key(self) -> &'static str {
+        match self {
+            Kind::Stats => "reported-stats",
+            Kind::Usage => "reported-usage",
+        }
+    }
 }
 
 impl History {
@@ -93,13 +113,16 @@ impl History {
         Ok(History {
             stats: db.open_tree("stats")?,
             usage: db.open_tree("usage")?,
+            meta,
             created,
+            recorded: tokio::sync::Notify::new(),
         })
     }
 
     pub fn record_stats(&self, time: u64, live_stats_csv: &str) -> Result<(), sled::Error> {
         self.stats
             .insert(time.to_be_bytes(), live_stats_csv.as_bytes())?;
+        self.recorded.notify_waiters();
         Ok(())
     }
 
@@ -121,7 +144,45 @@ impl History {
             placement.ipv4 as u8
         );
         self.usage.insert(time.to_be_bytes(), line.as_bytes())?;
+        self.recorded.notify_waiters();
         Ok(())
+    }
+
+    /// Up to `limit` records of `kind` not reported yet, oldest first, as `TIME,COLUMNS…` lines.
+    pub fn unreported(&self, kind: Kind, limit: usize) -> Result<Vec<(u64, String)>, sled::Error> {
+        let after = self.reported(kind)?;
+        let tree = self.tree(kind);
+        let from = match after {
+            Some(time) => std::ops::Bound::Excluded(time.to_be_bytes()),
+            None => std::ops::Bound::Unbounded,
+        };
+        tree.range((from, std::ops::Bound::Unbounded))
+            .take(limit)
+            .map(|entry| {
+                let (key, value) = entry?;
+                let time = u64::from_be_bytes(key.as_ref().try_into().unwrap_or_default());
+                Ok((time, format!("{time},{}", String::from_utf8_lossy(&value))))
+            })
+            .collect()
+    }
+
+    /// Notes that the records of `kind` up to `time` have been received.
+    pub fn mark_reported(&self, kind: Kind, time: u64) -> Result<(), sled::Error> {
+        self.meta.insert(kind.cursor_key(), &time.to_be_bytes())?;
+        self.meta.flush()?;
+        Ok(())
+    }
+
+    fn reported(&self, kind: Kind) -> Result<Option<u64>, sled::Error> {
+        let value = self.meta.get(kind.cursor_key())?;
+        Ok(value.map(|bytes| u64::from_be_bytes(bytes.as_ref().try_into().unwrap_or_default())))
+    }
+
+    fn tree(&self, kind: Kind) -> &sled::Tree {
+        match kind {
+            Kind::Stats => &self.stats,
+            Kind::Usage => &self.usage,
+        }
     }
 
     /// Drops records older than their retention periods.
@@ -319,9 +380,9 @@ pub fn next_multiple(now: u64, every: u64) -> u64 {
 }
 
 /// Records stats and usage at multiples of their frequencies (read anew each time, so a
-/// `setcfg` applies from the next record) and prunes by retention. Runs for the life of the
-/// node.
-pub async fn run(node: Arc<Node>) {
+/// `setcfg` applies from the next record) and prunes by retention. When `stopping` turns true
+/// it makes a last, partial usage record (the period so far) and returns.
+pub async fn run(node: Arc<Node>, mut stopping: tokio::sync::watch::Receiver<bool>) {
     let now = || crate::engine::now_ms() / 1000;
     let mut meter = UsageMeter::new(node.totals());
     loop {
@@ -333,8 +394,17 @@ pub async fn run(node: Arc<Node>) {
             next_multiple(start, usage_every),
         );
         let next = next_stats.min(next_usage);
-        tokio::time::sleep(Duration::from_secs(next - start)).await;
         let history = &node.history;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(next - start)) => {}
+            _ = stopping.wait_for(|stopping| *stopping) => {
+                let usage = meter.take(node.totals(), node.storage_held());
+                if let Err(error) = history.record_usage(now(), &usage, &node.placement) {
+                    tracing::error!(%error, "recording the last usage failed");
+                }
+                return;
+            }
+        }
         meter.sample_held(node.storage_held());
         if next == next_stats {
             if let Err(error) = history.record_stats(next, &node.live_stats_csv()) {

@@ -12,8 +12,9 @@
 //! - [`store`]: the boundary every change to the messages passes.
 //!
 //! Beside the path: [`config`] (flags and the TOML file), [`auth`] (the three logins),
-//! [`node`] (what every connection shares), [`history`] (stats and usage records) and
-//! [`traffic`] (bytes on the sockets).
+//! [`node`] (what every connection shares), [`history`] (stats and usage records),
+//! [`report`] (pushing those records to the control plane) and [`traffic`] (bytes on the
+//! sockets).
 
 pub mod auth;
 pub mod config;
@@ -23,6 +24,7 @@ pub mod fragments;
 pub mod history;
 pub mod limits;
 pub mod node;
+pub mod report;
 pub mod server;
 pub mod session;
 pub mod store;

@@ -3,6 +3,7 @@
 use clap::Parser;
 use dataplane::config::{Config, Flags, Transport};
 use dataplane::node::Node;
+use dataplane::report::Reporter;
 use dataplane::server::Server;
 use dataplane::tls::Certificate;
 use std::io::{IsTerminal, Write};
@@ -10,6 +11,8 @@ use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // One crypto provider for the process: the TLS listener and the reporter's HTTP client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -81,13 +84,44 @@ async fn main() -> ExitCode {
         tokio::spawn(reload_logins_on_hangup(node.clone(), config.clone()));
     }
     // Harnesses read the real address from this line.
+    // The history's records, and their reports to the control plane.
+    let (stop_history, stopping) = tokio::sync::watch::channel(false);
+    let history = tokio::spawn(dataplane::history::run(node.clone(), stopping));
+    let reporter = config
+        .report_to
+        .clone()
+        .map(|to| Reporter::new(node.clone(), to));
+    let reporting = reporter.as_ref().map(|r| tokio::spawn(r.clone().run()));
     say(&format!("listening on {addr}"));
     say(&format!(
         "ready: tier {:?}, max-tasks {}, max-messages {}, max-messages-memory {}",
         node.tier, node.limits.max_tasks, node.limits.max_messages, node.limits.max_messages_memory
     ));
-    server.run().await;
+    tokio::select! {
+        _ = server.run() => {}
+        _ = terminated() => tracing::info!("stopping on SIGTERM"),
+    }
+    // The last, partial usage record, and one try to hand it over before going.
+    let _ = stop_history.send(true);
+    let _ = history.await;
+    if let (Some(reporter), Some(reporting)) = (reporter, reporting) {
+        reporting.abort();
+        match tokio::time::timeout(LAST_REPORT_WITHIN, reporter.push_all()).await {
+            Ok(Ok(())) => tracing::info!("the last usage record was reported"),
+            // It stays in the history; the next start reports it.
+            _ => tracing::warn!("the last usage record could not be reported now"),
+        }
+    }
     ExitCode::SUCCESS
+}
+
+/// How long a stopping node tries to report its last record.
+const LAST_REPORT_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
+async fn terminated() {
+    let kind = tokio::signal::unix::SignalKind::terminate();
+    let mut terminate = tokio::signal::unix::signal(kind).expect("a SIGTERM handler");
+    terminate.recv().await;
 }
 
 /// One line on stdout. Whoever reads it may have gone (a control plane restarting): the node

@@ -65,7 +65,6 @@ impl Server {
     /// Serves until the process ends.
     pub async fn run(self) {
         tokio::spawn(self.node.queue.clone().run_timers());
-        tokio::spawn(crate::history::run(self.node.clone()));
         loop {
             let tcp = match self.listener.accept().await {
                 Ok((tcp, _peer)) => tcp,

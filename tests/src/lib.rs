@@ -579,33 +579,46 @@ pub struct ControlPlane {
     pub dir: tempfile::TempDir,
     /// Everything it wrote to stderr.
     log: Arc<Log>,
+    /// What its config file has beyond the basics.
+    extra: String,
 }
 
 impl ControlPlane {
     pub fn start() -> ControlPlane {
-        ControlPlane::start_in(tempfile::tempdir().unwrap())
+        ControlPlane::start_with("")
     }
 
-    /// Kills the control plane with SIGKILL, leaving its nodes, and starts a new one on the
-    /// same directory (and port).
-    pub fn restart(mut self) -> ControlPlane {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+    /// With `extra` appended to its config file (a `[prices]` table, say).
+    pub fn start_with(extra: &str) -> ControlPlane {
+        ControlPlane::start_at(tempfile::tempdir().unwrap(), "127.0.0.1:0", extra)
+    }
+
+    /// Kills the control plane with SIGKILL, leaving its nodes.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a new control plane on the same directory and address (the nodes know it).
+    pub fn start_again(mut self) -> ControlPlane {
+        self.kill();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        let listen = self.addr;
+        let (listen, extra) = (self.addr, std::mem::take(&mut self.extra));
         std::mem::forget(self);
-        ControlPlane::start_at(dir, &listen.to_string())
+        ControlPlane::start_at(dir, &listen.to_string(), &extra)
     }
 
-    fn start_in(dir: tempfile::TempDir) -> ControlPlane {
-        ControlPlane::start_at(dir, "127.0.0.1:0")
+    /// Kills the control plane, leaving its nodes, and starts a new one in its place.
+    pub fn restart(mut self) -> ControlPlane {
+        self.kill();
+        self.start_again()
     }
 
-    fn start_at(dir: tempfile::TempDir, listen: &str) -> ControlPlane {
+    fn start_at(dir: tempfile::TempDir, listen: &str, extra: &str) -> ControlPlane {
         let token = "operator-token-for-tests".to_string();
         let config = format!(
             "listen = \"{listen}\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"test\"\n\
-             dataplane = {:?}\n",
+             dataplane = {:?}\n{extra}",
             dir.path().join("data"),
             dataplane_binary()
         );
@@ -635,6 +648,7 @@ impl ControlPlane {
             token,
             dir,
             log,
+            extra: extra.to_string(),
         }
     }
 

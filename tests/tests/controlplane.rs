@@ -291,6 +291,9 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/queues",
         "/v1/queues/{id}",
         "/v1/queues/{id}/logins/{role}/rotate",
+        "/v1/usage",
+        "/v1/bills",
+        "/v1/nodes/{id}/reports",
         "/metrics",
         "/healthz",
         "/openapi.json",
@@ -318,4 +321,207 @@ async fn health_metrics_and_the_openapi_document() {
         (status, reply["error"]["message"].as_str()),
         (404, Some("no such route"))
     );
+}
+
+/// `YYYY-MM-DD` of a time in seconds since 1970 (UTC; Howard Hinnant's civil_from_days).
+fn date_of(secs: u64) -> String {
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+const PRICES: &str = "[prices]\nnetwork_out_gb = 0.09\nnetwork_in_gb = 0.02\n\
+                      instance_hour = { \"local/local\" = 0.5 }\n";
+
+#[tokio::test]
+async fn a_deleted_queue_reports_its_last_usage_and_the_bill_counts_the_bytes_moved() {
+    let cp = ControlPlane::start_with(PRICES);
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let (id, node) = (
+        queue["id"].as_str().unwrap(),
+        queue["node"].as_str().unwrap(),
+    );
+    let logins = &queue["logins"];
+    let mut subscriber = login(
+        node,
+        &logins["subscriber"],
+        "subscriber",
+        json!({"capacity": 20}),
+    )
+    .await;
+    let mut publisher = login(node, &logins["publisher"], "publisher", json!({})).await;
+    let text = "x".repeat(50_000);
+    for _ in 0..20 {
+        let reply = publisher.request(json!({"body": text})).await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    for _ in 0..20 {
+        assert_eq!(subscriber.recv().await["body"], text.as_str());
+    }
+
+    let (status, _) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(status, 200);
+    // The node made its last record when it stopped, and reported it before it went.
+    let today = date_of(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    );
+    let path = format!("/v1/usage?from={today}&to={today}&queue={id}");
+    let (status, usage) = cp.call("GET", &path, None).await;
+    assert_eq!(status, 200, "{usage}");
+    let records = usage["usage"].as_array().unwrap();
+    assert_eq!(records.len(), 1, "{usage}");
+    let record = &records[0];
+    let (sent, received) = (
+        record["network_sent"].as_u64().unwrap(),
+        record["network_received"].as_u64().unwrap(),
+    );
+    assert!(
+        received > 20 * 50_000,
+        "the published bodies came in: {record}"
+    );
+    assert!(sent > 20 * 50_000, "the deliveries went out: {record}");
+    assert_eq!(record["queue"], id);
+    let (_, csv) = http_text(
+        cp.addr,
+        "GET",
+        &format!("{path}&format=csv"),
+        Some(&cp.token),
+        None,
+    )
+    .await;
+    let csv_lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(csv_lines.len(), 2, "{csv}");
+    assert!(csv_lines[1].starts_with(&format!("{id},")), "{csv}");
+
+    let month = &today[..7];
+    let (status, bill) = cp
+        .call("GET", &format!("/v1/bills?month={month}&queue={id}"), None)
+        .await;
+    assert_eq!(status, 200, "{bill}");
+    let line = |item: &str| {
+        bill["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|line| line["item"] == item)
+            .unwrap_or_else(|| panic!("no {item} in {bill}"))
+            .clone()
+    };
+    let out = line("network out");
+    let gb = |bytes: u64| (bytes as f64 / 1e9 * 1e6).round() / 1e6;
+    assert_eq!(out["quantity"].as_f64(), Some(gb(sent)), "{bill}");
+    let priced = (gb(sent) * 0.09 * 1e6).round() / 1e6;
+    assert_eq!(out["amount"].as_f64(), Some(priced), "{bill}");
+    assert_eq!(line("network in")["quantity"].as_f64(), Some(gb(received)));
+    assert_eq!(line("instance local in local")["unit_price"], 0.5);
+
+    for bad in [
+        "/v1/usage?from=2026-13-01&to=2026-12-01",
+        "/v1/usage?from=2026-11-01",
+        "/v1/usage?from=2026-11-01&to=2026-11-02&format=xml",
+        "/v1/bills?month=November",
+    ] {
+        let (status, error) = cp.call("GET", bad, None).await;
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (400, Some("bad_request")),
+            "{bad}"
+        );
+    }
+    let (status, _) = cp
+        .call("GET", "/v1/bills?month=2026-11&queue=nosuchqueue", None)
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_once_each() {
+    let mut cp = ControlPlane::start();
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let (id, node) = (
+        queue["id"].as_str().unwrap().to_string(),
+        queue["node"].as_str().unwrap().to_string(),
+    );
+    let mut publisher = login(&node, &queue["logins"]["publisher"], "publisher", json!({})).await;
+    let reply = publisher.request(json!({"body": "counted"})).await;
+    assert_eq!(reply["status"], "Success.");
+
+    // The control plane goes; the node stops meanwhile, making its last record, which it
+    // cannot hand over. It stays in the node's history.
+    cp.kill();
+    let config = cp.dir.path().join("data/nodes").join(&id).join("node.toml");
+    let pid = process_naming(&config).expect("the node runs");
+    signal(pid, libc::SIGTERM);
+    let deadline = std::time::Instant::now() + PROMPT;
+    while process_naming(&config) == Some(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never stopped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // Back, it starts the node again, which reports what it kept.
+    let cp = cp.start_again();
+    cp.wait_for_log("a node report was kept", 1);
+    let path = format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}");
+    let (_, usage) = cp.call("GET", &path, None).await;
+    let records = usage["usage"].as_array().unwrap().clone();
+    assert_eq!(records.len(), 1, "{usage}");
+    assert!(records[0]["network_received"].as_u64().unwrap() > 0);
+
+    // Sent again (a reply lost on the way), it is still one record.
+    let node_config = std::fs::read_to_string(&config).unwrap();
+    let table: toml::Table = node_config.parse().unwrap();
+    let token = table["node_token"].as_str().unwrap();
+    let (_, csv) = http_text(
+        cp.addr,
+        "GET",
+        &format!("{path}&format=csv"),
+        Some(&cp.token),
+        None,
+    )
+    .await;
+    let line = csv
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_once(',')
+        .unwrap()
+        .1
+        .to_string();
+    let report = json!({"usage": [line]}).to_string();
+    let reports = format!("/v1/nodes/{id}/reports");
+    let (status, _) = http(cp.addr, "POST", &reports, Some(token), Some(&report)).await;
+    assert_eq!(status, 200);
+    let (_, usage) = cp.call("GET", &path, None).await;
+    assert_eq!(usage["usage"].as_array().unwrap().len(), 1, "{usage}");
+
+    // A node's token is its own queue's only; the operator's is not a node's.
+    let (status, _) = http(
+        cp.addr,
+        "POST",
+        "/v1/nodes/otherqueue/reports",
+        Some(token),
+        Some(&report),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, _) = http(cp.addr, "POST", &reports, Some(&cp.token), Some(&report)).await;
+    assert_eq!(status, 401);
+    let bad = json!({"usage": ["1,2,3"]}).to_string();
+    let (status, _) = http(cp.addr, "POST", &reports, Some(token), Some(&bad)).await;
+    assert_eq!(status, 400);
 }

@@ -8,6 +8,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -18,6 +19,8 @@ const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 #[derive(Default)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), Histogram>>,
+    /// Reports received from nodes and kept.
+    pub node_reports: AtomicU64,
 }
 
 #[derive(Default)]
@@ -100,6 +103,10 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
     for (status, count) in by_status {
         let _ = writeln!(out, "qe_queues{{status=\"{status}\"}} {count}");
     }
+    let reports = state.metrics.node_reports.load(Ordering::Relaxed);
+    out.push_str("# HELP qe_node_reports_total Node reports received.\n");
+    out.push_str("# TYPE qe_node_reports_total counter\n");
+    let _ = writeln!(out, "qe_node_reports_total {reports}");
     state.metrics.render_requests(&mut out);
     Ok(out)
 }

@@ -5,6 +5,7 @@
 mod error;
 mod metrics;
 pub mod queues;
+mod usage;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
@@ -28,6 +29,8 @@ pub struct AppState {
     pub store: Store,
     pub fleet: Arc<dyn Provider>,
     pub metrics: Metrics,
+    /// Checks the tokens nodes report with.
+    pub node_tokens: Arc<crate::nodes::NodeTokens>,
 }
 
 /// The API's description, kept beside the code and checked against the router by tests.
@@ -38,9 +41,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/queues", post(queues::create).get(queues::list))
         .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
         .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
+        .route("/v1/usage", get(usage::usage))
+        .route("/v1/bills", get(usage::bills))
         .route("/metrics", get(metrics::render))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    // Nodes report with their own tokens (checked in the handler); two routes need none.
     let open = Router::new()
+        .route("/v1/nodes/{id}/reports", post(usage::receive))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
             "/openapi.json",

@@ -6,6 +6,7 @@
 
 use super::process::{make_fifo, NodeProcess};
 use super::{FleetError, Provider};
+use crate::nodes::NodeTokens;
 use crate::queues::{Queue, StoredLogin, Tier};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -25,12 +26,23 @@ const RELOAD_WITHIN: Duration = Duration::from_secs(5);
 /// The wait before starting a node that exited; it doubles while starts keep failing.
 const RESTART_AFTER: Duration = Duration::from_millis(200);
 const RESTART_AFTER_AT_MOST: Duration = Duration::from_secs(30);
+/// How long a stopping node has to make and report its last record before it is killed.
+const STOP_WITHIN: Duration = Duration::from_secs(10);
 
 pub struct LocalProvider {
     dataplane: PathBuf,
     /// Each queue's node lives in `nodes/QUEUE-ID/` here.
     dir: PathBuf,
+    /// Where nodes report, and their tokens.
+    reports: ReportTarget,
     running: Mutex<HashMap<String, RunningNode>>,
+}
+
+/// The control plane's node API, as nodes are told it.
+pub struct ReportTarget {
+    /// Its base URL (`http://127.0.0.1:PORT` for local nodes).
+    pub url: String,
+    pub tokens: Arc<NodeTokens>,
 }
 
 /// A node this provider keeps running.
@@ -143,7 +155,7 @@ async fn supervise(
     loop {
         tokio::select! {
             _ = stop.notified() => {
-                child.kill().await;
+                child.stop(STOP_WITHIN).await;
                 return;
             }
             _ = child.exited() => {}
@@ -176,10 +188,11 @@ impl Drop for AbortOnDrop {
 }
 
 impl LocalProvider {
-    pub fn new(dataplane: PathBuf, dir: PathBuf) -> LocalProvider {
+    pub fn new(dataplane: PathBuf, dir: PathBuf, reports: ReportTarget) -> LocalProvider {
         LocalProvider {
             dataplane,
             dir,
+            reports,
             running: Mutex::default(),
         }
     }
@@ -193,8 +206,8 @@ impl LocalProvider {
         let dir = self.node_dir(&queue.id);
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
         let port = free_port().map_err(|e| fail(e.to_string()))?;
-        let config = node_config(queue, &dir, port);
-        std::fs::write(dir.join("node.toml"), config).map_err(|e| fail(e.to_string()))?;
+        let config = node_config(queue, &dir, port, &self.reports);
+        write_private(&dir.join("node.toml"), &config).map_err(|e| fail(e.to_string()))?;
         let (launcher, listener) = self.launcher(dir).map_err(|e| fail(e.to_string()))?;
         let (child, addr) = launcher.launch().await?;
         self.keep_running(&queue.id, port, child, launcher, listener);
@@ -303,8 +316,8 @@ impl LocalProvider {
                 node.lines.subscribe(),
             )
         };
-        let config = node_config(queue, &dir, port);
-        std::fs::write(dir.join("node.toml"), config).map_err(|e| fail(e.to_string()))?;
+        let config = node_config(queue, &dir, port, &self.reports);
+        write_private(&dir.join("node.toml"), &config).map_err(|e| fail(e.to_string()))?;
         // SAFETY: kill takes a pid and a signal.
         if unsafe { libc::kill(pid as libc::pid_t, libc::SIGHUP) } != 0 {
             return Err(fail("SIGHUP could not be sent".into()));
@@ -358,8 +371,20 @@ fn configured_port(config: &Path) -> Result<u16, String> {
     Ok(addr.port())
 }
 
+/// Writes a file only its owner can read (a node's config holds its token).
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    std::io::Write::write_all(&mut file, text.as_bytes())
+}
+
 /// The node's config file: what the control plane decides for it.
-fn node_config(queue: &Queue, dir: &Path, port: u16) -> String {
+fn node_config(queue: &Queue, dir: &Path, port: u16, reports: &ReportTarget) -> String {
     let login = |role: &str, login: &StoredLogin| {
         format!(
             "[{role}]\nusername = {:?}\npassword_hash = {:?}\n",
@@ -372,11 +397,15 @@ fn node_config(queue: &Queue, dir: &Path, port: u16) -> String {
     };
     format!(
         "listen = \"127.0.0.1:{port}\"\ndata_dir = {:?}\nplaintext = true\ntier = \"{tier}\"\n\
-         instance_type = {:?}\nregion = {:?}\nipv4 = {}\n{}{}{}",
+         instance_type = {:?}\nregion = {:?}\nipv4 = {}\ncontrol_plane = {:?}\nqueue_id = {:?}\n\
+         node_token = {:?}\n{}{}{}",
         dir.join("data"),
         queue.instance_type,
         queue.region,
         queue.ipv4,
+        reports.url,
+        queue.id,
+        reports.tokens.token_for(&queue.id),
         login("publisher", &queue.publisher),
         login("subscriber", &queue.subscriber),
         login("admin", &queue.admin),

@@ -5,6 +5,7 @@
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
+use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::process::Child;
 
@@ -56,10 +57,25 @@ impl NodeProcess {
         }
     }
 
-    pub async fn kill(&mut self) {
+    /// SIGTERM (the node makes and reports its last usage record), then SIGKILL if it is
+    /// still there after `grace`.
+    pub async fn stop(&mut self, grace: Duration) {
+        self.signal(libc::SIGTERM);
+        if tokio::time::timeout(grace, self.exited()).await.is_err() {
+            tracing::warn!(pid = self.id(), "a node ignored SIGTERM; killing it");
+            self.signal(libc::SIGKILL);
+            self.exited().await;
+        }
+    }
+
+    fn signal(&self, signal: libc::c_int) {
         match self {
             NodeProcess::Child(child) => {
-                let _ = child.kill().await;
+                if let Some(pid) = child.id() {
+                    // SAFETY: kill takes a pid and a signal; the child is not reaped yet, so
+                    // the pid is still its own.
+                    unsafe { libc::kill(pid as libc::pid_t, signal) };
+                }
             }
             NodeProcess::Adopted { exit, .. } => {
                 use std::os::fd::AsRawFd;
@@ -70,12 +86,11 @@ impl NodeProcess {
                     libc::syscall(
                         libc::SYS_pidfd_send_signal,
                         fd,
-                        libc::SIGKILL,
+                        signal,
                         std::ptr::null::<libc::siginfo_t>(),
                         0,
                     )
                 };
-                let _ = exit.readable().await;
             }
         }
     }

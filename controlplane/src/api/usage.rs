@@ -1,0 +1,198 @@
+//! What nodes report (`POST /v1/nodes/{id}/reports`, with the node's token) and what the
+//! operator reads from it: `GET /v1/usage` and `GET /v1/bills`, as JSON or CSV.
+
+use super::{ApiError, AppState};
+use crate::store::Report;
+use crate::usage::{self, UsageRecord, BILL_CSV_HEADER, USAGE_CSV_HEADER};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A node's report: new lines of its history, in the manual's `getusage`/`getstats` form.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeReport {
+    #[serde(default)]
+    usage: Vec<String>,
+    #[serde(default)]
+    stats: Vec<String>,
+}
+
+pub async fn receive(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<NodeReport>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if !state.node_tokens.check(&id, presented) {
+        return Err(ApiError::Unauthorized);
+    }
+    let Json(report) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    if state.store.get(&id)?.is_none() {
+        return Err(ApiError::NotFound(id));
+    }
+    let bad = |line: &str| ApiError::BadRequest(format!("not a record: {line:?}"));
+    let usage = report
+        .usage
+        .iter()
+        .map(|line| {
+            Ok((
+                UsageRecord::parse(line).ok_or_else(|| bad(line))?.time,
+                line.clone(),
+            ))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let stats = report
+        .stats
+        .iter()
+        .map(|line| {
+            Ok((
+                usage::is_stats_line(line).ok_or_else(|| bad(line))?,
+                line.clone(),
+            ))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    state.store.put_reports(&id, Report::Usage, &usage)?;
+    state.store.put_reports(&id, Report::Stats, &stats)?;
+    state.metrics.node_reports.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(queue = %id, usage = usage.len(), stats = stats.len(), "a node report was kept");
+    Ok(Json(json!({"usage": usage.len(), "stats": stats.len()})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageQuery {
+    from: String,
+    to: String,
+    queue: Option<String>,
+    format: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BillQuery {
+    month: String,
+    queue: Option<String>,
+    format: Option<String>,
+}
+
+/// The usage records of the days `from` to `to` (both included, UTC).
+pub async fn usage(
+    State(state): State<Arc<AppState>>,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let date = |text: &str| {
+        usage::parse_date(text)
+            .ok_or_else(|| ApiError::BadRequest(format!("{text:?} is not a YYYY-MM-DD date")))
+    };
+    let (from, to) = (date(&query.from)?, date(&query.to)? + usage::DAY);
+    let csv = wants_csv(query.format.as_deref())?;
+    let mut rows = Vec::new();
+    for queue in queues_asked(&state, query.queue)? {
+        for line in state.store.usage_of(&queue)? {
+            match UsageRecord::parse(&line) {
+                Some(record) if (from..to).contains(&record.time) => {
+                    rows.push((queue.clone(), record))
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(match csv {
+        true => {
+            let mut text = USAGE_CSV_HEADER.to_string();
+            rows.iter()
+                .for_each(|(queue, r)| text.push_str(&r.csv(queue)));
+            csv_response(text)
+        }
+        false => {
+            let rows: Vec<_> = rows
+                .iter()
+                .map(|(queue, record)| {
+                    let mut row = serde_json::to_value(record).expect("plain fields");
+                    row["queue"] = json!(queue);
+                    row
+                })
+                .collect();
+            Json(json!({"usage": rows})).into_response()
+        }
+    })
+}
+
+/// A month's bill: per queue, instance-hours by type and region, IPv4-hours, network GB out
+/// and in, storage GB-months, each priced from the config's table.
+pub async fn bills(
+    State(state): State<Arc<AppState>>,
+    query: Result<Query<BillQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let (from, to) = usage::parse_month(&query.month)
+        .ok_or_else(|| ApiError::BadRequest(format!("{:?} is not a YYYY-MM month", query.month)))?;
+    let csv = wants_csv(query.format.as_deref())?;
+    let mut lines = Vec::new();
+    for id in queues_asked(&state, query.queue)? {
+        let created = state.store.get(&id)?.map_or(0, |queue| queue.created);
+        let records: Vec<UsageRecord> = state
+            .store
+            .usage_of(&id)?
+            .iter()
+            .filter_map(|line| UsageRecord::parse(line))
+            .collect();
+        lines.extend(usage::bill(
+            &id,
+            created,
+            &records,
+            from,
+            to,
+            &state.config.prices,
+        ));
+    }
+    let total = (lines.iter().map(|line| line.amount).sum::<f64>() * 1e6).round() / 1e6;
+    Ok(match csv {
+        true => {
+            let mut text = BILL_CSV_HEADER.to_string();
+            lines.iter().for_each(|line| text.push_str(&line.csv()));
+            csv_response(text)
+        }
+        false => {
+            Json(json!({"month": query.month, "lines": lines, "total": total})).into_response()
+        }
+    })
+}
+
+fn wants_csv(format: Option<&str>) -> Result<bool, ApiError> {
+    match format {
+        None | Some("json") => Ok(false),
+        Some("csv") => Ok(true),
+        Some(other) => Err(ApiError::BadRequest(format!(
+            "format {other:?}: json or csv"
+        ))),
+    }
+}
+
+/// The one queue asked for (404 if there is none), or all of them.
+fn queues_asked(state: &AppState, queue: Option<String>) -> Result<Vec<String>, ApiError> {
+    match queue {
+        Some(id) => match state.store.get(&id)? {
+            Some(_) => Ok(vec![id]),
+            None => Err(ApiError::NotFound(id)),
+        },
+        None => Ok(state.store.list()?.into_iter().map(|q| q.id).collect()),
+    }
+}
+
+fn csv_response(text: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], text).into_response()
+}

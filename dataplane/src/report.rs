@@ -1,0 +1,101 @@
+//! Pushes the node's stats and usage records to the control plane, which bills from them.
+//!
+//! The node's own history is the source of truth: records are sent oldest first, and the
+//! history notes how far the control plane has acknowledged (a cursor in sled), so a push that
+//! fails is sent again, through outages and restarts, and none is lost. The control plane
+//! keeps records by (queue, kind, time), so one sent twice is stored once.
+
+use crate::config::ReportTo;
+use crate::history::Kind;
+use crate::node::Node;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The wait after a failed push; it doubles while pushes keep failing.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(60);
+/// Records per request.
+const BATCH: usize = 500;
+
+#[derive(Clone)]
+pub struct Reporter {
+    node: Arc<Node>,
+    to: ReportTo,
+    client: reqwest::Client,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("reading the history: {0}")]
+    History(#[from] sled::Error),
+    #[error("sending: {0}")]
+    Send(#[from] reqwest::Error),
+    #[error("the control plane replied {0}")]
+    Refused(reqwest::StatusCode),
+}
+
+impl Reporter {
+    pub fn new(node: Arc<Node>, to: ReportTo) -> Reporter {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("an HTTP client");
+        Reporter { node, to, client }
+    }
+
+    /// Pushes whatever is new, then waits for the next record; backs off while pushes fail.
+    /// Runs until aborted.
+    pub async fn run(self) {
+        let mut wait = RETRY_AFTER;
+        loop {
+            let recorded = self.node.history.recorded.notified();
+            tokio::pin!(recorded);
+            // Registered before the push, so a record made during it is not missed.
+            recorded.as_mut().enable();
+            match self.push_all().await {
+                Ok(()) => {
+                    wait = RETRY_AFTER;
+                    recorded.await;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, retry_in = ?wait, "reporting to the control plane failed");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
+                }
+            }
+        }
+    }
+
+    /// Sends every unreported record, in batches, noting each batch once it is received.
+    pub async fn push_all(&self) -> Result<(), ReportError> {
+        let history = &self.node.history;
+        loop {
+            let usage = history.unreported(Kind::Usage, BATCH)?;
+            let stats = history.unreported(Kind::Stats, BATCH)?;
+            if usage.is_empty() && stats.is_empty() {
+                return Ok(());
+            }
+            let lines = |records: &[(u64, String)]| -> Vec<String> {
+                records.iter().map(|(_, line)| line.clone()).collect()
+            };
+            let body = json!({"usage": lines(&usage), "stats": lines(&stats)});
+            let url = format!("{}/v1/nodes/{}/reports", self.to.url, self.to.queue_id);
+            let response = self
+                .client
+                .post(url)
+                .bearer_auth(&self.to.token)
+                .json(&body)
+                .send()
+                .await?;
+            if !response.status().is_success() {
+                return Err(ReportError::Refused(response.status()));
+            }
+            for (kind, records) in [(Kind::Usage, &usage), (Kind::Stats, &stats)] {
+                if let Some((time, _)) = records.last() {
+                    history.mark_reported(kind, *time)?;
+                }
+            }
+        }
+    }
+}

@@ -27,9 +27,8 @@ enum Command {
     Serve {
         #[arg(long)]
         config: PathBuf,
-        /// Overrides the file's `listen`.
-        #[arg(long)]
-        listen: Option<SocketAddr>,
+        #[command(flatten)]
+        overrides: Overrides,
     },
     /// Runs the control plane with local nodes and a demo queue, and says how to try it.
     Dev {
@@ -41,13 +40,40 @@ enum Command {
     },
 }
 
+/// Flags that win over the config file (the token only comes from the file: a flag would
+/// show it in the process list).
+#[derive(clap::Args)]
+struct Overrides {
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long)]
+    cluster: Option<String>,
+    #[arg(long)]
+    domain: Option<String>,
+    /// The `dataplane` binary the local provider runs.
+    #[arg(long)]
+    dataplane: Option<PathBuf>,
+}
+
+impl Overrides {
+    fn apply(self, config: &mut Config) {
+        config.listen = self.listen.unwrap_or(config.listen);
+        config.data_dir = self.data_dir.unwrap_or(config.data_dir.clone());
+        config.cluster = self.cluster.unwrap_or(config.cluster.clone());
+        config.domain = self.domain.unwrap_or(config.domain.clone());
+        config.dataplane = self.dataplane.or(config.dataplane.clone());
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .init();
     let result = match Args::parse().command {
-        Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Serve { config, overrides } => serve(config, overrides).await,
         Command::Dev { dir, listen } => dev(dir, listen).await,
     };
     match result {
@@ -61,11 +87,9 @@ async fn main() -> ExitCode {
 
 type Failure = Box<dyn std::error::Error>;
 
-async fn serve(config_path: PathBuf, listen: Option<SocketAddr>) -> Result<(), Failure> {
+async fn serve(config_path: PathBuf, overrides: Overrides) -> Result<(), Failure> {
     let mut config = Config::parse(&std::fs::read_to_string(&config_path)?)?;
-    if let Some(listen) = listen {
-        config.listen = listen;
-    }
+    overrides.apply(&mut config);
     let (state, listener, _) = start(config).await?;
     // The nodes go on running after this returns: the next control plane adopts them.
     run(state, listener).await

@@ -590,7 +590,12 @@ impl ControlPlane {
 
     /// With `extra` appended to its config file (a `[prices]` table, say).
     pub fn start_with(extra: &str) -> ControlPlane {
-        ControlPlane::start_at(tempfile::tempdir().unwrap(), "127.0.0.1:0", extra)
+        ControlPlane::start_at(tempfile::tempdir().unwrap(), "127.0.0.1:0", extra, &[])
+    }
+
+    /// With flags after `serve --config FILE`.
+    pub fn start_with_flags(flags: &[&str]) -> ControlPlane {
+        ControlPlane::start_at(tempfile::tempdir().unwrap(), "127.0.0.1:0", "", flags)
     }
 
     /// Kills the control plane with SIGKILL, leaving its nodes.
@@ -605,7 +610,7 @@ impl ControlPlane {
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
         let (listen, extra) = (self.addr, std::mem::take(&mut self.extra));
         std::mem::forget(self);
-        ControlPlane::start_at(dir, &listen.to_string(), &extra)
+        ControlPlane::start_at(dir, &listen.to_string(), &extra, &[])
     }
 
     /// Kills the control plane, leaving its nodes, and starts a new one in its place.
@@ -614,7 +619,7 @@ impl ControlPlane {
         self.start_again()
     }
 
-    fn start_at(dir: tempfile::TempDir, listen: &str, extra: &str) -> ControlPlane {
+    fn start_at(dir: tempfile::TempDir, listen: &str, extra: &str, flags: &[&str]) -> ControlPlane {
         let token = "operator-token-for-tests".to_string();
         let config = format!(
             "listen = \"{listen}\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"test\"\n\
@@ -626,6 +631,7 @@ impl ControlPlane {
         let mut child = Command::new(controlplane_binary())
             .args(["serve", "--config"])
             .arg(dir.path().join("controlplane.toml"))
+            .args(flags)
             .stdout(Stdio::piped())
             .env("RUST_LOG", "info")
             .stderr(Stdio::piped())

@@ -79,6 +79,15 @@ async fn a_created_queue_runs_serves_its_logins_and_is_deleted() {
 }
 
 #[tokio::test]
+async fn flags_win_over_the_config_file() {
+    let cp = ControlPlane::start_with_flags(&["--cluster", "flagged", "--domain", "example.net"]);
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let id = queue["id"].as_str().unwrap();
+    assert_eq!(queue["host"], format!("{id}.q.flagged.example.net"));
+}
+
+#[tokio::test]
 async fn bad_requests_get_json_errors() {
     let cp = ControlPlane::start();
     let (status, error) = http(cp.addr, "GET", "/v1/queues", None, None).await;

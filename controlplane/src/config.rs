@@ -22,6 +22,9 @@ pub struct Config {
     pub domain: String,
     /// The `dataplane` binary the local provider runs. Default: beside this binary.
     pub dataplane: Option<PathBuf>,
+    /// Where the authoritative DNS for `q.CLUSTER.DOMAIN` answers (UDP and TCP). Default: no
+    /// DNS server.
+    pub dns_listen: Option<SocketAddr>,
     /// The price table bills are made with, in dollars. Default: everything free.
     #[serde(default)]
     pub prices: Prices,

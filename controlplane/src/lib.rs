@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod config;
+pub mod dns;
 pub mod fleet;
 pub mod nodes;
 pub mod queues;

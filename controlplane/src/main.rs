@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use controlplane::api::{self, queues, AppState};
 use controlplane::config::Config;
+use controlplane::dns::{self, Addresses, Zone};
 use controlplane::fleet::local::{LocalProvider, ReportTarget};
 use controlplane::nodes::NodeTokens;
 use controlplane::queues::{NewQueue, Tier};
@@ -119,6 +120,12 @@ async fn start(config: Config) -> Result<Started, Failure> {
         reports,
     ));
     queues::resume_all(&store, fleet.as_ref()).await?;
+    let zone = Zone::new(&config.cluster, &config.domain, Addresses::default())?;
+    zone.update(&store.list()?);
+    if let Some(addr) = config.dns_listen {
+        let bound = dns::serve(zone.clone(), addr).await?;
+        println!("dns on {bound}");
+    }
     println!("listening on {}", listener.local_addr()?);
     let _ = std::io::stdout().flush();
     let state = Arc::new(AppState {
@@ -127,6 +134,7 @@ async fn start(config: Config) -> Result<Started, Failure> {
         fleet: fleet.clone(),
         metrics: Default::default(),
         node_tokens,
+        zone,
     });
     Ok((state, listener, fleet))
 }

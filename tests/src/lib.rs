@@ -575,6 +575,8 @@ pub fn process_naming(path: &Path) -> Option<u32> {
 pub struct ControlPlane {
     child: Child,
     pub addr: SocketAddr,
+    /// Where its DNS server answers, when its config has `dns_listen`.
+    pub dns: Option<SocketAddr>,
     pub token: String,
     pub dir: tempfile::TempDir,
     /// Everything it wrote to stderr.
@@ -639,16 +641,26 @@ impl ControlPlane {
             .expect("start controlplane");
         let log = Log::follow(child.stderr.take().unwrap());
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .expect("listening on")
-            .parse()
-            .unwrap();
+        let mut dns = None;
+        let addr = loop {
+            let mut line = String::new();
+            if stdout.read_line(&mut line).unwrap() == 0 {
+                let _ = child.wait();
+                panic!(
+                    "controlplane exited before listening:\n{}",
+                    log.text.lock().unwrap()
+                );
+            }
+            if let Some(addr) = line.trim().strip_prefix("dns on ") {
+                dns = Some(addr.parse().expect("an address after `dns on`"));
+            }
+            if let Some(addr) = line.trim().strip_prefix("listening on ") {
+                break addr.parse().expect("an address after `listening on`");
+            }
+        };
         std::thread::spawn(move || for _ in stdout.lines() {});
         ControlPlane {
+            dns,
             child,
             addr,
             token,

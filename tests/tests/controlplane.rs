@@ -534,3 +534,106 @@ async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_on
     let (status, _) = http(cp.addr, "POST", &reports, Some(token), Some(&bad)).await;
     assert_eq!(status, 400);
 }
+
+/// Asks `server` for `name`'s `kind` records, over UDP or TCP; returns the response code and
+/// the answers' data as text.
+async fn ask_dns(
+    server: std::net::SocketAddr,
+    name: &str,
+    kind: hickory_proto::rr::RecordType,
+    tcp: bool,
+) -> (hickory_proto::op::ResponseCode, Vec<String>, bool) {
+    use hickory_proto::op::{Message, Query};
+    use std::str::FromStr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut query = Message::query();
+    query.metadata.id = 4242;
+    let name = hickory_proto::rr::Name::from_str(name).unwrap();
+    query.add_query(Query::query(name, kind));
+    let bytes = query.to_vec().unwrap();
+    let reply = if tcp {
+        let mut stream = tokio::net::TcpStream::connect(server).await.unwrap();
+        let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+        framed.extend(&bytes);
+        stream.write_all(&framed).await.unwrap();
+        let length = stream.read_u16().await.unwrap();
+        let mut reply = vec![0; length as usize];
+        stream.read_exact(&mut reply).await.unwrap();
+        reply
+    } else {
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        socket.send_to(&bytes, server).await.unwrap();
+        let mut reply = vec![0; 4096];
+        let n = tokio::time::timeout(PROMPT, socket.recv(&mut reply))
+            .await
+            .unwrap()
+            .unwrap();
+        reply.truncate(n);
+        reply
+    };
+    let reply = Message::from_vec(&reply).unwrap();
+    assert_eq!(reply.metadata.id, 4242);
+    let answers = reply
+        .answers
+        .iter()
+        .map(|record| record.data.to_string())
+        .collect();
+    (
+        reply.metadata.response_code,
+        answers,
+        reply.metadata.authoritative,
+    )
+}
+
+#[tokio::test]
+async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_delete() {
+    use hickory_proto::op::ResponseCode;
+    use hickory_proto::rr::RecordType;
+    let cp = ControlPlane::start_with("dns_listen = \"127.0.0.1:0\"\n");
+    let dns = cp.dns.expect("a DNS server");
+    let create = |ipv4: bool| {
+        format!(r#"{{"tier":"devtest","region":"local","instance_type":"local","ipv4":{ipv4}}}"#)
+    };
+    let (_, with_ipv4) = cp.call("POST", "/v1/queues", Some(&create(true))).await;
+    let (_, v6_only) = cp.call("POST", "/v1/queues", Some(&create(false))).await;
+    let host = |queue: &serde_json::Value| format!("{}.", queue["host"].as_str().unwrap());
+
+    for tcp in [false, true] {
+        let answer = ask_dns(dns, &host(&with_ipv4), RecordType::AAAA, tcp).await;
+        assert_eq!(
+            answer,
+            (ResponseCode::NoError, vec!["::1".to_string()], true)
+        );
+        let answer = ask_dns(dns, &host(&with_ipv4), RecordType::A, tcp).await;
+        assert_eq!(answer.1, vec!["127.0.0.1".to_string()]);
+        let answer = ask_dns(dns, &host(&v6_only), RecordType::AAAA, tcp).await;
+        assert_eq!(answer.1, vec!["::1".to_string()]);
+        let answer = ask_dns(dns, &host(&v6_only), RecordType::A, tcp).await;
+        assert_eq!(
+            (answer.0, answer.1.len()),
+            (ResponseCode::NoError, 0),
+            "no A without IPv4"
+        );
+    }
+    let unknown = ask_dns(
+        dns,
+        "nosuchqueue.q.test.thequeueexpert.com.",
+        RecordType::AAAA,
+        false,
+    )
+    .await;
+    assert_eq!(unknown.0, ResponseCode::NXDomain);
+    let soa = ask_dns(dns, "q.test.thequeueexpert.com.", RecordType::SOA, false).await;
+    let serial_before: u32 = soa.1[0].split_whitespace().nth(2).unwrap().parse().unwrap();
+
+    let id = with_ipv4["id"].as_str().unwrap();
+    cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    let gone = ask_dns(dns, &host(&with_ipv4), RecordType::AAAA, false).await;
+    assert_eq!(gone.0, ResponseCode::NXDomain);
+    let soa = ask_dns(dns, "q.test.thequeueexpert.com.", RecordType::SOA, true).await;
+    let serial_after: u32 = soa.1[0].split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(
+        serial_after > serial_before,
+        "{serial_before} → {serial_after}"
+    );
+}

@@ -31,6 +31,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Checks the tokens nodes report with.
     pub node_tokens: Arc<crate::nodes::NodeTokens>,
+    /// The queues' names, as the DNS server answers them.
+    pub zone: Arc<crate::dns::Zone>,
 }
 
 /// The API's description, kept beside the code and checked against the router by tests.

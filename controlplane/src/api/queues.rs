@@ -47,6 +47,8 @@ pub async fn create(
 pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
     let (mut queue, logins) = queues::create(new);
     state.store.put(&queue)?;
+    // The name resolves from now on, while the node starts.
+    refresh_zone(state)?;
     match state.fleet.start(&queue).await {
         Ok(node) => {
             queue.status = Status::Running;
@@ -59,6 +61,12 @@ pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, Issued
     }
     state.store.put(&queue)?;
     Ok((queue, logins))
+}
+
+/// Rebuilds the DNS zone from the queues' records.
+pub fn refresh_zone(state: &AppState) -> Result<(), StoreError> {
+    state.zone.update(&state.store.list()?);
+    Ok(())
 }
 
 /// At start-up: takes on the node of every queue that was running (adopted, or started again).
@@ -135,6 +143,7 @@ pub async fn delete(
         .ok_or_else(|| ApiError::NotFound(id.clone()))?;
     queue.status = Status::Deleting;
     state.store.put(&queue)?;
+    refresh_zone(&state)?;
     state.fleet.stop(&queue.id).await;
     queue.status = Status::Deleted;
     queue.node = None;

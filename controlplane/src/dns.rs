@@ -1,0 +1,167 @@
+//! The authoritative DNS for `q.CLUSTER.DOMAIN` (hickory-server, UDP and TCP): SOA and NS, and
+//! for each live queue an AAAA record always and an A record only when it has IPv4 (the
+//! manual's *The address*). Unknown names get NXDOMAIN.
+//!
+//! The zone is rebuilt whole from the queues' records on every change and swapped in, with the
+//! SOA serial moving forward; a query reads whichever zone is current.
+
+use crate::queues::{Queue, Status};
+use hickory_server::net::runtime::TokioRuntimeProvider;
+use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA};
+use hickory_server::proto::rr::{LowerName, Name, RData, Record};
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::store::in_memory::InMemoryZoneHandler;
+use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneType};
+use hickory_server::Server;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// How long resolvers may keep an answer: short, since queues come and go.
+const TTL: u32 = 60;
+
+/// Where a queue's name points (the local provider: loopback).
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    pub v6: Ipv6Addr,
+    pub v4: Ipv4Addr,
+}
+
+impl Default for Addresses {
+    fn default() -> Addresses {
+        Addresses {
+            v6: Ipv6Addr::LOCALHOST,
+            v4: Ipv4Addr::LOCALHOST,
+        }
+    }
+}
+
+/// The zone as served now; [`Zone::update`] swaps in a new one.
+pub struct Zone {
+    origin: Name,
+    addresses: Addresses,
+    current: RwLock<Arc<Catalog>>,
+    serial: std::sync::Mutex<u32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DnsError {
+    #[error("{0:?} is not a DNS name")]
+    Name(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Zone {
+    /// The zone `q.CLUSTER.DOMAIN.`, empty of queues.
+    pub fn new(cluster: &str, domain: &str, addresses: Addresses) -> Result<Arc<Zone>, DnsError> {
+        let text = format!("q.{cluster}.{domain}.");
+        let origin = Name::from_str(&text).map_err(|_| DnsError::Name(text))?;
+        let zone = Arc::new(Zone {
+            origin,
+            addresses,
+            current: RwLock::new(Arc::new(Catalog::new())),
+            serial: std::sync::Mutex::new(0),
+        });
+        zone.update(&[]);
+        Ok(zone)
+    }
+
+    /// Rebuilds the zone from `queues`; the serial moves forward.
+    pub fn update(&self, queues: &[Queue]) {
+        let serial = {
+            let mut serial = self.serial.lock().expect("never poisoned");
+            // Seconds since 1970, or one more than last time if that is not ahead.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as u32);
+            *serial = now.max(*serial + 1);
+            *serial
+        };
+        let mut handler = InMemoryZoneHandler::<TokioRuntimeProvider>::empty(
+            self.origin.clone(),
+            ZoneType::Primary,
+            AxfrPolicy::Deny,
+        );
+        for record in self.records(queues, serial) {
+            handler.upsert_mut(record, serial);
+        }
+        let mut catalog = Catalog::new();
+        catalog.upsert(LowerName::new(&self.origin), vec![Arc::new(handler)]);
+        *self.current.write().expect("never poisoned") = Arc::new(catalog);
+    }
+
+    fn records(&self, queues: &[Queue], serial: u32) -> Vec<Record> {
+        let ns = self.name("ns");
+        let soa = SOA::new(
+            ns.clone(),
+            self.name("hostmaster"),
+            serial,
+            3600,
+            600,
+            86_400,
+            TTL,
+        );
+        let mut records = vec![
+            Record::from_rdata(self.origin.clone(), TTL, RData::SOA(soa)),
+            Record::from_rdata(self.origin.clone(), TTL, RData::NS(NS(ns.clone()))),
+            Record::from_rdata(ns, TTL, RData::AAAA(AAAA(self.addresses.v6))),
+        ];
+        let live = |queue: &&Queue| matches!(queue.status, Status::Running | Status::Provisioning);
+        for queue in queues.iter().filter(live) {
+            let name = self.name(&queue.id);
+            records.push(Record::from_rdata(
+                name.clone(),
+                TTL,
+                RData::AAAA(AAAA(self.addresses.v6)),
+            ));
+            if queue.ipv4 {
+                records.push(Record::from_rdata(
+                    name,
+                    TTL,
+                    RData::A(A(self.addresses.v4)),
+                ));
+            }
+        }
+        records
+    }
+
+    fn name(&self, label: &str) -> Name {
+        Name::from_str(label)
+            .and_then(|label| label.append_domain(&self.origin))
+            .expect("queue ids and our labels are DNS labels")
+    }
+}
+
+/// Answers from whichever zone is current.
+struct Answerer(Arc<Zone>);
+
+#[async_trait::async_trait]
+impl RequestHandler for Answerer {
+    async fn handle_request<R: ResponseHandler, T: hickory_server::net::runtime::Time>(
+        &self,
+        request: &Request,
+        response: R,
+    ) -> ResponseInfo {
+        let catalog = self.0.current.read().expect("never poisoned").clone();
+        catalog.handle_request::<R, T>(request, response).await
+    }
+}
+
+/// Serves `zone` on UDP and TCP at `addr` until the process ends; returns the bound address.
+pub async fn serve(zone: Arc<Zone>, addr: SocketAddr) -> Result<SocketAddr, DnsError> {
+    let udp = tokio::net::UdpSocket::bind(addr).await?;
+    let bound = udp.local_addr()?;
+    // The same port on TCP, so one address answers both.
+    let tcp = tokio::net::TcpListener::bind(bound).await?;
+    let mut server = Server::new(Answerer(zone));
+    server.register_socket(udp);
+    server.register_listener(tcp, Duration::from_secs(5), 4096);
+    tokio::spawn(async move {
+        if let Err(error) = server.block_until_done().await {
+            tracing::error!(%error, "the DNS server stopped");
+        }
+    });
+    Ok(bound)
+}

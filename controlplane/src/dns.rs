@@ -1,13 +1,14 @@
 //! The authoritative DNS for `q.CLUSTER.DOMAIN` (hickory-server, UDP and TCP): SOA and NS, and
 //! for each live queue an AAAA record always and an A record only when it has IPv4 (the
-//! manual's *The address*). Unknown names get NXDOMAIN.
+//! manual's *The address*). Unknown names get NXDOMAIN. While an ACME order is pending, its
+//! DNS-01 values are TXT records at `_acme-challenge.q.CLUSTER.DOMAIN`.
 //!
 //! The zone is rebuilt whole from the queues' records on every change and swapped in, with the
 //! SOA serial moving forward; a query reads whichever zone is current.
 
 use crate::queues::{Queue, Status};
 use hickory_server::net::runtime::TokioRuntimeProvider;
-use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA};
+use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, TXT};
 use hickory_server::proto::rr::{LowerName, Name, RData, Record};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::store::in_memory::InMemoryZoneHandler;
@@ -42,7 +43,16 @@ pub struct Zone {
     origin: Name,
     addresses: Addresses,
     current: RwLock<Arc<Catalog>>,
-    serial: std::sync::Mutex<u32>,
+    /// What the zone is built from; either changing rebuilds it.
+    contents: std::sync::Mutex<Contents>,
+}
+
+#[derive(Default)]
+struct Contents {
+    serial: u32,
+    queues: Vec<Queue>,
+    /// DNS-01 values of the pending ACME order.
+    challenges: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,37 +72,46 @@ impl Zone {
             origin,
             addresses,
             current: RwLock::new(Arc::new(Catalog::new())),
-            serial: std::sync::Mutex::new(0),
+            contents: std::sync::Mutex::default(),
         });
         zone.update(&[]);
         Ok(zone)
     }
 
-    /// Rebuilds the zone from `queues`; the serial moves forward.
+    /// Rebuilds the zone with `queues`; the serial moves forward.
     pub fn update(&self, queues: &[Queue]) {
-        let serial = {
-            let mut serial = self.serial.lock().expect("never poisoned");
-            // Seconds since 1970, or one more than last time if that is not ahead.
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as u32);
-            *serial = now.max(*serial + 1);
-            *serial
-        };
+        self.rebuild(|contents| contents.queues = queues.to_vec());
+    }
+
+    /// Publishes the DNS-01 values of a pending ACME order (none: the order is over).
+    pub fn set_challenges(&self, values: Vec<String>) {
+        self.rebuild(|contents| contents.challenges = values);
+    }
+
+    fn rebuild(&self, change: impl FnOnce(&mut Contents)) {
+        let mut contents = self.contents.lock().expect("never poisoned");
+        change(&mut contents);
+        // Seconds since 1970, or one more than last time if that is not ahead.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as u32);
+        contents.serial = now.max(contents.serial + 1);
+        let serial = contents.serial;
         let mut handler = InMemoryZoneHandler::<TokioRuntimeProvider>::empty(
             self.origin.clone(),
             ZoneType::Primary,
             AxfrPolicy::Deny,
         );
-        for record in self.records(queues, serial) {
+        for record in self.records(&contents, serial) {
             handler.upsert_mut(record, serial);
         }
         let mut catalog = Catalog::new();
         catalog.upsert(LowerName::new(&self.origin), vec![Arc::new(handler)]);
+        // Swapped while the contents are locked, so zones are installed in serial order.
         *self.current.write().expect("never poisoned") = Arc::new(catalog);
     }
 
-    fn records(&self, queues: &[Queue], serial: u32) -> Vec<Record> {
+    fn records(&self, contents: &Contents, serial: u32) -> Vec<Record> {
         let ns = self.name("ns");
         let soa = SOA::new(
             ns.clone(),
@@ -109,7 +128,11 @@ impl Zone {
             Record::from_rdata(ns, TTL, RData::AAAA(AAAA(self.addresses.v6))),
         ];
         let live = |queue: &&Queue| matches!(queue.status, Status::Running | Status::Provisioning);
-        for queue in queues.iter().filter(live) {
+        for value in &contents.challenges {
+            let txt = RData::TXT(TXT::new(vec![value.clone()]));
+            records.push(Record::from_rdata(self.name("_acme-challenge"), 0, txt));
+        }
+        for queue in contents.queues.iter().filter(live) {
             let name = self.name(&queue.id);
             records.push(Record::from_rdata(
                 name.clone(),
@@ -164,4 +187,62 @@ pub async fn serve(zone: Arc<Zone>, addr: SocketAddr) -> Result<SocketAddr, DnsE
         }
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_server::proto::op::{Message, Query, ResponseCode};
+    use hickory_server::proto::rr::RecordType;
+
+    async fn ask(server: SocketAddr, name: &str, kind: RecordType) -> (ResponseCode, Vec<String>) {
+        let mut query = Message::query();
+        query.add_query(Query::query(Name::from_str(name).unwrap(), kind));
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        socket
+            .send_to(&query.to_vec().unwrap(), server)
+            .await
+            .unwrap();
+        let mut reply = vec![0; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut reply))
+            .await
+            .unwrap()
+            .unwrap();
+        let reply = Message::from_vec(&reply[..n]).unwrap();
+        let answers = reply.answers.iter().map(|r| r.data.to_string()).collect();
+        (reply.metadata.response_code, answers)
+    }
+
+    #[tokio::test]
+    async fn acme_challenges_are_txt_records_while_the_order_is_pending() {
+        let zone = Zone::new("c", "example.test", Addresses::default()).unwrap();
+        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let name = "_acme-challenge.q.c.example.test.";
+        assert_eq!(
+            ask(server, name, RecordType::TXT).await.0,
+            ResponseCode::NXDomain
+        );
+        zone.set_challenges(vec!["value-one".into(), "value-two".into()]);
+        let (code, mut values) = ask(server, name, RecordType::TXT).await;
+        values.sort();
+        assert_eq!(
+            (code, values),
+            (
+                ResponseCode::NoError,
+                vec!["value-one".into(), "value-two".into()]
+            )
+        );
+        zone.set_challenges(Vec::new());
+        assert_eq!(
+            ask(server, name, RecordType::TXT).await.0,
+            ResponseCode::NXDomain
+        );
+        let (code, ns) = ask(server, "q.c.example.test.", RecordType::NS).await;
+        assert_eq!(
+            (code, ns),
+            (ResponseCode::NoError, vec!["ns.q.c.example.test.".into()])
+        );
+    }
 }

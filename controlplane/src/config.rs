@@ -25,6 +25,8 @@ pub struct Config {
     /// Where the authoritative DNS for `q.CLUSTER.DOMAIN` answers (UDP and TCP). Default: no
     /// DNS server.
     pub dns_listen: Option<SocketAddr>,
+    /// Where the cluster's certificate comes from. Default: none is ordered.
+    pub acme: Option<crate::acme::AcmeConfig>,
     /// The price table bills are made with, in dollars. Default: everything free.
     #[serde(default)]
     pub prices: Prices,

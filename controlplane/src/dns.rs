@@ -150,6 +150,11 @@ impl Zone {
         records
     }
 
+    /// `*.q.CLUSTER.DOMAIN`, the name of the cluster's certificate.
+    pub fn wildcard(&self) -> String {
+        format!("*.{}", self.origin.to_string().trim_end_matches('.'))
+    }
+
     fn name(&self, label: &str) -> Name {
         Name::from_str(label)
             .and_then(|label| label.append_domain(&self.origin))

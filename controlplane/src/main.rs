@@ -126,6 +126,13 @@ async fn start(config: Config) -> Result<Started, Failure> {
         let bound = dns::serve(zone.clone(), addr).await?;
         println!("dns on {bound}");
     }
+    if let Some(acme) = config.acme.clone() {
+        tokio::spawn(controlplane::acme::keep_certified(
+            acme,
+            zone.clone(),
+            store.clone(),
+        ));
+    }
     println!("listening on {}", listener.local_addr()?);
     let _ = std::io::stdout().flush();
     let state = Arc::new(AppState {

@@ -3,6 +3,8 @@
 use crate::queues::Queue;
 use std::path::Path;
 
+/// Cheap to clone: sled's handles are shared.
+#[derive(Clone)]
 pub struct Store {
     db: sled::Db,
     /// Queue id → the queue's record (JSON).
@@ -69,6 +71,32 @@ impl Store {
             batch.insert(format!("{queue_id}/{time:020}").as_bytes(), line.as_bytes());
         }
         tree.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// The cluster's certificate, if one was issued.
+    pub fn certificate(&self) -> Result<Option<crate::acme::Issued>, StoreError> {
+        match self.db.get("certificate")? {
+            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn put_certificate(&self, issued: &crate::acme::Issued) -> Result<(), StoreError> {
+        self.db.insert("certificate", serde_json::to_vec(issued)?)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// The ACME account's credentials (JSON), once made.
+    pub fn acme_account(&self) -> Result<Option<String>, StoreError> {
+        let value = self.db.get("acme-account")?;
+        Ok(value.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    pub fn put_acme_account(&self, credentials: &str) -> Result<(), StoreError> {
+        self.db.insert("acme-account", credentials.as_bytes())?;
         self.db.flush()?;
         Ok(())
     }

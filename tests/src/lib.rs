@@ -8,6 +8,8 @@
 //!   a connection that ended with none.
 //! - [`python`] finds the Python that has the `websockets` package, for the interop tests.
 
+pub mod pebble;
+
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};

@@ -3,6 +3,7 @@
 
 use qe_tests::{http, http_text, process_naming, signal, Client, ControlPlane, PROMPT};
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 async fn login(url: &str, login: &Value, role: &str, extra: Value) -> Client {
     let mut request = json!({
@@ -303,6 +304,7 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/usage",
         "/v1/bills",
         "/v1/nodes/{id}/reports",
+        "/v1/nodes/{id}/certificate",
         "/metrics",
         "/healthz",
         "/openapi.json",
@@ -636,4 +638,62 @@ async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_d
         serial_after > serial_before,
         "{serial_before} → {serial_after}"
     );
+}
+
+#[tokio::test]
+async fn the_cluster_certificate_is_issued_by_dns_01_answered_by_our_own_dns() {
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dns: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let pebble = qe_tests::pebble::Pebble::start(dns);
+    let config = format!(
+        "dns_listen = \"{dns}\"\n[acme]\ndirectory = \"{}\"\nca_root = {:?}\n",
+        pebble.directory, pebble.listener_ca
+    );
+    let cp = ControlPlane::start_with(&config);
+    cp.wait_for_log("certificate issued", 1);
+
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let id = queue["id"].as_str().unwrap();
+    let node_config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
+    let table: toml::Table = std::fs::read_to_string(node_config)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let token = table["node_token"].as_str().unwrap();
+    let path = format!("/v1/nodes/{id}/certificate");
+    let (status, _) = http(cp.addr, "GET", &path, Some(&cp.token), None).await;
+    assert_eq!(status, 401, "the operator's token is not a node's");
+    let (status, issued) = http(cp.addr, "GET", &path, Some(token), None).await;
+    assert_eq!(status, 200, "{issued}");
+    assert!(issued["key_pem"].as_str().unwrap().contains("PRIVATE KEY"));
+
+    // The chain verifies against Pebble's issuing root for this queue's host name.
+    let chain: Vec<CertificateDer> =
+        CertificateDer::pem_slice_iter(issued["chain_pem"].as_str().unwrap().as_bytes())
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pebble.issuing_root().await).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .unwrap();
+    let host = queue["host"].as_str().unwrap().to_string();
+    let name = ServerName::try_from(host).unwrap();
+    verifier
+        .verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
+        .expect("a chain for the queue's name");
+    let other = ServerName::try_from("other.example.com").unwrap();
+    assert!(verifier
+        .verify_server_cert(&chain[0], &chain[1..], &other, &[], UnixTime::now())
+        .is_err());
 }

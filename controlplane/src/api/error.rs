@@ -14,6 +14,8 @@ pub enum ApiError {
     NotFound(String),
     #[error("no such route")]
     NoSuchRoute,
+    #[error("no certificate has been issued yet")]
+    NoCertificate,
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
@@ -25,7 +27,9 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            ApiError::NotFound(_) | ApiError::NoSuchRoute => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::NotFound(_) | ApiError::NoSuchRoute | ApiError::NoCertificate => {
+                (StatusCode::NOT_FOUND, "not_found")
+            }
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }

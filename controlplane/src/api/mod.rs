@@ -50,6 +50,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     // Nodes report with their own tokens (checked in the handler); two routes need none.
     let open = Router::new()
         .route("/v1/nodes/{id}/reports", post(usage::receive))
+        .route("/v1/nodes/{id}/certificate", get(usage::certificate))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
             "/openapi.json",

@@ -24,20 +24,41 @@ pub struct NodeReport {
     stats: Vec<String>,
 }
 
+/// Lets only queue `id`'s node through.
+fn check_node(state: &AppState, id: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    match state.node_tokens.check(id, presented) {
+        true => Ok(()),
+        false => Err(ApiError::Unauthorized),
+    }
+}
+
+/// The cluster's certificate and key, for a node to serve TLS with (404 until one is issued).
+pub async fn certificate(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    check_node(&state, &id, &headers)?;
+    match state.store.certificate()? {
+        Some(issued) => Ok(Json(
+            json!({"chain_pem": issued.chain_pem, "key_pem": issued.key_pem}),
+        )),
+        None => Err(ApiError::NoCertificate),
+    }
+}
+
 pub async fn receive(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Result<Json<NodeReport>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    if !state.node_tokens.check(&id, presented) {
-        return Err(ApiError::Unauthorized);
-    }
+    check_node(&state, &id, &headers)?;
     let Json(report) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     if state.store.get(&id)?.is_none() {
         return Err(ApiError::NotFound(id));

@@ -6,6 +6,7 @@
 //! the store.
 
 use crate::dns::Zone;
+use crate::fleet::Provider;
 use crate::store::Store;
 use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// `[acme]` in the config.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -61,22 +63,35 @@ const RENEW_AFTER: Duration = Duration::from_secs(60 * 86_400);
 
 /// Keeps a valid certificate in the store: orders one when there is none or it is due,
 /// retrying with backoff. Runs for the life of the control plane.
-pub async fn keep_certified(config: AcmeConfig, zone: Arc<Zone>, store: Store) {
+pub async fn keep_certified(
+    config: AcmeConfig,
+    zone: Arc<Zone>,
+    store: Store,
+    fleet: Arc<dyn Provider>,
+    renew_now: Arc<Notify>,
+) {
     let mut wait = RETRY_AFTER;
+    let mut forced = false;
     loop {
         let due = match store.certificate() {
-            Ok(Some(issued)) => issued.issued_at + RENEW_AFTER.as_secs(),
+            Ok(Some(issued)) if !forced => issued.issued_at + RENEW_AFTER.as_secs(),
             _ => 0,
         };
         let now = now();
         if due > now {
-            tokio::time::sleep(Duration::from_secs(due - now)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(due - now)) => {}
+                _ = renew_now.notified() => forced = true,
+            }
             continue;
         }
         match order(&config, &zone, &store).await {
             Ok(issued) => {
                 store.put_certificate(&issued).ok();
                 tracing::info!("certificate issued for {}", zone.wildcard());
+                fleet.renew_certificates().await;
+                tracing::info!("the nodes serve the new certificate");
+                forced = false;
                 wait = RETRY_AFTER;
             }
             Err(error) => {

@@ -113,6 +113,10 @@ async fn start(config: Config) -> Result<Started, Failure> {
     let reports = ReportTarget {
         url: format!("http://{reachable}"),
         tokens: node_tokens.clone(),
+        tls_zone: config
+            .acme
+            .as_ref()
+            .map(|_| format!("q.{}.{}", config.cluster, config.domain)),
     };
     let fleet = Arc::new(LocalProvider::new(
         config.dataplane_binary(),
@@ -126,11 +130,14 @@ async fn start(config: Config) -> Result<Started, Failure> {
         let bound = dns::serve(zone.clone(), addr).await?;
         println!("dns on {bound}");
     }
+    let renew_certificate = Arc::new(tokio::sync::Notify::new());
     if let Some(acme) = config.acme.clone() {
         tokio::spawn(controlplane::acme::keep_certified(
             acme,
             zone.clone(),
             store.clone(),
+            fleet.clone(),
+            renew_certificate.clone(),
         ));
     }
     println!("listening on {}", listener.local_addr()?);
@@ -142,6 +149,7 @@ async fn start(config: Config) -> Result<Started, Failure> {
         metrics: Default::default(),
         node_tokens,
         zone,
+        renew_certificate,
     });
     Ok((state, listener, fleet))
 }

@@ -110,6 +110,10 @@ pub struct ConfigFile {
     pub queue_id: Option<String>,
     /// This node's token for the control plane's node API.
     pub node_token: Option<String>,
+    /// Serve TLS with the cluster certificate fetched from the control plane (kept in
+    /// `DATA_DIR/tls/`), instead of files of its own.
+    #[serde(default)]
+    pub tls_from_control_plane: bool,
 }
 
 /// Where the node reports its history, and as whom.
@@ -163,6 +167,8 @@ pub struct Config {
     login_flags: [Option<String>; 3],
     pub message_timeout: Duration,
     pub report_to: Option<ReportTo>,
+    /// The TLS files are the control plane's certificate, fetched by `report.rs`.
+    pub tls_from_control_plane: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -209,11 +215,18 @@ impl Config {
         })?;
         let file = ConfigFile::parse(&text)?;
         let [publisher, subscriber, admin] = self.login_flags.clone();
+        // The transport as it is: only the logins are read again.
+        let (plaintext, tls_cert, tls_key) = match &self.transport {
+            Transport::Plaintext => (true, None, None),
+            Transport::Tls { cert, key } => (false, Some(cert.clone()), Some(key.clone())),
+        };
         let flags = Flags {
             publisher,
             subscriber,
             admin,
-            plaintext: true,
+            plaintext,
+            tls_cert,
+            tls_key,
             data_dir: Some(self.data_dir.clone()),
             ..Flags::default()
         };
@@ -229,10 +242,26 @@ impl Config {
             }
             None => file.tier.unwrap_or_default(),
         };
+        let data_dir = flags
+            .data_dir
+            .clone()
+            .or(file.data_dir.clone())
+            .ok_or_else(|| invalid("--data-dir is required"))?;
+        let from_control_plane = file.tls_from_control_plane.then(|| {
+            let dir = data_dir.join("tls");
+            (dir.join("cert.pem"), dir.join("key.pem"))
+        });
+        if from_control_plane.is_some() && file.control_plane.is_none() {
+            return Err(invalid("tls_from_control_plane needs control_plane"));
+        }
+        let (file_cert, file_key) = match from_control_plane {
+            Some((cert, key)) => (Some(cert), Some(key)),
+            None => (file.tls_cert, file.tls_key),
+        };
         let transport = match (
             flags.plaintext || file.plaintext,
-            flags.tls_cert.or(file.tls_cert),
-            flags.tls_key.or(file.tls_key),
+            flags.tls_cert.or(file_cert),
+            flags.tls_key.or(file_key),
         ) {
             (true, None, None) => Transport::Plaintext,
             (false, Some(cert), Some(key)) => Transport::Tls { cert, key },
@@ -263,15 +292,13 @@ impl Config {
             }
         };
         Ok(Config {
+            tls_from_control_plane: file.tls_from_control_plane,
             report_to,
             listen: match flags.listen.or(file.listen) {
                 Some(addr) => addr,
                 None => DEFAULT_LISTEN.parse().expect("a valid default address"),
             },
-            data_dir: flags
-                .data_dir
-                .or(file.data_dir)
-                .ok_or_else(|| invalid("--data-dir is required"))?,
+            data_dir,
             transport,
             tier,
             logins: Logins {

@@ -3,7 +3,7 @@
 use clap::Parser;
 use dataplane::config::{Config, Flags, Transport};
 use dataplane::node::Node;
-use dataplane::report::Reporter;
+use dataplane::report::{self, Reporter};
 use dataplane::server::Server;
 use dataplane::tls::Certificate;
 use std::io::{IsTerminal, Write};
@@ -28,6 +28,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if config.tls_from_control_plane {
+        wait_for_certificate(&config).await;
+    }
     let tls = match &config.transport {
         Transport::Plaintext => None,
         Transport::Tls { cert, key } => match Certificate::load(cert, key) {
@@ -77,11 +80,11 @@ async fn main() -> ExitCode {
     let addr = server
         .local_addr()
         .expect("a bound listener has an address");
-    if let Some(certificate) = tls {
+    if let Some(certificate) = tls.clone() {
         tokio::spawn(certificate.watch());
     }
     if config.config_file.is_some() {
-        tokio::spawn(reload_logins_on_hangup(node.clone(), config.clone()));
+        tokio::spawn(reload_on_hangup(node.clone(), config.clone(), tls));
     }
     // Harnesses read the real address from this line.
     // The history's records, and their reports to the control plane.
@@ -115,6 +118,23 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Fetches the control plane's certificate into `DATA_DIR/tls/` before the node can listen,
+/// retrying while the control plane has none or cannot be reached.
+async fn wait_for_certificate(config: &Config) {
+    let Some(to) = &config.report_to else { return };
+    let mut wait = std::time::Duration::from_millis(250);
+    loop {
+        match report::fetch_certificate(to, &config.data_dir.join("tls")).await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?wait, "no certificate from the control plane yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(30));
+            }
+        }
+    }
+}
+
 /// How long a stopping node tries to report its last record.
 const LAST_REPORT_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -131,12 +151,29 @@ fn say(line: &str) {
     let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }
 
-/// On SIGHUP, reads the logins from the config file again (a rotated password) and says so on
-/// stdout, where whoever started the node watches for it.
-async fn reload_logins_on_hangup(node: std::sync::Arc<Node>, config: Config) {
+/// On SIGHUP, reads the logins from the config file again (a rotated password), fetches and
+/// loads the control plane's certificate again if it serves that one (a renewal), and then
+/// says so on stdout, where whoever started the node watches for it.
+async fn reload_on_hangup(
+    node: std::sync::Arc<Node>,
+    config: Config,
+    tls: Option<std::sync::Arc<Certificate>>,
+) {
     let kind = tokio::signal::unix::SignalKind::hangup();
     let mut hangups = tokio::signal::unix::signal(kind).expect("a SIGHUP handler");
     while hangups.recv().await.is_some() {
+        // A renewed cluster certificate: written to the files the TLS watcher reloads.
+        if let (true, Some(to), Some(certificate)) =
+            (config.tls_from_control_plane, &config.report_to, &tls)
+        {
+            let fetched = report::fetch_certificate(to, &config.data_dir.join("tls")).await;
+            if let Err(error) = fetched
+                .map_err(|e| e.to_string())
+                .and_then(|()| certificate.reload().map_err(|e| e.to_string()))
+            {
+                tracing::warn!(%error, "the certificate could not be renewed");
+            }
+        }
         match config.reload_logins() {
             Ok(logins) => {
                 node.replace_logins(logins);

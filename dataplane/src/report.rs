@@ -33,6 +33,34 @@ pub enum ReportError {
     Send(#[from] reqwest::Error),
     #[error("the control plane replied {0}")]
     Refused(reqwest::StatusCode),
+    #[error("writing the certificate: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// Fetches the cluster certificate and writes it to `dir/cert.pem` and `dir/key.pem`, each to
+/// the side and then renamed, so a reload never reads half a file.
+pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(), ReportError> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client");
+    let url = format!("{}/v1/nodes/{}/certificate", to.url, to.queue_id);
+    let response = client.get(url).bearer_auth(&to.token).send().await?;
+    if !response.status().is_success() {
+        return Err(ReportError::Refused(response.status()));
+    }
+    let issued: serde_json::Value = response.json().await?;
+    let field = |name: &str| issued[name].as_str().unwrap_or_default().to_string();
+    std::fs::create_dir_all(dir)?;
+    for (name, text) in [
+        ("key.pem", field("key_pem")),
+        ("cert.pem", field("chain_pem")),
+    ] {
+        let side = dir.join(format!("{name}.new"));
+        std::fs::write(&side, text)?;
+        std::fs::rename(&side, dir.join(name))?;
+    }
+    Ok(())
 }
 
 impl Reporter {

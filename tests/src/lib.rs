@@ -330,6 +330,28 @@ impl Client {
         Client { socket }
     }
 
+    /// Over TLS to `url` (its name checked against `roots`), on a TCP connection to `addr`:
+    /// the address a resolver gave for the name.
+    pub async fn connect_tls_at(
+        url: &str,
+        addr: SocketAddr,
+        roots: rustls::RootCertStore,
+    ) -> Client {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let connector = tokio_tungstenite::Connector::Rustls(Arc::new(config));
+        let (socket, _) =
+            tokio_tungstenite::client_async_tls_with_config(url, tcp, None, Some(connector))
+                .await
+                .unwrap();
+        Client { socket }
+    }
+
     pub async fn try_connect(node: &Node) -> Result<Client, tungstenite::Error> {
         let (socket, _) = tokio_tungstenite::connect_async(node.url()).await?;
         Ok(Client { socket })

@@ -305,6 +305,7 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/bills",
         "/v1/nodes/{id}/reports",
         "/v1/nodes/{id}/certificate",
+        "/v1/certificate/renew",
         "/metrics",
         "/healthz",
         "/openapi.json",
@@ -641,7 +642,7 @@ async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_d
 }
 
 #[tokio::test]
-async fn the_cluster_certificate_is_issued_by_dns_01_answered_by_our_own_dns() {
+async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_renew_it() {
     use rustls::client::danger::ServerCertVerifier;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -659,7 +660,7 @@ async fn the_cluster_certificate_is_issued_by_dns_01_answered_by_our_own_dns() {
     let cp = ControlPlane::start_with(&config);
     cp.wait_for_log("certificate issued", 1);
 
-    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#;
     let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
     let id = queue["id"].as_str().unwrap();
     let node_config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
@@ -696,4 +697,80 @@ async fn the_cluster_certificate_is_issued_by_dns_01_answered_by_our_own_dns() {
     assert!(verifier
         .verify_server_cert(&chain[0], &chain[1..], &other, &[], UnixTime::now())
         .is_err());
+
+    // The node serves wss:// by name with it: resolve the name through our DNS, connect to
+    // what it says, verify against Pebble's root, publish and subscribe.
+    let url = queue["node"].as_str().unwrap();
+    assert!(
+        url.starts_with(&format!("wss://{}:", queue["host"].as_str().unwrap())),
+        "{url}"
+    );
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let host = format!("{}.", queue["host"].as_str().unwrap());
+    let (_, addresses, _) = ask_dns(dns, &host, hickory_proto::rr::RecordType::A, false).await;
+    let ip: std::net::IpAddr = addresses[0].parse().unwrap();
+    let at = std::net::SocketAddr::new(ip, port);
+    let mut trusted = rustls::RootCertStore::empty();
+    trusted.add(pebble.issuing_root().await).unwrap();
+    let logins = &queue["logins"];
+    let mut subscriber = Client::connect_tls_at(url, at, trusted.clone()).await;
+    let reply = subscriber
+        .request(json!({"username": logins["subscriber"]["username"],
+            "password": logins["subscriber"]["password"], "role": "subscriber",
+            "queuetype": "distribute", "capacity": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let mut publisher = Client::connect_tls_at(url, at, trusted).await;
+    let reply = publisher
+        .request(json!({"username": logins["publisher"]["username"],
+            "password": logins["publisher"]["password"], "role": "publisher",
+            "queuetype": "distribute"}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    publisher
+        .request(json!({"body": "over wss, by name"}))
+        .await;
+    assert_eq!(subscriber.recv().await["body"], "over wss, by name");
+
+    // A forced renewal: the node serves the new certificate to new connections, and the open
+    // ones go on.
+    let before = served_leaf(at, queue["host"].as_str().unwrap(), &pebble).await;
+    let (status, _) = cp.call("POST", "/v1/certificate/renew", None).await;
+    assert_eq!(status, 202);
+    cp.wait_for_log("the nodes serve the new certificate", 2);
+    let after = served_leaf(at, queue["host"].as_str().unwrap(), &pebble).await;
+    assert_ne!(before, after, "a new certificate");
+    let reply = publisher
+        .request(json!({"body": "after the renewal"}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    assert_eq!(subscriber.recv().await["body"], "after the renewal");
+}
+
+/// The leaf certificate a TLS server at `at` presents for `host`, verified against Pebble's
+/// issuing root.
+async fn served_leaf(
+    at: std::net::SocketAddr,
+    host: &str,
+    pebble: &qe_tests::pebble::Pebble,
+) -> Vec<u8> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pebble.issuing_root().await).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(at).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }

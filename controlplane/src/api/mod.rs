@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::fleet::Provider;
 use crate::store::Store;
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -33,6 +33,8 @@ pub struct AppState {
     pub node_tokens: Arc<crate::nodes::NodeTokens>,
     /// The queues' names, as the DNS server answers them.
     pub zone: Arc<crate::dns::Zone>,
+    /// Asks for a new cluster certificate now (`POST /v1/certificate/renew`).
+    pub renew_certificate: Arc<tokio::sync::Notify>,
 }
 
 /// The API's description, kept beside the code and checked against the router by tests.
@@ -45,6 +47,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/bills", get(usage::bills))
+        .route(
+            "/v1/certificate/renew",
+            post(|State(state): State<Arc<AppState>>| async move {
+                state.renew_certificate.notify_one();
+                (StatusCode::ACCEPTED, Json(json!({"status": "renewing"})))
+            }),
+        )
         .route("/metrics", get(metrics::render))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     // Nodes report with their own tokens (checked in the handler); two routes need none.

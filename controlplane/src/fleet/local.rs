@@ -43,6 +43,19 @@ pub struct ReportTarget {
     /// Its base URL (`http://127.0.0.1:PORT` for local nodes).
     pub url: String,
     pub tokens: Arc<NodeTokens>,
+    /// With a cluster certificate (ACME configured): the zone its wildcard covers,
+    /// `q.CLUSTER.DOMAIN`. Nodes then serve TLS with it, fetched from the control plane.
+    pub tls_zone: Option<String>,
+}
+
+impl ReportTarget {
+    /// A node's address: by name over TLS with the cluster certificate, else plain ws://.
+    fn node_url(&self, queue_id: &str, port: u16) -> String {
+        match &self.tls_zone {
+            Some(zone) => format!("wss://{queue_id}.{zone}:{port}/"),
+            None => format!("ws://127.0.0.1:{port}/"),
+        }
+    }
 }
 
 /// A node this provider keeps running.
@@ -209,9 +222,9 @@ impl LocalProvider {
         let config = node_config(queue, &dir, port, &self.reports);
         write_private(&dir.join("node.toml"), &config).map_err(|e| fail(e.to_string()))?;
         let (launcher, listener) = self.launcher(dir).map_err(|e| fail(e.to_string()))?;
-        let (child, addr) = launcher.launch().await?;
+        let (child, _) = launcher.launch().await?;
         self.keep_running(&queue.id, port, child, launcher, listener);
-        Ok(format!("ws://{addr}/"))
+        Ok(self.reports.node_url(&queue.id, port))
     }
 
     /// Adopts `queue`'s node if a previous control plane left it running, or starts it again
@@ -229,7 +242,7 @@ impl LocalProvider {
             None => launcher.launch().await?.0,
         };
         self.keep_running(&queue.id, port, child, launcher, listener);
-        Ok(format!("ws://127.0.0.1:{port}/"))
+        Ok(self.reports.node_url(&queue.id, port))
     }
 
     /// A launcher for the node in `dir`, and the task that reads its stdout.
@@ -305,19 +318,29 @@ impl LocalProvider {
     async fn reload(&self, queue: &Queue) -> Result<(), FleetError> {
         let fail = |what: String| FleetError::Reload(what);
         let dir = self.node_dir(&queue.id);
-        let (port, pid, mut lines) = {
+        let port = {
             let running = self.running.lock().expect("never poisoned");
             let node = running
                 .get(&queue.id)
                 .ok_or_else(|| fail("it is not running".into()))?;
-            (
-                node.port,
-                node.pid.load(Ordering::Relaxed),
-                node.lines.subscribe(),
-            )
+            node.port
         };
         let config = node_config(queue, &dir, port, &self.reports);
         write_private(&dir.join("node.toml"), &config).map_err(|e| fail(e.to_string()))?;
+        self.hang_up(&queue.id).await
+    }
+
+    /// Sends the node SIGHUP (it rereads its logins and refetches the cluster certificate) and
+    /// waits for it to confirm.
+    async fn hang_up(&self, queue_id: &str) -> Result<(), FleetError> {
+        let fail = |what: String| FleetError::Reload(what);
+        let (pid, mut lines) = {
+            let running = self.running.lock().expect("never poisoned");
+            let node = running
+                .get(queue_id)
+                .ok_or_else(|| fail("it is not running".into()))?;
+            (node.pid.load(Ordering::Relaxed), node.lines.subscribe())
+        };
         // SAFETY: kill takes a pid and a signal.
         if unsafe { libc::kill(pid as libc::pid_t, libc::SIGHUP) } != 0 {
             return Err(fail("SIGHUP could not be sent".into()));
@@ -348,6 +371,21 @@ impl Provider for LocalProvider {
 
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, ()> {
         self.stop_node(queue_id).boxed()
+    }
+
+    fn renew_certificates(&self) -> BoxFuture<'_, ()> {
+        async move {
+            let ids: Vec<String> = {
+                let running = self.running.lock().expect("never poisoned");
+                running.keys().cloned().collect()
+            };
+            for id in ids {
+                if let Err(error) = self.hang_up(&id).await {
+                    tracing::warn!(queue = %id, %error, "a node did not take the new certificate");
+                }
+            }
+        }
+        .boxed()
     }
 
     fn reload_logins<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
@@ -395,8 +433,12 @@ fn node_config(queue: &Queue, dir: &Path, port: u16, reports: &ReportTarget) -> 
         Tier::Devtest => "devtest",
         Tier::Standard => "standard",
     };
+    let transport = match reports.tls_zone {
+        Some(_) => "tls_from_control_plane = true",
+        None => "plaintext = true",
+    };
     format!(
-        "listen = \"127.0.0.1:{port}\"\ndata_dir = {:?}\nplaintext = true\ntier = \"{tier}\"\n\
+        "listen = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n{transport}\ntier = \"{tier}\"\n\
          instance_type = {:?}\nregion = {:?}\nipv4 = {}\ncontrol_plane = {:?}\nqueue_id = {:?}\n\
          node_token = {:?}\n{}{}{}",
         dir.join("data"),

@@ -23,6 +23,10 @@ pub trait Provider: Send + Sync {
     /// starts it again otherwise; returns where it listens.
     fn resume<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>>;
 
+    /// Has every running node take the cluster certificate as it is now (after a renewal);
+    /// returns once they have.
+    fn renew_certificates(&self) -> BoxFuture<'_, ()>;
+
     /// Stops `queue`'s node, if it runs.
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, ()>;
 

@@ -5,6 +5,8 @@
 //! server (`dns.rs`) while the order is pending. The account and the certificate are kept in
 //! the store.
 
+mod validity;
+
 use crate::dns::Zone;
 use crate::fleet::Provider;
 use crate::store::Store;
@@ -57,9 +59,17 @@ pub enum AcmeError {
 /// The wait after a failed order; it doubles while orders keep failing.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(3600);
-/// Certificates are renewed after two thirds of their life. Lifetimes are 90 days at public
-/// CAs; Pebble's are 5 years by default, so this is the bound that applies there.
+/// When a certificate's validity cannot be read, it is renewed this long after issue (two
+/// thirds of a public CA's 90 days).
 const RENEW_AFTER: Duration = Duration::from_secs(60 * 86_400);
+
+/// When `issued` is due for renewal: two thirds into its validity.
+fn renewal_due(issued: &Issued) -> u64 {
+    match validity::validity_of_pem(&issued.chain_pem) {
+        Some((from, to)) if to > from => from + (to - from) * 2 / 3,
+        _ => issued.issued_at + RENEW_AFTER.as_secs(),
+    }
+}
 
 /// Keeps a valid certificate in the store: orders one when there is none or it is due,
 /// retrying with backoff. Runs for the life of the control plane.
@@ -74,7 +84,7 @@ pub async fn keep_certified(
     let mut forced = false;
     loop {
         let due = match store.certificate() {
-            Ok(Some(issued)) if !forced => issued.issued_at + RENEW_AFTER.as_secs(),
+            Ok(Some(issued)) if !forced => renewal_due(&issued),
             _ => 0,
         };
         let now = now();

@@ -92,9 +92,7 @@ impl Zone {
         let mut contents = self.contents.lock().expect("never poisoned");
         change(&mut contents);
         // Seconds since 1970, or one more than last time if that is not ahead.
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as u32);
+        let now = crate::unix_now() as u32;
         contents.serial = now.max(contents.serial + 1);
         let serial = contents.serial;
         let mut handler = InMemoryZoneHandler::<TokioRuntimeProvider>::empty(

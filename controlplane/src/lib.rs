@@ -18,3 +18,24 @@ pub mod nodes;
 pub mod queues;
 pub mod store;
 pub mod usage;
+
+/// Seconds since 1970 now: the time every record, serial and certificate date is kept in.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Writes a file only its owner can read, synced (a node's config holds its token; the node
+/// secret is the key to every token).
+pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    std::io::Write::write_all(&mut file, bytes)?;
+    file.sync_all()
+}

@@ -22,15 +22,7 @@ impl NodeTokens {
         }
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).expect("the OS random source");
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)?;
-        std::io::Write::write_all(&mut file, &secret)?;
-        file.sync_all()?;
+        crate::write_private(path, &secret)?;
         Ok(NodeTokens { secret })
     }
 

@@ -101,9 +101,7 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
         ipv4: new.ipv4,
         status: Status::Provisioning,
         node: None,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        created: crate::unix_now(),
         publisher: stored_publisher,
         subscriber: stored_subscriber,
         admin: stored_admin,

@@ -10,6 +10,7 @@ mod validity;
 use crate::dns::Zone;
 use crate::fleet::Provider;
 use crate::store::Store;
+use crate::unix_now as now;
 use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
     NewOrder, OrderStatus, RetryPolicy,
@@ -187,10 +188,4 @@ async fn order(config: &AcmeConfig, zone: &Zone, store: &Store) -> Result<Issued
     .await;
     zone.set_challenges(Vec::new());
     result
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

@@ -75,18 +75,22 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The token a request presents (`Authorization: Bearer TOKEN`), or "".
+fn bearer(headers: &axum::http::HeaderMap) -> &str {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or_default()
+}
+
 /// Lets a request through only with the operator's token, compared in constant time.
 async fn require_token(
     State(state): State<Arc<AppState>>,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let presented = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .unwrap_or_default();
+    let presented = bearer(request.headers());
     let expected = state.config.token.as_bytes();
     let matches: bool = presented.as_bytes().ct_eq(expected).into();
     match matches && !expected.is_empty() {

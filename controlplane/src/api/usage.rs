@@ -26,12 +26,7 @@ pub struct NodeReport {
 
 /// Lets only queue `id`'s node through.
 fn check_node(state: &AppState, id: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    match state.node_tokens.check(id, presented) {
+    match state.node_tokens.check(id, super::bearer(headers)) {
         true => Ok(()),
         false => Err(ApiError::Unauthorized),
     }

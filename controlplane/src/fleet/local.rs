@@ -8,6 +8,7 @@ use super::process::{make_fifo, NodeProcess};
 use super::{FleetError, Provider};
 use crate::nodes::NodeTokens;
 use crate::queues::{Queue, StoredLogin, Tier};
+use crate::write_private;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use std::collections::HashMap;
@@ -80,8 +81,9 @@ struct Launcher {
 }
 
 impl Launcher {
-    /// Starts the node and waits for its `listening on` line; returns it and its address.
-    async fn launch(&self) -> Result<(NodeProcess, String), FleetError> {
+    /// Starts the node and waits for its `listening on` line (its address is the configured
+    /// port, so only the readiness matters).
+    async fn launch(&self) -> Result<NodeProcess, FleetError> {
         let fail = |what: String| FleetError::Start(what);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -107,26 +109,26 @@ impl Launcher {
             loop {
                 match lines.recv().await {
                     Ok(line) => {
-                        if let Some(addr) = line.trim().strip_prefix("listening on ") {
-                            return Some(addr.to_string());
+                        if line.starts_with("listening on ") {
+                            return true;
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return None,
+                    Err(broadcast::error::RecvError::Closed) => return false,
                 }
             }
         };
-        let addr = tokio::select! {
-            Some(addr) = listening => addr,
+        tokio::select! {
+            true = listening => {}
             _ = child.wait() => {
                 let log = self.dir.join("node.log");
                 return Err(fail(format!("the node exited; see {}", log.display())));
             }
-        };
+        }
         let pid = child.id().unwrap_or(0);
         std::fs::write(self.dir.join("node.pid"), pid.to_string())
             .map_err(|e| fail(e.to_string()))?;
-        Ok((NodeProcess::Child(child), addr))
+        Ok(NodeProcess::Child(child))
     }
 
     /// Opens the node's stdout FIFO (once for all its runs) and passes its lines on to
@@ -180,7 +182,7 @@ async fn supervise(
                 _ = tokio::time::sleep(wait) => {}
             }
             match launcher.launch().await {
-                Ok((child, _)) => break child,
+                Ok(child) => break child,
                 Err(error) => {
                     tracing::error!(%error, "a node could not be restarted");
                     wait = (wait * 2).min(RESTART_AFTER_AT_MOST);
@@ -220,9 +222,10 @@ impl LocalProvider {
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
         let port = free_port().map_err(|e| fail(e.to_string()))?;
         let config = node_config(queue, &dir, port, &self.reports);
-        write_private(&dir.join("node.toml"), &config).map_err(|e| fail(e.to_string()))?;
+        write_private(&dir.join("node.toml"), config.as_bytes())
+            .map_err(|e| fail(e.to_string()))?;
         let (launcher, listener) = self.launcher(dir).map_err(|e| fail(e.to_string()))?;
-        let (child, _) = launcher.launch().await?;
+        let child = launcher.launch().await?;
         self.keep_running(&queue.id, port, child, launcher, listener);
         Ok(self.reports.node_url(&queue.id, port))
     }
@@ -239,7 +242,7 @@ impl LocalProvider {
                 tracing::info!(queue = %queue.id, pid = child.id(), "adopted a running node");
                 child
             }
-            None => launcher.launch().await?.0,
+            None => launcher.launch().await?,
         };
         self.keep_running(&queue.id, port, child, launcher, listener);
         Ok(self.reports.node_url(&queue.id, port))
@@ -326,7 +329,8 @@ impl LocalProvider {
             node.port
         };
         let config = node_config(queue, &dir, port, &self.reports);
-        write_private(&dir.join("node.toml"), &config).map_err(|e| fail(e.to_string()))?;
+        write_private(&dir.join("node.toml"), config.as_bytes())
+            .map_err(|e| fail(e.to_string()))?;
         self.hang_up(&queue.id).await
     }
 
@@ -407,18 +411,6 @@ fn configured_port(config: &Path) -> Result<u16, String> {
     let listen = table.get("listen").and_then(|v| v.as_str()).unwrap_or("");
     let addr: std::net::SocketAddr = listen.parse().map_err(|_| format!("listen = {listen:?}"))?;
     Ok(addr.port())
-}
-
-/// Writes a file only its owner can read (a node's config holds its token).
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    std::io::Write::write_all(&mut file, text.as_bytes())
 }
 
 /// The node's config file: what the control plane decides for it.

@@ -10,6 +10,28 @@
 
 pub mod pebble;
 
+/// A throwaway CA with a name of its own (with rcgen's default name on both, OpenSSL takes a
+/// leaf whose subject equals its issuer for a self-signed certificate).
+pub fn test_ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap()
+}
+
+/// A TLS client (ring; TLS 1.2 and 1.3) that trusts only `roots`.
+pub fn tls_client_config(roots: rustls::RootCertStore) -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
@@ -337,14 +359,8 @@ impl Client {
         addr: SocketAddr,
         roots: rustls::RootCertStore,
     ) -> Client {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
         let tcp = TcpStream::connect(addr).await.unwrap();
-        let connector = tokio_tungstenite::Connector::Rustls(Arc::new(config));
+        let connector = tokio_tungstenite::Connector::Rustls(tls_client_config(roots));
         let (socket, _) =
             tokio_tungstenite::client_async_tls_with_config(url, tcp, None, Some(connector))
                 .await

@@ -1,12 +1,11 @@
 //! Pebble, Let's Encrypt's test CA, as a real ACME server for the control plane's DNS-01
 //! orders. It validates against *our* DNS server (`-dnsserver`), never `ALWAYS_VALID`.
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rcgen::{CertificateParams, KeyPair};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub struct Pebble {
@@ -32,12 +31,7 @@ impl Pebble {
     /// Starts Pebble, sending its DNS-01 lookups to `dns`.
     pub fn start(dns: SocketAddr) -> Pebble {
         let dir = tempfile::tempdir().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "Pebble listener CA for tests");
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let ca = crate::test_ca("Pebble listener CA for tests");
         let key = KeyPair::generate().unwrap();
         let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
         let leaf = CertificateParams::new(names)
@@ -95,13 +89,7 @@ impl Pebble {
     pub async fn issuing_root(&self) -> rustls::pki_types::CertificateDer<'static> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.listener_ca_der.clone()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let connector = tokio_rustls::TlsConnector::from(crate::tls_client_config(roots));
         let tcp = tokio::net::TcpStream::connect(self.management)
             .await
             .unwrap();

@@ -762,13 +762,7 @@ async fn served_leaf(
 ) -> Vec<u8> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(pebble.issuing_root().await).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(qe_tests::tls_client_config(roots));
     let tcp = tokio::net::TcpStream::connect(at).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
     let tls = connector.connect(name, tcp).await.unwrap();

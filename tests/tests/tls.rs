@@ -1,11 +1,13 @@
 //! TLS: wss:// for real clients, old protocols and plain HTTP refused, a renewed certificate
 //! served without a restart while open connections go on.
 
-use qe_tests::{cases, login_request, node_program, run_node, run_python, workspace, Node, PROMPT};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use qe_tests::{
+    cases, login_request, node_program, run_node, run_python, test_ca, tls_client_config,
+    workspace, Node, PROMPT,
+};
+use rcgen::{CertificateParams, CertifiedIssuer, KeyPair};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::{connect_async_tls_with_config, Connector, MaybeTlsStream};
 
@@ -16,15 +18,9 @@ struct Pki {
 
 impl Pki {
     fn new() -> Pki {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        // A name of its own: with rcgen's default on both, OpenSSL takes the leaf (subject ==
-        // issuer) for a self-signed certificate.
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "Queue Expert test CA");
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Pki { ca }
+        Pki {
+            ca: test_ca("Queue Expert test CA"),
+        }
     }
 
     /// Writes a new leaf and its key to `dir/cert.pem` and `dir/key.pem`; returns its DER.
@@ -49,13 +45,7 @@ impl Pki {
     fn client(&self) -> Connector {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca.der().clone()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Connector::Rustls(Arc::new(config))
+        Connector::Rustls(tls_client_config(roots))
     }
 }
 

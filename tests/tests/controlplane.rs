@@ -19,6 +19,17 @@ async fn login(url: &str, login: &Value, role: &str, extra: Value) -> Client {
     client
 }
 
+/// Creates a queue with `body`; returns the API's reply (id, node, logins…).
+async fn create_queue(cp: &ControlPlane, body: &str) -> Value {
+    let (status, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    assert_eq!(status, 201, "{queue}");
+    queue
+}
+
+fn node_of(queue: &Value) -> &str {
+    queue["node"].as_str().unwrap()
+}
+
 #[tokio::test]
 async fn a_created_queue_runs_serves_its_logins_and_is_deleted() {
     let cp = ControlPlane::start();
@@ -123,11 +134,8 @@ async fn bad_requests_get_json_errors() {
 async fn a_rotated_password_replaces_the_old_one_and_open_connections_go_on() {
     let cp = ControlPlane::start();
     let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
-    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
-    let (id, node) = (
-        queue["id"].as_str().unwrap(),
-        queue["node"].as_str().unwrap(),
-    );
+    let queue = create_queue(&cp, body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
     let old = queue["logins"]["publisher"].clone();
     let mut open = login(node, &old, "publisher", json!({})).await;
 
@@ -183,11 +191,8 @@ async fn a_rotated_password_replaces_the_old_one_and_open_connections_go_on() {
 async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
     let cp = ControlPlane::start();
     let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
-    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
-    let (id, node) = (
-        queue["id"].as_str().unwrap(),
-        queue["node"].as_str().unwrap(),
-    );
+    let queue = create_queue(&cp, body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
     let logins = &queue["logins"];
     let mut publisher = login(node, &logins["publisher"], "publisher", json!({})).await;
     let reply = publisher
@@ -218,11 +223,8 @@ async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
 async fn a_restarted_control_plane_adopts_the_running_nodes_and_starts_none_twice() {
     let cp = ControlPlane::start();
     let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
-    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
-    let (id, node) = (
-        queue["id"].as_str().unwrap(),
-        queue["node"].as_str().unwrap(),
-    );
+    let queue = create_queue(&cp, body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
     let logins = &queue["logins"];
     let mut subscriber = login(
         node,
@@ -356,11 +358,8 @@ const PRICES: &str = "[prices]\nnetwork_out_gb = 0.09\nnetwork_in_gb = 0.02\n\
 async fn a_deleted_queue_reports_its_last_usage_and_the_bill_counts_the_bytes_moved() {
     let cp = ControlPlane::start_with(PRICES);
     let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
-    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
-    let (id, node) = (
-        queue["id"].as_str().unwrap(),
-        queue["node"].as_str().unwrap(),
-    );
+    let queue = create_queue(&cp, body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
     let logins = &queue["logins"];
     let mut subscriber = login(
         node,

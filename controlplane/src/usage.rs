@@ -6,6 +6,7 @@
 //! (at most a day; the first one counts from the queue's creation).
 
 use crate::config::Prices;
+use qe_shared::calendar::{days_from_civil, days_in_month};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -193,17 +194,6 @@ fn round(value: f64) -> f64 {
     (value * 1e6).round() / 1e6
 }
 
-/// Days since 1970 of a civil date (Howard Hinnant's algorithm).
-pub fn days_from_civil(year: i64, month: u64, day: u64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let month_index = (month + 9) % 12;
-    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year as i64;
-    era * 146_097 + day_of_era - 719_468
-}
-
 /// `YYYY-MM-DD` → its first second since 1970.
 pub fn parse_date(text: &str) -> Option<u64> {
     let mut parts = text.split('-');
@@ -211,13 +201,13 @@ pub fn parse_date(text: &str) -> Option<u64> {
     if parts.next().is_some() || year.len() != 4 || month.len() != 2 || day.len() != 2 {
         return None;
     }
-    let (year, month, day) = (year.parse().ok()?, month.parse().ok()?, day.parse().ok()?);
-    if !(1..=12).contains(&month) || !(1..=days_in_month(year, month)).contains(&day) {
+    let (year, month, day): (u64, u64, u64) =
+        (year.parse().ok()?, month.parse().ok()?, day.parse().ok()?);
+    let valid = year >= 1970 && (1..=12).contains(&month);
+    if !valid || !(1..=days_in_month(year, month)).contains(&day) {
         return None;
     }
-    u64::try_from(days_from_civil(year, month, day))
-        .ok()
-        .map(|d| d * DAY_SECS)
+    Some(days_from_civil(year, month, day) * DAY_SECS)
 }
 
 /// `YYYY-MM` → its first second and the next month's.
@@ -226,24 +216,15 @@ pub fn parse_month(text: &str) -> Option<(u64, u64)> {
     if year.len() != 4 || month.len() != 2 {
         return None;
     }
-    let (year, month): (i64, u64) = (year.parse().ok()?, month.parse().ok()?);
+    let (year, month): (u64, u64) = (year.parse().ok()?, month.parse().ok()?);
     let start = parse_date(&format!("{year:04}-{month:02}-01"))?;
     let (next_year, next_month) = if month == 12 {
         (year + 1, 1)
     } else {
         (year, month + 1)
     };
-    let end = u64::try_from(days_from_civil(next_year, next_month, 1)).ok()? * DAY_SECS;
+    let end = days_from_civil(next_year, next_month, 1) * DAY_SECS;
     Some((start, end))
-}
-
-fn days_in_month(year: i64, month: u64) -> u64 {
-    match month {
-        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
 }
 
 pub const DAY: u64 = DAY_SECS;

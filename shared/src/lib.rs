@@ -6,6 +6,7 @@
 //! - [`password`]: passwords as they may rest (salted hashes), for both sides.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
 
+pub mod calendar;
 pub mod code;
 pub mod password;
 pub mod protocol;

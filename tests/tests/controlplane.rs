@@ -337,17 +337,9 @@ async fn health_metrics_and_the_openapi_document() {
     );
 }
 
-/// `YYYY-MM-DD` of a time in seconds since 1970 (UTC; Howard Hinnant's civil_from_days).
+/// `YYYY-MM-DD` of a time in seconds since 1970 (UTC).
 fn date_of(secs: u64) -> String {
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = qe_shared::calendar::civil_from_days(secs / 86_400);
     format!("{year:04}-{month:02}-{day:02}")
 }
 

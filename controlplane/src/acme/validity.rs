@@ -63,7 +63,7 @@ fn time(tag: u8, text: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(text).ok()?;
     let (year, rest) = match tag {
         0x17 => {
-            let short: i64 = text.get(..2)?.parse().ok()?;
+            let short: u64 = text.get(..2)?.parse().ok()?;
             (
                 if short < 50 {
                     2000 + short
@@ -79,9 +79,11 @@ fn time(tag: u8, text: &[u8]) -> Option<u64> {
     let field = |at: usize| rest.get(at..at + 2)?.parse::<u64>().ok();
     let (month, day) = (field(0)?, field(2)?);
     let (hour, minute, second) = (field(4)?, field(6)?, field(8)?);
-    let days = crate::usage::days_from_civil(year, month, day);
-    let seconds = days * 86_400 + (hour * 3600 + minute * 60 + second) as i64;
-    u64::try_from(seconds).ok()
+    if year < 1970 {
+        return None;
+    }
+    let days = qe_shared::calendar::days_from_civil(year, month, day);
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
 }
 
 #[cfg(test)]

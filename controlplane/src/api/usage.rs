@@ -2,6 +2,7 @@
 //! operator reads from it: `GET /v1/usage` and `GET /v1/bills`, as JSON or CSV.
 
 use super::{ApiError, AppState};
+use crate::queues::Queue;
 use crate::store::Report;
 use crate::usage::{self, UsageRecord, BILL_CSV_HEADER, USAGE_CSV_HEADER};
 use axum::extract::rejection::JsonRejection;
@@ -117,10 +118,10 @@ pub async fn usage(
     let csv = wants_csv(query.format.as_deref())?;
     let mut rows = Vec::new();
     for queue in queues_asked(&state, query.queue)? {
-        for line in state.store.usage_of(&queue)? {
+        for line in state.store.usage_of(&queue.id)? {
             match UsageRecord::parse(&line) {
                 Some(record) if (from..to).contains(&record.time) => {
-                    rows.push((queue.clone(), record))
+                    rows.push((queue.id.clone(), record))
                 }
                 _ => {}
             }
@@ -158,17 +159,16 @@ pub async fn bills(
         .ok_or_else(|| ApiError::BadRequest(format!("{:?} is not a YYYY-MM month", query.month)))?;
     let csv = wants_csv(query.format.as_deref())?;
     let mut lines = Vec::new();
-    for id in queues_asked(&state, query.queue)? {
-        let created = state.store.get(&id)?.map_or(0, |queue| queue.created);
+    for queue in queues_asked(&state, query.queue)? {
         let records: Vec<UsageRecord> = state
             .store
-            .usage_of(&id)?
+            .usage_of(&queue.id)?
             .iter()
             .filter_map(|line| UsageRecord::parse(line))
             .collect();
         lines.extend(usage::bill(
-            &id,
-            created,
+            &queue.id,
+            queue.created,
             &records,
             from,
             to,
@@ -199,13 +199,13 @@ fn wants_csv(format: Option<&str>) -> Result<bool, ApiError> {
 }
 
 /// The one queue asked for (404 if there is none), or all of them.
-fn queues_asked(state: &AppState, queue: Option<String>) -> Result<Vec<String>, ApiError> {
+fn queues_asked(state: &AppState, queue: Option<String>) -> Result<Vec<Queue>, ApiError> {
     match queue {
         Some(id) => match state.store.get(&id)? {
-            Some(_) => Ok(vec![id]),
+            Some(queue) => Ok(vec![queue]),
             None => Err(ApiError::NotFound(id)),
         },
-        None => Ok(state.store.list()?.into_iter().map(|q| q.id).collect()),
+        None => Ok(state.store.list()?),
     }
 }
 

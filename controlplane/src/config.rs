@@ -1,5 +1,7 @@
 //! The control plane's configuration: one TOML file, flags override it.
 
+use crate::certificates::local_ca::LocalCa;
+use crate::certificates::Issuer;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,8 +27,12 @@ pub struct Config {
     /// Where the authoritative DNS for `q.CLUSTER.DOMAIN` answers (UDP and TCP). Default: no
     /// DNS server.
     pub dns_listen: Option<SocketAddr>,
-    /// Where the cluster's certificate comes from. Default: none is ordered.
-    pub acme: Option<crate::acme::AcmeConfig>,
+    /// The ACME CA the cluster's certificate comes from. Default: none.
+    pub acme: Option<crate::certificates::acme::AcmeConfig>,
+    /// Issue the cluster's certificate from a CA of our own, kept in `DATA_DIR/local-ca/`
+    /// (for local use: clients must trust its `ca.pem`). Not with `[acme]`. Default false.
+    #[serde(default)]
+    pub local_ca: bool,
     /// The price table bills are made with, in dollars. Default: everything free.
     #[serde(default)]
     pub prices: Prices,
@@ -67,6 +73,20 @@ fn default_domain() -> String {
 impl Config {
     pub fn parse(text: &str) -> Result<Config, toml::de::Error> {
         toml::from_str(text)
+    }
+
+    /// Where the cluster's certificate comes from, if it has one (then nodes serve TLS).
+    pub fn certificate_issuer(&self) -> Result<Option<Issuer>, String> {
+        match (&self.acme, self.local_ca) {
+            (Some(_), true) => Err("`[acme]` and `local_ca` do not go together".into()),
+            (Some(acme), false) => Ok(Some(Issuer::Acme(acme.clone()))),
+            (None, true) => {
+                let ca =
+                    LocalCa::open(&self.data_dir.join("local-ca")).map_err(|e| e.to_string())?;
+                Ok(Some(Issuer::LocalCa(Box::new(ca))))
+            }
+            (None, false) => Ok(None),
+        }
     }
 
     /// The `dataplane` binary: configured, else the one beside this program.

@@ -148,6 +148,14 @@ impl Zone {
         records
     }
 
+    /// `QUEUE-ID.q.CLUSTER.DOMAIN`, a queue's host name.
+    pub fn host_of(&self, queue_id: &str) -> String {
+        self.name(queue_id)
+            .to_string()
+            .trim_end_matches('.')
+            .to_string()
+    }
+
     /// `*.q.CLUSTER.DOMAIN`, the name of the cluster's certificate.
     pub fn wildcard(&self) -> String {
         format!("*.{}", self.origin.to_string().trim_end_matches('.'))

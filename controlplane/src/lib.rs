@@ -5,16 +5,18 @@
 //! - [`fleet`]: the providers that run nodes ([`fleet::local`] runs them on this machine).
 //! - [`store`]: the queues' records, in sled under the data directory.
 //! - [`config`]: the TOML config, which flags override.
-//! - [`dns`]: the authoritative DNS for the queues' names; [`acme`]: the cluster's wildcard
-//!   certificate, by DNS-01 answered from that DNS.
+//! - [`dns`]: the authoritative DNS for the queues' names; [`certificates`]: the cluster's
+//!   wildcard certificate, by ACME DNS-01 answered from that DNS (or from a local CA).
 //! - [`nodes`]: node tokens; [`usage`]: usage records and bills.
+//! - [`pebble`]: Let's Encrypt's test CA, run for `controlplane dev` and the tests.
 
-pub mod acme;
 pub mod api;
+pub mod certificates;
 pub mod config;
 pub mod dns;
 pub mod fleet;
 pub mod nodes;
+pub mod pebble;
 pub mod queues;
 pub mod store;
 pub mod usage;

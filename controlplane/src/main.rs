@@ -7,8 +7,10 @@ use controlplane::config::Config;
 use controlplane::dns::{self, Addresses, Zone};
 use controlplane::fleet::local::{LocalProvider, ReportTarget};
 use controlplane::nodes::NodeTokens;
+use controlplane::pebble::{self, Pebble};
 use controlplane::queues::{NewQueue, Tier};
 use controlplane::store::Store;
+use std::future::IntoFuture;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,14 +33,25 @@ enum Command {
         #[command(flatten)]
         overrides: Overrides,
     },
-    /// Runs the control plane with local nodes and a demo queue, and says how to try it.
-    Dev {
-        /// Where to keep everything (default: a new temporary directory).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-        #[arg(long, default_value = "127.0.0.1:8443")]
-        listen: SocketAddr,
-    },
+    /// Runs the whole path locally: DNS, certificates (Pebble, or a local CA), nodes on TLS
+    /// and a demo queue; says how to try it.
+    Dev(DevFlags),
+}
+
+#[derive(clap::Args)]
+struct DevFlags {
+    /// Where to keep everything (default: a new temporary directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// The operator API.
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    listen: SocketAddr,
+    /// The DNS server for the queues' names (UDP and TCP); port 0 picks one.
+    #[arg(long, default_value = "127.0.0.1:8053")]
+    dns_listen: SocketAddr,
+    /// Certificates from a local CA even when Pebble is installed.
+    #[arg(long)]
+    no_pebble: bool,
 }
 
 /// Flags that win over the config file (the token only comes from the file: a flag would
@@ -75,7 +88,7 @@ async fn main() -> ExitCode {
         .init();
     let result = match Args::parse().command {
         Command::Serve { config, overrides } => serve(config, overrides).await,
-        Command::Dev { dir, listen } => dev(dir, listen).await,
+        Command::Dev(flags) => dev(flags).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -91,30 +104,43 @@ type Failure = Box<dyn std::error::Error>;
 async fn serve(config_path: PathBuf, overrides: Overrides) -> Result<(), Failure> {
     let mut config = Config::parse(&std::fs::read_to_string(&config_path)?)?;
     overrides.apply(&mut config);
-    let (state, listener, _) = start(config).await?;
     // The nodes go on running after this returns: the next control plane adopts them.
-    run(state, listener).await
+    let store = open_store(&config)?;
+    start(config, store).await?.serve().await
 }
 
-type Started = (Arc<AppState>, tokio::net::TcpListener, Arc<LocalProvider>);
+/// The control plane, serving.
+struct Running {
+    state: Arc<AppState>,
+    fleet: Arc<LocalProvider>,
+    /// Where the API listens.
+    api_addr: SocketAddr,
+    /// The API, until a stop signal.
+    api: tokio::task::JoinHandle<std::io::Result<()>>,
+}
 
-/// Opens the state, takes on the running queues' nodes and binds the API; prints
-/// `listening on ADDR`.
-async fn start(config: Config) -> Result<Started, Failure> {
+/// The control plane's state in `config`'s data directory.
+fn open_store(config: &Config) -> Result<Store, Failure> {
     std::fs::create_dir_all(&config.data_dir)?;
-    let store = Store::open(&config.data_dir.join("state"))?;
+    Ok(Store::open(&config.data_dir.join("state"))?)
+}
+
+/// Binds and serves the API, then takes on the running queues' nodes; prints `dns on ADDR`
+/// and `listening on ADDR`.
+async fn start(config: Config, store: Store) -> Result<Running, Failure> {
     let node_tokens = Arc::new(NodeTokens::open(&config.data_dir.join("node-secret"))?);
     // Bound first: the nodes are told where to report.
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    let mut reachable = listener.local_addr()?;
+    let bound = listener.local_addr()?;
+    let mut reachable = bound;
     if reachable.ip().is_unspecified() {
         reachable.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
+    let issuer = config.certificate_issuer()?;
     let reports = ReportTarget {
         url: format!("http://{reachable}"),
         tokens: node_tokens.clone(),
-        tls_zone: config
-            .acme
+        tls_zone: issuer
             .as_ref()
             .map(|_| format!("q.{}.{}", config.cluster, config.domain)),
     };
@@ -123,7 +149,6 @@ async fn start(config: Config) -> Result<Started, Failure> {
         config.data_dir.clone(),
         reports,
     ));
-    queues::resume_all(&store, fleet.as_ref()).await?;
     let zone = Zone::new(&config.cluster, &config.domain, Addresses::default())?;
     zone.update(&store.list()?);
     if let Some(addr) = config.dns_listen {
@@ -131,17 +156,15 @@ async fn start(config: Config) -> Result<Started, Failure> {
         println!("dns on {bound}");
     }
     let renew_certificate = Arc::new(tokio::sync::Notify::new());
-    if let Some(acme) = config.acme.clone() {
-        tokio::spawn(controlplane::acme::keep_certified(
-            acme,
+    if let Some(issuer) = issuer {
+        tokio::spawn(controlplane::certificates::keep_certified(
+            issuer,
             zone.clone(),
             store.clone(),
             fleet.clone(),
             renew_certificate.clone(),
         ));
     }
-    println!("listening on {}", listener.local_addr()?);
-    let _ = std::io::stdout().flush();
     let state = Arc::new(AppState {
         config,
         store,
@@ -151,14 +174,29 @@ async fn start(config: Config) -> Result<Started, Failure> {
         zone,
         renew_certificate,
     });
-    Ok((state, listener, fleet))
+    // Served before any node starts: a starting node fetches its certificate from it.
+    let api = tokio::spawn(
+        axum::serve(listener, api::router(state.clone()))
+            .with_graceful_shutdown(stop_signal())
+            .into_future(),
+    );
+    queues::resume_all(&state.store, fleet.as_ref()).await?;
+    println!("listening on {bound}");
+    let _ = std::io::stdout().flush();
+    Ok(Running {
+        state,
+        fleet,
+        api_addr: bound,
+        api,
+    })
 }
 
-async fn run(state: Arc<AppState>, listener: tokio::net::TcpListener) -> Result<(), Failure> {
-    axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(stop_signal())
-        .await?;
-    Ok(())
+impl Running {
+    /// Until a stop signal.
+    async fn serve(self) -> Result<(), Failure> {
+        self.api.await??;
+        Ok(())
+    }
 }
 
 /// Ctrl-C or SIGTERM.
@@ -171,68 +209,129 @@ async fn stop_signal() {
     }
 }
 
-async fn dev(dir: Option<PathBuf>, listen: SocketAddr) -> Result<(), Failure> {
-    let dir = match dir {
+/// `controlplane dev`: the whole path on this machine. DNS on a loopback port, certificates
+/// from Pebble when it is installed (else from a local CA, which it says), nodes on TLS, and
+/// a demo queue; it prints how to reach it and writes the same to `DIR/demo.json`.
+async fn dev(flags: DevFlags) -> Result<(), Failure> {
+    let dir = match flags.dir {
         Some(dir) => dir,
         None => tempfile::Builder::new()
             .prefix("queue-expert-dev.")
             .tempdir()?
             .keep(),
     };
+    std::fs::create_dir_all(&dir)?;
     let mut secret = [0u8; 16];
     getrandom::fill(&mut secret).expect("the OS random source");
     let token: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-    let config = Config::parse(&format!(
-        "listen = \"{listen}\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"dev\"\n",
-        dir
-    ))?;
-    let (state, listener, fleet) = start(config).await?;
+    // Pebble is told where our DNS answers before the DNS server starts: a free port now.
+    let dns_listen = match flags.dns_listen.port() {
+        0 => std::net::UdpSocket::bind(flags.dns_listen)?.local_addr()?,
+        _ => flags.dns_listen,
+    };
+    let mut config = format!(
+        "listen = \"{}\"\ndata_dir = {dir:?}\ntoken = \"{token}\"\ncluster = \"dev\"\n\
+         dns_listen = \"{dns_listen}\"\n",
+        flags.listen
+    );
+    let pebble = match (flags.no_pebble, pebble::installed()) {
+        (false, true) => Some(Pebble::start(dns_listen, &dir.join("pebble")).await?),
+        _ => None,
+    };
+    let trust = match &pebble {
+        Some(pebble) => {
+            config += &format!(
+                "[acme]\ndirectory = \"{}\"\nca_root = {:?}\n",
+                pebble.directory, pebble.listener_ca
+            );
+            let root = dir.join("pebble").join("root.pem");
+            std::fs::write(&root, pebble.issuing_root().await?)?;
+            println!(
+                "certificates by ACME (DNS-01) from Pebble at {}",
+                pebble.directory
+            );
+            root
+        }
+        None => {
+            config += "local_ca = true\n";
+            println!(
+                "certificates from a self-signed local CA: {} (apt-get install pebble to get them by ACME)",
+                match flags.no_pebble {
+                    true => "--no-pebble",
+                    false => "no `pebble` on the PATH",
+                }
+            );
+            dir.join("local-ca").join("ca.pem")
+        }
+    };
+    let config = Config::parse(&config)?;
+    let store = open_store(&config)?;
+    if pebble.is_some() {
+        // This Pebble knows no account or certificate of an earlier run: start afresh, so no
+        // node serves a certificate from a root nobody trusts any more.
+        store.forget_certificate()?;
+    }
+    let running = start(config, store).await?;
     let demo = NewQueue {
         tier: Tier::Devtest,
         region: "local".into(),
         instance_type: "local".into(),
         ipv4: true,
     };
-    let (queue, logins) = queues::provision(&state, demo)
+    let (queue, logins) = queues::provision(&running.state, demo)
         .await
         .map_err(|e| e.to_string())?;
     let node = queue
         .node
         .clone()
         .ok_or("the demo queue's node did not start")?;
-    let login = |role: &str, name: &str, password: &str, extra: &str| {
+    let host = running.state.zone.host_of(&queue.id);
+    let api = format!("http://{}", running.api_addr);
+    let demo = serde_json::json!({
+        "api": api, "token": token, "dns": dns_listen.to_string(), "trust": trust,
+        "queue": queue.id, "host": host, "node": node,
+        "logins": logins,
+    });
+    controlplane::write_private(&dir.join("demo.json"), demo.to_string().as_bytes())?;
+    print_demo(&dir, &demo);
+    let fleet = running.fleet.clone();
+    let result = running.serve().await;
+    fleet.stop_all().await;
+    drop(pebble);
+    result
+}
+
+/// How to reach the demo queue, for a person.
+fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
+    let text = |key: &str| demo[key].as_str().unwrap_or_default().to_string();
+    let (node, host, dns, trust) = (text("node"), text("host"), text("dns"), text("trust"));
+    let (dns_ip, dns_port) = dns.rsplit_once(':').unwrap_or((&dns, "53"));
+    let login = |role: &str, extra: &str| {
+        let login = &demo["logins"][role];
         format!(
-            r#"{{"username":"{name}","password":"{password}","role":"{role}","queuetype":"distribute"{extra}}}"#
+            r#"{{"username":"{}","password":"{}","role":"{role}","queuetype":"distribute"{extra}}}"#,
+            login["username"].as_str().unwrap_or_default(),
+            login["password"].as_str().unwrap_or_default(),
         )
     };
     println!(
-        "\nThe Queue Expert, local: everything lives in {}\n\
-         operator API  http://{} (Authorization: Bearer {token})\n\
-         demo queue    {} at {node}\n\n\
-         Try it: in one terminal `websocat {node}`, then type\n  {}\n\
-         and in another `websocat {node}`, then type\n  {}\n  {{\"body\":\"Hello\"}}\n",
-        dir.display(),
-        listener.local_addr()?,
-        queue.id,
-        login(
-            "subscriber",
-            &logins.subscriber.username,
-            &logins.subscriber.password,
-            r#","capacity":1"#
-        ),
-        login(
-            "publisher",
-            &logins.publisher.username,
-            &logins.publisher.password,
-            ""
-        ),
-    );
-    println!(
-        "admin login   {} / {}\n(Ctrl-C stops everything.)",
-        logins.admin.username, logins.admin.password
+        "\nThe Queue Expert, local: everything lives in {dir} (demo.json has what follows)\n\
+         operator API  {api} (Authorization: Bearer {token})\n\
+         DNS           {dns}, authoritative for q.dev: dig @{dns_ip} -p {dns_port} {host} AAAA\n\
+         trust         {trust} (the root that signs the node's certificate)\n\
+         demo queue    {queue} at {node}\n\n\
+         Its name resolves only through the DNS above: for other programs add\n  \
+         ::1 {host}\n  127.0.0.1 {host}\n\
+         to /etc/hosts. Then, in one terminal, `SSL_CERT_FILE={trust} websocat {node}` and type\n  {}\n\
+         and in another the same, then type\n  {}\n  {{\"body\":\"Hello\"}}\n\
+         admin login   {}\n(Ctrl-C stops everything.)",
+        login("subscriber", r#","capacity":1"#),
+        login("publisher", ""),
+        login("admin", ""),
+        dir = dir.display(),
+        api = text("api"),
+        token = text("token"),
+        queue = text("queue"),
     );
     let _ = std::io::stdout().flush();
-    let result = run(state, listener).await;
-    fleet.stop_all().await;
-    result
 }

@@ -76,15 +76,24 @@ impl Store {
     }
 
     /// The cluster's certificate, if one was issued.
-    pub fn certificate(&self) -> Result<Option<crate::acme::Issued>, StoreError> {
+    pub fn certificate(&self) -> Result<Option<crate::certificates::Issued>, StoreError> {
         match self.db.get("certificate")? {
             Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
             None => Ok(None),
         }
     }
 
-    pub fn put_certificate(&self, issued: &crate::acme::Issued) -> Result<(), StoreError> {
+    pub fn put_certificate(&self, issued: &crate::certificates::Issued) -> Result<(), StoreError> {
         self.db.insert("certificate", serde_json::to_vec(issued)?)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Forgets the certificate and the ACME account, for a CA that knows neither (a
+    /// restarted Pebble).
+    pub fn forget_certificate(&self) -> Result<(), StoreError> {
+        self.db.remove("certificate")?;
+        self.db.remove("acme-account")?;
         self.db.flush()?;
         Ok(())
     }

@@ -14,9 +14,10 @@ use std::time::Duration;
 #[derive(Debug, Parser, Default)]
 #[command(name = "dataplane", about = "One queue node of The Queue Expert")]
 pub struct Flags {
-    /// Address to listen on; port 0 picks a free one. Default [::]:443.
+    /// Address to listen on, repeatable; port 0 picks a free one (the same one for every
+    /// address). Default [::]:443.
     #[arg(long)]
-    pub listen: Option<SocketAddr>,
+    pub listen: Vec<SocketAddr>,
     /// Directory for the queue's data.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -68,8 +69,8 @@ pub struct Flags {
 #[derive(Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
-    /// Address to listen on. Default `[::]:443`.
-    pub listen: Option<SocketAddr>,
+    /// Address to listen on, or a list of them (one port for all). Default `[::]:443`.
+    pub listen: Option<Listen>,
     /// Directory for the queue's data. Required (here or by flag).
     pub data_dir: Option<PathBuf>,
     /// Serve ws:// without TLS. Default false.
@@ -140,6 +141,23 @@ pub struct LoginFile {
     pub password_hash: String,
 }
 
+/// `listen`: one address, or several.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Listen {
+    One(SocketAddr),
+    Several(Vec<SocketAddr>),
+}
+
+impl Listen {
+    fn addresses(self) -> Vec<SocketAddr> {
+        match self {
+            Listen::One(addr) => vec![addr],
+            Listen::Several(addrs) => addrs,
+        }
+    }
+}
+
 /// How the node serves connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transport {
@@ -150,7 +168,8 @@ pub enum Transport {
 /// The node's whole configuration, every choice made.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub listen: SocketAddr,
+    /// At least one address; they share one port.
+    pub listen: Vec<SocketAddr>,
     pub data_dir: PathBuf,
     pub transport: Transport,
     pub tier: Tier,
@@ -294,9 +313,10 @@ impl Config {
         Ok(Config {
             tls_from_control_plane: file.tls_from_control_plane,
             report_to,
-            listen: match flags.listen.or(file.listen) {
-                Some(addr) => addr,
-                None => DEFAULT_LISTEN.parse().expect("a valid default address"),
+            listen: match (flags.listen, file.listen.map(Listen::addresses)) {
+                (flags, _) if !flags.is_empty() => flags,
+                (_, Some(file)) if !file.is_empty() => file,
+                _ => vec![DEFAULT_LISTEN.parse().expect("a valid default address")],
             },
             data_dir,
             transport,
@@ -394,10 +414,32 @@ mod tests {
         ];
         args.extend(LOGINS);
         let config = Config::merge(ConfigFile::default(), flags(&args)).unwrap();
-        assert_eq!(config.listen, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(config.listen, vec!["127.0.0.1:0".parse().unwrap()]);
         assert_eq!(config.transport, Transport::Plaintext);
         assert_eq!(config.tier, Tier::Standard);
         assert!(config.logins.subscriber.password.matches("pw:with:colons"));
+    }
+
+    #[test]
+    fn listen_takes_one_address_or_a_list() {
+        let text =
+            "listen = [\"127.0.0.1:9000\", \"[::1]:9000\"]\ndata_dir = \"/q\"\nplaintext = true\n";
+        let file = ConfigFile::parse(text).unwrap();
+        let config = Config::merge(file, flags(&LOGINS)).unwrap();
+        let both: Vec<SocketAddr> = vec![
+            "127.0.0.1:9000".parse().unwrap(),
+            "[::1]:9000".parse().unwrap(),
+        ];
+        assert_eq!(config.listen, both);
+        let file = ConfigFile::parse("listen = \"[::1]:1\"\ndata_dir = \"/q\"\nplaintext = true\n")
+            .unwrap();
+        let mut args = vec!["--listen", "127.0.0.1:2", "--listen", "[::1]:2"];
+        args.extend(LOGINS);
+        let config = Config::merge(file, flags(&args)).unwrap();
+        let flagged: Vec<SocketAddr> =
+            vec!["127.0.0.1:2".parse().unwrap(), "[::1]:2".parse().unwrap()];
+        assert_eq!(config.listen, flagged, "flags win");
+        assert!(ConfigFile::parse("listen = 5\n").is_err());
     }
 
     #[test]
@@ -412,7 +454,7 @@ mod tests {
         let file = ConfigFile::parse(&text).unwrap();
         let config =
             Config::merge(file, flags(&["--data-dir", "/tmp/b", "--admin", "x:y"])).unwrap();
-        assert_eq!(config.listen.port(), 9000);
+        assert_eq!(config.listen, vec!["127.0.0.1:9000".parse().unwrap()]);
         assert_eq!(config.data_dir, PathBuf::from("/tmp/b"));
         assert_eq!(config.tier, Tier::Devtest);
         assert_eq!(config.max_messages, Some(50));

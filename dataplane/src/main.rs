@@ -70,15 +70,15 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let server = match Server::bind(config.listen, node.clone(), acceptor).await {
+    let server = match Server::bind(&config.listen, node.clone(), acceptor).await {
         Ok(server) => server,
         Err(error) => {
-            eprintln!("dataplane: cannot listen on {}: {error}", config.listen);
+            eprintln!("dataplane: cannot listen on {:?}: {error}", config.listen);
             return ExitCode::FAILURE;
         }
     };
-    let addr = server
-        .local_addr()
+    let addrs = server
+        .local_addrs()
         .expect("a bound listener has an address");
     if let Some(certificate) = tls.clone() {
         tokio::spawn(certificate.watch());
@@ -95,7 +95,10 @@ async fn main() -> ExitCode {
         .clone()
         .map(|to| Reporter::new(node.clone(), to));
     let reporting = reporter.as_ref().map(|r| tokio::spawn(r.clone().run()));
-    say(&format!("listening on {addr}"));
+    say(&format!("listening on {}", addrs[0]));
+    for addr in &addrs[1..] {
+        say(&format!("also listening on {addr}"));
+    }
     say(&format!(
         "ready: tier {:?}, max-tasks {}, max-messages {}, max-messages-memory {}",
         node.tier, node.limits.max_tasks, node.limits.max_messages, node.limits.max_messages_memory

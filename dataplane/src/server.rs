@@ -30,7 +30,8 @@ use tokio_rustls::TlsAcceptor;
 use yawc::{HttpStream, Options, UpgradeFut, WebSocket};
 
 pub struct Server {
-    listener: TcpListener,
+    /// One per address, all on one port.
+    listeners: Vec<TcpListener>,
     node: Arc<Node>,
     /// One permit per open connection: `max-tasks` of them.
     slots: Arc<Semaphore>,
@@ -43,44 +44,74 @@ trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 impl Server {
+    /// Listens on every address in `addrs` (at least one). A port 0 is the port the first
+    /// address got, so a name's A and AAAA records can share one port.
     pub async fn bind(
-        addr: SocketAddr,
+        addrs: &[SocketAddr],
         node: Arc<Node>,
         tls: Option<TlsAcceptor>,
     ) -> std::io::Result<Server> {
-        let listener = listen(addr)?;
+        let (first, rest) = addrs.split_first().expect("at least one address");
+        let mut listeners = vec![listen(*first)?];
+        let port = listeners[0].local_addr()?.port();
+        for addr in rest {
+            let mut addr = *addr;
+            if addr.port() == 0 {
+                addr.set_port(port);
+            }
+            listeners.push(listen(addr)?);
+        }
         let slots = Arc::new(Semaphore::new(node.limits.max_tasks as usize));
         Ok(Server {
-            listener,
+            listeners,
             node,
             slots,
             tls,
         })
     }
 
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+    /// Where it listens, the first address first.
+    pub fn local_addrs(&self) -> std::io::Result<Vec<SocketAddr>> {
+        self.listeners.iter().map(TcpListener::local_addr).collect()
     }
 
     /// Serves until the process ends.
     pub async fn run(self) {
         tokio::spawn(self.node.queue.clone().run_timers());
-        loop {
-            let tcp = match self.listener.accept().await {
-                Ok((tcp, _peer)) => tcp,
-                Err(error) => {
-                    // Out of file descriptors and the like: wait a moment rather than spin.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            match self.slots.clone().try_acquire_owned() {
-                Ok(slot) => {
-                    tokio::spawn(serve(tcp, self.node.clone(), self.tls.clone(), slot));
-                }
-                Err(_) => drop(tcp),
+        let accepting = self.listeners.into_iter().map(|listener| {
+            accept_each(
+                listener,
+                self.node.clone(),
+                self.slots.clone(),
+                self.tls.clone(),
+            )
+        });
+        futures::future::join_all(accepting).await;
+    }
+}
+
+/// Accepts from `listener` for good; each connection that gets one of `slots` is served.
+async fn accept_each(
+    listener: TcpListener,
+    node: Arc<Node>,
+    slots: Arc<Semaphore>,
+    tls: Option<TlsAcceptor>,
+) {
+    loop {
+        let tcp = match listener.accept().await {
+            Ok((tcp, _peer)) => tcp,
+            Err(error) => {
+                // Out of file descriptors and the like: wait a moment rather than spin.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
+        };
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                tokio::spawn(serve(tcp, node.clone(), tls.clone(), slot));
+            }
+            Err(_) => drop(tcp),
         }
     }
 }

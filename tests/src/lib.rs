@@ -8,8 +8,6 @@
 //!   a connection that ended with none.
 //! - [`python`] finds the Python that has the `websockets` package, for the interop tests.
 
-pub mod pebble;
-
 /// A throwaway CA with a name of its own (with rcgen's default name on both, OpenSSL takes a
 /// leaf whose subject equals its issuer for a self-signed certificate).
 pub fn test_ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
@@ -19,6 +17,70 @@ pub fn test_ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
         .distinguished_name
         .push(rcgen::DnType::CommonName, name);
     rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap()
+}
+
+/// The certificates in a PEM text, as roots to trust.
+pub fn roots_from_pem(pem: &str) -> rustls::RootCertStore {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for der in rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        roots.add(der.unwrap()).unwrap();
+    }
+    assert!(!roots.is_empty(), "a PEM certificate");
+    roots
+}
+
+/// What `dig` (BIND's resolver client, Debian's `dnsutils`) was told.
+#[derive(Debug, PartialEq)]
+pub struct Dig {
+    /// The response code: `NOERROR`, `NXDOMAIN`, ...
+    pub status: String,
+    /// Whether the answer came with the authoritative flag.
+    pub authoritative: bool,
+    /// The answers' data, as dig prints them (`::1`, `127.0.0.1`, a SOA's fields ...).
+    pub answers: Vec<String>,
+}
+
+/// Asks the DNS server at `server` for `name`'s `kind` records with `dig`, over UDP or TCP.
+pub fn dig(server: SocketAddr, name: &str, kind: &str, tcp: bool) -> Dig {
+    let output = Command::new("dig")
+        .arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string(), name, kind])
+        .args([
+            "+noall",
+            "+comments",
+            "+answer",
+            "+time=5",
+            "+tries=1",
+            "+norecurse",
+        ])
+        .arg(if tcp { "+tcp" } else { "+notcp" })
+        .output()
+        .expect("dig (apt-get install dnsutils; ./scripts/test does)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "dig failed:\n{text}");
+    let status = text
+        .split("status: ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("no status from dig:\n{text}"))
+        .to_string();
+    let flags = text.split(";; flags: ").nth(1).unwrap_or("");
+    let flags = flags.split(';').next().unwrap_or("");
+    let answers = text
+        .lines()
+        .filter(|line| !line.starts_with(';') && !line.trim().is_empty())
+        .map(|line| {
+            // NAME TTL CLASS TYPE DATA...
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields[4..].join(" ")
+        })
+        .collect();
+    Dig {
+        status,
+        authoritative: flags.split_whitespace().any(|flag| flag == "aa"),
+        answers,
+    }
 }
 
 /// A TLS client (ring; TLS 1.2 and 1.3) that trusts only `roots`.

@@ -1,7 +1,10 @@
 //! The control plane's API with the real binaries: a queue is created, its node runs and
 //! serves the returned logins, and it is deleted.
 
-use qe_tests::{http, http_text, process_naming, signal, Client, ControlPlane, PROMPT};
+use controlplane::pebble::Pebble;
+use qe_tests::{
+    dig, http, http_text, process_naming, roots_from_pem, signal, Client, ControlPlane, Dig, PROMPT,
+};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -529,60 +532,8 @@ async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_on
     assert_eq!(status, 400);
 }
 
-/// Asks `server` for `name`'s `kind` records, over UDP or TCP; returns the response code and
-/// the answers' data as text.
-async fn ask_dns(
-    server: std::net::SocketAddr,
-    name: &str,
-    kind: hickory_proto::rr::RecordType,
-    tcp: bool,
-) -> (hickory_proto::op::ResponseCode, Vec<String>, bool) {
-    use hickory_proto::op::{Message, Query};
-    use std::str::FromStr;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut query = Message::query();
-    query.metadata.id = 4242;
-    let name = hickory_proto::rr::Name::from_str(name).unwrap();
-    query.add_query(Query::query(name, kind));
-    let bytes = query.to_vec().unwrap();
-    let reply = if tcp {
-        let mut stream = tokio::net::TcpStream::connect(server).await.unwrap();
-        let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
-        framed.extend(&bytes);
-        stream.write_all(&framed).await.unwrap();
-        let length = stream.read_u16().await.unwrap();
-        let mut reply = vec![0; length as usize];
-        stream.read_exact(&mut reply).await.unwrap();
-        reply
-    } else {
-        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        socket.send_to(&bytes, server).await.unwrap();
-        let mut reply = vec![0; 4096];
-        let n = tokio::time::timeout(PROMPT, socket.recv(&mut reply))
-            .await
-            .unwrap()
-            .unwrap();
-        reply.truncate(n);
-        reply
-    };
-    let reply = Message::from_vec(&reply).unwrap();
-    assert_eq!(reply.metadata.id, 4242);
-    let answers = reply
-        .answers
-        .iter()
-        .map(|record| record.data.to_string())
-        .collect();
-    (
-        reply.metadata.response_code,
-        answers,
-        reply.metadata.authoritative,
-    )
-}
-
 #[tokio::test]
 async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_delete() {
-    use hickory_proto::op::ResponseCode;
-    use hickory_proto::rr::RecordType;
     let cp = ControlPlane::start_with("dns_listen = \"127.0.0.1:0\"\n");
     let dns = cp.dns.expect("a DNS server");
     let create = |ipv4: bool| {
@@ -590,42 +541,45 @@ async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_d
     };
     let (_, with_ipv4) = cp.call("POST", "/v1/queues", Some(&create(true))).await;
     let (_, v6_only) = cp.call("POST", "/v1/queues", Some(&create(false))).await;
-    let host = |queue: &serde_json::Value| format!("{}.", queue["host"].as_str().unwrap());
+    let host = |queue: &serde_json::Value| queue["host"].as_str().unwrap().to_string();
+    let answer = |status: &str, answers: &[&str]| Dig {
+        status: status.into(),
+        authoritative: true,
+        answers: answers.iter().map(|a| a.to_string()).collect(),
+    };
 
     for tcp in [false, true] {
-        let answer = ask_dns(dns, &host(&with_ipv4), RecordType::AAAA, tcp).await;
-        assert_eq!(
-            answer,
-            (ResponseCode::NoError, vec!["::1".to_string()], true)
-        );
-        let answer = ask_dns(dns, &host(&with_ipv4), RecordType::A, tcp).await;
-        assert_eq!(answer.1, vec!["127.0.0.1".to_string()]);
-        let answer = ask_dns(dns, &host(&v6_only), RecordType::AAAA, tcp).await;
-        assert_eq!(answer.1, vec!["::1".to_string()]);
-        let answer = ask_dns(dns, &host(&v6_only), RecordType::A, tcp).await;
-        assert_eq!(
-            (answer.0, answer.1.len()),
-            (ResponseCode::NoError, 0),
-            "no A without IPv4"
-        );
+        let asked = dig(dns, &host(&with_ipv4), "AAAA", tcp);
+        assert_eq!(asked, answer("NOERROR", &["::1"]), "tcp {tcp}");
+        let asked = dig(dns, &host(&with_ipv4), "A", tcp);
+        assert_eq!(asked, answer("NOERROR", &["127.0.0.1"]), "tcp {tcp}");
+        let asked = dig(dns, &host(&v6_only), "AAAA", tcp);
+        assert_eq!(asked, answer("NOERROR", &["::1"]), "tcp {tcp}");
+        let asked = dig(dns, &host(&v6_only), "A", tcp);
+        assert_eq!(asked, answer("NOERROR", &[]), "no A without IPv4");
     }
-    let unknown = ask_dns(
-        dns,
-        "nosuchqueue.q.test.thequeueexpert.com.",
-        RecordType::AAAA,
-        false,
-    )
-    .await;
-    assert_eq!(unknown.0, ResponseCode::NXDomain);
-    let soa = ask_dns(dns, "q.test.thequeueexpert.com.", RecordType::SOA, false).await;
-    let serial_before: u32 = soa.1[0].split_whitespace().nth(2).unwrap().parse().unwrap();
+    let unknown = dig(dns, "nosuchqueue.q.test.thequeueexpert.com", "AAAA", false);
+    assert_eq!(unknown.status, "NXDOMAIN");
+    let outside = dig(dns, "example.com", "A", false);
+    assert_eq!(outside.status, "REFUSED", "not our zone: {outside:?}");
+    let serial = |tcp: bool| -> u32 {
+        let soa = dig(dns, "q.test.thequeueexpert.com", "SOA", tcp);
+        soa.answers[0]
+            .split_whitespace()
+            .nth(2)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let serial_before = serial(false);
 
     let id = with_ipv4["id"].as_str().unwrap();
     cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
-    let gone = ask_dns(dns, &host(&with_ipv4), RecordType::AAAA, false).await;
-    assert_eq!(gone.0, ResponseCode::NXDomain);
-    let soa = ask_dns(dns, "q.test.thequeueexpert.com.", RecordType::SOA, true).await;
-    let serial_after: u32 = soa.1[0].split_whitespace().nth(2).unwrap().parse().unwrap();
+    for tcp in [false, true] {
+        let gone = dig(dns, &host(&with_ipv4), "AAAA", tcp);
+        assert_eq!(gone.status, "NXDOMAIN", "tcp {tcp}");
+    }
+    let serial_after = serial(true);
     assert!(
         serial_after > serial_before,
         "{serial_before} → {serial_after}"
@@ -643,7 +597,9 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
         .unwrap()
         .port();
     let dns: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let pebble = qe_tests::pebble::Pebble::start(dns);
+    let pebble_dir = tempfile::tempdir().unwrap();
+    let pebble = Pebble::start(dns, pebble_dir.path()).await.unwrap();
+    let pebble_root = pebble.issuing_root().await.unwrap();
     let config = format!(
         "dns_listen = \"{dns}\"\n[acme]\ndirectory = \"{}\"\nca_root = {:?}\n",
         pebble.directory, pebble.listener_ca
@@ -672,8 +628,7 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
         CertificateDer::pem_slice_iter(issued["chain_pem"].as_str().unwrap().as_bytes())
             .collect::<Result<_, _>>()
             .unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pebble.issuing_root().await).unwrap();
+    let roots = roots_from_pem(&pebble_root);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier =
         rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
@@ -703,12 +658,10 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
         .trim_end_matches('/')
         .parse()
         .unwrap();
-    let host = format!("{}.", queue["host"].as_str().unwrap());
-    let (_, addresses, _) = ask_dns(dns, &host, hickory_proto::rr::RecordType::A, false).await;
-    let ip: std::net::IpAddr = addresses[0].parse().unwrap();
+    let host = queue["host"].as_str().unwrap();
+    let ip: std::net::IpAddr = dig(dns, host, "AAAA", false).answers[0].parse().unwrap();
     let at = std::net::SocketAddr::new(ip, port);
-    let mut trusted = rustls::RootCertStore::empty();
-    trusted.add(pebble.issuing_root().await).unwrap();
+    let trusted = roots_from_pem(&pebble_root);
     let logins = &queue["logins"];
     let mut subscriber = Client::connect_tls_at(url, at, trusted.clone()).await;
     let reply = subscriber
@@ -731,11 +684,11 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
 
     // A forced renewal: the node serves the new certificate to new connections, and the open
     // ones go on.
-    let before = served_leaf(at, queue["host"].as_str().unwrap(), &pebble).await;
+    let before = served_leaf(at, host, &pebble_root).await;
     let (status, _) = cp.call("POST", "/v1/certificate/renew", None).await;
     assert_eq!(status, 202);
     cp.wait_for_log("the nodes serve the new certificate", 2);
-    let after = served_leaf(at, queue["host"].as_str().unwrap(), &pebble).await;
+    let after = served_leaf(at, host, &pebble_root).await;
     assert_ne!(before, after, "a new certificate");
     let reply = publisher
         .request(json!({"body": "after the renewal"}))
@@ -744,16 +697,10 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
     assert_eq!(subscriber.recv().await["body"], "after the renewal");
 }
 
-/// The leaf certificate a TLS server at `at` presents for `host`, verified against Pebble's
-/// issuing root.
-async fn served_leaf(
-    at: std::net::SocketAddr,
-    host: &str,
-    pebble: &qe_tests::pebble::Pebble,
-) -> Vec<u8> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pebble.issuing_root().await).unwrap();
-    let connector = tokio_rustls::TlsConnector::from(qe_tests::tls_client_config(roots));
+/// The leaf certificate a TLS server at `at` presents for `host`, verified against `root`.
+async fn served_leaf(at: std::net::SocketAddr, host: &str, root: &str) -> Vec<u8> {
+    let connector =
+        tokio_rustls::TlsConnector::from(qe_tests::tls_client_config(roots_from_pem(root)));
     let tcp = tokio::net::TcpStream::connect(at).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
     let tls = connector.connect(name, tcp).await.unwrap();

@@ -14,10 +14,7 @@ use std::sync::Arc;
 
 /// A queue as the API shows it (never a password).
 fn view(state: &AppState, queue: &Queue) -> Value {
-    let host = format!(
-        "{}.q.{}.{}",
-        queue.id, state.config.cluster, state.config.domain
-    );
+    let host = state.zone.host_of(&queue.id);
     json!({
         "id": queue.id,
         "host": host,

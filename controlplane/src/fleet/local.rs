@@ -236,6 +236,11 @@ impl LocalProvider {
         let fail = |what: String| FleetError::Start(what);
         let dir = self.node_dir(&queue.id);
         let port = configured_port(&dir.join("node.toml")).map_err(fail)?;
+        // Written again for this control plane, whose address may have changed. A node that
+        // is adopted reads it at its next start.
+        let config = node_config(queue, &dir, port, &self.reports);
+        write_private(&dir.join("node.toml"), config.as_bytes())
+            .map_err(|e| fail(e.to_string()))?;
         let (launcher, listener) = self.launcher(dir).map_err(|e| fail(e.to_string()))?;
         let child = match launcher.adopt() {
             Some(child) => {
@@ -397,18 +402,30 @@ impl Provider for LocalProvider {
     }
 }
 
-/// A port free on loopback now, to give a node for good (a restart keeps its address).
+/// A port free on both loopback addresses now, to give a node for good (a restart keeps its
+/// address): its name's A record is 127.0.0.1 and its AAAA record ::1.
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    let mut last_error = None;
+    for _ in 0..20 {
+        let v4 = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = v4.local_addr()?.port();
+        match std::net::TcpListener::bind(("::1", port)) {
+            Ok(_) => return Ok(port),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.expect("tried"))
 }
 
-/// The port a node's config gives it.
+/// The port a node's config gives it (`listen` is one address or a list on one port).
 fn configured_port(config: &Path) -> Result<u16, String> {
     let text = std::fs::read_to_string(config).map_err(|e| e.to_string())?;
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
-    let listen = table.get("listen").and_then(|v| v.as_str()).unwrap_or("");
+    let listen = match table.get("listen") {
+        Some(toml::Value::Array(addrs)) => addrs.first(),
+        other => other,
+    };
+    let listen = listen.and_then(|v| v.as_str()).unwrap_or("");
     let addr: std::net::SocketAddr = listen.parse().map_err(|_| format!("listen = {listen:?}"))?;
     Ok(addr.port())
 }
@@ -430,7 +447,7 @@ fn node_config(queue: &Queue, dir: &Path, port: u16, reports: &ReportTarget) -> 
         None => "plaintext = true",
     };
     format!(
-        "listen = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n{transport}\ntier = \"{tier}\"\n\
+        "listen = [\"127.0.0.1:{port}\", \"[::1]:{port}\"]\ndata_dir = {:?}\n{transport}\ntier = \"{tier}\"\n\
          instance_type = {:?}\nregion = {:?}\nipv4 = {}\ncontrol_plane = {:?}\nqueue_id = {:?}\n\
          node_token = {:?}\n{}{}{}",
         dir.join("data"),

@@ -1,0 +1,104 @@
+//! Certificates from a CA reached by ACME (instant-acme), DNS-01: the challenge values are
+//! published as TXT records by our own DNS server (`dns.rs`) while the order is pending. The
+//! ACME account is kept in the store.
+
+use super::{CertificateError, Issued};
+use crate::dns::Zone;
+use crate::store::Store;
+use crate::unix_now as now;
+use instant_acme::{
+    Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
+    NewOrder, OrderStatus, RetryPolicy,
+};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// `[acme]` in the config.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeConfig {
+    /// The CA's directory URL (Let's Encrypt production or staging, or Pebble).
+    pub directory: String,
+    /// A PEM root to trust for the CA's own HTTPS (Pebble's), besides the usual roots.
+    pub ca_root: Option<PathBuf>,
+}
+
+async fn account(config: &AcmeConfig, store: &Store) -> Result<Account, CertificateError> {
+    let builder = || match &config.ca_root {
+        Some(root) => Account::builder_with_root(root),
+        None => Account::builder(),
+    };
+    if let Some(saved) = store.acme_account()? {
+        if let Ok(credentials) = serde_json::from_str::<AccountCredentials>(&saved) {
+            return Ok(builder()?.from_credentials(credentials).await?);
+        }
+    }
+    let new = NewAccount {
+        contact: &[],
+        terms_of_service_agreed: true,
+        only_return_existing: false,
+    };
+    let (account, credentials) = builder()?
+        .create(&new, config.directory.clone(), None)
+        .await?;
+    let saved = serde_json::to_string(&credentials).expect("credentials serialize");
+    store.put_acme_account(&saved)?;
+    Ok(account)
+}
+
+/// One order for the wildcard, answered with TXT records in our zone.
+pub(super) async fn order(
+    config: &AcmeConfig,
+    zone: &Zone,
+    store: &Store,
+) -> Result<Issued, CertificateError> {
+    let account = account(config, store).await?;
+    let identifiers = [Identifier::Dns(zone.wildcard())];
+    let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
+    // First every value is published, then each challenge is declared ready: the CA may look
+    // the moment it hears.
+    let mut values = Vec::new();
+    let mut ready = Vec::new();
+    {
+        let mut authorizations = order.authorizations();
+        while let Some(authorization) = authorizations.next().await {
+            let mut authorization = authorization?;
+            if authorization.status == AuthorizationStatus::Valid {
+                continue;
+            }
+            let challenge = authorization
+                .challenge(ChallengeType::Dns01)
+                .ok_or_else(|| CertificateError::Order("without a dns-01 challenge".into()))?;
+            values.push(challenge.key_authorization().dns_value());
+            ready.push(challenge.url.clone());
+        }
+    }
+    zone.set_challenges(values);
+    let result = async {
+        {
+            let mut authorizations = order.authorizations();
+            while let Some(authorization) = authorizations.next().await {
+                let mut authorization = authorization?;
+                if let Some(mut challenge) = authorization.challenge(ChallengeType::Dns01) {
+                    if ready.contains(&challenge.url) {
+                        challenge.set_ready().await?;
+                    }
+                }
+            }
+        }
+        let status = order.poll_ready(&RetryPolicy::default()).await?;
+        if status != OrderStatus::Ready {
+            return Err(CertificateError::Order(format!("{status:?}")));
+        }
+        let key_pem = order.finalize().await?;
+        let chain_pem = order.poll_certificate(&RetryPolicy::default()).await?;
+        Ok(Issued {
+            chain_pem,
+            key_pem,
+            issued_at: now(),
+        })
+    }
+    .await;
+    zone.set_challenges(Vec::new());
+    result
+}

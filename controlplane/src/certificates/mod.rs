@@ -1,0 +1,121 @@
+//! The cluster's wildcard certificate, `*.q.CLUSTER.DOMAIN`, and keeping it valid.
+//!
+//! One certificate per cluster rather than per queue, so a public CA's rate limits never
+//! block a new queue. It comes from an [`Issuer`]: a CA reached by ACME DNS-01
+//! ([`acme`], answered from our own DNS), or, for local use without one, a CA the control
+//! plane makes itself ([`local_ca`]). The certificate is kept in the store and renewed two
+//! thirds into its validity; every node is then told to fetch it.
+
+pub mod acme;
+pub mod local_ca;
+mod validity;
+
+use crate::dns::Zone;
+use crate::fleet::Provider;
+use crate::store::Store;
+use crate::unix_now as now;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// A certificate chain and its private key, in PEM.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Issued {
+    pub chain_pem: String,
+    pub key_pem: String,
+    /// When it was issued, in seconds since 1970.
+    pub issued_at: u64,
+}
+
+impl std::fmt::Debug for Issued {
+    /// Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Issued(at {})", self.issued_at)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    #[error("ACME: {0}")]
+    Acme(#[from] instant_acme::Error),
+    #[error("the order ended {0}")]
+    Order(String),
+    #[error("the local CA: {0}")]
+    LocalCa(String),
+    #[error("the store: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Where the cluster's certificate comes from.
+pub enum Issuer {
+    Acme(acme::AcmeConfig),
+    LocalCa(Box<local_ca::LocalCa>),
+}
+
+impl Issuer {
+    /// A new certificate for `zone`'s wildcard.
+    async fn issue(&self, zone: &Zone, store: &Store) -> Result<Issued, CertificateError> {
+        match self {
+            Issuer::Acme(config) => acme::order(config, zone, store).await,
+            Issuer::LocalCa(ca) => ca.issue(&zone.wildcard()),
+        }
+    }
+}
+
+/// The wait after a failed order; it doubles while orders keep failing.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(3600);
+/// When a certificate's validity cannot be read, it is renewed this long after issue (two
+/// thirds of a public CA's 90 days).
+const RENEW_AFTER: Duration = Duration::from_secs(60 * 86_400);
+
+/// When `issued` is due for renewal: two thirds into its validity.
+fn renewal_due(issued: &Issued) -> u64 {
+    match validity::validity_of_pem(&issued.chain_pem) {
+        Some((from, to)) if to > from => from + (to - from) * 2 / 3,
+        _ => issued.issued_at + RENEW_AFTER.as_secs(),
+    }
+}
+
+/// Keeps a valid certificate in the store: gets one when there is none or it is due,
+/// retrying with backoff. Runs for the life of the control plane.
+pub async fn keep_certified(
+    issuer: Issuer,
+    zone: Arc<Zone>,
+    store: Store,
+    fleet: Arc<dyn Provider>,
+    renew_now: Arc<Notify>,
+) {
+    let mut wait = RETRY_AFTER;
+    let mut forced = false;
+    loop {
+        let due = match store.certificate() {
+            Ok(Some(issued)) if !forced => renewal_due(&issued),
+            _ => 0,
+        };
+        let now = now();
+        if due > now {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(due - now)) => {}
+                _ = renew_now.notified() => forced = true,
+            }
+            continue;
+        }
+        match issuer.issue(&zone, &store).await {
+            Ok(issued) => {
+                store.put_certificate(&issued).ok();
+                tracing::info!("certificate issued for {}", zone.wildcard());
+                fleet.renew_certificates().await;
+                tracing::info!("the nodes serve the new certificate");
+                forced = false;
+                wait = RETRY_AFTER;
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?wait, "no certificate yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
+            }
+        }
+    }
+}

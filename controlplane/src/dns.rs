@@ -1,6 +1,6 @@
 //! The authoritative DNS for `q.CLUSTER.DOMAIN` (hickory-server, UDP and TCP): SOA and NS, and
-//! for each live queue an AAAA record always and an A record only when it has IPv4 (the
-//! manual's *The address*). Unknown names get NXDOMAIN. While an ACME order is pending, its
+//! for each live queue, at the addresses its provider placed it at, an AAAA record always and
+//! an A record only when it has IPv4 (the manual's *The address*). Unknown names get NXDOMAIN. While an ACME order is pending, its
 //! DNS-01 values are TXT records at `_acme-challenge.q.CLUSTER.DOMAIN`.
 //!
 //! The zone is rebuilt whole from the queues' records on every change and swapped in, with the
@@ -14,7 +14,7 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::store::in_memory::InMemoryZoneHandler;
 use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneType};
 use hickory_server::Server;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -22,26 +22,11 @@ use std::time::Duration;
 /// How long resolvers may keep an answer: short, since queues come and go.
 const TTL: u32 = 60;
 
-/// Where a queue's name points (the local provider: loopback).
-#[derive(Debug, Clone, Copy)]
-pub struct Addresses {
-    pub v6: Ipv6Addr,
-    pub v4: Ipv4Addr,
-}
-
-impl Default for Addresses {
-    fn default() -> Addresses {
-        Addresses {
-            v6: Ipv6Addr::LOCALHOST,
-            v4: Ipv4Addr::LOCALHOST,
-        }
-    }
-}
-
 /// The zone as served now; [`Zone::update`] swaps in a new one.
 pub struct Zone {
     origin: Name,
-    addresses: Addresses,
+    /// The address of `ns.q.CLUSTER.DOMAIN`, this server.
+    nameserver: IpAddr,
     current: RwLock<Arc<Catalog>>,
     /// What the zone is built from; either changing rebuilds it.
     contents: std::sync::Mutex<Contents>,
@@ -64,13 +49,13 @@ pub enum DnsError {
 }
 
 impl Zone {
-    /// The zone `q.CLUSTER.DOMAIN.`, empty of queues.
-    pub fn new(cluster: &str, domain: &str, addresses: Addresses) -> Result<Arc<Zone>, DnsError> {
+    /// The zone `q.CLUSTER.DOMAIN.`, empty of queues, served from `nameserver`.
+    pub fn new(cluster: &str, domain: &str, nameserver: IpAddr) -> Result<Arc<Zone>, DnsError> {
         let text = format!("q.{cluster}.{domain}.");
         let origin = Name::from_str(&text).map_err(|_| DnsError::Name(text))?;
         let zone = Arc::new(Zone {
             origin,
-            addresses,
+            nameserver,
             current: RwLock::new(Arc::new(Catalog::new())),
             contents: std::sync::Mutex::default(),
         });
@@ -123,7 +108,7 @@ impl Zone {
         let mut records = vec![
             Record::from_rdata(self.origin.clone(), TTL, RData::SOA(soa)),
             Record::from_rdata(self.origin.clone(), TTL, RData::NS(NS(ns.clone()))),
-            Record::from_rdata(ns, TTL, RData::AAAA(AAAA(self.addresses.v6))),
+            Record::from_rdata(ns, TTL, address(self.nameserver)),
         ];
         let live = |queue: &&Queue| matches!(queue.status, Status::Running | Status::Provisioning);
         for value in &contents.challenges {
@@ -131,18 +116,15 @@ impl Zone {
             records.push(Record::from_rdata(self.name("_acme-challenge"), 0, txt));
         }
         for queue in contents.queues.iter().filter(live) {
+            // A queue's name resolves once its provider has placed it.
+            let Some(addresses) = queue.addresses else {
+                continue;
+            };
             let name = self.name(&queue.id);
-            records.push(Record::from_rdata(
-                name.clone(),
-                TTL,
-                RData::AAAA(AAAA(self.addresses.v6)),
-            ));
-            if queue.ipv4 {
-                records.push(Record::from_rdata(
-                    name,
-                    TTL,
-                    RData::A(A(self.addresses.v4)),
-                ));
+            let v6 = RData::AAAA(AAAA(addresses.v6));
+            records.push(Record::from_rdata(name.clone(), TTL, v6));
+            if let (true, Some(v4)) = (queue.ipv4, addresses.v4) {
+                records.push(Record::from_rdata(name, TTL, RData::A(A(v4))));
             }
         }
         records
@@ -165,6 +147,13 @@ impl Zone {
         Name::from_str(label)
             .and_then(|label| label.append_domain(&self.origin))
             .expect("queue ids and our labels are DNS labels")
+    }
+}
+
+fn address(ip: IpAddr) -> RData {
+    match ip {
+        IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+        IpAddr::V4(v4) => RData::A(A(v4)),
     }
 }
 
@@ -225,8 +214,56 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_queue_resolves_to_where_its_provider_placed_it_once_placed() {
+        use crate::queues::{create, Addresses, NewQueue, Tier};
+        let zone = Zone::new("c", "example.test", "127.0.0.1".parse().unwrap()).unwrap();
+        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let new = |ipv4| NewQueue {
+            tier: Tier::Devtest,
+            region: "r".into(),
+            instance_type: "t".into(),
+            ipv4,
+        };
+        let (mut placed, _) = create(new(true));
+        placed.status = Status::Running;
+        placed.addresses = Some(Addresses {
+            v6: "2001:db8::7".parse().unwrap(),
+            v4: Some("192.0.2.7".parse().unwrap()),
+        });
+        let (mut v6_only, _) = create(new(false));
+        v6_only.status = Status::Running;
+        v6_only.addresses = placed.addresses;
+        let (unplaced, _) = create(new(true));
+        zone.update(&[placed.clone(), v6_only.clone(), unplaced.clone()]);
+        let host = |queue: &Queue| format!("{}.", zone.host_of(&queue.id));
+        assert_eq!(
+            ask(server, &host(&placed), RecordType::AAAA).await,
+            (ResponseCode::NoError, vec!["2001:db8::7".into()])
+        );
+        assert_eq!(
+            ask(server, &host(&placed), RecordType::A).await,
+            (ResponseCode::NoError, vec!["192.0.2.7".into()])
+        );
+        assert_eq!(
+            ask(server, &host(&v6_only), RecordType::A).await,
+            (ResponseCode::NoError, vec![]),
+            "no A without IPv4, whatever the provider says"
+        );
+        assert_eq!(
+            ask(server, &host(&unplaced), RecordType::AAAA).await.0,
+            ResponseCode::NXDomain
+        );
+        assert_eq!(
+            ask(server, "ns.q.c.example.test.", RecordType::A).await,
+            (ResponseCode::NoError, vec!["127.0.0.1".into()])
+        );
+    }
+
+    #[tokio::test]
     async fn acme_challenges_are_txt_records_while_the_order_is_pending() {
-        let zone = Zone::new("c", "example.test", Addresses::default()).unwrap();
+        let zone = Zone::new("c", "example.test", "::1".parse().unwrap()).unwrap();
         let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();

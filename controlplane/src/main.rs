@@ -4,7 +4,7 @@
 use clap::{Parser, Subcommand};
 use controlplane::api::{self, queues, AppState};
 use controlplane::config::Config;
-use controlplane::dns::{self, Addresses, Zone};
+use controlplane::dns::{self, Zone};
 use controlplane::fleet::local::{LocalProvider, ReportTarget};
 use controlplane::nodes::NodeTokens;
 use controlplane::pebble::{self, Pebble};
@@ -149,7 +149,12 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
         config.data_dir.clone(),
         reports,
     ));
-    let zone = Zone::new(&config.cluster, &config.domain, Addresses::default())?;
+    // The name server's own address in the zone: where it listens (loopback if everywhere).
+    let nameserver = match config.dns_listen.map(|addr| addr.ip()) {
+        Some(ip) if !ip.is_unspecified() => ip,
+        _ => std::net::Ipv6Addr::LOCALHOST.into(),
+    };
+    let zone = Zone::new(&config.cluster, &config.domain, nameserver)?;
     zone.update(&store.list()?);
     if let Some(addr) = config.dns_listen {
         let bound = dns::serve(zone.clone(), addr).await?;

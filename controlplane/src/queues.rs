@@ -3,6 +3,7 @@
 use qe_shared::password::PasswordHash;
 use qe_shared::protocol::Role;
 use serde::{Deserialize, Serialize};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// A queue's service tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,12 +43,31 @@ pub struct Queue {
     pub status: Status,
     /// Where its node listens, once it runs.
     pub node: Option<String>,
+    /// The addresses its name resolves to, as its provider placed it.
+    #[serde(default)]
+    pub addresses: Option<Addresses>,
     /// When it was made, in seconds since 1970: its first usage period starts here.
     #[serde(default)]
     pub created: u64,
     pub publisher: StoredLogin,
     pub subscriber: StoredLogin,
     pub admin: StoredLogin,
+}
+
+/// A queue's IP addresses: IPv6 always, IPv4 only when it has IPv4 (the manual's *The
+/// address*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Addresses {
+    pub v6: Ipv6Addr,
+    pub v4: Option<Ipv4Addr>,
+}
+
+/// Where a provider runs a queue's node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The node's URL.
+    pub node: String,
+    pub addresses: Addresses,
 }
 
 /// The operator's request for a queue.
@@ -101,6 +121,7 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
         ipv4: new.ipv4,
         status: Status::Provisioning,
         node: None,
+        addresses: None,
         created: crate::unix_now(),
         publisher: stored_publisher,
         subscriber: stored_subscriber,

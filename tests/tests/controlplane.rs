@@ -548,6 +548,11 @@ async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_d
         answers: answers.iter().map(|a| a.to_string()).collect(),
     };
 
+    assert_eq!(
+        with_ipv4["addresses"],
+        json!({"v6": "::1", "v4": "127.0.0.1"})
+    );
+    assert_eq!(v6_only["addresses"], json!({"v6": "::1", "v4": null}));
     for tcp in [false, true] {
         let asked = dig(dns, &host(&with_ipv4), "AAAA", tcp);
         assert_eq!(asked, answer("NOERROR", &["::1"]), "tcp {tcp}");

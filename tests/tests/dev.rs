@@ -125,7 +125,9 @@ impl Dev {
         let delivery = subscriber.recv().await;
         assert_eq!(delivery["body"], body);
         // Acknowledged, so it is not delivered again after a restart.
-        let ack = subscriber.request(json!({"id": delivery["id"], "ack": 1})).await;
+        let ack = subscriber
+            .request(json!({"id": delivery["id"], "ack": 1}))
+            .await;
         assert_eq!(ack["status"], "Success.", "{ack}");
     }
 

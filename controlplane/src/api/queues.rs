@@ -25,6 +25,7 @@ fn view(state: &AppState, queue: &Queue) -> Value {
         "instance_type": queue.instance_type,
         "ipv4": queue.ipv4,
         "node": queue.node,
+        "addresses": queue.addresses,
     })
 }
 
@@ -44,12 +45,11 @@ pub async fn create(
 pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
     let (mut queue, logins) = queues::create(new);
     state.store.put(&queue)?;
-    // The name resolves from now on, while the node starts.
-    refresh_zone(state)?;
     match state.fleet.start(&queue).await {
-        Ok(node) => {
+        Ok(placement) => {
             queue.status = Status::Running;
-            queue.node = Some(node);
+            queue.node = Some(placement.node);
+            queue.addresses = Some(placement.addresses);
         }
         Err(error) => {
             tracing::error!(queue = %queue.id, %error, "a node did not start");
@@ -57,6 +57,8 @@ pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, Issued
         }
     }
     state.store.put(&queue)?;
+    // The name resolves from now on, to where the provider placed the node.
+    refresh_zone(state)?;
     Ok((queue, logins))
 }
 
@@ -73,7 +75,10 @@ pub async fn resume_all(store: &Store, fleet: &dyn Provider) -> Result<(), Store
             continue;
         }
         match fleet.resume(&queue).await {
-            Ok(node) => queue.node = Some(node),
+            Ok(placement) => {
+                queue.node = Some(placement.node);
+                queue.addresses = Some(placement.addresses);
+            }
             Err(error) => {
                 tracing::error!(queue = %queue.id, %error, "a node could not be resumed");
                 queue.status = Status::Failed;

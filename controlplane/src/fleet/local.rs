@@ -7,7 +7,7 @@
 use super::process::{make_fifo, NodeProcess};
 use super::{FleetError, Provider};
 use crate::nodes::NodeTokens;
-use crate::queues::{Queue, StoredLogin, Tier};
+use crate::queues::{Addresses, Placement, Queue, StoredLogin, Tier};
 use crate::write_private;
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -50,12 +50,18 @@ pub struct ReportTarget {
 }
 
 impl ReportTarget {
-    /// A node's address: by name over TLS with the cluster certificate, else plain ws://.
-    fn node_url(&self, queue_id: &str, port: u16) -> String {
-        match &self.tls_zone {
-            Some(zone) => format!("wss://{queue_id}.{zone}:{port}/"),
+    /// Where a local node is: by name over TLS with the cluster certificate, else plain
+    /// ws://; the name resolves to loopback (::1, and 127.0.0.1 with IPv4), where it listens.
+    fn placement(&self, queue: &Queue, port: u16) -> Placement {
+        let node = match &self.tls_zone {
+            Some(zone) => format!("wss://{}.{zone}:{port}/", queue.id),
             None => format!("ws://127.0.0.1:{port}/"),
-        }
+        };
+        let addresses = Addresses {
+            v6: std::net::Ipv6Addr::LOCALHOST,
+            v4: queue.ipv4.then_some(std::net::Ipv4Addr::LOCALHOST),
+        };
+        Placement { node, addresses }
     }
 }
 
@@ -216,7 +222,7 @@ impl LocalProvider {
         self.dir.join("nodes").join(queue_id)
     }
 
-    async fn start_node(&self, queue: &Queue) -> Result<String, FleetError> {
+    async fn start_node(&self, queue: &Queue) -> Result<Placement, FleetError> {
         let fail = |what: String| FleetError::Start(what);
         let dir = self.node_dir(&queue.id);
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
@@ -227,12 +233,12 @@ impl LocalProvider {
         let (launcher, listener) = self.launcher(dir).map_err(|e| fail(e.to_string()))?;
         let child = launcher.launch().await?;
         self.keep_running(&queue.id, port, child, launcher, listener);
-        Ok(self.reports.node_url(&queue.id, port))
+        Ok(self.reports.placement(queue, port))
     }
 
     /// Adopts `queue`'s node if a previous control plane left it running, or starts it again
     /// on its port and data; returns where it listens.
-    async fn resume_node(&self, queue: &Queue) -> Result<String, FleetError> {
+    async fn resume_node(&self, queue: &Queue) -> Result<Placement, FleetError> {
         let fail = |what: String| FleetError::Start(what);
         let dir = self.node_dir(&queue.id);
         let port = configured_port(&dir.join("node.toml")).map_err(fail)?;
@@ -250,7 +256,7 @@ impl LocalProvider {
             None => launcher.launch().await?,
         };
         self.keep_running(&queue.id, port, child, launcher, listener);
-        Ok(self.reports.node_url(&queue.id, port))
+        Ok(self.reports.placement(queue, port))
     }
 
     /// A launcher for the node in `dir`, and the task that reads its stdout.
@@ -370,11 +376,11 @@ impl LocalProvider {
 }
 
 impl Provider for LocalProvider {
-    fn start<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>> {
+    fn start<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<Placement, FleetError>> {
         self.start_node(queue).boxed()
     }
 
-    fn resume<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>> {
+    fn resume<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<Placement, FleetError>> {
         self.resume_node(queue).boxed()
     }
 

@@ -4,7 +4,7 @@
 pub mod local;
 mod process;
 
-use crate::queues::Queue;
+use crate::queues::{Placement, Queue};
 use futures::future::BoxFuture;
 
 #[derive(Debug, thiserror::Error)]
@@ -16,12 +16,13 @@ pub enum FleetError {
 }
 
 pub trait Provider: Send + Sync {
-    /// Starts `queue`'s node; returns where it listens.
-    fn start<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>>;
+    /// Starts `queue`'s node; returns where it listens, and the addresses its name is to
+    /// resolve to.
+    fn start<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<Placement, FleetError>>;
 
     /// Takes on `queue`'s node after a control-plane restart: adopts it if it still runs,
-    /// starts it again otherwise; returns where it listens.
-    fn resume<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<String, FleetError>>;
+    /// starts it again otherwise; returns where it listens, as [`Provider::start`].
+    fn resume<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<Placement, FleetError>>;
 
     /// Has every running node take the cluster certificate as it is now (after a renewal);
     /// returns once they have.

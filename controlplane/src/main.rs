@@ -186,6 +186,8 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
             .into_future(),
     );
     queues::resume_all(&state.store, fleet.as_ref()).await?;
+    // A resumed node may have been placed anew.
+    queues::refresh_zone(&state)?;
     println!("listening on {bound}");
     let _ = std::io::stdout().flush();
     Ok(Running {

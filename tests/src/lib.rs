@@ -132,50 +132,38 @@ pub fn dataplane_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("QE_DATAPLANE_BIN") {
         return path.into();
     }
-    built_binary("dataplane", &["dataplane/src", "shared/src"])
+    built_binary("dataplane")
 }
 
 /// The `controlplane` binary built beside this test binary.
 pub fn controlplane_binary() -> PathBuf {
-    built_binary("controlplane", &["controlplane/src", "shared/src"])
+    built_binary("controlplane")
 }
 
-/// A workspace binary, refused if it is older than any of its `sources`: `cargo test` does
-/// not build another package's binaries, so a stale one would test old code.
-fn built_binary(name: &str, sources: &[&str]) -> PathBuf {
+/// A workspace binary, refused if it is older than any source it was built from (cargo lists
+/// them in `NAME.d` beside it): `cargo test` does not build another package's binaries, so a
+/// stale one would test old code.
+fn built_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let binary = exe.parent().unwrap().parent().unwrap().join(name);
-    let built = std::fs::metadata(&binary)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing: run ./scripts/test, or `cargo build --workspace --bins`",
-                binary.display()
-            )
-        });
-    for source in sources {
-        let newest = newest_change(&workspace().join(source));
+    let build = "run ./scripts/test, or `cargo build --workspace --bins`";
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified());
+    let built =
+        modified(&binary).unwrap_or_else(|_| panic!("{} is missing: {build}", binary.display()));
+    let dep_info = std::fs::read_to_string(binary.with_extension("d"))
+        .unwrap_or_else(|_| panic!("{}.d is missing: {build}", binary.display()));
+    let (_, sources) = dep_info.split_once(": ").expect("TARGET: SOURCES");
+    for source in sources.split_whitespace().map(Path::new) {
+        // A source that is gone counts as changed.
+        let changed = modified(source).unwrap_or(std::time::SystemTime::now());
         assert!(
-            newest <= built,
-            "{} is older than {source}: run ./scripts/test, or `cargo build --workspace --bins`",
-            binary.display()
+            changed <= built,
+            "{} is older than {}: {build}",
+            binary.display(),
+            source.display()
         );
     }
     binary
-}
-
-fn newest_change(dir: &Path) -> std::time::SystemTime {
-    let mut newest = std::time::UNIX_EPOCH;
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        let modified = if entry.file_type().unwrap().is_dir() {
-            newest_change(&entry.path())
-        } else {
-            entry.metadata().unwrap().modified().unwrap()
-        };
-        newest = newest.max(modified);
-    }
-    newest
 }
 
 /// A running node; killed on drop.

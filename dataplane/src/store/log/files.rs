@@ -1,9 +1,10 @@
 //! Writing the pending buffer to segment files: done by whoever needs it written first (a
-//! request waiting for its receipt, or the syncer), under one lock.
+//! request waiting for its receipt, or the syncer), under one lock. Records are written at
+//! their place in the segment (a spare segment is full of zeros ahead of them), not appended.
 
 use super::{segment_path, Chunk, Shared};
-use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,8 +15,8 @@ pub(super) const RETRY_AFTER: Duration = Duration::from_millis(200);
 /// The segment files being written, and what is written but not yet synced.
 #[derive(Default)]
 pub(super) struct Files {
-    /// The segment file being appended to.
-    current: Option<(u32, Arc<File>)>,
+    /// The segment file being written.
+    current: Option<Current>,
     /// Files written since the last sync (the current one, and any just closed).
     unsynced: Vec<Arc<File>>,
     /// When the oldest written-but-unsynced data was written.
@@ -24,6 +25,13 @@ pub(super) struct Files {
     retry: Vec<Chunk>,
     /// When to retry `retry` if no new record comes first.
     pub retry_at: Option<Instant>,
+}
+
+pub(super) struct Current {
+    segment: u32,
+    file: Arc<File>,
+    /// Where its next record goes: the bytes written to it so far.
+    end: u64,
 }
 
 impl Files {
@@ -73,38 +81,49 @@ impl Shared {
             .send_modify(|p| p.written = p.written.max(end));
     }
 
-    /// Writes one chunk at the end of its segment; on failure, cuts the file back so a retry
-    /// does not leave half a record in the middle of the log.
+    /// Writes one chunk where its segment's written part ends. A failed write moves nothing
+    /// on: its retry writes over whatever part of it reached the file.
     fn append(&self, files: &mut Files, chunk: &Chunk) -> std::io::Result<()> {
-        let file = self.file_for(files, chunk.segment)?;
-        let before = file.metadata()?.len();
-        let written = (&*file).write_all(&chunk.bytes);
-        if written.is_ok() {
-            let len = chunk.bytes.len() as u64;
-            self.bytes_written
-                .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-        }
-        if written.is_err() {
-            let _ = file.set_len(before);
-        } else if !files.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {
+        let current = self.file_for(files, chunk.segment)?;
+        current.file.write_all_at(&chunk.bytes, current.end)?;
+        let len = chunk.bytes.len() as u64;
+        current.end += len;
+        let file = current.file.clone();
+        self.bytes_written
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        if !files.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {
             files.unsynced.push(file);
         }
-        written
+        Ok(())
     }
 
-    /// The file of `segment`, opened if need be (the old one stays in `unsynced` until the
-    /// next sync).
-    fn file_for(&self, files: &mut Files, segment: u32) -> std::io::Result<Arc<File>> {
-        match &files.current {
-            Some((open, file)) if *open == segment => Ok(file.clone()),
-            _ => {
-                let path = segment_path(&self.dir, segment);
-                let file = OpenOptions::new().create(true).append(true).open(path)?;
-                // The new file's name must survive a crash as well as its contents.
-                File::open(&self.dir)?.sync_all()?;
-                let file = Arc::new(file);
-                files.current = Some((segment, file.clone()));
-                Ok(file)
+    /// The file of `segment`, made if need be from the spare (the old one stays in
+    /// `unsynced` until the next sync).
+    fn file_for<'a>(&self, files: &'a mut Files, segment: u32) -> std::io::Result<&'a mut Current> {
+        if files.current.as_ref().is_none_or(|c| c.segment != segment) {
+            let path = segment_path(&self.dir, segment);
+            let file = match self.spares.take(&path) {
+                Some(spare) => spare,
+                None => File::create(&path)?,
+            };
+            // The new file's name must survive a crash as well as its contents.
+            File::open(&self.dir)?.sync_all()?;
+            files.current = Some(Current {
+                segment,
+                file: Arc::new(file),
+                end: 0,
+            });
+        }
+        Ok(files.current.as_mut().expect("just made"))
+    }
+
+    /// Cuts the zeros after the written part of the segment being written, for a clean stop.
+    pub(super) fn trim_current(&self) {
+        let files = self.files.lock().expect("never poisoned");
+        if let Some(current) = &files.current {
+            let trimmed = current.file.set_len(current.end);
+            if let Err(error) = trimmed.and_then(|()| current.file.sync_all()) {
+                tracing::warn!(%error, "the last segment keeps its unwritten zeros");
             }
         }
     }

@@ -10,6 +10,9 @@
 //! it; what is written during a sync goes in the next one. That is the group commit, and no
 //! timer delays a lone publisher.
 //!
+//! Segments are written in place into files made full of zeros ahead of time ([`spare`]), so
+//! a sync writes the records and not the file's size too.
+//!
 //! Each message's latest record is known ([`Live`]), so the syncer can compact: the oldest
 //! segment's live messages are appended again, synced, and the old file removed. Tombstones
 //! in the oldest segment are dropped with it: what they removed was in that segment or in an
@@ -18,6 +21,7 @@
 mod files;
 pub mod record;
 mod recovery;
+mod spare;
 mod syncer;
 
 pub use recovery::{repair, DamagedRegion, Recovered, RecoveredMessage};
@@ -171,6 +175,8 @@ struct Shared {
     work: Condvar,
     progress: watch::Sender<Progress>,
     dir: PathBuf,
+    /// The next segment file, made ahead of time.
+    spares: Arc<spare::Spares>,
     /// Bytes written to and read from segment files since start (usage records).
     bytes_written: AtomicU64,
     bytes_read: AtomicU64,
@@ -269,6 +275,7 @@ impl StorageMeter {
 pub struct LogStore {
     shared: Arc<Shared>,
     syncer: Option<JoinHandle<()>>,
+    spare_maker: Option<JoinHandle<()>>,
 }
 
 impl LogStore {
@@ -291,12 +298,14 @@ impl LogStore {
             options,
             stopping: false,
         };
+        let (spares, spare_maker) = spare::Spares::start(dir, options.segment_bytes)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             files: Mutex::default(),
             work: Condvar::new(),
             progress: watch::Sender::new(Progress::default()),
             dir: dir.to_path_buf(),
+            spares,
             bytes_written: AtomicU64::new(0),
             bytes_read: AtomicU64::new(scan.bytes_read),
         });
@@ -304,6 +313,7 @@ impl LogStore {
         let store = LogStore {
             shared,
             syncer: Some(syncer),
+            spare_maker: Some(spare_maker),
         };
         Ok((store, scan.recovered))
     }
@@ -394,12 +404,18 @@ impl Store for LogStore {
 }
 
 impl Drop for LogStore {
-    /// Writes and syncs what is pending, then stops the syncer.
+    /// Writes and syncs what is pending, then stops the syncer; leaves the last segment
+    /// without its unwritten zeros.
     fn drop(&mut self) {
         self.shared.lock().stopping = true;
         self.shared.wake_syncer();
         if let Some(syncer) = self.syncer.take() {
             let _ = syncer.join();
+        }
+        self.shared.trim_current();
+        self.shared.spares.stop();
+        if let Some(maker) = self.spare_maker.take() {
+            let _ = maker.join();
         }
     }
 }

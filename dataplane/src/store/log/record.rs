@@ -3,6 +3,8 @@
 //! A record is `[len: u32 LE][crc: u32 LE][kind: u8][payload]`, where `len` counts the kind and
 //! the payload and `crc` is CRC32C over them. A message record is a whole snapshot of the
 //! message (so a later copy replaces an earlier one); the other kinds name a message by id.
+//! Segment files are made full of zeros ahead of use (see `spare`), so the written part of a
+//! segment ends where only zeros follow: no record is all zeros (its length is never 0).
 
 use crate::engine::MessageId;
 use uuid::Uuid;
@@ -116,6 +118,13 @@ pub enum Read<'a> {
     Damaged { len: usize },
     /// From here to the end there is no sound record: a write cut short.
     Unfinished,
+    /// From here to the end there are only zeros: the part of the segment not written yet.
+    End,
+}
+
+/// Whether `bytes` are all zeros (an empty slice is).
+pub fn all_zeros(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
 }
 
 /// Reads the record at `offset` of `segment`.
@@ -123,11 +132,15 @@ pub fn read_at(segment: &[u8], offset: usize) -> Read<'_> {
     if let Some((record, len)) = sound_record_at(segment, offset) {
         return Read::Sound { record, len };
     }
-    // Damage. If the length field looks right and a sound record (or the end) follows it,
-    // the damage is that one record; otherwise look for the next sound record byte by byte.
+    if all_zeros(&segment[offset..]) {
+        return Read::End;
+    }
+    // Damage. If the length field looks right and a sound record (or the end of what was
+    // written) follows it, the damage is that one record; otherwise look for the next sound
+    // record byte by byte.
     if let Some(claimed) = claimed_len(segment, offset) {
         let next = offset + claimed;
-        if next == segment.len() || sound_record_at(segment, next).is_some() {
+        if all_zeros(&segment[next..]) || sound_record_at(segment, next).is_some() {
             return Read::Damaged { len: claimed };
         }
     }
@@ -234,6 +247,10 @@ mod tests {
                     seen.push("unfinished".into());
                     break;
                 }
+                Read::End => {
+                    seen.push("end".into());
+                    break;
+                }
             }
         }
         seen
@@ -300,6 +317,37 @@ mod tests {
             );
             assert_eq!(read_all(&bytes[..cut]).len(), 3);
         }
+    }
+
+    #[test]
+    fn the_zeros_after_the_last_record_are_the_end_and_damage_before_them_is_found() {
+        let (mut bytes, [_, _, c]) = segment();
+        bytes.resize(bytes.len() + 4096, 0);
+        assert_eq!(
+            read_all(&bytes),
+            ["Message(Mess", "Removed(Mess", "DeadLettered", "end"]
+        );
+        assert_eq!(read_all(&[0; 100]), ["end"], "a segment not written at all");
+        // The last record damaged: found as damage, not taken for the end.
+        bytes[c + HEADER_LEN + 3] ^= 0x01;
+        assert_eq!(
+            read_all(&bytes),
+            ["Message(Mess", "Removed(Mess", "damaged 25", "end"]
+        );
+        // Torn by a machine crash, zeros after its first bytes: here it cannot be told from a
+        // damaged record (recovery can: see `recovery::scan`).
+        let (whole, _) = segment();
+        let mut torn = whole[..c + 2].to_vec();
+        torn.resize(c + 4096, 0);
+        assert_eq!(
+            read_all(&torn),
+            ["Message(Mess", "Removed(Mess", "damaged 25", "end"]
+        );
+        // Torn inside its length: no length to go by, so the rest is unfinished.
+        let mut torn = whole[..c + 1].to_vec();
+        torn.push(0x80);
+        torn.resize(c + 4096, 0);
+        assert_eq!(read_all(&torn).last().unwrap(), "unfinished");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Reading the log back at start.
 
-use super::record::{read_at, Read, Record};
+use super::record::{all_zeros, read_at, Read, Record};
 use super::{segment_path, Live, SegmentUse};
 use crate::engine::{Durability, MessageId};
 use std::collections::{BTreeMap, HashMap};
@@ -48,7 +48,10 @@ pub(super) struct Scan {
 }
 
 /// Reads every segment in order. A record cut short at the end of the last segment (a write
-/// torn by a crash) is cut off the file.
+/// torn by a crash) is cut off the file, and so are the zeros after a segment's last record
+/// (the unwritten part of a segment made ahead of time). In the last segment, a record that
+/// fails its checksum with only zeros after it is such a torn write too: a crash left part of
+/// it unwritten. (After a clean stop the zeros are gone, so damage there is found as damage.)
 pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
     let numbers = segment_numbers(dir)?;
     let mut messages: HashMap<MessageId, RecoveredMessage> = HashMap::new();
@@ -71,6 +74,12 @@ pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
                     apply(&mut scan, &mut messages, segment, record, len);
                     offset += len;
                 }
+                Read::Damaged { len } if is_last && torn(&bytes, offset + len) => {
+                    tracing::warn!(segment, offset, "cutting off a torn write at the log's end");
+                    cut(&path, offset)?;
+                    file_len = offset;
+                    break;
+                }
                 Read::Damaged { len } => {
                     let region = bytes[offset..offset + len].to_vec();
                     scan.recovered.damaged.push(DamagedRegion {
@@ -82,9 +91,12 @@ pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
                 }
                 Read::Unfinished if is_last => {
                     tracing::warn!(segment, offset, "cutting off a torn write at the log's end");
-                    let file = OpenOptions::new().write(true).open(&path)?;
-                    file.set_len(offset as u64)?;
-                    file.sync_all()?;
+                    cut(&path, offset)?;
+                    file_len = offset;
+                    break;
+                }
+                Read::End => {
+                    cut(&path, offset)?;
                     file_len = offset;
                     break;
                 }
@@ -104,6 +116,18 @@ pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
     live.sort_unstable_by_key(|m| m.id);
     scan.recovered.messages = live;
     Ok(scan)
+}
+
+/// Whether a bad record ending at `end` is the torn last write: zeros, and only zeros, follow.
+fn torn(bytes: &[u8], end: usize) -> bool {
+    end < bytes.len() && all_zeros(&bytes[end..])
+}
+
+/// Cuts the segment file at `path` to `len` bytes, for good.
+fn cut(path: &Path, len: usize) -> std::io::Result<()> {
+    let file = OpenOptions::new().write(true).open(path)?;
+    file.set_len(len as u64)?;
+    file.sync_all()
 }
 
 fn apply(

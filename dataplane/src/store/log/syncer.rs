@@ -184,7 +184,7 @@ fn copy_live(shared: &Shared, oldest: u32) -> std::io::Result<()> {
                     len
                 }
                 Read::Sound { len, .. } | Read::Damaged { len } => len,
-                Read::Unfinished => bytes.len() - offset,
+                Read::Unfinished | Read::End => bytes.len() - offset,
             };
             offset += len;
             if offset >= bytes.len() {

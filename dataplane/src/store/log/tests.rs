@@ -297,3 +297,101 @@ async fn compaction_under_constant_churn_keeps_the_live_message() {
     let (_store, recovered) = open(dir.path(), segment_bytes);
     assert_eq!(bodies(&recovered), ["stays"]);
 }
+
+#[tokio::test]
+async fn segments_are_written_in_place_in_spares_and_a_clean_stop_trims_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let segment_bytes = 8 << 10;
+    let (mut store, _) = open(dir.path(), segment_bytes);
+    let mut published = Vec::new();
+    // Until a segment made from a spare is being written.
+    let in_place = loop {
+        let m = message(&mut ids, &"y".repeat(300), Durability::Immediate);
+        publish(&mut store, &m).wait().await.unwrap();
+        published.push(m);
+        let active = store.shared.lock().active;
+        let len = std::fs::metadata(segment_path(dir.path(), active))
+            .unwrap()
+            .len();
+        let written = store.shared.lock().segments[&active].bytes;
+        if len == segment_bytes && written < segment_bytes {
+            break active;
+        }
+        // The spare is made before the next segment begins.
+        assert!(store.shared.spares.wait_until_made(), "a spare is made");
+        assert!(published.len() < 1000, "no segment was made from a spare");
+    };
+    drop(store);
+    let bytes = std::fs::read(segment_path(dir.path(), in_place)).unwrap();
+    assert!(
+        bytes.len() < segment_bytes as usize,
+        "trimmed on a clean stop"
+    );
+    assert_ne!(bytes.last(), Some(&0), "no zeros after the last record");
+    let (_store, recovered) = open(dir.path(), segment_bytes);
+    assert_eq!(recovered.messages.len(), published.len());
+    assert!(recovered.damaged.is_empty());
+}
+
+#[tokio::test]
+async fn the_zeros_a_crash_leaves_after_the_last_record_are_cut_and_hide_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    {
+        let (mut store, _) = open(dir.path(), 1 << 20);
+        for body in ["one", "two"] {
+            publish(&mut store, &message(&mut ids, body, Durability::Eventual))
+                .wait()
+                .await
+                .unwrap();
+        }
+    }
+    // As a crash leaves a segment made from a spare: the written part, then zeros.
+    let segment = segment_path(dir.path(), 1);
+    let written = std::fs::metadata(&segment).unwrap().len();
+    let file = OpenOptions::new().write(true).open(&segment).unwrap();
+    file.set_len(1 << 20).unwrap();
+    drop(file);
+    let (store, recovered) = open(dir.path(), 1 << 20);
+    assert_eq!(bodies(&recovered), ["one", "two"]);
+    assert!(recovered.damaged.is_empty());
+    assert_eq!(std::fs::metadata(&segment).unwrap().len(), written, "cut");
+    drop(store);
+    let (_store, again) = open(dir.path(), 1 << 20);
+    assert_eq!(bodies(&again), ["one", "two"]);
+    assert!(again.damaged.is_empty());
+}
+
+#[tokio::test]
+async fn a_bad_last_record_is_damage_after_a_clean_stop_and_a_torn_write_after_a_crash() {
+    for crashed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ids = IdGenerator::new();
+        {
+            let (mut store, _) = open(dir.path(), 1 << 20);
+            for body in ["one", "two"] {
+                publish(&mut store, &message(&mut ids, body, Durability::Eventual))
+                    .wait()
+                    .await
+                    .unwrap();
+            }
+        }
+        let segment = segment_path(dir.path(), 1);
+        let mut bytes = std::fs::read(&segment).unwrap();
+        let two = bytes.windows(3).position(|w| w == b"two").unwrap();
+        bytes[two] = b'T';
+        if crashed {
+            // What a crash leaves in a segment made ahead of time: zeros after the last write.
+            bytes.resize(1 << 20, 0);
+        }
+        std::fs::write(&segment, &bytes).unwrap();
+        let (_store, recovered) = open(dir.path(), 1 << 20);
+        assert_eq!(bodies(&recovered), ["one"]);
+        assert_eq!(
+            recovered.damaged.len(),
+            usize::from(!crashed),
+            "crashed: {crashed}"
+        );
+    }
+}

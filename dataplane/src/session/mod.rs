@@ -59,9 +59,9 @@ pub enum Then {
 /// The answer to one frame.
 pub struct Response {
     reply: Reply,
-    /// A change the reply speaks of, and the reply to send instead if it cannot be made as
-    /// durable as promised (507).
-    durability: Option<(Receipt, Reply)>,
+    /// A change the reply speaks of, and the failure to turn the reply into if the change
+    /// cannot be made as durable as promised (507).
+    durability: Option<(Receipt, Code)>,
     pub then: Then,
 }
 
@@ -86,14 +86,10 @@ impl Response {
     /// the queue's refusal.
     pub fn changed(changed: Result<(MessageId, Receipt), Refused>) -> Response {
         match changed {
-            Ok((id, receipt)) => {
-                let id = id.to_string();
-                let not_synced = Reply::failure(Code::SyncFailed).with("id", id.clone());
-                Response {
-                    durability: Some((receipt, not_synced)),
-                    ..Response::reply(Reply::success().with("id", id))
-                }
-            }
+            Ok((id, receipt)) => Response {
+                durability: Some((receipt, Code::SyncFailed)),
+                ..Response::reply(Reply::success().with("id", id.to_string()))
+            },
             Err(refused) => Response::reply(Reply::failure(refused.code())),
         }
     }
@@ -101,11 +97,8 @@ impl Response {
     /// Attaches the request's context to whichever reply is sent.
     pub fn context(self, context: Option<serde_json::Value>) -> Response {
         Response {
-            reply: self.reply.context(context.clone()),
-            durability: self
-                .durability
-                .map(|(r, instead)| (r, instead.context(context))),
-            then: self.then,
+            reply: self.reply.context(context),
+            ..self
         }
     }
 
@@ -113,9 +106,10 @@ impl Response {
     pub async fn settle(self) -> (Reply, Then) {
         let reply = match self.durability {
             None => self.reply,
-            Some((receipt, instead)) => match receipt.wait().await {
+            Some((receipt, failure)) => match receipt.wait().await {
                 Ok(()) => self.reply,
-                Err(_) => instead,
+                // The same reply (its id, its context) as a failure: built only when needed.
+                Err(_) => self.reply.into_failure(failure),
             },
         };
         (reply, self.then)

@@ -31,6 +31,13 @@ impl Reply {
             .with("reason", reason)
     }
 
+    /// This reply, with its other fields, as the failure `code`.
+    pub fn into_failure(self, code: Code) -> Reply {
+        self.with("status", "Failure.")
+            .with("code", code.number())
+            .with("reason", code.reason())
+    }
+
     fn with_status(status: &str) -> Reply {
         Reply { fields: Map::new() }.with("status", status)
     }
@@ -75,5 +82,18 @@ mod tests {
             r#"{"context":7,"id":"x","status":"Success."}"#
         );
         assert_eq!(text(Reply::logout()), r#"{"status":"Logout Success."}"#);
+        assert_eq!(
+            text(
+                Reply::success()
+                    .with("id", "x")
+                    .context(Some(7.into()))
+                    .into_failure(Code::SyncFailed)
+            ),
+            text(
+                Reply::failure(Code::SyncFailed)
+                    .with("id", "x")
+                    .context(Some(7.into()))
+            )
+        );
     }
 }

@@ -62,6 +62,7 @@ impl Shared {
         let mut batch = std::mem::take(&mut files.retry);
         batch.append(&mut chunks);
         let mut batch = batch.into_iter();
+        let mut written = Vec::new();
         while let Some(chunk) = batch.next() {
             if let Err(error) = self.append(&mut files, &chunk) {
                 tracing::error!(%error, "writing the message log failed; will retry");
@@ -74,11 +75,28 @@ impl Shared {
                 self.wake_syncer();
                 return;
             }
+            written.push(chunk.bytes);
         }
+        self.reuse(written);
         files.retry_at = None;
         files.unsynced_since.get_or_insert_with(Instant::now);
         self.progress
             .send_modify(|p| p.written = p.written.max(end));
+    }
+
+    /// Keeps a few written chunks' buffers for the next chunks.
+    fn reuse(&self, buffers: Vec<Vec<u8>>) {
+        const KEPT: usize = 4;
+        let mut state = self.lock();
+        // Not one a big message made big: it would stay big.
+        let usual = buffers.into_iter().filter(|b| b.capacity() <= 1 << 20);
+        for mut buffer in usual {
+            if state.free_buffers.len() >= KEPT {
+                break;
+            }
+            buffer.clear();
+            state.free_buffers.push(buffer);
+        }
     }
 
     /// Writes one chunk where its segment's written part ends. A failed write moves nothing

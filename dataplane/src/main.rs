@@ -122,13 +122,21 @@ async fn main() -> ExitCode {
 }
 
 /// Fetches the control plane's certificate into `DATA_DIR/tls/` before the node can listen,
-/// retrying while the control plane has none or cannot be reached.
+/// retrying while the control plane has none. A node that already has one from an earlier
+/// run starts with it when the control plane cannot be reached (a node restarted while its
+/// control plane is down still serves; the next renewal's SIGHUP brings the new one).
 async fn wait_for_certificate(config: &Config) {
     let Some(to) = &config.report_to else { return };
+    let dir = config.data_dir.join("tls");
+    let kept = dir.join("cert.pem").exists() && dir.join("key.pem").exists();
     let mut wait = std::time::Duration::from_millis(250);
     loop {
-        match report::fetch_certificate(to, &config.data_dir.join("tls")).await {
+        match report::fetch_certificate(to, &dir).await {
             Ok(()) => return,
+            Err(report::ReportError::Send(error)) if kept => {
+                tracing::warn!(%error, "the control plane cannot be reached: serving the certificate kept from before");
+                return;
+            }
             Err(error) => {
                 tracing::warn!(%error, retry_in = ?wait, "no certificate from the control plane yet");
                 tokio::time::sleep(wait).await;

@@ -711,3 +711,59 @@ async fn served_leaf(at: std::net::SocketAddr, host: &str, root: &str) -> Vec<u8
     let tls = connector.connect(name, tcp).await.unwrap();
     tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }
+
+#[tokio::test]
+async fn a_tls_node_started_while_its_control_plane_is_down_serves_the_certificate_it_kept() {
+    let mut cp = ControlPlane::start_with("local_ca = true\n");
+    cp.wait_for_log("certificate issued", 1);
+    let queue = create_queue(
+        &cp,
+        r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#,
+    )
+    .await;
+    let node_dir = cp
+        .dir
+        .path()
+        .join("data/nodes")
+        .join(queue["id"].as_str().unwrap());
+    let root = std::fs::read_to_string(cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    cp.kill();
+
+    // The same node, on a data directory that kept the certificate from an earlier run.
+    let kept = tempfile::tempdir().unwrap();
+    std::fs::create_dir(kept.path().join("tls")).unwrap();
+    for file in ["cert.pem", "key.pem"] {
+        let from = node_dir.join("data/tls").join(file);
+        std::fs::copy(from, kept.path().join("tls").join(file)).unwrap();
+    }
+    let config = node_dir.join("node.toml");
+    let (cert, key) = (
+        kept.path().join("tls/cert.pem"),
+        kept.path().join("tls/key.pem"),
+    );
+    let flags = |cert: &std::path::Path, key: &std::path::Path| {
+        [
+            "--config".to_string(),
+            config.display().to_string(),
+            "--tls-cert".into(),
+            cert.display().to_string(),
+            "--tls-key".into(),
+            key.display().to_string(),
+        ]
+    };
+    let kept_flags = flags(&cert, &key);
+    let kept_flags: Vec<&str> = kept_flags.iter().map(String::as_str).collect();
+    let node = qe_tests::Node::start_in(kept, &kept_flags);
+    node.wait_for_log("serving the certificate kept from before");
+    let host = queue["host"].as_str().unwrap();
+    let url = format!("wss://{host}:{}/", node.addr.port());
+    let mut publisher = Client::connect_tls_at(&url, node.addr, roots_from_pem(&root)).await;
+    let (name, password) = qe_tests::PUBLISHER;
+    let reply = publisher
+        .request(
+            json!({"username": name, "password": password, "role": "publisher",
+            "queuetype": "distribute"}),
+        )
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+}

@@ -736,24 +736,12 @@ async fn a_tls_node_started_while_its_control_plane_is_down_serves_the_certifica
         let from = node_dir.join("data/tls").join(file);
         std::fs::copy(from, kept.path().join("tls").join(file)).unwrap();
     }
-    let config = node_dir.join("node.toml");
-    let (cert, key) = (
-        kept.path().join("tls/cert.pem"),
-        kept.path().join("tls/key.pem"),
-    );
-    let flags = |cert: &std::path::Path, key: &std::path::Path| {
-        [
-            "--config".to_string(),
-            config.display().to_string(),
-            "--tls-cert".into(),
-            cert.display().to_string(),
-            "--tls-key".into(),
-            key.display().to_string(),
-        ]
-    };
-    let kept_flags = flags(&cert, &key);
-    let kept_flags: Vec<&str> = kept_flags.iter().map(String::as_str).collect();
-    let node = qe_tests::Node::start_in(kept, &kept_flags);
+    let config = node_dir.join("node.toml").display().to_string();
+    let cert = kept.path().join("tls/cert.pem").display().to_string();
+    let key = kept.path().join("tls/key.pem").display().to_string();
+    // The harness's logins and a free port; the config's control plane, queue and token.
+    let flags = ["--config", &config, "--tls-cert", &cert, "--tls-key", &key];
+    let node = qe_tests::Node::start_in(kept, &flags);
     node.wait_for_log("serving the certificate kept from before");
     let host = queue["host"].as_str().unwrap();
     let url = format!("wss://{host}:{}/", node.addr.port());

@@ -112,8 +112,16 @@ impl Store {
 
     /// Every usage line of one queue, oldest first.
     pub fn usage_of(&self, queue_id: &str) -> Result<Vec<String>, StoreError> {
-        self.usage
-            .scan_prefix(format!("{queue_id}/"))
+        self.reports_of(queue_id, &self.usage)
+    }
+
+    /// Every stats line of one queue, oldest first.
+    pub fn stats_of(&self, queue_id: &str) -> Result<Vec<String>, StoreError> {
+        self.reports_of(queue_id, &self.stats)
+    }
+
+    fn reports_of(&self, queue_id: &str, tree: &sled::Tree) -> Result<Vec<String>, StoreError> {
+        tree.scan_prefix(format!("{queue_id}/"))
             .values()
             .map(|value| Ok(String::from_utf8_lossy(&value?).into_owned()))
             .collect()

@@ -74,6 +74,22 @@ impl UsageRecord {
 pub const USAGE_CSV_HEADER: &str = "queue,time,network_sent,network_received,storage_written,\
 storage_read,storage_held,instance_type,region,ipv4\n";
 
+/// The nine counters of a `stats` line after its time, in the manual's order (`getlivestats`).
+pub const STATS_COLUMNS: [&str; 9] = [
+    "messages",
+    "publishers",
+    "subscribers",
+    "saved_subscribers",
+    "administrators",
+    "unacknowledged",
+    "dead_letter",
+    "delayed",
+    "durable",
+];
+
+pub const STATS_CSV_HEADER: &str = "queue,time,messages,publishers,subscribers,\
+saved_subscribers,administrators,unacknowledged,dead_letter,delayed,durable\n";
+
 /// Checks one `stats` line: the time and nine counters.
 pub fn is_stats_line(line: &str) -> Option<u64> {
     let fields: Vec<&str> = line.trim_end().split(',').collect();

@@ -307,6 +307,7 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/queues/{id}",
         "/v1/queues/{id}/logins/{role}/rotate",
         "/v1/usage",
+        "/v1/stats",
         "/v1/bills",
         "/v1/nodes/{id}/reports",
         "/v1/nodes/{id}/certificate",
@@ -754,4 +755,68 @@ async fn a_tls_node_started_while_its_control_plane_is_down_serves_the_certifica
         )
         .await;
     assert_eq!(reply["status"], "Success.", "{reply}");
+}
+
+#[tokio::test]
+async fn the_stats_nodes_report_are_served_by_day_as_json_and_csv() {
+    let cp = ControlPlane::start();
+    let queue = create_queue(
+        &cp,
+        r#"{"tier":"devtest","region":"local","instance_type":"local"}"#,
+    )
+    .await;
+    let id = queue["id"].as_str().unwrap();
+    let config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
+    let table: toml::Table = std::fs::read_to_string(config).unwrap().parse().unwrap();
+    let token = table["node_token"].as_str().unwrap();
+    // 2026-11-09 00:05 and 2026-11-10 00:05 UTC, in the manual's getstats form.
+    let report =
+        json!({"stats": ["1794182700,10,0,1,0,1,3,0,1,9", "1794269100,1,2,3,4,5,6,7,8,9"]});
+    let path = format!("/v1/nodes/{id}/reports");
+    let (status, _) = http(
+        cp.addr,
+        "POST",
+        &path,
+        Some(token),
+        Some(&report.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    let (status, stats) = cp
+        .call("GET", "/v1/stats?from=2026-11-09&to=2026-11-09", None)
+        .await;
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(
+        stats["stats"],
+        json!([{"queue": id, "time": 1794182700u64, "messages": 10, "publishers": 0,
+            "subscribers": 1, "saved_subscribers": 0, "administrators": 1,
+            "unacknowledged": 3, "dead_letter": 0, "delayed": 1, "durable": 9}])
+    );
+    let both = format!("/v1/stats?from=2026-11-09&to=2026-11-10&queue={id}&format=csv");
+    let (status, csv) = http_text(cp.addr, "GET", &both, Some(&cp.token), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        csv,
+        format!(
+            "queue,time,messages,publishers,subscribers,saved_subscribers,administrators,\
+             unacknowledged,dead_letter,delayed,durable\n\
+             {id},1794182700,10,0,1,0,1,3,0,1,9\n{id},1794269100,1,2,3,4,5,6,7,8,9\n"
+        )
+    );
+    let (status, _) = cp
+        .call("GET", "/v1/stats?from=2026-11-09&to=nope", None)
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = cp
+        .call(
+            "GET",
+            "/v1/stats?from=2026-11-09&to=2026-11-09&queue=none",
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    let bad = json!({"stats": ["1794182700,1,2"]}).to_string();
+    let (status, _) = http(cp.addr, "POST", &path, Some(token), Some(&bad)).await;
+    assert_eq!(status, 400, "a stats line has a time and nine counters");
 }

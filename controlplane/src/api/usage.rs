@@ -1,10 +1,13 @@
 //! What nodes report (`POST /v1/nodes/{id}/reports`, with the node's token) and what the
-//! operator reads from it: `GET /v1/usage` and `GET /v1/bills`, as JSON or CSV.
+//! operator reads from it: `GET /v1/usage`, `GET /v1/stats` and `GET /v1/bills`, as JSON or
+//! CSV.
 
 use super::{ApiError, AppState};
 use crate::queues::Queue;
 use crate::store::Report;
-use crate::usage::{self, UsageRecord, BILL_CSV_HEADER, USAGE_CSV_HEADER};
+use crate::usage::{
+    self, UsageRecord, BILL_CSV_HEADER, STATS_COLUMNS, STATS_CSV_HEADER, USAGE_CSV_HEADER,
+};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
@@ -104,23 +107,30 @@ pub struct BillQuery {
     format: Option<String>,
 }
 
+impl UsageQuery {
+    /// The days asked for, as seconds since 1970 from the first day's start to the last's end.
+    fn period(&self) -> Result<std::ops::Range<u64>, ApiError> {
+        let date = |text: &str| {
+            usage::parse_date(text)
+                .ok_or_else(|| ApiError::BadRequest(format!("{text:?} is not a YYYY-MM-DD date")))
+        };
+        Ok(date(&self.from)?..date(&self.to)? + usage::DAY)
+    }
+}
+
 /// The usage records of the days `from` to `to` (both included, UTC).
 pub async fn usage(
     State(state): State<Arc<AppState>>,
     query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
-    let date = |text: &str| {
-        usage::parse_date(text)
-            .ok_or_else(|| ApiError::BadRequest(format!("{text:?} is not a YYYY-MM-DD date")))
-    };
-    let (from, to) = (date(&query.from)?, date(&query.to)? + usage::DAY);
+    let period = query.period()?;
     let csv = wants_csv(query.format.as_deref())?;
     let mut rows = Vec::new();
     for queue in queues_asked(&state, query.queue)? {
         for line in state.store.usage_of(&queue.id)? {
             match UsageRecord::parse(&line) {
-                Some(record) if (from..to).contains(&record.time) => {
+                Some(record) if period.contains(&record.time) => {
                     rows.push((queue.id.clone(), record))
                 }
                 _ => {}
@@ -144,6 +154,52 @@ pub async fn usage(
                 })
                 .collect();
             Json(json!({"usage": rows})).into_response()
+        }
+    })
+}
+
+/// The stats records (the manual's `getstats` lines) of the days `from` to `to` (both
+/// included, UTC).
+pub async fn stats(
+    State(state): State<Arc<AppState>>,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let period = query.period()?;
+    let csv = wants_csv(query.format.as_deref())?;
+    let mut rows = Vec::new();
+    for queue in queues_asked(&state, query.queue)? {
+        for line in state.store.stats_of(&queue.id)? {
+            match usage::is_stats_line(&line) {
+                Some(time) if period.contains(&time) => rows.push((queue.id.clone(), line)),
+                _ => {}
+            }
+        }
+    }
+    Ok(match csv {
+        true => {
+            let mut text = STATS_CSV_HEADER.to_string();
+            for (queue, line) in &rows {
+                text.push_str(&format!("{queue},{}\n", line.trim_end()));
+            }
+            csv_response(text)
+        }
+        false => {
+            let rows: Vec<_> = rows
+                .iter()
+                .map(|(queue, line)| {
+                    let mut numbers = line
+                        .trim_end()
+                        .split(',')
+                        .map(|n| json!(n.parse::<u64>().ok()));
+                    let mut row = json!({"queue": queue, "time": numbers.next()});
+                    for (name, number) in STATS_COLUMNS.iter().zip(numbers) {
+                        row[*name] = number;
+                    }
+                    row
+                })
+                .collect();
+            Json(json!({"stats": rows})).into_response()
         }
     })
 }

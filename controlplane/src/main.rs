@@ -312,7 +312,10 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
 fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
     let text = |key: &str| demo[key].as_str().unwrap_or_default().to_string();
     let (node, host, dns, trust) = (text("node"), text("host"), text("dns"), text("trust"));
-    let (dns_ip, dns_port) = dns.rsplit_once(':').unwrap_or((&dns, "53"));
+    let (dns_ip, dns_port) = match dns.parse::<SocketAddr>() {
+        Ok(addr) => (addr.ip().to_string(), addr.port()),
+        Err(_) => (dns.clone(), 53),
+    };
     let login = |role: &str, extra: &str| {
         let login = &demo["logins"][role];
         format!(

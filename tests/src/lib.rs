@@ -830,3 +830,34 @@ pub async fn http_text(
     let (_, body) = response.split_once("\r\n\r\n").unwrap();
     (status, body.to_string())
 }
+
+/// A tmpfs mounted at `dir`, unmounted on drop.
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "this test mounts a tmpfs: it needs root");
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// Fills it up: one file takes every byte left.
+    pub fn fill(&self) {
+        use std::io::Write;
+        let mut file = std::fs::File::create(self.0.join("filler")).unwrap();
+        let block = vec![0xa5u8; 4096];
+        while file.write_all(&block).is_ok() {}
+        let _ = file.sync_all();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}

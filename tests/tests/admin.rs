@@ -528,3 +528,34 @@ async fn getstats_and_getusage_check_the_day_and_the_flag() {
         }
     }
 }
+
+#[tokio::test]
+async fn settings_the_full_disk_cannot_take_get_506_then_505() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let meta = qe_tests::Tmpfs::mount(&data_dir.path().join("meta"), "4m");
+    let node = Node::start_in(data_dir, &[]);
+    let mut admin = admin(&node).await;
+    let capacity = |reply: Value| {
+        let csv = reply["csv"].as_str().unwrap().to_string();
+        csv.lines().nth(1).unwrap().to_string()
+    };
+    meta.fill();
+    // Saved where the disk could not sync it: it applies, and says so.
+    let reply = command(
+        &mut admin,
+        json!({"cmd": "setcfg", "max-subscriber-capacity": 5}),
+    )
+    .await;
+    assert_failure(&reply, 506);
+    let settings = command(&mut admin, json!({"cmd": "getcfg"})).await;
+    assert_eq!(capacity(settings), "max-subscriber-capacity,w,5");
+    // The settings store has failed since: nothing is saved, and nothing changes.
+    let reply = command(
+        &mut admin,
+        json!({"cmd": "setcfg", "max-subscriber-capacity": 7}),
+    )
+    .await;
+    assert_failure(&reply, 505);
+    let settings = command(&mut admin, json!({"cmd": "getcfg"})).await;
+    assert_eq!(capacity(settings), "max-subscriber-capacity,w,5");
+}

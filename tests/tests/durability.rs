@@ -1,10 +1,9 @@
 //! Durability with the real binary: `kill -9` mid-stream, restart on the same data directory.
 
 use futures::{SinkExt, StreamExt};
-use qe_tests::{assert_failure, Client, Node};
+use qe_tests::{assert_failure, Client, Node, Tmpfs};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -296,28 +295,6 @@ async fn a_write_torn_at_the_end_of_the_log_is_cut_off() {
     let node = node.restart(&[]);
     node.wait_for_log("damaged=0");
     assert_eq!(drain_queue(&node).await, ["whole"]);
-}
-
-/// A tmpfs mounted at `dir`, unmounted on drop.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(dir).unwrap();
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .status()
-            .unwrap();
-        assert!(status.success(), "this test mounts a tmpfs: it needs root");
-        Tmpfs(dir.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
 }
 
 #[tokio::test]

@@ -33,6 +33,9 @@ pub struct Config {
     /// (for local use: clients must trust its `ca.pem`). Not with `[acme]`. Default false.
     #[serde(default)]
     pub local_ca: bool,
+    /// Serve the API over HTTPS with this certificate (TLS 1.2 and 1.3). Default: plain
+    /// HTTP, for an API on loopback only.
+    pub api_tls: Option<crate::api::tls::ApiTls>,
     /// The price table bills are made with, in dollars. Default: everything free.
     #[serde(default)]
     pub prices: Prices,

@@ -2,6 +2,7 @@
 //! with a demo queue.
 
 use clap::{Parser, Subcommand};
+use controlplane::api::tls::TlsListener;
 use controlplane::api::{self, queues, AppState};
 use controlplane::config::Config;
 use controlplane::dns::{self, Zone};
@@ -137,8 +138,14 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
         reachable.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
     let issuer = config.certificate_issuer()?;
+    let api_tls = match &config.api_tls {
+        Some(tls) => Some(tls.acceptor()?),
+        None => None,
+    };
+    let scheme = if api_tls.is_some() { "https" } else { "http" };
     let reports = ReportTarget {
-        url: format!("http://{reachable}"),
+        url: format!("{scheme}://{reachable}"),
+        ca: config.api_tls.as_ref().and_then(|tls| tls.ca.clone()),
         tokens: node_tokens.clone(),
         tls_zone: issuer
             .as_ref()
@@ -180,11 +187,19 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
         renew_certificate,
     });
     // Served before any node starts: a starting node fetches its certificate from it.
-    let api = tokio::spawn(
-        axum::serve(listener, api::router(state.clone()))
-            .with_graceful_shutdown(stop_signal())
-            .into_future(),
-    );
+    let router = api::router(state.clone());
+    let api = match api_tls {
+        Some(acceptor) => tokio::spawn(
+            axum::serve(TlsListener::new(listener, acceptor), router)
+                .with_graceful_shutdown(stop_signal())
+                .into_future(),
+        ),
+        None => tokio::spawn(
+            axum::serve(listener, router)
+                .with_graceful_shutdown(stop_signal())
+                .into_future(),
+        ),
+    };
     queues::resume_all(&state.store, fleet.as_ref()).await?;
     // A resumed node may have been placed anew.
     queues::refresh_zone(&state)?;

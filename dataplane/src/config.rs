@@ -111,6 +111,9 @@ pub struct ConfigFile {
     pub queue_id: Option<String>,
     /// This node's token for the control plane's node API.
     pub node_token: Option<String>,
+    /// The root (PEM) that signs the control plane's HTTPS certificate, when it is a private
+    /// one. Default: the system's roots.
+    pub control_plane_ca: Option<PathBuf>,
     /// Serve TLS with the cluster certificate fetched from the control plane (kept in
     /// `DATA_DIR/tls/`), instead of files of its own.
     #[serde(default)]
@@ -123,12 +126,26 @@ pub struct ReportTo {
     pub url: String,
     pub queue_id: String,
     pub token: String,
+    /// The only roots trusted for the control plane's certificate (PEM), if not the system's.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for ReportTo {
     /// Never the token.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ReportTo({} as {})", self.url, self.queue_id)
+    }
+}
+
+/// The PEM roots in `path`, checked to be certificates.
+fn read_roots(path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
+    let fail =
+        |what: String| ConfigError::Invalid(format!("control_plane_ca {}: {what}", path.display()));
+    let pem = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(roots) if !roots.is_empty() => Ok(pem),
+        Ok(_) => Err(fail("no certificate".into())),
+        Err(error) => Err(fail(error.to_string())),
     }
 }
 
@@ -302,6 +319,10 @@ impl Config {
                 url: url.trim_end_matches('/').to_string(),
                 queue_id,
                 token,
+                ca_pem: match file.control_plane_ca {
+                    Some(path) => Some(read_roots(&path)?),
+                    None => None,
+                },
             }),
             (None, None, None) => None,
             _ => {

@@ -37,13 +37,23 @@ pub enum ReportError {
     Write(#[from] std::io::Error),
 }
 
+/// An HTTP client for the control plane: its own roots only, when the config names them.
+fn client(to: &ReportTo) -> reqwest::Client {
+    let builder = reqwest::Client::builder().timeout(Duration::from_secs(10));
+    let builder = match &to.ca_pem {
+        // Checked when the config was read.
+        Some(pem) => builder.tls_certs_only(
+            reqwest::Certificate::from_pem_bundle(pem).expect("roots checked at load"),
+        ),
+        None => builder,
+    };
+    builder.build().expect("an HTTP client")
+}
+
 /// Fetches the cluster certificate and writes it to `dir/cert.pem` and `dir/key.pem`, each to
 /// the side and then renamed, so a reload never reads half a file.
 pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(), ReportError> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("an HTTP client");
+    let client = client(to);
     let url = format!("{}/v1/nodes/{}/certificate", to.url, to.queue_id);
     let response = client.get(url).bearer_auth(&to.token).send().await?;
     if !response.status().is_success() {
@@ -65,10 +75,7 @@ pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(
 
 impl Reporter {
     pub fn new(node: Arc<Node>, to: ReportTo) -> Reporter {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("an HTTP client");
+        let client = client(&to);
         Reporter { node, to, client }
     }
 

@@ -3,7 +3,8 @@
 
 use controlplane::pebble::Pebble;
 use qe_tests::{
-    dig, http, http_text, process_naming, roots_from_pem, signal, Client, ControlPlane, Dig, PROMPT,
+    dig, http, http_text, https, process_naming, roots_from_pem, signal, Client, ControlPlane, Dig,
+    PROMPT,
 };
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -347,6 +348,12 @@ fn date_of(secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
+/// `YYYY-MM-DD` today (UTC).
+fn today() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    date_of(now.unwrap().as_secs())
+}
+
 const PRICES: &str = "[prices]\nnetwork_out_gb = 0.09\nnetwork_in_gb = 0.02\n\
                       instance_hour = { \"local/local\" = 0.5 }\n";
 
@@ -377,12 +384,7 @@ async fn a_deleted_queue_reports_its_last_usage_and_the_bill_counts_the_bytes_mo
     let (status, _) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
     assert_eq!(status, 200);
     // The node made its last record when it stopped, and reported it before it went.
-    let today = date_of(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    );
+    let today = today();
     let path = format!("/v1/usage?from={today}&to={today}&queue={id}");
     let (status, usage) = cp.call("GET", &path, None).await;
     assert_eq!(status, 200, "{usage}");
@@ -819,4 +821,70 @@ async fn the_stats_nodes_report_are_served_by_day_as_json_and_csv() {
     let bad = json!({"stats": ["1794182700,1,2"]}).to_string();
     let (status, _) = http(cp.addr, "POST", &path, Some(token), Some(&bad)).await;
     assert_eq!(status, 400, "a stats line has a time and nine counters");
+}
+
+#[tokio::test]
+async fn over_https_the_api_serves_operators_and_nodes_and_plain_http_gets_nothing() {
+    let ca = qe_tests::test_ca("control plane CA for tests");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let names = vec!["127.0.0.1".to_string()];
+    let leaf = rcgen::CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let path = |name: &str| files.path().join(name);
+    std::fs::write(path("api.pem"), leaf.pem()).unwrap();
+    std::fs::write(path("api-key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(path("ca.pem"), ca.pem()).unwrap();
+    let cp = ControlPlane::start_with(&format!(
+        "[api_tls]\ncert = {:?}\nkey = {:?}\nca = {:?}\n",
+        path("api.pem"),
+        path("api-key.pem"),
+        path("ca.pem")
+    ));
+    let roots = || roots_from_pem(&ca.pem());
+    let token = Some(cp.token.as_str());
+
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let (status, queue) = https(cp.addr, roots(), "POST", "/v1/queues", token, Some(body)).await;
+    assert_eq!(status, 201, "{queue}");
+    let id = queue["id"].as_str().unwrap();
+    let node_config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
+    let table: toml::Table = std::fs::read_to_string(node_config)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        table["control_plane"].as_str(),
+        Some(format!("https://{}", cp.addr).as_str())
+    );
+    let (status, _) = https(cp.addr, roots(), "GET", "/v1/queues", None, None).await;
+    assert_eq!(status, 401, "the token is still needed");
+
+    // The node reports over HTTPS, trusting the configured root: its last record arrives
+    // before the delete's reply.
+    let delete = format!("/v1/queues/{id}");
+    let (status, _) = https(cp.addr, roots(), "DELETE", &delete, token, None).await;
+    assert_eq!(status, 200);
+    let today = today();
+    let usage = format!("/v1/usage?from={today}&to={today}&queue={id}");
+    let (status, usage) = https(cp.addr, roots(), "GET", &usage, token, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(usage["usage"].as_array().unwrap().len(), 1, "{usage}");
+
+    // Plain HTTP on the same port gets no HTTP reply.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut plain = tokio::net::TcpStream::connect(cp.addr).await.unwrap();
+    plain
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: cp\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(PROMPT, plain.read_to_end(&mut reply)).await;
+    assert!(
+        !reply.starts_with(b"HTTP/"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
 }

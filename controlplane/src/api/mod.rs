@@ -5,6 +5,7 @@
 mod error;
 mod metrics;
 pub mod queues;
+pub mod tls;
 mod usage;
 
 pub use error::ApiError;

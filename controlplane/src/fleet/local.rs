@@ -41,8 +41,10 @@ pub struct LocalProvider {
 
 /// The control plane's node API, as nodes are told it.
 pub struct ReportTarget {
-    /// Its base URL (`http://127.0.0.1:PORT` for local nodes).
+    /// Its base URL (`http://127.0.0.1:PORT` for local nodes, `https://` with `[api_tls]`).
     pub url: String,
+    /// The root nodes trust for its HTTPS certificate, when it is a private one.
+    pub ca: Option<PathBuf>,
     pub tokens: Arc<NodeTokens>,
     /// With a cluster certificate (ACME configured): the zone its wildcard covers,
     /// `q.CLUSTER.DOMAIN`. Nodes then serve TLS with it, fetched from the control plane.
@@ -452,9 +454,13 @@ fn node_config(queue: &Queue, dir: &Path, port: u16, reports: &ReportTarget) -> 
         Some(_) => "tls_from_control_plane = true",
         None => "plaintext = true",
     };
+    let ca = match &reports.ca {
+        Some(ca) => format!("control_plane_ca = {ca:?}\n"),
+        None => String::new(),
+    };
     format!(
         "listen = [\"127.0.0.1:{port}\", \"[::1]:{port}\"]\ndata_dir = {:?}\n{transport}\ntier = \"{tier}\"\n\
-         instance_type = {:?}\nregion = {:?}\nipv4 = {}\ncontrol_plane = {:?}\nqueue_id = {:?}\n\
+         instance_type = {:?}\nregion = {:?}\nipv4 = {}\ncontrol_plane = {:?}\n{ca}queue_id = {:?}\n\
          node_token = {:?}\n{}{}{}",
         dir.join("data"),
         queue.instance_type,

@@ -131,7 +131,9 @@ fn open_store(config: &Config) -> Result<Store, Failure> {
 async fn start(config: Config, store: Store) -> Result<Running, Failure> {
     let node_tokens = Arc::new(NodeTokens::open(&config.data_dir.join("node-secret"))?);
     // Bound first: the nodes are told where to report.
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("the API cannot listen on {}: {e}", config.listen))?;
     let bound = listener.local_addr()?;
     let mut reachable = bound;
     if reachable.ip().is_unspecified() {
@@ -164,7 +166,9 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
     let zone = Zone::new(&config.cluster, &config.domain, nameserver)?;
     zone.update(&store.list()?);
     if let Some(addr) = config.dns_listen {
-        let bound = dns::serve(zone.clone(), addr).await?;
+        let bound = dns::serve(zone.clone(), addr)
+            .await
+            .map_err(|e| format!("the DNS cannot listen on {addr}: {e}"))?;
         println!("dns on {bound}");
     }
     let renew_certificate = Arc::new(tokio::sync::Notify::new());

@@ -238,9 +238,9 @@ impl Config {
         Config::merge(file, flags)
     }
 
-    /// The logins as the config file has them now (flags still win): how a password rotated by
-    /// the control plane reaches a running node.
-    pub fn reload_logins(&self) -> Result<Logins, ConfigError> {
+    /// The config as the file has it now (flags still win; the transport stays): how a
+    /// password rotated by the control plane, or its new address, reaches a running node.
+    pub fn reread(&self) -> Result<Config, ConfigError> {
         let path = self
             .config_file
             .as_ref()
@@ -266,7 +266,7 @@ impl Config {
             data_dir: Some(self.data_dir.clone()),
             ..Flags::default()
         };
-        Ok(Config::merge(file, flags)?.logins)
+        Config::merge(file, flags)
     }
 
     /// Lays `flags` over `file`.

@@ -83,10 +83,6 @@ async fn main() -> ExitCode {
     if let Some(certificate) = tls.clone() {
         tokio::spawn(certificate.watch());
     }
-    if config.config_file.is_some() {
-        tokio::spawn(reload_on_hangup(node.clone(), config.clone(), tls));
-    }
-    // Harnesses read the real address from this line.
     // The history's records, and their reports to the control plane.
     let (stop_history, stopping) = tokio::sync::watch::channel(false);
     let history = tokio::spawn(dataplane::history::run(node.clone(), stopping));
@@ -95,6 +91,11 @@ async fn main() -> ExitCode {
         .clone()
         .map(|to| Reporter::new(node.clone(), to));
     let reporting = reporter.as_ref().map(|r| tokio::spawn(r.clone().run()));
+    if config.config_file.is_some() {
+        let (node, config, reporter) = (node.clone(), config.clone(), reporter.clone());
+        tokio::spawn(reload_on_hangup(node, config, tls, reporter));
+    }
+    // Harnesses read the real address from this line.
     say(&format!("listening on {}", addrs[0]));
     for addr in &addrs[1..] {
         say(&format!("also listening on {addr}"));
@@ -162,22 +163,36 @@ fn say(line: &str) {
     let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }
 
-/// On SIGHUP, reads the logins from the config file again (a rotated password), fetches and
-/// loads the control plane's certificate again if it serves that one (a renewal), and then
-/// says so on stdout, where whoever started the node watches for it.
+/// On SIGHUP, reads the config file again: the logins (a rotated password) and where the
+/// control plane is (one that moved). Then fetches and loads the control plane's certificate
+/// again if it serves that one (a renewal), and says so on stdout, where whoever started the
+/// node watches for it.
 async fn reload_on_hangup(
     node: std::sync::Arc<Node>,
     config: Config,
     tls: Option<std::sync::Arc<Certificate>>,
+    reporter: Option<Reporter>,
 ) {
     let kind = tokio::signal::unix::SignalKind::hangup();
     let mut hangups = tokio::signal::unix::signal(kind).expect("a SIGHUP handler");
     while hangups.recv().await.is_some() {
-        // A renewed cluster certificate: written to the files the TLS watcher reloads.
-        if let (true, Some(to), Some(certificate)) =
-            (config.tls_from_control_plane, &config.report_to, &tls)
+        let reread = config.reread();
+        if let (
+            Some(reporter),
+            Ok(Config {
+                report_to: Some(to),
+                ..
+            }),
+        ) = (&reporter, &reread)
         {
-            let fetched = report::fetch_certificate(to, &config.data_dir.join("tls")).await;
+            reporter.retarget(to.clone());
+        }
+        // A renewed cluster certificate: written to the files the TLS watcher reloads.
+        if let (true, Some(reporter), Some(certificate)) =
+            (config.tls_from_control_plane, &reporter, &tls)
+        {
+            let fetched =
+                report::fetch_certificate(&reporter.to(), &config.data_dir.join("tls")).await;
             if let Err(error) = fetched
                 .map_err(|e| e.to_string())
                 .and_then(|()| certificate.reload().map_err(|e| e.to_string()))
@@ -185,9 +200,9 @@ async fn reload_on_hangup(
                 tracing::warn!(%error, "the certificate could not be renewed");
             }
         }
-        match config.reload_logins() {
-            Ok(logins) => {
-                node.replace_logins(logins);
+        match reread {
+            Ok(reread) => {
+                node.replace_logins(reread.logins);
                 say("logins reloaded");
             }
             Err(error) => tracing::warn!(%error, "logins not reloaded; the old ones stay"),

@@ -9,7 +9,7 @@ use crate::config::ReportTo;
 use crate::history::Kind;
 use crate::node::Node;
 use serde_json::json;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// The wait after a failed push; it doubles while pushes keep failing.
@@ -21,6 +21,11 @@ const BATCH: usize = 500;
 #[derive(Clone)]
 pub struct Reporter {
     node: Arc<Node>,
+    /// Where to, and the client for it; a reread config may move it (`retarget`).
+    target: Arc<RwLock<Target>>,
+}
+
+struct Target {
     to: ReportTo,
     client: reqwest::Client,
 }
@@ -76,7 +81,25 @@ pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(
 impl Reporter {
     pub fn new(node: Arc<Node>, to: ReportTo) -> Reporter {
         let client = client(&to);
-        Reporter { node, to, client }
+        let target = Arc::new(RwLock::new(Target { to, client }));
+        Reporter { node, target }
+    }
+
+    /// Where reports go now.
+    pub fn to(&self) -> ReportTo {
+        self.target.read().expect("never poisoned").to.clone()
+    }
+
+    /// Reports go to `to` from now on (a control plane that moved), with its roots.
+    pub fn retarget(&self, to: ReportTo) {
+        let mut target = self.target.write().expect("never poisoned");
+        if target.to != to {
+            tracing::info!(url = %to.url, "reporting to a new control plane address");
+            *target = Target {
+                client: client(&to),
+                to,
+            };
+        }
     }
 
     /// Pushes whatever is new, then waits for the next record; backs off while pushes fail.
@@ -115,11 +138,14 @@ impl Reporter {
                 records.iter().map(|(_, line)| line.clone()).collect()
             };
             let body = json!({"usage": lines(&usage), "stats": lines(&stats)});
-            let url = format!("{}/v1/nodes/{}/reports", self.to.url, self.to.queue_id);
-            let response = self
-                .client
+            let (to, client) = {
+                let target = self.target.read().expect("never poisoned");
+                (target.to.clone(), target.client.clone())
+            };
+            let url = format!("{}/v1/nodes/{}/reports", to.url, to.queue_id);
+            let response = client
                 .post(url)
-                .bearer_auth(&self.to.token)
+                .bearer_auth(&to.token)
                 .json(&body)
                 .send()
                 .await?;

@@ -697,12 +697,24 @@ impl ControlPlane {
     }
 
     /// Starts a new control plane on the same directory and address (the nodes know it).
-    pub fn start_again(mut self) -> ControlPlane {
+    pub fn start_again(self) -> ControlPlane {
+        let listen = self.addr.to_string();
+        self.start_again_at(&listen)
+    }
+
+    /// Kills the control plane, leaving its nodes, and starts a new one on the same directory
+    /// at another address.
+    pub fn restart_elsewhere(mut self) -> ControlPlane {
+        self.kill();
+        self.start_again_at("127.0.0.1:0")
+    }
+
+    fn start_again_at(mut self, listen: &str) -> ControlPlane {
         self.kill();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        let (listen, extra) = (self.addr, std::mem::take(&mut self.extra));
+        let extra = std::mem::take(&mut self.extra);
         std::mem::forget(self);
-        ControlPlane::start_at(dir, &listen.to_string(), &extra, &[])
+        ControlPlane::start_at(dir, listen, &extra, &[])
     }
 
     /// Kills the control plane, leaving its nodes, and starts a new one in its place.

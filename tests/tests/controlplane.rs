@@ -888,3 +888,29 @@ async fn over_https_the_api_serves_operators_and_nodes_and_plain_http_gets_nothi
         String::from_utf8_lossy(&reply)
     );
 }
+
+#[tokio::test]
+async fn a_control_plane_back_at_another_address_moves_its_adopted_nodes_reports_there() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = create_queue(&cp, body).await;
+    let id = queue["id"].as_str().unwrap().to_string();
+    let config = cp.dir.path().join("data/nodes").join(&id).join("node.toml");
+    let pid = process_naming(&config).expect("the node runs");
+    let old = cp.addr;
+    let cp = cp.restart_elsewhere();
+    assert_ne!(cp.addr, old);
+    assert_eq!(
+        process_naming(&config),
+        Some(pid),
+        "adopted, not started again"
+    );
+
+    // Deleting the queue stops the node, whose last usage record must reach this address.
+    let (status, _) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(status, 200);
+    let today = today();
+    let path = format!("/v1/usage?from={today}&to={today}&queue={id}");
+    let (_, usage) = cp.call("GET", &path, None).await;
+    assert_eq!(usage["usage"].as_array().unwrap().len(), 1, "{usage}");
+}

@@ -243,21 +243,28 @@ impl LocalProvider {
     async fn resume_node(&self, queue: &Queue) -> Result<Placement, FleetError> {
         let fail = |what: String| FleetError::Start(what);
         let dir = self.node_dir(&queue.id);
-        let port = configured_port(&dir.join("node.toml")).map_err(fail)?;
-        // Written again for this control plane, whose address may have changed. A node that
-        // is adopted reads it at its next start.
+        let old =
+            std::fs::read_to_string(dir.join("node.toml")).map_err(|e| fail(e.to_string()))?;
+        let port = configured_port(&old).map_err(fail)?;
+        // Written again for this control plane, whose address may have changed.
         let config = node_config(queue, &dir, port, &self.reports);
         write_private(&dir.join("node.toml"), config.as_bytes())
             .map_err(|e| fail(e.to_string()))?;
         let (launcher, listener) = self.launcher(dir).map_err(|e| fail(e.to_string()))?;
-        let child = match launcher.adopt() {
+        let (child, adopted) = match launcher.adopt() {
             Some(child) => {
                 tracing::info!(queue = %queue.id, pid = child.id(), "adopted a running node");
-                child
+                (child, true)
             }
-            None => launcher.launch().await?,
+            None => (launcher.launch().await?, false),
         };
         self.keep_running(&queue.id, port, child, launcher, listener);
+        // A running node rereads its config on SIGHUP: it reports here from now on.
+        if adopted && old != config {
+            if let Err(error) = self.hang_up(&queue.id).await {
+                tracing::warn!(queue = %queue.id, %error, "an adopted node did not reread its config");
+            }
+        }
         Ok(self.reports.placement(queue, port))
     }
 
@@ -425,9 +432,9 @@ fn free_port() -> std::io::Result<u16> {
     Err(last_error.expect("tried"))
 }
 
-/// The port a node's config gives it (`listen` is one address or a list on one port).
-fn configured_port(config: &Path) -> Result<u16, String> {
-    let text = std::fs::read_to_string(config).map_err(|e| e.to_string())?;
+/// The port a node's config (its text) gives it (`listen` is one address or a list on one
+/// port).
+fn configured_port(text: &str) -> Result<u16, String> {
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
     let listen = match table.get("listen") {
         Some(toml::Value::Array(addrs)) => addrs.first(),

@@ -260,9 +260,13 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
          dns_listen = \"{dns_listen}\"\n",
         flags.listen
     );
-    let pebble = match (flags.no_pebble, pebble::installed()) {
-        (false, true) => Some(Pebble::start(dns_listen, &dir.join("pebble")).await?),
-        _ => None,
+    let (pebble, without) = match (flags.no_pebble, pebble::installed()) {
+        (true, _) => (None, "--no-pebble".to_string()),
+        (false, false) => (None, "no `pebble` on the PATH".to_string()),
+        (false, true) => match Pebble::start(dns_listen, &dir.join("pebble")).await {
+            Ok(pebble) => (Some(pebble), String::new()),
+            Err(error) => (None, error.to_string()),
+        },
     };
     let trust = match &pebble {
         Some(pebble) => {
@@ -281,11 +285,7 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
         None => {
             config += "local_ca = true\n";
             println!(
-                "certificates from a self-signed local CA: {} (apt-get install pebble to get them by ACME)",
-                match flags.no_pebble {
-                    true => "--no-pebble",
-                    false => "no `pebble` on the PATH",
-                }
+                "certificates from a self-signed local CA: {without} (with Pebble, apt-get install pebble, they come by ACME)"
             );
             dir.join("local-ca").join("ca.pem")
         }

@@ -10,6 +10,9 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// How long Pebble may take to serve its directory.
+const START_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub struct Pebble {
     _child: Child,
     /// The ACME directory URL.
@@ -29,6 +32,8 @@ pub enum PebbleError {
     Certificate(#[from] rcgen::Error),
     #[error("pebble exited before it served its directory; see {0}")]
     Exited(PathBuf),
+    #[error("pebble did not serve its directory within {0:?}")]
+    Slow(std::time::Duration),
     #[error("pebble's issuing root: {0}")]
     Root(String),
 }
@@ -75,14 +80,20 @@ impl Pebble {
             .spawn()?;
         let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
         let mut log = tokio::fs::File::create(dir.join("pebble.out")).await?;
-        loop {
-            let Some(line) = lines.next_line().await? else {
-                return Err(PebbleError::Exited(log_path));
-            };
-            log.write_all(format!("{line}\n").as_bytes()).await?;
-            if line.contains("ACME directory available") {
-                break;
+        let serving = async {
+            loop {
+                let Some(line) = lines.next_line().await? else {
+                    return Err(PebbleError::Exited(log_path.clone()));
+                };
+                log.write_all(format!("{line}\n").as_bytes()).await?;
+                if line.contains("ACME directory available") {
+                    return Ok(());
+                }
             }
+        };
+        match tokio::time::timeout(START_WITHIN, serving).await {
+            Ok(served) => served?,
+            Err(_) => return Err(PebbleError::Slow(START_WITHIN)),
         }
         // The rest of what it says goes to its log, so it never blocks on a full pipe.
         tokio::spawn(async move {

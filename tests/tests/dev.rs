@@ -26,6 +26,11 @@ struct Dev {
 impl Dev {
     /// Starts `controlplane dev` in `dir` with `flags`; returns once it has said how to try it.
     fn start(dir: &Path, flags: &[&str]) -> Dev {
+        Dev::start_with_path(dir, flags, &path_with_pebble())
+    }
+
+    /// The same, with `path` as its PATH.
+    fn start_with_path(dir: &Path, flags: &[&str], path: &str) -> Dev {
         let mut child = Command::new(controlplane_binary())
             .args([
                 "dev",
@@ -37,12 +42,12 @@ impl Dev {
             ])
             .arg(dir)
             .args(flags)
-            // The dataplane beside the controlplane binary is the one the harness checked.
-            .env("PATH", path_with_pebble())
+            .env("PATH", path)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start controlplane dev");
+        // dev runs the dataplane beside it: refused here if it is stale.
         let _ = dataplane_binary();
         let stderr = child.stderr.take().unwrap();
         std::thread::spawn(move || for _ in BufReader::new(stderr).lines() {});
@@ -266,4 +271,30 @@ async fn dev_without_pebble_falls_back_to_a_local_ca_and_says_so() {
 /// Roots that are not the local CA's (a throwaway CA of the tests).
 fn webpki_free_roots() -> rustls::RootCertStore {
     roots_from_pem(&qe_tests::test_ca("not the local CA").pem())
+}
+
+#[tokio::test]
+async fn dev_falls_back_to_the_local_ca_when_pebble_does_not_start_and_says_why() {
+    // A `pebble` that exits at once, first on the PATH.
+    let fake = tempfile::tempdir().unwrap();
+    let script = fake.path().join("pebble");
+    std::fs::write(&script, "#!/bin/sh\necho broken >&2\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        fake.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start_with_path(dir.path(), &[], &path);
+    assert!(
+        dev.banner
+            .contains("certificates from a self-signed local CA: pebble exited before"),
+        "{}",
+        dev.banner
+    );
+    dev.round_trip("::1".parse().unwrap(), "without Pebble")
+        .await;
+    dev.stop();
 }

@@ -31,6 +31,8 @@ impl Dev {
 
     /// The same, with `path` as its PATH.
     fn start_with_path(dir: &Path, flags: &[&str], path: &str) -> Dev {
+        // dev runs the dataplane beside it: refused here if it is stale.
+        let _ = dataplane_binary();
         let mut child = Command::new(controlplane_binary())
             .args([
                 "dev",
@@ -47,8 +49,6 @@ impl Dev {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start controlplane dev");
-        // dev runs the dataplane beside it: refused here if it is stale.
-        let _ = dataplane_binary();
         let stderr = child.stderr.take().unwrap();
         std::thread::spawn(move || for _ in BufReader::new(stderr).lines() {});
         let (lines, said) = mpsc::channel();

@@ -107,7 +107,9 @@ async fn serve(config_path: PathBuf, overrides: Overrides) -> Result<(), Failure
     overrides.apply(&mut config);
     // The nodes go on running after this returns: the next control plane adopts them.
     let store = open_store(&config)?;
-    start(config, store).await?.serve().await
+    let mut running = start(config, store).await?;
+    running.wait().await?;
+    running.stop().await
 }
 
 /// The control plane, serving.
@@ -116,8 +118,9 @@ struct Running {
     fleet: Arc<LocalProvider>,
     /// Where the API listens.
     api_addr: SocketAddr,
-    /// The API, until a stop signal.
+    /// The API, until `stop_api`.
     api: tokio::task::JoinHandle<std::io::Result<()>>,
+    stop_api: tokio::sync::oneshot::Sender<()>,
 }
 
 /// The control plane's state in `config`'s data directory.
@@ -192,15 +195,19 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
     });
     // Served before any node starts: a starting node fetches its certificate from it.
     let router = api::router(state.clone());
+    let (stop_api, stopping) = tokio::sync::oneshot::channel::<()>();
+    let stopped = async move {
+        let _ = stopping.await;
+    };
     let api = match api_tls {
         Some(acceptor) => tokio::spawn(
             axum::serve(TlsListener::new(listener, acceptor), router)
-                .with_graceful_shutdown(stop_signal())
+                .with_graceful_shutdown(stopped)
                 .into_future(),
         ),
         None => tokio::spawn(
             axum::serve(listener, router)
-                .with_graceful_shutdown(stop_signal())
+                .with_graceful_shutdown(stopped)
                 .into_future(),
         ),
     };
@@ -214,12 +221,25 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
         fleet,
         api_addr: bound,
         api,
+        stop_api,
     })
 }
 
 impl Running {
-    /// Until a stop signal.
-    async fn serve(self) -> Result<(), Failure> {
+    /// Until a stop signal (Ctrl-C or SIGTERM), or an error if the API ends first.
+    async fn wait(&mut self) -> Result<(), Failure> {
+        tokio::select! {
+            _ = stop_signal() => Ok(()),
+            ended = &mut self.api => {
+                ended??;
+                Err("the API stopped".into())
+            }
+        }
+    }
+
+    /// Stops the API once the requests under way are answered.
+    async fn stop(self) -> Result<(), Failure> {
+        let _ = self.stop_api.send(());
         self.api.await??;
         Ok(())
     }
@@ -297,7 +317,7 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
         // node serves a certificate from a root nobody trusts any more.
         store.forget_certificate()?;
     }
-    let running = start(config, store).await?;
+    let mut running = start(config, store).await?;
     let demo = NewQueue {
         tier: Tier::Devtest,
         region: "local".into(),
@@ -320,11 +340,11 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
     });
     controlplane::write_private(&dir.join("demo.json"), demo.to_string().as_bytes())?;
     print_demo(&dir, &demo);
-    let fleet = running.fleet.clone();
-    let result = running.serve().await;
-    fleet.stop_all().await;
+    running.wait().await?;
+    // The nodes first, while the API still takes their last usage records.
+    running.fleet.stop_all().await;
     drop(pebble);
-    result
+    running.stop().await
 }
 
 /// How to reach the demo queue, for a person.

@@ -148,8 +148,16 @@ impl Dev {
         assert!(status.success(), "{status:?}");
         assert_eq!(process_naming(&self.dir.join("pebble/pebble.json")), None);
         for node in std::fs::read_dir(self.dir.join("nodes")).unwrap() {
-            let config = node.unwrap().path().join("node.toml");
+            let node = node.unwrap().path();
+            let config = node.join("node.toml");
             assert_eq!(process_naming(&config), None, "{}", config.display());
+            // The nodes stopped before the API: their last usage records reached it.
+            let log = std::fs::read_to_string(node.join("node.log")).unwrap();
+            assert!(
+                log.contains("the last usage record was reported"),
+                "{}:\n{log}",
+                node.display()
+            );
         }
     }
 }

@@ -174,10 +174,8 @@ impl RequestHandler for Answerer {
 
 /// Serves `zone` on UDP and TCP at `addr` until the process ends; returns the bound address.
 pub async fn serve(zone: Arc<Zone>, addr: SocketAddr) -> Result<SocketAddr, DnsError> {
-    let udp = tokio::net::UdpSocket::bind(addr).await?;
+    let (udp, tcp) = bind(addr).await?;
     let bound = udp.local_addr()?;
-    // The same port on TCP, so one address answers both.
-    let tcp = tokio::net::TcpListener::bind(bound).await?;
     let mut server = Server::new(Answerer(zone));
     server.register_socket(udp);
     server.register_listener(tcp, Duration::from_secs(5), 4096);
@@ -187,6 +185,31 @@ pub async fn serve(zone: Arc<Zone>, addr: SocketAddr) -> Result<SocketAddr, DnsE
         }
     });
     Ok(bound)
+}
+
+/// A UDP socket and a TCP listener on one address, so one address answers both. Port 0 picks
+/// a port free for both.
+async fn bind(
+    addr: SocketAddr,
+) -> std::io::Result<(tokio::net::UdpSocket, tokio::net::TcpListener)> {
+    let mut tries = 0;
+    loop {
+        let udp = tokio::net::UdpSocket::bind(addr).await?;
+        let port = udp.local_addr()?.port();
+        match tokio::net::TcpListener::bind((addr.ip(), port)).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            // Taken on TCP only: another port, if it was ours to pick.
+            Err(_) if addr.port() == 0 && tries < 20 => tries += 1,
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// An address on `ip` whose port is free on both UDP and TCP now (for a CA that must be told
+/// where our DNS answers before it starts).
+pub async fn free_addr(ip: std::net::IpAddr) -> std::io::Result<SocketAddr> {
+    let (udp, _tcp) = bind(SocketAddr::new(ip, 0)).await?;
+    udp.local_addr()
 }
 
 #[cfg(test)]

@@ -272,7 +272,7 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
     let token: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     // Pebble is told where our DNS answers before the DNS server starts: a free port now.
     let dns_listen = match flags.dns_listen.port() {
-        0 => std::net::UdpSocket::bind(flags.dns_listen)?.local_addr()?,
+        0 => dns::free_addr(flags.dns_listen.ip()).await?,
         _ => flags.dns_listen,
     };
     let mut config = format!(

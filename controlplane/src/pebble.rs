@@ -95,6 +95,10 @@ impl Pebble {
             Ok(served) => served?,
             Err(_) => return Err(PebbleError::Slow(START_WITHIN)),
         }
+        // Pebble says where it listens just before its listeners take their sockets.
+        for port in [acme, management] {
+            accepting(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+        }
         // The rest of what it says goes to its log, so it never blocks on a full pipe.
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
@@ -109,7 +113,7 @@ impl Pebble {
             _child: child,
             directory: format!("https://127.0.0.1:{acme}/dir"),
             listener_ca,
-            management: format!("https://localhost:{management}"),
+            management: format!("https://127.0.0.1:{management}"),
             client,
         })
     }
@@ -130,6 +134,19 @@ impl Pebble {
             None => Err(PebbleError::Root("no PEM certificate".into())),
         }
     }
+}
+
+/// Returns once `addr` takes TCP connections, or fails after [`START_WITHIN`]. (Pebble gives no
+/// sign of that: this polls.)
+async fn accepting(addr: SocketAddr) -> Result<(), PebbleError> {
+    let deadline = tokio::time::Instant::now() + START_WITHIN;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(PebbleError::Slow(START_WITHIN));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// Makes Pebble's listener certificate (`listener.pem`, `listener-key.pem` in `dir`) for

@@ -49,8 +49,15 @@ impl Dev {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start controlplane dev");
+        // Its log, kept to show when it fails.
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || for _ in BufReader::new(stderr).lines() {});
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                kept.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
         let (lines, said) = mpsc::channel();
         let stdout = child.stdout.take().unwrap();
         std::thread::spawn(move || {
@@ -60,9 +67,10 @@ impl Dev {
         });
         let mut banner = String::new();
         loop {
-            let line = said
-                .recv_timeout(PROMPT * 6)
-                .unwrap_or_else(|_| panic!("controlplane dev stopped or hung after:\n{banner}"));
+            let line = said.recv_timeout(PROMPT * 6).unwrap_or_else(|_| {
+                let log = log.lock().unwrap();
+                panic!("controlplane dev stopped or hung after:\n{banner}\nits log:\n{log}")
+            });
             banner += &line;
             banner += "\n";
             if line.contains("(Ctrl-C stops everything.)") {

@@ -67,14 +67,60 @@ impl Default for LogOptions {
     }
 }
 
-/// Where a live durable message's latest record is.
+/// Where a live durable message's latest record is. There is one per stored message, so it
+/// is packed into 8 bytes (a million of them, in the hash table's slots, take 8 MB less than
+/// the 12 bytes of plain fields did).
 #[derive(Debug, Clone, Copy)]
 struct Live {
     segment: u32,
-    /// The record's length in bytes.
-    len: u32,
-    dead: bool,
-    durability: Durability,
+    /// The record's length in bytes (below 2^30: a record is at most 64 MiB), and two flags.
+    len_and_flags: u32,
+}
+
+impl Live {
+    const DEAD: u32 = 1 << 31;
+    /// Durability 2; without it, 1 (durability 0 is never written).
+    const IMMEDIATE: u32 = 1 << 30;
+    const LEN: u32 = Live::IMMEDIATE - 1;
+
+    fn new(segment: u32, len: u32, dead: bool, durability: Durability) -> Live {
+        debug_assert!(len <= Live::LEN);
+        let mut len_and_flags = len & Live::LEN;
+        if dead {
+            len_and_flags |= Live::DEAD;
+        }
+        if durability == Durability::Immediate {
+            len_and_flags |= Live::IMMEDIATE;
+        }
+        Live {
+            segment,
+            len_and_flags,
+        }
+    }
+
+    fn len(self) -> u32 {
+        self.len_and_flags & Live::LEN
+    }
+
+    fn dead(self) -> bool {
+        self.len_and_flags & Live::DEAD != 0
+    }
+
+    fn durability(self) -> Durability {
+        match self.len_and_flags & Live::IMMEDIATE {
+            0 => Durability::Eventual,
+            _ => Durability::Immediate,
+        }
+    }
+
+    fn mark_dead(&mut self) {
+        self.len_and_flags |= Live::DEAD;
+    }
+
+    /// The same message, its record now at `segment`, `len` bytes long.
+    fn moved(self, segment: u32, len: u32) -> Live {
+        Live::new(segment, len, self.dead(), self.durability())
+    }
 }
 
 /// How much of a segment file still matters.
@@ -145,12 +191,12 @@ impl State {
     /// A live message's latest record moved or went.
     fn forget(&mut self, live: Live) {
         if let Some(segment) = self.segments.get_mut(&live.segment) {
-            segment.live -= live.len as u64;
+            segment.live -= live.len() as u64;
         }
     }
 
     fn remember(&mut self, id: MessageId, live: Live) {
-        self.segments.entry(live.segment).or_default().live += live.len as u64;
+        self.segments.entry(live.segment).or_default().live += live.len() as u64;
         if let Some(old) = self.live.insert(id, live) {
             self.forget(old);
         }
@@ -370,12 +416,7 @@ impl Store for LogStore {
                     frame: &message.frame,
                 };
                 let (segment, lsn, len) = state.append(|out| encode_message(out, &record));
-                let live = Live {
-                    segment,
-                    len,
-                    dead: false,
-                    durability: message.durability,
-                };
+                let live = Live::new(segment, len, false, message.durability);
                 state.remember(id, live);
                 (lsn, message.durability)
             }
@@ -385,14 +426,14 @@ impl Store for LogStore {
                 };
                 state.forget(live);
                 let (_, lsn, _) = state.append(|out| encode_id(out, Kind::Removed, id));
-                (lsn, live.durability)
+                (lsn, live.durability())
             }
             Change::DeadLettered(id) => {
                 let Some(live) = state.live.get_mut(&id) else {
                     return Receipt::Done;
                 };
-                live.dead = true;
-                let durability = live.durability;
+                live.mark_dead();
+                let durability = live.durability();
                 let (_, lsn, _) = state.append(|out| encode_id(out, Kind::DeadLettered, id));
                 (lsn, durability)
             }

@@ -144,12 +144,7 @@ fn apply(
                 2 => Durability::Immediate,
                 _ => Durability::Eventual,
             };
-            let live = Live {
-                segment,
-                len: len as u32,
-                dead: record.dead,
-                durability,
-            };
+            let live = Live::new(segment, len as u32, record.dead, durability);
             forget(scan, record.id);
             scan.segments.entry(segment).or_default().live += len as u64;
             scan.live.insert(record.id, live);
@@ -175,7 +170,7 @@ fn apply(
                 message.dead = true;
             }
             if let Some(live) = scan.live.get_mut(&id) {
-                live.dead = true;
+                live.mark_dead();
             }
         }
     }
@@ -185,7 +180,7 @@ fn apply(
 fn forget(scan: &mut Scan, id: MessageId) {
     if let Some(old) = scan.live.remove(&id) {
         if let Some(segment) = scan.segments.get_mut(&old.segment) {
-            segment.live -= old.len as u64;
+            segment.live -= old.len() as u64;
         }
     }
 }

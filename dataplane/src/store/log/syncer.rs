@@ -3,7 +3,7 @@
 //! slow `fdatasync` happens here, once for every durability-2 change written before it.
 
 use super::record::{encode_message, read_at, MessageRecord, Read, Record};
-use super::{segment_path, Live, Shared, State};
+use super::{segment_path, Shared, State};
 use std::fs::File;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -205,16 +205,9 @@ fn copy_if_live(state: &mut State, oldest: u32, record: &MessageRecord<'_>) {
         return;
     }
     let copy = MessageRecord {
-        dead: live.dead,
+        dead: live.dead(),
         ..record.clone()
     };
     let (segment, _, len) = state.append(|out| encode_message(out, &copy));
-    state.remember(
-        record.id,
-        Live {
-            segment,
-            len,
-            ..live
-        },
-    );
+    state.remember(record.id, live.moved(segment, len));
 }

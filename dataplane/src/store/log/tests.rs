@@ -395,3 +395,32 @@ async fn a_bad_last_record_is_damage_after_a_clean_stop_and_a_torn_write_after_a
         );
     }
 }
+
+#[test]
+fn a_live_record_keeps_its_place_length_and_flags_in_eight_bytes() {
+    assert_eq!(std::mem::size_of::<Live>(), 8);
+    let longest = record::MAX_RECORD_LEN as u32 + record::HEADER_LEN as u32;
+    for (len, dead, durability) in [
+        (25, false, Durability::Eventual),
+        (longest, true, Durability::Immediate),
+        (1, true, Durability::Eventual),
+        (4096, false, Durability::Immediate),
+    ] {
+        let live = Live::new(7, len, dead, durability);
+        assert_eq!(
+            (live.segment, live.len(), live.dead(), live.durability()),
+            (7, len, dead, durability)
+        );
+        let mut marked = live;
+        marked.mark_dead();
+        assert_eq!(
+            (marked.len(), marked.dead(), marked.durability()),
+            (len, true, durability)
+        );
+        let moved = live.moved(9, 31);
+        assert_eq!(
+            (moved.segment, moved.len(), moved.dead(), moved.durability()),
+            (9, 31, dead, durability)
+        );
+    }
+}

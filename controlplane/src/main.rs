@@ -144,7 +144,11 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
     }
     let issuer = config.certificate_issuer()?;
     let api_tls = match &config.api_tls {
-        Some(tls) => Some(tls.acceptor()?),
+        Some(tls) => {
+            let acceptor = Arc::new(std::sync::RwLock::new(tls.acceptor()?));
+            tokio::spawn(api::tls::reload_on_hangup(tls.clone(), acceptor.clone()));
+            Some(acceptor)
+        }
         None => None,
     };
     let scheme = if api_tls.is_some() { "https" } else { "http" };

@@ -690,6 +690,11 @@ impl ControlPlane {
         ControlPlane::start_at(tempfile::tempdir().unwrap(), "127.0.0.1:0", "", flags)
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the control plane with SIGKILL, leaving its nodes.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -873,6 +873,25 @@ async fn over_https_the_api_serves_operators_and_nodes_and_plain_http_gets_nothi
     assert_eq!(status, 200);
     assert_eq!(usage["usage"].as_array().unwrap().len(), 1, "{usage}");
 
+    // A renewed certificate in the same files: SIGHUP, and new connections get it.
+    let renewed_key = rcgen::KeyPair::generate().unwrap();
+    let renewed = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&renewed_key, &ca)
+        .unwrap();
+    std::fs::write(path("api.pem"), renewed.pem()).unwrap();
+    std::fs::write(path("api-key.pem"), renewed_key.serialize_pem()).unwrap();
+    signal(cp.pid(), libc::SIGHUP);
+    cp.wait_for_log("the API's certificate was reloaded", 1);
+    let connector = tokio_rustls::TlsConnector::from(qe_tests::tls_client_config(roots()));
+    let tcp = tokio::net::TcpStream::connect(cp.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(cp.addr.ip().into());
+    let tls = connector.connect(name, tcp).await.unwrap();
+    let served = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    assert_eq!(served, renewed.der().to_vec());
+    let (status, _) = https(cp.addr, roots(), "GET", "/v1/queues", token, None).await;
+    assert_eq!(status, 200);
+
     // Plain HTTP on the same port gets no HTTP reply.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut plain = tokio::net::TcpStream::connect(cp.addr).await.unwrap();

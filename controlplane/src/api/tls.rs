@@ -1,6 +1,7 @@
 //! The API over HTTPS (`[api_tls]`): a listener that hands axum connections once their TLS
 //! handshake is done, TLS 1.2 and 1.3 only (rustls, ring). Handshakes run on tasks of their
-//! own, so a slow or silent client never holds up the next one.
+//! own, so a slow or silent client never holds up the next one. The certificate is read again
+//! on SIGHUP (a renewed one): new connections get it, open ones go on.
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -50,19 +51,38 @@ impl ApiTls {
     }
 }
 
+/// The acceptor new connections use; [`reload_on_hangup`] replaces it.
+pub type SharedAcceptor = Arc<std::sync::RwLock<TlsAcceptor>>;
+
 pub struct TlsListener {
     tcp: TcpListener,
-    acceptor: TlsAcceptor,
+    acceptor: SharedAcceptor,
     /// Handshakes under way; each ends with a connection, or with nothing when it failed.
     handshakes: JoinSet<Option<(TlsStream<TcpStream>, SocketAddr)>>,
 }
 
 impl TlsListener {
-    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> TlsListener {
+    pub fn new(tcp: TcpListener, acceptor: SharedAcceptor) -> TlsListener {
         TlsListener {
             tcp,
             acceptor,
             handshakes: JoinSet::new(),
+        }
+    }
+}
+
+/// On SIGHUP, reads the certificate and key again; a pair that does not load leaves the old
+/// one in use.
+pub async fn reload_on_hangup(config: ApiTls, acceptor: SharedAcceptor) {
+    let kind = tokio::signal::unix::SignalKind::hangup();
+    let mut hangups = tokio::signal::unix::signal(kind).expect("a SIGHUP handler");
+    while hangups.recv().await.is_some() {
+        match config.acceptor() {
+            Ok(new) => {
+                *acceptor.write().expect("never poisoned") = new;
+                tracing::info!("the API's certificate was reloaded");
+            }
+            Err(error) => tracing::warn!(%error, "the API keeps its certificate"),
         }
     }
 }
@@ -76,7 +96,7 @@ impl axum::serve::Listener for TlsListener {
             tokio::select! {
                 accepted = self.tcp.accept() => match accepted {
                     Ok((tcp, peer)) => {
-                        let acceptor = self.acceptor.clone();
+                        let acceptor = self.acceptor.read().expect("never poisoned").clone();
                         self.handshakes.spawn(async move {
                             let handshake = acceptor.accept(tcp);
                             let tls = tokio::time::timeout(HANDSHAKE_WITHIN, handshake).await;

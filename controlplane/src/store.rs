@@ -62,10 +62,7 @@ impl Store {
         kind: Report,
         records: &[(u64, String)],
     ) -> Result<(), StoreError> {
-        let tree = match kind {
-            Report::Usage => &self.usage,
-            Report::Stats => &self.stats,
-        };
+        let tree = self.tree(kind);
         let mut batch = sled::Batch::default();
         for (time, line) in records {
             batch.insert(format!("{queue_id}/{time:020}").as_bytes(), line.as_bytes());
@@ -110,18 +107,29 @@ impl Store {
         Ok(())
     }
 
-    /// Every usage line of one queue, oldest first.
-    pub fn usage_of(&self, queue_id: &str) -> Result<Vec<String>, StoreError> {
-        self.reports_of(queue_id, &self.usage)
+    fn tree(&self, kind: Report) -> &sled::Tree {
+        match kind {
+            Report::Usage => &self.usage,
+            Report::Stats => &self.stats,
+        }
     }
 
-    /// Every stats line of one queue, oldest first.
-    pub fn stats_of(&self, queue_id: &str) -> Result<Vec<String>, StoreError> {
-        self.reports_of(queue_id, &self.stats)
+    /// Every line of one queue of one kind, oldest first.
+    pub fn reports_of(&self, queue_id: &str, kind: Report) -> Result<Vec<String>, StoreError> {
+        self.reports_in(queue_id, kind, 0..u64::MAX)
     }
 
-    fn reports_of(&self, queue_id: &str, tree: &sled::Tree) -> Result<Vec<String>, StoreError> {
-        tree.scan_prefix(format!("{queue_id}/"))
+    /// One queue's lines of one kind whose time is in `times`, oldest first: a range of keys,
+    /// so years of history are not read for one day.
+    pub fn reports_in(
+        &self,
+        queue_id: &str,
+        kind: Report,
+        times: std::ops::Range<u64>,
+    ) -> Result<Vec<String>, StoreError> {
+        let key = |time: u64| format!("{queue_id}/{time:020}");
+        self.tree(kind)
+            .range(key(times.start)..key(times.end))
             .values()
             .map(|value| Ok(String::from_utf8_lossy(&value?).into_owned()))
             .collect()

@@ -123,39 +123,22 @@ pub async fn usage(
     State(state): State<Arc<AppState>>,
     query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
-    let period = query.period()?;
-    let csv = wants_csv(query.format.as_deref())?;
-    let mut rows = Vec::new();
-    for queue in queues_asked(&state, query.queue)? {
-        for line in state.store.usage_of(&queue.id)? {
-            match UsageRecord::parse(&line) {
-                Some(record) if period.contains(&record.time) => {
-                    rows.push((queue.id.clone(), record))
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(match csv {
-        true => {
-            let mut text = USAGE_CSV_HEADER.to_string();
-            rows.iter()
-                .for_each(|(queue, r)| text.push_str(&r.csv(queue)));
-            csv_response(text)
-        }
-        false => {
-            let rows: Vec<_> = rows
-                .iter()
-                .map(|(queue, record)| {
-                    let mut row = serde_json::to_value(record).expect("plain fields");
-                    row["queue"] = json!(queue);
-                    row
-                })
-                .collect();
-            Json(json!({"usage": rows})).into_response()
-        }
-    })
+    let (rows, csv) = records_asked(&state, query, Report::Usage)?;
+    let rows = rows
+        .into_iter()
+        .filter_map(|(queue, line)| Some((queue, UsageRecord::parse(&line)?)));
+    Ok(table(
+        csv,
+        "usage",
+        USAGE_CSV_HEADER,
+        rows,
+        |queue, record| record.csv(queue),
+        |queue, record| {
+            let mut row = serde_json::to_value(record).expect("plain fields");
+            row["queue"] = json!(queue);
+            row
+        },
+    ))
 }
 
 /// The stats records (the manual's `getstats` lines) of the days `from` to `to` (both
@@ -164,44 +147,70 @@ pub async fn stats(
     State(state): State<Arc<AppState>>,
     query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let (rows, csv) = records_asked(&state, query, Report::Stats)?;
+    Ok(table(
+        csv,
+        "stats",
+        STATS_CSV_HEADER,
+        rows,
+        |queue, line| format!("{queue},{}\n", line.trim_end()),
+        |queue, line| {
+            let mut numbers = line
+                .trim_end()
+                .split(',')
+                .map(|n| json!(n.parse::<u64>().ok()));
+            let mut row = json!({"queue": queue, "time": numbers.next()});
+            for (name, number) in STATS_COLUMNS.iter().zip(numbers) {
+                row[*name] = number;
+            }
+            row
+        },
+    ))
+}
+
+/// The asked queues' lines of `kind` in the asked days, by queue; and whether CSV is wanted.
+fn records_asked(
+    state: &AppState,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+    kind: Report,
+) -> Result<(Vec<(String, String)>, bool), ApiError> {
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let period = query.period()?;
     let csv = wants_csv(query.format.as_deref())?;
     let mut rows = Vec::new();
-    for queue in queues_asked(&state, query.queue)? {
-        for line in state.store.stats_of(&queue.id)? {
-            match usage::is_stats_line(&line) {
-                Some(time) if period.contains(&time) => rows.push((queue.id.clone(), line)),
-                _ => {}
-            }
+    for queue in queues_asked(state, query.queue)? {
+        for line in state.store.reports_in(&queue.id, kind, period.clone())? {
+            rows.push((queue.id.clone(), line));
         }
     }
-    Ok(match csv {
+    Ok((rows, csv))
+}
+
+/// Rows as CSV under `header`, or as JSON `{key: [row]}`.
+fn table<T>(
+    csv: bool,
+    key: &str,
+    header: &str,
+    rows: impl IntoIterator<Item = (String, T)>,
+    csv_row: impl Fn(&str, &T) -> String,
+    json_row: impl Fn(&str, &T) -> serde_json::Value,
+) -> Response {
+    match csv {
         true => {
-            let mut text = STATS_CSV_HEADER.to_string();
-            for (queue, line) in &rows {
-                text.push_str(&format!("{queue},{}\n", line.trim_end()));
+            let mut text = header.to_string();
+            for (queue, row) in rows {
+                text.push_str(&csv_row(&queue, &row));
             }
             csv_response(text)
         }
         false => {
             let rows: Vec<_> = rows
-                .iter()
-                .map(|(queue, line)| {
-                    let mut numbers = line
-                        .trim_end()
-                        .split(',')
-                        .map(|n| json!(n.parse::<u64>().ok()));
-                    let mut row = json!({"queue": queue, "time": numbers.next()});
-                    for (name, number) in STATS_COLUMNS.iter().zip(numbers) {
-                        row[*name] = number;
-                    }
-                    row
-                })
+                .into_iter()
+                .map(|(queue, row)| json_row(&queue, &row))
                 .collect();
-            Json(json!({"stats": rows})).into_response()
+            Json(json!({ key: rows })).into_response()
         }
-    })
+    }
 }
 
 /// A month's bill: per queue, instance-hours by type and region, IPv4-hours, network GB out
@@ -218,7 +227,7 @@ pub async fn bills(
     for queue in queues_asked(&state, query.queue)? {
         let records: Vec<UsageRecord> = state
             .store
-            .usage_of(&queue.id)?
+            .reports_of(&queue.id, Report::Usage)?
             .iter()
             .filter_map(|line| UsageRecord::parse(line))
             .collect();

@@ -48,6 +48,22 @@ fn publish(store: &mut LogStore, m: &Msg) -> Receipt {
     })
 }
 
+/// A log holding `bodies` at durability 1, closed cleanly; and its (only) segment file.
+async fn stored(bodies: &[&str]) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let (mut store, _) = open(dir.path(), 1 << 20);
+    for body in bodies {
+        publish(&mut store, &message(&mut ids, body, Durability::Eventual))
+            .wait()
+            .await
+            .unwrap();
+    }
+    drop(store);
+    let segment = segment_path(dir.path(), 1);
+    (dir, segment)
+}
+
 fn bodies(recovered: &Recovered) -> Vec<String> {
     recovered
         .messages
@@ -111,18 +127,7 @@ async fn what_is_recorded_comes_back_after_a_reopen() {
 
 #[tokio::test]
 async fn a_flipped_byte_damages_one_record_and_the_rest_survive() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut ids = IdGenerator::new();
-    {
-        let (mut store, _) = open(dir.path(), 1 << 20);
-        for body in ["one", "two", "three"] {
-            publish(&mut store, &message(&mut ids, body, Durability::Eventual))
-                .wait()
-                .await
-                .unwrap();
-        }
-    }
-    let segment = segment_path(dir.path(), 1);
+    let (dir, segment) = stored(&["one", "two", "three"]).await;
     let mut bytes = std::fs::read(&segment).unwrap();
     let two = bytes.windows(3).position(|w| w == b"two").unwrap();
     bytes[two] = b'T';
@@ -146,18 +151,7 @@ async fn a_flipped_byte_damages_one_record_and_the_rest_survive() {
 
 #[tokio::test]
 async fn a_torn_write_at_the_end_is_cut_off_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut ids = IdGenerator::new();
-    {
-        let (mut store, _) = open(dir.path(), 1 << 20);
-        for body in ["one", "two"] {
-            publish(&mut store, &message(&mut ids, body, Durability::Eventual))
-                .wait()
-                .await
-                .unwrap();
-        }
-    }
-    let segment = segment_path(dir.path(), 1);
+    let (dir, segment) = stored(&["one", "two"]).await;
     let full = std::fs::metadata(&segment).unwrap().len();
     let file = OpenOptions::new().write(true).open(&segment).unwrap();
     file.set_len(full - 5).unwrap();
@@ -336,19 +330,8 @@ async fn segments_are_written_in_place_in_spares_and_a_clean_stop_trims_them() {
 
 #[tokio::test]
 async fn the_zeros_a_crash_leaves_after_the_last_record_are_cut_and_hide_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut ids = IdGenerator::new();
-    {
-        let (mut store, _) = open(dir.path(), 1 << 20);
-        for body in ["one", "two"] {
-            publish(&mut store, &message(&mut ids, body, Durability::Eventual))
-                .wait()
-                .await
-                .unwrap();
-        }
-    }
+    let (dir, segment) = stored(&["one", "two"]).await;
     // As a crash leaves a segment made from a spare: the written part, then zeros.
-    let segment = segment_path(dir.path(), 1);
     let written = std::fs::metadata(&segment).unwrap().len();
     let file = OpenOptions::new().write(true).open(&segment).unwrap();
     file.set_len(1 << 20).unwrap();
@@ -366,18 +349,7 @@ async fn the_zeros_a_crash_leaves_after_the_last_record_are_cut_and_hide_nothing
 #[tokio::test]
 async fn a_bad_last_record_is_damage_after_a_clean_stop_and_a_torn_write_after_a_crash() {
     for crashed in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut ids = IdGenerator::new();
-        {
-            let (mut store, _) = open(dir.path(), 1 << 20);
-            for body in ["one", "two"] {
-                publish(&mut store, &message(&mut ids, body, Durability::Eventual))
-                    .wait()
-                    .await
-                    .unwrap();
-            }
-        }
-        let segment = segment_path(dir.path(), 1);
+        let (dir, segment) = stored(&["one", "two"]).await;
         let mut bytes = std::fs::read(&segment).unwrap();
         let two = bytes.windows(3).position(|w| w == b"two").unwrap();
         bytes[two] = b'T';

@@ -690,6 +690,17 @@ impl ControlPlane {
         ControlPlane::start_at(tempfile::tempdir().unwrap(), "127.0.0.1:0", "", flags)
     }
 
+    /// Where queue `id`'s local node keeps its config, data and log.
+    pub fn node_dir(&self, id: &str) -> PathBuf {
+        self.dir.path().join("data/nodes").join(id)
+    }
+
+    /// The config the control plane wrote for queue `id`'s node.
+    pub fn node_config(&self, id: &str) -> toml::Table {
+        let text = std::fs::read_to_string(self.node_dir(id).join("node.toml")).unwrap();
+        text.parse().unwrap()
+    }
+
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

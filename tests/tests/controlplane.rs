@@ -204,7 +204,7 @@ async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
         .await;
     assert_eq!(reply["status"], "Success.", "{reply}");
 
-    let config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
+    let config = cp.node_dir(id).join("node.toml");
     let pid = process_naming(&config).expect("the node runs");
     signal(pid, libc::SIGKILL);
     cp.wait_for_log("a node was restarted", 1);
@@ -237,7 +237,7 @@ async fn a_restarted_control_plane_adopts_the_running_nodes_and_starts_none_twic
         json!({"capacity": 1}),
     )
     .await;
-    let config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
+    let config = cp.node_dir(id).join("node.toml");
     let pid = process_naming(&config).expect("the node runs");
 
     let cp = cp.restart();
@@ -470,7 +470,7 @@ async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_on
     // The control plane goes; the node stops meanwhile, making its last record, which it
     // cannot hand over. It stays in the node's history.
     cp.kill();
-    let config = cp.dir.path().join("data/nodes").join(&id).join("node.toml");
+    let config = cp.node_dir(&id).join("node.toml");
     let pid = process_naming(&config).expect("the node runs");
     signal(pid, libc::SIGTERM);
     let deadline = std::time::Instant::now() + PROMPT;
@@ -492,8 +492,7 @@ async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_on
     assert!(records[0]["network_received"].as_u64().unwrap() > 0);
 
     // Sent again (a reply lost on the way), it is still one record.
-    let node_config = std::fs::read_to_string(&config).unwrap();
-    let table: toml::Table = node_config.parse().unwrap();
+    let table = cp.node_config(&id);
     let token = table["node_token"].as_str().unwrap();
     let (_, csv) = http_text(
         cp.addr,
@@ -618,11 +617,7 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
     let body = r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#;
     let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
     let id = queue["id"].as_str().unwrap();
-    let node_config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
-    let table: toml::Table = std::fs::read_to_string(node_config)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let table = cp.node_config(id);
     let token = table["node_token"].as_str().unwrap();
     let path = format!("/v1/nodes/{id}/certificate");
     let (status, _) = http(cp.addr, "GET", &path, Some(&cp.token), None).await;
@@ -724,11 +719,7 @@ async fn a_tls_node_started_while_its_control_plane_is_down_serves_the_certifica
         r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#,
     )
     .await;
-    let node_dir = cp
-        .dir
-        .path()
-        .join("data/nodes")
-        .join(queue["id"].as_str().unwrap());
+    let node_dir = cp.node_dir(queue["id"].as_str().unwrap());
     let root = std::fs::read_to_string(cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
     cp.kill();
 
@@ -768,8 +759,7 @@ async fn the_stats_nodes_report_are_served_by_day_as_json_and_csv() {
     )
     .await;
     let id = queue["id"].as_str().unwrap();
-    let config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
-    let table: toml::Table = std::fs::read_to_string(config).unwrap().parse().unwrap();
+    let table = cp.node_config(id);
     let token = table["node_token"].as_str().unwrap();
     // 2026-11-09 00:05 and 2026-11-10 00:05 UTC, in the manual's getstats form.
     let report =
@@ -850,11 +840,7 @@ async fn over_https_the_api_serves_operators_and_nodes_and_plain_http_gets_nothi
     let (status, queue) = https(cp.addr, roots(), "POST", "/v1/queues", token, Some(body)).await;
     assert_eq!(status, 201, "{queue}");
     let id = queue["id"].as_str().unwrap();
-    let node_config = cp.dir.path().join("data/nodes").join(id).join("node.toml");
-    let table: toml::Table = std::fs::read_to_string(node_config)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let table = cp.node_config(id);
     assert_eq!(
         table["control_plane"].as_str(),
         Some(format!("https://{}", cp.addr).as_str())
@@ -914,7 +900,7 @@ async fn a_control_plane_back_at_another_address_moves_its_adopted_nodes_reports
     let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
     let queue = create_queue(&cp, body).await;
     let id = queue["id"].as_str().unwrap().to_string();
-    let config = cp.dir.path().join("data/nodes").join(&id).join("node.toml");
+    let config = cp.node_dir(&id).join("node.toml");
     let pid = process_naming(&config).expect("the node runs");
     let old = cp.addr;
     let cp = cp.restart_elsewhere();

@@ -858,6 +858,21 @@ pub async fn https(
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
+/// Whether a plain HTTP request to `addr` gets an HTTP reply (a TLS-only port gives none).
+pub async fn answers_plain_http(addr: SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(PROMPT, plain.read_to_end(&mut answer))
+        .await
+        .expect("an answer or a close");
+    answer.starts_with(b"HTTP/")
+}
+
 /// Sends one request on `stream` and reads the response to its end.
 async fn exchange(
     mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,

@@ -161,19 +161,7 @@ async fn plain_http_on_the_tls_port_is_refused_and_https_that_is_not_an_upgrade_
     let dir = tempfile::tempdir().unwrap();
     let (node, _) = start(&pki, dir.path());
 
-    let mut plain = tokio::net::TcpStream::connect(node.addr).await.unwrap();
-    plain
-        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(PROMPT, plain.read_to_end(&mut answer))
-        .await
-        .unwrap();
-    assert!(
-        read.is_err() || !String::from_utf8_lossy(&answer).starts_with("HTTP/"),
-        "refused"
-    );
+    assert!(!qe_tests::answers_plain_http(node.addr).await, "refused");
 
     let Connector::Rustls(config) = pki.client() else {
         unreachable!()

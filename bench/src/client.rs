@@ -4,7 +4,6 @@
 use futures::{SinkExt, StreamExt};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use tokio_rustls::TlsConnector;
 use yawc::frame::{Frame, OpCode};
 use yawc::{Options, TcpWebSocket};
@@ -89,11 +88,9 @@ pub fn test_pki(dir: &Path) -> (PathBuf, PathBuf, TlsConnector) {
     std::fs::write(&key_path, key.serialize_pem()).unwrap();
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.der().clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    (cert_path, key_path, TlsConnector::from(Arc::new(config)))
+    (
+        cert_path,
+        key_path,
+        TlsConnector::from(qe_tls::client_config(roots)),
+    )
 }

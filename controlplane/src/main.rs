@@ -145,8 +145,9 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
     let issuer = config.certificate_issuer()?;
     let api_tls = match &config.api_tls {
         Some(tls) => {
-            let acceptor = Arc::new(std::sync::RwLock::new(tls.acceptor()?));
-            tokio::spawn(api::tls::reload_on_hangup(tls.clone(), acceptor.clone()));
+            let certificate = tls.certificate()?;
+            let acceptor = certificate.acceptor()?;
+            tokio::spawn(certificate.watch());
             Some(acceptor)
         }
         None => None,

@@ -6,7 +6,6 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -106,7 +105,9 @@ impl Pebble {
             }
         });
         let client = reqwest::Client::builder()
-            .use_preconfigured_tls(client_tls(trusted_roots(&ca_pem)))
+            .use_preconfigured_tls(std::sync::Arc::unwrap_or_clone(qe_tls::client_config(
+                qe_tls::roots_from_pem(&ca_pem),
+            )))
             .build()
             .map_err(|e| PebbleError::Root(e.to_string()))?;
         Ok(Pebble {
@@ -168,24 +169,6 @@ fn listener_certificate(dir: &Path) -> Result<String, PebbleError> {
         key.serialize_pem().as_bytes(),
     )?;
     Ok(ca.pem())
-}
-
-fn trusted_roots(pem: &str) -> rustls::RootCertStore {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for der in rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()).flatten() {
-        let _ = roots.add(der);
-    }
-    roots
-}
-
-/// A TLS client (ring; TLS 1.2 and 1.3) that trusts only `roots`.
-fn client_tls(roots: rustls::RootCertStore) -> rustls::ClientConfig {
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth()
 }
 
 /// A TCP port free on 127.0.0.1 now.

@@ -28,5 +28,4 @@ pub mod report;
 pub mod server;
 pub mod session;
 pub mod store;
-pub mod tls;
 pub mod traffic;

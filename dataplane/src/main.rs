@@ -5,7 +5,7 @@ use dataplane::config::{Config, Flags, Transport};
 use dataplane::node::Node;
 use dataplane::report::{self, Reporter};
 use dataplane::server::Server;
-use dataplane::tls::Certificate;
+use qe_tls::Certificate;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 

@@ -19,13 +19,9 @@ pub fn test_ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
     rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap()
 }
 
-/// The certificates in a PEM text, as roots to trust.
+/// The certificates in a PEM text, as roots to trust; there must be some.
 pub fn roots_from_pem(pem: &str) -> rustls::RootCertStore {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for der in rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
-        roots.add(der.unwrap()).unwrap();
-    }
+    let roots = qe_tls::roots_from_pem(pem);
     assert!(!roots.is_empty(), "a PEM certificate");
     roots
 }
@@ -81,17 +77,6 @@ pub fn dig(server: SocketAddr, name: &str, kind: &str, tcp: bool) -> Dig {
         authoritative: flags.split_whitespace().any(|flag| flag == "aa"),
         answers,
     }
-}
-
-/// A TLS client (ring; TLS 1.2 and 1.3) that trusts only `roots`.
-pub fn tls_client_config(roots: rustls::RootCertStore) -> Arc<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Arc::new(config)
 }
 
 use futures::{SinkExt, StreamExt};
@@ -410,7 +395,7 @@ impl Client {
         roots: rustls::RootCertStore,
     ) -> Client {
         let tcp = TcpStream::connect(addr).await.unwrap();
-        let connector = tokio_tungstenite::Connector::Rustls(tls_client_config(roots));
+        let connector = tokio_tungstenite::Connector::Rustls(qe_tls::client_config(roots));
         let (socket, _) =
             tokio_tungstenite::client_async_tls_with_config(url, tcp, None, Some(connector))
                 .await
@@ -850,7 +835,7 @@ pub async fn https(
     token: Option<&str>,
     body: Option<&str>,
 ) -> (u16, Value) {
-    let connector = tokio_rustls::TlsConnector::from(tls_client_config(roots));
+    let connector = tokio_rustls::TlsConnector::from(qe_tls::client_config(roots));
     let tcp = TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
     let tls = connector.connect(name, tcp).await.unwrap();

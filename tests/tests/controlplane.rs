@@ -702,8 +702,7 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
 
 /// The leaf certificate a TLS server at `at` presents for `host`, verified against `root`.
 async fn served_leaf(at: std::net::SocketAddr, host: &str, root: &str) -> Vec<u8> {
-    let connector =
-        tokio_rustls::TlsConnector::from(qe_tests::tls_client_config(roots_from_pem(root)));
+    let connector = tokio_rustls::TlsConnector::from(qe_tls::client_config(roots_from_pem(root)));
     let tcp = tokio::net::TcpStream::connect(at).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
     let tls = connector.connect(name, tcp).await.unwrap();
@@ -868,8 +867,8 @@ async fn over_https_the_api_serves_operators_and_nodes_and_plain_http_gets_nothi
     std::fs::write(path("api.pem"), renewed.pem()).unwrap();
     std::fs::write(path("api-key.pem"), renewed_key.serialize_pem()).unwrap();
     signal(cp.pid(), libc::SIGHUP);
-    cp.wait_for_log("the API's certificate was reloaded", 1);
-    let connector = tokio_rustls::TlsConnector::from(qe_tests::tls_client_config(roots()));
+    cp.wait_for_log("TLS certificate loaded", 1);
+    let connector = tokio_rustls::TlsConnector::from(qe_tls::client_config(roots()));
     let tcp = tokio::net::TcpStream::connect(cp.addr).await.unwrap();
     let name = rustls::pki_types::ServerName::IpAddress(cp.addr.ip().into());
     let tls = connector.connect(name, tcp).await.unwrap();

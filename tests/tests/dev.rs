@@ -275,7 +275,7 @@ async fn dev_without_pebble_falls_back_to_a_local_ca_and_says_so() {
     // A client that trusts only the usual roots refuses the node.
     let at = SocketAddr::new("::1".parse().unwrap(), dev.node_port());
     let tcp = tokio::net::TcpStream::connect(at).await.unwrap();
-    let config = qe_tests::tls_client_config(webpki_free_roots());
+    let config = qe_tls::client_config(webpki_free_roots());
     let name = rustls::pki_types::ServerName::try_from(dev.text("host").to_string()).unwrap();
     let refused = tokio_rustls::TlsConnector::from(config)
         .connect(name, tcp)

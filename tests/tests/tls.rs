@@ -2,8 +2,7 @@
 //! served without a restart while open connections go on.
 
 use qe_tests::{
-    cases, login_request, node_program, run_node, run_python, test_ca, tls_client_config,
-    workspace, Node, PROMPT,
+    cases, login_request, node_program, run_node, run_python, test_ca, workspace, Node, PROMPT,
 };
 use rcgen::{CertificateParams, CertifiedIssuer, KeyPair};
 use serde_json::{json, Value};
@@ -45,7 +44,7 @@ impl Pki {
     fn client(&self) -> Connector {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca.der().clone()).unwrap();
-        Connector::Rustls(tls_client_config(roots))
+        Connector::Rustls(qe_tls::client_config(roots))
     }
 }
 

@@ -1,10 +1,9 @@
 //! The API over HTTPS (`[api_tls]`): a listener that hands axum connections once their TLS
 //! handshake is done, TLS 1.2 and 1.3 only (rustls, ring). Handshakes run on tasks of their
-//! own, so a slow or silent client never holds up the next one. The certificate is read again
-//! on SIGHUP (a renewed one): new connections get it, open ones go on.
+//! own, so a slow or silent client never holds up the next one. The certificate is
+//! [`qe_tls::Certificate`], as the nodes serve theirs: read again on SIGHUP or when its files
+//! change; new connections get it, open ones go on.
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,57 +31,25 @@ pub struct ApiTls {
 }
 
 impl ApiTls {
-    /// A TLS acceptor for the configured certificate and key.
-    pub fn acceptor(&self) -> Result<TlsAcceptor, String> {
-        let fail = |what: &dyn std::fmt::Display| format!("[api_tls]: {what}");
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
-            .and_then(|certs| certs.collect())
-            .map_err(|e| fail(&format!("{}: {e}", self.cert.display())))?;
-        let key = PrivateKeyDer::from_pem_file(&self.key)
-            .map_err(|e| fail(&format!("{}: {e}", self.key.display())))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| fail(&e))?
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .map_err(|e| fail(&e))?;
-        Ok(TlsAcceptor::from(Arc::new(config)))
+    /// The certificate to serve, reread on SIGHUP and when its files change.
+    pub fn certificate(&self) -> Result<Arc<qe_tls::Certificate>, qe_tls::TlsError> {
+        qe_tls::Certificate::load(&self.cert, &self.key)
     }
 }
 
-/// The acceptor new connections use; [`reload_on_hangup`] replaces it.
-pub type SharedAcceptor = Arc<std::sync::RwLock<TlsAcceptor>>;
-
 pub struct TlsListener {
     tcp: TcpListener,
-    acceptor: SharedAcceptor,
+    acceptor: TlsAcceptor,
     /// Handshakes under way; each ends with a connection, or with nothing when it failed.
     handshakes: JoinSet<Option<(TlsStream<TcpStream>, SocketAddr)>>,
 }
 
 impl TlsListener {
-    pub fn new(tcp: TcpListener, acceptor: SharedAcceptor) -> TlsListener {
+    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> TlsListener {
         TlsListener {
             tcp,
             acceptor,
             handshakes: JoinSet::new(),
-        }
-    }
-}
-
-/// On SIGHUP, reads the certificate and key again; a pair that does not load leaves the old
-/// one in use.
-pub async fn reload_on_hangup(config: ApiTls, acceptor: SharedAcceptor) {
-    let kind = tokio::signal::unix::SignalKind::hangup();
-    let mut hangups = tokio::signal::unix::signal(kind).expect("a SIGHUP handler");
-    while hangups.recv().await.is_some() {
-        match config.acceptor() {
-            Ok(new) => {
-                *acceptor.write().expect("never poisoned") = new;
-                tracing::info!("the API's certificate was reloaded");
-            }
-            Err(error) => tracing::warn!(%error, "the API keeps its certificate"),
         }
     }
 }
@@ -96,7 +63,7 @@ impl axum::serve::Listener for TlsListener {
             tokio::select! {
                 accepted = self.tcp.accept() => match accepted {
                     Ok((tcp, peer)) => {
-                        let acceptor = self.acceptor.read().expect("never poisoned").clone();
+                        let acceptor = self.acceptor.clone();
                         self.handshakes.spawn(async move {
                             let handshake = acceptor.accept(tcp);
                             let tls = tokio::time::timeout(HANDSHAKE_WITHIN, handshake).await;

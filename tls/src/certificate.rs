@@ -1,6 +1,6 @@
-//! TLS: rustls with TLS 1.2 and 1.3 only, and a certificate that can be replaced while the node
-//! runs. A renewed certificate is read on SIGHUP, or when either file changes (checked every
-//! few seconds); new connections get it, open ones keep the one they started with.
+//! A served certificate that can be replaced while serving. A renewed certificate is read on
+//! SIGHUP, or when either file changes (checked every few seconds); new connections get it,
+//! open ones keep the one they started with.
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -69,7 +69,7 @@ impl Certificate {
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
 
-    /// Reloads on SIGHUP and when the files change. Runs for the life of the node.
+    /// Reloads on SIGHUP and when the files change. Runs for the life of the process.
     pub async fn watch(self: Arc<Self>) {
         let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .expect("a SIGHUP handler");

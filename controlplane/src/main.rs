@@ -106,8 +106,7 @@ async fn serve(config_path: PathBuf, overrides: Overrides) -> Result<(), Failure
     let mut config = Config::parse(&std::fs::read_to_string(&config_path)?)?;
     overrides.apply(&mut config);
     // The nodes go on running after this returns: the next control plane adopts them.
-    let store = open_store(&config)?;
-    let mut running = start(config, store).await?;
+    let mut running = start(config).await?;
     running.wait().await?;
     running.stop().await
 }
@@ -123,15 +122,11 @@ struct Running {
     stop_api: tokio::sync::oneshot::Sender<()>,
 }
 
-/// The control plane's state in `config`'s data directory.
-fn open_store(config: &Config) -> Result<Store, Failure> {
+/// Opens the state, binds and serves the API, then takes on the running queues' nodes;
+/// prints `dns on ADDR` and `listening on ADDR`.
+async fn start(config: Config) -> Result<Running, Failure> {
     std::fs::create_dir_all(&config.data_dir)?;
-    Ok(Store::open(&config.data_dir.join("state"))?)
-}
-
-/// Binds and serves the API, then takes on the running queues' nodes; prints `dns on ADDR`
-/// and `listening on ADDR`.
-async fn start(config: Config, store: Store) -> Result<Running, Failure> {
+    let store = Store::open(&config.data_dir.join("state"))?;
     let node_tokens = Arc::new(NodeTokens::open(&config.data_dir.join("node-secret"))?);
     // Bound first: the nodes are told where to report.
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -180,6 +175,7 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
         println!("dns on {bound}");
     }
     let renew_certificate = Arc::new(tokio::sync::Notify::new());
+    let certificate_issuer = issuer.as_ref().map(|issuer| issuer.name());
     if let Some(issuer) = issuer {
         tokio::spawn(controlplane::certificates::keep_certified(
             issuer,
@@ -196,6 +192,7 @@ async fn start(config: Config, store: Store) -> Result<Running, Failure> {
         metrics: Default::default(),
         node_tokens,
         zone,
+        certificate_issuer,
         renew_certificate,
     });
     // Served before any node starts: a starting node fetches its certificate from it.
@@ -316,13 +313,7 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
         }
     };
     let config = Config::parse(&config)?;
-    let store = open_store(&config)?;
-    if pebble.is_some() {
-        // This Pebble knows no account or certificate of an earlier run: start afresh, so no
-        // node serves a certificate from a root nobody trusts any more.
-        store.forget_certificate()?;
-    }
-    let mut running = start(config, store).await?;
+    let mut running = start(config).await?;
     let demo = NewQueue {
         tier: Tier::Devtest,
         region: "local".into(),

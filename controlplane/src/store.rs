@@ -86,23 +86,15 @@ impl Store {
         Ok(())
     }
 
-    /// Forgets the certificate and the ACME account, for a CA that knows neither (a
-    /// restarted Pebble).
-    pub fn forget_certificate(&self) -> Result<(), StoreError> {
-        self.db.remove("certificate")?;
-        self.db.remove("acme-account")?;
-        self.db.flush()?;
-        Ok(())
-    }
-
-    /// The ACME account's credentials (JSON), once made.
-    pub fn acme_account(&self) -> Result<Option<String>, StoreError> {
-        let value = self.db.get("acme-account")?;
+    /// The credentials (JSON) of the account at the ACME `directory`, once made.
+    pub fn acme_account(&self, directory: &str) -> Result<Option<String>, StoreError> {
+        let value = self.db.get(format!("acme-account/{directory}"))?;
         Ok(value.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
     }
 
-    pub fn put_acme_account(&self, credentials: &str) -> Result<(), StoreError> {
-        self.db.insert("acme-account", credentials.as_bytes())?;
+    pub fn put_acme_account(&self, directory: &str, credentials: &str) -> Result<(), StoreError> {
+        self.db
+            .insert(format!("acme-account/{directory}"), credentials.as_bytes())?;
         self.db.flush()?;
         Ok(())
     }

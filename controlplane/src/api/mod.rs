@@ -34,6 +34,9 @@ pub struct AppState {
     pub node_tokens: Arc<crate::nodes::NodeTokens>,
     /// The queues' names, as the DNS server answers them.
     pub zone: Arc<crate::dns::Zone>,
+    /// The CA certificates come from now ([`crate::certificates::Issuer::name`]): nodes get
+    /// only a certificate it issued.
+    pub certificate_issuer: Option<String>,
     /// Asks for a new cluster certificate now (`POST /v1/certificate/renew`).
     pub renew_certificate: Arc<tokio::sync::Notify>,
 }

@@ -44,10 +44,11 @@ pub async fn certificate(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     check_node(&state, &id, &headers)?;
     match state.store.certificate()? {
-        Some(issued) => Ok(Json(
+        // One from another CA (before a change of CA) is not handed out: it is being replaced.
+        Some(issued) if Some(&issued.issuer) == state.certificate_issuer.as_ref() => Ok(Json(
             json!({"chain_pem": issued.chain_pem, "key_pem": issued.key_pem}),
         )),
-        None => Err(ApiError::NoCertificate),
+        _ => Err(ApiError::NoCertificate),
     }
 }
 

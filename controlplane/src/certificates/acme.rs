@@ -23,12 +23,18 @@ pub struct AcmeConfig {
     pub ca_root: Option<PathBuf>,
 }
 
+/// The CA an account and its certificates belong to: its directory.
+pub(super) fn name(config: &AcmeConfig) -> String {
+    format!("acme {}", config.directory)
+}
+
+/// This directory's account: the one kept, or a new one (a directory not used before).
 async fn account(config: &AcmeConfig, store: &Store) -> Result<Account, CertificateError> {
     let builder = || match &config.ca_root {
         Some(root) => Account::builder_with_root(root),
         None => Account::builder(),
     };
-    if let Some(saved) = store.acme_account()? {
+    if let Some(saved) = store.acme_account(&config.directory)? {
         if let Ok(credentials) = serde_json::from_str::<AccountCredentials>(&saved) {
             return Ok(builder()?.from_credentials(credentials).await?);
         }
@@ -42,7 +48,7 @@ async fn account(config: &AcmeConfig, store: &Store) -> Result<Account, Certific
         .create(&new, config.directory.clone(), None)
         .await?;
     let saved = serde_json::to_string(&credentials).expect("credentials serialize");
-    store.put_acme_account(&saved)?;
+    store.put_acme_account(&config.directory, &saved)?;
     Ok(account)
 }
 
@@ -96,6 +102,7 @@ pub(super) async fn order(
             chain_pem,
             key_pem,
             issued_at: now(),
+            issuer: name(config),
         })
     }
     .await;

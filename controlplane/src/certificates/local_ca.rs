@@ -4,7 +4,9 @@
 
 use super::{CertificateError, Issued};
 use crate::unix_now as now;
+use base64::Engine;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, Issuer, KeyPair};
+use sha2::Digest;
 use std::path::{Path, PathBuf};
 
 /// How long a certificate it issues is valid: a public CA's 90 days, so renewal is the same.
@@ -14,6 +16,8 @@ pub struct LocalCa {
     issuer: Issuer<'static, KeyPair>,
     /// The root clients must trust (PEM).
     pub root_pem: PathBuf,
+    /// `local-ca` and a digest of the root: another root is another CA.
+    pub name: String,
 }
 
 impl LocalCa {
@@ -38,7 +42,17 @@ impl LocalCa {
         // The root was made from these same parameters and this key, so what it signs names
         // the root as its issuer (by name and key identifier).
         let issuer = Issuer::new(ca_params(), key);
-        Ok(LocalCa { issuer, root_pem })
+        let root = std::fs::read(&root_pem).map_err(|e| fail(&e))?;
+        let digest = sha2::Sha256::digest(&root);
+        let name = format!(
+            "local-ca {}",
+            base64::engine::general_purpose::STANDARD.encode(digest)
+        );
+        Ok(LocalCa {
+            issuer,
+            root_pem,
+            name,
+        })
     }
 
     /// A new certificate for `name` (the cluster's wildcard), valid from yesterday for
@@ -59,6 +73,7 @@ impl LocalCa {
             chain_pem: leaf.pem(),
             key_pem: key.serialize_pem(),
             issued_at: now(),
+            issuer: self.name.clone(),
         })
     }
 }
@@ -89,6 +104,10 @@ mod tests {
         assert_eq!(verify(&root, &issued, "q1.q.dev.example.test"), Ok(()));
         assert!(verify(&root, &issued, "q1.q.other.example.test").is_err());
         let again = LocalCa::open(dir.path()).unwrap();
+        assert_eq!(again.name, ca.name, "the same CA");
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(LocalCa::open(other.path()).unwrap().name, ca.name);
+        assert_eq!(issued.issuer, ca.name);
         let reissued = again.issue("*.q.dev.example.test").unwrap();
         assert_eq!(
             verify(&root, &reissued, "q2.q.dev.example.test"),

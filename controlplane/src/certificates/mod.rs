@@ -26,6 +26,10 @@ pub struct Issued {
     pub key_pem: String,
     /// When it was issued, in seconds since 1970.
     pub issued_at: u64,
+    /// Which CA issued it ([`Issuer::name`]): one from another CA (another ACME directory, a
+    /// restarted Pebble, a new local CA) is replaced at once.
+    #[serde(default)]
+    pub issuer: String,
 }
 
 impl std::fmt::Debug for Issued {
@@ -54,6 +58,14 @@ pub enum Issuer {
 }
 
 impl Issuer {
+    /// Which CA this is: an ACME directory, or a local CA's root.
+    pub fn name(&self) -> String {
+        match self {
+            Issuer::Acme(config) => acme::name(config),
+            Issuer::LocalCa(ca) => ca.name.clone(),
+        }
+    }
+
     /// A new certificate for `zone`'s wildcard.
     async fn issue(&self, zone: &Zone, store: &Store) -> Result<Issued, CertificateError> {
         match self {
@@ -91,7 +103,7 @@ pub async fn keep_certified(
     let mut forced = false;
     loop {
         let due = match store.certificate() {
-            Ok(Some(issued)) if !forced => renewal_due(&issued),
+            Ok(Some(issued)) if !forced && issued.issuer == issuer.name() => renewal_due(&issued),
             _ => 0,
         };
         let now = now();

@@ -34,11 +34,80 @@ pub struct Config {
     #[serde(default)]
     pub local_ca: bool,
     /// Serve the API over HTTPS with this certificate (TLS 1.2 and 1.3). Default: plain
-    /// HTTP, for an API on loopback only.
+    /// HTTP, which is refused on any address but loopback unless `insecure_plain_http`.
     pub api_tls: Option<crate::api::tls::ApiTls>,
+    /// Allow plain HTTP on an address that is not loopback (tokens and node credentials then
+    /// cross the network in the clear). Default false.
+    #[serde(default)]
+    pub insecure_plain_http: bool,
+    /// One wildcard certificate for the cluster, handed to every node, instead of a
+    /// certificate per queue whose key never leaves its node. Only for a CA whose rate limits
+    /// cannot take a certificate per queue: every node then holds a key that serves every
+    /// queue's name. Default false.
+    #[serde(default)]
+    pub wildcard_certificate: bool,
+    /// The control plane's URL as nodes reach it. Default: the API's own address.
+    pub node_url: Option<String>,
+    /// Seconds between the reconciler's looks at every queue when nothing wakes it (an
+    /// instance that vanished is replaced within this). Default 30.
+    #[serde(default = "default_reconcile_every_secs")]
+    pub reconcile_every_secs: u64,
+    /// What runs the nodes. Default: processes on this machine (`kind = "local"`).
+    #[serde(default)]
+    pub provider: ProviderConfig,
     /// The price table bills are made with, in dollars. Default: everything free.
     #[serde(default)]
     pub prices: Prices,
+}
+
+/// `[provider]`: what runs the queues' nodes.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
+pub enum ProviderConfig {
+    /// A `dataplane` process per queue beside the control plane.
+    #[default]
+    Local,
+    /// An EC2 instance per queue, its data on an EBS volume of its own.
+    Ec2(Ec2Config),
+}
+
+/// `[provider]` with `kind = "ec2"`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Ec2Config {
+    /// The cloud-init template nodes boot from. Default: `infra/cloud-init/node.yaml` as
+    /// built in.
+    pub cloud_init: Option<PathBuf>,
+    /// The EC2 endpoint instead of AWS's (an emulator). Default: AWS.
+    pub endpoint: Option<String>,
+    /// A queue's data volume, in GiB. Default 20.
+    #[serde(default = "default_volume_size_gib")]
+    pub volume_size_gib: i32,
+    /// Its EBS type. Default `gp3`.
+    #[serde(default = "default_volume_type")]
+    pub volume_type: String,
+    /// Where instances go, by AWS region name: a queue's `region` must be one of these.
+    pub regions: std::collections::BTreeMap<String, Ec2Region>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Ec2Region {
+    pub image_id: String,
+    pub subnet_id: String,
+    pub security_group_ids: Vec<String>,
+}
+
+fn default_reconcile_every_secs() -> u64 {
+    30
+}
+
+fn default_volume_size_gib() -> i32 {
+    20
+}
+
+fn default_volume_type() -> String {
+    "gp3".into()
 }
 
 /// `[prices]`: what each billable unit costs, in dollars.
@@ -92,6 +161,19 @@ impl Config {
         }
     }
 
+    /// Refuses what would expose secrets: plain HTTP off loopback.
+    pub fn check(&self) -> Result<(), String> {
+        let ip = self.listen.ip();
+        if self.api_tls.is_none() && !ip.is_loopback() && !self.insecure_plain_http {
+            return Err(format!(
+                "the API would listen on {} over plain HTTP: give [api_tls], a loopback \
+                 address, or insecure_plain_http = true",
+                self.listen
+            ));
+        }
+        Ok(())
+    }
+
     /// The `dataplane` binary: configured, else the one beside this program.
     pub fn dataplane_binary(&self) -> PathBuf {
         self.dataplane.clone().unwrap_or_else(|| {
@@ -118,5 +200,18 @@ mod tests {
             Config::parse("data_dir = \"/d\"\n").is_err(),
             "a token is required"
         );
+    }
+
+    #[test]
+    fn plain_http_only_on_loopback_unless_insecure_is_said() {
+        let base = "data_dir = \"/d\"\ntoken = \"t\"\n";
+        let with = |extra: &str| Config::parse(&format!("{base}{extra}")).unwrap();
+        assert!(with("listen = \"127.0.0.1:1\"\n").check().is_ok());
+        assert!(with("listen = \"[::1]:1\"\n").check().is_ok());
+        let error = with("listen = \"0.0.0.0:1\"\n").check().unwrap_err();
+        assert!(error.contains("plain HTTP"), "{error}");
+        assert!(with("listen = \"[::]:1\"\n").check().is_err());
+        let insecure = with("listen = \"[::]:1\"\ninsecure_plain_http = true\n");
+        assert!(insecure.check().is_ok());
     }
 }

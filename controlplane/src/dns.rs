@@ -36,8 +36,9 @@ pub struct Zone {
 struct Contents {
     serial: u32,
     queues: Vec<Queue>,
-    /// DNS-01 values of the pending ACME order.
-    challenges: Vec<String>,
+    /// DNS-01 values of the pending ACME orders: (the name ordered, the value). Orders for
+    /// several queues may be pending at once.
+    challenges: Vec<(String, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,9 +69,14 @@ impl Zone {
         self.rebuild(|contents| contents.queues = queues.to_vec());
     }
 
-    /// Publishes the DNS-01 values of a pending ACME order (none: the order is over).
-    pub fn set_challenges(&self, values: Vec<String>) {
-        self.rebuild(|contents| contents.challenges = values);
+    /// Publishes the DNS-01 values of a pending ACME order: (the name ordered, the value).
+    pub fn add_challenges(&self, values: &[(String, String)]) {
+        self.rebuild(|contents| contents.challenges.extend_from_slice(values));
+    }
+
+    /// Withdraws an order's values once it is over.
+    pub fn remove_challenges(&self, values: &[(String, String)]) {
+        self.rebuild(|contents| contents.challenges.retain(|value| !values.contains(value)));
     }
 
     fn rebuild(&self, change: impl FnOnce(&mut Contents)) {
@@ -111,9 +117,17 @@ impl Zone {
             Record::from_rdata(ns, TTL, address(self.nameserver)),
         ];
         let live = |queue: &&Queue| matches!(queue.status, Status::Running | Status::Provisioning);
-        for value in &contents.challenges {
+        for (ordered, value) in &contents.challenges {
+            // RFC 8555 §8.4: `_acme-challenge.` before the name, a wildcard's `*.` left off.
+            let ordered = ordered.trim_start_matches("*.");
+            let Ok(name) = Name::from_str(&format!("_acme-challenge.{ordered}.")) else {
+                continue;
+            };
+            if !self.origin.zone_of(&name) {
+                continue;
+            }
             let txt = RData::TXT(TXT::new(vec![value.clone()]));
-            records.push(Record::from_rdata(self.name("_acme-challenge"), 0, txt));
+            records.push(Record::from_rdata(name, 0, txt));
         }
         for queue in contents.queues.iter().filter(live) {
             // A queue's name resolves once its provider has placed it.
@@ -295,7 +309,25 @@ mod tests {
             ask(server, name, RecordType::TXT).await.0,
             ResponseCode::NXDomain
         );
-        zone.set_challenges(vec!["value-one".into(), "value-two".into()]);
+        let wildcard = [
+            ("*.q.c.example.test".to_string(), "value-one".to_string()),
+            ("*.q.c.example.test".to_string(), "value-two".to_string()),
+        ];
+        let queue = [(
+            "abc.q.c.example.test".to_string(),
+            "value-three".to_string(),
+        )];
+        zone.add_challenges(&wildcard);
+        zone.add_challenges(&queue);
+        assert_eq!(
+            ask(
+                server,
+                "_acme-challenge.abc.q.c.example.test.",
+                RecordType::TXT
+            )
+            .await,
+            (ResponseCode::NoError, vec!["value-three".into()])
+        );
         let (code, mut values) = ask(server, name, RecordType::TXT).await;
         values.sort();
         assert_eq!(
@@ -305,9 +337,20 @@ mod tests {
                 vec!["value-one".into(), "value-two".into()]
             )
         );
-        zone.set_challenges(Vec::new());
+        zone.remove_challenges(&wildcard);
         assert_eq!(
             ask(server, name, RecordType::TXT).await.0,
+            ResponseCode::NXDomain
+        );
+        zone.remove_challenges(&queue);
+        assert_eq!(
+            ask(
+                server,
+                "_acme-challenge.abc.q.c.example.test.",
+                RecordType::TXT
+            )
+            .await
+            .0,
             ResponseCode::NXDomain
         );
         let (code, ns) = ask(server, "q.c.example.test.", RecordType::NS).await;

@@ -2,12 +2,14 @@
 //!
 //! - [`api`]: the operator's HTTP API (axum): routes, bearer-token check, JSON errors.
 //! - [`queues`]: what a queue is to the control plane, and how one is created.
+//! - [`reconciler`]: drives every queue to what the operator asked for, through its provider.
 //! - [`fleet`]: the providers that run nodes ([`fleet::local`] runs them on this machine).
 //! - [`store`]: the queues' records, in sled under the data directory.
 //! - [`config`]: the TOML config, which flags override.
-//! - [`dns`]: the authoritative DNS for the queues' names; [`certificates`]: the cluster's
-//!   wildcard certificate, by ACME DNS-01 answered from that DNS (or from a local CA).
-//! - [`nodes`]: node tokens; [`usage`]: usage records and bills.
+//! - [`dns`]: the authoritative DNS for the queues' names; [`certificates`]: each queue's
+//!   certificate (or the opt-in cluster wildcard), by ACME DNS-01 answered from that DNS (or
+//!   from a local CA).
+//! - [`nodes`]: node credentials and bootstraps; [`usage`]: usage records and bills.
 //! - [`pebble`]: Let's Encrypt's test CA, run for `controlplane dev` and the tests.
 
 pub mod api;
@@ -18,6 +20,7 @@ pub mod fleet;
 pub mod nodes;
 pub mod pebble;
 pub mod queues;
+pub mod reconciler;
 pub mod store;
 pub mod usage;
 

@@ -4,12 +4,18 @@
 use clap::{Parser, Subcommand};
 use controlplane::api::tls::TlsListener;
 use controlplane::api::{self, queues, AppState};
+use controlplane::certificates::NodeCertificates;
 use controlplane::config::Config;
+use controlplane::config::ProviderConfig;
 use controlplane::dns::{self, Zone};
-use controlplane::fleet::local::{LocalProvider, ReportTarget};
-use controlplane::nodes::NodeTokens;
+use controlplane::fleet::cloud_init::{self, NodeBoot};
+use controlplane::fleet::ec2::Ec2Provider;
+use controlplane::fleet::local::LocalProvider;
+use controlplane::fleet::Provider;
+use controlplane::nodes::{Bootstraps, NodeTokens};
 use controlplane::pebble::{self, Pebble};
 use controlplane::queues::{NewQueue, Tier};
+use controlplane::reconciler::Reconciler;
 use controlplane::store::Store;
 use std::future::IntoFuture;
 use std::io::Write;
@@ -114,7 +120,8 @@ async fn serve(config_path: PathBuf, overrides: Overrides) -> Result<(), Failure
 /// The control plane, serving.
 struct Running {
     state: Arc<AppState>,
-    fleet: Arc<LocalProvider>,
+    /// The local provider, when it runs the nodes (`dev` stops them on exit).
+    local: Option<Arc<LocalProvider>>,
     /// Where the API listens.
     api_addr: SocketAddr,
     /// The API, until `stop_api`.
@@ -122,13 +129,14 @@ struct Running {
     stop_api: tokio::sync::oneshot::Sender<()>,
 }
 
-/// Opens the state, binds and serves the API, then takes on the running queues' nodes;
-/// prints `dns on ADDR` and `listening on ADDR`.
+/// Opens the state, binds and serves the API, then starts the reconciler, which takes on
+/// the queues' nodes; prints `dns on ADDR` and `listening on ADDR`.
 async fn start(config: Config) -> Result<Running, Failure> {
-    std::fs::create_dir_all(&config.data_dir)?;
+    config.check()?;
+    create_private_dir(&config.data_dir)?;
     let store = Store::open(&config.data_dir.join("state"))?;
     let node_tokens = Arc::new(NodeTokens::open(&config.data_dir.join("node-secret"))?);
-    // Bound first: the nodes are told where to report.
+    // Bound first: the nodes are told where to reach it.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("the API cannot listen on {}: {e}", config.listen))?;
@@ -148,19 +156,33 @@ async fn start(config: Config) -> Result<Running, Failure> {
         None => None,
     };
     let scheme = if api_tls.is_some() { "https" } else { "http" };
-    let reports = ReportTarget {
-        url: format!("{scheme}://{reachable}"),
-        ca: config.api_tls.as_ref().and_then(|tls| tls.ca.clone()),
-        tokens: node_tokens.clone(),
-        tls_zone: issuer
-            .as_ref()
-            .map(|_| format!("q.{}.{}", config.cluster, config.domain)),
+    let ca_pem = match config.api_tls.as_ref().and_then(|tls| tls.ca.as_ref()) {
+        Some(ca) => {
+            Some(std::fs::read_to_string(ca).map_err(|e| format!("{}: {e}", ca.display()))?)
+        }
+        None => None,
     };
-    let fleet = Arc::new(LocalProvider::new(
-        config.dataplane_binary(),
-        config.data_dir.clone(),
-        reports,
-    ));
+    let bootstraps = Arc::new(Bootstraps {
+        url: config
+            .node_url
+            .clone()
+            .unwrap_or_else(|| format!("{scheme}://{reachable}")),
+        ca_pem,
+        tokens: node_tokens.clone(),
+    });
+    let zone_name = format!("q.{}.{}", config.cluster, config.domain);
+    let (fleet, local): (Arc<dyn Provider>, _) = match &config.provider {
+        ProviderConfig::Local => {
+            let tls_zone = issuer.as_ref().map(|_| zone_name.clone());
+            let local = Arc::new(LocalProvider::new(
+                config.dataplane_binary(),
+                config.data_dir.clone(),
+                tls_zone,
+            ));
+            (local.clone(), Some(local))
+        }
+        ProviderConfig::Ec2(ec2) => (Arc::new(ec2_provider(&config, ec2, zone_name).await?), None),
+    };
     // The name server's own address in the zone: where it listens (loopback if everywhere).
     let nameserver = match config.dns_listen.map(|addr| addr.ip()) {
         Some(ip) if !ip.is_unspecified() => ip,
@@ -175,27 +197,36 @@ async fn start(config: Config) -> Result<Running, Failure> {
         println!("dns on {bound}");
     }
     let renew_certificate = Arc::new(tokio::sync::Notify::new());
-    let certificate_issuer = issuer.as_ref().map(|issuer| issuer.name());
-    if let Some(issuer) = issuer {
-        tokio::spawn(controlplane::certificates::keep_certified(
-            issuer,
-            zone.clone(),
-            store.clone(),
-            fleet.clone(),
-            renew_certificate.clone(),
-        ));
-    }
+    let node_certificates = match issuer {
+        None => NodeCertificates::None,
+        Some(issuer) if config.wildcard_certificate => {
+            let name = issuer.name();
+            tokio::spawn(controlplane::certificates::keep_certified(
+                issuer,
+                zone.clone(),
+                store.clone(),
+                renew_certificate.clone(),
+            ));
+            NodeCertificates::Wildcard { issuer: name }
+        }
+        Some(issuer) => {
+            controlplane::queues::renew_certificates_not_from(&store, &issuer.name())?;
+            NodeCertificates::PerQueue(Arc::new(issuer))
+        }
+    };
+    let reconcile = Arc::new(tokio::sync::Notify::new());
     let state = Arc::new(AppState {
         config,
-        store,
+        store: store.clone(),
         fleet: fleet.clone(),
         metrics: Default::default(),
         node_tokens,
-        zone,
-        certificate_issuer,
+        zone: zone.clone(),
+        node_certificates,
         renew_certificate,
+        reconcile: reconcile.clone(),
     });
-    // Served before any node starts: a starting node fetches its certificate from it.
+    // Served before any node starts: a starting node pulls its config from it.
     let router = api::router(state.clone());
     let (stop_api, stopping) = tokio::sync::oneshot::channel::<()>();
     let stopped = async move {
@@ -213,18 +244,77 @@ async fn start(config: Config) -> Result<Running, Failure> {
                 .into_future(),
         ),
     };
-    queues::resume_all(&state.store, fleet.as_ref()).await?;
-    // A resumed node may have been placed anew.
-    queues::refresh_zone(&state)?;
+    let reconciler = Reconciler {
+        store,
+        fleet,
+        zone,
+        bootstraps,
+        wake: reconcile,
+        recheck_every: std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1)),
+        driving: Default::default(),
+    };
+    // Its first pass takes on every queue's node: adopted, or started again.
+    tokio::spawn(Arc::new(reconciler).run());
     println!("listening on {bound}");
     let _ = std::io::stdout().flush();
     Ok(Running {
         state,
-        fleet,
+        local,
         api_addr: bound,
         api,
         stop_api,
     })
+}
+
+/// The EC2 provider `[provider]` describes: nodes boot the cloud-init template with the
+/// `dataplane` this control plane serves them.
+async fn ec2_provider(
+    config: &Config,
+    ec2: &controlplane::config::Ec2Config,
+    zone: String,
+) -> Result<Ec2Provider, Failure> {
+    let template = match &ec2.cloud_init {
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => cloud_init::BUILT_IN.to_string(),
+    };
+    let boot = NodeBoot::new(template, &config.dataplane_binary())?;
+    let regions = ec2
+        .regions
+        .iter()
+        .map(|(name, region)| {
+            let settings = qe_ec2::RegionSettings {
+                image_id: region.image_id.clone(),
+                subnet_id: region.subnet_id.clone(),
+                security_group_ids: region.security_group_ids.clone(),
+            };
+            (name.clone(), settings)
+        })
+        .collect();
+    let settings = qe_ec2::Settings {
+        cluster: config.cluster.clone(),
+        endpoint: ec2.endpoint.clone(),
+        regions,
+        volume_size_gib: ec2.volume_size_gib,
+        volume_type: ec2.volume_type.clone(),
+    };
+    Ok(Ec2Provider::new(
+        qe_ec2::Ec2::new(settings).await,
+        boot,
+        zone,
+    ))
+}
+
+/// A directory only its owner may enter: the control plane's state holds the node secret
+/// and the certificates' keys.
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
 impl Running {
@@ -320,13 +410,17 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
         instance_type: "local".into(),
         ipv4: true,
     };
-    let (queue, logins) = queues::provision(&running.state, demo)
-        .await
-        .map_err(|e| e.to_string())?;
-    let node = queue
-        .node
-        .clone()
+    let (queue, logins) = queues::provision(&running.state, demo).map_err(|e| e.to_string())?;
+    let running_queue =
+        |queue: &controlplane::queues::Queue| queue.status == controlplane::queues::Status::Running;
+    let queue = running
+        .state
+        .store
+        .wait_for(&queue.id, std::time::Duration::from_secs(60), running_queue)
+        .await?
+        .filter(running_queue)
         .ok_or("the demo queue's node did not start")?;
+    let node = queue.node.clone().ok_or("the demo queue has no node")?;
     let host = running.state.zone.host_of(&queue.id);
     let api = format!("http://{}", running.api_addr);
     let demo = serde_json::json!({
@@ -338,7 +432,9 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
     print_demo(&dir, &demo);
     running.wait().await?;
     // The nodes first, while the API still takes their last usage records.
-    running.fleet.stop_all().await;
+    if let Some(local) = &running.local {
+        local.stop_all().await;
+    }
     drop(pebble);
     running.stop().await
 }

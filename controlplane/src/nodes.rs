@@ -1,9 +1,12 @@
 //! Node tokens: how a node proves which queue it runs when it reports.
 //!
-//! A node's token is HMAC-SHA256(secret, queue id), the secret being 32 random bytes made
-//! once in the data directory. Nothing per node is stored, a token is checked by computing
-//! it again (in constant time), and a token for one queue is worthless for another.
+//! A node's token is HMAC-SHA256(secret, "QUEUE-ID/N"), the secret being 32 random bytes made
+//! once in the data directory and N the queue's credential number. Only N is stored, a token
+//! is checked by computing it again (in constant time), a token for one queue is worthless for
+//! another, a rotation (N moving on) retires the old token, and a deleted queue's token stops
+//! working at once.
 
+use crate::queues::{Queue, Status};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use subtle::ConstantTimeEq;
@@ -26,18 +29,55 @@ impl NodeTokens {
         Ok(NodeTokens { secret })
     }
 
-    pub fn token_for(&self, queue_id: &str) -> String {
-        hmac_sha256(&self.secret, queue_id.as_bytes())
+    /// The token of credential number `credential` of queue `queue_id`.
+    pub fn token_for(&self, queue_id: &str, credential: u64) -> String {
+        hmac_sha256(&self.secret, format!("{queue_id}/{credential}").as_bytes())
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect()
     }
 
-    pub fn check(&self, queue_id: &str, presented: &str) -> bool {
-        self.token_for(queue_id)
-            .as_bytes()
-            .ct_eq(presented.as_bytes())
-            .into()
+    /// The credential number `presented` is for `queue`: its current one, or the one being
+    /// rotated in. None for any other token, and for a queue that is deleted.
+    pub fn check(&self, queue: &Queue, presented: &str) -> Option<u64> {
+        if queue.status == Status::Deleted {
+            return None;
+        }
+        let matches = |credential: u64| -> bool {
+            let expected = self.token_for(&queue.id, credential);
+            expected.as_bytes().ct_eq(presented.as_bytes()).into()
+        };
+        // Both are computed and compared, so the time taken does not tell which one matched.
+        let current = matches(queue.node_credential);
+        let next = queue.next_node_credential.map(|next| (next, matches(next)));
+        match (current, next) {
+            (_, Some((next, true))) => Some(next),
+            (true, _) => Some(queue.node_credential),
+            _ => None,
+        }
+    }
+}
+
+/// What nodes are told to start from: the control plane's address as nodes reach it, the
+/// root they trust for it, and their credentials.
+pub struct Bootstraps {
+    /// Its base URL for nodes (`http://127.0.0.1:PORT` for local nodes, `https://` with
+    /// `[api_tls]`, or the public URL cloud nodes reach).
+    pub url: String,
+    /// The root that signs its HTTPS certificate, when it is a private one (PEM).
+    pub ca_pem: Option<String>,
+    pub tokens: std::sync::Arc<NodeTokens>,
+}
+
+impl Bootstraps {
+    /// The bootstrap of `queue`'s node: its credential as it is now.
+    pub fn for_queue(&self, queue: &Queue) -> qe_shared::node_channel::Bootstrap {
+        qe_shared::node_channel::Bootstrap {
+            control_plane: self.url.clone(),
+            queue_id: queue.id.clone(),
+            node_token: self.tokens.token_for(&queue.id, queue.node_credential),
+            control_plane_ca_pem: self.ca_pem.clone(),
+        }
     }
 }
 
@@ -74,9 +114,27 @@ mod tests {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         let tokens = NodeTokens { secret: [7; 32] };
-        let token = tokens.token_for("queue-a");
-        assert!(tokens.check("queue-a", &token));
-        assert!(!tokens.check("queue-b", &token));
-        assert!(!tokens.check("queue-a", &token[..63]));
+        let new = crate::queues::NewQueue {
+            tier: crate::queues::Tier::Devtest,
+            region: "r".into(),
+            instance_type: "t".into(),
+            ipv4: false,
+        };
+        let (mut a, _) = crate::queues::create(new.clone());
+        let (b, _) = crate::queues::create(new);
+        let token = tokens.token_for(&a.id, 0);
+        assert_eq!(tokens.check(&a, &token), Some(0));
+        assert_eq!(tokens.check(&b, &token), None, "another queue's");
+        assert_eq!(tokens.check(&a, &token[..63]), None);
+        // A rotation: both work until the node uses the new one; then only the new one.
+        a.next_node_credential = Some(1);
+        let rotated = tokens.token_for(&a.id, 1);
+        assert_eq!(tokens.check(&a, &token), Some(0));
+        assert_eq!(tokens.check(&a, &rotated), Some(1));
+        a.node_credential = 1;
+        a.next_node_credential = None;
+        assert_eq!(tokens.check(&a, &token), None, "retired");
+        a.status = Status::Deleted;
+        assert_eq!(tokens.check(&a, &rotated), None, "a deleted queue's");
     }
 }

@@ -1,17 +1,12 @@
 //! A queue as the control plane knows it, and the making of a new one.
 
+use qe_shared::node_channel::{DesiredConfig, LoginHash, Logins, NodeTls};
 use qe_shared::password::PasswordHash;
 use qe_shared::protocol::Role;
 use serde::{Deserialize, Serialize};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-/// A queue's service tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    Devtest,
-    Standard,
-}
+pub use qe_shared::settings::Tier;
 
 /// Where a queue is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +47,67 @@ pub struct Queue {
     pub publisher: StoredLogin,
     pub subscriber: StoredLogin,
     pub admin: StoredLogin,
+    /// The version of what its node should be ([`DesiredConfig`]); up with every change.
+    #[serde(default = "first_version")]
+    pub config_version: u64,
+    /// The version its node last said it serves.
+    #[serde(default)]
+    pub applied_version: u64,
+    /// Which of its node credentials is valid: a rotation moves it on (`nodes.rs`).
+    #[serde(default)]
+    pub node_credential: u64,
+    /// A node credential being rotated in: valid too, until the node uses it.
+    #[serde(default)]
+    pub next_node_credential: Option<u64>,
+    /// Goes up to have its node get a new certificate now (a forced renewal).
+    #[serde(default)]
+    pub certificate_generation: u64,
+    /// Which CA issued its node's certificate last ([`crate::certificates::Issuer::name`]).
+    #[serde(default)]
+    pub certificate_issuer: Option<String>,
+    /// What its provider made for it (instance, volume, process ...), by kind.
+    #[serde(default)]
+    pub resources: std::collections::BTreeMap<String, String>,
+    /// When its node said, stopping, that it had reported its last records.
+    #[serde(default)]
+    pub last_report: Option<u64>,
+}
+
+fn first_version() -> u64 {
+    1
+}
+
+impl Queue {
+    /// Whether its node serves a version older than the one desired.
+    pub fn change_pending(&self) -> bool {
+        self.applied_version < self.config_version
+    }
+
+    /// What its node should be now: `listen` and `tls` are the provider's and the
+    /// certificate issuer's choice.
+    pub fn desired_config(&self, listen: Vec<std::net::SocketAddr>, tls: NodeTls) -> DesiredConfig {
+        let login = |login: &StoredLogin| LoginHash {
+            username: login.username.clone(),
+            password_hash: login.password_hash.clone(),
+        };
+        DesiredConfig {
+            version: self.config_version,
+            tier: self.tier,
+            listen,
+            tls,
+            logins: Logins {
+                publisher: login(&self.publisher),
+                subscriber: login(&self.subscriber),
+                admin: login(&self.admin),
+            },
+            instance_type: self.instance_type.clone(),
+            region: self.region.clone(),
+            ipv4: self.ipv4,
+            max_messages: None,
+            max_messages_memory: None,
+            node_token: None,
+        }
+    }
 }
 
 /// A queue's IP addresses: IPv6 always, IPv4 only when it has IPv4 (the manual's *The
@@ -68,6 +124,24 @@ pub struct Placement {
     /// The node's URL.
     pub node: String,
     pub addresses: Addresses,
+    /// What the provider made for it, by kind (`instance`, `volume`, `process` ...).
+    pub resources: std::collections::BTreeMap<String, String>,
+}
+
+impl Placement {
+    /// Whether `queue`'s record already says this.
+    pub fn recorded_in(&self, queue: &Queue) -> bool {
+        queue.node.as_ref() == Some(&self.node)
+            && queue.addresses == Some(self.addresses)
+            && queue.resources == self.resources
+    }
+
+    /// Writes it into `queue`'s record.
+    pub fn record_in(&self, queue: &mut Queue) {
+        queue.node = Some(self.node.clone());
+        queue.addresses = Some(self.addresses);
+        queue.resources = self.resources.clone();
+    }
 }
 
 /// The operator's request for a queue.
@@ -126,6 +200,14 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
         publisher: stored_publisher,
         subscriber: stored_subscriber,
         admin: stored_admin,
+        config_version: first_version(),
+        applied_version: 0,
+        node_credential: 0,
+        next_node_credential: None,
+        certificate_generation: 0,
+        certificate_issuer: None,
+        resources: Default::default(),
+        last_report: None,
     };
     let logins = IssuedLogins {
         publisher,
@@ -136,7 +218,9 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
 }
 
 /// Gives `role` of `queue` a new password; returns it (shown once) and keeps only its hash.
+/// The node is to take it: the desired config moves to a new version.
 pub fn rotate(queue: &mut Queue, role: Role) -> Credentials {
+    queue.config_version += 1;
     let login = match role {
         Role::Publisher => &mut queue.publisher,
         Role::Subscriber => &mut queue.subscriber,
@@ -148,6 +232,42 @@ pub fn rotate(queue: &mut Queue, role: Role) -> Credentials {
         username: login.username.clone(),
         password,
     }
+}
+
+/// Has every live queue's node get a new certificate now (a forced renewal, or a new
+/// cluster wildcard): their certificate generation and config move on.
+pub fn renew_certificates(store: &crate::store::Store) -> Result<(), crate::store::StoreError> {
+    renew_certificates_where(store, |_| true)
+}
+
+/// Has every live queue whose certificate another CA issued get a new one now: another
+/// ACME directory, a restarted Pebble, a new local CA. Its clients trust only the new CA.
+pub fn renew_certificates_not_from(
+    store: &crate::store::Store,
+    issuer: &str,
+) -> Result<(), crate::store::StoreError> {
+    renew_certificates_where(store, |queue| {
+        queue
+            .certificate_issuer
+            .as_ref()
+            .is_some_and(|name| name != issuer)
+    })
+}
+
+fn renew_certificates_where(
+    store: &crate::store::Store,
+    which: impl Fn(&Queue) -> bool,
+) -> Result<(), crate::store::StoreError> {
+    for queue in store.list()? {
+        store.update(&queue.id, |queue| {
+            if matches!(queue.status, Status::Provisioning | Status::Running) && which(queue) {
+                queue.certificate_generation += 1;
+                queue.config_version += 1;
+            }
+            Ok::<_, crate::store::StoreError>(())
+        })?;
+    }
+    Ok(())
 }
 
 /// Lowercase letters and digits, safe in a DNS label.

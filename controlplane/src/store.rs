@@ -13,6 +13,9 @@ pub struct Store {
     usage: sled::Tree,
     /// `QUEUE-ID/TIME` → a node's stats line.
     stats: sled::Tree,
+    /// Moves on with every change to a queue's record, so a request can wait for one (a
+    /// node applying a config, a queue coming up) instead of polling.
+    changed: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// Which of a node's records.
@@ -38,14 +41,71 @@ impl Store {
             usage: db.open_tree("usage")?,
             stats: db.open_tree("stats")?,
             db,
+            changed: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
         })
     }
 
-    /// Saves a queue's record, synced.
+    /// Saves a new queue's record, synced.
     pub fn put(&self, queue: &Queue) -> Result<(), StoreError> {
         self.queues.insert(&queue.id, serde_json::to_vec(queue)?)?;
         self.db.flush()?;
+        self.changed.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    /// Changes queue `id`'s record with `change` as one compare-and-swap, synced: two
+    /// changes at once each see the other's result (two rotations of one queue both land),
+    /// never a read-then-write race. `change` may run more than once, and may refuse with
+    /// `Err`, which changes nothing. `None` if there is no such queue.
+    pub fn update<T, E: From<StoreError>>(
+        &self,
+        id: &str,
+        mut change: impl FnMut(&mut Queue) -> Result<T, E>,
+    ) -> Result<Option<(Queue, T)>, E> {
+        loop {
+            let Some(old) = self.queues.get(id).map_err(StoreError::from)? else {
+                return Ok(None);
+            };
+            let mut queue: Queue = serde_json::from_slice(&old).map_err(StoreError::from)?;
+            let answer = change(&mut queue)?;
+            let new = serde_json::to_vec(&queue).map_err(StoreError::from)?;
+            let swapped = self
+                .queues
+                .compare_and_swap(id, Some(&old), Some(new))
+                .map_err(StoreError::from)?;
+            if swapped.is_ok() {
+                self.db.flush().map_err(StoreError::from)?;
+                self.changed.send_modify(|n| *n += 1);
+                return Ok(Some((queue, answer)));
+            }
+        }
+    }
+
+    /// Waits until queue `id`'s record passes `test`, at most `within`; returns the record as
+    /// it was last read (`None` if there is no such queue).
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        within: std::time::Duration,
+        test: impl Fn(&Queue) -> bool,
+    ) -> Result<Option<Queue>, StoreError> {
+        let mut changes = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            // Marked seen before the read, so a change during it wakes the wait below.
+            changes.borrow_and_update();
+            let queue = self.get(id)?;
+            match &queue {
+                Some(queue) if !test(queue) => {}
+                _ => return Ok(queue),
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return Ok(queue);
+            }
+        }
     }
 
     pub fn get(&self, id: &str) -> Result<Option<Queue>, StoreError> {

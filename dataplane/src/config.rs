@@ -51,6 +51,10 @@ pub struct Flags {
     /// A TOML file with the same settings.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Start from a bootstrap file (control plane, queue id, node token, its root) and take
+    /// everything else from the control plane. Not with --config.
+    #[arg(long, conflicts_with = "config")]
+    pub bootstrap: Option<PathBuf>,
     /// Size at which the message log starts a new segment file (tuning and tests).
     #[arg(long, hide = true)]
     pub log_segment_bytes: Option<u64>,

@@ -13,10 +13,13 @@
 //!
 //! Beside the path: [`config`] (flags and the TOML file), [`auth`] (the three logins),
 //! [`node`] (what every connection shares), [`history`] (stats and usage records),
-//! [`report`] (pushing those records to the control plane) and [`traffic`] (bytes on the
-//! sockets).
+//! [`report`] (pushing those records to the control plane), [`channel`] (a node started from
+//! a bootstrap: its config from the control plane, watched), [`certificate`] (its own TLS
+//! certificate: key made here, CSR sent) and [`traffic`] (bytes on the sockets).
 
 pub mod auth;
+pub mod certificate;
+pub mod channel;
 pub mod config;
 pub mod connection;
 pub mod engine;

@@ -1,13 +1,17 @@
 //! The `dataplane` binary: one queue node.
 
 use clap::Parser;
-use dataplane::config::{Config, Flags, Transport};
+use dataplane::certificate::OwnCertificate;
+use dataplane::channel::{self, Channel, NodeApply};
+use dataplane::config::{Config, ConfigError, Flags, Transport};
 use dataplane::node::Node;
 use dataplane::report::{self, Reporter};
 use dataplane::server::Server;
+use qe_shared::node_channel::{DesiredConfig, NodeTls};
 use qe_tls::Certificate;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -21,16 +25,50 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
 
-    let config = match Config::load(Flags::parse()) {
-        Ok(config) => config,
-        Err(error) => {
-            eprintln!("dataplane: {error}");
-            return ExitCode::from(2);
-        }
+    let mut flags = Flags::parse();
+    let bootstrapped = match &flags.bootstrap {
+        Some(path) => match channel::read_bootstrap(path) {
+            Ok(bootstrap) => {
+                let data_dir = flags
+                    .data_dir
+                    .get_or_insert_with(|| DEFAULT_DATA_DIR.into());
+                Some(Channel::new(&bootstrap, data_dir))
+            }
+            Err(error) => {
+                eprintln!("dataplane: {error}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let (config, desired) = match &bootstrapped {
+        Some(channel) => match from_control_plane(channel, flags).await {
+            Ok((config, desired)) => (config, Some(desired)),
+            Err(error) => {
+                eprintln!("dataplane: {error}");
+                return ExitCode::from(2);
+            }
+        },
+        None => match Config::load(flags) {
+            Ok(config) => (config, None),
+            Err(error) => {
+                eprintln!("dataplane: {error}");
+                return ExitCode::from(2);
+            }
+        },
     };
     if config.tls_from_control_plane {
         wait_for_certificate(&config).await;
     }
+    // A certificate of its own: made before the node can listen.
+    let own_certificate = match (&bootstrapped, desired.as_ref().map(|d| &d.tls)) {
+        (Some(channel), Some(NodeTls::Queue { host, generation })) => {
+            let own = OwnCertificate::new(channel.clone(), &config.data_dir, host, *generation);
+            own.ensure().await;
+            Some(own)
+        }
+        _ => None,
+    };
     let tls = match &config.transport {
         Transport::Plaintext => None,
         Transport::Tls { cert, key } => match Certificate::load(cert, key) {
@@ -83,6 +121,10 @@ async fn main() -> ExitCode {
     if let Some(certificate) = tls.clone() {
         tokio::spawn(certificate.watch());
     }
+    if let (Some(own), Some(certificate)) = (&own_certificate, &tls) {
+        own.serve(certificate.clone());
+        tokio::spawn(own.clone().keep_renewed());
+    }
     // The history's records, and their reports to the control plane.
     let (stop_history, stopping) = tokio::sync::watch::channel(false);
     let history = tokio::spawn(dataplane::history::run(node.clone(), stopping));
@@ -93,7 +135,26 @@ async fn main() -> ExitCode {
     let reporting = reporter.as_ref().map(|r| tokio::spawn(r.clone().run()));
     if config.config_file.is_some() {
         let (node, config, reporter) = (node.clone(), config.clone(), reporter.clone());
-        tokio::spawn(reload_on_hangup(node, config, tls, reporter));
+        tokio::spawn(reload_on_hangup(node, config, tls.clone(), reporter));
+    }
+    // From now on the control plane hears which config the node serves, and sends changes.
+    if let (Some(channel), Some(desired)) = (bootstrapped, desired) {
+        let apply = NodeApply::new(
+            node.clone(),
+            channel.clone(),
+            reporter.clone(),
+            own_certificate,
+            tls.clone(),
+            &config,
+            &desired,
+        );
+        let data_dir = config.data_dir.clone();
+        tokio::spawn(channel::watch(
+            channel,
+            data_dir,
+            desired.version,
+            Arc::new(apply),
+        ));
     }
     // Harnesses read the real address from this line.
     say(&format!("listening on {}", addrs[0]));
@@ -113,13 +174,36 @@ async fn main() -> ExitCode {
     let _ = history.await;
     if let (Some(reporter), Some(reporting)) = (reporter, reporting) {
         reporting.abort();
-        match tokio::time::timeout(LAST_REPORT_WITHIN, reporter.push_all()).await {
+        match tokio::time::timeout(LAST_REPORT_WITHIN, reporter.push_last()).await {
             Ok(Ok(())) => tracing::info!("the last usage record was reported"),
             // It stays in the history; the next start reports it.
             _ => tracing::warn!("the last usage record could not be reported now"),
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Where a node started from a bootstrap keeps its data when `--data-dir` does not say.
+const DEFAULT_DATA_DIR: &str = "/var/lib/queue-expert";
+
+/// The config of a node started from a bootstrap: the control plane's (or the one kept from
+/// the last run, when it cannot be reached), with the flags laid over it.
+async fn from_control_plane(
+    channel: &Channel,
+    flags: Flags,
+) -> Result<(Config, DesiredConfig), ConfigError> {
+    let data_dir = flags.data_dir.clone().expect("set with the channel");
+    std::fs::create_dir_all(&data_dir).map_err(|source| ConfigError::Read {
+        path: data_dir.clone(),
+        source,
+    })?;
+    let desired = channel::first_config(channel, &data_dir).await;
+    let mut config = Config::merge(
+        channel::config_file(&desired, &data_dir, &channel.report_to()),
+        flags,
+    )?;
+    config.report_to = Some(channel.report_to());
+    Ok((config, desired))
 }
 
 /// Fetches the control plane's certificate into `DATA_DIR/tls/` before the node can listen,

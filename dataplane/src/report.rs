@@ -42,9 +42,12 @@ pub enum ReportError {
     Write(#[from] std::io::Error),
 }
 
+/// How long one report or certificate request may take.
+const REQUEST_WITHIN: Duration = Duration::from_secs(10);
+
 /// An HTTP client for the control plane: its own roots only, when the config names them.
-fn client(to: &ReportTo) -> reqwest::Client {
-    let builder = reqwest::Client::builder().timeout(Duration::from_secs(10));
+pub(crate) fn client(to: &ReportTo, timeout: Duration) -> reqwest::Client {
+    let builder = reqwest::Client::builder().timeout(timeout);
     let builder = match &to.ca_pem {
         // Checked when the config was read.
         Some(pem) => builder.tls_certs_only(
@@ -58,7 +61,7 @@ fn client(to: &ReportTo) -> reqwest::Client {
 /// Fetches the cluster certificate and writes it to `dir/cert.pem` and `dir/key.pem`, each to
 /// the side and then renamed, so a reload never reads half a file.
 pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(), ReportError> {
-    let client = client(to);
+    let client = client(to, REQUEST_WITHIN);
     let url = format!("{}/v1/nodes/{}/certificate", to.url, to.queue_id);
     let response = client.get(url).bearer_auth(&to.token).send().await?;
     if !response.status().is_success() {
@@ -80,7 +83,7 @@ pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(
 
 impl Reporter {
     pub fn new(node: Arc<Node>, to: ReportTo) -> Reporter {
-        let client = client(&to);
+        let client = client(&to, REQUEST_WITHIN);
         let target = Arc::new(RwLock::new(Target { to, client }));
         Reporter { node, target }
     }
@@ -96,7 +99,7 @@ impl Reporter {
         if target.to != to {
             tracing::info!(url = %to.url, "reporting to a new control plane address");
             *target = Target {
-                client: client(&to),
+                client: client(&to, REQUEST_WITHIN),
                 to,
             };
         }
@@ -122,6 +125,27 @@ impl Reporter {
                     wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
                 }
             }
+        }
+    }
+
+    /// The node is stopping: sends every unreported record, then says that was the last
+    /// (the control plane removes a deleted queue's data only after it).
+    pub async fn push_last(&self) -> Result<(), ReportError> {
+        self.push_all().await?;
+        let (to, client) = {
+            let target = self.target.read().expect("never poisoned");
+            (target.to.clone(), target.client.clone())
+        };
+        let url = format!("{}/v1/nodes/{}/reports", to.url, to.queue_id);
+        let response = client
+            .post(url)
+            .bearer_auth(&to.token)
+            .json(&json!({"final": true}))
+            .send()
+            .await?;
+        match response.status() {
+            status if status.is_success() => Ok(()),
+            status => Err(ReportError::Refused(status)),
         }
     }
 

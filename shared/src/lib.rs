@@ -4,10 +4,12 @@
 //! - [`settings`]: the queue's settings (names, defaults, ranges, read/write), one table for the
 //!   config loader, `getcfg` and `setcfg`.
 //! - [`password`]: passwords as they may rest (salted hashes), for both sides.
+//! - [`node_channel`]: what a node and its control plane say to each other.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
 
 pub mod calendar;
 pub mod code;
+pub mod node_channel;
 pub mod password;
 pub mod protocol;
 pub mod settings;

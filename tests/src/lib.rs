@@ -7,6 +7,9 @@
 //! - [`Client`] is a WebSocket client (tokio-tungstenite) that tells a close frame's code from
 //!   a connection that ended with none.
 //! - [`python`] finds the Python that has the `websockets` package, for the interop tests.
+//! - [`moto`] runs EC2's emulator and builds the network a region needs.
+
+pub mod moto;
 
 /// A throwaway CA with a name of its own (with rcgen's default name on both, OpenSSL takes a
 /// leaf whose subject equals its issuer for a self-signed certificate).
@@ -680,10 +683,40 @@ impl ControlPlane {
         self.dir.path().join("data/nodes").join(id)
     }
 
-    /// The config the control plane wrote for queue `id`'s node.
+    /// The bootstrap the control plane wrote for queue `id`'s node (control plane, queue
+    /// id, node token); the rest comes over the channel.
     pub fn node_config(&self, id: &str) -> toml::Table {
-        let text = std::fs::read_to_string(self.node_dir(id).join("node.toml")).unwrap();
+        let text = std::fs::read_to_string(self.node_bootstrap(id)).unwrap();
         text.parse().unwrap()
+    }
+
+    /// The bootstrap file of queue `id`'s node: its process names it.
+    pub fn node_bootstrap(&self, id: &str) -> PathBuf {
+        self.node_dir(id).join("bootstrap.toml")
+    }
+
+    /// Creates a queue with `body` (201, `provisioning` at once) and waits until it runs;
+    /// returns the queue with the logins shown at creation.
+    pub async fn create_queue(&self, body: &str) -> Value {
+        let (status, created) = self.call("POST", "/v1/queues", Some(body)).await;
+        assert_eq!(status, 201, "{created}");
+        assert_eq!(created["status"], "provisioning", "{created}");
+        let id = created["id"].as_str().unwrap();
+        let mut queue = self.wait_for_status(id, "running").await;
+        queue["logins"] = created["logins"].clone();
+        queue
+    }
+
+    /// Queue `id` once it has `status` (the API holds the request until then).
+    pub async fn wait_for_status(&self, id: &str, status: &str) -> Value {
+        let path = format!("/v1/queues/{id}?until={status}&within=60");
+        let (code, queue) = self.call("GET", &path, None).await;
+        assert_eq!(
+            (code, queue["status"].as_str()),
+            (200, Some(status)),
+            "{queue}"
+        );
+        queue
     }
 
     /// Its process id.
@@ -794,7 +827,7 @@ impl Drop for ControlPlane {
         let _ = self.child.wait();
         let nodes = std::fs::read_dir(self.dir.path().join("data/nodes"));
         for node in nodes.into_iter().flatten().flatten() {
-            if let Some(pid) = process_naming(&node.path().join("node.toml")) {
+            if let Some(pid) = process_naming(&node.path().join("bootstrap.toml")) {
                 signal(pid, libc::SIGKILL);
             }
         }
@@ -858,6 +891,9 @@ pub async fn answers_plain_http(addr: SocketAddr) -> bool {
     answer.starts_with(b"HTTP/")
 }
 
+/// The longest the API holds a request the tests make (`?until=…&within=60`).
+const HELD_REQUEST: Duration = Duration::from_secs(70);
+
 /// Sends one request on `stream` and reads the response to its end.
 async fn exchange(
     mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -878,8 +914,9 @@ async fn exchange(
     );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
-    // A TLS peer may close without close_notify; what arrived is the response.
-    let _ = tokio::time::timeout(PROMPT, stream.read_to_end(&mut response))
+    // A TLS peer may close without close_notify; what arrived is the response. The API may
+    // hold a request (a wait for a status, a rotation's confirmation) for up to a minute.
+    let _ = tokio::time::timeout(HELD_REQUEST, stream.read_to_end(&mut response))
         .await
         .unwrap();
     let response = String::from_utf8(response).unwrap();

@@ -7,6 +7,7 @@ use qe_tests::{
     PROMPT,
 };
 use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
 async fn login(url: &str, login: &Value, role: &str, extra: Value) -> Client {
@@ -23,11 +24,9 @@ async fn login(url: &str, login: &Value, role: &str, extra: Value) -> Client {
     client
 }
 
-/// Creates a queue with `body`; returns the API's reply (id, node, logins…).
+/// Creates a queue with `body` and waits until it runs; returns it (id, node, logins…).
 async fn create_queue(cp: &ControlPlane, body: &str) -> Value {
-    let (status, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
-    assert_eq!(status, 201, "{queue}");
-    queue
+    cp.create_queue(body).await
 }
 
 fn node_of(queue: &Value) -> &str {
@@ -38,15 +37,22 @@ fn node_of(queue: &Value) -> &str {
 async fn a_created_queue_runs_serves_its_logins_and_is_deleted() {
     let cp = ControlPlane::start();
     let body = r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#;
-    let (status, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
-    assert_eq!(status, 201, "{queue}");
-    let id = queue["id"].as_str().unwrap().to_string();
+    let (status, created) = cp.call("POST", "/v1/queues", Some(body)).await;
+    assert_eq!(status, 201, "{created}");
+    // The reply comes at once; the reconciler provisions the node.
+    assert_eq!(created["status"], "provisioning", "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let mut queue = cp.wait_for_status(&id, "running").await;
+    queue["logins"] = created["logins"].clone();
     assert_eq!(queue["host"], format!("{id}.q.test.thequeueexpert.com"));
     assert_eq!(
         queue["url"],
         format!("wss://{id}.q.test.thequeueexpert.com/")
     );
-    assert_eq!(queue["status"], "running");
+    assert_eq!(
+        queue["config"],
+        json!({"version": 1, "applied": 1, "pending": false})
+    );
     let node = queue["node"].as_str().unwrap().to_string();
     let logins = &queue["logins"];
     assert!(
@@ -192,6 +198,114 @@ async fn a_rotated_password_replaces_the_old_one_and_open_connections_go_on() {
 }
 
 #[tokio::test]
+async fn concurrent_rotations_of_all_three_roles_each_leave_exactly_the_new_password() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = create_queue(&cp, body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
+    let mut current = queue["logins"].clone();
+    let roles = ["publisher", "subscriber", "admin"];
+    for round in 0..12 {
+        let rotations = roles.map(|role| {
+            let path = format!("/v1/queues/{id}/logins/{role}/rotate");
+            let (addr, token) = (cp.addr, cp.token.clone());
+            tokio::spawn(async move { http(addr, "POST", &path, Some(&token), None).await })
+        });
+        for (role, rotation) in roles.iter().zip(rotations) {
+            let (status, new) = rotation.await.unwrap();
+            assert_eq!(
+                (status, &new["applied"]),
+                (200, &json!(true)),
+                "round {round}: {new}"
+            );
+            let old = std::mem::replace(&mut current[*role], new.clone());
+            // The reply came once the node served it: at once, the new one logs in and the
+            // old one is refused.
+            let mut refused = Client::connect_url(node).await;
+            let with_old = json!({"username": old["username"], "password": old["password"],
+                "role": role, "queuetype": "distribute", "capacity": 1});
+            assert_eq!(
+                refused.request(with_old).await["code"],
+                107,
+                "round {round} {role}"
+            );
+            let mut client = login(node, &new, role, json!({"capacity": 1})).await;
+            client.request(json!({"logout": true})).await;
+        }
+    }
+    let (_, shown) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(
+        shown["config"],
+        json!({"version": 37, "applied": 37, "pending": false})
+    );
+}
+
+#[tokio::test]
+async fn a_node_credential_is_rotated_over_the_channel_and_the_old_one_stops_working() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = create_queue(&cp, body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
+    let old = cp.node_config(id)["node_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let config = format!("/v1/nodes/{id}/config");
+    let (status, _) = http(cp.addr, "GET", &config, Some(&old), None).await;
+    assert_eq!(status, 200);
+
+    let path = format!("/v1/queues/{id}/node-credential/rotate");
+    let (status, rotated) = cp.call("POST", &path, None).await;
+    assert_eq!((status, rotated), (200, json!({"applied": true})));
+    // The node took the new one, kept it readable by itself alone, and used it: the old one
+    // is refused from now on.
+    let kept = cp.node_dir(id).join("data/node-token");
+    let mode = std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let new = std::fs::read_to_string(&kept).unwrap();
+    assert_ne!(new, old);
+    let (status, _) = http(cp.addr, "GET", &config, Some(&old), None).await;
+    assert_eq!(status, 401, "the old credential is retired");
+    let (status, _) = http(cp.addr, "GET", &config, Some(&new), None).await;
+    assert_eq!(status, 200);
+
+    // The node goes on over the channel with it: a rotated login is confirmed.
+    let login_path = format!("/v1/queues/{id}/logins/admin/rotate");
+    let (status, admin) = cp.call("POST", &login_path, None).await;
+    assert_eq!(status, 200, "{admin}");
+    login(node, &admin, "admin", json!({})).await;
+
+    // Deleted, its credential works no more.
+    let (status, _) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(status, 200);
+    let (status, _) = http(cp.addr, "GET", &config, Some(&new), None).await;
+    assert_eq!(status, 401, "a deleted queue's node credential");
+}
+
+#[tokio::test]
+async fn a_rotation_the_node_cannot_confirm_is_answered_202_and_shown_pending() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = create_queue(&cp, body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
+    // The node stops answering (and its supervisor cannot know: the process is there).
+    let pid = process_naming(&cp.node_bootstrap(id)).expect("the node runs");
+    signal(pid, libc::SIGSTOP);
+    let path = format!("/v1/queues/{id}/logins/admin/rotate");
+    let (status, new) = cp.call("POST", &path, None).await;
+    assert_eq!((status, &new["applied"]), (202, &json!(false)), "{new}");
+    let (_, shown) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(
+        shown["config"],
+        json!({"version": 2, "applied": 1, "pending": true})
+    );
+    // Back, it takes the change; the old password is refused, the new one works.
+    signal(pid, libc::SIGCONT);
+    wait_until_applied(&cp, id).await;
+    login(node, &new, "admin", json!({})).await;
+}
+
+#[tokio::test]
 async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
     let cp = ControlPlane::start();
     let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
@@ -204,7 +318,7 @@ async fn a_node_that_dies_is_started_again_at_its_address_with_its_messages() {
         .await;
     assert_eq!(reply["status"], "Success.", "{reply}");
 
-    let config = cp.node_dir(id).join("node.toml");
+    let config = cp.node_dir(id).join("bootstrap.toml");
     let pid = process_naming(&config).expect("the node runs");
     signal(pid, libc::SIGKILL);
     cp.wait_for_log("a node was restarted", 1);
@@ -237,7 +351,7 @@ async fn a_restarted_control_plane_adopts_the_running_nodes_and_starts_none_twic
         json!({"capacity": 1}),
     )
     .await;
-    let config = cp.node_dir(id).join("node.toml");
+    let config = cp.node_dir(id).join("bootstrap.toml");
     let pid = process_naming(&config).expect("the node runs");
 
     let cp = cp.restart();
@@ -276,7 +390,7 @@ async fn health_metrics_and_the_openapi_document() {
     assert_eq!((status, health), (200, json!({"status": "ok"})));
 
     let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
-    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let queue = create_queue(&cp, body).await;
     let id = queue["id"].as_str().unwrap();
     cp.call("GET", &format!("/v1/queues/{id}"), None).await;
     let (status, _) = http_text(cp.addr, "GET", "/metrics", None, None).await;
@@ -295,7 +409,8 @@ async fn health_metrics_and_the_openapi_document() {
     let created =
         r#"qe_api_request_duration_seconds_count{method="POST",route="/v1/queues",status="201"} 1"#;
     assert!(metrics.contains(created), "{metrics}");
-    let got = r#"qe_api_request_duration_seconds_count{method="GET",route="/v1/queues/{id}",status="200"} 1"#;
+    // Two: the wait for `running`, and the plain read.
+    let got = r#"qe_api_request_duration_seconds_count{method="GET",route="/v1/queues/{id}",status="200"} 2"#;
     assert!(metrics.contains(got), "by route, never by id: {metrics}");
 
     // The document is served without a token and describes every route the API has; each
@@ -307,10 +422,14 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/queues",
         "/v1/queues/{id}",
         "/v1/queues/{id}/logins/{role}/rotate",
+        "/v1/queues/{id}/node-credential/rotate",
         "/v1/usage",
         "/v1/stats",
         "/v1/bills",
         "/v1/nodes/{id}/reports",
+        "/v1/nodes/{id}/config",
+        "/v1/nodes/{id}/applied",
+        "/v1/nodes/{id}/dataplane",
         "/v1/nodes/{id}/certificate",
         "/v1/certificate/renew",
         "/metrics",
@@ -458,7 +577,7 @@ async fn a_deleted_queue_reports_its_last_usage_and_the_bill_counts_the_bytes_mo
 async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_once_each() {
     let mut cp = ControlPlane::start();
     let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
-    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let queue = create_queue(&cp, body).await;
     let (id, node) = (
         queue["id"].as_str().unwrap().to_string(),
         queue["node"].as_str().unwrap().to_string(),
@@ -470,7 +589,7 @@ async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_on
     // The control plane goes; the node stops meanwhile, making its last record, which it
     // cannot hand over. It stays in the node's history.
     cp.kill();
-    let config = cp.node_dir(&id).join("node.toml");
+    let config = cp.node_dir(&id).join("bootstrap.toml");
     let pid = process_naming(&config).expect("the node runs");
     signal(pid, libc::SIGTERM);
     let deadline = std::time::Instant::now() + PROMPT;
@@ -541,8 +660,8 @@ async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_d
     let create = |ipv4: bool| {
         format!(r#"{{"tier":"devtest","region":"local","instance_type":"local","ipv4":{ipv4}}}"#)
     };
-    let (_, with_ipv4) = cp.call("POST", "/v1/queues", Some(&create(true))).await;
-    let (_, v6_only) = cp.call("POST", "/v1/queues", Some(&create(false))).await;
+    let with_ipv4 = create_queue(&cp, &create(true)).await;
+    let v6_only = create_queue(&cp, &create(false)).await;
     let host = |queue: &serde_json::Value| queue["host"].as_str().unwrap().to_string();
     let answer = |status: &str, answers: &[&str]| Dig {
         status: status.into(),
@@ -594,9 +713,8 @@ async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_d
 }
 
 #[tokio::test]
-async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_renew_it() {
+async fn each_queue_gets_its_own_certificate_by_dns_01_from_its_nodes_csr_and_renews_it() {
     use rustls::client::danger::ServerCertVerifier;
-    use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -612,40 +730,66 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
         pebble.directory, pebble.listener_ca
     );
     let cp = ControlPlane::start_with(&config);
-    cp.wait_for_log("certificate issued", 1);
 
     let body = r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#;
-    let (_, queue) = cp.call("POST", "/v1/queues", Some(body)).await;
+    let queue = create_queue(&cp, body).await;
     let id = queue["id"].as_str().unwrap();
     let table = cp.node_config(id);
     let token = table["node_token"].as_str().unwrap();
+    // No certificate with a key is handed out: each node made its own key and sent a CSR.
     let path = format!("/v1/nodes/{id}/certificate");
     let (status, _) = http(cp.addr, "GET", &path, Some(&cp.token), None).await;
     assert_eq!(status, 401, "the operator's token is not a node's");
-    let (status, issued) = http(cp.addr, "GET", &path, Some(token), None).await;
-    assert_eq!(status, 200, "{issued}");
-    assert!(issued["key_pem"].as_str().unwrap().contains("PRIVATE KEY"));
+    let (status, none) = http(cp.addr, "GET", &path, Some(token), None).await;
+    assert_eq!(status, 404, "{none}");
+    let key = cp.node_dir(id).join("data/tls/own-key.pem");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode, 0o600,
+        "the key stays on the node, readable by it alone"
+    );
+    // A CSR for another queue's name is refused, with this node's credential.
+    let other_key = rcgen::KeyPair::generate().unwrap();
+    let other_csr = rcgen::CertificateParams::new(vec![format!("other.q.test.thequeueexpert.com")])
+        .unwrap()
+        .serialize_request(&other_key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let request = json!({"csr_pem": other_csr}).to_string();
+    let (status, refused) = http(cp.addr, "POST", &path, Some(token), Some(&request)).await;
+    assert_eq!(status, 400, "{refused}");
 
-    // The chain verifies against Pebble's issuing root for this queue's host name.
-    let chain: Vec<CertificateDer> =
-        CertificateDer::pem_slice_iter(issued["chain_pem"].as_str().unwrap().as_bytes())
-            .collect::<Result<_, _>>()
-            .unwrap();
+    // The served chain verifies against Pebble's issuing root for this queue's name only.
+    let host = queue["host"].as_str().unwrap().to_string();
+    let url = queue["node"].as_str().unwrap();
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let at = std::net::SocketAddr::new("::1".parse().unwrap(), port);
+    let leaf = CertificateDer::from(served_leaf(at, &host, &pebble_root).await);
     let roots = roots_from_pem(&pebble_root);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier =
         rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
             .build()
             .unwrap();
-    let host = queue["host"].as_str().unwrap().to_string();
-    let name = ServerName::try_from(host).unwrap();
+    let chain = served_chain(at, &host, &pebble_root).await;
+    let name = ServerName::try_from(host.clone()).unwrap();
     verifier
-        .verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
+        .verify_server_cert(&leaf, &chain[1..], &name, &[], UnixTime::now())
         .expect("a chain for the queue's name");
-    let other = ServerName::try_from("other.example.com").unwrap();
-    assert!(verifier
-        .verify_server_cert(&chain[0], &chain[1..], &other, &[], UnixTime::now())
-        .is_err());
+    let other = ServerName::try_from("other.q.test.thequeueexpert.com").unwrap();
+    assert!(
+        verifier
+            .verify_server_cert(&leaf, &chain[1..], &other, &[], UnixTime::now())
+            .is_err(),
+        "not a wildcard: no other queue's name"
+    );
 
     // The node serves wss:// by name with it: resolve the name through our DNS, connect to
     // what it says, verify against Pebble's root, publish and subscribe.
@@ -690,7 +834,7 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
     let before = served_leaf(at, host, &pebble_root).await;
     let (status, _) = cp.call("POST", "/v1/certificate/renew", None).await;
     assert_eq!(status, 202);
-    cp.wait_for_log("the nodes serve the new certificate", 2);
+    wait_until_applied(&cp, id).await;
     let after = served_leaf(at, host, &pebble_root).await;
     assert_ne!(before, after, "a new certificate");
     let reply = publisher
@@ -702,17 +846,44 @@ async fn the_cluster_certificate_comes_by_dns_01_and_nodes_serve_it_by_name_and_
 
 /// The leaf certificate a TLS server at `at` presents for `host`, verified against `root`.
 async fn served_leaf(at: std::net::SocketAddr, host: &str, root: &str) -> Vec<u8> {
+    served_chain(at, host, root).await[0].to_vec()
+}
+
+/// The chain a TLS server at `at` presents for `host`, verified against `root`.
+async fn served_chain(
+    at: std::net::SocketAddr,
+    host: &str,
+    root: &str,
+) -> Vec<rustls::pki_types::CertificateDer<'static>> {
     let connector = tokio_rustls::TlsConnector::from(qe_tls::client_config(roots_from_pem(root)));
     let tcp = tokio::net::TcpStream::connect(at).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
     let tls = connector.connect(name, tcp).await.unwrap();
-    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+    let chain = tls.get_ref().1.peer_certificates().unwrap();
+    chain.iter().map(|der| der.clone().into_owned()).collect()
+}
+
+/// Waits until queue `id`'s node serves its desired config (a change confirmed over the
+/// channel); the API shows it, so this asks it again while a change is pending.
+async fn wait_until_applied(cp: &ControlPlane, id: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+        if queue["config"]["pending"] == false {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never applied: {queue}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]
-async fn a_tls_node_started_while_its_control_plane_is_down_serves_the_certificate_it_kept() {
+async fn a_tls_node_started_while_its_control_plane_is_down_serves_the_config_and_certificate_it_kept(
+) {
     let mut cp = ControlPlane::start_with("local_ca = true\n");
-    cp.wait_for_log("certificate issued", 1);
     let queue = create_queue(
         &cp,
         r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#,
@@ -722,20 +893,27 @@ async fn a_tls_node_started_while_its_control_plane_is_down_serves_the_certifica
     let root = std::fs::read_to_string(cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
     cp.kill();
 
-    // The same node, on a data directory that kept the certificate from an earlier run.
+    // The same node, on a data directory that kept its config and certificate from an
+    // earlier run.
     let kept = tempfile::tempdir().unwrap();
     std::fs::create_dir(kept.path().join("tls")).unwrap();
-    for file in ["cert.pem", "key.pem"] {
-        let from = node_dir.join("data/tls").join(file);
-        std::fs::copy(from, kept.path().join("tls").join(file)).unwrap();
+    for file in ["tls/own-cert.pem", "tls/own-key.pem", "desired-config.json"] {
+        std::fs::copy(node_dir.join("data").join(file), kept.path().join(file)).unwrap();
     }
-    let config = node_dir.join("node.toml").display().to_string();
-    let cert = kept.path().join("tls/cert.pem").display().to_string();
-    let key = kept.path().join("tls/key.pem").display().to_string();
-    // The harness's logins and a free port; the config's control plane, queue and token.
-    let flags = ["--config", &config, "--tls-cert", &cert, "--tls-key", &key];
+    let bootstrap = node_dir.join("bootstrap.toml").display().to_string();
+    let cert = kept.path().join("tls/own-cert.pem").display().to_string();
+    let key = kept.path().join("tls/own-key.pem").display().to_string();
+    // The harness's logins and a free port; the bootstrap's control plane, queue and token.
+    let flags = [
+        "--bootstrap",
+        &bootstrap,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ];
     let node = qe_tests::Node::start_in(kept, &flags);
-    node.wait_for_log("serving the certificate kept from before");
+    node.wait_for_log("starting with the config kept from before");
     let host = queue["host"].as_str().unwrap();
     let url = format!("wss://{host}:{}/", node.addr.port());
     let mut publisher = Client::connect_tls_at(&url, node.addr, roots_from_pem(&root)).await;
@@ -839,6 +1017,14 @@ async fn over_https_the_api_serves_operators_and_nodes_and_plain_http_gets_nothi
     let (status, queue) = https(cp.addr, roots(), "POST", "/v1/queues", token, Some(body)).await;
     assert_eq!(status, 201, "{queue}");
     let id = queue["id"].as_str().unwrap();
+    // Running: the node pulled its config over HTTPS, trusting the configured root.
+    let until = format!("/v1/queues/{id}?until=running&within=60");
+    let (status, running) = https(cp.addr, roots(), "GET", &until, token, None).await;
+    assert_eq!(
+        (status, running["status"].as_str()),
+        (200, Some("running")),
+        "{running}"
+    );
     let table = cp.node_config(id);
     assert_eq!(
         table["control_plane"].as_str(),
@@ -884,27 +1070,36 @@ async fn over_https_the_api_serves_operators_and_nodes_and_plain_http_gets_nothi
 }
 
 #[tokio::test]
-async fn a_control_plane_back_at_another_address_moves_its_adopted_nodes_reports_there() {
+async fn a_control_plane_back_at_another_address_restarts_its_nodes_to_report_there() {
     let cp = ControlPlane::start();
     let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
     let queue = create_queue(&cp, body).await;
     let id = queue["id"].as_str().unwrap().to_string();
-    let config = cp.node_dir(&id).join("node.toml");
+    let config = cp.node_dir(&id).join("bootstrap.toml");
     let pid = process_naming(&config).expect("the node runs");
     let old = cp.addr;
     let cp = cp.restart_elsewhere();
     assert_ne!(cp.addr, old);
+    // A node reads its bootstrap once: it is started again from the new one.
+    cp.wait_for_log("restarting a node for the control plane's new address", 1);
+    cp.wait_for_log("started a node", 1);
+    let restarted = process_naming(&config).expect("the node runs");
+    assert_ne!(restarted, pid, "started again for the new address");
+    let bootstrap = cp.node_config(&id);
     assert_eq!(
-        process_naming(&config),
-        Some(pid),
-        "adopted, not started again"
+        bootstrap["control_plane"].as_str(),
+        Some(format!("http://{}", cp.addr).as_str())
     );
 
-    // Deleting the queue stops the node, whose last usage record must reach this address.
+    // Deleting the queue stops the node. Its records reach this address: the one made when
+    // it stopped for the restart (the old address was gone; it kept it and reported it from
+    // its next run) and the last one (one record if both fall in the same second).
     let (status, _) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
     assert_eq!(status, 200);
     let today = today();
     let path = format!("/v1/usage?from={today}&to={today}&queue={id}");
     let (_, usage) = cp.call("GET", &path, None).await;
-    assert_eq!(usage["usage"].as_array().unwrap().len(), 1, "{usage}");
+    assert!(!usage["usage"].as_array().unwrap().is_empty(), "{usage}");
+    let log = std::fs::read_to_string(cp.node_dir(&id).join("node.log")).unwrap();
+    assert!(log.contains("the last usage record was reported"), "{log}");
 }

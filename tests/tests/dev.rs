@@ -157,7 +157,7 @@ impl Dev {
         assert_eq!(process_naming(&self.dir.join("pebble/pebble.json")), None);
         for node in std::fs::read_dir(self.dir.join("nodes")).unwrap() {
             let node = node.unwrap().path();
-            let config = node.join("node.toml");
+            let config = node.join("bootstrap.toml");
             assert_eq!(process_naming(&config), None, "{}", config.display());
             // The nodes stopped before the API: their last usage records reached it.
             let log = std::fs::read_to_string(node.join("node.log")).unwrap();
@@ -185,7 +185,7 @@ impl Drop for Dev {
             .flatten()
             .flatten()
         {
-            if let Some(pid) = process_naming(&node.path().join("node.toml")) {
+            if let Some(pid) = process_naming(&node.path().join("bootstrap.toml")) {
                 signal(pid, libc::SIGKILL);
             }
         }

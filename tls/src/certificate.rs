@@ -54,6 +54,26 @@ impl Certificate {
         Ok(())
     }
 
+    /// Serves `chain_pem` with `key_pem` from now on, if they are a pair; the files are the
+    /// caller's to write (a node's own certificate, renewed in memory first).
+    pub fn replace(&self, chain_pem: &str, key_pem: &str) -> Result<(), TlsError> {
+        let fault = |reason: String| TlsError::File {
+            path: self.cert_path.clone(),
+            reason,
+        };
+        let chain: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .map_err(|e| fault(e.to_string()))?;
+        if chain.is_empty() {
+            return Err(fault("no certificate in it".into()));
+        }
+        let key =
+            PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| fault(e.to_string()))?;
+        *self.current.write().expect("never poisoned") = matched_pair(chain, key)?;
+        Ok(())
+    }
+
     fn changed(&self) -> bool {
         modified(&self.cert_path, &self.key_path) != *self.read_at.read().expect("never poisoned")
     }
@@ -109,8 +129,19 @@ fn read(cert_path: &Path, key_path: &Path) -> Result<Arc<CertifiedKey>, TlsError
         return Err(fault(cert_path, "no certificate in it".into()));
     }
     let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| fault(key_path, e.to_string()))?;
+    matched_pair(chain, key).map_err(|e| fault(key_path, e.to_string()))
+}
+
+/// A chain and its key, only if the key is the leaf's: a new key never meets an old
+/// certificate, even when the files are read between two renames.
+fn matched_pair(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<CertifiedKey>, TlsError> {
     let signing = rustls::crypto::ring::sign::any_supported_type(&key)?;
-    Ok(Arc::new(CertifiedKey::new(chain, signing)))
+    let pair = CertifiedKey::new(chain, signing);
+    pair.keys_match()?;
+    Ok(Arc::new(pair))
 }
 
 fn modified(cert_path: &Path, key_path: &Path) -> (Option<SystemTime>, Option<SystemTime>) {

@@ -20,6 +20,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     Internal(String),
+    /// Something the request needs is not to be had now (a CA that does not answer).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ApiError {
@@ -32,6 +35,7 @@ impl ApiError {
             }
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         }
     }
 }

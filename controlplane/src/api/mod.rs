@@ -4,6 +4,7 @@
 
 mod error;
 mod metrics;
+pub mod nodes;
 pub mod queues;
 pub mod tls;
 mod usage;
@@ -34,11 +35,12 @@ pub struct AppState {
     pub node_tokens: Arc<crate::nodes::NodeTokens>,
     /// The queues' names, as the DNS server answers them.
     pub zone: Arc<crate::dns::Zone>,
-    /// The CA certificates come from now ([`crate::certificates::Issuer::name`]): nodes get
-    /// only a certificate it issued.
-    pub certificate_issuer: Option<String>,
-    /// Asks for a new cluster certificate now (`POST /v1/certificate/renew`).
+    /// How nodes get their certificates.
+    pub node_certificates: crate::certificates::NodeCertificates,
+    /// Asks for a new cluster wildcard now (`POST /v1/certificate/renew`, wildcard mode).
     pub renew_certificate: Arc<tokio::sync::Notify>,
+    /// Wakes the reconciler: a queue was created or deleted.
+    pub reconcile: Arc<tokio::sync::Notify>,
 }
 
 /// The API's description, kept beside the code and checked against the router by tests.
@@ -49,22 +51,26 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/queues", post(queues::create).get(queues::list))
         .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
         .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
+        .route(
+            "/v1/queues/{id}/node-credential/rotate",
+            post(queues::rotate_node_credential),
+        )
         .route("/v1/usage", get(usage::usage))
         .route("/v1/stats", get(usage::stats))
         .route("/v1/bills", get(usage::bills))
-        .route(
-            "/v1/certificate/renew",
-            post(|State(state): State<Arc<AppState>>| async move {
-                state.renew_certificate.notify_one();
-                (StatusCode::ACCEPTED, Json(json!({"status": "renewing"})))
-            }),
-        )
+        .route("/v1/certificate/renew", post(renew_certificates))
         .route("/metrics", get(metrics::render))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     // Nodes report with their own tokens (checked in the handler); two routes need none.
     let open = Router::new()
         .route("/v1/nodes/{id}/reports", post(usage::receive))
-        .route("/v1/nodes/{id}/certificate", get(usage::certificate))
+        .route("/v1/nodes/{id}/config", get(nodes::config))
+        .route("/v1/nodes/{id}/applied", post(nodes::applied))
+        .route("/v1/nodes/{id}/dataplane", get(nodes::dataplane))
+        .route(
+            "/v1/nodes/{id}/certificate",
+            get(nodes::cluster_certificate).post(nodes::certificate_for_csr),
+        )
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
             "/openapi.json",
@@ -78,6 +84,20 @@ pub fn router(state: Arc<AppState>) -> Router {
             metrics::record,
         ))
         .with_state(state)
+}
+
+/// `POST /v1/certificate/renew`: every node gets a new certificate now: of its own (each
+/// node sends a new CSR), or, in wildcard mode, the new wildcard once it is issued.
+async fn renew_certificates(
+    State(state): State<Arc<AppState>>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    match state.node_certificates {
+        crate::certificates::NodeCertificates::Wildcard { .. } => {
+            state.renew_certificate.notify_one()
+        }
+        _ => crate::queues::renew_certificates(&state.store)?,
+    }
+    Ok((StatusCode::ACCEPTED, Json(json!({"status": "renewing"}))))
 }
 
 /// The token a request presents (`Authorization: Bearer TOKEN`), or "".

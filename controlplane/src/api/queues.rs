@@ -1,16 +1,26 @@
-//! `/v1/queues`: create, list, get, delete.
+//! `/v1/queues`: create, list, get, rotate a login, delete. Handlers record what the operator
+//! wants and read state; the reconciler (`reconciler.rs`) makes it so, and nodes confirm
+//! over the channel (`nodes.rs`).
 
 use super::{ApiError, AppState};
-use crate::fleet::Provider;
 use crate::queues::{self, IssuedLogins, NewQueue, Queue, Status};
-use crate::store::{Store, StoreError};
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use crate::store::StoreError;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use qe_shared::protocol::Role;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a rotation waits for the node to confirm it serves the new password.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(10);
+/// How long a delete waits for the node to be gone (its last usage record reported).
+const DELETE_WITHIN: Duration = Duration::from_secs(20);
+/// The longest `?until=` wait a request may ask for.
+const WAIT_AT_MOST: Duration = Duration::from_secs(120);
 
 /// A queue as the API shows it (never a password).
 fn view(state: &AppState, queue: &Queue) -> Value {
@@ -26,66 +36,39 @@ fn view(state: &AppState, queue: &Queue) -> Value {
         "ipv4": queue.ipv4,
         "node": queue.node,
         "addresses": queue.addresses,
+        "resources": queue.resources,
+        "config": {
+            "version": queue.config_version,
+            "applied": queue.applied_version,
+            "pending": queue.change_pending(),
+        },
     })
 }
 
-/// Creates a queue and starts its node; the logins are shown here, once.
+/// Records a new queue, to be provisioned; returns at once (`provisioning`), with the
+/// logins, shown here once.
 pub async fn create(
     State(state): State<Arc<AppState>>,
     body: Result<Json<NewQueue>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Json(new) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
-    let (queue, logins) = provision(&state, new).await?;
+    let (queue, logins) = provision(&state, new)?;
     let mut shown = view(&state, &queue);
     shown["logins"] = serde_json::to_value(&logins).expect("strings serialize");
     Ok((StatusCode::CREATED, Json(shown)))
 }
 
-/// Records a new queue and starts its node (also used by `controlplane dev`).
-pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
-    let (mut queue, logins) = queues::create(new);
+/// Records a new queue and wakes the reconciler (also used by `controlplane dev`).
+pub fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
+    let (queue, logins) = queues::create(new);
     state.store.put(&queue)?;
-    match state.fleet.start(&queue).await {
-        Ok(placement) => {
-            queue.status = Status::Running;
-            queue.node = Some(placement.node);
-            queue.addresses = Some(placement.addresses);
-        }
-        Err(error) => {
-            tracing::error!(queue = %queue.id, %error, "a node did not start");
-            queue.status = Status::Failed;
-        }
-    }
-    state.store.put(&queue)?;
-    // The name resolves from now on, to where the provider placed the node.
-    refresh_zone(state)?;
+    state.reconcile.notify_one();
     Ok((queue, logins))
 }
 
 /// Rebuilds the DNS zone from the queues' records.
 pub fn refresh_zone(state: &AppState) -> Result<(), StoreError> {
     state.zone.update(&state.store.list()?);
-    Ok(())
-}
-
-/// At start-up: takes on the node of every queue that was running (adopted, or started again).
-pub async fn resume_all(store: &Store, fleet: &dyn Provider) -> Result<(), StoreError> {
-    for mut queue in store.list()? {
-        if queue.status != Status::Running {
-            continue;
-        }
-        match fleet.resume(&queue).await {
-            Ok(placement) => {
-                queue.node = Some(placement.node);
-                queue.addresses = Some(placement.addresses);
-            }
-            Err(error) => {
-                tracing::error!(queue = %queue.id, %error, "a node could not be resumed");
-                queue.status = Status::Failed;
-            }
-        }
-        store.put(&queue)?;
-    }
     Ok(())
 }
 
@@ -99,56 +82,135 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, Api
     Ok(Json(json!({ "queues": queues })))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Until {
+    /// Answer once the queue has this status ...
+    until: Option<Status>,
+    /// ... or after this many seconds (default 30, at most 120).
+    within: Option<u64>,
+}
+
+/// `GET /v1/queues/{id}[?until=STATUS[&within=SECS]]`: the queue; with `until`, once it has
+/// that status (or the time is up: the reply shows where it is).
 pub async fn get(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
+    query: Result<Query<Until>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let queue = state.store.get(&id)?.ok_or(ApiError::NotFound(id))?;
+    let Query(until) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let queue = match until.until {
+        None => state.store.get(&id)?,
+        Some(status) => {
+            let within = Duration::from_secs(until.within.unwrap_or(30)).min(WAIT_AT_MOST);
+            state
+                .store
+                .wait_for(&id, within, |queue| queue.status == status)
+                .await?
+        }
+    };
+    let queue = queue.ok_or(ApiError::NotFound(id))?;
     Ok(Json(view(&state, &queue)))
 }
 
-/// A new password for one of the queue's logins; the running node takes it without a restart,
-/// and open connections go on.
+/// A new password for one of the queue's logins. The reply comes once the node serves it
+/// (open connections go on); if it does not say so within [`CONFIRM_WITHIN`], the reply is
+/// `202` with `"applied":false`, and the queue shows the change pending.
 pub async fn rotate(
     State(state): State<Arc<AppState>>,
     Path((id, role)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     let role =
         Role::parse(&role).ok_or_else(|| ApiError::NotFound(format!("{id} login {role}")))?;
-    let mut queue = state
+    let rotated = state.store.update(&id, |queue| {
+        if !matches!(queue.status, Status::Provisioning | Status::Running) {
+            return Err(ApiError::Conflict(format!(
+                "queue {id} is {:?}",
+                queue.status
+            )));
+        }
+        Ok(queues::rotate(queue, role))
+    })?;
+    let (queue, credentials) = rotated.ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    let version = queue.config_version;
+    let served =
+        |queue: &Queue| queue.applied_version >= version || queue.status == Status::Deleted;
+    let confirmed = state
         .store
-        .get(&id)?
-        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
-    if queue.status != Status::Running {
-        return Err(ApiError::Conflict(format!("queue {id} is not running")));
-    }
-    let credentials = queues::rotate(&mut queue, role);
-    state.store.put(&queue)?;
-    state
-        .fleet
-        .reload_logins(&queue)
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok(Json(
-        serde_json::to_value(credentials).expect("strings serialize"),
-    ))
+        .wait_for(&id, CONFIRM_WITHIN, served)
+        .await?
+        .is_some_and(|queue| queue.applied_version >= version);
+    let mut reply = serde_json::to_value(credentials).expect("strings serialize");
+    reply["applied"] = json!(confirmed);
+    let status = match confirmed {
+        true => StatusCode::OK,
+        false => StatusCode::ACCEPTED,
+    };
+    Ok((status, Json(reply)))
 }
 
-/// Stops the queue's node; the record stays (its usage is billed from it).
+/// A new credential for the queue's node: sent to it over the channel (authenticated with
+/// the old one), which it keeps; its first use retires the old one. `200` with
+/// `"applied":true` once that happened, else `202` after [`CONFIRM_WITHIN`] (the old one
+/// still works until the node takes the new one).
+pub async fn rotate_node_credential(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let rotated = state.store.update(&id, |queue| {
+        if !matches!(queue.status, Status::Provisioning | Status::Running) {
+            return Err(ApiError::Conflict(format!(
+                "queue {id} is {:?}",
+                queue.status
+            )));
+        }
+        let next = queue
+            .next_node_credential
+            .unwrap_or(queue.node_credential + 1);
+        queue.next_node_credential = Some(next);
+        queue.config_version += 1;
+        Ok(next)
+    })?;
+    let (_, next) = rotated.ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    let taken = |queue: &Queue| queue.node_credential >= next || queue.status == Status::Deleted;
+    let confirmed = state
+        .store
+        .wait_for(&id, CONFIRM_WITHIN, taken)
+        .await?
+        .is_some_and(|queue| queue.node_credential >= next);
+    let status = match confirmed {
+        true => StatusCode::OK,
+        false => StatusCode::ACCEPTED,
+    };
+    Ok((status, Json(json!({ "applied": confirmed }))))
+}
+
+/// Marks the queue to be deleted; the reconciler removes its node, which reports its last
+/// usage record. The reply comes once it is `deleted`, or after [`DELETE_WITHIN`] with
+/// `202` and `deleting`. The record stays (its usage is billed from it).
 pub async fn delete(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let mut queue = state
-        .store
-        .get(&id)?
-        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
-    queue.status = Status::Deleting;
-    state.store.put(&queue)?;
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let marked = state.store.update(&id, |queue| {
+        if queue.status != Status::Deleted {
+            queue.status = Status::Deleting;
+        }
+        Ok::<_, ApiError>(())
+    })?;
+    marked.ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    // The name stops resolving now.
     refresh_zone(&state)?;
-    state.fleet.stop(&queue.id).await;
-    queue.status = Status::Deleted;
-    queue.node = None;
-    state.store.put(&queue)?;
-    Ok(Json(view(&state, &queue)))
+    state.reconcile.notify_one();
+    let deleted = |queue: &Queue| queue.status == Status::Deleted;
+    let queue = state
+        .store
+        .wait_for(&id, DELETE_WITHIN, deleted)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    let status = match queue.status {
+        Status::Deleted => StatusCode::OK,
+        _ => StatusCode::ACCEPTED,
+    };
+    Ok((status, Json(view(&state, &queue))))
 }

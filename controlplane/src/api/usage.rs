@@ -26,30 +26,9 @@ pub struct NodeReport {
     usage: Vec<String>,
     #[serde(default)]
     stats: Vec<String>,
-}
-
-/// Lets only queue `id`'s node through.
-fn check_node(state: &AppState, id: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-    match state.node_tokens.check(id, super::bearer(headers)) {
-        true => Ok(()),
-        false => Err(ApiError::Unauthorized),
-    }
-}
-
-/// The cluster's certificate and key, for a node to serve TLS with (404 until one is issued).
-pub async fn certificate(
-    State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    check_node(&state, &id, &headers)?;
-    match state.store.certificate()? {
-        // One from another CA (before a change of CA) is not handed out: it is being replaced.
-        Some(issued) if Some(&issued.issuer) == state.certificate_issuer.as_ref() => Ok(Json(
-            json!({"chain_pem": issued.chain_pem, "key_pem": issued.key_pem}),
-        )),
-        _ => Err(ApiError::NoCertificate),
-    }
+    /// The node is stopping and this is its last report.
+    #[serde(default, rename = "final")]
+    last: bool,
 }
 
 pub async fn receive(
@@ -58,11 +37,8 @@ pub async fn receive(
     headers: HeaderMap,
     body: Result<Json<NodeReport>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    check_node(&state, &id, &headers)?;
+    super::nodes::check_node(&state, &id, &headers).await?;
     let Json(report) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
-    if state.store.get(&id)?.is_none() {
-        return Err(ApiError::NotFound(id));
-    }
     let bad = |line: &str| ApiError::BadRequest(format!("not a record: {line:?}"));
     let usage = report
         .usage
@@ -86,6 +62,12 @@ pub async fn receive(
         .collect::<Result<Vec<_>, ApiError>>()?;
     state.store.put_reports(&id, Report::Usage, &usage)?;
     state.store.put_reports(&id, Report::Stats, &stats)?;
+    if report.last {
+        state.store.update(&id, |queue| {
+            queue.last_report = Some(crate::unix_now());
+            Ok::<_, crate::store::StoreError>(())
+        })?;
+    }
     state.metrics.node_reports.fetch_add(1, Ordering::Relaxed);
     tracing::info!(queue = %id, usage = usage.len(), stats = stats.len(), "a node report was kept");
     Ok(Json(json!({"usage": usage.len(), "stats": stats.len()})))

@@ -52,14 +52,61 @@ async fn account(config: &AcmeConfig, store: &Store) -> Result<Account, Certific
     Ok(account)
 }
 
-/// One order for the wildcard, answered with TXT records in our zone.
-pub(super) async fn order(
+/// The cluster's wildcard: an order for it, the key made here.
+pub(super) async fn order_wildcard(
     config: &AcmeConfig,
     zone: &Zone,
     store: &Store,
 ) -> Result<Issued, CertificateError> {
+    let (mut order, _published) = ready_order(config, zone, store, &zone.wildcard()).await?;
+    let key_pem = order.finalize().await?;
+    let chain_pem = order.poll_certificate(&RetryPolicy::default()).await?;
+    Ok(Issued {
+        chain_pem,
+        key_pem,
+        issued_at: now(),
+        issuer: name(config),
+    })
+}
+
+/// A queue's own certificate: an order for `host`, finalized with its node's CSR.
+pub(super) async fn order_for_csr(
+    config: &AcmeConfig,
+    zone: &Zone,
+    store: &Store,
+    host: &str,
+    csr_pem: &str,
+) -> Result<String, CertificateError> {
+    use rustls::pki_types::pem::PemObject;
+    let csr = rustls::pki_types::CertificateSigningRequestDer::from_pem_slice(csr_pem.as_bytes())
+        .map_err(|e| CertificateError::Request(format!("not a CSR: {e}")))?;
+    let (mut order, _published) = ready_order(config, zone, store, host).await?;
+    order.finalize_csr(csr.as_ref()).await?;
+    Ok(order.poll_certificate(&RetryPolicy::default()).await?)
+}
+
+/// DNS-01 values in our zone for as long as this lives.
+struct Published<'z> {
+    zone: &'z Zone,
+    values: Vec<(String, String)>,
+}
+
+impl Drop for Published<'_> {
+    fn drop(&mut self) {
+        self.zone.remove_challenges(&self.values);
+    }
+}
+
+/// An order for `identifier` whose DNS-01 challenges are answered with TXT records in our
+/// zone and validated: ready to finalize. The records stay until the returned guard drops.
+async fn ready_order<'z>(
+    config: &AcmeConfig,
+    zone: &'z Zone,
+    store: &Store,
+    identifier: &str,
+) -> Result<(instant_acme::Order, Published<'z>), CertificateError> {
     let account = account(config, store).await?;
-    let identifiers = [Identifier::Dns(zone.wildcard())];
+    let identifiers = [Identifier::Dns(identifier.to_string())];
     let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
     // First every value is published, then each challenge is declared ready: the CA may look
     // the moment it hears.
@@ -75,37 +122,29 @@ pub(super) async fn order(
             let challenge = authorization
                 .challenge(ChallengeType::Dns01)
                 .ok_or_else(|| CertificateError::Order("without a dns-01 challenge".into()))?;
-            values.push(challenge.key_authorization().dns_value());
+            values.push((
+                identifier.to_string(),
+                challenge.key_authorization().dns_value(),
+            ));
             ready.push(challenge.url.clone());
         }
     }
-    zone.set_challenges(values);
-    let result = async {
-        {
-            let mut authorizations = order.authorizations();
-            while let Some(authorization) = authorizations.next().await {
-                let mut authorization = authorization?;
-                if let Some(mut challenge) = authorization.challenge(ChallengeType::Dns01) {
-                    if ready.contains(&challenge.url) {
-                        challenge.set_ready().await?;
-                    }
+    zone.add_challenges(&values);
+    let published = Published { zone, values };
+    {
+        let mut authorizations = order.authorizations();
+        while let Some(authorization) = authorizations.next().await {
+            let mut authorization = authorization?;
+            if let Some(mut challenge) = authorization.challenge(ChallengeType::Dns01) {
+                if ready.contains(&challenge.url) {
+                    challenge.set_ready().await?;
                 }
             }
         }
-        let status = order.poll_ready(&RetryPolicy::default()).await?;
-        if status != OrderStatus::Ready {
-            return Err(CertificateError::Order(format!("{status:?}")));
-        }
-        let key_pem = order.finalize().await?;
-        let chain_pem = order.poll_certificate(&RetryPolicy::default()).await?;
-        Ok(Issued {
-            chain_pem,
-            key_pem,
-            issued_at: now(),
-            issuer: name(config),
-        })
     }
-    .await;
-    zone.set_challenges(Vec::new());
-    result
+    let status = order.poll_ready(&RetryPolicy::default()).await?;
+    if status != OrderStatus::Ready {
+        return Err(CertificateError::Order(format!("{status:?}")));
+    }
+    Ok((order, published))
 }

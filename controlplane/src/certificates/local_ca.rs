@@ -59,16 +59,10 @@ impl LocalCa {
     /// [`VALID_DAYS`].
     pub fn issue(&self, name: &str) -> Result<Issued, CertificateError> {
         let fail = |e: rcgen::Error| CertificateError::LocalCa(e.to_string());
-        let mut params = CertificateParams::new(vec![name.to_string()]).map_err(fail)?;
-        let today = now() / 86_400;
-        let midnight = |days: u64| {
-            let (year, month, day) = qe_shared::calendar::civil_from_days(days);
-            rcgen::date_time_ymd(year as i32, month as u8, day as u8)
-        };
-        params.not_before = midnight(today - 1);
-        params.not_after = midnight(today + VALID_DAYS - 1);
         let key = KeyPair::generate().map_err(fail)?;
-        let leaf = params.signed_by(&key, &self.issuer).map_err(fail)?;
+        let leaf = leaf_params(name)?
+            .signed_by(&key, &self.issuer)
+            .map_err(fail)?;
         Ok(Issued {
             chain_pem: leaf.pem(),
             key_pem: key.serialize_pem(),
@@ -76,6 +70,36 @@ impl LocalCa {
             issuer: self.name.clone(),
         })
     }
+}
+
+impl LocalCa {
+    /// A certificate for `name` with the key of `csr` (a node's; the key stays there): only
+    /// the CSR's public key is used, the name and validity are ours.
+    pub fn sign(
+        &self,
+        name: &str,
+        mut csr: rcgen::CertificateSigningRequestParams,
+    ) -> Result<String, CertificateError> {
+        csr.params = leaf_params(name)?;
+        let leaf = csr
+            .signed_by(&self.issuer)
+            .map_err(|e| CertificateError::LocalCa(e.to_string()))?;
+        Ok(leaf.pem())
+    }
+}
+
+/// A leaf for `name`, valid from yesterday's midnight for [`VALID_DAYS`].
+fn leaf_params(name: &str) -> Result<CertificateParams, CertificateError> {
+    let mut params = CertificateParams::new(vec![name.to_string()])
+        .map_err(|e| CertificateError::LocalCa(e.to_string()))?;
+    let today = now() / 86_400;
+    let midnight = |days: u64| {
+        let (year, month, day) = qe_shared::calendar::civil_from_days(days);
+        rcgen::date_time_ymd(year as i32, month as u8, day as u8)
+    };
+    params.not_before = midnight(today - 1);
+    params.not_after = midnight(today + VALID_DAYS - 1);
+    Ok(params)
 }
 
 /// What the root says of itself.
@@ -98,7 +122,7 @@ mod tests {
         let ca = LocalCa::open(dir.path()).unwrap();
         let root = std::fs::read_to_string(&ca.root_pem).unwrap();
         let issued = ca.issue("*.q.dev.example.test").unwrap();
-        let (from, to) = super::super::validity::validity_of_pem(&issued.chain_pem).unwrap();
+        let (from, to) = qe_tls::validity::validity_of_pem(&issued.chain_pem).unwrap();
         assert_eq!((to - from) / 86_400, VALID_DAYS);
         assert!(from <= now() && now() < to);
         assert_eq!(verify(&root, &issued, "q1.q.dev.example.test"), Ok(()));

@@ -1,17 +1,21 @@
-//! The cluster's wildcard certificate, `*.q.CLUSTER.DOMAIN`, and keeping it valid.
-//!
-//! One certificate per cluster rather than per queue, so a public CA's rate limits never
-//! block a new queue. It comes from an [`Issuer`]: a CA reached by ACME DNS-01
+//! The nodes' certificates. They come from an [`Issuer`]: a CA reached by ACME DNS-01
 //! ([`acme`], answered from our own DNS), or, for local use without one, a CA the control
-//! plane makes itself ([`local_ca`]). The certificate is kept in the store and renewed two
-//! thirds into its validity; every node is then told to fetch it.
+//! plane makes itself ([`local_ca`]).
+//!
+//! By default every queue has a certificate of its own, for `QUEUE-ID.q.CLUSTER.DOMAIN` only:
+//! its node makes the key and sends a CSR ([`issue_for_node`]), so the key never leaves the
+//! node and one node's key can never serve another queue's name. Nodes renew two thirds into
+//! the validity; a forced renewal moves every queue's certificate generation on.
+//!
+//! Opt-in (`wildcard_certificate = true`), for a CA whose rate limits cannot take a
+//! certificate per queue: one wildcard `*.q.CLUSTER.DOMAIN` for the cluster, kept in the store
+//! with its key and handed to every node. Its risk: every node holds the key that serves
+//! every queue's name, so one compromised node can impersonate any queue of the cluster.
 
 pub mod acme;
 pub mod local_ca;
-mod validity;
 
 use crate::dns::Zone;
-use crate::fleet::Provider;
 use crate::store::Store;
 use crate::unix_now as now;
 use serde::{Deserialize, Serialize};
@@ -49,6 +53,49 @@ pub enum CertificateError {
     LocalCa(String),
     #[error("the store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("{0}")]
+    Request(String),
+}
+
+/// How this cluster's nodes get their certificates.
+pub enum NodeCertificates {
+    /// None: nodes serve ws:// (local use).
+    None,
+    /// Each queue's own, from a CSR its node sends.
+    PerQueue(Arc<Issuer>),
+    /// The cluster's wildcard, from this issuer ([`Issuer::name`]), fetched whole by nodes.
+    Wildcard { issuer: String },
+}
+
+/// A certificate for `host` (a queue's name) with the key of `csr_pem`, which must ask for
+/// exactly that name; returns the chain.
+pub async fn issue_for_node(
+    issuer: &Issuer,
+    zone: &Zone,
+    store: &Store,
+    host: &str,
+    csr_pem: &str,
+) -> Result<String, CertificateError> {
+    let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+        .map_err(|e| CertificateError::Request(format!("not a CSR: {e}")))?;
+    let names: Vec<String> = csr
+        .params
+        .subject_alt_names
+        .iter()
+        .map(|name| match name {
+            rcgen::SanType::DnsName(name) => name.to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    if names != [host] {
+        return Err(CertificateError::Request(format!(
+            "the CSR must name {host} and nothing else, not {names:?}"
+        )));
+    }
+    match issuer {
+        Issuer::Acme(config) => acme::order_for_csr(config, zone, store, host, csr_pem).await,
+        Issuer::LocalCa(ca) => ca.sign(host, csr),
+    }
 }
 
 /// Where the cluster's certificate comes from.
@@ -69,7 +116,7 @@ impl Issuer {
     /// A new certificate for `zone`'s wildcard.
     async fn issue(&self, zone: &Zone, store: &Store) -> Result<Issued, CertificateError> {
         match self {
-            Issuer::Acme(config) => acme::order(config, zone, store).await,
+            Issuer::Acme(config) => acme::order_wildcard(config, zone, store).await,
             Issuer::LocalCa(ca) => ca.issue(&zone.wildcard()),
         }
     }
@@ -84,21 +131,16 @@ const RENEW_AFTER: Duration = Duration::from_secs(60 * 86_400);
 
 /// When `issued` is due for renewal: two thirds into its validity.
 fn renewal_due(issued: &Issued) -> u64 {
-    match validity::validity_of_pem(&issued.chain_pem) {
-        Some((from, to)) if to > from => from + (to - from) * 2 / 3,
+    match qe_tls::validity::validity_of_pem(&issued.chain_pem) {
+        Some((from, to)) if to > from => qe_tls::validity::renewal_due((from, to)),
         _ => issued.issued_at + RENEW_AFTER.as_secs(),
     }
 }
 
-/// Keeps a valid certificate in the store: gets one when there is none or it is due,
-/// retrying with backoff. Runs for the life of the control plane.
-pub async fn keep_certified(
-    issuer: Issuer,
-    zone: Arc<Zone>,
-    store: Store,
-    fleet: Arc<dyn Provider>,
-    renew_now: Arc<Notify>,
-) {
+/// Wildcard mode: keeps a valid certificate in the store: gets one when there is none or it
+/// is due, retrying with backoff, then has every node fetch it. Runs for the life of the
+/// control plane.
+pub async fn keep_certified(issuer: Issuer, zone: Arc<Zone>, store: Store, renew_now: Arc<Notify>) {
     let mut wait = RETRY_AFTER;
     let mut forced = false;
     loop {
@@ -118,8 +160,9 @@ pub async fn keep_certified(
             Ok(issued) => {
                 store.put_certificate(&issued).ok();
                 tracing::info!("certificate issued for {}", zone.wildcard());
-                fleet.renew_certificates().await;
-                tracing::info!("the nodes serve the new certificate");
+                if let Err(error) = crate::queues::renew_certificates(&store) {
+                    tracing::warn!(%error, "the nodes could not be told of the new certificate");
+                }
                 forced = false;
                 wait = RETRY_AFTER;
             }

@@ -1,36 +1,51 @@
-//! Providers run queues' nodes. Provisioning is asynchronous: `start` returns once the node
-//! reports it is listening, so a cloud provider fits the same shape.
+//! Providers run queues' nodes: [`local`] as processes on this machine, [`ec2`] as
+//! instances of their own (booted from [`cloud_init`]). A provider only makes, finds and removes what a node runs on; the node itself
+//! takes its config from the control plane over the node channel, from a bootstrap the
+//! provider hands it. The reconciler (`reconciler.rs`) decides when.
 
+pub mod cloud_init;
+pub mod ec2;
 pub mod local;
 mod process;
 
 use crate::queues::{Placement, Queue};
 use futures::future::BoxFuture;
+use qe_shared::node_channel::Bootstrap;
+use std::net::SocketAddr;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error("starting the node: {0}")]
     Start(String),
-    #[error("the node did not take its new logins: {0}")]
-    Reload(String),
+    #[error("removing the node: {0}")]
+    Remove(String),
+    #[error("listing what runs: {0}")]
+    List(String),
 }
 
 pub trait Provider: Send + Sync {
-    /// Starts `queue`'s node; returns where it listens, and the addresses its name is to
-    /// resolve to.
-    fn start<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<Placement, FleetError>>;
+    /// Where `queue`'s node is to listen (the node takes it at start, from its config).
+    fn listen(&self, queue: &Queue) -> Result<Vec<SocketAddr>, FleetError>;
 
-    /// Takes on `queue`'s node after a control-plane restart: adopts it if it still runs,
-    /// starts it again otherwise; returns where it listens, as [`Provider::start`].
-    fn resume<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<Placement, FleetError>>;
+    /// Makes sure `queue`'s node runs from `bootstrap`: finds it, or launches it, or replaces
+    /// one that is gone (its data comes back with it). Safe to call again at any time;
+    /// returns where the node is.
+    fn ensure<'a>(
+        &'a self,
+        queue: &'a Queue,
+        bootstrap: &'a Bootstrap,
+    ) -> BoxFuture<'a, Result<Placement, FleetError>>;
 
-    /// Has every running node take the cluster certificate as it is now (after a renewal);
-    /// returns once they have.
-    fn renew_certificates(&self) -> BoxFuture<'_, ()>;
+    /// Stops queue `queue_id`'s node and removes what it runs on (a process, an instance),
+    /// keeping its data; a stopping node makes and reports its last usage record. Safe to
+    /// call again, and for a queue it holds nothing for.
+    fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>>;
 
-    /// Stops `queue`'s node, if it runs.
-    fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, ()>;
+    /// Removes queue `queue_id`'s data (its volume), once its node has stopped for good and
+    /// reported its last records. Safe to call again.
+    fn remove_data<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>>;
 
-    /// Gives the running node `queue`'s logins as they are now; returns once it has them.
-    fn reload_logins<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>>;
+    /// The ids of the queues it holds anything for, so that what belongs to no live queue
+    /// (a crash between "launched" and "recorded") can be removed.
+    fn holdings(&self) -> BoxFuture<'_, Result<Vec<String>, FleetError>>;
 }

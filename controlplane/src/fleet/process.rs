@@ -2,7 +2,6 @@
 //! control plane started and this one adopted. Both can be waited on and killed; waiting on an
 //! adopted node (not our child) goes through a pidfd, so it is an event, not a poll.
 
-use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
@@ -15,10 +14,10 @@ pub enum NodeProcess {
 }
 
 impl NodeProcess {
-    /// Adopts the running process `pid`, if it is the node started with `config`.
-    pub fn adopt(pid: u32, config: &Path) -> Option<NodeProcess> {
+    /// Adopts the running process `pid`, if it is the node started with `bootstrap`.
+    pub fn adopt(pid: u32, bootstrap: &Path) -> Option<NodeProcess> {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let wanted = config.as_os_str().as_encoded_bytes();
+        let wanted = bootstrap.as_os_str().as_encoded_bytes();
         if !cmdline.split(|b| *b == 0).any(|arg| arg == wanted) {
             return None;
         }
@@ -93,23 +92,5 @@ impl NodeProcess {
                 };
             }
         }
-    }
-}
-
-/// Makes `path` a FIFO (the node's stdout): a later control plane can open it again and hear
-/// an adopted node, which an anonymous pipe would not allow.
-pub fn make_fifo(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.file_type().is_fifo() => return Ok(()),
-        Ok(_) => std::fs::remove_file(path)?,
-        Err(_) => {}
-    }
-    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
-    // SAFETY: mkfifo reads a NUL-terminated path.
-    match unsafe { libc::mkfifo(path.as_ptr(), 0o600) } {
-        0 => Ok(()),
-        _ => Err(io::Error::last_os_error()),
     }
 }

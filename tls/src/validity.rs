@@ -1,19 +1,19 @@
 //! When a certificate is valid: read from its DER (RFC 5280 §4.1), for renewing at two thirds
-//! of its life. Only the few fields before `validity` are walked.
+//! of its life (the control plane's cluster certificate, a node's own). Only the few fields
+//! before `validity` are walked.
 
 /// `notBefore` and `notAfter` of the first certificate in `pem`, in seconds since 1970.
 pub fn validity_of_pem(pem: &str) -> Option<(u64, u64)> {
-    let body: String = pem
-        .lines()
-        .skip_while(|line| !line.starts_with("-----BEGIN CERTIFICATE"))
-        .skip(1)
-        .take_while(|line| !line.starts_with("-----END"))
-        .collect();
-    use base64::Engine;
-    let der = base64::engine::general_purpose::STANDARD
-        .decode(body)
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()?
         .ok()?;
     validity(&der)
+}
+
+/// When a certificate valid `from`..`to` is due for renewal: two thirds into its life.
+pub fn renewal_due((from, to): (u64, u64)) -> u64 {
+    from + to.saturating_sub(from) * 2 / 3
 }
 
 /// `notBefore` and `notAfter` of a DER certificate.

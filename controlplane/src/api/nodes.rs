@@ -1,0 +1,210 @@
+//! The node channel's control-plane side (`qe_shared::node_channel`): a node, with its own
+//! credential, pulls and watches its desired config, says which version it serves, and sends
+//! CSRs for its own certificate; with the cluster wildcard (opt-in), it fetches that.
+
+use super::{ApiError, AppState};
+use crate::certificates::NodeCertificates;
+use crate::queues::{Queue, Status};
+use crate::store::StoreError;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use qe_shared::node_channel::{
+    Applied, CertificateRequest, DesiredConfig, IssuedCertificate, NodeTls, WATCH_HOLD_SECS,
+};
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Queue `id`'s record, if the request carries a credential of its node; and which one.
+pub async fn check_node(
+    state: &AppState,
+    id: &str,
+    headers: &HeaderMap,
+) -> Result<(Queue, u64), ApiError> {
+    let queue = state.store.get(id)?.ok_or(ApiError::Unauthorized)?;
+    match state.node_tokens.check(&queue, super::bearer(headers)) {
+        Some(credential) => Ok((queue, credential)),
+        None => Err(ApiError::Unauthorized),
+    }
+}
+
+/// What `queue`'s node should be now.
+pub fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredConfig, ApiError> {
+    let listen = state
+        .fleet
+        .listen(queue)
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let tls = match &state.node_certificates {
+        NodeCertificates::None => NodeTls::None,
+        NodeCertificates::PerQueue(_) => NodeTls::Queue {
+            host: state.zone.host_of(&queue.id),
+            generation: queue.certificate_generation,
+        },
+        NodeCertificates::Wildcard { .. } => NodeTls::Cluster {
+            generation: queue.certificate_generation,
+        },
+    };
+    let mut desired = queue.desired_config(listen, tls);
+    desired.node_token = queue
+        .next_node_credential
+        .map(|next| state.node_tokens.token_for(&queue.id, next));
+    Ok(desired)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Watch {
+    /// The version the node serves: answer once there is a newer one.
+    after: Option<u64>,
+}
+
+/// `GET /v1/nodes/{id}/config[?after=V]`: the desired config, at once without `after`;
+/// otherwise once its version passes `after`, or `204` after [`WATCH_HOLD_SECS`].
+pub async fn config(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    query: Result<Query<Watch>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (queue, _) = check_node(&state, &id, &headers).await?;
+    let Query(watch) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let after = watch.after.unwrap_or(0);
+    let queue = match queue.config_version > after || watch.after.is_none() {
+        true => queue,
+        false => {
+            let hold = Duration::from_secs(WATCH_HOLD_SECS);
+            let newer =
+                |queue: &Queue| queue.config_version > after || queue.status == Status::Deleted;
+            match state.store.wait_for(&id, hold, newer).await? {
+                Some(queue) if queue.status != Status::Deleted && queue.config_version > after => {
+                    queue
+                }
+                Some(queue) if queue.status == Status::Deleted => {
+                    return Err(ApiError::Unauthorized)
+                }
+                _ => return Ok(StatusCode::NO_CONTENT.into_response()),
+            }
+        }
+    };
+    Ok(Json(desired_config(&state, &queue)?).into_response())
+}
+
+/// `POST /v1/nodes/{id}/applied`: the node serves this version now. A queue whose node
+/// reports in for the first time is running; a node that used a credential being rotated in
+/// retires the old one.
+pub async fn applied(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<Applied>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (_, credential) = check_node(&state, &id, &headers).await?;
+    let Json(applied) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let updated = state.store.update(&id, |queue| {
+        // Never past what was asked for: a node cannot claim a config it was not given.
+        let version = applied.version.min(queue.config_version);
+        queue.applied_version = queue.applied_version.max(version);
+        // Running once placed too (the reconciler records where; whichever comes second
+        // makes it running).
+        if queue.status == Status::Provisioning && queue.node.is_some() {
+            queue.status = Status::Running;
+        }
+        if queue.next_node_credential == Some(credential) {
+            queue.node_credential = credential;
+            queue.next_node_credential = None;
+        }
+        Ok::<_, StoreError>(())
+    })?;
+    let (queue, ()) = updated.ok_or(ApiError::Unauthorized)?;
+    Ok(Json(json!({"applied": queue.applied_version})))
+}
+
+/// `POST /v1/nodes/{id}/certificate`: a CSR for the queue's own name, answered with the
+/// chain. The name is the node's queue's and no other: one node's credential can never get
+/// a certificate for another queue.
+pub async fn certificate_for_csr(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<CertificateRequest>, JsonRejection>,
+) -> Result<Json<IssuedCertificate>, ApiError> {
+    let (queue, _) = check_node(&state, &id, &headers).await?;
+    let Json(request) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let NodeCertificates::PerQueue(issuer) = &state.node_certificates else {
+        return Err(ApiError::Conflict(
+            "this cluster does not issue certificates per queue".into(),
+        ));
+    };
+    let host = state.zone.host_of(&queue.id);
+    let chain_pem = crate::certificates::issue_for_node(
+        issuer,
+        &state.zone,
+        &state.store,
+        &host,
+        &request.csr_pem,
+    )
+    .await
+    .map_err(|error| match error {
+        crate::certificates::CertificateError::Request(reason) => ApiError::BadRequest(reason),
+        other => ApiError::Unavailable(other.to_string()),
+    })?;
+    state.store.update(&queue.id, |queue| {
+        queue.certificate_issuer = Some(issuer.name());
+        Ok::<_, StoreError>(())
+    })?;
+    tracing::info!(queue = %queue.id, "a node's certificate was issued");
+    Ok(Json(IssuedCertificate { chain_pem }))
+}
+
+/// `GET /v1/nodes/{id}/certificate`: the cluster's wildcard certificate and key, in the
+/// opt-in wildcard mode only (404 until one is issued).
+pub async fn cluster_certificate(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    check_node(&state, &id, &headers).await?;
+    let NodeCertificates::Wildcard { issuer } = &state.node_certificates else {
+        return Err(ApiError::NoCertificate);
+    };
+    match state.store.certificate()? {
+        // One from another CA (before a change of CA) is not handed out: it is being replaced.
+        Some(issued) if &issued.issuer == issuer => Ok(Json(
+            json!({"chain_pem": issued.chain_pem, "key_pem": issued.key_pem}),
+        )),
+        _ => Err(ApiError::NoCertificate),
+    }
+}
+
+/// `GET /v1/nodes/{id}/dataplane`: the `dataplane` binary this control plane runs with, for a
+/// cloud node's first boot (which checks it against the SHA-256 its user data carries), so a
+/// node needs no other download source.
+pub async fn dataplane(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    check_node(&state, &id, &headers).await?;
+    let path = state.config.dataplane_binary();
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| ApiError::Internal(format!("{}: {e}", path.display())))?;
+    let length = file
+        .metadata()
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .len();
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file));
+    let headers = [
+        (
+            axum::http::header::CONTENT_TYPE,
+            "application/octet-stream".to_string(),
+        ),
+        (axum::http::header::CONTENT_LENGTH, length.to_string()),
+    ];
+    Ok((headers, body).into_response())
+}

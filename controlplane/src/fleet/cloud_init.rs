@@ -1,0 +1,116 @@
+//! A cloud node's user data: the cloud-init template of `infra/cloud-init/node.yaml`
+//! (built in, or the operator's own file) with the node's bootstrap and volume filled in. The
+//! template's `{{name}}` placeholders are all it knows; one left over is refused up front.
+
+use base64::Engine;
+use qe_shared::node_channel::Bootstrap;
+use sha2::Digest;
+use std::path::Path;
+
+/// The template as this build ships it.
+pub const BUILT_IN: &str = include_str!("../../../infra/cloud-init/node.yaml");
+
+pub struct NodeBoot {
+    template: String,
+    /// SHA-256 (hex) of the `dataplane` binary the control plane serves nodes: the first-boot
+    /// script installs only that one.
+    dataplane_sha256: String,
+}
+
+impl NodeBoot {
+    /// `template` with `dataplane` as the binary nodes install; refused if the template has a
+    /// placeholder this does not fill.
+    pub fn new(template: String, dataplane: &Path) -> Result<NodeBoot, String> {
+        let binary =
+            std::fs::read(dataplane).map_err(|e| format!("{}: {e}", dataplane.display()))?;
+        let dataplane_sha256 = hex(&sha2::Sha256::digest(&binary));
+        let boot = NodeBoot {
+            template,
+            dataplane_sha256,
+        };
+        let sample = Bootstrap {
+            control_plane: "https://cp".into(),
+            queue_id: "q".into(),
+            node_token: "t".into(),
+            control_plane_ca_pem: None,
+        };
+        let rendered = boot.render(&sample, "vol-0");
+        match rendered.find("{{") {
+            Some(at) => {
+                let rest: String = rendered[at..].chars().take(40).collect();
+                Err(format!(
+                    "the cloud-init template has a placeholder nobody fills: {rest}"
+                ))
+            }
+            None => Ok(boot),
+        }
+    }
+
+    /// The user data of the node that starts from `bootstrap`, with the queue's data on
+    /// `volume_id`.
+    pub fn render(&self, bootstrap: &Bootstrap, volume_id: &str) -> String {
+        let bootstrap_toml = toml::to_string(bootstrap).expect("plain fields");
+        let bootstrap_b64 = base64::engine::general_purpose::STANDARD.encode(bootstrap_toml);
+        [
+            ("queue_id", bootstrap.queue_id.as_str()),
+            ("control_plane", bootstrap.control_plane.as_str()),
+            ("bootstrap_b64", bootstrap_b64.as_str()),
+            ("dataplane_sha256", self.dataplane_sha256.as_str()),
+            ("volume_id", volume_id),
+        ]
+        .iter()
+        .fold(self.template.clone(), |text, (name, value)| {
+            text.replace(&format!("{{{{{name}}}}}"), value)
+        })
+    }
+
+    pub fn dataplane_sha256(&self) -> &str {
+        &self.dataplane_sha256
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_template_is_filled_whole_with_the_nodes_bootstrap() {
+        let binary = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(binary.path(), b"a node").unwrap();
+        let boot = NodeBoot::new(BUILT_IN.to_string(), binary.path()).unwrap();
+        let bootstrap = Bootstrap {
+            control_plane: "https://cp.example:8443".into(),
+            queue_id: "k3j9x0c2m1ab".into(),
+            node_token: "0123abcd".into(),
+            control_plane_ca_pem: Some(
+                "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into(),
+            ),
+        };
+        let text = boot.render(&bootstrap, "vol-0abc");
+        assert!(!text.contains("{{"), "every placeholder filled");
+        assert!(text.starts_with("#cloud-config\n"));
+        assert!(text.contains("QUEUE_ID='k3j9x0c2m1ab'"));
+        assert!(text.contains("VOLUME_ID='vol-0abc'"));
+        assert!(text.contains(&format!(
+            "DATAPLANE_SHA256='{}'",
+            hex(&sha2::Sha256::digest(b"a node"))
+        )));
+        let encoded = text
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("content: \""))
+            .unwrap()
+            .trim_end_matches('"');
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap();
+        let read: Bootstrap = toml::from_str(std::str::from_utf8(&decoded).unwrap()).unwrap();
+        assert_eq!(read, bootstrap);
+        // A template with a placeholder nobody fills is refused before any node gets it.
+        let odd = format!("{BUILT_IN}\n# {{{{nobody}}}}\n");
+        assert!(NodeBoot::new(odd, binary.path()).is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! The EC2 provider: each queue's node on an instance of its own, its data on an EBS volume
+//! of its own that outlives instances (acknowledged messages survive the loss of one). The
+//! instance boots from the cloud-init in `infra/` rendered with the node's bootstrap; the node
+//! then takes everything else over the channel. Nothing is remembered here: AWS's tags are the
+//! record, so a control plane that crashed anywhere finds what it made.
+
+use super::cloud_init::NodeBoot;
+use super::{FleetError, Provider};
+use crate::queues::{Addresses, Placement, Queue};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use qe_ec2::{Ec2, Ec2Error, Instance, Launch};
+use qe_shared::node_channel::Bootstrap;
+use std::collections::BTreeMap;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+/// Where a node listens on its own instance: HTTPS's port, every address.
+const LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V6(Ipv6Addr::UNSPECIFIED), 443);
+/// The device name the queue's volume is attached as (the first-boot script finds it).
+const VOLUME_DEVICE: &str = "/dev/sdf";
+/// How long to wait for a launched instance to run, and for a terminated one to be gone.
+const STATE_WITHIN: Duration = Duration::from_secs(300);
+const STATE_CHECK_EVERY: Duration = Duration::from_secs(2);
+
+pub struct Ec2Provider {
+    ec2: Ec2,
+    /// The node's user data, rendered per queue.
+    boot: NodeBoot,
+    /// `q.CLUSTER.DOMAIN`: a node is reached by its queue's name there.
+    zone: String,
+}
+
+impl Ec2Provider {
+    pub fn new(ec2: Ec2, boot: NodeBoot, zone: String) -> Ec2Provider {
+        Ec2Provider { ec2, boot, zone }
+    }
+
+    /// The queue's live instance, if it has one (the newest, were there two).
+    async fn instance_of(&self, queue_id: &str) -> Result<Option<Instance>, Ec2Error> {
+        let instances = self.ec2.instances().await?;
+        let mut live: Vec<Instance> = instances
+            .into_iter()
+            .filter(|instance| instance.queue_id == queue_id)
+            .filter(|instance| matches!(instance.state.as_str(), "pending" | "running"))
+            .collect();
+        Ok(live.pop())
+    }
+
+    async fn ensure_node(
+        &self,
+        queue: &Queue,
+        bootstrap: &Bootstrap,
+    ) -> Result<Placement, Ec2Error> {
+        let volume = self.ec2.volume_for(&queue.region, &queue.id).await?;
+        let instance = match self.instance_of(&queue.id).await? {
+            Some(instance) => instance,
+            None => {
+                let user_data = self.boot.render(bootstrap, &volume.id);
+                // New for each replacement (the instance it follows), the same for a retry of
+                // one launch: a launch whose answer was lost does not make a twin.
+                let after = queue
+                    .resources
+                    .get("instance")
+                    .map_or("first", String::as_str);
+                let client_token = format!("{}-{after}", queue.id);
+                let launch = Launch {
+                    queue_id: &queue.id,
+                    region: &queue.region,
+                    instance_type: &queue.instance_type,
+                    ipv4: queue.ipv4,
+                    user_data: &user_data,
+                    client_token: &client_token,
+                };
+                let launched = self.ec2.launch(&launch).await?;
+                tracing::info!(queue = %queue.id, instance = %launched.id, "launched an instance");
+                launched
+            }
+        };
+        let instance = self.running(&queue.region, instance).await?;
+        let instance = self.ec2.ensure_ipv6(instance).await?;
+        if volume.attached_to.as_deref() != Some(instance.id.as_str()) {
+            self.ec2
+                .attach(&queue.region, &volume.id, &instance.id, VOLUME_DEVICE)
+                .await?;
+        }
+        let v6 = instance.ipv6.ok_or(Ec2Error::Incomplete {
+            operation: "DescribeInstances",
+            field: "an IPv6 address",
+        })?;
+        Ok(Placement {
+            node: format!("wss://{}.{}/", queue.id, self.zone),
+            addresses: Addresses {
+                v6,
+                v4: instance.public_ipv4.filter(|_| queue.ipv4),
+            },
+            resources: BTreeMap::from([
+                ("instance".to_string(), instance.id),
+                ("volume".to_string(), volume.id),
+                ("region".to_string(), queue.region.clone()),
+            ]),
+        })
+    }
+
+    /// `instance` once it runs (its addresses are then known, and a volume attaches).
+    async fn running(&self, region: &str, instance: Instance) -> Result<Instance, Ec2Error> {
+        let deadline = tokio::time::Instant::now() + STATE_WITHIN;
+        let mut instance = instance;
+        while instance.state != "running" {
+            if tokio::time::Instant::now() > deadline || instance.state != "pending" {
+                return Err(Ec2Error::Incomplete {
+                    operation: "DescribeInstances",
+                    field: "a running state",
+                });
+            }
+            tokio::time::sleep(STATE_CHECK_EVERY).await;
+            match self.ec2.instance(region, &instance.id).await? {
+                Some(now) => instance = now,
+                None => break,
+            }
+        }
+        Ok(instance)
+    }
+
+    /// Terminates the queue's instances and waits until they are gone (a node stopping makes
+    /// and reports its last usage record).
+    async fn terminate_all(&self, queue_id: &str) -> Result<(), Ec2Error> {
+        let mine = |id: &String| id == queue_id;
+        let instances: Vec<Instance> = self
+            .ec2
+            .instances()
+            .await?
+            .into_iter()
+            .filter(|instance| mine(&instance.queue_id))
+            .collect();
+        for instance in &instances {
+            self.ec2.terminate(&instance.region, &instance.id).await?;
+        }
+        for instance in &instances {
+            let deadline = tokio::time::Instant::now() + STATE_WITHIN;
+            while let Some(now) = self.ec2.instance(&instance.region, &instance.id).await? {
+                if now.state == "terminated" || tokio::time::Instant::now() > deadline {
+                    break;
+                }
+                tokio::time::sleep(STATE_CHECK_EVERY).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the queue's volumes.
+    async fn delete_volumes(&self, queue_id: &str) -> Result<(), Ec2Error> {
+        for volume in self.ec2.volumes().await? {
+            if volume.queue_id == queue_id {
+                self.ec2.delete_volume(&volume.region, &volume.id).await?;
+                tracing::info!(queue = %queue_id, volume = %volume.id, "deleted a volume");
+            }
+        }
+        Ok(())
+    }
+
+    async fn holders(&self) -> Result<Vec<String>, Ec2Error> {
+        let mut ids: Vec<String> = self
+            .ec2
+            .instances()
+            .await?
+            .into_iter()
+            .filter(|instance| instance.state != "terminated")
+            .map(|instance| instance.queue_id)
+            .collect();
+        ids.extend(self.ec2.volumes().await?.into_iter().map(|v| v.queue_id));
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+impl Provider for Ec2Provider {
+    fn listen(&self, _queue: &Queue) -> Result<Vec<SocketAddr>, FleetError> {
+        Ok(vec![LISTEN])
+    }
+
+    fn ensure<'a>(
+        &'a self,
+        queue: &'a Queue,
+        bootstrap: &'a Bootstrap,
+    ) -> BoxFuture<'a, Result<Placement, FleetError>> {
+        async move {
+            self.ensure_node(queue, bootstrap)
+                .await
+                .map_err(|e| FleetError::Start(e.to_string()))
+        }
+        .boxed()
+    }
+
+    fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
+        async move {
+            self.terminate_all(queue_id)
+                .await
+                .map_err(|e| FleetError::Remove(e.to_string()))
+        }
+        .boxed()
+    }
+
+    fn remove_data<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
+        async move {
+            self.delete_volumes(queue_id)
+                .await
+                .map_err(|e| FleetError::Remove(e.to_string()))
+        }
+        .boxed()
+    }
+
+    fn holdings(&self) -> BoxFuture<'_, Result<Vec<String>, FleetError>> {
+        async move {
+            self.holders()
+                .await
+                .map_err(|e| FleetError::List(e.to_string()))
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,429 @@
+//! The node's side of the node channel ([`qe_shared::node_channel`]). A node started with
+//! `--bootstrap` knows only how to reach its control plane: it pulls its config, applies it,
+//! says which version it serves, and keeps a watch open for the next one. The node opens
+//! every exchange, so this works behind NAT as well as beside the control plane.
+
+use crate::certificate::OwnCertificate;
+use crate::config::{Config, ConfigFile, LoginFile, ReportTo};
+use crate::node::Node;
+use crate::report::{self, Reporter};
+use qe_shared::node_channel::{
+    Applied, Bootstrap, CertificateRequest, DesiredConfig, IssuedCertificate, LoginHash, NodeTls,
+    WATCH_HOLD_SECS,
+};
+use qe_tls::Certificate;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// The wait after a failed exchange; it doubles while they keep failing.
+const RETRY_AFTER: Duration = Duration::from_millis(250);
+const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("the bootstrap {path}: {reason}")]
+    Bootstrap { path: PathBuf, reason: String },
+    #[error("sending: {0}")]
+    Send(#[from] reqwest::Error),
+    #[error("the control plane replied {0}")]
+    Refused(reqwest::StatusCode),
+    #[error("the certificate: {0}")]
+    Certificate(String),
+}
+
+/// The node's end of the channel.
+#[derive(Clone)]
+pub struct Channel {
+    to: ReportTo,
+    /// The node's credential now: the bootstrap's, or a rotated one it was sent and kept.
+    token: Arc<RwLock<String>>,
+    /// Where a rotated credential is kept (`DATA_DIR/node-token`, 0600).
+    kept_token: PathBuf,
+    /// Waits longer than the control plane holds a watch.
+    client: reqwest::Client,
+}
+
+/// Reads the bootstrap file: TOML, the fields of [`Bootstrap`].
+pub fn read_bootstrap(path: &Path) -> Result<Bootstrap, ChannelError> {
+    let fail = |reason: String| ChannelError::Bootstrap {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let bootstrap: Bootstrap = toml::from_str(&text).map_err(|e| fail(e.to_string()))?;
+    if let Some(pem) = &bootstrap.control_plane_ca_pem {
+        match reqwest::Certificate::from_pem_bundle(pem.as_bytes()) {
+            Ok(roots) if !roots.is_empty() => {}
+            _ => return Err(fail("control_plane_ca_pem holds no certificate".into())),
+        }
+    }
+    Ok(bootstrap)
+}
+
+impl Channel {
+    /// The channel of the node that starts from `bootstrap` with its data in `data_dir`.
+    pub fn new(bootstrap: &Bootstrap, data_dir: &Path) -> Channel {
+        let to = ReportTo {
+            url: bootstrap.control_plane.trim_end_matches('/').to_string(),
+            queue_id: bootstrap.queue_id.clone(),
+            token: bootstrap.node_token.clone(),
+            ca_pem: bootstrap
+                .control_plane_ca_pem
+                .as_ref()
+                .map(|pem| pem.as_bytes().to_vec()),
+        };
+        let client = report::client(&to, Duration::from_secs(WATCH_HOLD_SECS + 15));
+        let kept_token = data_dir.join("node-token");
+        let token = std::fs::read_to_string(&kept_token)
+            .ok()
+            .map(|token| token.trim().to_string())
+            .filter(|token| !token.is_empty())
+            .unwrap_or_else(|| bootstrap.node_token.clone());
+        Channel {
+            to,
+            token: Arc::new(RwLock::new(token)),
+            kept_token,
+            client,
+        }
+    }
+
+    /// Where the reporter sends records: the same control plane, as the same node.
+    pub fn report_to(&self) -> ReportTo {
+        ReportTo {
+            token: self.token(),
+            ..self.to.clone()
+        }
+    }
+
+    fn token(&self) -> String {
+        self.token.read().expect("never poisoned").clone()
+    }
+
+    /// Takes on a rotated credential: kept first (synced), then used for every call.
+    fn take_token(&self, token: &str) -> std::io::Result<()> {
+        write_private(&self.kept_token, token.as_bytes())?;
+        *self.token.write().expect("never poisoned") = token.to_string();
+        Ok(())
+    }
+
+    fn url(&self, what: &str) -> String {
+        format!("{}/v1/nodes/{}/{what}", self.to.url, self.to.queue_id)
+    }
+
+    /// The desired config once its version is past `after` (at once with `None`); `None`
+    /// when the control plane held the watch and nothing changed.
+    pub async fn desired(&self, after: Option<u64>) -> Result<Option<DesiredConfig>, ChannelError> {
+        let url = match after {
+            Some(after) => format!("{}?after={after}", self.url("config")),
+            None => self.url("config"),
+        };
+        let response = self
+            .client
+            .get(url)
+            .bearer_auth(self.token())
+            .send()
+            .await?;
+        match response.status() {
+            reqwest::StatusCode::NO_CONTENT => Ok(None),
+            status if status.is_success() => Ok(Some(response.json().await?)),
+            status => Err(ChannelError::Refused(status)),
+        }
+    }
+
+    /// Tells the control plane the node serves `version` now.
+    pub async fn applied(&self, version: u64) -> Result<(), ChannelError> {
+        let response = self
+            .client
+            .post(self.url("applied"))
+            .bearer_auth(self.token())
+            .json(&Applied { version })
+            .send()
+            .await?;
+        match response.status() {
+            status if status.is_success() => Ok(()),
+            status => Err(ChannelError::Refused(status)),
+        }
+    }
+
+    /// Sends a CSR for the queue's name; returns the chain the control plane had issued.
+    pub async fn certificate(&self, csr_pem: String) -> Result<String, ChannelError> {
+        let response = self
+            .client
+            .post(self.url("certificate"))
+            .bearer_auth(self.token())
+            .json(&CertificateRequest { csr_pem })
+            .send()
+            .await?;
+        match response.status() {
+            status if status.is_success() => {
+                Ok(response.json::<IssuedCertificate>().await?.chain_pem)
+            }
+            status => Err(ChannelError::Refused(status)),
+        }
+    }
+}
+
+/// Where the last config taken is kept: a node restarted while its control plane cannot be
+/// reached starts with it.
+fn kept_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("desired-config.json")
+}
+
+fn keep(data_dir: &Path, desired: &DesiredConfig) -> std::io::Result<()> {
+    write_private(
+        &kept_path(data_dir),
+        &serde_json::to_vec(desired).expect("plain fields"),
+    )
+}
+
+/// Writes `path` whole or not at all: readable by the node alone, synced, then renamed.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let side = path.with_extension("new");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&side)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(side, path)
+}
+
+fn kept(data_dir: &Path) -> Option<DesiredConfig> {
+    let bytes = std::fs::read(kept_path(data_dir)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The config to start with: the control plane's, retried while it refuses; the kept one
+/// when it cannot be reached and there is one.
+pub async fn first_config(channel: &Channel, data_dir: &Path) -> DesiredConfig {
+    let mut wait = RETRY_AFTER;
+    loop {
+        match channel.desired(None).await {
+            Ok(Some(desired)) => {
+                if let Err(error) = keep(data_dir, &desired) {
+                    tracing::warn!(%error, "the config could not be kept");
+                }
+                return desired;
+            }
+            Err(ChannelError::Send(error)) if kept(data_dir).is_some() => {
+                tracing::warn!(%error, "the control plane cannot be reached: starting with the config kept from before");
+                return kept(data_dir).expect("just read");
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?wait, "no config from the control plane yet")
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
+    }
+}
+
+/// The config file the desired config amounts to, for the node's usual loader.
+pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> ConfigFile {
+    let login = |login: &LoginHash| LoginFile {
+        username: login.username.clone(),
+        password_hash: login.password_hash.clone(),
+    };
+    let (plaintext, tls_cert, tls_key, tls_from_control_plane) = match &desired.tls {
+        NodeTls::None => (true, None, None, false),
+        NodeTls::Queue { .. } => {
+            let (cert, key) = crate::certificate::paths(data_dir);
+            (false, Some(cert), Some(key), false)
+        }
+        NodeTls::Cluster { .. } => (false, None, None, true),
+    };
+    ConfigFile {
+        listen: Some(crate::config::Listen::Several(desired.listen.clone())),
+        data_dir: Some(data_dir.to_path_buf()),
+        plaintext,
+        tls_cert,
+        tls_key,
+        tls_from_control_plane,
+        tier: Some(desired.tier),
+        max_messages: desired.max_messages,
+        max_messages_memory: desired.max_messages_memory,
+        publisher: Some(login(&desired.logins.publisher)),
+        subscriber: Some(login(&desired.logins.subscriber)),
+        admin: Some(login(&desired.logins.admin)),
+        instance_type: Some(desired.instance_type.clone()),
+        region: Some(desired.region.clone()),
+        ipv4: desired.ipv4,
+        control_plane: Some(to.url.clone()),
+        queue_id: Some(to.queue_id.clone()),
+        node_token: Some(to.token.clone()),
+        ..ConfigFile::default()
+    }
+}
+
+/// What a running node does with a new config: the logins now (open connections go on), a
+/// new certificate when one is asked for. Where to listen and the tier are taken at start.
+pub trait Apply: Send + Sync {
+    fn apply<'a>(
+        &'a self,
+        desired: &'a DesiredConfig,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>>;
+}
+
+/// Confirms `started` (the version the node started with), then applies each new version and
+/// confirms it. Runs for the life of the node.
+pub async fn watch(channel: Channel, data_dir: PathBuf, started: u64, apply: Arc<dyn Apply>) {
+    let mut wait = RETRY_AFTER;
+    let mut serving = started;
+    let mut confirmed = None;
+    loop {
+        if confirmed != Some(serving) {
+            match channel.applied(serving).await {
+                Ok(()) => confirmed = Some(serving),
+                Err(error) => {
+                    tracing::warn!(%error, retry_in = ?wait, "the applied version could not be confirmed");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
+                    continue;
+                }
+            }
+        }
+        match channel.desired(Some(serving)).await {
+            Ok(None) => wait = RETRY_AFTER,
+            Ok(Some(desired)) => match apply.apply(&desired).await {
+                Ok(()) => {
+                    if let Err(error) = keep(&data_dir, &desired) {
+                        tracing::warn!(%error, "the config could not be kept");
+                    }
+                    tracing::info!(version = desired.version, "config applied");
+                    serving = desired.version;
+                    wait = RETRY_AFTER;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, version = desired.version, retry_in = ?wait, "a config could not be applied");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
+                }
+            },
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?wait, "watching the config failed");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
+            }
+        }
+    }
+}
+
+/// The logins of a desired config, as the node checks them.
+pub fn logins(desired: &DesiredConfig) -> Result<crate::auth::Logins, String> {
+    let login = |login: &LoginHash, role: &str| {
+        let password = crate::auth::PasswordHash::parse(&login.password_hash)
+            .ok_or_else(|| format!("{role}.password_hash is not sha256:SALT:HASH"))?;
+        Ok::<_, String>(crate::auth::Login {
+            username: login.username.clone(),
+            password,
+        })
+    };
+    Ok(crate::auth::Logins {
+        publisher: login(&desired.logins.publisher, "publisher")?,
+        subscriber: login(&desired.logins.subscriber, "subscriber")?,
+        admin: login(&desired.logins.admin, "admin")?,
+    })
+}
+
+/// A running node's [`Apply`]: new logins; a rotated credential; a new certificate of its
+/// own, or the cluster's renewed one, when the control plane asks.
+pub struct NodeApply {
+    node: Arc<Node>,
+    channel: Channel,
+    /// Told of a rotated credential too.
+    reporter: Option<Reporter>,
+    own_certificate: Option<OwnCertificate>,
+    /// The cluster certificate in service, its files, and the generation last fetched.
+    cluster: Option<(Arc<Certificate>, PathBuf, AtomicU64)>,
+}
+
+impl NodeApply {
+    pub fn new(
+        node: Arc<Node>,
+        channel: Channel,
+        reporter: Option<Reporter>,
+        own_certificate: Option<OwnCertificate>,
+        served: Option<Arc<Certificate>>,
+        config: &Config,
+        desired: &DesiredConfig,
+    ) -> NodeApply {
+        let cluster = match (&desired.tls, served) {
+            (NodeTls::Cluster { generation }, Some(served)) => Some((
+                served,
+                config.data_dir.join("tls"),
+                AtomicU64::new(*generation),
+            )),
+            _ => None,
+        };
+        NodeApply {
+            node,
+            channel,
+            reporter,
+            own_certificate,
+            cluster,
+        }
+    }
+
+    /// Fetches the cluster certificate again if `generation` is past the one fetched.
+    async fn refetch_cluster_certificate(&self, generation: u64) -> Result<(), String> {
+        let Some((served, dir, fetched)) = &self.cluster else {
+            return Ok(());
+        };
+        if generation <= fetched.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        report::fetch_certificate(&self.channel.report_to(), dir)
+            .await
+            .map_err(|e| e.to_string())?;
+        served.reload().map_err(|e| e.to_string())?;
+        fetched.fetch_max(generation, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Takes on a rotated credential, for the channel and the reports alike.
+    fn take_token(&self, token: &str) -> Result<(), String> {
+        if self.channel.token() == token {
+            return Ok(());
+        }
+        self.channel
+            .take_token(token)
+            .map_err(|e| format!("keeping the new credential: {e}"))?;
+        if let Some(reporter) = &self.reporter {
+            reporter.retarget(self.channel.report_to());
+        }
+        tracing::info!("the node's credential was rotated");
+        Ok(())
+    }
+}
+
+impl Apply for NodeApply {
+    fn apply<'a>(
+        &'a self,
+        desired: &'a DesiredConfig,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let logins = logins(desired)?;
+            if let Some(token) = &desired.node_token {
+                self.take_token(token)?;
+            }
+            match (&self.own_certificate, &desired.tls) {
+                (Some(own), NodeTls::Queue { generation, .. }) => {
+                    own.renew_if_asked(*generation).await?
+                }
+                (_, NodeTls::Cluster { generation }) => {
+                    self.refetch_cluster_certificate(*generation).await?
+                }
+                _ => {}
+            }
+            self.node.replace_logins(logins);
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,103 @@
+//! Where queues run on AWS: one EC2 instance per queue node, one EBS volume per queue that outlives its instances.
+//!
+//! The control plane wraps this crate in its provider; nothing here knows about queues beyond their id, so the
+//! AWS SDK (slow to build) stays out of every other crate's build.
+//!
+//! - `settings` — what the control plane configures: the cluster name, the regions and where instances go in each.
+//! - `tags` — the tags that make everything findable again: nothing is remembered here, AWS is the record.
+//! - `instances` — launch, list, find and terminate the queues' instances.
+//! - `volumes` — find or create a queue's data volume, attach it, delete it.
+//! - `error` — one error type: our own refusals, AWS's refusals (with their code) and unanswered calls.
+
+mod error;
+mod instances;
+mod settings;
+mod tags;
+mod volumes;
+
+use std::collections::BTreeMap;
+
+use aws_config::environment::EnvironmentVariableRegionProvider;
+use aws_config::meta::region::RegionProviderChain;
+use aws_config::profile::ProfileFileRegionProvider;
+use aws_config::{BehaviorVersion, Region};
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+
+pub use aws_sdk_ec2;
+pub use error::Ec2Error;
+pub use instances::{Instance, Launch};
+pub use settings::{RegionSettings, Settings};
+pub use tags::{CLUSTER_TAG, DATA_VOLUME, PURPOSE_TAG, QUEUE_TAG};
+pub use volumes::Volume;
+
+/// The EC2 API of every configured region, scoped to one cluster by its tag.
+#[derive(Clone, Debug)]
+pub struct Ec2 {
+    /// Read by every call: the cluster tag, the regions' subnets and images, the volume shape.
+    settings: Settings,
+    /// One client per configured region: an EC2 client talks to one region only.
+    clients: BTreeMap<String, aws_sdk_ec2::Client>,
+}
+
+impl Ec2 {
+    /// Builds one client per configured region from the standard credential chain (environment, profile, web
+    /// identity, container or instance role), so the same binary runs on a laptop and on an instance with a role.
+    pub async fn new(settings: Settings) -> Ec2 {
+        let shared = shared_config(&settings).await;
+        let clients = settings
+            .regions
+            .keys()
+            .map(|region| (region.clone(), region_client(&shared, region)))
+            .collect();
+        Ec2 { settings, clients }
+    }
+
+    /// The settings this was built with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn region_settings(&self, region: &str) -> Result<&RegionSettings, Ec2Error> {
+        self.settings
+            .regions
+            .get(region)
+            .ok_or_else(|| Ec2Error::NoSuchRegion(region.to_owned()))
+    }
+
+    /// The raw SDK client of a region, for what this crate does not wrap (tests build networks with it).
+    pub fn client(&self, region: &str) -> Result<&aws_sdk_ec2::Client, Ec2Error> {
+        self.clients
+            .get(region)
+            .ok_or_else(|| Ec2Error::NoSuchRegion(region.to_owned()))
+    }
+}
+
+/// The configuration every region's client starts from.
+///
+/// The HTTP client is built here rather than taken from the SDK's defaults, which would bring aws-lc-rs next to
+/// the workspace's ring-only rustls. The shared region only serves credential providers that call STS (web
+/// identity); every EC2 client sets its own. It is never asked of the instance metadata service, which would
+/// stall start-up by a timeout anywhere but on EC2.
+async fn shared_config(settings: &Settings) -> aws_config::SdkConfig {
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    let fallback = settings.regions.keys().next().cloned().map(Region::new);
+    let region = RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
+        .or_else(ProfileFileRegionProvider::new())
+        .or_else(fallback);
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(http)
+        .region(region);
+    if let Some(endpoint) = &settings.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    loader.load().await
+}
+
+fn region_client(shared: &aws_config::SdkConfig, region: &str) -> aws_sdk_ec2::Client {
+    let config = aws_sdk_ec2::config::Builder::from(shared)
+        .region(Region::new(region.to_owned()))
+        .build();
+    aws_sdk_ec2::Client::from_conf(config)
+}

@@ -1,0 +1,164 @@
+//! The node channel: what a node and its control plane say to each other, whatever runs the
+//! node (a process beside the control plane, or a cloud instance behind NAT).
+//!
+//! The node opens every exchange, so it works from anywhere it can reach the control plane:
+//! - `GET /v1/nodes/{id}/config?after=V` (long poll): the desired config once its version is
+//!   past `V`, or `204` when nothing changed within [`WATCH_HOLD_SECS`];
+//! - `POST /v1/nodes/{id}/applied` with [`Applied`]: the version the node now serves;
+//! - `POST /v1/nodes/{id}/certificate` with [`CertificateRequest`]: a CSR for the queue's own
+//!   name, answered with the chain ([`IssuedCertificate`]); the key never leaves the node;
+//! - `POST /v1/nodes/{id}/reports`: usage and stats records (see the data plane's reporter).
+//!
+//! Every call carries the node's credential as a bearer token.
+
+use crate::settings::Tier;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// How long the control plane holds a watch open before answering "no change".
+pub const WATCH_HOLD_SECS: u64 = 25;
+
+/// What a node starts from, and nothing more: everything else comes over the channel.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bootstrap {
+    /// The control plane's base URL (`https://HOST:PORT`).
+    pub control_plane: String,
+    pub queue_id: String,
+    /// The node's credential, sent as a bearer token.
+    pub node_token: String,
+    /// The root (PEM) that signs the control plane's certificate, when it is a private one;
+    /// it is then the only root trusted. None: the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_ca_pem: Option<String>,
+}
+
+impl std::fmt::Debug for Bootstrap {
+    /// Never the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bootstrap({} as {})", self.control_plane, self.queue_id)
+    }
+}
+
+/// A login as it travels and rests: never the password, only its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoginHash {
+    pub username: String,
+    /// `sha256:SALT_HEX:HASH_HEX` ([`crate::password::PasswordHash`]).
+    pub password_hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Logins {
+    pub publisher: LoginHash,
+    pub subscriber: LoginHash,
+    pub admin: LoginHash,
+}
+
+/// How the node serves its connections.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum NodeTls {
+    /// ws:// (local use without a certificate issuer).
+    None,
+    /// A certificate of the queue's own for `host`: the node makes the key and sends a CSR.
+    /// A larger `generation` asks for a new one now (a forced renewal).
+    Queue { host: String, generation: u64 },
+    /// The cluster's wildcard certificate, fetched whole from the control plane (opt-in).
+    Cluster { generation: u64 },
+}
+
+/// What the control plane wants a node to be. A node applies a version as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredConfig {
+    /// Goes up with every change.
+    pub version: u64,
+    pub tier: Tier,
+    /// Where to listen (one port for all); taken at start.
+    pub listen: Vec<SocketAddr>,
+    pub tls: NodeTls,
+    pub logins: Logins,
+    /// The labels its usage records carry.
+    pub instance_type: String,
+    pub region: String,
+    pub ipv4: bool,
+    #[serde(default)]
+    pub max_messages: Option<u64>,
+    #[serde(default)]
+    pub max_messages_memory: Option<u64>,
+    /// While the node's credential is being rotated: the new one. The node keeps it and uses
+    /// it from then on; its first use retires the old one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_token: Option<String>,
+}
+
+/// `POST /v1/nodes/{id}/applied`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Applied {
+    pub version: u64,
+}
+
+/// `POST /v1/nodes/{id}/certificate`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateRequest {
+    /// A PKCS#10 request for exactly the queue's host name.
+    pub csr_pem: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssuedCertificate {
+    /// The leaf first, then the intermediates.
+    pub chain_pem: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_desired_config_reads_back_and_debug_hides_the_token() {
+        let login = |name: &str| LoginHash {
+            username: name.into(),
+            password_hash: "sha256:00:11".into(),
+        };
+        let config = DesiredConfig {
+            version: 3,
+            tier: Tier::Devtest,
+            listen: vec!["[::]:443".parse().unwrap()],
+            tls: NodeTls::Queue {
+                host: "a.q.c.d".into(),
+                generation: 1,
+            },
+            logins: Logins {
+                publisher: login("p"),
+                subscriber: login("s"),
+                admin: login("a"),
+            },
+            instance_type: "t4g.small".into(),
+            region: "eu-west-1".into(),
+            ipv4: false,
+            max_messages: None,
+            max_messages_memory: None,
+            node_token: None,
+        };
+        let text = serde_json::to_string(&config).unwrap();
+        assert!(text.contains(r#""tls":{"mode":"queue","host":"a.q.c.d","generation":1}"#));
+        assert_eq!(
+            serde_json::from_str::<DesiredConfig>(&text).unwrap(),
+            config
+        );
+        let bootstrap = Bootstrap {
+            control_plane: "https://cp".into(),
+            queue_id: "q".into(),
+            node_token: "secret-token".into(),
+            control_plane_ca_pem: None,
+        };
+        assert!(!format!("{bootstrap:?}").contains("secret-token"));
+    }
+}

@@ -190,24 +190,30 @@ fn placeholder() -> RegionSettings {
     }
 }
 
-async fn network(client: &Client, region: &str) -> RegionSettings {
+/// The subnet's ranges: private IPv4 and an IPv6 ULA, so every address an instance gets is
+/// one a test may give a network namespace of its own (never one on the internet).
+pub const SUBNET_V4: &str = "10.213.0.0/24";
+pub const SUBNET_V6: &str = "fd71:7e5e:0:100::/64";
+/// The host's end of every instance's link, in the subnet's ranges (moto assigns from .4).
+pub const HOST_V6: &str = "fd71:7e5e:0:100::1";
+
+/// What the operator makes by hand before queues can run in `region`: a VPC, a dual-stack
+/// subnet in [`SUBNET_V4`] and [`SUBNET_V6`], a security group, and an image.
+pub async fn network(client: &Client, region: &str) -> RegionSettings {
     let vpc = client
         .create_vpc()
-        .cidr_block("10.0.0.0/16")
+        .cidr_block("10.213.0.0/16")
         .amazon_provided_ipv6_cidr_block(true)
         .send()
         .await
         .expect("CreateVpc");
     let vpc = vpc.vpc().unwrap();
     let vpc_id = vpc.vpc_id().unwrap();
-    let range56 = vpc.ipv6_cidr_block_association_set()[0]
-        .ipv6_cidr_block()
-        .unwrap();
     let subnet = client
         .create_subnet()
         .vpc_id(vpc_id)
-        .cidr_block("10.0.1.0/24")
-        .ipv6_cidr_block(range56.replace("/56", "/64"))
+        .cidr_block(SUBNET_V4)
+        .ipv6_cidr_block(SUBNET_V6)
         .availability_zone(format!("{region}a"))
         .send()
         .await

@@ -193,8 +193,10 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let marked = state.store.update(&id, |queue| {
-        if queue.status != Status::Deleted {
+        if !matches!(queue.status, Status::Deleting | Status::Deleted) {
             queue.status = Status::Deleting;
+            // Only a last report made from now on counts (a node restarted earlier made one).
+            queue.last_report = None;
         }
         Ok::<_, ApiError>(())
     })?;

@@ -7,8 +7,10 @@
 //! - [`Client`] is a WebSocket client (tokio-tungstenite) that tells a close frame's code from
 //!   a connection that ended with none.
 //! - [`python`] finds the Python that has the `websockets` package, for the interop tests.
-//! - [`moto`] runs EC2's emulator and builds the network a region needs.
+//! - [`moto`] runs EC2's emulator and builds the network a region needs; [`instance`] boots
+//!   what a queue's instance was given, in a network namespace.
 
+pub mod instance;
 pub mod moto;
 
 /// A throwaway CA with a name of its own (with rcgen's default name on both, OpenSSL takes a
@@ -671,6 +673,11 @@ impl ControlPlane {
     /// With `extra` appended to its config file (a `[prices]` table, say).
     pub fn start_with(extra: &str) -> ControlPlane {
         ControlPlane::start_at(tempfile::tempdir().unwrap(), "127.0.0.1:0", extra, &[])
+    }
+
+    /// Listening at `listen` (not only loopback: give `[api_tls]` in `extra`).
+    pub fn start_listening(listen: &str, extra: &str) -> ControlPlane {
+        ControlPlane::start_at(tempfile::tempdir().unwrap(), listen, extra, &[])
     }
 
     /// With flags after `serve --config FILE`.

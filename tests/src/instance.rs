@@ -1,0 +1,152 @@
+//! An "EC2 instance" booted for real on this machine: `tests/instance/boot.py` runs the user
+//! data the control plane gave EC2 (moto) in a network namespace of its own, with the queue's
+//! volume a loop device; the real `dataplane` comes from the control plane, as on a cloud node.
+
+use std::io::{BufRead, BufReader};
+use std::net::Ipv6Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long a boot may take: the first boot downloads a debug `dataplane` (about 140 MB).
+const BOOT_WITHIN: Duration = Duration::from_secs(180);
+
+pub struct Instance {
+    name: String,
+    state: PathBuf,
+    child: Child,
+    /// boot.py's stdout lines, read by a thread.
+    lines: mpsc::Receiver<String>,
+}
+
+impl Instance {
+    /// Boots `user_data` as instance `name` (a few lowercase letters and digits), at `v6`
+    /// (in a /64 whose host end is `host_v6`), with the queue's volume `volume_id` kept in
+    /// `volume_file`; returns once its node runs.
+    pub fn boot(
+        name: &str,
+        user_data: &str,
+        volume_id: &str,
+        volume_file: &Path,
+        v6: Ipv6Addr,
+        host_v6: Ipv6Addr,
+        state: &Path,
+    ) -> Instance {
+        std::fs::create_dir_all(state).unwrap();
+        let user_data_file = state.join("user-data");
+        std::fs::write(&user_data_file, user_data).unwrap();
+        let mut child = Command::new("python3")
+            .arg(boot_py())
+            .args([
+                "--name",
+                name,
+                "--volume-id",
+                volume_id,
+                "--boot-timeout",
+                "170",
+            ])
+            .arg("--user-data")
+            .arg(&user_data_file)
+            .arg("--volume-file")
+            .arg(volume_file)
+            .args([
+                "--v6",
+                &format!("{v6}/64"),
+                "--host-v6",
+                &host_v6.to_string(),
+            ])
+            .arg("--state")
+            .arg(state)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 tests/instance/boot.py");
+        let lines = follow(child.stdout.take().unwrap());
+        let mut instance = Instance {
+            name: name.to_string(),
+            state: state.to_path_buf(),
+            child,
+            lines,
+        };
+        let line = instance.next_line(BOOT_WITHIN);
+        assert!(
+            line.starts_with("booted pid="),
+            "instance {name} did not boot: {line}\n{}",
+            instance.log("first-boot.log")
+        );
+        instance
+    }
+
+    /// A file of its state directory (`node.log`, `first-boot.log`).
+    pub fn log(&self, file: &str) -> String {
+        std::fs::read_to_string(self.state.join(file)).unwrap_or_default()
+    }
+
+    /// Waits until its node's log has `needle` (the node writes it as it goes).
+    pub fn wait_for_node_log(&self, needle: &str) {
+        let deadline = std::time::Instant::now() + crate::PROMPT * 6;
+        while !self.log("node.log").contains(needle) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{needle:?} not in the node's log:\n{}",
+                self.log("node.log")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn next_line(&mut self, within: Duration) -> String {
+        match self.lines.recv_timeout(within) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = self.child.kill();
+                panic!(
+                    "instance {}: nothing from boot.py within {within:?}\n{}",
+                    self.name,
+                    self.log("first-boot.log")
+                )
+            }
+        }
+    }
+
+    /// Shuts it down as EC2 terminates an instance: the node gets SIGTERM (it reports its
+    /// last records) and the instance is torn down. Returns boot.py's last word.
+    pub fn terminate(mut self) -> String {
+        crate::signal(self.child.id(), libc::SIGTERM);
+        let line = self.next_line(Duration::from_secs(40));
+        let _ = self.child.wait();
+        line
+    }
+}
+
+impl Drop for Instance {
+    /// Killed abruptly (a lost instance), and nothing of it left behind.
+    fn drop(&mut self) {
+        let _ = Command::new("python3")
+            .arg(boot_py())
+            .args(["--cleanup", "--name", &self.name])
+            .arg("--state")
+            .arg(&self.state)
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn boot_py() -> PathBuf {
+    crate::workspace().join("tests/instance/boot.py")
+}
+
+/// The lines of `stdout`, as they come.
+fn follow(stdout: ChildStdout) -> mpsc::Receiver<String> {
+    let (send, receive) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    receive
+}

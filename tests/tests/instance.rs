@@ -1,0 +1,344 @@
+//! A queue on an "EC2 instance" booted for real: the control plane launches it in moto (EC2's
+//! emulator), and the test boots the user data moto was given in a network namespace of its
+//! own (`tests/instance/boot.py`) at the address EC2 gave it, from moto's ULA subnet. The node
+//! downloads the `dataplane` from the control plane, pulls its config, gets a certificate of its
+//! own from the local CA, and reports usage; a client outside the namespace resolves the queue's
+//! name through our DNS and connects over wss:// checking the certificate for that name.
+//! Killing the instance has the reconciler replace it, and the durability-2 messages on its
+//! volume come back; deleting the queue terminates it and the last usage record arrives.
+
+use qe_ec2::aws_sdk_ec2::types::{InstanceAttributeName, InstanceStateName};
+use qe_ec2::Ec2;
+use qe_tests::instance::Instance;
+use qe_tests::moto::{self, describe_instance, describe_volume, Moto};
+use qe_tests::{dig, https, roots_from_pem, Client, ControlPlane};
+use serde_json::{json, Value};
+use std::net::{Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+const REGION: &str = "us-east-1";
+
+/// The control plane over HTTPS on every address (the nodes reach it at the host end of their
+/// link), and what the test needs to call it.
+struct Api {
+    cp: ControlPlane,
+    /// Where the test calls it: loopback, the same port.
+    at: SocketAddr,
+    roots: rustls::RootCertStore,
+}
+
+impl Api {
+    async fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let token = Some(self.cp.token.as_str());
+        https(self.at, self.roots.clone(), method, path, token, body).await
+    }
+
+    /// Queue `id` once the provider placed it on an instance other than `not`.
+    async fn placed(&self, id: &str, not: Option<&str>) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, queue) = self.call("GET", &format!("/v1/queues/{id}"), None).await;
+            let instance = queue["resources"]["instance"].as_str();
+            if instance.is_some() && instance != not {
+                return queue;
+            }
+            assert!(Instant::now() < deadline, "never placed: {queue}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// An API certificate for the host end of the nodes' links and for loopback, from a CA of
+/// the test's own, and the control plane's config for it, moto and the local CA.
+fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path) -> Api {
+    let host: Ipv6Addr = moto::HOST_V6.parse().unwrap();
+    let ca = qe_tests::test_ca("the control plane's CA");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let names = vec![moto::HOST_V6.to_string(), "::1".to_string()];
+    let leaf = rcgen::CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    std::fs::write(dir.join("api.pem"), leaf.pem()).unwrap();
+    std::fs::write(dir.join("api-key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    let port = std::net::TcpListener::bind("[::]:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let region = &ec2.settings().regions[REGION];
+    let config = format!(
+        "node_url = \"https://[{host}]:{port}\"\nreconcile_every_secs = 1\nlocal_ca = true\n\
+         dns_listen = \"127.0.0.1:0\"\n\
+         [api_tls]\ncert = {:?}\nkey = {:?}\nca = {:?}\n\
+         [provider]\nkind = \"ec2\"\nendpoint = \"{}\"\n[provider.regions.{REGION}]\n\
+         image_id = {:?}\nsubnet_id = {:?}\nsecurity_group_ids = [{:?}]\n",
+        dir.join("api.pem"),
+        dir.join("api-key.pem"),
+        dir.join("ca.pem"),
+        moto.endpoint,
+        region.image_id,
+        region.subnet_id,
+        region.security_group_ids[0],
+    );
+    let cp = ControlPlane::start_listening(&format!("[::]:{port}"), &config);
+    Api {
+        at: SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port),
+        roots: roots_from_pem(&ca.pem()),
+        cp,
+    }
+}
+
+async fn user_data(ec2: &Ec2, instance: &str) -> String {
+    use base64::Engine;
+    let reply = ec2
+        .client(REGION)
+        .unwrap()
+        .describe_instance_attribute()
+        .instance_id(instance)
+        .attribute(InstanceAttributeName::UserData)
+        .send()
+        .await
+        .unwrap();
+    let encoded = reply.user_data().and_then(|v| v.value()).unwrap();
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap();
+    String::from_utf8(decoded).unwrap()
+}
+
+/// A sparse file standing for an EBS volume, kept across instances.
+fn volume_file(dir: &std::path::Path, volume: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("{volume}.img"));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(256 << 20).unwrap();
+    path
+}
+
+/// Boots the instance the queue is placed on now, from the user data EC2 has for it.
+async fn boot(ec2: &Ec2, queue: &Value, name: &str, dir: &std::path::Path) -> Instance {
+    let instance = queue["resources"]["instance"].as_str().unwrap();
+    let volume = queue["resources"]["volume"].as_str().unwrap();
+    let v6: Ipv6Addr = queue["addresses"]["v6"].as_str().unwrap().parse().unwrap();
+    let text = user_data(ec2, instance).await;
+    let file = dir.join(format!("{volume}.img"));
+    let file = match file.exists() {
+        true => file,
+        false => volume_file(dir, volume),
+    };
+    let host = moto::HOST_V6.parse().unwrap();
+    let state = dir.join(name);
+    let (name, volume) = (name.to_string(), volume.to_string());
+    tokio::task::spawn_blocking(move || {
+        Instance::boot(&name, &text, &volume, &file, v6, host, &state)
+    })
+    .await
+    .unwrap()
+}
+
+/// A client at the queue's name: resolved through our DNS (AAAA), connected over wss://,
+/// the certificate checked for that name against `root`.
+async fn connect(dns: SocketAddr, host: &str, root: &str) -> Client {
+    let answers = dig(dns, host, "AAAA", false).answers;
+    let ip: Ipv6Addr = answers[0].parse().unwrap();
+    let url = format!("wss://{host}/");
+    Client::connect_tls_at(&url, SocketAddr::new(ip.into(), 443), roots_from_pem(root)).await
+}
+
+async fn login(client: &mut Client, login: &Value, role: &str, extra: Value) -> Value {
+    let mut request = json!({"username": login["username"], "password": login["password"],
+        "role": role, "queuetype": "distribute"});
+    for (key, value) in extra.as_object().unwrap() {
+        request[key] = value.clone();
+    }
+    client.request(request).await
+}
+
+#[tokio::test]
+async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survives_the_instance() {
+    moto::fake_credentials();
+    let moto = Moto::start();
+    let ec2 = moto::with_networks("test", &moto.endpoint, &[REGION]).await;
+    let files = tempfile::tempdir().unwrap();
+    let api = control_plane(&moto, &ec2, files.path());
+    let dns = api.cp.dns.expect("a DNS server");
+    let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+
+    let asked = Instant::now();
+    let body = format!(
+        r#"{{"tier":"devtest","region":"{REGION}","instance_type":"t3.small","ipv4":false}}"#
+    );
+    let (status, created) = api.call("POST", "/v1/queues", Some(&body)).await;
+    assert_eq!(
+        (status, created["status"].as_str()),
+        (201, Some("provisioning"))
+    );
+    let id = created["id"].as_str().unwrap().to_string();
+    let logins = created["logins"].clone();
+    let queue = api.placed(&id, None).await;
+    let first = boot(&ec2, &queue, "qe1", files.path()).await;
+    let (status, running) = api
+        .call(
+            "GET",
+            &format!("/v1/queues/{id}?until=running&within=60"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, running["status"].as_str()),
+        (200, Some("running")),
+        "{running}"
+    );
+
+    // By name, through our DNS, over wss:// with its own certificate.
+    let host = queue["host"].as_str().unwrap().to_string();
+    let v6 = queue["addresses"]["v6"].as_str().unwrap().to_string();
+    assert_eq!(dig(dns, &host, "AAAA", false).answers, vec![v6.clone()]);
+    assert_eq!(dig(dns, &host, "A", false).status, "NOERROR");
+    assert!(
+        dig(dns, &host, "A", false).answers.is_empty(),
+        "no IPv4 asked"
+    );
+    let mut subscriber = connect(dns, &host, &root).await;
+    let reply = login(
+        &mut subscriber,
+        &logins["subscriber"],
+        "subscriber",
+        json!({"capacity": 1}),
+    )
+    .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let mut publisher = connect(dns, &host, &root).await;
+    let reply = login(&mut publisher, &logins["publisher"], "publisher", json!({})).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let reply = publisher
+        .request(json!({"body": "first", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let delivered = subscriber.recv().await;
+    assert_eq!(delivered["body"], "first");
+    eprintln!(
+        "from POST /v1/queues to a message through the queue by name: {:.1} s",
+        asked.elapsed().as_secs_f64()
+    );
+    subscriber
+        .request(json!({"id": delivered["id"], "ack": 1}))
+        .await;
+    subscriber.request(json!({"logout": true})).await;
+    // One that waits on the volume.
+    let reply = publisher
+        .request(json!({"body": "kept", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+
+    // A rotation is confirmed over the channel: the node serves the new password at once.
+    let (status, rotated) = api
+        .call(
+            "POST",
+            &format!("/v1/queues/{id}/logins/publisher/rotate"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &rotated["applied"]),
+        (200, &json!(true)),
+        "{rotated}"
+    );
+    let mut with_old = connect(dns, &host, &root).await;
+    let reply = login(&mut with_old, &logins["publisher"], "publisher", json!({})).await;
+    assert_eq!(reply["code"], 107, "the old password is refused");
+
+    // The instance is lost: killed, and gone from EC2. The reconciler launches a replacement
+    // with the same volume; booted, it serves the message the first one acknowledged.
+    let lost = queue["resources"]["instance"].as_str().unwrap().to_string();
+    drop(first);
+    let client = ec2.client(REGION).unwrap();
+    client
+        .terminate_instances()
+        .instance_ids(&lost)
+        .send()
+        .await
+        .unwrap();
+    let replaced = api.placed(&id, Some(&lost)).await;
+    assert_eq!(
+        replaced["resources"]["volume"],
+        queue["resources"]["volume"]
+    );
+    let second = boot(&ec2, &replaced, "qe2", files.path()).await;
+    second.wait_for_node_log("listening on");
+    let v6 = replaced["addresses"]["v6"].as_str().unwrap().to_string();
+    assert_eq!(dig(dns, &host, "AAAA", false).answers, vec![v6]);
+    let mut subscriber = connect(dns, &host, &root).await;
+    let reply = login(
+        &mut subscriber,
+        &logins["subscriber"],
+        "subscriber",
+        json!({"capacity": 1}),
+    )
+    .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let delivered = subscriber.recv().await;
+    assert_eq!(
+        delivered["body"], "kept",
+        "durability 2 outlived its instance"
+    );
+    subscriber
+        .request(json!({"id": delivered["id"], "ack": 1}))
+        .await;
+    subscriber.request(json!({"logout": true})).await;
+
+    // Deleted: EC2 terminates the instance, which shuts down: its node reports its last
+    // records, then the volume is deleted.
+    let instance = replaced["resources"]["instance"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let volume = replaced["resources"]["volume"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deleting = {
+        let (at, roots, token) = (api.at, api.roots.clone(), api.cp.token.clone());
+        let path = format!("/v1/queues/{id}");
+        tokio::spawn(async move { https(at, roots, "DELETE", &path, Some(&token), None).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let described = describe_instance(client, &instance).await;
+        if described.state().unwrap().name() == Some(&InstanceStateName::Terminated) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never terminated");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let said = tokio::task::spawn_blocking(move || second.terminate())
+        .await
+        .unwrap();
+    assert_eq!(said, "stopped status=0", "a clean stop");
+    let (status, deleted) = deleting.await.unwrap();
+    assert_eq!(
+        (status, deleted["status"].as_str()),
+        (200, Some("deleted")),
+        "{deleted}"
+    );
+    assert!(
+        describe_volume(client, &volume).await.is_none(),
+        "the volume is deleted"
+    );
+    let (_, usage) = api
+        .call(
+            "GET",
+            &format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}"),
+            None,
+        )
+        .await;
+    let records = usage["usage"].as_array().unwrap();
+    assert!(!records.is_empty(), "{usage}");
+    let sent: u64 = records
+        .iter()
+        .map(|r| r["network_sent"].as_u64().unwrap())
+        .sum();
+    assert!(sent > 0, "the bytes the nodes sent are counted: {usage}");
+    drop(moto);
+}

@@ -27,6 +27,10 @@ pub struct Config {
     /// Where the authoritative DNS for `q.CLUSTER.DOMAIN` answers (UDP and TCP). Default: no
     /// DNS server.
     pub dns_listen: Option<SocketAddr>,
+    /// The name server's name as the parent zone delegates `q.CLUSTER.DOMAIN` to it (with
+    /// glue there), for the zone's NS record. Default: `ns.q.CLUSTER.DOMAIN` at the address
+    /// of `dns_listen` (local use).
+    pub dns_name: Option<String>,
     /// The ACME CA the cluster's certificate comes from. Default: none.
     pub acme: Option<crate::certificates::acme::AcmeConfig>,
     /// Issue the cluster's certificate from a CA of our own, kept in `DATA_DIR/local-ca/`
@@ -199,6 +203,21 @@ mod tests {
         assert!(
             Config::parse("data_dir = \"/d\"\n").is_err(),
             "a token is required"
+        );
+    }
+
+    #[test]
+    fn the_example_config_in_infra_is_one_this_build_takes() {
+        let text = include_str!("../../infra/controlplane.example.toml");
+        let config = Config::parse(text).unwrap();
+        assert!(config.check().is_ok(), "HTTPS on every address");
+        let ProviderConfig::Ec2(ec2) = &config.provider else {
+            panic!("the example runs nodes on EC2");
+        };
+        assert_eq!(ec2.regions["eu-west-1"].security_group_ids.len(), 1);
+        assert_eq!(
+            config.node_url.as_deref(),
+            Some("https://cp.example.com:8443")
         );
     }
 

@@ -22,11 +22,20 @@ use std::time::Duration;
 /// How long resolvers may keep an answer: short, since queues come and go.
 const TTL: u32 = 60;
 
+/// Who the zone says serves it (its NS record, and its SOA's primary).
+#[derive(Debug, Clone)]
+pub enum Nameserver {
+    /// `ns.q.CLUSTER.DOMAIN` at this address, answered by the zone itself (local use).
+    InZone(IpAddr),
+    /// The name the parent zone delegates to (`dns_name`), with its glue there: the zone
+    /// names the server the parent names, so resolvers that trust the zone's own NS agree.
+    Named(String),
+}
+
 /// The zone as served now; [`Zone::update`] swaps in a new one.
 pub struct Zone {
     origin: Name,
-    /// The address of `ns.q.CLUSTER.DOMAIN`, this server.
-    nameserver: IpAddr,
+    nameserver: Nameserver,
     current: RwLock<Arc<Catalog>>,
     /// What the zone is built from; either changing rebuilds it.
     contents: std::sync::Mutex<Contents>,
@@ -50,10 +59,14 @@ pub enum DnsError {
 }
 
 impl Zone {
-    /// The zone `q.CLUSTER.DOMAIN.`, empty of queues, served from `nameserver`.
-    pub fn new(cluster: &str, domain: &str, nameserver: IpAddr) -> Result<Arc<Zone>, DnsError> {
+    /// The zone `q.CLUSTER.DOMAIN.`, empty of queues, served by `nameserver`.
+    pub fn new(cluster: &str, domain: &str, nameserver: Nameserver) -> Result<Arc<Zone>, DnsError> {
         let text = format!("q.{cluster}.{domain}.");
         let origin = Name::from_str(&text).map_err(|_| DnsError::Name(text))?;
+        if let Nameserver::Named(name) = &nameserver {
+            let fqdn = format!("{}.", name.trim_end_matches('.'));
+            Name::from_str(&fqdn).map_err(|_| DnsError::Name(name.clone()))?;
+        }
         let zone = Arc::new(Zone {
             origin,
             nameserver,
@@ -101,7 +114,13 @@ impl Zone {
     }
 
     fn records(&self, contents: &Contents, serial: u32) -> Vec<Record> {
-        let ns = self.name("ns");
+        let ns = match &self.nameserver {
+            Nameserver::InZone(_) => self.name("ns"),
+            Nameserver::Named(name) => {
+                let fqdn = format!("{}.", name.trim_end_matches('.'));
+                Name::from_str(&fqdn).expect("checked in Zone::new")
+            }
+        };
         let soa = SOA::new(
             ns.clone(),
             self.name("hostmaster"),
@@ -114,8 +133,10 @@ impl Zone {
         let mut records = vec![
             Record::from_rdata(self.origin.clone(), TTL, RData::SOA(soa)),
             Record::from_rdata(self.origin.clone(), TTL, RData::NS(NS(ns.clone()))),
-            Record::from_rdata(ns, TTL, address(self.nameserver)),
         ];
+        if let Nameserver::InZone(ip) = self.nameserver {
+            records.push(Record::from_rdata(ns, TTL, address(ip)));
+        }
         let live = |queue: &&Queue| matches!(queue.status, Status::Running | Status::Provisioning);
         for (ordered, value) in &contents.challenges {
             // RFC 8555 §8.4: `_acme-challenge.` before the name, a wildcard's `*.` left off.
@@ -253,7 +274,12 @@ mod tests {
     #[tokio::test]
     async fn a_queue_resolves_to_where_its_provider_placed_it_once_placed() {
         use crate::queues::{create, Addresses, NewQueue, Tier};
-        let zone = Zone::new("c", "example.test", "127.0.0.1".parse().unwrap()).unwrap();
+        let zone = Zone::new(
+            "c",
+            "example.test",
+            Nameserver::InZone("127.0.0.1".parse().unwrap()),
+        )
+        .unwrap();
         let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
@@ -300,7 +326,12 @@ mod tests {
 
     #[tokio::test]
     async fn acme_challenges_are_txt_records_while_the_order_is_pending() {
-        let zone = Zone::new("c", "example.test", "::1".parse().unwrap()).unwrap();
+        let zone = Zone::new(
+            "c",
+            "example.test",
+            Nameserver::InZone("::1".parse().unwrap()),
+        )
+        .unwrap();
         let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
@@ -358,5 +389,27 @@ mod tests {
             (code, ns),
             (ResponseCode::NoError, vec!["ns.q.c.example.test.".into()])
         );
+    }
+
+    #[tokio::test]
+    async fn a_delegated_zone_names_the_server_its_parent_names() {
+        let named = Nameserver::Named("ns1.c.example.test".into());
+        let zone = Zone::new("c", "example.test", named).unwrap();
+        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let (code, ns) = ask(server, "q.c.example.test.", RecordType::NS).await;
+        assert_eq!(
+            (code, ns),
+            (ResponseCode::NoError, vec!["ns1.c.example.test.".into()])
+        );
+        let (code, _) = ask(server, "ns.q.c.example.test.", RecordType::A).await;
+        assert_eq!(
+            code,
+            ResponseCode::NXDomain,
+            "no server of its own in the zone"
+        );
+        let bad = Nameserver::Named("not a name..".into());
+        assert!(Zone::new("c", "example.test", bad).is_err());
     }
 }

@@ -7,7 +7,7 @@ use controlplane::api::{self, queues, AppState};
 use controlplane::certificates::NodeCertificates;
 use controlplane::config::Config;
 use controlplane::config::ProviderConfig;
-use controlplane::dns::{self, Zone};
+use controlplane::dns::{self, Nameserver, Zone};
 use controlplane::fleet::cloud_init::{self, NodeBoot};
 use controlplane::fleet::ec2::Ec2Provider;
 use controlplane::fleet::local::LocalProvider;
@@ -183,10 +183,12 @@ async fn start(config: Config) -> Result<Running, Failure> {
         }
         ProviderConfig::Ec2(ec2) => (Arc::new(ec2_provider(&config, ec2, zone_name).await?), None),
     };
-    // The name server's own address in the zone: where it listens (loopback if everywhere).
-    let nameserver = match config.dns_listen.map(|addr| addr.ip()) {
-        Some(ip) if !ip.is_unspecified() => ip,
-        _ => std::net::Ipv6Addr::LOCALHOST.into(),
+    // The name server: the one the parent delegates to, or (local use) `ns` in the zone at
+    // the address it listens on (loopback if everywhere).
+    let nameserver = match (&config.dns_name, config.dns_listen.map(|addr| addr.ip())) {
+        (Some(name), _) => Nameserver::Named(name.clone()),
+        (None, Some(ip)) if !ip.is_unspecified() => Nameserver::InZone(ip),
+        (None, _) => Nameserver::InZone(std::net::Ipv6Addr::LOCALHOST.into()),
     };
     let zone = Zone::new(&config.cluster, &config.domain, nameserver)?;
     zone.update(&store.list()?);

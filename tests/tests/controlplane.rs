@@ -881,6 +881,66 @@ async fn wait_until_applied(cp: &ControlPlane, id: &str) {
 }
 
 #[tokio::test]
+async fn the_opt_in_cluster_wildcard_is_fetched_whole_by_nodes_and_renewed_on_demand() {
+    use rustls::pki_types::pem::PemObject;
+    let cp = ControlPlane::start_with("local_ca = true\nwildcard_certificate = true\n");
+    cp.wait_for_log("certificate issued", 1);
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = create_queue(&cp, body).await;
+    let id = queue["id"].as_str().unwrap();
+    let token = cp.node_config(id)["node_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/nodes/{id}/certificate");
+    let (status, issued) = http(cp.addr, "GET", &path, Some(&token), None).await;
+    assert_eq!(status, 200, "{issued}");
+    assert!(issued["key_pem"].as_str().unwrap().contains("PRIVATE KEY"));
+    // No CSRs in this mode: every node serves the one wildcard.
+    let (status, _) = http(
+        cp.addr,
+        "POST",
+        &path,
+        Some(&token),
+        Some(r#"{"csr_pem":"x"}"#),
+    )
+    .await;
+    assert_eq!(status, 409);
+
+    let root = std::fs::read_to_string(cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    let host = queue["host"].as_str().unwrap();
+    let url = queue["node"].as_str().unwrap();
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let at = std::net::SocketAddr::new("::1".parse().unwrap(), port);
+    let served = served_leaf(at, host, &root).await;
+    let chain = issued["chain_pem"].as_str().unwrap().as_bytes();
+    let wildcard = rustls::pki_types::CertificateDer::pem_slice_iter(chain)
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(served, wildcard.to_vec(), "the node serves the wildcard");
+
+    // A forced renewal: a new wildcard, and every node fetches it (over the channel).
+    let (status, _) = cp.call("POST", "/v1/certificate/renew", None).await;
+    assert_eq!(status, 202);
+    cp.wait_for_log("certificate issued", 2);
+    wait_until_applied(&cp, id).await;
+    let (_, config) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(config["config"]["version"], 2, "{config}");
+    assert_ne!(
+        served_leaf(at, host, &root).await,
+        served,
+        "a new certificate"
+    );
+}
+
+#[tokio::test]
 async fn a_tls_node_started_while_its_control_plane_is_down_serves_the_config_and_certificate_it_kept(
 ) {
     let mut cp = ControlPlane::start_with("local_ca = true\n");

@@ -159,10 +159,12 @@ pub async fn keep_certified(issuer: Issuer, zone: Arc<Zone>, store: Store, renew
         match issuer.issue(&zone, &store).await {
             Ok(issued) => {
                 store.put_certificate(&issued).ok();
-                tracing::info!("certificate issued for {}", zone.wildcard());
+                // Every node is told before this is said: whoever waits for the log line
+                // then finds the change asked for.
                 if let Err(error) = crate::queues::renew_certificates(&store) {
                     tracing::warn!(%error, "the nodes could not be told of the new certificate");
                 }
+                tracing::info!("certificate issued for {}", zone.wildcard());
                 forced = false;
                 wait = RETRY_AFTER;
             }

@@ -363,7 +363,7 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
     std::fs::create_dir_all(&dir)?;
     let mut secret = [0u8; 16];
     getrandom::fill(&mut secret).expect("the OS random source");
-    let token: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let token = qe_shared::hex(&secret);
     // Pebble is told where our DNS answers before the DNS server starts: a free port now.
     let dns_listen = match flags.dns_listen.port() {
         0 => dns::free_addr(flags.dns_listen.ip()).await?,

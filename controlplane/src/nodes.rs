@@ -31,10 +31,10 @@ impl NodeTokens {
 
     /// The token of credential number `credential` of queue `queue_id`.
     pub fn token_for(&self, queue_id: &str, credential: u64) -> String {
-        hmac_sha256(&self.secret, format!("{queue_id}/{credential}").as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        qe_shared::hex(&hmac_sha256(
+            &self.secret,
+            format!("{queue_id}/{credential}").as_bytes(),
+        ))
     }
 
     /// The credential number `presented` is for `queue`: its current one, or the one being
@@ -108,7 +108,7 @@ mod tests {
         let mut key = [0u8; 32];
         key[..4].copy_from_slice(b"Jefe");
         let mac = hmac_sha256(&key, b"what do ya want for nothing?");
-        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = qe_shared::hex(&mac);
         assert_eq!(
             hex,
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"

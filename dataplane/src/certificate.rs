@@ -5,7 +5,7 @@
 //! certificate are put in service as one checked pair, then written to disk for the next
 //! start.
 
-use crate::channel::{Channel, ChannelError};
+use crate::channel::{write_private, Channel, ChannelError};
 use qe_tls::Certificate;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -145,33 +145,17 @@ impl OwnCertificate {
         Ok(())
     }
 
-    /// Each file to the side, synced, then renamed: a restart reads a whole pair, or a
+    /// Each file whole (to the side, synced, renamed): a restart reads a whole pair, or a
     /// mismatched one that [`Certificate::load`] refuses (and [`Self::ensure`] replaces).
     fn write(&self, chain: &str, key: &str) -> std::io::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         let (cert_path, key_path) = paths(&self.data_dir);
         let dir = cert_path.parent().expect("in tls/");
         std::fs::create_dir_all(dir)?;
         let generation = self.generation.load(Ordering::Relaxed).to_string();
-        let generation_path = dir.join("own-generation");
         // The generation last: a crash before it only means one renewal more.
-        for (path, text) in [
-            (&key_path, key),
-            (&cert_path, chain),
-            (&generation_path, generation.as_str()),
-        ] {
-            let side = path.with_extension("new");
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&side)?;
-            file.write_all(text.as_bytes())?;
-            file.sync_all()?;
-            std::fs::rename(&side, path)?;
-        }
+        write_private(&key_path, key.as_bytes())?;
+        write_private(&cert_path, chain.as_bytes())?;
+        write_private(&dir.join("own-generation"), generation.as_bytes())?;
         std::fs::File::open(dir)?.sync_all()
     }
 }

@@ -179,7 +179,7 @@ fn keep(data_dir: &Path, desired: &DesiredConfig) -> std::io::Result<()> {
 }
 
 /// Writes `path` whole or not at all: readable by the node alone, synced, then renamed.
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let side = path.with_extension("new");

@@ -2,7 +2,7 @@
 
 use crate::auth::{Login, Logins, PasswordHash};
 use crate::connection::Keepalive;
-use crate::history::Placement;
+use crate::history::UsageLabels;
 use clap::Parser;
 use qe_shared::settings::{fixed, Tier};
 use serde::Deserialize;
@@ -199,7 +199,7 @@ pub struct Config {
     pub max_messages_memory: Option<u64>,
     pub log_segment_bytes: Option<u64>,
     pub keepalive: Keepalive,
-    pub placement: Placement,
+    pub usage_labels: UsageLabels,
     /// The file read at start, read again for a change of logins.
     pub config_file: Option<PathBuf>,
     /// The logins flags gave (publisher, subscriber, admin): they win over the file, also on a
@@ -361,7 +361,7 @@ impl Config {
                     .message_timeout_secs
                     .unwrap_or(fixed::MESSAGE_TIMEOUT_SECS),
             ),
-            placement: Placement {
+            usage_labels: UsageLabels {
                 instance_type: file.instance_type.unwrap_or_else(|| "local".into()),
                 region: file.region.unwrap_or_else(|| "local".into()),
                 ipv4: file.ipv4,

@@ -28,9 +28,9 @@ pub struct Usage {
     pub storage_held: u64,
 }
 
-/// What the node bills under: from its config, written by the control plane.
+/// What the node's usage records carry, to bill it under: from the control plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
+pub struct UsageLabels {
     pub instance_type: String,
     pub region: String,
     pub ipv4: bool,
@@ -131,7 +131,7 @@ impl History {
         &self,
         time: u64,
         usage: &Usage,
-        placement: &Placement,
+        usage_labels: &UsageLabels,
     ) -> Result<(), sled::Error> {
         let line = format!(
             "{},{},{},{},{},{},{},{}",
@@ -140,9 +140,9 @@ impl History {
             usage.storage_written,
             usage.storage_read,
             usage.storage_held,
-            placement.instance_type,
-            placement.region,
-            placement.ipv4 as u8
+            usage_labels.instance_type,
+            usage_labels.region,
+            usage_labels.ipv4 as u8
         );
         self.usage.insert(time.to_be_bytes(), line.as_bytes())?;
         self.recorded.notify_waiters();
@@ -361,7 +361,7 @@ pub async fn run(node: Arc<Node>, mut stopping: tokio::sync::watch::Receiver<boo
             _ = tokio::time::sleep(Duration::from_secs(next - start)) => {}
             _ = stopping.wait_for(|stopping| *stopping) => {
                 let usage = meter.take(node.totals(), node.storage_held());
-                if let Err(error) = history.record_usage(now(), &usage, &node.placement) {
+                if let Err(error) = history.record_usage(now(), &usage, &node.usage_labels) {
                     tracing::error!(%error, "recording the last usage failed");
                 }
                 return;
@@ -375,7 +375,7 @@ pub async fn run(node: Arc<Node>, mut stopping: tokio::sync::watch::Receiver<boo
         }
         if next == next_usage {
             let usage = meter.take(node.totals(), node.storage_held());
-            if let Err(error) = history.record_usage(next, &usage, &node.placement) {
+            if let Err(error) = history.record_usage(next, &usage, &node.usage_labels) {
                 tracing::error!(%error, "recording usage failed");
             }
         }

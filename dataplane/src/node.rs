@@ -6,7 +6,7 @@ use crate::auth::Logins;
 use crate::config::Config;
 use crate::connection::Keepalive;
 use crate::engine::{CopyQueue, Limits, Queue};
-use crate::history::{History, Placement, Totals};
+use crate::history::{History, Totals, UsageLabels};
 use crate::limits::{usable_memory, NodeLimits};
 use crate::store::log::{self, LogOptions, LogStore};
 use crate::store::meta::SaveError;
@@ -43,7 +43,7 @@ pub struct Node {
     /// Stats and usage records.
     pub history: History,
     /// What usage is billed under.
-    pub placement: Placement,
+    pub usage_labels: UsageLabels,
     /// Bytes on the sockets.
     pub traffic: Arc<Traffic>,
     /// Bytes of the message log.
@@ -148,7 +148,7 @@ impl Node {
             presence: Arc::default(),
             log_level: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             history,
-            placement: config.placement.clone(),
+            usage_labels: config.usage_labels.clone(),
             traffic: Arc::default(),
             storage,
         }))

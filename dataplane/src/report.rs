@@ -88,6 +88,12 @@ impl Reporter {
         Reporter { node, target }
     }
 
+    /// Where reports go now, and the client for it.
+    fn target(&self) -> (ReportTo, reqwest::Client) {
+        let target = self.target.read().expect("never poisoned");
+        (target.to.clone(), target.client.clone())
+    }
+
     /// Where reports go now.
     pub fn to(&self) -> ReportTo {
         self.target.read().expect("never poisoned").to.clone()
@@ -132,10 +138,7 @@ impl Reporter {
     /// (the control plane removes a deleted queue's data only after it).
     pub async fn push_last(&self) -> Result<(), ReportError> {
         self.push_all().await?;
-        let (to, client) = {
-            let target = self.target.read().expect("never poisoned");
-            (target.to.clone(), target.client.clone())
-        };
+        let (to, client) = self.target();
         let url = format!("{}/v1/nodes/{}/reports", to.url, to.queue_id);
         let response = client
             .post(url)
@@ -162,10 +165,7 @@ impl Reporter {
                 records.iter().map(|(_, line)| line.clone()).collect()
             };
             let body = json!({"usage": lines(&usage), "stats": lines(&stats)});
-            let (to, client) = {
-                let target = self.target.read().expect("never poisoned");
-                (target.to.clone(), target.client.clone())
-            };
+            let (to, client) = self.target();
             let url = format!("{}/v1/nodes/{}/reports", to.url, to.queue_id);
             let response = client
                 .post(url)

@@ -15,3 +15,8 @@ pub mod protocol;
 pub mod settings;
 
 pub use code::Code;
+
+/// Bytes as lowercase hex: tokens, digests, salts.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -46,7 +46,12 @@ impl PasswordHash {
 
 impl std::fmt::Display for PasswordHash {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "sha256:{}:{}", to_hex(&self.salt), to_hex(&self.hash))
+        write!(
+            f,
+            "sha256:{}:{}",
+            crate::hex(&self.salt),
+            crate::hex(&self.hash)
+        )
     }
 }
 
@@ -55,10 +60,6 @@ fn salted_hash(salt: &[u8], password: &str) -> [u8; 32] {
     hasher.update(salt);
     hasher.update(password.as_bytes());
     hasher.finalize().into()
-}
-
-fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn from_hex<const N: usize>(text: &str) -> Option<[u8; N]> {

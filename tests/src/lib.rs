@@ -853,6 +853,11 @@ pub async fn http(
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
+/// The API path of every usage record of queue `id`, whenever made.
+pub fn all_usage_of(id: &str) -> String {
+    format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}")
+}
+
 /// One HTTP/1.1 request over a fresh connection; returns the status and the body.
 pub async fn http_text(
     addr: SocketAddr,

@@ -249,6 +249,22 @@ async fn image(client: &Client) -> String {
     ids.first().expect("moto ships images").to_string()
 }
 
+/// The user data an instance was launched with, as EC2 keeps it, decoded.
+pub async fn user_data(client: &Client, instance: &str) -> String {
+    let reply = client
+        .describe_instance_attribute()
+        .instance_id(instance)
+        .attribute(qe_ec2::aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .expect("DescribeInstanceAttribute");
+    let encoded = reply
+        .user_data()
+        .and_then(|v| v.value())
+        .expect("user data");
+    String::from_utf8(BASE64.decode(encoded).expect("base64")).expect("UTF-8")
+}
+
 /// EC2's own description of an instance, to check what was launched rather than what this crate reports.
 pub async fn describe_instance(client: &Client, id: &str) -> SdkInstance {
     let reply = client

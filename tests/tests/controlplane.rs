@@ -762,15 +762,7 @@ async fn each_queue_gets_its_own_certificate_by_dns_01_from_its_nodes_csr_and_re
 
     // The served chain verifies against Pebble's issuing root for this queue's name only.
     let host = queue["host"].as_str().unwrap().to_string();
-    let url = queue["node"].as_str().unwrap();
-    let port: u16 = url
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
-    let at = std::net::SocketAddr::new("::1".parse().unwrap(), port);
+    let at = node_at_v6(&queue);
     let leaf = CertificateDer::from(served_leaf(at, &host, &pebble_root).await);
     let roots = roots_from_pem(&pebble_root);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -798,13 +790,7 @@ async fn each_queue_gets_its_own_certificate_by_dns_01_from_its_nodes_csr_and_re
         url.starts_with(&format!("wss://{}:", queue["host"].as_str().unwrap())),
         "{url}"
     );
-    let port: u16 = url
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
+    let port = node_at_v6(&queue).port();
     let host = queue["host"].as_str().unwrap();
     let ip: std::net::IpAddr = dig(dns, host, "AAAA", false).answers[0].parse().unwrap();
     let at = std::net::SocketAddr::new(ip, port);
@@ -842,6 +828,13 @@ async fn each_queue_gets_its_own_certificate_by_dns_01_from_its_nodes_csr_and_re
         .await;
     assert_eq!(reply["status"], "Success.", "{reply}");
     assert_eq!(subscriber.recv().await["body"], "after the renewal");
+}
+
+/// Where a local queue's node listens on ::1 (its `node` URL's port).
+fn node_at_v6(queue: &Value) -> std::net::SocketAddr {
+    let url = queue["node"].as_str().unwrap();
+    let port = url.rsplit(':').next().unwrap().trim_end_matches('/');
+    std::net::SocketAddr::new("::1".parse().unwrap(), port.parse().unwrap())
 }
 
 /// The leaf certificate a TLS server at `at` presents for `host`, verified against `root`.
@@ -909,15 +902,7 @@ async fn the_opt_in_cluster_wildcard_is_fetched_whole_by_nodes_and_renewed_on_de
 
     let root = std::fs::read_to_string(cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
     let host = queue["host"].as_str().unwrap();
-    let url = queue["node"].as_str().unwrap();
-    let port: u16 = url
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
-    let at = std::net::SocketAddr::new("::1".parse().unwrap(), port);
+    let at = node_at_v6(&queue);
     let served = served_leaf(at, host, &root).await;
     let chain = issued["chain_pem"].as_str().unwrap().as_bytes();
     let wildcard = rustls::pki_types::CertificateDer::pem_slice_iter(chain)

@@ -11,8 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use base64::{engine::general_purpose::STANDARD as BASE64, Engine as _};
-use qe_ec2::aws_sdk_ec2::types::{HttpTokensState, InstanceAttributeName, VolumeType};
+use qe_ec2::aws_sdk_ec2::types::{HttpTokensState, VolumeType};
 use qe_ec2::{Ec2, Ec2Error, Launch, CLUSTER_TAG, QUEUE_TAG};
 use qe_tests::moto::{describe_instance, describe_volume, param, volumes_of, with_networks, Moto};
 
@@ -144,18 +143,7 @@ async fn check_described(ec2: &Ec2, id: &str, region: &str, queue_id: &str, toke
         .collect();
     assert_eq!(groups, place.security_group_ids);
 
-    let user_data = client
-        .describe_instance_attribute()
-        .instance_id(id)
-        .attribute(InstanceAttributeName::UserData)
-        .send()
-        .await
-        .unwrap();
-    let encoded = user_data
-        .user_data()
-        .and_then(|value| value.value())
-        .unwrap();
-    assert_eq!(BASE64.decode(encoded).unwrap(), USER_DATA.as_bytes());
+    assert_eq!(qe_tests::moto::user_data(client, id).await, USER_DATA);
 
     // The launch tags its root volume too, so it is found by cluster and queue; it must not pass for the
     // queue's data volume.

@@ -4,7 +4,7 @@
 //! speak, the test speaks for it with the credential its user data carries.
 
 use base64::Engine;
-use qe_ec2::aws_sdk_ec2::types::{InstanceAttributeName, InstanceStateName};
+use qe_ec2::aws_sdk_ec2::types::InstanceStateName;
 use qe_ec2::{Ec2, Launch, CLUSTER_TAG, QUEUE_TAG};
 use qe_shared::node_channel::Bootstrap;
 use qe_tests::moto::{self, describe_instance, describe_volume, Moto};
@@ -56,22 +56,8 @@ async fn placed(cp: &ControlPlane, id: &str, not: Option<&str>) -> Value {
     }
 }
 
-/// What an instance was launched with, as EC2 keeps it: its user data, decoded.
 async fn user_data(ec2: &Ec2, instance: &str) -> String {
-    let reply = ec2
-        .client(REGION)
-        .unwrap()
-        .describe_instance_attribute()
-        .instance_id(instance)
-        .attribute(InstanceAttributeName::UserData)
-        .send()
-        .await
-        .unwrap();
-    let encoded = reply.user_data().and_then(|v| v.value()).unwrap();
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .unwrap();
-    String::from_utf8(decoded).unwrap()
+    moto::user_data(ec2.client(REGION).unwrap(), instance).await
 }
 
 /// The value of the shell variable `name='…'` in the first-boot script.
@@ -221,7 +207,7 @@ async fn an_ec2_queue_is_launched_as_asked_and_its_volume_outlives_its_instance(
     let (status, binary) = download(cp.addr, &format!("/v1/nodes/{id}/dataplane"), &token).await;
     assert_eq!(status, 200);
     let sha = sha2::Sha256::digest(&binary);
-    let sha: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+    let sha = qe_shared::hex(&sha);
     assert_eq!(script_value(&text, "DATAPLANE_SHA256"), sha);
     assert_eq!(binary, std::fs::read(qe_tests::dataplane_binary()).unwrap());
     let (status, _) = download(cp.addr, &format!("/v1/nodes/{id}/dataplane"), "nope").await;
@@ -291,13 +277,7 @@ async fn an_ec2_queue_is_launched_as_asked_and_its_volume_outlives_its_instance(
         describe_volume(client, &volume).await.is_none(),
         "the volume is deleted"
     );
-    let (_, usage) = cp
-        .call(
-            "GET",
-            &format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}"),
-            None,
-        )
-        .await;
+    let (_, usage) = cp.call("GET", &qe_tests::all_usage_of(&id), None).await;
     assert_eq!(usage["usage"].as_array().unwrap().len(), 1, "{usage}");
     let (status, _) = http(cp.addr, "GET", &config_path, Some(&token), None).await;
     assert_eq!(status, 401, "a deleted queue's credential works no more");
@@ -381,13 +361,7 @@ async fn killed_while_launching_or_deleting_the_control_plane_leaves_no_orphan_o
         0,
         "no orphan instance"
     );
-    let (_, usage) = cp
-        .call(
-            "GET",
-            &format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}"),
-            None,
-        )
-        .await;
+    let (_, usage) = cp.call("GET", &qe_tests::all_usage_of(&id), None).await;
     assert_eq!(
         usage["usage"].as_array().unwrap().len(),
         1,

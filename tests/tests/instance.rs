@@ -7,7 +7,7 @@
 //! Killing the instance has the reconciler replace it, and the durability-2 messages on its
 //! volume come back; deleting the queue terminates it and the last usage record arrives.
 
-use qe_ec2::aws_sdk_ec2::types::{InstanceAttributeName, InstanceStateName};
+use qe_ec2::aws_sdk_ec2::types::InstanceStateName;
 use qe_ec2::Ec2;
 use qe_tests::instance::Instance;
 use qe_tests::moto::{self, describe_instance, describe_volume, Moto};
@@ -91,21 +91,7 @@ fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path) -> Api {
 }
 
 async fn user_data(ec2: &Ec2, instance: &str) -> String {
-    use base64::Engine;
-    let reply = ec2
-        .client(REGION)
-        .unwrap()
-        .describe_instance_attribute()
-        .instance_id(instance)
-        .attribute(InstanceAttributeName::UserData)
-        .send()
-        .await
-        .unwrap();
-    let encoded = reply.user_data().and_then(|v| v.value()).unwrap();
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .unwrap();
-    String::from_utf8(decoded).unwrap()
+    moto::user_data(ec2.client(REGION).unwrap(), instance).await
 }
 
 /// A sparse file standing for an EBS volume, kept across instances.
@@ -144,6 +130,14 @@ async fn connect(dns: SocketAddr, host: &str, root: &str) -> Client {
     let ip: Ipv6Addr = answers[0].parse().unwrap();
     let url = format!("wss://{host}/");
     Client::connect_tls_at(&url, SocketAddr::new(ip.into(), 443), roots_from_pem(root)).await
+}
+
+/// A client at the queue's name, logged in as `role` (a subscriber with capacity 1).
+async fn logged_in(dns: SocketAddr, host: &str, root: &str, logins: &Value, role: &str) -> Client {
+    let mut client = connect(dns, host, root).await;
+    let reply = login(&mut client, &logins[role], role, json!({"capacity": 1})).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    client
 }
 
 async fn login(client: &mut Client, login: &Value, role: &str, extra: Value) -> Value {
@@ -200,18 +194,8 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
         dig(dns, &host, "A", false).answers.is_empty(),
         "no IPv4 asked"
     );
-    let mut subscriber = connect(dns, &host, &root).await;
-    let reply = login(
-        &mut subscriber,
-        &logins["subscriber"],
-        "subscriber",
-        json!({"capacity": 1}),
-    )
-    .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
-    let mut publisher = connect(dns, &host, &root).await;
-    let reply = login(&mut publisher, &logins["publisher"], "publisher", json!({})).await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    let mut subscriber = logged_in(dns, &host, &root, &logins, "subscriber").await;
+    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
     let reply = publisher
         .request(json!({"body": "first", "durability": 2}))
         .await;
@@ -269,15 +253,7 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
     second.wait_for_node_log("listening on");
     let v6 = replaced["addresses"]["v6"].as_str().unwrap().to_string();
     assert_eq!(dig(dns, &host, "AAAA", false).answers, vec![v6]);
-    let mut subscriber = connect(dns, &host, &root).await;
-    let reply = login(
-        &mut subscriber,
-        &logins["subscriber"],
-        "subscriber",
-        json!({"capacity": 1}),
-    )
-    .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    let mut subscriber = logged_in(dns, &host, &root, &logins, "subscriber").await;
     let delivered = subscriber.recv().await;
     assert_eq!(
         delivered["body"], "kept",
@@ -326,13 +302,7 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
         describe_volume(client, &volume).await.is_none(),
         "the volume is deleted"
     );
-    let (_, usage) = api
-        .call(
-            "GET",
-            &format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}"),
-            None,
-        )
-        .await;
+    let (_, usage) = api.call("GET", &qe_tests::all_usage_of(&id), None).await;
     let records = usage["usage"].as_array().unwrap();
     assert!(!records.is_empty(), "{usage}");
     let sent: u64 = records

@@ -23,7 +23,7 @@ impl NodeBoot {
     pub fn new(template: String, dataplane: &Path) -> Result<NodeBoot, String> {
         let binary =
             std::fs::read(dataplane).map_err(|e| format!("{}: {e}", dataplane.display()))?;
-        let dataplane_sha256 = hex(&sha2::Sha256::digest(&binary));
+        let dataplane_sha256 = qe_shared::hex(&sha2::Sha256::digest(&binary));
         let boot = NodeBoot {
             template,
             dataplane_sha256,
@@ -69,10 +69,6 @@ impl NodeBoot {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,7 +93,7 @@ mod tests {
         assert!(text.contains("VOLUME_ID='vol-0abc'"));
         assert!(text.contains(&format!(
             "DATAPLANE_SHA256='{}'",
-            hex(&sha2::Sha256::digest(b"a node"))
+            qe_shared::hex(&sha2::Sha256::digest(b"a node"))
         )));
         let encoded = text
             .lines()

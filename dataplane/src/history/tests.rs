@@ -20,8 +20,8 @@ fn day(year: u64, month: u64, day: u64) -> Day {
     parse_day(Some(&json!(year)), Some(&json!(month)), Some(&json!(day))).unwrap()
 }
 
-fn placement() -> Placement {
-    Placement {
+fn usage_labels() -> UsageLabels {
+    UsageLabels {
         instance_type: "m4.xlarge".into(),
         region: "us-east-1".into(),
         ipv4: true,
@@ -98,10 +98,10 @@ fn usage_totals_add_up_bytes_and_average_storage() {
         storage_held: held,
     };
     history
-        .record_usage(NOV_9 + 1800, &record(1000, 4096), &placement())
+        .record_usage(NOV_9 + 1800, &record(1000, 4096), &usage_labels())
         .unwrap();
     history
-        .record_usage(NOV_9 + 3600, &record(500, 8192), &placement())
+        .record_usage(NOV_9 + 3600, &record(500, 8192), &usage_labels())
         .unwrap();
     let all = history.usage_of(day(2026, 11, 9), false).unwrap();
     assert_eq!(
@@ -152,7 +152,7 @@ fn records_older_than_their_retention_are_pruned() {
         .record_stats(two_years_ago + 1, "2,0,0,0,0,0,0,0,0")
         .unwrap();
     history
-        .record_usage(two_years_ago - 1, &Usage::default(), &placement())
+        .record_usage(two_years_ago - 1, &Usage::default(), &usage_labels())
         .unwrap();
     history.prune(now, 2, 5).unwrap();
     let kept: Vec<u64> = history

@@ -177,16 +177,38 @@ impl Ec2 {
         })
     }
 
+    /// The instances of one queue in its region that are not terminated: one filtered call,
+    /// so a control plane with many queues does not list them all for each.
+    pub async fn instances_of(
+        &self,
+        region: &str,
+        queue_id: &str,
+    ) -> Result<Vec<Instance>, Ec2Error> {
+        self.region_instances_where(region, Some(queue_id)).await
+    }
+
     async fn region_instances(&self, region: &str) -> Result<Vec<Instance>, Ec2Error> {
+        self.region_instances_where(region, None).await
+    }
+
+    async fn region_instances_where(
+        &self,
+        region: &str,
+        queue_id: Option<&str>,
+    ) -> Result<Vec<Instance>, Ec2Error> {
         let live = Filter::builder()
             .name("instance-state-name")
             .set_values(Some(LIVE_STATES.map(String::from).to_vec()))
             .build();
-        let reservations = self
+        let mut request = self
             .client(region)?
             .describe_instances()
             .filters(tags::has_tag(CLUSTER_TAG, &self.settings.cluster))
-            .filters(live)
+            .filters(live);
+        if let Some(queue_id) = queue_id {
+            request = request.filters(tags::has_tag(QUEUE_TAG, queue_id));
+        }
+        let reservations = request
             .into_paginator()
             .items()
             .send()

@@ -101,6 +101,36 @@ async fn a_created_queue_runs_serves_its_logins_and_is_deleted() {
 }
 
 #[tokio::test]
+async fn plain_http_off_loopback_is_refused_and_the_state_is_private() {
+    let cp = ControlPlane::start();
+    let mode = std::fs::metadata(cp.dir.path().join("data"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "the state holds the node secret");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("controlplane.toml");
+    let text = format!(
+        "listen = \"[::]:0\"\ndata_dir = {:?}\ntoken = \"t\"\n",
+        dir.path().join("data")
+    );
+    std::fs::write(&config, text).unwrap();
+    let refused = std::process::Command::new(qe_tests::controlplane_binary())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("plain HTTP"), "{said}");
+    assert!(
+        !dir.path().join("data").exists(),
+        "refused before anything is made"
+    );
+}
+
+#[tokio::test]
 async fn flags_win_over_the_config_file() {
     let cp = ControlPlane::start_with_flags(&["--cluster", "flagged", "--domain", "example.net"]);
     let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;

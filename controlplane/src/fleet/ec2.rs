@@ -36,12 +36,11 @@ impl Ec2Provider {
         Ec2Provider { ec2, boot, zone }
     }
 
-    /// The queue's live instance, if it has one (the newest, were there two).
-    async fn instance_of(&self, queue_id: &str) -> Result<Option<Instance>, Ec2Error> {
-        let instances = self.ec2.instances().await?;
+    /// The queue's live instance, if it has one (the last listed, were there two).
+    async fn instance_of(&self, queue: &Queue) -> Result<Option<Instance>, Ec2Error> {
+        let instances = self.ec2.instances_of(&queue.region, &queue.id).await?;
         let mut live: Vec<Instance> = instances
             .into_iter()
-            .filter(|instance| instance.queue_id == queue_id)
             .filter(|instance| matches!(instance.state.as_str(), "pending" | "running"))
             .collect();
         Ok(live.pop())
@@ -53,7 +52,7 @@ impl Ec2Provider {
         bootstrap: &Bootstrap,
     ) -> Result<Placement, Ec2Error> {
         let volume = self.ec2.volume_for(&queue.region, &queue.id).await?;
-        let instance = match self.instance_of(&queue.id).await? {
+        let instance = match self.instance_of(queue).await? {
             Some(instance) => instance,
             None => {
                 let user_data = self.boot.render(bootstrap, &volume.id);

@@ -6,7 +6,7 @@
 //! The zone is rebuilt whole from the queues' records on every change and swapped in, with the
 //! SOA serial moving forward; a query reads whichever zone is current.
 
-use crate::queues::{Queue, Status};
+use crate::queues::Queue;
 use hickory_server::net::runtime::TokioRuntimeProvider;
 use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, TXT};
 use hickory_server::proto::rr::{LowerName, Name, RData, Record};
@@ -82,6 +82,18 @@ impl Zone {
         self.rebuild(|contents| contents.queues = queues.to_vec());
     }
 
+    /// Rebuilds the zone from the queues' records as they are now. The records are read
+    /// under the zone's lock, so two refreshes never install an older read over a newer one
+    /// (a deleted queue's name coming back).
+    pub fn refresh(&self, store: &crate::store::Store) -> Result<(), crate::store::StoreError> {
+        let mut read = Ok(());
+        self.rebuild(|contents| match store.list() {
+            Ok(queues) => contents.queues = queues,
+            Err(error) => read = Err(error),
+        });
+        read
+    }
+
     /// Publishes the DNS-01 values of a pending ACME order: (the name ordered, the value).
     pub fn add_challenges(&self, values: &[(String, String)]) {
         self.rebuild(|contents| contents.challenges.extend_from_slice(values));
@@ -137,7 +149,7 @@ impl Zone {
         if let Nameserver::InZone(ip) = self.nameserver {
             records.push(Record::from_rdata(ns, TTL, address(ip)));
         }
-        let live = |queue: &&Queue| matches!(queue.status, Status::Running | Status::Provisioning);
+        let live = |queue: &&Queue| queue.status.is_live();
         for (ordered, value) in &contents.challenges {
             // RFC 8555 §8.4: `_acme-challenge.` before the name, a wildcard's `*.` left off.
             let ordered = ordered.trim_start_matches("*.");
@@ -250,6 +262,7 @@ pub async fn free_addr(ip: std::net::IpAddr) -> std::io::Result<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queues::Status;
     use hickory_server::proto::op::{Message, Query, ResponseCode};
     use hickory_server::proto::rr::RecordType;
 

@@ -191,7 +191,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         (None, _) => Nameserver::InZone(std::net::Ipv6Addr::LOCALHOST.into()),
     };
     let zone = Zone::new(&config.cluster, &config.domain, nameserver)?;
-    zone.update(&store.list()?);
+    zone.refresh(&store)?;
     if let Some(addr) = config.dns_listen {
         let bound = dns::serve(zone.clone(), addr)
             .await
@@ -246,15 +246,8 @@ async fn start(config: Config) -> Result<Running, Failure> {
                 .into_future(),
         ),
     };
-    let reconciler = Reconciler {
-        store,
-        fleet,
-        zone,
-        bootstraps,
-        wake: reconcile,
-        recheck_every: std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1)),
-        driving: Default::default(),
-    };
+    let recheck_every = std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1));
+    let reconciler = Reconciler::new(store, fleet, zone, bootstraps, reconcile, recheck_every);
     // Its first pass takes on every queue's node: adopted, or started again.
     tokio::spawn(Arc::new(reconciler).run());
     println!("listening on {bound}");

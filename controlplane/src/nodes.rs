@@ -17,11 +17,19 @@ pub struct NodeTokens {
 
 impl NodeTokens {
     /// Reads the secret from `path`, making it (readable by the owner only) the first time.
+    /// A secret that is there but unreadable or damaged is an error, never replaced: a new
+    /// one would silently void every node's credential.
     pub fn open(path: &Path) -> std::io::Result<NodeTokens> {
-        if let Ok(bytes) = std::fs::read(path) {
-            if let Ok(secret) = bytes.try_into() {
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let secret = bytes.try_into().map_err(|_| {
+                    let what = format!("{}: not a 32-byte node secret", path.display());
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, what)
+                })?;
                 return Ok(NodeTokens { secret });
             }
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            Err(_) => {}
         }
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).expect("the OS random source");

@@ -19,6 +19,13 @@ pub enum Status {
     Deleted,
 }
 
+impl Status {
+    /// Whether its node is to run (and its name to resolve).
+    pub fn is_live(self) -> bool {
+        matches!(self, Status::Provisioning | Status::Running)
+    }
+}
+
 /// A login as the control plane keeps it: the password only as a hash.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StoredLogin {
@@ -65,6 +72,9 @@ pub struct Queue {
     /// Which CA issued its node's certificate last ([`crate::certificates::Issuer::name`]).
     #[serde(default)]
     pub certificate_issuer: Option<String>,
+    /// When its node's certificate was issued last, and for which generation.
+    #[serde(default)]
+    pub certificate_issued: Option<(u64, u64)>,
     /// What its provider made for it (instance, volume, process ...), by kind.
     #[serde(default)]
     pub resources: std::collections::BTreeMap<String, String>,
@@ -206,6 +216,7 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
         next_node_credential: None,
         certificate_generation: 0,
         certificate_issuer: None,
+        certificate_issued: None,
         resources: Default::default(),
         last_report: None,
     };
@@ -260,7 +271,7 @@ fn renew_certificates_where(
 ) -> Result<(), crate::store::StoreError> {
     for queue in store.list()? {
         store.update(&queue.id, |queue| {
-            if matches!(queue.status, Status::Provisioning | Status::Running) && which(queue) {
+            if queue.status.is_live() && which(queue) {
                 queue.certificate_generation += 1;
                 queue.config_version += 1;
             }

@@ -20,19 +20,39 @@ use tokio::sync::Notify;
 const LAST_REPORT_WITHIN: Duration = Duration::from_secs(120);
 
 pub struct Reconciler {
-    pub store: Store,
-    pub fleet: Arc<dyn Provider>,
-    pub zone: Arc<Zone>,
-    pub bootstraps: Arc<Bootstraps>,
+    store: Store,
+    fleet: Arc<dyn Provider>,
+    zone: Arc<Zone>,
+    bootstraps: Arc<Bootstraps>,
     /// Wakes it for a pass now (a queue created or deleted).
-    pub wake: Arc<Notify>,
+    wake: Arc<Notify>,
     /// How often every queue is checked even when nothing asks (an instance that vanished).
-    pub recheck_every: Duration,
+    recheck_every: Duration,
     /// The queues being driven now: a pass leaves them to the drive under way.
-    pub driving: std::sync::Mutex<std::collections::HashSet<String>>,
+    driving: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Reconciler {
+    /// Drives `store`'s queues through `fleet`, woken by `wake` and every `recheck_every`.
+    pub fn new(
+        store: Store,
+        fleet: Arc<dyn Provider>,
+        zone: Arc<Zone>,
+        bootstraps: Arc<Bootstraps>,
+        wake: Arc<Notify>,
+        recheck_every: Duration,
+    ) -> Reconciler {
+        Reconciler {
+            store,
+            fleet,
+            zone,
+            bootstraps,
+            wake,
+            recheck_every,
+            driving: Default::default(),
+        }
+    }
+
     /// Runs for the life of the control plane.
     pub async fn run(self: Arc<Self>) {
         if let Err(error) = self.remove_orphans().await {
@@ -53,11 +73,13 @@ impl Reconciler {
     /// instance booting, a last report awaited) holds up no other, and none twice at once.
     fn pass(self: &Arc<Self>) -> Result<(), StoreError> {
         for queue in self.store.list()? {
-            if !self
-                .driving
-                .lock()
-                .expect("never poisoned")
-                .insert(queue.id.clone())
+            let over = matches!(queue.status, Status::Failed | Status::Deleted);
+            if over
+                || !self
+                    .driving
+                    .lock()
+                    .expect("never poisoned")
+                    .insert(queue.id.clone())
             {
                 continue;
             }
@@ -97,7 +119,7 @@ impl Reconciler {
         }
         self.store.update(&queue.id, |queue| {
             // Only while it is still to run: a delete meanwhile wins.
-            if matches!(queue.status, Status::Provisioning | Status::Running) {
+            if queue.status.is_live() {
                 placement.record_in(queue);
             }
             // Its node reported in before it was recorded: it runs.
@@ -106,7 +128,7 @@ impl Reconciler {
             }
             Ok::<_, StoreError>(())
         })?;
-        self.zone.update(&self.store.list()?);
+        self.zone.refresh(&self.store)?;
         Ok(())
     }
 
@@ -137,9 +159,10 @@ impl Reconciler {
     /// Removes what the provider holds for queues that are not to run.
     async fn remove_orphans(&self) -> Result<(), Box<dyn std::error::Error>> {
         for id in self.fleet.holdings().await? {
-            let live = self.store.get(&id)?.is_some_and(|queue| {
-                matches!(queue.status, Status::Provisioning | Status::Running)
-            });
+            let live = self
+                .store
+                .get(&id)?
+                .is_some_and(|queue| queue.status.is_live());
             if !live {
                 tracing::warn!(queue = %id, "removing what belongs to no live queue");
                 self.fleet.stop(&id).await?;

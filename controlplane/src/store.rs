@@ -69,6 +69,10 @@ impl Store {
             let mut queue: Queue = serde_json::from_slice(&old).map_err(StoreError::from)?;
             let answer = change(&mut queue)?;
             let new = serde_json::to_vec(&queue).map_err(StoreError::from)?;
+            // Nothing changed: nothing to write, sync or wake anyone for.
+            if new == old.as_ref() {
+                return Ok(Some((queue, answer)));
+            }
             let swapped = self
                 .queues
                 .compare_and_swap(id, Some(&old), Some(new))

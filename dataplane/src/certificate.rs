@@ -15,6 +15,8 @@ use std::time::Duration;
 /// The wait after a failed renewal; it doubles while they keep failing.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(600);
+/// The least time between two renewals the node decides on itself.
+const RENEW_AT_MOST_EVERY: Duration = Duration::from_secs(60);
 
 /// The certificate chain and key files: `DATA_DIR/tls/own-cert.pem` and `own-key.pem` (apart
 /// from a fetched cluster certificate's).
@@ -34,6 +36,8 @@ pub struct OwnCertificate {
     served: Arc<Mutex<Option<Arc<Certificate>>>>,
     /// One renewal at a time (the timer and a forced one may meet).
     renewing: Arc<tokio::sync::Mutex<()>>,
+    /// Has [`Self::keep_renewed`] retry a renewal the control plane asked for.
+    retry: Arc<tokio::sync::Notify>,
 }
 
 impl OwnCertificate {
@@ -45,6 +49,7 @@ impl OwnCertificate {
             generation: Arc::new(AtomicU64::new(generation)),
             served: Arc::default(),
             renewing: Arc::default(),
+            retry: Arc::default(),
         }
     }
 
@@ -90,12 +95,22 @@ impl OwnCertificate {
         Some(Duration::from_secs(due.saturating_sub(unix_now())))
     }
 
-    /// Renews two thirds into each certificate's validity, for the life of the node.
+    /// Renews two thirds into each certificate's validity, and retries one the control plane
+    /// asked for that failed, for the life of the node.
     pub async fn keep_renewed(self) {
         let mut wait = RETRY_AFTER;
         loop {
-            let due = self.due_in().unwrap_or_default();
-            tokio::time::sleep(due).await;
+            let asked =
+                self.kept_generation().unwrap_or(0) < self.generation.load(Ordering::Relaxed);
+            let due = match asked {
+                true => Duration::ZERO,
+                // Never more often than this, whatever a CA's validity says.
+                false => self.due_in().unwrap_or_default().max(RENEW_AT_MOST_EVERY),
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(due) => {}
+                _ = self.retry.notified() => {}
+            }
             match self.renew().await {
                 Ok(()) => wait = RETRY_AFTER,
                 Err(error) => {
@@ -107,13 +122,18 @@ impl OwnCertificate {
         }
     }
 
-    /// Renews now if the control plane asks for a generation past the one served.
-    pub async fn renew_if_asked(&self, generation: u64) -> Result<(), String> {
+    /// Renews now if the control plane asks for a generation past the one served. One that
+    /// fails (a CA down, a rate limit) is left to [`Self::keep_renewed`] to retry, backing off:
+    /// the rest of a config (a rotated password) must not wait for a CA.
+    pub async fn renew_if_asked(&self, generation: u64) {
         if generation <= self.kept_generation().unwrap_or(0) {
-            return Ok(());
+            return;
         }
         self.generation.fetch_max(generation, Ordering::Relaxed);
-        self.renew().await.map_err(|e| e.to_string())
+        if let Err(error) = self.renew().await {
+            tracing::warn!(%error, "the certificate asked for could not be had now; retrying");
+            self.retry.notify_one();
+        }
     }
 
     /// The generation the certificate on disk was asked for (`tls/own-generation`).

@@ -371,20 +371,25 @@ impl NodeApply {
         }
     }
 
-    /// Fetches the cluster certificate again if `generation` is past the one fetched.
-    async fn refetch_cluster_certificate(&self, generation: u64) -> Result<(), String> {
+    /// Fetches the cluster certificate again if `generation` is past the one fetched; one that
+    /// cannot be had now is tried again with the next generation (the old one serves on).
+    async fn refetch_cluster_certificate(&self, generation: u64) {
         let Some((served, dir, fetched)) = &self.cluster else {
-            return Ok(());
+            return;
         };
         if generation <= fetched.load(Ordering::Relaxed) {
-            return Ok(());
+            return;
         }
-        report::fetch_certificate(&self.channel.report_to(), dir)
+        let refetched = report::fetch_certificate(&self.channel.report_to(), dir)
             .await
-            .map_err(|e| e.to_string())?;
-        served.reload().map_err(|e| e.to_string())?;
-        fetched.fetch_max(generation, Ordering::Relaxed);
-        Ok(())
+            .map_err(|e| e.to_string())
+            .and_then(|()| served.reload().map_err(|e| e.to_string()));
+        match refetched {
+            Ok(()) => {
+                fetched.fetch_max(generation, Ordering::Relaxed);
+            }
+            Err(error) => tracing::warn!(%error, "the cluster certificate could not be fetched"),
+        }
     }
 
     /// Takes on a rotated credential, for the channel and the reports alike.
@@ -409,20 +414,21 @@ impl Apply for NodeApply {
         desired: &'a DesiredConfig,
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
+            // The logins and the credential first: they must never wait for a CA.
             let logins = logins(desired)?;
             if let Some(token) = &desired.node_token {
                 self.take_token(token)?;
             }
+            self.node.replace_logins(logins);
             match (&self.own_certificate, &desired.tls) {
                 (Some(own), NodeTls::Queue { generation, .. }) => {
-                    own.renew_if_asked(*generation).await?
+                    own.renew_if_asked(*generation).await
                 }
                 (_, NodeTls::Cluster { generation }) => {
-                    self.refetch_cluster_certificate(*generation).await?
+                    self.refetch_cluster_certificate(*generation).await
                 }
                 _ => {}
             }
-            self.node.replace_logins(logins);
             Ok(())
         })
     }

@@ -71,7 +71,7 @@ pub enum NodeTls {
 }
 
 /// What the control plane wants a node to be. A node applies a version as a whole.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DesiredConfig {
     /// Goes up with every change.
@@ -93,6 +93,20 @@ pub struct DesiredConfig {
     /// it from then on; its first use retires the old one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_token: Option<String>,
+}
+
+impl std::fmt::Debug for DesiredConfig {
+    /// Never the rotated credential.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DesiredConfig")
+            .field("version", &self.version)
+            .field("tier", &self.tier)
+            .field("listen", &self.listen)
+            .field("tls", &self.tls)
+            .field("logins", &self.logins)
+            .field("rotating_credential", &self.node_token.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// `POST /v1/nodes/{id}/applied`.

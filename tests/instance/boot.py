@@ -756,9 +756,13 @@ def boot(args):
         write_json(os.path.join(state, "user-data.json"), user_data)
         bin_dir = os.path.join(state, "bin")
         os.makedirs(bin_dir, exist_ok=True)
+        # The stubs run this file from STATE: inside the instance, /tmp (where a checkout may be) is the
+        # instance's own, and STATE is the one host directory it sees.
+        stub_self = os.path.join(bin_dir, "boot.py")
+        shutil.copyfile(SELF, stub_self)
         for tool in ("systemctl", "udevadm"):
             with open(os.path.join(bin_dir, tool), "w") as f:
-                f.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(SELF)} --stub {tool} "
+                f.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(stub_self)} --stub {tool} "
                         f"{shlex.quote(state)} \"$@\"\n")
             os.chmod(os.path.join(bin_dir, tool), 0o755)
 

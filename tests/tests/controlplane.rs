@@ -789,6 +789,20 @@ async fn each_queue_gets_its_own_certificate_by_dns_01_from_its_nodes_csr_and_re
     let request = json!({"csr_pem": other_csr}).to_string();
     let (status, refused) = http(cp.addr, "POST", &path, Some(token), Some(&request)).await;
     assert_eq!(status, 400, "{refused}");
+    // Its own name again, so soon and unasked: the CA's limits are not the node's to spend.
+    let again = rcgen::CertificateParams::new(vec![queue["host"].as_str().unwrap().to_string()])
+        .unwrap()
+        .serialize_request(&other_key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let request = json!({"csr_pem": again}).to_string();
+    let (status, refused) = http(cp.addr, "POST", &path, Some(token), Some(&request)).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (429, Some("too_many_requests")),
+        "{refused}"
+    );
 
     // The served chain verifies against Pebble's issuing root for this queue's name only.
     let host = queue["host"].as_str().unwrap().to_string();

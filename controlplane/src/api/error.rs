@@ -23,6 +23,9 @@ pub enum ApiError {
     /// Something the request needs is not to be had now (a CA that does not answer).
     #[error("{0}")]
     Unavailable(String),
+    /// Asked again too soon; it may be asked again in this many seconds.
+    #[error("asked too often: again in {0} s")]
+    TooManyRequests(u64),
 }
 
 impl ApiError {
@@ -36,6 +39,7 @@ impl ApiError {
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
         }
     }
 }
@@ -44,7 +48,14 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
         let body = serde_json::json!({"error": {"code": code, "message": self.to_string()}});
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let ApiError::TooManyRequests(seconds) = self {
+            let value = axum::http::HeaderValue::from(seconds);
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, value);
+        }
+        response
     }
 }
 

@@ -19,6 +19,9 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How soon a node may have its certificate issued again, unless asked for a new one.
+const REISSUE_AFTER: Duration = Duration::from_secs(3600);
+
 /// Queue `id`'s record, if the request carries a credential of its node; and which one.
 pub async fn check_node(
     state: &AppState,
@@ -140,20 +143,33 @@ pub async fn certificate_for_csr(
         ));
     };
     let host = state.zone.host_of(&queue.id);
+    let refused = |error| match error {
+        crate::certificates::CertificateError::Request(reason) => ApiError::BadRequest(reason),
+        other => ApiError::Unavailable(other.to_string()),
+    };
+    let csr = crate::certificates::checked_request(&host, &request.csr_pem).map_err(refused)?;
+    // A CA's rate limits are shared by every queue of the cluster: one node (a compromised
+    // one, a loop) may not spend them. Once an hour, unless a new certificate was asked for.
+    if let Some((generation, at)) = queue.certificate_issued {
+        let wait = (at + REISSUE_AFTER.as_secs()).saturating_sub(crate::unix_now());
+        if generation == queue.certificate_generation && wait > 0 {
+            return Err(ApiError::TooManyRequests(wait));
+        }
+    }
     let chain_pem = crate::certificates::issue_for_node(
         issuer,
         &state.zone,
         &state.store,
         &host,
         &request.csr_pem,
+        csr,
     )
     .await
-    .map_err(|error| match error {
-        crate::certificates::CertificateError::Request(reason) => ApiError::BadRequest(reason),
-        other => ApiError::Unavailable(other.to_string()),
-    })?;
+    .map_err(refused)?;
+    let issued = (queue.certificate_generation, crate::unix_now());
     state.store.update(&queue.id, |queue| {
         queue.certificate_issuer = Some(issuer.name());
+        queue.certificate_issued = Some(issued);
         Ok::<_, StoreError>(())
     })?;
     tracing::info!(queue = %queue.id, "a node's certificate was issued");

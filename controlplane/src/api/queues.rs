@@ -60,6 +60,7 @@ pub async fn create(
 
 /// Records a new queue and wakes the reconciler (also used by `controlplane dev`).
 pub fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
+    state.fleet.can_run(&new).map_err(ApiError::BadRequest)?;
     let (queue, logins) = queues::create(new);
     state.store.put(&queue)?;
     state.reconcile.notify_one();
@@ -68,8 +69,7 @@ pub fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins
 
 /// Rebuilds the DNS zone from the queues' records.
 pub fn refresh_zone(state: &AppState) -> Result<(), StoreError> {
-    state.zone.update(&state.store.list()?);
-    Ok(())
+    state.zone.refresh(&state.store)
 }
 
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
@@ -123,7 +123,7 @@ pub async fn rotate(
     let role =
         Role::parse(&role).ok_or_else(|| ApiError::NotFound(format!("{id} login {role}")))?;
     let rotated = state.store.update(&id, |queue| {
-        if !matches!(queue.status, Status::Provisioning | Status::Running) {
+        if !queue.status.is_live() {
             return Err(ApiError::Conflict(format!(
                 "queue {id} is {:?}",
                 queue.status
@@ -158,7 +158,7 @@ pub async fn rotate_node_credential(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let rotated = state.store.update(&id, |queue| {
-        if !matches!(queue.status, Status::Provisioning | Status::Running) {
+        if !queue.status.is_live() {
             return Err(ApiError::Conflict(format!(
                 "queue {id} is {:?}",
                 queue.status

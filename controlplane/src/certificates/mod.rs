@@ -67,15 +67,12 @@ pub enum NodeCertificates {
     Wildcard { issuer: String },
 }
 
-/// A certificate for `host` (a queue's name) with the key of `csr_pem`, which must ask for
-/// exactly that name; returns the chain.
-pub async fn issue_for_node(
-    issuer: &Issuer,
-    zone: &Zone,
-    store: &Store,
+/// A node's CSR, if it is one (its signature checked) for `host` (a queue's name) and nothing
+/// else.
+pub fn checked_request(
     host: &str,
     csr_pem: &str,
-) -> Result<String, CertificateError> {
+) -> Result<rcgen::CertificateSigningRequestParams, CertificateError> {
     let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
         .map_err(|e| CertificateError::Request(format!("not a CSR: {e}")))?;
     let names: Vec<String> = csr
@@ -92,6 +89,19 @@ pub async fn issue_for_node(
             "the CSR must name {host} and nothing else, not {names:?}"
         )));
     }
+    Ok(csr)
+}
+
+/// A certificate for `host` with the key of `csr` (one [`checked_request`] passed); returns the
+/// chain.
+pub async fn issue_for_node(
+    issuer: &Issuer,
+    zone: &Zone,
+    store: &Store,
+    host: &str,
+    csr_pem: &str,
+    csr: rcgen::CertificateSigningRequestParams,
+) -> Result<String, CertificateError> {
     match issuer {
         Issuer::Acme(config) => acme::order_for_csr(config, zone, store, host, csr_pem).await,
         Issuer::LocalCa(ca) => ca.sign(host, csr),

@@ -6,7 +6,7 @@
 
 use super::cloud_init::NodeBoot;
 use super::{FleetError, Provider};
-use crate::queues::{Addresses, Placement, Queue};
+use crate::queues::{Addresses, NewQueue, Placement, Queue};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use qe_ec2::{Ec2, Ec2Error, Instance, Launch};
@@ -36,14 +36,53 @@ impl Ec2Provider {
         Ec2Provider { ec2, boot, zone }
     }
 
-    /// The queue's live instance, if it has one (the last listed, were there two).
+    /// The queue's live instance, if it has one (the last listed, were there two). One that
+    /// is stopping or stopped (retired by AWS, stopped by hand) holds the volume but serves
+    /// nothing: it is terminated, to be replaced.
     async fn instance_of(&self, queue: &Queue) -> Result<Option<Instance>, Ec2Error> {
-        let instances = self.ec2.instances_of(&queue.region, &queue.id).await?;
-        let mut live: Vec<Instance> = instances
-            .into_iter()
-            .filter(|instance| matches!(instance.state.as_str(), "pending" | "running"))
-            .collect();
+        let mut live = Vec::new();
+        for instance in self.ec2.instances_of(&queue.region, &queue.id).await? {
+            match instance.state.as_str() {
+                "pending" | "running" => live.push(instance),
+                "stopping" | "stopped" => {
+                    tracing::warn!(queue = %queue.id, instance = %instance.id, "a stopped instance is replaced");
+                    self.ec2.terminate(&instance.region, &instance.id).await?;
+                }
+                _ => {}
+            }
+        }
         Ok(live.pop())
+    }
+
+    /// Launches the queue's instance. If EC2 answers with one that is already gone (a token
+    /// reused after an instance that died before it was recorded), once more with a token of
+    /// its own.
+    async fn launch(&self, queue: &Queue, user_data: &str) -> Result<Instance, Ec2Error> {
+        let after = queue
+            .resources
+            .get("instance")
+            .map_or("first", String::as_str);
+        let mut client_token = format!("{}-{after}", queue.id);
+        for _ in 0..2 {
+            let launch = Launch {
+                queue_id: &queue.id,
+                region: &queue.region,
+                instance_type: &queue.instance_type,
+                ipv4: queue.ipv4,
+                user_data,
+                client_token: &client_token,
+            };
+            let launched = self.ec2.launch(&launch).await?;
+            if matches!(launched.state.as_str(), "pending" | "running") {
+                tracing::info!(queue = %queue.id, instance = %launched.id, "launched an instance");
+                return Ok(launched);
+            }
+            client_token = format!("{}-{}", queue.id, launched.id);
+        }
+        Err(Ec2Error::Incomplete {
+            operation: "RunInstances",
+            field: "a live instance",
+        })
     }
 
     async fn ensure_node(
@@ -54,26 +93,11 @@ impl Ec2Provider {
         let volume = self.ec2.volume_for(&queue.region, &queue.id).await?;
         let instance = match self.instance_of(queue).await? {
             Some(instance) => instance,
+            // The client token is new for each replacement (the instance it follows) and the
+            // same for a retry of one launch: a launch whose answer was lost makes no twin.
             None => {
                 let user_data = self.boot.render(bootstrap, &volume.id);
-                // New for each replacement (the instance it follows), the same for a retry of
-                // one launch: a launch whose answer was lost does not make a twin.
-                let after = queue
-                    .resources
-                    .get("instance")
-                    .map_or("first", String::as_str);
-                let client_token = format!("{}-{after}", queue.id);
-                let launch = Launch {
-                    queue_id: &queue.id,
-                    region: &queue.region,
-                    instance_type: &queue.instance_type,
-                    ipv4: queue.ipv4,
-                    user_data: &user_data,
-                    client_token: &client_token,
-                };
-                let launched = self.ec2.launch(&launch).await?;
-                tracing::info!(queue = %queue.id, instance = %launched.id, "launched an instance");
-                launched
+                self.launch(queue, &user_data).await?
             }
         };
         let instance = self.running(&queue.region, instance).await?;
@@ -175,6 +199,18 @@ impl Ec2Provider {
 }
 
 impl Provider for Ec2Provider {
+    fn can_run(&self, new: &NewQueue) -> Result<(), String> {
+        let regions = &self.ec2.settings().regions;
+        match regions.contains_key(&new.region) {
+            true => Ok(()),
+            false => Err(format!(
+                "region {:?} is not one this cluster runs queues in: {:?}",
+                new.region,
+                regions.keys().collect::<Vec<_>>()
+            )),
+        }
+    }
+
     fn listen(&self, _queue: &Queue) -> Result<Vec<SocketAddr>, FleetError> {
         Ok(vec![LISTEN])
     }

@@ -8,7 +8,7 @@ pub mod ec2;
 pub mod local;
 mod process;
 
-use crate::queues::{Placement, Queue};
+use crate::queues::{NewQueue, Placement, Queue};
 use futures::future::BoxFuture;
 use qe_shared::node_channel::Bootstrap;
 use std::net::SocketAddr;
@@ -24,6 +24,13 @@ pub enum FleetError {
 }
 
 pub trait Provider: Send + Sync {
+    /// Refuses, up front, a queue it could never run (a region it has no network in), so
+    /// that it is not left `provisioning` for good.
+    fn can_run(&self, new: &NewQueue) -> Result<(), String> {
+        let _ = new;
+        Ok(())
+    }
+
     /// Where `queue`'s node is to listen (the node takes it at start, from its config).
     fn listen(&self, queue: &Queue) -> Result<Vec<SocketAddr>, FleetError>;
 

@@ -12,7 +12,7 @@ use crate::traffic::Counted;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderName, CONNECTION, UPGRADE};
+use hyper::header::{HeaderName, CONNECTION, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_VERSION, UPGRADE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -201,6 +201,9 @@ fn respond(
     if !is_websocket_upgrade(request) {
         return bad_request();
     }
+    if let Some(refusal) = refuse_handshake(request) {
+        return refusal;
+    }
     match WebSocket::upgrade_with_options(request, options.clone()) {
         Ok((response, upgrade)) => {
             if let Some(sender) = sender.lock().expect("never poisoned").take() {
@@ -208,9 +211,45 @@ fn respond(
             }
             response.map(|_| Full::default())
         }
-        // A missing key or a version other than 13.
+        // Checked above; whatever else yawc finds wrong is the client's fault too.
         Err(_) => bad_request(),
     }
+}
+
+/// RFC 6455 §4.2.1–4.2.2 on the key and version of an upgrade: a version other than 13 is
+/// answered `426` with the version the node speaks (a client may retry with it); a missing
+/// version, or a key that is not the base64 of 16 bytes, is a malformed handshake: `400`.
+fn refuse_handshake(request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    use base64::Engine;
+    let headers = request.headers();
+    let mut versions = headers.get_all(SEC_WEBSOCKET_VERSION).iter();
+    match (versions.next(), versions.next()) {
+        (Some(version), None) if version.as_bytes() == b"13" => {}
+        (None, _) => return Some(bad_request()),
+        _ => return Some(upgrade_required()),
+    }
+    let mut keys = headers.get_all(SEC_WEBSOCKET_KEY).iter();
+    let key = match (keys.next(), keys.next()) {
+        (Some(key), None) => base64::engine::general_purpose::STANDARD.decode(key.as_bytes()),
+        _ => return Some(bad_request()),
+    };
+    match key {
+        Ok(nonce) if nonce.len() == 16 => None,
+        _ => Some(bad_request()),
+    }
+}
+
+/// `426 Upgrade Required`, naming the one WebSocket version the node speaks.
+fn upgrade_required() -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(StatusCode::UPGRADE_REQUIRED)
+        .header(SEC_WEBSOCKET_VERSION, "13")
+        .header(CONNECTION, "close")
+        .header("content-type", "text/plain")
+        .body(Full::new(Bytes::from_static(
+            b"This address speaks WebSocket version 13.\n",
+        )))
+        .expect("a static response is valid")
 }
 
 /// A GET on `/` (any query) asking to upgrade to websocket.

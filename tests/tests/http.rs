@@ -40,8 +40,19 @@ async fn anything_but_a_websocket_upgrade_on_the_root_gets_400() {
         upgrade("GET", "/other", &format!("{KEY}{version}")),
         upgrade("POST", "/", &format!("{KEY}{version}")),
         upgrade("GET", "/", version),
-        upgrade("GET", "/", &format!("{KEY}Sec-WebSocket-Version: 12\r\n")),
         upgrade("GET", "/", KEY),
+        // RFC 6455 §4.1: the key is the base64 of 16 random bytes.
+        upgrade(
+            "GET",
+            "/",
+            &format!("Sec-WebSocket-Key: not base64!\r\n{version}"),
+        ),
+        upgrade(
+            "GET",
+            "/",
+            &format!("Sec-WebSocket-Key: c2hvcnQ=\r\n{version}"),
+        ),
+        upgrade("GET", "/", &format!("{KEY}{KEY}{version}")),
         format!("GET / HTTP/1.1\r\nHost: q\r\nConnection: Upgrade\r\n{KEY}{version}\r\n"),
     ];
     for request in cases {
@@ -56,6 +67,41 @@ async fn anything_but_a_websocket_upgrade_on_the_root_gets_400() {
         status_line(&node, &good).await,
         "HTTP/1.1 101 Switching Protocols"
     );
+}
+
+/// The whole response head to a raw HTTP request, lower-cased.
+async fn response_head(node: &Node, request: &str) -> String {
+    let mut tcp = TcpStream::connect(node.addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while !response.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(PROMPT, tcp.read(&mut buffer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed without a whole response head");
+        response.extend_from_slice(&buffer[..n]);
+    }
+    String::from_utf8_lossy(&response).to_lowercase()
+}
+
+#[tokio::test]
+async fn a_websocket_version_other_than_13_gets_426_naming_13() {
+    let node = Node::start();
+    for version in ["12", "8", "13, 8"] {
+        let request = upgrade(
+            "GET",
+            "/",
+            &format!("{KEY}Sec-WebSocket-Version: {version}\r\n"),
+        );
+        let head = response_head(&node, &request).await;
+        assert!(
+            head.starts_with("http/1.1 426 upgrade required\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nsec-websocket-version: 13\r\n"), "{head}");
+    }
 }
 
 #[tokio::test]

@@ -67,6 +67,10 @@ pub struct Flags {
     /// Seconds a fragmented message has to arrive whole (default 30; tests make it short).
     #[arg(long, hide = true)]
     pub message_timeout_secs: Option<u64>,
+    /// Seconds a connection with max-write-queue-bytes waiting may go without the socket
+    /// taking a byte before its client counts as not reading (default 30).
+    #[arg(long, hide = true)]
+    pub write_stall_secs: Option<u64>,
 }
 
 /// The TOML file. Every field is optional here; the flags may supply what it lacks.
@@ -378,6 +382,7 @@ impl Config {
                         file.silence_limit_secs,
                         default.silence_limit,
                     ),
+                    write_stall_limit: secs(flags.write_stall_secs, None, default.write_stall_limit),
                 }
             },
         })

@@ -11,16 +11,20 @@
 //! the kernel does not answer unread input with a reset that would destroy the reply.
 
 use crate::engine::outbox::Overflow;
-use crate::engine::{Frames, Outbound};
+use crate::engine::Frames;
 use crate::fragments::Assembly;
 use crate::node::Node;
 use crate::session::{self, Data, Reply, Session, Then};
+use crate::traffic::SocketWrites;
 use bytes::Bytes;
-use futures::stream::FuturesOrdered;
-use futures::{FutureExt, SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt};
 use qe_shared::settings::Setting;
-use std::net::Shutdown;
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
@@ -33,24 +37,22 @@ type Socket = WebSocket<HttpStream>;
 /// How long a closing connection may take to send its last frames or read the client's.
 const DRAIN_TIME: Duration = Duration::from_secs(2);
 
-/// A second handle on the TCP socket, to half-close it beneath the HTTP and WebSocket layers.
-pub struct Closer(socket2::Socket);
+/// The TCP socket beneath the HTTP and WebSocket layers, to half-close it there. It is the
+/// socket's own descriptor, not a copy: the connection owns the socket for as long as it
+/// holds this (a copy would cost each connection a second descriptor).
+pub struct Closer(RawFd);
 
 impl Closer {
-    pub fn new(tcp: &TcpStream) -> std::io::Result<Closer> {
-        socket2::SockRef::from(tcp).try_clone().map(Closer)
+    pub fn new(tcp: &TcpStream) -> Closer {
+        Closer(tcp.as_raw_fd())
     }
 
-    fn shutdown_write(&self) {
-        let _ = self.0.shutdown(Shutdown::Write);
+    /// Half-closes the socket; only while the connection still owns it.
+    fn shutdown_write(&self, _socket: &Socket) {
+        // SAFETY: `_socket` owns the stream whose descriptor this is, so it is open.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.0) };
+        let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Write);
     }
-}
-
-/// What the client did next.
-enum Incoming {
-    Data(Data),
-    /// It closed the connection, broke the protocol, or went away.
-    Gone,
 }
 
 /// Runs a connection from its first frame to its end.
@@ -60,14 +62,13 @@ pub async fn run(
     node: Arc<Node>,
     login_deadline: Instant,
     assembly: Arc<Assembly>,
+    writes: SocketWrites,
 ) {
-    let mut last_heard = Instant::now();
-    let login = timeout_at(
-        login_deadline,
-        next_data(&mut socket, &mut last_heard, &node, &assembly),
-    )
-    .await;
-    let Ok(Incoming::Data(login)) = login else {
+    let login = timeout_at(login_deadline, login_frame(&mut socket, &node, &assembly)).await;
+    let Ok(Ok(login)) = login else {
+        if let Ok(Err(Ended::Refused(code, reason))) = login {
+            refuse(&mut socket, code, reason).await;
+        }
         return;
     };
     if sent_during_login(&mut socket) {
@@ -96,7 +97,7 @@ pub async fn run(
         }
     };
     let mut frames = session.take_frames();
-    let ended = serve(&mut socket, &mut session, &mut frames, &node, &assembly).await;
+    let ended = serve(&mut socket, &mut session, &mut frames, &node, &assembly, &writes).await;
     // No longer an open connection, before the session's end is made known.
     drop(present);
     // Only a logout ends a session for good; any other end is a drop.
@@ -104,6 +105,11 @@ pub async fn run(
     match ended {
         Ended::Logout => close_normally(socket).await,
         Ended::Abort => abort(socket, closer).await,
+        Ended::ClosedByClient => {
+            // yawc has queued the answer (the client's code echoed); one more read sends it.
+            let _ = timeout(DRAIN_TIME, socket.next_frame()).await;
+        }
+        Ended::Refused(code, reason) => refuse(&mut socket, code, reason).await,
         Ended::Gone => {}
     }
 }
@@ -111,10 +117,13 @@ pub async fn run(
 /// How often an idle connection is pinged, and how long a peer may stay silent (no frame,
 /// not even a pong) before it counts as gone: a peer that vanished without a FIN is noticed
 /// within `silence_limit` plus one `ping_every`. TCP keepalive (set at accept) backs this up.
+/// A client whose outbox is full (`max-write-queue-bytes` wait for it) and whose socket takes
+/// nothing for `write_stall_limit` does not read, and is cut off.
 #[derive(Debug, Clone, Copy)]
 pub struct Keepalive {
     pub ping_every: Duration,
     pub silence_limit: Duration,
+    pub write_stall_limit: Duration,
 }
 
 impl Default for Keepalive {
@@ -122,133 +131,361 @@ impl Default for Keepalive {
         Keepalive {
             ping_every: Duration::from_secs(15),
             silence_limit: Duration::from_secs(45),
+            write_stall_limit: WRITE_STALL_LIMIT,
+        }
+    }
+}
+
+/// The login: the first text or binary message (pings and pongs are skipped).
+async fn login_frame(socket: &mut Socket, node: &Node, assembly: &Assembly) -> Result<Data, Ended> {
+    loop {
+        let frame = match socket.next_frame().await {
+            Ok(frame) => frame,
+            Err(error) => return Err(read_failure(&error, assembly)),
+        };
+        if is_too_big(&frame, node) {
+            return Err(Ended::Refused(CloseCode::Size, "message too big".into()));
+        }
+        match frame.opcode() {
+            OpCode::Text => return Ok(Data::text(frame.into_payload())),
+            OpCode::Binary => return Ok(Data::Binary(frame.into_payload())),
+            OpCode::Close => {
+                let _ = timeout(DRAIN_TIME, socket.next_frame()).await;
+                return Err(Ended::ClosedByClient);
+            }
+            OpCode::Ping | OpCode::Pong | OpCode::Continuation => continue,
         }
     }
 }
 
 /// How the logged-in part of a connection ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Ended {
     /// The subscriber logged out; its reply is sent: close with 1000.
     Logout,
     /// A reply that ends the connection is sent: close with no close frame.
     Abort,
-    /// The client closed, broke the protocol, went silent or away.
+    /// The client sent a close frame; yawc has queued the answer.
+    ClosedByClient,
+    /// The client broke a rule of the wire: close with this code and reason.
+    Refused(CloseCode, String),
+    /// The client went silent or away, or reads too slowly.
     Gone,
 }
 
 /// Replies that may wait for the disk on one connection; past this the connection stops
-/// reading until one is sent, so a client cannot queue unbounded work.
+/// reading until one is sent, so a client cannot queue unbounded work (nor, by never reading
+/// its replies, unbounded replies).
 const MAX_WAITING_REPLIES: usize = 4096;
 
 /// The logged-in part. Requests take effect in the order they arrive; their replies wait for
-/// their changes' durability side by side and go out in that same order, while the queue's
-/// deliveries keep flowing. A reply that ends the connection stops the reading.
+/// their changes' durability and go out in that same order, while the queue's deliveries keep
+/// flowing. Reading and writing go on side by side in one task: everything readable is
+/// handled, then everything ready to go out is written with one flush, so a client that reads
+/// slowly still has its acks read, and a reply never waits behind a delivery that waits for
+/// the client. A reply that ends the connection stops the reading.
 async fn serve(
     socket: &mut Socket,
     session: &mut Session,
     frames: &mut Option<Frames>,
     node: &Node,
     assembly: &Assembly,
+    writes: &SocketWrites,
 ) -> Ended {
-    let keepalive = &node.keepalive;
     let overflow = frames.as_ref().map(Frames::overflow);
-    let mut replies = FuturesOrdered::new();
+    let mut link = Link::new(socket, frames.as_mut(), node, assembly, writes);
+    let mut replies = VecDeque::new();
     let mut reading = true;
-    let mut last_heard = Instant::now();
-    let mut ping =
-        tokio::time::interval_at(Instant::now() + keepalive.ping_every, keepalive.ping_every);
-    loop {
-        tokio::select! {
-            incoming = next_data(socket, &mut last_heard, node, assembly), if reading && replies.len() < MAX_WAITING_REPLIES => {
-                let Incoming::Data(data) = incoming else { return Ended::Gone };
-                let response = session.handle(data);
-                reading = response.then == Then::Continue;
-                replies.push_back(response.settle());
-            }
-            Some((reply, then)) = replies.next(), if !replies.is_empty() => {
-                if send(socket, &reply).await.is_err() {
-                    return Ended::Gone;
+    let overdue = assembly.overdue(node.message_timeout);
+    let overflowed = overflowed(&overflow);
+    tokio::pin!(overdue, overflowed);
+    poll_fn(|cx| loop {
+        if overdue.as_mut().poll(cx).is_ready() {
+            let reason = "message not whole in time".into();
+            return Poll::Ready(Ended::Refused(CloseCode::Policy, reason));
+        }
+        if overflowed.as_mut().poll(cx).is_ready() {
+            tracing::info!("dropping a client that reads too slowly");
+            return Poll::Ready(Ended::Gone);
+        }
+        if let Poll::Ready(ended) = link.poll_keepalive(cx) {
+            return Poll::Ready(ended);
+        }
+        let mut busy = false;
+        while reading && replies.len() < MAX_WAITING_REPLIES {
+            match link.poll_data(cx, node) {
+                Poll::Ready(Ok(data)) => {
+                    let response = session.handle(data);
+                    reading = response.then == Then::Continue;
+                    replies.push_back(match response.ready() {
+                        Ok(ready) => Settling::Ready(Some(ready)),
+                        Err(response) => Settling::Waiting(Box::pin(response.settle())),
+                    });
+                    busy = true;
                 }
-                match then {
+                Poll::Ready(Err(ended)) => return Poll::Ready(ended),
+                Poll::Pending => break,
+            }
+        }
+        match link.poll_write(cx, &mut replies) {
+            Poll::Ready(Ok(written)) => {
+                if written.outbox_has_room {
+                    session.outbox_drained();
+                }
+                match written.then {
                     Then::Continue => {}
-                    Then::Logout => return Ended::Logout,
-                    Then::Abort => return Ended::Abort,
+                    Then::Logout => return Poll::Ready(Ended::Logout),
+                    Then::Abort => return Poll::Ready(Ended::Abort),
                 }
+                busy |= written.any;
             }
-            Some(outbound) = next_outbound(frames) => {
-                if send_outbound(socket, outbound, frames).await.is_err() {
-                    return Ended::Gone;
-                }
+            Poll::Ready(Err(())) => return Poll::Ready(Ended::Gone),
+            Poll::Pending => {}
+        }
+        if !busy {
+            return Poll::Pending;
+        }
+    })
+    .await
+}
+
+/// How long a connection whose outbox is at `max-write-queue-bytes` may go without the socket
+/// taking a byte before its client counts as not reading and is cut off.
+pub const WRITE_STALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// The socket side of a logged-in connection: what it has fed to the socket and not yet
+/// flushed, and the timers that watch the peer.
+struct Link<'a> {
+    socket: &'a mut Socket,
+    /// What the byte stream's watch saw (a reserved opcode).
+    assembly: &'a Assembly,
+    /// The queue's frames for this connection, for the roles that get them.
+    frames: Option<&'a mut Frames>,
+    /// The outbox said it is closed: nothing more will come.
+    frames_closed: bool,
+    /// Frames were fed since the last flush finished.
+    unflushed: bool,
+    /// A reply that ends the connection was fed: it ends once that is flushed.
+    ending: Then,
+    last_heard: Instant,
+    ping: tokio::time::Interval,
+    ping_due: bool,
+    silence_limit: Duration,
+    /// Bytes the socket has taken, to tell a stalled client from a slow one.
+    writes: &'a SocketWrites,
+    stall: Pin<Box<tokio::time::Sleep>>,
+    stall_limit: Duration,
+    /// Bytes the socket had taken when the stall timer was last set.
+    stall_mark: Option<u64>,
+}
+
+/// What one round of writing did.
+struct Written {
+    /// Something was fed or flushed.
+    any: bool,
+    /// The outbox has room again after the queue found none: it should send more.
+    outbox_has_room: bool,
+    /// A reply that ends the connection is on the socket.
+    then: Then,
+}
+
+impl<'a> Link<'a> {
+    fn new(
+        socket: &'a mut Socket,
+        frames: Option<&'a mut Frames>,
+        node: &Node,
+        assembly: &'a Assembly,
+        writes: &'a SocketWrites,
+    ) -> Link<'a> {
+        let keepalive = &node.keepalive;
+        Link {
+            socket,
+            assembly,
+            frames,
+            frames_closed: false,
+            unflushed: false,
+            ending: Then::Continue,
+            last_heard: Instant::now(),
+            ping: tokio::time::interval_at(
+                Instant::now() + keepalive.ping_every,
+                keepalive.ping_every,
+            ),
+            ping_due: false,
+            silence_limit: keepalive.silence_limit,
+            writes,
+            stall: Box::pin(tokio::time::sleep(keepalive.write_stall_limit)),
+            stall_limit: keepalive.write_stall_limit,
+            stall_mark: None,
+        }
+    }
+
+    /// Pings an idle peer and drops a silent one; drops a client that has not read for the
+    /// write-stall limit while its outbox is full.
+    fn poll_keepalive(&mut self, cx: &mut Context<'_>) -> Poll<Ended> {
+        while self.ping.poll_tick(cx).is_ready() {
+            if self.last_heard.elapsed() >= self.silence_limit {
+                tracing::info!(silent_for = ?self.last_heard.elapsed(), "dropping a silent peer");
+                return Poll::Ready(Ended::Gone);
             }
-            _ = overflowed(&overflow) => {
+            self.ping_due = true;
+        }
+        if !self.unflushed {
+            // The socket takes what it is given: nothing is stalled.
+            self.stall_mark = None;
+            return Poll::Pending;
+        }
+        loop {
+            let written = self.writes.total();
+            let Some(mark) = self.stall_mark else {
+                self.stall_mark = Some(written);
+                self.stall.as_mut().reset(Instant::now() + self.stall_limit);
+                continue;
+            };
+            ready!(self.stall.as_mut().poll(cx));
+            let at_limit = self.frames.as_ref().is_some_and(|f| f.at_limit());
+            if written == mark && at_limit {
                 tracing::info!("dropping a client that reads too slowly");
-                return Ended::Gone;
+                return Poll::Ready(Ended::Gone);
             }
-            _ = assembly.overdue(node.message_timeout) => {
-                let closing = Frame::close(CloseCode::Policy, "message not whole in time");
-                let _ = socket.send(closing).await;
-                drain(socket).await;
-                return Ended::Gone;
+            // It took something, or has little waiting: watch the next period.
+            self.stall_mark = None;
+        }
+    }
+
+    /// The next text or binary message; pings are answered by yawc and skipped here. Any
+    /// frame at all, a pong included, counts as hearing from the peer. A message bigger than
+    /// `max-ws-msg-len` (as it is now) is refused with 1009, dropped before anything waits.
+    fn poll_data(&mut self, cx: &mut Context<'_>, node: &Node) -> Poll<Result<Data, Ended>> {
+        loop {
+            let frame = match ready!(self.socket.poll_next_frame(cx)) {
+                Ok(frame) => frame,
+                Err(error) => return Poll::Ready(Err(read_failure(&error, self.assembly))),
+            };
+            self.last_heard = Instant::now();
+            if is_too_big(&frame, node) {
+                let reason = "message too big".into();
+                return Poll::Ready(Err(Ended::Refused(CloseCode::Size, reason)));
             }
-            _ = ping.tick() => {
-                if last_heard.elapsed() >= keepalive.silence_limit {
-                    tracing::info!(silent_for = ?last_heard.elapsed(), "dropping a silent peer");
-                    return Ended::Gone;
-                }
-                if socket.send(Frame::ping(Bytes::new())).await.is_err() {
-                    return Ended::Gone;
-                }
+            match frame.opcode() {
+                OpCode::Text => return Poll::Ready(Ok(Data::text(frame.into_payload()))),
+                OpCode::Binary => return Poll::Ready(Ok(Data::Binary(frame.into_payload()))),
+                OpCode::Close => return Poll::Ready(Err(Ended::ClosedByClient)),
+                OpCode::Ping | OpCode::Pong | OpCode::Continuation => continue,
             }
+        }
+    }
+
+    /// Feeds the socket every reply that is ready, in order, then the queue's frames, then a
+    /// ping if one is due, and flushes them all at once. `Err` when the socket failed.
+    fn poll_write<F>(
+        &mut self,
+        cx: &mut Context<'_>,
+        replies: &mut VecDeque<Settling<F>>,
+    ) -> Poll<Result<Written, ()>>
+    where
+        F: Future<Output = (Reply, Then)>,
+    {
+        let mut fed = false;
+        // Only the first reply is polled: the others go out after it whatever their state,
+        // and its wait (a write, a sync) covers theirs or is covered by it.
+        while self.ending == Then::Continue && self.ready_to_feed(cx)? {
+            let Some(first) = replies.front_mut() else { break };
+            let Poll::Ready((reply, then)) = first.poll(cx) else { break };
+            replies.pop_front();
+            self.feed(Frame::text(reply.to_frame()))?;
+            self.ending = then;
+            fed = true;
+        }
+        while self.ending == Then::Continue && !self.frames_closed && self.ready_to_feed(cx)? {
+            let Some(frames) = self.frames.as_mut() else { break };
+            match frames.poll_next(cx) {
+                Poll::Ready(Some(frame)) => self.feed(Frame::text(frame))?,
+                Poll::Ready(None) => self.frames_closed = true,
+                Poll::Pending => break,
+            }
+            fed = true;
+        }
+        if self.ping_due && self.ending == Then::Continue && self.ready_to_feed(cx)? {
+            self.ping_due = false;
+            self.feed(Frame::ping(Bytes::new()))?;
+            fed = true;
+        }
+        if !self.unflushed {
+            return Poll::Pending; // nothing was fed, and everything before is written
+        }
+        match self.socket.poll_flush_unpin(cx) {
+            Poll::Ready(Ok(())) => {
+                self.unflushed = false;
+                let outbox_has_room = self.frames.as_mut().is_some_and(|f| f.written());
+                Poll::Ready(Ok(Written {
+                    any: true,
+                    outbox_has_room,
+                    then: self.ending,
+                }))
+            }
+            Poll::Ready(Err(_)) => Poll::Ready(Err(())),
+            Poll::Pending if fed => Poll::Ready(Ok(Written {
+                any: true,
+                outbox_has_room: false,
+                then: Then::Continue,
+            })),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Whether the socket takes another frame now (its buffer is below yawc's bound, or was
+    /// just flushed).
+    fn ready_to_feed(&mut self, cx: &mut Context<'_>) -> Result<bool, ()> {
+        match self.socket.poll_ready_unpin(cx) {
+            Poll::Ready(Ok(())) => Ok(true),
+            Poll::Ready(Err(_)) => Err(()),
+            Poll::Pending => {
+                // poll_ready flushes when the buffer is full, so that flush is under way.
+                self.unflushed = true;
+                Ok(false)
+            }
+        }
+    }
+
+    fn feed(&mut self, frame: Frame) -> Result<(), ()> {
+        self.unflushed = true;
+        self.socket.start_send_unpin(frame).map_err(|_| ())
+    }
+}
+
+/// A reply on its way out: ready at once, or waiting for its change's durability.
+enum Settling<F> {
+    Ready(Option<(Reply, Then)>),
+    Waiting(Pin<Box<F>>),
+}
+
+impl<F: Future<Output = (Reply, Then)>> Settling<F> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(Reply, Then)> {
+        match self {
+            Settling::Ready(ready) => Poll::Ready(ready.take().expect("polled once it is ready")),
+            Settling::Waiting(waiting) => waiting.as_mut().poll(cx),
         }
     }
 }
 
-/// The next text or binary message; pings are answered by yawc and skipped here. Any frame
-/// at all, a pong included, moves `last_heard`. A message bigger than `max-ws-msg-len` (as it
-/// is now) closes the connection with 1009; a broken frame with the manual's code for it.
-async fn next_data(
-    socket: &mut Socket,
-    last_heard: &mut Instant,
-    node: &Node,
-    assembly: &Assembly,
-) -> Incoming {
-    loop {
-        let frame = match socket.next_frame().await {
-            Ok(frame) => frame,
-            Err(error) => {
-                let code = match assembly.violated() {
-                    true => Some(CloseCode::Protocol),
-                    false => close_code(&error),
-                };
-                if let Some(code) = code {
-                    // Sent here rather than by yawc, whose codes differ from the manual's for
-                    // some faults; yawc's own close frame is never flushed, as nothing more
-                    // is read.
-                    let _ = socket.send(Frame::close(code, error.to_string())).await;
-                }
-                return Incoming::Gone;
-            }
-        };
-        *last_heard = Instant::now();
-        let is_data = matches!(frame.opcode(), OpCode::Text | OpCode::Binary);
-        if is_data && frame.payload().len() as u64 > node.setting(Setting::MaxWsMsgLen) {
-            let _ = socket
-                .send(Frame::close(CloseCode::Size, "message too big"))
-                .await;
-            drain(socket).await;
-            return Incoming::Gone;
-        }
-        match frame.opcode() {
-            OpCode::Text => return Incoming::Data(Data::text(frame.into_payload())),
-            OpCode::Binary => return Incoming::Data(Data::Binary(frame.into_payload())),
-            OpCode::Close => {
-                // yawc has queued the answer (the client's code echoed); one more read sends it.
-                let _ = timeout(DRAIN_TIME, socket.next_frame()).await;
-                return Incoming::Gone;
-            }
-            OpCode::Ping | OpCode::Pong | OpCode::Continuation => continue,
-        }
+/// Whether a data frame is bigger than `max-ws-msg-len` as it is now.
+fn is_too_big(frame: &Frame, node: &Node) -> bool {
+    matches!(frame.opcode(), OpCode::Text | OpCode::Binary)
+        && frame.payload().len() as u64 > node.setting(Setting::MaxWsMsgLen)
+}
+
+/// How a connection whose frame yawc could not read ends: with the manual's close code
+/// (*Why a connection closed*), or with none when the connection itself failed.
+fn read_failure(error: &WebSocketError, assembly: &Assembly) -> Ended {
+    let code = match assembly.violated() {
+        true => Some(CloseCode::Protocol),
+        false => close_code(error),
+    };
+    match code {
+        // Sent by the connection rather than by yawc, whose codes differ from the manual's
+        // for some faults.
+        Some(code) => Ended::Refused(code, error.to_string()),
+        None => Ended::Gone,
     }
 }
 
@@ -278,14 +515,7 @@ fn sent_during_login(socket: &mut Socket) -> bool {
     }
 }
 
-async fn next_outbound(frames: &mut Option<Frames>) -> Option<Outbound> {
-    match frames {
-        Some(frames) => frames.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Resolves when the connection's outbox went over `max-write-queue-bytes`.
+/// Resolves when the connection's outbox overflowed with frames that cannot wait.
 async fn overflowed(overflow: &Option<Overflow>) {
     match overflow {
         Some(overflow) => overflow.happened().await,
@@ -297,35 +527,10 @@ async fn send(socket: &mut Socket, reply: &Reply) -> Result<(), WebSocketError> 
     socket.send(Frame::text(reply.to_frame())).await
 }
 
-/// Sends `first` and every other frame already waiting, with one flush; gives up at once if
-/// the outbox overflows meanwhile (the client is not reading).
-async fn send_outbound(
-    socket: &mut Socket,
-    first: Outbound,
-    frames: &mut Option<Frames>,
-) -> Result<(), ()> {
-    let Some(frames) = frames else {
-        return Err(());
-    };
-    let overflow = frames.overflow();
-    let write = async {
-        let mut written = first.frame.len();
-        socket.feed(Frame::text(first.frame)).await?;
-        while let Some(outbound) = frames.try_recv() {
-            written += outbound.frame.len();
-            socket.feed(Frame::text(outbound.frame)).await?;
-        }
-        socket.flush().await?;
-        frames.sent(written);
-        Ok::<(), WebSocketError>(())
-    };
-    tokio::select! {
-        written = write => written.map_err(|_| ()),
-        _ = overflow.happened() => {
-            tracing::info!("dropping a client that reads too slowly");
-            Err(())
-        }
-    }
+/// Closes with `code`, then reads what the client still sends for a moment.
+async fn refuse(socket: &mut Socket, code: CloseCode, reason: String) {
+    let _ = socket.send(Frame::close(code, reason)).await;
+    drain(socket).await;
 }
 
 /// Closes with code 1000, then waits briefly for the client's answering close.
@@ -337,7 +542,7 @@ async fn close_normally(mut socket: Socket) {
 
 /// Ends the connection with no close frame, after the reply is already flushed.
 async fn abort(mut socket: Socket, closer: Closer) {
-    closer.shutdown_write();
+    closer.shutdown_write(&socket);
     drain(&mut socket).await;
 }
 

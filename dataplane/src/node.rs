@@ -191,7 +191,7 @@ impl Node {
     /// The nine columns of `getlivestats`: messages, publishers, subscribers, saved
     /// subscribers, administrators, unacknowledged, dead letter, delayed, durable.
     pub fn live_stats_csv(&self) -> String {
-        let counts = self.queue.lock().counts();
+        let counts = self.queue.counts();
         let presence = &self.presence;
         format!(
             "{},{},{},{},{},{},{},{},{}",

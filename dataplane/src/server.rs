@@ -143,9 +143,7 @@ async fn serve(
 ) {
     let login_time = Duration::from_secs(node.setting(Setting::NoReplyTimeoutSecs));
     let login_deadline = Instant::now() + login_time;
-    let Ok(closer) = Closer::new(&tcp) else {
-        return;
-    };
+    let closer = Closer::new(&tcp);
     let _ = tcp.set_nodelay(true);
     // A peer that vanished without a FIN is noticed by the kernel too, after about 45 s.
     let probes = socket2::TcpKeepalive::new()
@@ -158,7 +156,7 @@ async fn serve(
     // quarter of an hour of retransmissions.
     let _ = socket.set_tcp_user_timeout(Some(Duration::from_secs(60)));
     // Bytes are counted on the socket: under TLS, what the client is billed for.
-    let counted = Counted::new(tcp, node.traffic.clone());
+    let (counted, writes) = Counted::new(tcp, node.traffic.clone());
     let io: Box<dyn Io> = match tls {
         None => Box::new(counted),
         Some(acceptor) => match timeout_at(login_deadline, acceptor.accept(counted)).await {
@@ -170,7 +168,7 @@ async fn serve(
     let assembly = Assembly::new();
     let io = Box::new(FragmentWatch::new(io, assembly.clone()));
     if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(io)).await {
-        connection::run(websocket, closer, node, login_deadline, assembly).await;
+        connection::run(websocket, closer, node, login_deadline, assembly, writes).await;
     }
 }
 

@@ -24,15 +24,44 @@ impl Traffic {
     }
 }
 
-/// A stream that adds what passes through it to a [`Traffic`].
+/// Bytes one connection's socket has taken, so the connection can tell a client that reads
+/// slowly from one that does not read at all.
+#[derive(Debug, Clone, Default)]
+pub struct SocketWrites(Arc<AtomicU64>);
+
+impl SocketWrites {
+    pub fn total(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, bytes: usize) {
+        self.0.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// A stream that adds what passes through it to a [`Traffic`], and what it writes to its
+/// connection's [`SocketWrites`].
 pub struct Counted<S> {
     inner: S,
     traffic: Arc<Traffic>,
+    writes: SocketWrites,
 }
 
 impl<S> Counted<S> {
-    pub fn new(inner: S, traffic: Arc<Traffic>) -> Counted<S> {
-        Counted { inner, traffic }
+    /// Counts `inner`'s bytes into `traffic`; the handle counts its writes alone.
+    pub fn new(inner: S, traffic: Arc<Traffic>) -> (Counted<S>, SocketWrites) {
+        let writes = SocketWrites::default();
+        let counted = Counted {
+            inner,
+            traffic,
+            writes: writes.clone(),
+        };
+        (counted, writes)
+    }
+
+    fn wrote(&self, bytes: usize) {
+        self.traffic.sent.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.writes.add(bytes);
     }
 }
 
@@ -60,9 +89,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(written)) = polled {
-            self.traffic
-                .sent
-                .fetch_add(written as u64, Ordering::Relaxed);
+            self.wrote(written);
         }
         polled
     }
@@ -74,9 +101,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(written)) = polled {
-            self.traffic
-                .sent
-                .fetch_add(written as u64, Ordering::Relaxed);
+            self.wrote(written);
         }
         polled
     }

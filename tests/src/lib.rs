@@ -7,11 +7,13 @@
 //! - [`Client`] is a WebSocket client (tokio-tungstenite) that tells a close frame's code from
 //!   a connection that ended with none.
 //! - [`python`] finds the Python that has the `websockets` package, for the interop tests.
+//! - [`raw`] is a WebSocket client written out byte by byte, for what [`Client`] will not do.
 //! - [`moto`] runs EC2's emulator and builds the network a region needs; [`instance`] boots
 //!   what a queue's instance was given, in a network namespace.
 
 pub mod instance;
 pub mod moto;
+pub mod raw;
 
 /// A throwaway CA with a name of its own (with rcgen's default name on both, OpenSSL takes a
 /// leaf whose subject equals its issuer for a self-signed certificate).
@@ -327,6 +329,15 @@ impl Node {
         let reply = client.request(login_request(role, queue_type, extra)).await;
         assert_eq!(reply["status"], "Success.", "login failed: {reply}");
         (client, reply)
+    }
+
+    /// Waits until the node has seen `session`'s connection drop; returns whether the session
+    /// was saved.
+    pub fn dropped(&self, session: &str) -> bool {
+        let needle = format!("session={session}");
+        let log = self.wait_for_log(&needle);
+        let line = log.lines().find(|l| l.contains(&needle)).unwrap();
+        line.contains("saved=true")
     }
 
     pub async fn publisher(&self) -> Client {

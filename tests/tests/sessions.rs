@@ -14,16 +14,6 @@ async fn publish(publisher: &mut Client, body: &str) -> String {
     reply["id"].as_str().unwrap().to_string()
 }
 
-/// Waits until the node has seen `session`'s connection drop; returns whether it was saved.
-fn dropped(node: &Node, session: &str) -> bool {
-    let log = node.wait_for_log(&format!("session={session}"));
-    let line = log
-        .lines()
-        .find(|l| l.contains(&format!("session={session}")))
-        .unwrap();
-    line.contains("saved=true")
-}
-
 /// A resume login for `session`, with `extra` fields.
 fn resume_request(session: &str, extra: Value) -> Value {
     let mut login = login_request("subscriber", "distribute", json!({"sessionid": session}));
@@ -61,7 +51,7 @@ async fn saved_session_holding_one(node: &Node) -> (String, String, Client) {
     let id = publish(&mut publisher, "m1").await;
     assert_eq!(subscriber.recv().await["id"], id);
     drop(subscriber); // TCP closed with no close frame
-    assert!(dropped(node, &session));
+    assert!(node.dropped(&session));
     (session, id, publisher)
 }
 
@@ -73,7 +63,7 @@ async fn after_an_abrupt_drop_a_resume_with_replay_gets_back_what_it_held() {
     let m1 = publish(&mut publisher, "m1").await;
     assert_eq!(a.recv().await["id"], m1);
     drop(a); // TCP closed with no close frame
-    assert!(dropped(&node, &session));
+    assert!(node.dropped(&session));
 
     let (mut a, new) = resume(&node, &session, json!({"replay": true})).await;
     let again = a.recv().await;
@@ -84,7 +74,7 @@ async fn after_an_abrupt_drop_a_resume_with_replay_gets_back_what_it_held() {
     );
     // Only the latest session id resumes.
     drop(a);
-    assert!(dropped(&node, &new));
+    assert!(node.dropped(&new));
     resume_fails(&node, &session).await;
     resume(&node, &new, json!({})).await;
 }
@@ -106,7 +96,7 @@ async fn a_close_frame_without_logout_is_a_drop_and_the_session_resumes() {
         Ending::Closed(1000),
         "the node answers the close"
     );
-    assert!(dropped(&node, &session));
+    assert!(node.dropped(&session));
     let (mut a, _) = resume(&node, &session, json!({})).await;
     // Without replay, what was sent is not sent again, but it is still held.
     assert_eq!(
@@ -123,7 +113,7 @@ async fn without_replay_sent_messages_are_not_sent_again() {
     let m1 = publish(&mut publisher, "m1").await;
     a.recv().await;
     drop(a);
-    assert!(dropped(&node, &session));
+    assert!(node.dropped(&session));
     let (mut a, _) = resume(&node, &session, json!({"replay": false})).await;
     // The first frame after the resume is the next new message, not m1 again.
     publish(&mut publisher, "m2").await;
@@ -143,7 +133,7 @@ async fn a_resumed_session_keeps_its_place_in_the_line_and_its_capacity() {
     let m1 = publish(&mut publisher, "m1").await;
     assert_eq!(a.recv().await["id"], m1);
     drop(a);
-    assert!(dropped(&node, &session));
+    assert!(node.dropped(&session));
     let m2 = publish(&mut publisher, "while away").await;
     assert_eq!(b.recv().await["id"], m2, "a saved session gets nothing new");
 
@@ -157,7 +147,7 @@ async fn a_resumed_session_keeps_its_place_in_the_line_and_its_capacity() {
 
     // A capacity given on resume replaces the old one.
     drop(a);
-    assert!(dropped(&node, &resumed));
+    assert!(node.dropped(&resumed));
     let (mut a, _) = resume(&node, &resumed, json!({"capacity": 3})).await;
     publish(&mut publisher, "m5").await;
     assert_eq!(
@@ -228,7 +218,7 @@ async fn a_session_that_never_received_a_message_is_not_saved() {
     let node = Node::start();
     let (a, session) = node.subscriber(1).await;
     drop(a);
-    assert!(!dropped(&node, &session));
+    assert!(!node.dropped(&session));
     resume_fails(&node, &session).await;
 }
 
@@ -257,7 +247,7 @@ async fn a_saved_session_runs_out_and_what_it_held_goes_to_another_subscriber() 
     let m1 = publish(&mut publisher, "held by a").await;
     assert_eq!(a.recv().await["id"], m1);
     drop(a);
-    assert!(dropped(&node, &session));
+    assert!(node.dropped(&session));
     // saved-session-timeout-secs is 10 by default: the message reaches b then.
     let handed_on = b
         .recv_within(Duration::from_secs(20))
@@ -282,7 +272,7 @@ async fn past_max_tasks_saved_sessions_one_that_holds_nothing_is_not_saved() {
             "Success."
         );
         drop(subscriber);
-        let saved = dropped(&node, &session);
+        let saved = node.dropped(&session);
         assert_eq!(saved, i < 100, "session {i}");
         sessions.push(session);
     }
@@ -300,7 +290,7 @@ async fn a_silent_peer_is_noticed_and_its_session_saved() {
     assert_eq!(a.recv().await["id"], m1);
     // From here `a` reads nothing, so it answers no ping; its TCP connection stays open.
     node.wait_for_log("dropping a silent peer");
-    assert!(dropped(&node, &session));
+    assert!(node.dropped(&session));
     let (mut resumed, _) = resume(&node, &session, json!({"replay": true})).await;
     assert_eq!(resumed.recv().await["id"], m1);
     drop(a);

@@ -1,8 +1,8 @@
 //! The wire: message size limits on open connections, and compressed frames.
 
-use qe_tests::{login_request, Ending, Node, PROMPT};
+use qe_tests::{raw, Ending, Node};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 #[tokio::test]
@@ -24,68 +24,16 @@ async fn a_new_max_ws_msg_len_applies_to_open_connections() {
     assert_eq!(publisher.ending().await, Ending::Closed(1009));
 }
 
-/// A masked client frame of any length.
-fn client_frame(fin: bool, rsv1: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mask = [0x12, 0x34, 0x56, 0x78];
-    let mut out = vec![((fin as u8) << 7) | ((rsv1 as u8) << 6) | opcode];
-    match payload.len() {
-        n if n < 126 => out.push(0x80 | n as u8),
-        n => {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-    }
-    out.extend_from_slice(&mask);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    out
-}
-
-/// A raw WebSocket client, upgraded (offering permessage-deflate when `deflate`) and logged in
-/// as a publisher.
+/// A raw client, upgraded (offering permessage-deflate when `deflate`) and logged in as a
+/// publisher.
 async fn raw_publisher(node: &Node, deflate: bool) -> TcpStream {
-    let mut tcp = TcpStream::connect(node.addr).await.unwrap();
-    let extension = if deflate {
-        "Sec-WebSocket-Extensions: permessage-deflate\r\n"
-    } else {
-        ""
-    };
-    let handshake = format!(
-        "GET / HTTP/1.1\r\nHost: q\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extension}\r\n"
-    );
-    tcp.write_all(handshake.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    while !response.windows(4).any(|w| w == b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        tcp.read_exact(&mut byte).await.unwrap();
-        response.push(byte[0]);
-    }
-    let response = String::from_utf8(response).unwrap().to_lowercase();
-    assert!(response.starts_with("http/1.1 101"), "{response}");
-    assert_eq!(
-        response.contains("permessage-deflate"),
+    let options = raw::Options {
         deflate,
-        "{response}"
-    );
-    let login = login_request("publisher", "distribute", json!({})).to_string();
-    tcp.write_all(&client_frame(true, false, 0x1, login.as_bytes()))
-        .await
-        .unwrap();
-    read_small_frame(&mut tcp).await;
+        ..raw::Options::default()
+    };
+    let (tcp, reply) = raw::logged_in(node, options, "publisher", json!({})).await;
+    assert_eq!(reply["status"], "Success.");
     tcp
-}
-
-/// Reads one short frame from the node: (first byte, payload).
-async fn read_small_frame(tcp: &mut TcpStream) -> (u8, Vec<u8>) {
-    let mut header = [0u8; 2];
-    tokio::time::timeout(PROMPT, tcp.read_exact(&mut header))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(header[1] & 0x7F < 126, "a short frame");
-    let mut payload = vec![0u8; (header[1] & 0x7F) as usize];
-    tcp.read_exact(&mut payload).await.unwrap();
-    (header[0], payload)
 }
 
 #[tokio::test]
@@ -93,10 +41,10 @@ async fn a_compressed_message_that_cannot_be_unpacked_closes_with_1011() {
     let node = Node::start();
     let mut tcp = raw_publisher(&node, true).await;
     // A "compressed" frame of bytes that are not deflate.
-    tcp.write_all(&client_frame(true, true, 0x1, &[0xFF; 16]))
+    tcp.write_all(&raw::client_frame(true, true, 0x1, &[0xFF; 16]))
         .await
         .unwrap();
-    let (first, payload) = read_small_frame(&mut tcp).await;
+    let (first, payload) = raw::read_frame(&mut tcp).await;
     assert_eq!(first & 0x0F, 0x8, "a close frame");
     assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 1011);
 }
@@ -106,19 +54,19 @@ async fn a_fragmented_message_must_arrive_whole_in_time_or_the_connection_closes
     let node = Node::start_with(&["--message-timeout-secs", "1"]);
     let mut tcp = raw_publisher(&node, false).await;
     // In time: two fragments, then a reply.
-    tcp.write_all(&client_frame(false, false, 0x1, br#"{"body":"#))
+    tcp.write_all(&raw::client_frame(false, false, 0x1, br#"{"body":"#))
         .await
         .unwrap();
-    tcp.write_all(&client_frame(true, false, 0x0, br#""two parts"}"#))
+    tcp.write_all(&raw::client_frame(true, false, 0x0, br#""two parts"}"#))
         .await
         .unwrap();
-    let (_, reply) = read_small_frame(&mut tcp).await;
+    let (_, reply) = raw::read_frame(&mut tcp).await;
     assert!(String::from_utf8_lossy(&reply).contains("Success."));
     // Not in time: the first fragment, and nothing more.
-    tcp.write_all(&client_frame(false, false, 0x1, br#"{"body":"#))
+    tcp.write_all(&raw::client_frame(false, false, 0x1, br#"{"body":"#))
         .await
         .unwrap();
-    let (first, payload) = read_small_frame(&mut tcp).await;
+    let (first, payload) = raw::read_frame(&mut tcp).await;
     assert_eq!(first & 0x0F, 0x8, "a close frame");
     assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 1008);
 }
@@ -145,26 +93,19 @@ async fn a_client_that_reads_too_slowly_is_dropped_and_nobody_else_is_slowed() {
     assert_eq!(reply["subscribers"], 1, "only the fast one is left");
 }
 
-/// Reads the node's close frame and returns its code.
-async fn close_code(tcp: &mut TcpStream) -> u16 {
-    let (first, payload) = read_small_frame(tcp).await;
-    assert_eq!(first & 0x0F, 0x8, "a close frame");
-    u16::from_be_bytes([payload[0], payload[1]])
-}
-
 #[tokio::test]
 async fn invalid_utf8_closes_with_1007_and_a_protocol_violation_with_1002() {
     let node = Node::start();
     let mut tcp = raw_publisher(&node, false).await;
-    tcp.write_all(&client_frame(true, false, 0x1, &[0xC3, 0x28]))
+    tcp.write_all(&raw::client_frame(true, false, 0x1, &[0xC3, 0x28]))
         .await
         .unwrap();
-    assert_eq!(close_code(&mut tcp).await, 1007);
+    assert_eq!(raw::close_code(&mut tcp).await, 1007);
 
     let mut tcp = raw_publisher(&node, false).await;
     // A reserved opcode.
-    tcp.write_all(&client_frame(true, false, 0x3, b"x"))
+    tcp.write_all(&raw::client_frame(true, false, 0x3, b"x"))
         .await
         .unwrap();
-    assert_eq!(close_code(&mut tcp).await, 1002);
+    assert_eq!(raw::close_code(&mut tcp).await, 1002);
 }

@@ -2,7 +2,7 @@
 //! Nothing is stored, so there is no id, no ack and no line.
 
 use super::message::{copy_frame, BodyType};
-use super::outbox::{outbox, Frames, Outbound, Outbox};
+use super::outbox::{outbox, Frames, Outbox};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,13 +32,7 @@ impl CopyQueue {
         let frame = copy_frame(body_type, body, recdat);
         self.lock()
             .values()
-            .filter(|outbox| {
-                let outbound = Outbound {
-                    frame: frame.clone(),
-                    message: None,
-                };
-                outbox.send(outbound)
-            })
+            .filter(|outbox| outbox.send(frame.clone()))
             .count()
     }
 

@@ -6,9 +6,14 @@
 //!
 //! A subscriber whose connection dropped stays in the line, saved, with its place and what it
 //! holds, but without an outbox and so without room, until it resumes or its time runs out.
+//!
+//! A subscriber has room when it holds fewer than its capacity *and* its outbox has room
+//! (fewer than `max-write-queue-bytes` wait for its socket). Held messages whose frames could
+//! not be queued yet (a replay bigger than the outbox, say) wait in `unsent` and go out as
+//! the connection writes ([`Line::next_to_send`]).
 
 use super::ids::{MessageId, SessionId};
-use super::outbox::{Outbound, Outbox};
+use super::outbox::Outbox;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -22,7 +27,9 @@ struct Subscriber {
     capacity: u64,
     /// The messages it holds now, in id order (the order a replay resends them).
     held: BTreeSet<MessageId>,
-    /// Held messages whose frames never left for the client (the connection dropped first).
+    /// Held messages whose frames its connection has not written: not yet queued (waiting
+    /// for room in the outbox), or queued and never written before the connection dropped.
+    /// Sent in id order.
     unsent: BTreeSet<MessageId>,
     /// Its connection's outbox; `None` while the session is saved after a drop.
     outbox: Option<Outbox>,
@@ -31,8 +38,12 @@ struct Subscriber {
 }
 
 impl Subscriber {
+    /// Whether it may be given another message now. Looks at the outbox last: an outbox
+    /// found full remembers to say when it has room again.
     fn has_room(&self) -> bool {
-        self.outbox.is_some() && (self.held.len() as u64) < self.capacity
+        (self.held.len() as u64) < self.capacity
+            && self.unsent.is_empty()
+            && self.outbox.as_ref().is_some_and(Outbox::has_room)
     }
 }
 
@@ -42,11 +53,6 @@ pub struct Dropped {
     pub received_any: bool,
 }
 
-/// A resumed subscriber's held messages: all of them, and the ones to send again.
-pub struct Resumed {
-    pub held: Vec<MessageId>,
-    pub resend: Vec<MessageId>,
-}
 
 #[derive(Default)]
 pub struct Line {
@@ -86,7 +92,8 @@ impl Line {
     }
 
     /// The connection dropped: the subscriber keeps its place and holdings but gets nothing
-    /// until it resumes. `unsent` are deliveries its connection never sent.
+    /// until it resumes. `unsent` are deliveries its connection never wrote; with the ones
+    /// never queued, they are what a resume without replay sends.
     pub fn disconnect(
         &mut self,
         session: SessionId,
@@ -94,10 +101,9 @@ impl Line {
     ) -> Option<Dropped> {
         let subscriber = self.subscribers.get_mut(&session)?;
         subscriber.outbox = None;
-        subscriber.unsent = unsent
-            .into_iter()
-            .filter(|id| subscriber.held.contains(id))
-            .collect();
+        let held = &subscriber.held;
+        let unsent = unsent.into_iter().filter(|id| held.contains(id));
+        subscriber.unsent.extend(unsent);
         let dropped = Dropped {
             holds_any: !subscriber.held.is_empty(),
             received_any: subscriber.received,
@@ -113,7 +119,9 @@ impl Line {
             .is_some_and(|s| s.outbox.is_none())
     }
 
-    /// A saved subscriber comes back as `new`, at its old place, with its holdings.
+    /// A saved subscriber comes back as `new`, at its old place, with its holdings; returns
+    /// them. What it gets sent ([`Line::next_to_send`]) is every held message with `replay`,
+    /// else the ones its last connection never wrote.
     pub fn reconnect(
         &mut self,
         old: SessionId,
@@ -121,23 +129,20 @@ impl Line {
         capacity: Option<u64>,
         outbox: Outbox,
         replay: bool,
-    ) -> Resumed {
+    ) -> Vec<MessageId> {
         let mut subscriber = self.subscribers.remove(&old).expect("a saved subscriber");
         if let Some(capacity) = capacity {
             subscriber.capacity = capacity;
         }
         subscriber.outbox = Some(outbox);
-        let unsent = std::mem::take(&mut subscriber.unsent);
-        let held: Vec<MessageId> = subscriber.held.iter().copied().collect();
-        let resend = if replay {
-            held.clone()
-        } else {
-            unsent.into_iter().collect()
-        };
+        if replay {
+            subscriber.unsent = subscriber.held.clone();
+        }
+        let held = subscriber.held.iter().copied().collect();
         self.with_room.remove(&subscriber.place);
         self.subscribers.insert(new, subscriber);
         self.refresh(new);
-        Resumed { held, resend }
+        held
     }
 
     pub fn set_capacity(&mut self, session: SessionId, capacity: u64) {
@@ -154,7 +159,7 @@ impl Line {
             .map(|(_, session)| *session)
     }
 
-    /// Gives `message` to `session` to hold, and sends it `frame`.
+    /// Gives `message` to `session`, which has room, to hold, and sends it `frame`.
     pub fn hold(&mut self, session: SessionId, message: MessageId, frame: Bytes) {
         let subscriber = self
             .subscribers
@@ -162,23 +167,34 @@ impl Line {
             .expect("only subscribers in the line hold messages");
         subscriber.held.insert(message);
         subscriber.received = true;
-        self.send(session, message, frame);
+        if let Some(outbox) = &subscriber.outbox {
+            outbox.deliver(frame, message);
+        }
         self.refresh(session);
     }
 
-    /// Sends the frame of a message `session` holds to its connection.
+    /// The next held message whose frame `session`'s connection should be given, if its
+    /// outbox has room for it; taken out of `unsent` (the caller sends it with
+    /// [`Line::send`]).
+    pub fn next_to_send(&mut self, session: SessionId) -> Option<MessageId> {
+        let subscriber = self.subscribers.get_mut(&session)?;
+        if subscriber.unsent.is_empty() || !subscriber.outbox.as_ref()?.has_room() {
+            return None;
+        }
+        subscriber.unsent.pop_first()
+    }
+
+    /// Queues the frame of a message `session` holds for its connection.
     pub fn send(&mut self, session: SessionId, message: MessageId, frame: Bytes) {
         let Some(subscriber) = self.subscribers.get_mut(&session) else {
             return;
         };
-        let outbound = Outbound {
-            frame,
-            message: Some(message),
-        };
-        // No outbox, or a closed one: the connection is gone or going. Either way the session
-        // is saved or ended with the message still held, so nothing is lost.
-        if let Some(outbox) = &subscriber.outbox {
-            outbox.send(outbound);
+        match &subscriber.outbox {
+            Some(outbox) => outbox.deliver(frame, message),
+            // The connection is gone: the next one sends it.
+            None => {
+                subscriber.unsent.insert(message);
+            }
         }
     }
 
@@ -189,10 +205,7 @@ impl Line {
             .get(&session)
             .and_then(|s| s.outbox.as_ref())
         {
-            let _ = outbox.send(Outbound {
-                frame,
-                message: None,
-            });
+            let _ = outbox.send(frame);
         }
     }
 
@@ -222,8 +235,9 @@ impl Line {
         self.subscribers.is_empty()
     }
 
-    /// Keeps `with_room` true to the subscriber's holdings, capacity and connection.
-    fn refresh(&mut self, session: SessionId) {
+    /// Keeps `with_room` true to the subscriber's holdings, capacity and connection; called
+    /// too when its connection has written enough to have room again.
+    pub fn refresh(&mut self, session: SessionId) {
         let Some(subscriber) = self.subscribers.get(&session) else {
             return;
         };

@@ -61,7 +61,7 @@ impl Queue {
 
     /// Runs the queue's own operations on its state. Panics abort the process, so the lock is
     /// never poisoned.
-    pub fn lock(&self) -> MutexGuard<'_, QueueState> {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
         self.shared
             .state
             .lock()
@@ -74,6 +74,44 @@ impl Queue {
             self.shared.timers_changed.notify_one();
         }
         published
+    }
+
+    /// The live counters (`getlivestats`) that the queue keeps.
+    pub fn counts(&self) -> Counts {
+        self.lock().counts()
+    }
+
+    /// `messages-memory-used`.
+    pub fn memory_used(&self) -> u64 {
+        self.lock().memory_used()
+    }
+
+    /// An administrator's page of the queue or the dead letter queue; see [`QueueState::page`].
+    pub fn page(&self, dead_letter: bool, anchor: Anchor, count: usize) -> Vec<(MessageId, Message)> {
+        let state = self.lock();
+        let page = state.page(dead_letter, anchor, count).into_iter();
+        // A message's copy shares its frame: this copies a few fields and a pointer each.
+        page.map(|(id, message)| (id, message.clone())).collect()
+    }
+
+    /// A message of the queue (`dead` false) or of the dead letter queue.
+    pub fn get(&self, id: MessageId, dead: bool) -> Option<Message> {
+        self.lock().get(id, dead).cloned()
+    }
+
+    /// `delmsg`; see [`QueueState::delete`].
+    pub fn delete(&self, id: MessageId) -> Result<Receipt, Refused> {
+        self.lock().delete(id)
+    }
+
+    /// `movetodlq`; see [`QueueState::move_to_dead_letter`].
+    pub fn move_to_dead_letter(&self, id: MessageId) -> Result<Receipt, Refused> {
+        self.lock().move_to_dead_letter(id)
+    }
+
+    /// `deldlqmsg`; see [`QueueState::delete_dead_letter`].
+    pub fn delete_dead_letter(&self, id: MessageId) -> Result<Receipt, Refused> {
+        self.lock().delete_dead_letter(id)
     }
 
     /// Loads what the store kept, at start.
@@ -175,6 +213,11 @@ impl Subscription {
         self.queue.lock().set_capacity(self.session, capacity);
     }
 
+    /// The connection has written enough to have room in its outbox again.
+    pub fn drained(&self) {
+        self.queue.lock().drained(self.session);
+    }
+
     /// The subscriber logged out: what it holds goes to others now.
     pub fn logout(mut self) {
         self.ended = true;
@@ -182,17 +225,13 @@ impl Subscription {
     }
 
     /// The connection dropped: the session is saved for `timeout` or ends, by the manual's
-    /// rules (see [`QueueState::disconnect`]). What is still in `frames` was never sent; it
-    /// is read under the queue's lock, so no delivery slips in between.
-    pub fn disconnect(mut self, mut frames: Frames, timeout: Duration, max_saved: u64) {
+    /// rules (see [`QueueState::disconnect`]). What `frames` never wrote is read under the
+    /// queue's lock, so no delivery slips in between.
+    pub fn disconnect(mut self, frames: Frames, timeout: Duration, max_saved: u64) {
         self.ended = true;
         let timeout_ms = timeout.as_millis() as u64;
         let mut state = self.queue.lock();
-        frames.close();
-        let mut unsent = Vec::new();
-        while let Some(outbound) = frames.try_recv() {
-            unsent.extend(outbound.message);
-        }
+        let unsent = frames.unsent();
         let saved = state.disconnect(self.session, unsent, timeout_ms, max_saved, now_ms());
         drop(state);
         self.queue.shared.timers_changed.notify_one();

@@ -1,20 +1,35 @@
 //! A connection's outbox: the frames the queue sends it on its own (deliveries, notices,
-//! copies, pushes), and a bound on the bytes waiting for it (`max-write-queue-bytes`).
+//! copies, pushes), and the bytes waiting for it, bounded by `max-write-queue-bytes`.
 //!
-//! The queue never waits for a connection: [`Outbox::send`] only counts and queues. A client
-//! that reads too slowly lets its bytes pile up; past the bound, the outbox refuses and marks
-//! the connection to be cut off, and [`Frames::overflowed`] wakes the connection even when it
-//! is stuck writing to that client. Nobody else is slowed.
+//! The queue never waits for a connection: it only counts and queues. Two kinds of frame
+//! meet the bound differently:
+//! - **Deliveries** can wait, because the queue keeps their messages. Once the bytes waiting
+//!   reach the bound, the subscriber has no room ([`Outbox::has_room`]): new messages go to
+//!   others or wait in the queue, and held messages still to be sent wait in the line. When the
+//!   connection has written enough to be under the bound again, [`Frames::written`] says so
+//!   and the queue sends more. A client that reads gets everything, however big the burst.
+//! - **Frames that cannot wait** (copies, notices, pushes: nothing keeps them) are queued past
+//!   the bound, up to twice it, so a client that reads can take a burst. Past that the client
+//!   reads too slowly for its publishers: [`Outbox::send`] refuses, and [`Overflow`] wakes the
+//!   connection to cut it off.
+//!
+//! The connection cuts off, too, a client that does not read at all: bytes at the bound and
+//! nothing written for a while (see `connection`).
+//!
+//! Every frame the connection takes counts as waiting until [`Frames::written`] says it is on
+//! the socket, so a connection that ends knows exactly which deliveries it never wrote
+//! ([`Frames::unsent`]).
 
 use super::ids::MessageId;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::Notify;
 
 /// A frame for a connection. `message` names the held message a delivery carries, so a
-/// connection that drops can say which deliveries it never sent.
+/// connection that ends can say which deliveries it never wrote.
 #[derive(Debug)]
 pub struct Outbound {
     pub frame: Bytes,
@@ -24,11 +39,21 @@ pub struct Outbound {
 /// What both ends share.
 #[derive(Debug)]
 struct Waiting {
-    /// Bytes queued or being written, not yet on the socket.
+    /// Bytes queued, or taken by the connection and not yet written to the socket.
     bytes: AtomicUsize,
+    /// `max-write-queue-bytes`.
     limit: usize,
+    /// The queue found no room for a delivery: the connection tells it when there is again.
+    full: AtomicBool,
+    /// A frame that cannot wait found twice the limit waiting: the client is cut off.
     overflowed: AtomicBool,
     overflow: Notify,
+}
+
+impl Waiting {
+    fn at_limit(&self) -> bool {
+        self.bytes.load(Ordering::SeqCst) >= self.limit
+    }
 }
 
 /// The queue's end: cheap to clone, never blocks.
@@ -43,55 +68,116 @@ pub struct Outbox {
 pub struct Frames {
     rx: UnboundedReceiver<Outbound>,
     waiting: Arc<Waiting>,
+    /// Taken from the outbox and handed to the socket's writer, not yet known to be written.
+    in_flight_bytes: usize,
+    /// The deliveries among them.
+    in_flight: Vec<MessageId>,
 }
 
-/// An outbox that holds at most `limit` bytes waiting for its connection.
+/// An outbox whose deliveries stop at `limit` bytes waiting for its connection.
 pub fn outbox(limit: usize) -> (Outbox, Frames) {
     let (tx, rx) = unbounded_channel();
     let waiting = Arc::new(Waiting {
         bytes: AtomicUsize::new(0),
         limit,
+        full: AtomicBool::new(false),
         overflowed: AtomicBool::new(false),
         overflow: Notify::new(),
     });
     let frames = Frames {
         rx,
         waiting: waiting.clone(),
+        in_flight_bytes: 0,
+        in_flight: Vec::new(),
     };
     (Outbox { tx, waiting }, frames)
 }
 
 impl Outbox {
-    /// Queues `outbound`; false if the connection is gone or is being cut off for reading too
-    /// slowly (then the frame is dropped: a held message stays held, and returns when the
-    /// session ends).
-    pub fn send(&self, outbound: Outbound) -> bool {
+    /// Whether a delivery may be queued now: fewer than `limit` bytes wait. When not, the
+    /// connection tells the queue once it has written enough ([`Frames::written`]).
+    pub fn has_room(&self) -> bool {
+        let waiting = &self.waiting;
+        if !waiting.at_limit() {
+            return true;
+        }
+        // Marked before looking again: a connection that wrote in between either sees the
+        // mark (and tells the queue) or its write shows here.
+        waiting.full.store(true, Ordering::SeqCst);
+        !waiting.at_limit()
+    }
+
+    /// Queues a delivery. Its message is kept by the queue, so the caller has checked
+    /// [`Outbox::has_room`] first; the bytes waiting pass the limit by one frame at most.
+    pub fn deliver(&self, frame: Bytes, message: MessageId) {
+        self.queue(Outbound {
+            frame,
+            message: Some(message),
+        });
+    }
+
+    /// Queues a frame that nothing else keeps (a copy, a notice, a push); false if the
+    /// connection is gone, or if twice the limit is waiting: then the frame is dropped and
+    /// the client is being cut off for reading too slowly.
+    pub fn send(&self, frame: Bytes) -> bool {
         let waiting = &self.waiting;
         if waiting.overflowed.load(Ordering::Relaxed) {
             return false;
         }
-        let len = outbound.frame.len();
-        if waiting.bytes.fetch_add(len, Ordering::Relaxed) + len > waiting.limit {
+        let ceiling = waiting.limit.saturating_mul(2);
+        if waiting.bytes.load(Ordering::SeqCst) + frame.len() > ceiling {
             waiting.overflowed.store(true, Ordering::Relaxed);
             waiting.overflow.notify_one();
             return false;
         }
-        self.tx.send(outbound).is_ok()
+        self.queue(Outbound {
+            frame,
+            message: None,
+        })
+    }
+
+    fn queue(&self, outbound: Outbound) -> bool {
+        let len = outbound.frame.len();
+        self.waiting.bytes.fetch_add(len, Ordering::SeqCst);
+        if self.tx.send(outbound).is_err() {
+            self.waiting.bytes.fetch_sub(len, Ordering::SeqCst);
+            return false;
+        }
+        true
     }
 }
 
 impl Frames {
-    pub async fn recv(&mut self) -> Option<Outbound> {
-        self.rx.recv().await
+    /// The next frame to write; it counts as waiting until [`Frames::written`].
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        self.rx.poll_recv(cx).map(|outbound| {
+            outbound.map(|outbound| {
+                self.in_flight_bytes += outbound.frame.len();
+                self.in_flight.extend(outbound.message);
+                outbound.frame
+            })
+        })
     }
 
-    pub fn try_recv(&mut self) -> Option<Outbound> {
-        self.rx.try_recv().ok()
+    /// Whether any frame taken is not yet known to be written.
+    pub fn has_in_flight(&self) -> bool {
+        self.in_flight_bytes > 0
     }
 
-    /// `len` bytes of this outbox's frames are on the socket now.
-    pub fn sent(&self, len: usize) {
-        self.waiting.bytes.fetch_sub(len, Ordering::Relaxed);
+    /// Every frame taken so far is on the socket. True when the queue found no room for a
+    /// delivery and there is room again: the caller tells the queue, which sends more.
+    pub fn written(&mut self) -> bool {
+        let waiting = &self.waiting;
+        waiting
+            .bytes
+            .fetch_sub(std::mem::take(&mut self.in_flight_bytes), Ordering::SeqCst);
+        self.in_flight.clear();
+        !waiting.at_limit() && waiting.full.swap(false, Ordering::SeqCst)
+    }
+
+    /// Whether `max-write-queue-bytes` or more wait for the socket.
+    pub fn at_limit(&self) -> bool {
+        self.waiting.at_limit()
     }
 
     /// A handle that waits for the overflow without borrowing the frames.
@@ -99,19 +185,26 @@ impl Frames {
         Overflow(self.waiting.clone())
     }
 
-    /// Stops new frames; what is queued can still be read.
-    pub fn close(&mut self) {
+    /// The connection is over: stops new frames, and names the deliveries it never wrote
+    /// (taken but not known to be written, or never taken).
+    pub fn unsent(mut self) -> Vec<MessageId> {
         self.rx.close();
+        let mut unsent = std::mem::take(&mut self.in_flight);
+        while let Ok(outbound) = self.rx.try_recv() {
+            unsent.extend(outbound.message);
+        }
+        unsent
     }
 }
 
-/// Waits until the outbox went over its bound.
+/// Waits until a frame that cannot wait found twice the limit waiting.
 pub struct Overflow(Arc<Waiting>);
 
 impl Overflow {
     pub async fn happened(&self) {
+        let notified = self.0.overflow.notified();
         if !self.0.overflowed.load(Ordering::Relaxed) {
-            self.0.overflow.notified().await;
+            notified.await;
         }
     }
 }
@@ -119,26 +212,55 @@ impl Overflow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::task::noop_waker_ref;
 
-    fn frame(len: usize) -> Outbound {
-        Outbound {
-            frame: Bytes::from(vec![b'x'; len]),
-            message: None,
+    fn take(frames: &mut Frames) -> Option<Bytes> {
+        match frames.poll_next(&mut Context::from_waker(noop_waker_ref())) {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => None,
         }
     }
 
-    #[tokio::test]
-    async fn an_outbox_refuses_past_its_bound_and_says_so() {
+    fn id(n: u128) -> MessageId {
+        MessageId(uuid::Uuid::from_u128(n))
+    }
+
+    #[test]
+    fn deliveries_stop_at_the_limit_and_resume_once_it_is_written() {
         let (outbox, mut frames) = outbox(100);
-        assert!(outbox.send(frame(60)));
-        frames.try_recv().unwrap();
-        frames.sent(60);
-        assert!(outbox.send(frame(60)), "written bytes no longer count");
-        assert!(!outbox.send(frame(60)), "60 waiting + 60 is over 100");
-        frames.overflow().happened().await;
-        assert!(
-            !outbox.send(frame(1)),
-            "once over, the connection is being cut off"
-        );
+        assert!(outbox.has_room());
+        outbox.deliver(Bytes::from(vec![b'x'; 60]), id(1));
+        assert!(outbox.has_room(), "60 of 100");
+        outbox.deliver(Bytes::from(vec![b'x'; 60]), id(2));
+        assert!(!outbox.has_room(), "120 of 100: no room until written");
+        take(&mut frames).unwrap();
+        assert!(frames.written(), "60 wait now: room again, and the queue asked to hear");
+        assert!(outbox.has_room());
+        take(&mut frames).unwrap();
+        assert!(!frames.written(), "the queue found room last time: nothing to tell");
+    }
+
+    #[test]
+    fn frames_that_cannot_wait_may_reach_twice_the_limit() {
+        let (outbox, mut frames) = outbox(100);
+        assert!(outbox.send(Bytes::from(vec![b'c'; 150])));
+        assert!(!outbox.send(Bytes::from(vec![b'c'; 60])), "210 > 200");
+        assert!(!outbox.send(Bytes::from(vec![b'c'; 1])), "cut off for good");
+        take(&mut frames).unwrap();
+        frames.written();
+        assert!(!outbox.send(Bytes::from(vec![b'c'; 1])), "still cut off");
+    }
+
+    #[test]
+    fn a_connection_that_ends_names_what_it_never_wrote() {
+        let (outbox, mut frames) = outbox(1000);
+        outbox.deliver(Bytes::from_static(b"one"), id(1));
+        outbox.deliver(Bytes::from_static(b"two"), id(2));
+        assert!(outbox.send(Bytes::from_static(b"notice")));
+        outbox.deliver(Bytes::from_static(b"three"), id(3));
+        take(&mut frames).unwrap();
+        frames.written(); // "one" is on the socket
+        take(&mut frames).unwrap(); // "two" was handed to the writer, never written
+        assert_eq!(frames.unsent(), vec![id(2), id(3)]);
     }
 }

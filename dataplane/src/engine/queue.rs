@@ -344,19 +344,34 @@ impl QueueState {
         self.saved.remove(&old);
         self.expiries.remove(&(expires_ms, old));
         let new = SessionId(self.ids.next(now_ms));
-        let resumed = self.line.reconnect(old, new, capacity, outbox, replay);
-        for id in &resumed.held {
+        let held = self.line.reconnect(old, new, capacity, outbox, replay);
+        for id in &held {
             self.messages
                 .get_mut(id)
                 .expect("a held message is in the queue")
                 .place = Place::Held(new);
         }
-        for id in resumed.resend {
-            let frame = self.messages[&id].message.frame_for_delivery();
-            self.line.send(new, id, frame);
-        }
+        self.pump(new);
         self.dispatch();
         Some(new)
+    }
+
+    /// `session`'s connection has written enough to have room in its outbox again: it gets
+    /// what it holds and was not sent yet, then new messages.
+    pub fn drained(&mut self, session: SessionId) {
+        self.pump(session);
+        self.dispatch();
+    }
+
+    /// Queues the frames of `session`'s held messages that its connection has not been given,
+    /// while its outbox has room; the rest go as it writes (see [`QueueState::drained`]).
+    /// Then it has room for new messages if its capacity and outbox allow.
+    fn pump(&mut self, session: SessionId) {
+        while let Some(id) = self.line.next_to_send(session) {
+            let frame = self.messages[&id].message.frame_for_delivery();
+            self.line.send(session, id, frame);
+        }
+        self.line.refresh(session);
     }
 
     /// Ends every saved session whose time has run out: what they held goes back.

@@ -4,7 +4,8 @@ use super::publisher::Publisher;
 use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response};
 use crate::engine::outbox::{outbox, Outbox};
-use crate::engine::{Anchor, Frames, Message, MessageId, Outbound};
+use crate::engine::{Anchor, Frames, Message, MessageId, Queue, Refused};
+use crate::store::Receipt;
 use crate::history;
 use crate::node::Node;
 use qe_shared::protocol::QueueType;
@@ -176,9 +177,12 @@ impl Admin {
             (Ok(_), None) => return Reply::failure(Code::InvalidCount),
             (Ok(anchor), Some(count)) => (anchor, count as usize),
         };
-        let queue = self.node.queue.lock();
+        let page = self
+            .node
+            .queue
+            .page(matches!(shelf, Shelf::DeadLetter), anchor, count);
         let mut csv = String::new();
-        for (id, message) in queue.page(matches!(shelf, Shelf::DeadLetter), anchor, count) {
+        for (id, message) in page {
             let _ = writeln!(
                 csv,
                 "{},{},{},{},{},{}",
@@ -198,9 +202,8 @@ impl Admin {
         let Some(id) = message_id(fields) else {
             return Reply::failure(Code::InvalidMessageId);
         };
-        let queue = self.node.queue.lock();
-        match queue.get(id, matches!(shelf, Shelf::DeadLetter)) {
-            Some(message) => shown(id, message),
+        match self.node.queue.get(id, matches!(shelf, Shelf::DeadLetter)) {
+            Some(message) => shown(id, &message),
             None => Reply::failure(Code::InvalidMessageId),
         }
     }
@@ -209,15 +212,12 @@ impl Admin {
     fn change(
         &self,
         fields: &Fields,
-        change: impl FnOnce(
-            &mut crate::engine::QueueState,
-            MessageId,
-        ) -> Result<crate::store::Receipt, crate::engine::Refused>,
+        change: impl FnOnce(&Queue, MessageId) -> Result<Receipt, Refused>,
     ) -> Response {
         let Some(id) = message_id(fields) else {
             return Response::reply(Reply::failure(Code::InvalidMessageId));
         };
-        let changed = change(&mut self.node.queue.lock(), id);
+        let changed = change(&self.node.queue, id);
         Response::changed(changed.map(|receipt| (id, receipt)))
     }
 
@@ -240,7 +240,7 @@ impl Admin {
             ReadOnlySetting::MaxTasks => limits.max_tasks.to_string(),
             ReadOnlySetting::MaxMessages => limits.max_messages.to_string(),
             ReadOnlySetting::MaxMessagesMemory => limits.max_messages_memory.to_string(),
-            ReadOnlySetting::MessagesMemoryUsed => self.node.queue.lock().memory_used().to_string(),
+            ReadOnlySetting::MessagesMemoryUsed => self.node.queue.memory_used().to_string(),
             ReadOnlySetting::MaxWriteQueueBytes => {
                 fixed::max_write_queue_bytes(self.node.tier).to_string()
             }
@@ -298,11 +298,7 @@ async fn push_live_stats(node: Arc<Node>, outbox: Outbox, period: Duration) {
     loop {
         ticks.tick().await;
         let push = serde_json::json!({"cmd": "getlivestats", "csv": node.live_stats_csv()});
-        let outbound = Outbound {
-            frame: push.to_string().into(),
-            message: None,
-        };
-        if !outbox.send(outbound) {
+        if !outbox.send(push.to_string().into()) {
             return;
         }
     }

@@ -102,6 +102,15 @@ impl Response {
         }
     }
 
+    /// The reply to send and what follows, at once if it waits for nothing; else the
+    /// response, to [`Response::settle`].
+    pub fn ready(self) -> Result<(Reply, Then), Response> {
+        match self.durability {
+            None => Ok((self.reply, self.then)),
+            Some(_) => Err(self),
+        }
+    }
+
     /// Waits for the durability, then gives the reply to send and what follows.
     pub async fn settle(self) -> (Reply, Then) {
         let reply = match self.durability {
@@ -140,6 +149,14 @@ impl Session {
             Session::Subscriber(subscriber) => subscriber.handle(data),
             Session::CopySubscriber(subscriber) => subscriber.handle(data),
             Session::Admin(admin) => admin.handle(data),
+        }
+    }
+
+    /// The connection has written enough to have room in its outbox again, after the queue
+    /// found none: a subscriber gets what waits for it.
+    pub fn outbox_drained(&self) {
+        if let Session::Subscriber(subscriber) = self {
+            subscriber.drained();
         }
     }
 

@@ -71,6 +71,11 @@ impl Subscriber {
         }
     }
 
+    /// Its connection has room for deliveries again.
+    pub fn drained(&self) {
+        self.subscription.drained();
+    }
+
     pub fn handle(&mut self, data: Data) -> Response {
         let fields = match &data {
             Data::Binary(_) => return Response::abort(Reply::failure(Code::InvalidJson)),

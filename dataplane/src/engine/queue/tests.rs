@@ -4,7 +4,9 @@ use super::*;
 use crate::engine::message::BodyType;
 use crate::engine::outbox::{outbox, Frames};
 use crate::store::MemoryStore;
+use bytes::Bytes;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 const T0: u64 = 1_794_233_033_000;
 
@@ -31,18 +33,42 @@ struct Sub {
     frames: Frames,
 }
 
+/// The next frame queued for a connection, taken as the connection takes it.
+fn take(frames: &mut Frames) -> Option<Bytes> {
+    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+    match frames.poll_next(&mut cx) {
+        Poll::Ready(frame) => frame,
+        Poll::Pending => None,
+    }
+}
+
 impl Sub {
     fn join(q: &mut QueueState, capacity: u64) -> Sub {
-        let (outbox, frames) = outbox(usize::MAX);
+        Sub::join_with_outbox(q, capacity, usize::MAX)
+    }
+
+    /// A subscriber whose outbox takes `limit` bytes.
+    fn join_with_outbox(q: &mut QueueState, capacity: u64, limit: usize) -> Sub {
+        let (outbox, frames) = outbox(limit);
         let session = q.join(capacity, outbox, T0);
         Sub { session, frames }
     }
 
-    /// Bodies and ids of the frames sent since the last call.
+    /// Bodies and ids of the frames sent since the last call, as a connection that writes
+    /// them all and then tells the queue it has room again.
+    fn received_by(&mut self, q: &mut QueueState) -> Vec<(String, MessageId)> {
+        let received = self.received();
+        if self.frames.written() {
+            q.drained(self.session);
+        }
+        received
+    }
+
+    /// Bodies and ids of the frames queued since the last call (taken, not yet written).
     fn received(&mut self) -> Vec<(String, MessageId)> {
         let mut out = Vec::new();
-        while let Some(outbound) = self.frames.try_recv() {
-            let v: serde_json::Value = serde_json::from_slice(&outbound.frame).unwrap();
+        while let Some(frame) = take(&mut self.frames) {
+            let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
             let id = MessageId::parse(v["id"].as_str().unwrap()).unwrap();
             out.push((v["body"].as_str().unwrap().to_string(), id));
         }
@@ -315,7 +341,7 @@ fn binary_and_keyed_messages_keep_their_fields() {
         ..NewMessage::default()
     };
     let _ = q.publish(&new, T0).unwrap();
-    let frame = a.frames.try_recv().unwrap().frame;
+    let frame = take(&mut a.frames).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
     assert_eq!(v["type"], 2);
     assert_eq!(v["body"], "aGVsbG8=");
@@ -408,7 +434,18 @@ impl Sub {
         replay: bool,
         now: u64,
     ) -> Option<Sub> {
-        let (outbox, frames) = outbox(usize::MAX);
+        Sub::resume_with_outbox(q, old, capacity, replay, now, usize::MAX)
+    }
+
+    fn resume_with_outbox(
+        q: &mut QueueState,
+        old: SessionId,
+        capacity: Option<u64>,
+        replay: bool,
+        now: u64,
+        limit: usize,
+    ) -> Option<Sub> {
+        let (outbox, frames) = outbox(limit);
         let session = q.resume(old, capacity, replay, outbox, now)?;
         Some(Sub { session, frames })
     }
@@ -526,4 +563,72 @@ fn a_session_resumes_once() {
         Sub::resume(&mut q, old, None, true, T0).is_none(),
         "the second finds it taken"
     );
+}
+
+/// Room for two of the test's frames (~90 bytes each) in an outbox.
+const TWO_FRAMES: usize = 150;
+
+#[test]
+fn a_full_outbox_leaves_messages_waiting_and_they_flow_as_it_is_written() {
+    let mut q = queue();
+    let mut a = Sub::join_with_outbox(&mut q, 10, TWO_FRAMES);
+    for i in 0..10 {
+        publish(&mut q, &format!("m{i}"));
+    }
+    assert_eq!(q.waiting_count(), 8, "two frames fill a's outbox; the rest wait");
+    let mut bodies = Vec::new();
+    for _ in 0..5 {
+        let round = a.received_by(&mut q);
+        assert_eq!(round.len(), 2, "each time a has written, two more");
+        bodies.extend(round.into_iter().map(|(body, _)| body));
+    }
+    let expected: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+    assert_eq!(bodies, expected, "all of them, oldest first");
+    assert_eq!(q.waiting_count(), 0);
+}
+
+#[test]
+fn while_one_outbox_is_full_the_next_subscriber_with_room_gets_the_message() {
+    let mut q = queue();
+    let mut a = Sub::join_with_outbox(&mut q, 10, TWO_FRAMES);
+    let mut b = Sub::join(&mut q, 10);
+    for i in 0..3 {
+        publish(&mut q, &format!("m{i}"));
+    }
+    assert_eq!(a.bodies(), ["m0", "m1"]);
+    assert_eq!(b.bodies(), ["m2"], "a has no room while its outbox is full");
+}
+
+#[test]
+fn a_replay_bigger_than_the_outbox_goes_out_as_the_connection_writes() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 10);
+    let ids: Vec<MessageId> = (0..10).map(|i| publish(&mut q, &format!("m{i}"))).collect();
+    assert_eq!(a.received().len(), 10);
+    let old = a.drop_connection(&mut q, vec![], 100);
+    let mut a = Sub::resume_with_outbox(&mut q, old, None, true, T0 + 1, TWO_FRAMES).unwrap();
+    let mut resent = Vec::new();
+    for _ in 0..6 {
+        resent.extend(a.received_by(&mut q).into_iter().map(|(_, id)| id));
+    }
+    assert_eq!(resent, ids, "every held message once, in id order");
+}
+
+#[test]
+fn a_resume_without_replay_sends_what_the_old_connection_never_wrote() {
+    let mut q = queue();
+    let mut a = Sub::join_with_outbox(&mut q, 10, TWO_FRAMES);
+    let ids: Vec<MessageId> = (0..6).map(|i| publish(&mut q, &format!("m{i}"))).collect();
+    // The connection writes m0 and m1; it takes m2 and m3 but never writes them; m4 and m5
+    // never fit in its outbox.
+    assert_eq!(a.received_by(&mut q).len(), 2);
+    assert_eq!(a.received().len(), 2);
+    assert_eq!(q.waiting_count(), 2);
+    let unsent = std::mem::replace(&mut a.frames, outbox(0).1).unsent();
+    let old = a.drop_connection(&mut q, unsent, 100);
+    // The two that waited in the queue are held by nobody: a only ever held four.
+    let mut a = Sub::resume(&mut q, old, None, false, T0 + 1).unwrap();
+    let mut sent: Vec<MessageId> = a.received().into_iter().map(|(_, id)| id).collect();
+    sent.sort();
+    assert_eq!(sent, ids[2..].to_vec(), "m2, m3 (never written), then m4, m5");
 }

@@ -382,7 +382,11 @@ impl Config {
                         file.silence_limit_secs,
                         default.silence_limit,
                     ),
-                    write_stall_limit: secs(flags.write_stall_secs, None, default.write_stall_limit),
+                    write_stall_limit: secs(
+                        flags.write_stall_secs,
+                        None,
+                        default.write_stall_limit,
+                    ),
                 }
             },
         })

@@ -10,6 +10,7 @@
 //! flushed, the socket half-closed, and what the client still sends is read for a moment, so
 //! the kernel does not answer unread input with a reset that would destroy the reply.
 
+use crate::admission::PreLogin;
 use crate::engine::outbox::Overflow;
 use crate::engine::Frames;
 use crate::fragments::Assembly;
@@ -55,15 +56,28 @@ impl Closer {
     }
 }
 
+/// What a connection brings from accept and upgrade.
+pub struct Connection {
+    pub closer: Closer,
+    /// When the login must have come (`no-reply-timeout-secs` after accept).
+    pub login_deadline: Instant,
+    /// What the watch beneath yawc sees of the byte stream.
+    pub assembly: Arc<Assembly>,
+    /// Bytes its socket has taken.
+    pub writes: SocketWrites,
+    /// Its slot until the login.
+    pub admitted: PreLogin,
+}
+
 /// Runs a connection from its first frame to its end.
-pub async fn run(
-    mut socket: Socket,
-    closer: Closer,
-    node: Arc<Node>,
-    login_deadline: Instant,
-    assembly: Arc<Assembly>,
-    writes: SocketWrites,
-) {
+pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
+    let Connection {
+        closer,
+        login_deadline,
+        assembly,
+        writes,
+        admitted,
+    } = connection;
     let login = timeout_at(login_deadline, login_frame(&mut socket, &node, &assembly)).await;
     let Ok(Ok(login)) = login else {
         if let Ok(Err(Ended::Refused(code, reason))) = login {
@@ -80,14 +94,20 @@ pub async fn run(
     if sent_during_login(&mut socket) {
         return;
     }
-    let (mut session, present) = match outcome {
+    let (mut session, present, _slot) = match outcome {
         Ok((session, reply)) => {
+            // A slot among max-tasks, or the connection closes as one that finds them all
+            // taken does (dropping the session undoes the login).
+            let Some(slot) = admitted.logged_in() else {
+                return;
+            };
+            assembly.logged_in();
             // Counted before the reply, so a client that has its reply is in the live stats.
             let present = node.presence.enter(session.role());
             if send(&mut socket, &reply).await.is_err() {
                 return; // dropping the session undoes the login
             }
-            (session, present)
+            (session, present, slot)
         }
         Err(reply) => {
             if send(&mut socket, &reply).await.is_ok() {
@@ -97,7 +117,15 @@ pub async fn run(
         }
     };
     let mut frames = session.take_frames();
-    let ended = serve(&mut socket, &mut session, &mut frames, &node, &assembly, &writes).await;
+    let ended = serve(
+        &mut socket,
+        &mut session,
+        &mut frames,
+        &node,
+        &assembly,
+        &writes,
+    )
+    .await;
     // No longer an open connection, before the session's end is made known.
     drop(present);
     // Only a logout ends a session for good; any other end is a drop.
@@ -389,15 +417,21 @@ impl<'a> Link<'a> {
         // Only the first reply is polled: the others go out after it whatever their state,
         // and its wait (a write, a sync) covers theirs or is covered by it.
         while self.ending == Then::Continue && self.ready_to_feed(cx)? {
-            let Some(first) = replies.front_mut() else { break };
-            let Poll::Ready((reply, then)) = first.poll(cx) else { break };
+            let Some(first) = replies.front_mut() else {
+                break;
+            };
+            let Poll::Ready((reply, then)) = first.poll(cx) else {
+                break;
+            };
             replies.pop_front();
             self.feed(Frame::text(reply.to_frame()))?;
             self.ending = then;
             fed = true;
         }
         while self.ending == Then::Continue && !self.frames_closed && self.ready_to_feed(cx)? {
-            let Some(frames) = self.frames.as_mut() else { break };
+            let Some(frames) = self.frames.as_mut() else {
+                break;
+            };
             match frames.poll_next(cx) {
                 Poll::Ready(Some(frame)) => self.feed(Frame::text(frame))?,
                 Poll::Ready(None) => self.frames_closed = true,
@@ -477,9 +511,10 @@ fn is_too_big(frame: &Frame, node: &Node) -> bool {
 /// How a connection whose frame yawc could not read ends: with the manual's close code
 /// (*Why a connection closed*), or with none when the connection itself failed.
 fn read_failure(error: &WebSocketError, assembly: &Assembly) -> Ended {
-    let code = match assembly.violated() {
-        true => Some(CloseCode::Protocol),
-        false => close_code(error),
+    let code = match (assembly.violated(), assembly.too_big()) {
+        (true, _) => Some(CloseCode::Protocol),
+        (_, true) => Some(CloseCode::Size),
+        _ => close_code(error),
     };
     match code {
         // Sent by the connection rather than by yawc, whose codes differ from the manual's

@@ -10,14 +10,23 @@
 //! It also stops at a reserved opcode: yawc would close that connection with 1003, where the
 //! manual's table wants 1002. The watch ends the stream there instead (so yawc sends nothing)
 //! and notes why; the connection closes with 1002.
+//!
+//! And it keeps the pre-login frame budget (see `admission`): until the login succeeds, the
+//! data frames' payloads may add up to [`PRE_LOGIN_FRAME_BYTES`]; a bigger login (a publish in
+//! the login) first takes its bytes from the pool all connections share, and until it has
+//! them the watch passes nothing of its payload to yawc, which so never buffers it. A login
+//! frame bigger than any `max-ws-msg-len` ends the stream (the connection closes with 1009).
 
+use crate::admission::PRE_LOGIN_FRAME_BYTES;
+use qe_shared::settings::Setting;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
+use tokio::sync::{AcquireError, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// When the client's unfinished fragmented message began, shared with the connection.
@@ -30,21 +39,68 @@ pub struct Assembly {
     began: Notify,
     /// The client sent a frame with a reserved opcode.
     violated: AtomicBool,
+    /// Before its login, the client sent more than any `max-ws-msg-len` allows.
+    too_big: AtomicBool,
+    /// The login succeeded: the pre-login budget no longer applies.
+    logged_in: AtomicBool,
+    /// Bytes of the shared pool this connection's login frame holds.
+    reserved: Mutex<Option<OwnedSemaphorePermit>>,
+    /// The pool bigger login frames take their bytes from.
+    big_logins: Arc<Semaphore>,
 }
 
 impl Assembly {
-    pub fn new() -> Arc<Assembly> {
+    /// The watch of one connection; bigger login frames take bytes from `big_logins`.
+    pub fn new(big_logins: Arc<Semaphore>) -> Arc<Assembly> {
         Arc::new(Assembly {
             started: AtomicU64::new(0),
             epoch: Instant::now(),
             began: Notify::new(),
             violated: AtomicBool::new(false),
+            too_big: AtomicBool::new(false),
+            logged_in: AtomicBool::new(false),
+            reserved: Mutex::new(None),
+            big_logins,
         })
     }
 
     /// Whether the client broke the protocol in a way the watch stopped at.
     pub fn violated(&self) -> bool {
         self.violated.load(Ordering::Relaxed)
+    }
+
+    /// Whether the watch stopped at a login frame bigger than any `max-ws-msg-len`.
+    pub fn too_big(&self) -> bool {
+        self.too_big.load(Ordering::Relaxed)
+    }
+
+    /// The login succeeded: frames are no longer held to the pre-login budget, and the
+    /// bytes the login took from the pool go back.
+    pub fn logged_in(&self) {
+        self.logged_in.store(true, Ordering::Relaxed);
+        self.lock_reserved().take();
+    }
+
+    fn is_logged_in(&self) -> bool {
+        self.logged_in.load(Ordering::Relaxed)
+    }
+
+    fn lock_reserved(&self) -> std::sync::MutexGuard<'_, Option<OwnedSemaphorePermit>> {
+        self.reserved.lock().expect("never poisoned")
+    }
+
+    /// Bytes of the pool held now.
+    fn reserved_bytes(&self) -> usize {
+        self.lock_reserved().as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Adds `permit`'s bytes to what this connection holds.
+    fn reserve(&self, permit: OwnedSemaphorePermit) {
+        let mut reserved = self.lock_reserved();
+        match reserved.as_mut() {
+            Some(held) => held.merge(permit),
+            None => *reserved = Some(permit),
+        }
     }
 
     fn begin(&self) {
@@ -87,6 +143,9 @@ enum Reading {
     Payload { left: u64 },
 }
 
+/// Waiting for bytes of the pool of bigger login frames.
+type Acquiring = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
 /// A stream whose incoming bytes are followed frame by frame.
 pub struct FragmentWatch<S> {
     inner: S,
@@ -96,6 +155,12 @@ pub struct FragmentWatch<S> {
     header: [u8; 14],
     /// The current HTTP request's bytes, lower-cased (the first few KiB).
     request: Vec<u8>,
+    /// Payload bytes of the data frames before the login.
+    pre_login_bytes: usize,
+    /// Bytes read but not passed on yet: they follow a login frame's header whose payload
+    /// waits for its bytes of the pool.
+    held: Vec<u8>,
+    acquiring: Option<Acquiring>,
 }
 
 /// How much of a request is kept to see whether it asks for a WebSocket.
@@ -109,11 +174,21 @@ impl<S> FragmentWatch<S> {
             reading: Reading::Request { matched: 0 },
             header: [0; 14],
             request: Vec::new(),
+            pre_login_bytes: 0,
+            held: Vec::new(),
+            acquiring: None,
         }
     }
 
-    fn observe(&mut self, mut bytes: &[u8]) {
+    /// Follows `bytes`; returns how many of them may be passed on now. It stops early after
+    /// a login frame's header whose payload must first get its bytes of the pool (then
+    /// `acquiring` waits for them).
+    fn observe(&mut self, all: &[u8]) -> usize {
+        let mut bytes = all;
         while !bytes.is_empty() {
+            if self.acquiring.is_some() {
+                break;
+            }
             match self.reading {
                 Reading::Request { matched } => {
                     let end = b"\r\n\r\n";
@@ -128,7 +203,10 @@ impl<S> FragmentWatch<S> {
                         false => 0,
                     };
                     self.reading = match matched {
-                        4 if self.asks_for_websocket() => Reading::Header { have: 0 },
+                        4 if self.asks_for_websocket() => {
+                            self.request = Vec::new(); // not needed again
+                            Reading::Header { have: 0 }
+                        }
                         4 => {
                             self.request.clear();
                             Reading::Request { matched: 0 }
@@ -155,6 +233,33 @@ impl<S> FragmentWatch<S> {
                 }
             }
         }
+        all.len() - bytes.len()
+    }
+
+    /// Holds a data frame before the login to the budget: its payload of `len` bytes must
+    /// fit in [`PRE_LOGIN_FRAME_BYTES`] with the others, or take its bytes from the pool.
+    fn count_pre_login(&mut self, len: u64) {
+        let biggest = Setting::MaxWsMsgLen.range().1 as usize;
+        self.pre_login_bytes = self.pre_login_bytes.saturating_add(len as usize);
+        if self.pre_login_bytes <= PRE_LOGIN_FRAME_BYTES {
+            return;
+        }
+        if self.pre_login_bytes > biggest {
+            self.assembly.too_big.store(true, Ordering::Relaxed);
+            return;
+        }
+        // A frame that does not fit takes all its bytes from the pool, not just the excess.
+        let needed = self.pre_login_bytes - self.assembly.reserved_bytes();
+        let pool = self.assembly.big_logins.clone();
+        match pool.clone().try_acquire_many_owned(needed as u32) {
+            Ok(permit) => self.assembly.reserve(permit),
+            Err(_) => self.acquiring = Some(Box::pin(pool.acquire_many_owned(needed as u32))),
+        }
+    }
+
+    /// Whether the stream ends here for yawc: a reserved opcode, or a login too big.
+    fn stopped(&self) -> bool {
+        self.assembly.violated() || self.assembly.too_big()
     }
 
     fn asks_for_websocket(&self) -> bool {
@@ -176,6 +281,9 @@ impl<S> FragmentWatch<S> {
             127 => u64::from_be_bytes(self.header[2..10].try_into().expect("8 bytes")),
             short => short as u64,
         };
+        if matches!(opcode, 0x0..=0x2) && !self.assembly.is_logged_in() {
+            self.count_pre_login(payload);
+        }
         match payload {
             0 => Reading::Header { have: 0 },
             left => Reading::Payload { left },
@@ -201,20 +309,46 @@ impl<S: AsyncRead + Unpin> AsyncRead for FragmentWatch<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        if self.assembly.violated() {
-            return Poll::Ready(Ok(())); // the end of the stream, as far as yawc knows
-        }
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled {
-            let new = buf.filled()[before..].to_vec();
-            self.observe(&new);
-            if self.assembly.violated() {
-                // Hold back everything from the offending frame on.
-                buf.set_filled(before);
+        let this = &mut *self;
+        loop {
+            if this.stopped() {
+                return Poll::Ready(Ok(())); // the end of the stream, as far as yawc knows
+            }
+            if let Some(acquiring) = this.acquiring.as_mut() {
+                // The pool is never closed, so acquiring fails never.
+                let permit = ready!(acquiring.as_mut().poll(cx)).expect("the pool stays open");
+                this.assembly.reserve(permit);
+                this.acquiring = None;
+            }
+            if this.held.is_empty() {
+                break;
+            }
+            let take = this.held.len().min(buf.remaining());
+            let held = std::mem::take(&mut this.held);
+            let passed = this.observe(&held[..take]);
+            buf.put_slice(&held[..passed]);
+            this.held = held[passed..].to_vec();
+            if passed > 0 {
+                return Poll::Ready(Ok(()));
             }
         }
-        polled
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        let read = buf.filled().len() - before;
+        let passed = this.observe(&buf.filled()[before..]);
+        if passed < read {
+            this.held = buf.filled()[before + passed..].to_vec();
+            buf.set_filled(before + passed);
+        }
+        if this.stopped() {
+            // Hold back everything from the offending frame on.
+            buf.set_filled(before);
+        }
+        if read > 0 && buf.filled().len() == before && !this.stopped() {
+            // Everything read waits for the pool: an empty read would look like the end.
+            return Pin::new(this).poll_read(cx, buf);
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -267,7 +401,11 @@ mod tests {
     }
 
     fn watch() -> FragmentWatch<tokio::io::Empty> {
-        FragmentWatch::new(tokio::io::empty(), Assembly::new())
+        FragmentWatch::new(tokio::io::empty(), test_assembly())
+    }
+
+    fn test_assembly() -> Arc<Assembly> {
+        Assembly::new(Arc::new(Semaphore::new(1 << 20)))
     }
 
     fn unfinished(watch: &FragmentWatch<tokio::io::Empty>) -> bool {
@@ -309,7 +447,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_message_unfinished_past_the_limit_is_overdue() {
-        let assembly = Assembly::new();
+        let assembly = test_assembly();
         let limit = Duration::from_secs(30);
         let overdue = tokio::spawn({
             let assembly = assembly.clone();

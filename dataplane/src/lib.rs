@@ -1,7 +1,8 @@
 //! One queue node.
 //!
 //! A message's path, top to bottom:
-//! - [`server`]: accepts TCP connections up to `max-tasks`, answers HTTP, upgrades `/` to a
+//! - [`server`]: accepts TCP connections as [`admission`] allows (`max-tasks` logged in, a
+//!   budget before the login, a share of it per source), answers HTTP, upgrades `/` to a
 //!   WebSocket (yawc, with permessage-deflate).
 //! - [`connection`]: one task per connection: frames in and out, the login deadline, close
 //!   codes and the reply-then-close rule.
@@ -17,6 +18,7 @@
 //! a bootstrap: its config from the control plane, watched), [`certificate`] (its own TLS
 //! certificate: key made here, CSR sent) and [`traffic`] (bytes on the sockets).
 
+pub mod admission;
 pub mod auth;
 pub mod certificate;
 pub mod channel;

@@ -2,6 +2,7 @@
 //!
 //! The data directory holds `messages/` (the message log) and `meta/` (sled: settings).
 
+use crate::admission::{Admission, Budgets};
 use crate::auth::Logins;
 use crate::config::Config;
 use crate::connection::Keepalive;
@@ -20,6 +21,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub struct Node {
+    /// Who may hold a connection: `max-tasks` logged in, and a budget before the login.
+    pub admission: Arc<Admission>,
     /// The distribute queue.
     pub queue: Queue,
     /// The copy queue type at the same address.
@@ -136,6 +139,7 @@ impl Node {
 
         let history = History::open(meta.db(), crate::engine::now_ms() / 1000)?;
         Ok(Arc::new(Node {
+            admission: Admission::new(Budgets::for_max_tasks(limits.max_tasks)),
             queue,
             copy: Arc::default(),
             logins: RwLock::new(config.logins.clone()),

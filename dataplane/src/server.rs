@@ -1,11 +1,14 @@
 //! Accepts TCP connections and turns them into WebSocket connections.
 //!
-//! A connection beyond `max-tasks` is closed right after accept, with nothing sent. The rest
-//! get one HTTP exchange: a WebSocket upgrade on `/` (with permessage-deflate when the client
-//! offers it), or `400` for anything else. The login deadline (`no-reply-timeout-secs`) runs
-//! from accept, so a client that never upgrades is dropped in time too.
+//! A connection that [`Admission`] does not let in (every `max-tasks` slot is taken, or the
+//! pre-login budget, or its source's share of it) is closed right after accept, with nothing
+//! sent. The rest get one HTTP exchange: a WebSocket upgrade on `/` (with permessage-deflate
+//! when the client offers it), or `400` for anything else. The login deadline
+//! (`no-reply-timeout-secs`) runs from accept, so a client that never upgrades is dropped in
+//! time too.
 
-use crate::connection::{self, Closer};
+use crate::admission::PreLogin;
+use crate::connection::{self, Closer, Connection};
 use crate::fragments::{Assembly, FragmentWatch};
 use crate::node::Node;
 use crate::traffic::Counted;
@@ -24,19 +27,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 use tokio::time::{timeout_at, Instant};
 use tokio_rustls::TlsAcceptor;
-use yawc::{HttpStream, Options, UpgradeFut, WebSocket};
+use yawc::{DeflatePool, HttpStream, Options, UpgradeFut, WebSocket};
+
+/// The most of an HTTP request hyper buffers before the upgrade (hyper's least).
+const HTTP_BUFFER_BYTES: usize = 8192;
 
 pub struct Server {
     /// One per address, all on one port.
     listeners: Vec<TcpListener>,
     node: Arc<Node>,
-    /// One permit per open connection: `max-tasks` of them.
-    slots: Arc<Semaphore>,
     /// `None` serves plain ws://.
     tls: Option<TlsAcceptor>,
+    /// Every connection's WebSocket settings.
+    options: Options,
 }
 
 /// A connection's byte stream, plain or TLS.
@@ -61,12 +67,11 @@ impl Server {
             }
             listeners.push(listen(addr)?);
         }
-        let slots = Arc::new(Semaphore::new(node.limits.max_tasks as usize));
         Ok(Server {
             listeners,
             node,
-            slots,
             tls,
+            options: websocket_options(),
         })
     }
 
@@ -79,27 +84,30 @@ impl Server {
     pub async fn run(self) {
         tokio::spawn(self.node.queue.clone().run_timers());
         let accepting = self.listeners.into_iter().map(|listener| {
-            accept_each(
-                listener,
-                self.node.clone(),
-                self.slots.clone(),
-                self.tls.clone(),
-            )
+            let setup = Setup {
+                node: self.node.clone(),
+                tls: self.tls.clone(),
+                options: self.options.clone(),
+            };
+            accept_each(listener, setup)
         });
         futures::future::join_all(accepting).await;
     }
 }
 
-/// Accepts from `listener` for good; each connection that gets one of `slots` is served.
-async fn accept_each(
-    listener: TcpListener,
+/// What every connection is served with.
+#[derive(Clone)]
+struct Setup {
     node: Arc<Node>,
-    slots: Arc<Semaphore>,
     tls: Option<TlsAcceptor>,
-) {
+    options: Options,
+}
+
+/// Accepts from `listener` for good; each connection admitted is served.
+async fn accept_each(listener: TcpListener, setup: Setup) {
     loop {
-        let tcp = match listener.accept().await {
-            Ok((tcp, _peer)) => tcp,
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors and the like: wait a moment rather than spin.
                 tracing::warn!(%error, "accept failed");
@@ -107,11 +115,11 @@ async fn accept_each(
                 continue;
             }
         };
-        match slots.clone().try_acquire_owned() {
-            Ok(slot) => {
-                tokio::spawn(serve(tcp, node.clone(), tls.clone(), slot));
+        match setup.node.admission.admit(peer.ip()) {
+            Some(admitted) => {
+                tokio::spawn(serve(tcp, setup.clone(), admitted));
             }
-            Err(_) => drop(tcp),
+            None => drop(tcp),
         }
     }
 }
@@ -134,13 +142,9 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// One connection, from accept to close. Holding `_slot` keeps its place in `max-tasks`.
-async fn serve(
-    tcp: TcpStream,
-    node: Arc<Node>,
-    tls: Option<TlsAcceptor>,
-    _slot: OwnedSemaphorePermit,
-) {
+/// One connection, from accept to close; `admitted` is its slot until its login.
+async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin) {
+    let Setup { node, tls, options } = setup;
     let login_time = Duration::from_secs(node.setting(Setting::NoReplyTimeoutSecs));
     let login_deadline = Instant::now() + login_time;
     let closer = Closer::new(&tcp);
@@ -165,17 +169,23 @@ async fn serve(
             _ => return,
         },
     };
-    let assembly = Assembly::new();
+    let assembly = Assembly::new(node.admission.big_logins.clone());
     let io = Box::new(FragmentWatch::new(io, assembly.clone()));
-    if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(io)).await {
-        connection::run(websocket, closer, node, login_deadline, assembly, writes).await;
+    if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(io, options)).await {
+        let connection = Connection {
+            closer,
+            login_deadline,
+            assembly,
+            writes,
+            admitted,
+        };
+        connection::run(websocket, connection, node).await;
     }
 }
 
 /// Answers the connection's HTTP requests until one upgrades to a WebSocket (`Some`) or the
 /// client goes away (`None`).
-async fn upgrade(io: Box<dyn Io>) -> Option<WebSocket<HttpStream>> {
-    let options = websocket_options();
+async fn upgrade(io: Box<dyn Io>, options: Options) -> Option<WebSocket<HttpStream>> {
     let (sender, receiver) = oneshot::channel();
     let sender = Mutex::new(Some(sender));
     let service = service_fn(|mut request: Request<Incoming>| {
@@ -183,6 +193,8 @@ async fn upgrade(io: Box<dyn Io>) -> Option<WebSocket<HttpStream>> {
         async move { Ok::<_, Infallible>(response) }
     });
     http1::Builder::new()
+        // An upgrade request is well under 1 KiB; hyper would buffer 400 KiB of one.
+        .max_buf_size(HTTP_BUFFER_BYTES)
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades()
         .await
@@ -280,18 +292,39 @@ fn bad_request() -> Response<Full<Bytes>> {
 /// Frames shorter than this are sent uncompressed.
 const COMPRESS_FROM_BYTES: usize = 512;
 
-/// The WebSocket settings of a new connection. yawc bounds every message at the largest
-/// `max-ws-msg-len` there can be (after inflating, so compressed bombs are bounded too); the
-/// connection holds each message to the setting's current value, which `setcfg` may change
-/// while the connection is open.
+/// What a connection's socket buffers start at (yawc grows them for a bigger frame, and gives
+/// the growth back after it): an idle connection costs little more than these.
+const SOCKET_BUFFER_BYTES: usize = 2048;
+
+/// Idle deflate states kept for reuse: about as many as messages compressed or inflated at
+/// one moment, which is the number of runtime threads, not of connections.
+const DEFLATE_POOL: usize = 8;
+
+/// The WebSocket settings every connection shares (cheap to clone: the pool is shared).
+///
+/// yawc bounds every message at the largest `max-ws-msg-len` there can be (after inflating,
+/// so compressed bombs are bounded too); the connection holds each message to the setting's
+/// current value, which `setcfg` may change while the connection is open.
+///
+/// permessage-deflate is agreed with no context takeover in either direction, whatever the
+/// client offered (RFC 7692 §7.1.1 lets the server ask it): each message is compressed on its
+/// own, so between messages a connection keeps no deflate state, and the states of the
+/// messages being compressed or inflated at one moment come from a shared pool. A connection
+/// that kept its own costs about 300 KiB of deflate state more; the price is a lower ratio
+/// for messages that repeat the ones before them.
 fn websocket_options() -> Options {
     // yawc's limits are exclusive.
     let limit = Setting::MaxWsMsgLen.range().1 as usize + 1;
     Options::default()
         .with_balanced_compression()
+        .server_no_context_takeover()
+        .client_no_context_takeover()
+        .with_deflate_pool(DeflatePool::new(DEFLATE_POOL))
         // Below this a frame is sent uncompressed (RFC 7692 lets each message choose): for
         // short frames deflate costs far more CPU than the bytes it saves.
         .with_compression_threshold(COMPRESS_FROM_BYTES)
+        .with_read_buffer_capacity(SOCKET_BUFFER_BYTES)
+        .with_write_buffer_capacity(SOCKET_BUFFER_BYTES)
         .with_utf8()
         .with_max_payload_read(limit)
         .with_max_read_buffer(limit)

@@ -34,16 +34,27 @@ pub struct Options {
     pub deflate: bool,
     /// The socket's receive buffer, in bytes (the kernel's default when `None`).
     pub receive_buffer: Option<u32>,
+    /// The loopback address to connect from (127.0.0.1 when `None`): the node counts
+    /// connections waiting for their login by source.
+    pub source: Option<std::net::Ipv4Addr>,
+}
+
+/// Connects from `options.source`.
+pub async fn connect(node: &Node, options: Options) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    if let Some(bytes) = options.receive_buffer {
+        socket.set_recv_buffer_size(bytes).unwrap();
+    }
+    if let Some(source) = options.source {
+        socket.bind((source, 0).into()).unwrap();
+    }
+    socket.connect(node.addr).await.unwrap()
 }
 
 /// Connects and upgrades; panics unless the node answers 101 (and agrees to deflate exactly
 /// when it was offered).
 pub async fn upgraded(node: &Node, options: Options) -> TcpStream {
-    let socket = TcpSocket::new_v4().unwrap();
-    if let Some(bytes) = options.receive_buffer {
-        socket.set_recv_buffer_size(bytes).unwrap();
-    }
-    let mut tcp = socket.connect(node.addr).await.unwrap();
+    let mut tcp = connect(node, options).await;
     let extension = match options.deflate {
         true => "Sec-WebSocket-Extensions: permessage-deflate\r\n",
         false => "",
@@ -116,6 +127,15 @@ pub async fn close_code(tcp: &mut TcpStream) -> u16 {
     let (first, payload) = read_frame(tcp).await;
     assert_eq!(first & 0x0F, 0x8, "a close frame");
     u16::from_be_bytes([payload[0], payload[1]])
+}
+
+/// Whether the node closes `tcp` with nothing (more) sent: the next read ends the stream.
+pub async fn closed_with_nothing_sent(tcp: &mut TcpStream) -> bool {
+    let mut buffer = [0u8; 64];
+    let read = tokio::time::timeout(PROMPT, tcp.read(&mut buffer))
+        .await
+        .expect("the node closes it promptly");
+    matches!(read, Ok(0) | Err(_))
 }
 
 /// Everything the node's side of `tcp` still sends, until it closes the connection.

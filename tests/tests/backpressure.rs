@@ -48,7 +48,11 @@ async fn a_backlog_bigger_than_the_write_queue_reaches_a_subscriber_that_reads()
     let mut publisher = node.publisher().await;
     let ids = publish_big(&mut publisher, 40).await;
     let (mut subscriber, _) = node.subscriber(40).await;
-    assert_eq!(deliveries(&mut subscriber, 40).await, ids, "all, oldest first");
+    assert_eq!(
+        deliveries(&mut subscriber, 40).await,
+        ids,
+        "all, oldest first"
+    );
     assert!(!node.log().contains("reads too slowly"));
 }
 
@@ -67,7 +71,11 @@ async fn a_replay_bigger_than_the_write_queue_reaches_a_subscriber_that_reads() 
         .request(login_request("subscriber", "distribute", resume))
         .await;
     assert_eq!(reply["status"], "Success.", "{reply}");
-    assert_eq!(deliveries(&mut resumed, 40).await, ids, "every held one again");
+    assert_eq!(
+        deliveries(&mut resumed, 40).await,
+        ids,
+        "every held one again"
+    );
 }
 
 #[tokio::test]
@@ -111,7 +119,10 @@ async fn a_client_that_does_not_read_is_cut_off_and_its_resume_sends_what_it_nev
 
     // What reached the old connection's socket before the node closed it.
     let old = delivered_ids(&raw::whole_frames(&raw::rest_of_stream(&mut stalled).await));
-    assert!(old.len() < MESSAGES, "it was cut off before it had them all");
+    assert!(
+        old.len() < MESSAGES,
+        "it was cut off before it had them all"
+    );
     let mut resumed = Client::connect(&node).await;
     let resume = json!({"sessionid": session, "replay": false});
     let reply = resumed
@@ -123,7 +134,10 @@ async fn a_client_that_does_not_read_is_cut_off_and_its_resume_sends_what_it_nev
     while got.len() < MESSAGES {
         let id = deliveries(&mut resumed, 1).await.remove(0);
         assert!(ids.contains(&id), "one of the published messages");
-        assert!(sent_again.insert(id.clone()), "{id} sent twice on the resume");
+        assert!(
+            sent_again.insert(id.clone()),
+            "{id} sent twice on the resume"
+        );
         got.insert(id);
     }
     // It holds every one of them: each ack is answered Success.

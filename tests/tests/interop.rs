@@ -144,6 +144,20 @@ fn assert_the_broken_frame_codes(case: &dyn Fn(&str) -> Value) {
     assert_eq!(case("unfinished")["code"], 1008);
 }
 
+/// A backlog more than twice max-write-queue-bytes (Dev/test: 1 MiB), read by a Python client
+/// with permessage-deflate (which the node agrees to without context takeover).
+#[tokio::test]
+async fn a_python_subscriber_that_reads_gets_a_backlog_bigger_than_its_write_queue() {
+    let node = Node::start_with(&["--tier", "devtest"]);
+    let script = workspace().join("tests/interop/backlog.py");
+    let output = run_python(&script, &[node.url(), "40".into(), "60000".into()]).await;
+    let seen: Value = serde_json::from_str(output.trim()).unwrap_or_else(|_| panic!("{output}"));
+    assert_eq!(seen["extensions"], json!(["permessage-deflate"]), "{seen}");
+    assert_eq!(seen["received"], 40, "{seen}");
+    assert_eq!(seen["whole_and_in_order"], true, "{seen}");
+    assert_eq!(seen["closed"], Value::Null, "{seen}");
+}
+
 #[test]
 fn python_has_websockets() {
     let status = Command::new(python())

@@ -53,7 +53,6 @@ pub struct Dropped {
     pub received_any: bool,
 }
 
-
 #[derive(Default)]
 pub struct Line {
     subscribers: HashMap<SessionId, Subscriber>,

@@ -87,7 +87,12 @@ impl Queue {
     }
 
     /// An administrator's page of the queue or the dead letter queue; see [`QueueState::page`].
-    pub fn page(&self, dead_letter: bool, anchor: Anchor, count: usize) -> Vec<(MessageId, Message)> {
+    pub fn page(
+        &self,
+        dead_letter: bool,
+        anchor: Anchor,
+        count: usize,
+    ) -> Vec<(MessageId, Message)> {
         let state = self.lock();
         let page = state.page(dead_letter, anchor, count).into_iter();
         // A message's copy shares its frame: this copies a few fields and a pointer each.

@@ -234,10 +234,16 @@ mod tests {
         outbox.deliver(Bytes::from(vec![b'x'; 60]), id(2));
         assert!(!outbox.has_room(), "120 of 100: no room until written");
         take(&mut frames).unwrap();
-        assert!(frames.written(), "60 wait now: room again, and the queue asked to hear");
+        assert!(
+            frames.written(),
+            "60 wait now: room again, and the queue asked to hear"
+        );
         assert!(outbox.has_room());
         take(&mut frames).unwrap();
-        assert!(!frames.written(), "the queue found room last time: nothing to tell");
+        assert!(
+            !frames.written(),
+            "the queue found room last time: nothing to tell"
+        );
     }
 
     #[test]

@@ -575,7 +575,11 @@ fn a_full_outbox_leaves_messages_waiting_and_they_flow_as_it_is_written() {
     for i in 0..10 {
         publish(&mut q, &format!("m{i}"));
     }
-    assert_eq!(q.waiting_count(), 8, "two frames fill a's outbox; the rest wait");
+    assert_eq!(
+        q.waiting_count(),
+        8,
+        "two frames fill a's outbox; the rest wait"
+    );
     let mut bodies = Vec::new();
     for _ in 0..5 {
         let round = a.received_by(&mut q);
@@ -630,5 +634,9 @@ fn a_resume_without_replay_sends_what_the_old_connection_never_wrote() {
     let mut a = Sub::resume(&mut q, old, None, false, T0 + 1).unwrap();
     let mut sent: Vec<MessageId> = a.received().into_iter().map(|(_, id)| id).collect();
     sent.sort();
-    assert_eq!(sent, ids[2..].to_vec(), "m2, m3 (never written), then m4, m5");
+    assert_eq!(
+        sent,
+        ids[2..].to_vec(),
+        "m2, m3 (never written), then m4, m5"
+    );
 }

@@ -3,10 +3,12 @@
 
 use futures::{SinkExt, StreamExt};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use yawc::frame::{Frame, OpCode};
-use yawc::{Options, TcpWebSocket};
+use yawc::{MaybeTlsStream, Options, TcpWebSocket};
 
 pub type Socket = TcpWebSocket;
 
@@ -36,16 +38,43 @@ impl Wire {
     }
 
     pub async fn connect(&self, url: &str) -> Socket {
-        let options = match self.compress {
-            true => Options::default().with_balanced_compression(),
-            false => Options::default(),
-        };
         let mut builder =
-            yawc::WebSocket::connect(url.parse().expect("a URL")).with_options(options);
+            yawc::WebSocket::connect(url.parse().expect("a URL")).with_options(self.options());
         if let Some(connector) = &self.tls {
             builder = builder.with_connector(connector.clone());
         }
         builder.await.expect("connect")
+    }
+
+    /// Connects from the loopback address `source`: the node lets only a few connections
+    /// of one source wait for their login at once.
+    pub async fn connect_from(&self, url: &str, source: Ipv4Addr) -> Socket {
+        let url: url::Url = url.parse().expect("a URL");
+        let port = url.port_or_known_default().expect("a port");
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.bind((source, 0).into()).expect("a loopback source");
+        let tcp = socket
+            .connect((Ipv4Addr::LOCALHOST, port).into())
+            .await
+            .expect("connect");
+        tcp.set_nodelay(true).expect("no delay");
+        let io: MaybeTlsStream<TcpStream> = match &self.tls {
+            Some(connector) => {
+                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                connector.connect(name, tcp).await.expect("TLS").into()
+            }
+            None => tcp.into(),
+        };
+        yawc::WebSocket::handshake(url, io, self.options())
+            .await
+            .expect("upgrade")
+    }
+
+    fn options(&self) -> Options {
+        match self.compress {
+            true => Options::default().with_balanced_compression(),
+            false => Options::default(),
+        }
     }
 }
 

@@ -9,8 +9,11 @@
 //!   publisher was given must reach a subscriber exactly once.
 //! - `bench recovery`: stores N messages, kills the node with SIGKILL, restarts it, and times
 //!   how long it takes to serve again.
+//! - `bench connections`: the node's memory per idle connection, before and after the login,
+//!   and publish-to-delivery latency with many subscribers in the line.
 
 mod client;
+mod connections;
 mod node;
 mod workload;
 
@@ -59,6 +62,18 @@ enum Command {
     Recovery {
         #[arg(long, default_value_t = 1_000_000)]
         messages: usize,
+    },
+    /// Memory per idle connection, and a publish's way to the first of many subscribers.
+    Connections {
+        /// Logged-in subscribers.
+        #[arg(long, default_value_t = 10_000)]
+        count: usize,
+        /// Connections upgraded but not logged in (within the login timeout).
+        #[arg(long, default_value_t = 2_000)]
+        pre_login: usize,
+        /// Publishes timed with all the subscribers in the line.
+        #[arg(long, default_value_t = 2_000)]
+        publishes: usize,
     },
 }
 
@@ -118,5 +133,10 @@ async fn main() {
             }
         }
         Command::Recovery { messages } => workload::recovery(&config, messages).await,
+        Command::Connections {
+            count,
+            pre_login,
+            publishes,
+        } => connections::connections(&config, count, pre_login, publishes).await,
     }
 }

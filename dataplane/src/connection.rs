@@ -88,7 +88,8 @@ pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
     if sent_during_login(&mut socket) {
         return;
     }
-    let outcome = session::login(login, &node).await;
+    // Boxed, so it takes no room in the task once the connection is logged in.
+    let outcome = Box::pin(session::login(login, &node)).await;
     // Checked again before the reply: a frame that came while the login was being handled
     // ends the connection unanswered, and dropping the new session undoes the login.
     if sent_during_login(&mut socket) {
@@ -289,8 +290,6 @@ struct Link<'a> {
     assembly: &'a Assembly,
     /// The queue's frames for this connection, for the roles that get them.
     frames: Option<&'a mut Frames>,
-    /// The outbox said it is closed: nothing more will come.
-    frames_closed: bool,
     /// Frames were fed since the last flush finished.
     unflushed: bool,
     /// A reply that ends the connection was fed: it ends once that is flushed.
@@ -330,7 +329,6 @@ impl<'a> Link<'a> {
             socket,
             assembly,
             frames,
-            frames_closed: false,
             unflushed: false,
             ending: Then::Continue,
             last_heard: Instant::now(),
@@ -428,15 +426,14 @@ impl<'a> Link<'a> {
             self.ending = then;
             fed = true;
         }
-        while self.ending == Then::Continue && !self.frames_closed && self.ready_to_feed(cx)? {
+        while self.ending == Then::Continue && self.ready_to_feed(cx)? {
             let Some(frames) = self.frames.as_mut() else {
                 break;
             };
-            match frames.poll_next(cx) {
-                Poll::Ready(Some(frame)) => self.feed(Frame::text(frame))?,
-                Poll::Ready(None) => self.frames_closed = true,
-                Poll::Pending => break,
-            }
+            let Poll::Ready(frame) = frames.poll_next(cx) else {
+                break;
+            };
+            self.feed(Frame::text(frame))?;
             fed = true;
         }
         if self.ping_due && self.ending == Then::Continue && self.ready_to_feed(cx)? {

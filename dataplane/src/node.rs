@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::connection::Keepalive;
 use crate::engine::{CopyQueue, Limits, Queue};
 use crate::history::{History, Totals, UsageLabels};
-use crate::limits::{usable_memory, NodeLimits};
+use crate::limits::{raise_descriptor_limit, usable_memory, NodeLimits};
 use crate::store::log::{self, LogOptions, LogStore};
 use crate::store::meta::SaveError;
 use crate::store::Meta;
@@ -100,6 +100,7 @@ impl Node {
     pub async fn open(config: &Config) -> Result<Arc<Node>, StartError> {
         let limits = NodeLimits::derive(
             usable_memory(),
+            raise_descriptor_limit(),
             config.tier,
             config.max_messages,
             config.max_messages_memory,

@@ -163,15 +163,20 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin) {
     let (counted, writes) = Counted::new(tcp, node.traffic.clone());
     let io: Box<dyn Io> = match tls {
         None => Box::new(counted),
-        Some(acceptor) => match timeout_at(login_deadline, acceptor.accept(counted)).await {
-            Ok(Ok(stream)) => Box::new(stream),
-            // Not TLS 1.2 or 1.3 (plain HTTP, an old protocol), or too slow: refused.
-            _ => return,
-        },
+        // The handshake's and the upgrade's futures are boxed: inline they would make every
+        // connection's task as big as they are (7 KiB) for as long as it is open.
+        Some(acceptor) => {
+            match timeout_at(login_deadline, Box::pin(acceptor.accept(counted))).await {
+                Ok(Ok(stream)) => Box::new(stream),
+                // Not TLS 1.2 or 1.3 (plain HTTP, an old protocol), or too slow: refused.
+                _ => return,
+            }
+        }
     };
     let assembly = Assembly::new(node.admission.big_logins.clone());
     let io = Box::new(FragmentWatch::new(io, assembly.clone()));
-    if let Ok(Some(websocket)) = timeout_at(login_deadline, upgrade(io, options)).await {
+    let upgraded = timeout_at(login_deadline, Box::pin(upgrade(io, options))).await;
+    if let Ok(Some(websocket)) = upgraded {
         let connection = Connection {
             closer,
             login_deadline,

@@ -110,6 +110,22 @@ const RESTARTED: &str = "--- restarted ---\n";
 /// How long a test waits for any one thing the node should do at once.
 pub const PROMPT: Duration = Duration::from_secs(10);
 
+/// Lets this process, and the nodes it starts, open as many descriptors as its hard limit
+/// allows; returns that many.
+pub fn raise_descriptor_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+    limit.rlim_cur
+}
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -309,6 +325,18 @@ impl Node {
         }
     }
 
+    /// Its resident memory now, in bytes.
+    pub fn resident_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    }
+
     pub fn url(&self) -> String {
         format!("ws://{}/", self.addr)
     }
@@ -416,6 +444,18 @@ impl Client {
             tokio_tungstenite::client_async_tls_with_config(url, tcp, None, Some(connector))
                 .await
                 .unwrap();
+        Client { socket }
+    }
+
+    /// Connects from the loopback address `source` (the node counts connections that wait for
+    /// their login by source).
+    pub async fn connect_from(node: &Node, source: std::net::Ipv4Addr) -> Client {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((source, 0).into()).unwrap();
+        let tcp = socket.connect(node.addr).await.unwrap();
+        let (socket, _) = tokio_tungstenite::client_async(node.url(), MaybeTlsStream::Plain(tcp))
+            .await
+            .unwrap();
         Client { socket }
     }
 

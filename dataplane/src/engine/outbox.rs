@@ -22,10 +22,11 @@
 
 use super::ids::MessageId;
 use bytes::Bytes;
+use futures::task::AtomicWaker;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::Notify;
 
 /// A frame for a connection. `message` names the held message a delivery carries, so a
@@ -39,6 +40,14 @@ pub struct Outbound {
 /// What both ends share.
 #[derive(Debug)]
 struct Waiting {
+    /// The frames queued. A plain deque (allocated only once something waits, given back
+    /// when the connection has taken it all) rather than a channel, whose first block of
+    /// slots every connection would carry while idle.
+    queued: Mutex<VecDeque<Outbound>>,
+    /// Wakes the connection when a frame is queued.
+    arrived: AtomicWaker,
+    /// The connection is over: nothing more is queued.
+    closed: AtomicBool,
     /// Bytes queued, or taken by the connection and not yet written to the socket.
     bytes: AtomicUsize,
     /// `max-write-queue-bytes`.
@@ -54,20 +63,26 @@ impl Waiting {
     fn at_limit(&self) -> bool {
         self.bytes.load(Ordering::SeqCst) >= self.limit
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Outbound>> {
+        self.queued
+            .lock()
+            .expect("the outbox lock is never poisoned")
+    }
 }
 
 /// The queue's end: cheap to clone, never blocks.
 #[derive(Debug, Clone)]
 pub struct Outbox {
-    tx: UnboundedSender<Outbound>,
     waiting: Arc<Waiting>,
 }
 
 /// The connection's end.
 #[derive(Debug)]
 pub struct Frames {
-    rx: UnboundedReceiver<Outbound>,
     waiting: Arc<Waiting>,
+    /// Frames taken from the queue in one go, to hand out one by one.
+    taken: VecDeque<Outbound>,
     /// Taken from the outbox and handed to the socket's writer, not yet known to be written.
     in_flight_bytes: usize,
     /// The deliveries among them.
@@ -76,8 +91,10 @@ pub struct Frames {
 
 /// An outbox whose deliveries stop at `limit` bytes waiting for its connection.
 pub fn outbox(limit: usize) -> (Outbox, Frames) {
-    let (tx, rx) = unbounded_channel();
     let waiting = Arc::new(Waiting {
+        queued: Mutex::default(),
+        arrived: AtomicWaker::new(),
+        closed: AtomicBool::new(false),
         bytes: AtomicUsize::new(0),
         limit,
         full: AtomicBool::new(false),
@@ -85,12 +102,12 @@ pub fn outbox(limit: usize) -> (Outbox, Frames) {
         overflow: Notify::new(),
     });
     let frames = Frames {
-        rx,
         waiting: waiting.clone(),
+        taken: VecDeque::new(),
         in_flight_bytes: 0,
         in_flight: Vec::new(),
     };
-    (Outbox { tx, waiting }, frames)
+    (Outbox { waiting }, frames)
 }
 
 impl Outbox {
@@ -137,26 +154,50 @@ impl Outbox {
     }
 
     fn queue(&self, outbound: Outbound) -> bool {
-        let len = outbound.frame.len();
-        self.waiting.bytes.fetch_add(len, Ordering::SeqCst);
-        if self.tx.send(outbound).is_err() {
-            self.waiting.bytes.fetch_sub(len, Ordering::SeqCst);
+        let waiting = &self.waiting;
+        let mut queued = waiting.lock();
+        if waiting.closed.load(Ordering::Relaxed) {
             return false;
         }
+        waiting
+            .bytes
+            .fetch_add(outbound.frame.len(), Ordering::SeqCst);
+        queued.push_back(outbound);
+        drop(queued);
+        waiting.arrived.wake();
         true
     }
 }
 
 impl Frames {
     /// The next frame to write; it counts as waiting until [`Frames::written`].
-    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        self.rx.poll_recv(cx).map(|outbound| {
-            outbound.map(|outbound| {
-                self.in_flight_bytes += outbound.frame.len();
-                self.in_flight.extend(outbound.message);
-                outbound.frame
-            })
-        })
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Bytes> {
+        if self.taken.is_empty() && !self.take_queued() {
+            self.waiting.arrived.register(cx.waker());
+            // Looked at again: a frame queued before the registration woke nobody.
+            if !self.take_queued() {
+                return Poll::Pending;
+            }
+        }
+        let outbound = self.taken.pop_front().expect("just taken");
+        self.in_flight_bytes += outbound.frame.len();
+        self.in_flight.extend(outbound.message);
+        Poll::Ready(outbound.frame)
+    }
+
+    /// Takes every frame queued, with one hold of the lock; false if there was none.
+    fn take_queued(&mut self) -> bool {
+        let mut queued = self.waiting.lock();
+        if queued.is_empty() {
+            return false;
+        }
+        // The empty one (of the last burst's size) goes back to be filled; a big one is
+        // given back to the allocator rather than kept by an idle connection.
+        if self.taken.capacity() > KEPT_SLOTS {
+            self.taken = VecDeque::new();
+        }
+        std::mem::swap(&mut *queued, &mut self.taken);
+        true
     }
 
     /// Whether any frame taken is not yet known to be written.
@@ -188,12 +229,24 @@ impl Frames {
     /// The connection is over: stops new frames, and names the deliveries it never wrote
     /// (taken but not known to be written, or never taken).
     pub fn unsent(mut self) -> Vec<MessageId> {
-        self.rx.close();
+        let mut queued = self.waiting.lock();
+        self.waiting.closed.store(true, Ordering::Relaxed);
         let mut unsent = std::mem::take(&mut self.in_flight);
-        while let Ok(outbound) = self.rx.try_recv() {
-            unsent.extend(outbound.message);
-        }
+        let never_taken = self.taken.drain(..).chain(queued.drain(..));
+        unsent.extend(never_taken.filter_map(|outbound| outbound.message));
         unsent
+    }
+}
+
+/// Slots of a taken deque kept for the next burst.
+const KEPT_SLOTS: usize = 64;
+
+impl Drop for Frames {
+    /// Nothing more is queued for a connection that is gone.
+    fn drop(&mut self) {
+        let mut queued = self.waiting.lock();
+        self.waiting.closed.store(true, Ordering::Relaxed);
+        queued.clear();
     }
 }
 
@@ -216,7 +269,7 @@ mod tests {
 
     fn take(frames: &mut Frames) -> Option<Bytes> {
         match frames.poll_next(&mut Context::from_waker(noop_waker_ref())) {
-            Poll::Ready(frame) => frame,
+            Poll::Ready(frame) => Some(frame),
             Poll::Pending => None,
         }
     }

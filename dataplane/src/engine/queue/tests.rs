@@ -37,7 +37,7 @@ struct Sub {
 fn take(frames: &mut Frames) -> Option<Bytes> {
     let mut cx = Context::from_waker(futures::task::noop_waker_ref());
     match frames.poll_next(&mut cx) {
-        Poll::Ready(frame) => frame,
+        Poll::Ready(frame) => Some(frame),
         Poll::Pending => None,
     }
 }

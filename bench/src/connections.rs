@@ -1,0 +1,149 @@
+//! `bench connections`: what one more connection costs the node, and whether a publish still
+//! reaches the first subscriber with room when thousands stand in the line.
+//!
+//! Each figure comes from a fresh node: its resident memory before and after the connections
+//! are opened, divided by their number (user-space memory; the kernel's socket buffers are
+//! not in it). Connections come from many loopback addresses, as the node lets only a few
+//! of one source wait for their login at once.
+
+use crate::client::{next_text, Socket, Wire};
+use crate::node::{Node, NodeConfig, PUBLISHER, SUBSCRIBER};
+use futures::{SinkExt, StreamExt};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+use yawc::frame::Frame;
+
+/// Connections being opened at one moment.
+const OPENING_AT_ONCE: usize = 64;
+
+/// The loopback address the `n`th connection comes from: 127.1.0.1, 127.1.0.2, ...
+fn source(n: usize) -> Ipv4Addr {
+    let n = n as u32;
+    Ipv4Addr::new(127, 1, (n / 250) as u8, (n % 250 + 1) as u8)
+}
+
+pub async fn connections(config: &NodeConfig, count: usize, pre_login: usize, publishes: usize) {
+    raise_fd_limit();
+    let (bytes, _) = measure(config, pre_login, |wire, url, n| async move {
+        wire.connect_from(&url, source(n)).await
+    })
+    .await;
+    println!(
+        "pre-login: {pre_login} connections upgraded, no login: {:.1} KiB each",
+        bytes / 1024.0
+    );
+    let (bytes, node) = measure(config, count, |wire, url, n| async move {
+        let login = serde_json::json!({
+            "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
+            "queuetype": "distribute", "capacity": 1,
+        });
+        let mut socket = wire.connect_from(&url, source(n)).await;
+        socket.send(Frame::text(login.to_string())).await.unwrap();
+        let reply = next_text(&mut socket).await.expect("a reply");
+        assert!(reply.contains("Success."), "login: {reply}");
+        socket
+    })
+    .await;
+    println!(
+        "logged in: {count} idle subscribers (capacity 1): {:.1} KiB each",
+        bytes / 1024.0
+    );
+    let (node, mut subscribers) = node;
+    let latencies = first_in_line(config, &node, &mut subscribers[0], publishes).await;
+    println!(
+        "with {count} in the line, {publishes} publishes one at a time to the first: \
+         publish to delivery p50 {:.3} ms, p99 {:.3} ms",
+        latencies.0.as_secs_f64() * 1000.0,
+        latencies.1.as_secs_f64() * 1000.0
+    );
+}
+
+/// Starts a node, opens `count` connections with `open`, and returns the resident memory
+/// they added per connection, with the node and the connections.
+async fn measure<F, Fut>(config: &NodeConfig, count: usize, open: F) -> (f64, (Node, Vec<Socket>))
+where
+    F: Fn(Wire, String, usize) -> Fut,
+    Fut: std::future::Future<Output = Socket>,
+{
+    let dir = tempfile::tempdir_in(&config.data_root).unwrap();
+    let node = Node::start(config, dir.path());
+    // One connection first, so what every connection shares is already there.
+    let url = node.url();
+    let mut sockets = vec![open(config.wire.clone(), url.clone(), 0).await];
+    let (_, before) = node.memory();
+    let mut opening = futures::stream::iter(1..count)
+        .map(|n| open(config.wire.clone(), url.clone(), n))
+        .buffer_unordered(OPENING_AT_ONCE);
+    while let Some(socket) = opening.next().await {
+        sockets.push(socket);
+    }
+    drop(opening);
+    let (_, after) = node.memory();
+    let per_connection = after.saturating_sub(before) as f64 / (count - 1).max(1) as f64;
+    std::mem::forget(dir); // removed with the bench's data root
+    (per_connection, (node, sockets))
+}
+
+/// Publishes `count` messages one at a time; the first subscriber in the line receives and
+/// acks each. Returns the p50 and p99 of publish to delivery.
+async fn first_in_line(
+    config: &NodeConfig,
+    node: &Node,
+    first: &mut Socket,
+    count: usize,
+) -> (Duration, Duration) {
+    let login = serde_json::json!({
+        "username": PUBLISHER.0, "password": PUBLISHER.1, "role": "publisher",
+        "queuetype": "distribute",
+    });
+    let mut publisher = config.wire.connect_from(&node.url(), source(60_000)).await;
+    publisher
+        .send(Frame::text(login.to_string()))
+        .await
+        .unwrap();
+    next_text(&mut publisher).await.expect("the login's reply");
+    let mut samples = Vec::with_capacity(count);
+    for n in 0..count {
+        let sent = Instant::now();
+        let publish = serde_json::json!({"body": format!("m{n}"), "durability": 0});
+        publisher
+            .send(Frame::text(publish.to_string()))
+            .await
+            .unwrap();
+        let delivery = next_text(first).await.expect("a delivery");
+        samples.push(sent.elapsed());
+        let delivery: serde_json::Value = serde_json::from_str(&delivery).unwrap();
+        let ack = serde_json::json!({"id": delivery["id"], "ack": 1});
+        first.send(Frame::text(ack.to_string())).await.unwrap();
+        next_text(&mut publisher)
+            .await
+            .expect("the publish's reply");
+        next_text(first).await.expect("the ack's reply");
+    }
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99))
+}
+
+/// Lets this process, and the node it starts, open as many descriptors as the system allows.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        // Root may raise the hard limit too.
+        let wanted = libc::rlimit {
+            rlim_cur: 1 << 20,
+            rlim_max: 1 << 20,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! `max-tasks` counts logged-in connections: a connection takes one of its slots when its
 //! login succeeds, and a connection that arrives while they are all taken is closed at once,
 //! with nothing sent (the manual's rule). Before its login a connection holds a slot of a
-//! smaller budget of its own, and at most a few of those come from one source (an IPv4
+//! budget of its own, and at most a few dozen of those come from one source (an IPv4
 //! address, an IPv6 /64), so a flood of idle unauthenticated sockets from one host cannot keep
 //! the slots, or the logged-in ones, from anyone else. A pre-login connection lasts at most
 //! `no-reply-timeout-secs`, and before its login it may send a frame of
@@ -24,8 +24,13 @@ pub const PRE_LOGIN_FRAME_BYTES: usize = 4096;
 /// [`PRE_LOGIN_FRAME_BYTES`] at one moment.
 pub const BIG_LOGIN_POOL_BYTES: usize = 16 << 20;
 
-/// Most connections from one source that may be waiting for their login at once.
-const MAX_PRE_LOGIN_PER_SOURCE: usize = 16;
+/// Most connections from one source that may be waiting for their login at once: enough for
+/// a fleet behind one NAT address starting together, few enough that a quarter of the budget
+/// takes sixty hosts.
+const MAX_PRE_LOGIN_PER_SOURCE: usize = 64;
+
+/// The least pre-login budget, whatever `max-tasks` (Dev/test's is 100).
+const MIN_PRE_LOGIN: usize = 128;
 
 /// Where connections come from, for the cap per source: an IPv4 address, or the /64 an IPv6
 /// address is in (one host's share of a network).
@@ -64,17 +69,17 @@ pub struct Admission {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budgets {
     pub max_tasks: usize,
-    /// Connections that may wait for their login at once: a quarter of `max_tasks`, and 16
+    /// Connections that may wait for their login at once: a quarter of `max_tasks`, and 128
     /// at least.
     pub pre_login: usize,
-    /// Of those, from one source: half of them, and 16 at most.
+    /// Of those, from one source: half of them, and 64 at most.
     pub per_source: usize,
 }
 
 impl Budgets {
     pub fn for_max_tasks(max_tasks: u64) -> Budgets {
         let max_tasks = max_tasks as usize;
-        let pre_login = (max_tasks / 4).max(16);
+        let pre_login = (max_tasks / 4).max(MIN_PRE_LOGIN);
         Budgets {
             max_tasks,
             pre_login,
@@ -222,9 +227,9 @@ mod tests {
     #[test]
     fn the_budgets_follow_max_tasks() {
         let devtest = Budgets::for_max_tasks(100);
-        assert_eq!((devtest.pre_login, devtest.per_source), (25, 12));
+        assert_eq!((devtest.pre_login, devtest.per_source), (128, 64));
         let big = Budgets::for_max_tasks(100_000);
-        assert_eq!((big.pre_login, big.per_source), (25_000, 16));
-        assert_eq!(Budgets::for_max_tasks(1).pre_login, 16);
+        assert_eq!((big.pre_login, big.per_source), (25_000, 64));
+        assert_eq!(Budgets::for_max_tasks(1).pre_login, 128);
     }
 }

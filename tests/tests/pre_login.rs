@@ -15,11 +15,11 @@ fn from(source: Ipv4Addr) -> raw::Options {
 
 #[tokio::test]
 async fn idle_sockets_from_one_address_cannot_keep_another_from_logging_in() {
-    // Dev/test: 25 connections may wait for their login, 12 of them from one source.
+    // Dev/test: 128 connections may wait for their login, 64 of them from one source.
     let node = Node::start_with(&["--tier", "devtest"]);
     let flooding = Ipv4Addr::new(127, 0, 0, 1);
     let mut idle = Vec::new();
-    for _ in 0..12 {
+    for _ in 0..64 {
         idle.push(raw::upgraded(&node, from(flooding)).await);
     }
     let mut one_more = raw::connect(&node, from(flooding)).await;
@@ -61,8 +61,8 @@ fn start_of_frame(len: usize, sent: usize) -> Vec<u8> {
 #[tokio::test]
 async fn big_logins_share_a_pool_and_small_logins_never_wait_for_it() {
     let node = Node::start();
-    // Sixteen connections, from sixteen sources, each begin a 1 MiB login frame and stop:
-    // together they hold the whole pool (16 MiB).
+    // Sixteen connections each begin a 1 MiB login frame and stop: together they hold the
+    // whole pool (16 MiB).
     let mut hoarders = Vec::new();
     for n in 0..16 {
         let mut tcp = raw::upgraded(&node, from(Ipv4Addr::new(127, 0, 1, n))).await;

@@ -176,11 +176,19 @@ impl Reporter {
             if !response.status().is_success() {
                 return Err(ReportError::Refused(response.status()));
             }
-            for (kind, records) in [(Kind::Usage, &usage), (Kind::Stats, &stats)] {
-                if let Some((time, _)) = records.last() {
-                    history.mark_reported(kind, *time)?;
-                }
-            }
+            let marks: Vec<(Kind, u64)> = [(Kind::Usage, &usage), (Kind::Stats, &stats)]
+                .into_iter()
+                .filter_map(|(kind, records)| Some((kind, records.last()?.0)))
+                .collect();
+            // Each mark is synced (a sled flush): on a blocking thread, not the runtime's.
+            let node = self.node.clone();
+            let marked = tokio::task::spawn_blocking(move || {
+                let history = &node.history;
+                marks
+                    .into_iter()
+                    .try_for_each(|(kind, time)| history.mark_reported(kind, time))
+            });
+            marked.await.expect("marking never panics")?;
         }
     }
 }

@@ -8,9 +8,12 @@
 //!   a connection that ended with none.
 //! - [`python`] finds the Python that has the `websockets` package, for the interop tests.
 //! - [`raw`] is a WebSocket client written out byte by byte, for what [`Client`] will not do.
+//! - [`disks`] makes file systems that fail on purpose: syncs that fail, a full disk, one that
+//!   goes read-only.
 //! - [`moto`] runs EC2's emulator and builds the network a region needs; [`instance`] boots
 //!   what a queue's instance was given, in a network namespace.
 
+pub mod disks;
 pub mod instance;
 pub mod moto;
 pub mod raw;
@@ -201,7 +204,7 @@ impl Log {
             let mut buffer = [0u8; 4096];
             while let Ok(n @ 1..) = stderr.read(&mut buffer) {
                 let text = String::from_utf8_lossy(&buffer[..n]);
-                sink.text.lock().unwrap().push_str(&text);
+                sink.lock().push_str(&text);
                 sink.grew.notify_all();
             }
         });
@@ -211,15 +214,27 @@ impl Log {
     /// Waits until `done` holds for the log, failing after `PROMPT`; returns the log.
     fn wait_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
         let deadline = std::time::Instant::now() + PROMPT;
-        let mut text = self.text.lock().unwrap();
+        let mut text = self.lock();
         loop {
             if done(&text) {
                 return text.clone();
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            assert!(!left.is_zero(), "never logged {what}:\n{}", *text);
+            if left.is_zero() {
+                // Not while the lock is held: the node's Drop prints the log.
+                let log = text.clone();
+                drop(text);
+                panic!("never logged {what}:\n{log}");
+            }
             text = self.grew.wait_timeout(text, left).unwrap().0;
         }
+    }
+
+    /// The text; a test that failed while holding it leaves it readable.
+    fn lock(&self) -> std::sync::MutexGuard<'_, String> {
+        self.text
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -248,7 +263,7 @@ impl Node {
         let data_dir = std::mem::replace(&mut self.data_dir, tempfile::tempdir().unwrap());
         drop(self);
         let node = Node::start_in(data_dir, extra);
-        let mut text = node.log.text.lock().unwrap();
+        let mut text = node.log.lock();
         text.insert_str(0, &format!("{log}{RESTARTED}"));
         drop(text);
         node
@@ -256,7 +271,7 @@ impl Node {
 
     /// What the node has written to its log so far.
     pub fn log(&self) -> String {
-        self.log.text.lock().unwrap().clone()
+        self.log.lock().clone()
     }
 
     /// Waits until the log since the last restart contains `needle`; returns that part of it.
@@ -306,10 +321,7 @@ impl Node {
             let mut line = String::new();
             if stdout.read_line(&mut line).unwrap() == 0 {
                 let _ = child.wait();
-                panic!(
-                    "dataplane exited before listening:\n{}",
-                    log.text.lock().unwrap()
-                );
+                panic!("dataplane exited before listening:\n{}", log.lock());
             }
             if let Some(addr) = line.trim().strip_prefix("listening on ") {
                 break addr.parse().expect("an address after `listening on`");
@@ -840,10 +852,7 @@ impl ControlPlane {
             let mut line = String::new();
             if stdout.read_line(&mut line).unwrap() == 0 {
                 let _ = child.wait();
-                panic!(
-                    "controlplane exited before listening:\n{}",
-                    log.text.lock().unwrap()
-                );
+                panic!("controlplane exited before listening:\n{}", log.lock());
             }
             if let Some(addr) = line.trim().strip_prefix("dns on ") {
                 dns = Some(addr.parse().expect("an address after `dns on`"));

@@ -36,6 +36,8 @@ pub enum Refused {
     NotFound,
     #[error("a durability-0 message cannot be moved to the dead letter queue")]
     MoveNotDurable,
+    #[error("the store can no longer make a durable message safe")]
+    StoreDown,
 }
 
 impl Refused {
@@ -47,6 +49,7 @@ impl Refused {
             Refused::MemoryFull => Code::MessageMemoryExceeded,
             Refused::NotFound => Code::InvalidMessageId,
             Refused::MoveNotDurable => Code::MoveDurabilityZero,
+            Refused::StoreDown => Code::DatabaseDown,
         }
     }
 }
@@ -120,7 +123,8 @@ pub struct QueueState {
     saved: HashMap<SessionId, u64>,
     /// The same, by time: the first entry runs out first.
     expiries: BTreeSet<(u64, SessionId)>,
-    /// Sum of [`memory_cost`] over `messages` and `dead`.
+    /// Sum of [`memory_cost`] over `messages` and `dead` (what the store keeps in memory for
+    /// a disk that failed a write counts too: see [`QueueState::memory_used`]).
     memory_used: u64,
     /// Messages with durability 1 or 2, dead letter included.
     durable_count: usize,
@@ -153,13 +157,16 @@ impl QueueState {
         new: &NewMessage,
         now_ms: u64,
     ) -> Result<(MessageId, Receipt), Refused> {
+        if new.durability != Durability::None && !self.store.is_writable() {
+            return Err(Refused::StoreDown);
+        }
         if self.message_count() >= self.limits.max_messages {
             return Err(Refused::QueueFull);
         }
         let id = MessageId(self.ids.next(now_ms));
         let message = Message::new(id, new, now_ms / 1000);
         let cost = memory_cost(&message);
-        if self.memory_used + cost > self.limits.max_memory {
+        if self.memory_used() + cost > self.limits.max_memory {
             return Err(Refused::MemoryFull);
         }
         let due_ms = (new.delay_secs > 0).then(|| now_ms + new.delay_secs * 1000);
@@ -546,8 +553,10 @@ impl QueueState {
         self.delayed.len()
     }
 
+    /// `messages-memory-used`: the messages, and the records the store holds in memory
+    /// because the disk would not take them yet.
     pub fn memory_used(&self) -> u64 {
-        self.memory_used
+        self.memory_used + self.store.backlog_bytes()
     }
 
     /// Puts `id` at the back of the waiting line; its place is then `Waiting`.

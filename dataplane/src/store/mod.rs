@@ -77,4 +77,16 @@ pub trait Store: Send {
     /// Records a change. Called under the queue's lock, so it must not block on I/O: it hands
     /// the change on and returns a receipt to wait on.
     fn record(&mut self, change: Change<'_>) -> Receipt;
+
+    /// Whether a durable change can still be made safe. A store that cannot (its disk failed
+    /// a sync) makes the queue refuse new durable messages.
+    fn is_writable(&self) -> bool {
+        true
+    }
+
+    /// Bytes of changes held in memory because the disk would not take them yet: they count
+    /// against `max-messages-memory`.
+    fn backlog_bytes(&self) -> u64 {
+        0
+    }
 }

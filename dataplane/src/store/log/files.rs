@@ -1,10 +1,12 @@
-//! Writing the pending buffer to segment files: done by whoever needs it written first (a
-//! request waiting for its receipt, or the syncer), under one lock. Records are written at
-//! their place in the segment (a spare segment is full of zeros ahead of them), not appended.
+//! Writing the pending buffer to segment files, under one lock, by the log's own threads only
+//! (the writer, and the syncer while it compacts): never on the async runtime's. Records are
+//! written at their place in the segment (a spare segment is full of zeros ahead of them),
+//! not appended.
 
 use super::{segment_path, Chunk, Shared};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,44 +46,96 @@ impl Files {
     pub fn has_failed_writes(&self) -> bool {
         !self.retry.is_empty()
     }
+
+    /// Bytes of the chunks kept for a retry.
+    fn retry_bytes(&self) -> u64 {
+        self.retry.iter().map(|c| c.bytes.len() as u64).sum()
+    }
+}
+
+/// Why a chunk did not reach its file.
+enum Fault {
+    /// The write failed: the chunk is still ours, and is written again later.
+    Write(std::io::Error),
+    /// Syncing the directory (for a new segment's name) failed: final, like any failed sync.
+    Sync(std::io::Error),
 }
 
 impl Shared {
     /// Writes everything pending with one `write` per segment touched. Returns once the
     /// records appended before the call are written, or their write failed (then they are
-    /// kept and retried, and `failed_through` tells their waiters).
+    /// kept and retried, and `failed_through` tells their waiters). A batch that holds a
+    /// durability-2 change asks for a sync once it is written.
     pub(super) fn write_pending(&self) {
         let mut files = self.files.lock().expect("never poisoned");
-        let (mut chunks, end) = {
+        let (mut chunks, end, wants_sync) = {
             let mut state = self.lock();
+            if self.is_broken() {
+                // After a failed sync nothing more is written; the records are not needed
+                // (the queue holds their messages in memory).
+                state.pending.clear();
+                return;
+            }
             if state.pending.is_empty() && files.retry.is_empty() {
                 return;
             }
-            (std::mem::take(&mut state.pending), state.appended)
+            let chunks = std::mem::take(&mut state.pending);
+            (
+                chunks,
+                state.appended,
+                std::mem::take(&mut state.sync_wanted),
+            )
         };
         let mut batch = std::mem::take(&mut files.retry);
+        let retrying = !batch.is_empty();
         batch.append(&mut chunks);
         let mut batch = batch.into_iter();
         let mut written = Vec::new();
         while let Some(chunk) = batch.next() {
-            if let Err(error) = self.append(&mut files, &chunk) {
-                tracing::error!(%error, "writing the message log failed; will retry");
-                files.retry.push(chunk);
-                files.retry.extend(batch);
-                files.retry_at = Some(Instant::now() + RETRY_AFTER);
-                self.progress
-                    .send_modify(|p| p.failed_through = p.failed_through.max(end));
-                // The syncer retries if nothing else writes first.
-                self.wake_syncer();
-                return;
+            match self.append(&mut files, &chunk) {
+                Ok(()) => written.push(chunk.bytes),
+                Err(Fault::Write(error)) => {
+                    tracing::error!(%error, "writing the message log failed; will retry");
+                    files.retry.push(chunk);
+                    files.retry.extend(batch);
+                    files.retry_at = Some(Instant::now() + RETRY_AFTER);
+                    self.unwritten.store(files.retry_bytes(), Ordering::Relaxed);
+                    self.progress
+                        .send_modify(|p| p.failed_through = p.failed_through.max(end));
+                    return;
+                }
+                Err(Fault::Sync(error)) => {
+                    drop(files);
+                    self.break_down(&error);
+                    return;
+                }
             }
-            written.push(chunk.bytes);
         }
         self.reuse(written);
         files.retry_at = None;
+        self.unwritten.store(0, Ordering::Relaxed);
+        if retrying {
+            tracing::info!("the message log is written again: the records kept are on the disk");
+        }
         files.unsynced_since.get_or_insert_with(Instant::now);
+        drop(files);
         self.progress
             .send_modify(|p| p.written = p.written.max(end));
+        if wants_sync {
+            self.request_sync();
+        }
+    }
+
+    /// A sync failed: the log writes nothing more, and every change not yet synced is
+    /// answered with its failure.
+    pub(super) fn break_down(&self, error: &std::io::Error) {
+        tracing::error!(
+            %error,
+            "a sync of the message log failed: durable changes are refused until the node restarts"
+        );
+        self.progress.send_modify(|p| p.broken = true);
+        self.lock().pending.clear();
+        self.unwritten.store(0, Ordering::Relaxed);
     }
 
     /// Keeps a few written chunks' buffers for the next chunks.
@@ -101,14 +155,16 @@ impl Shared {
 
     /// Writes one chunk where its segment's written part ends. A failed write moves nothing
     /// on: its retry writes over whatever part of it reached the file.
-    fn append(&self, files: &mut Files, chunk: &Chunk) -> std::io::Result<()> {
+    fn append(&self, files: &mut Files, chunk: &Chunk) -> Result<(), Fault> {
         let current = self.file_for(files, chunk.segment)?;
-        current.file.write_all_at(&chunk.bytes, current.end)?;
+        current
+            .file
+            .write_all_at(&chunk.bytes, current.end)
+            .map_err(Fault::Write)?;
         let len = chunk.bytes.len() as u64;
         current.end += len;
         let file = current.file.clone();
-        self.bytes_written
-            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        self.bytes_written.fetch_add(len, Ordering::Relaxed);
         if !files.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {
             files.unsynced.push(file);
         }
@@ -117,15 +173,16 @@ impl Shared {
 
     /// The file of `segment`, made if need be from the spare (the old one stays in
     /// `unsynced` until the next sync).
-    fn file_for<'a>(&self, files: &'a mut Files, segment: u32) -> std::io::Result<&'a mut Current> {
+    fn file_for<'a>(&self, files: &'a mut Files, segment: u32) -> Result<&'a mut Current, Fault> {
         if files.current.as_ref().is_none_or(|c| c.segment != segment) {
             let path = segment_path(&self.dir, segment);
             let file = match self.spares.take(&path) {
                 Some(spare) => spare,
-                None => File::create(&path)?,
+                None => File::create(&path).map_err(Fault::Write)?,
             };
             // The new file's name must survive a crash as well as its contents.
-            File::open(&self.dir)?.sync_all()?;
+            let dir = File::open(&self.dir).map_err(Fault::Write)?;
+            dir.sync_all().map_err(Fault::Sync)?;
             files.current = Some(Current {
                 segment,
                 file: Arc::new(file),

@@ -2,34 +2,46 @@
 //!
 //! [`LogStore::record`] runs under the queue's lock: it encodes the change into a pending
 //! buffer, notes where it will land, and returns a receipt for the record's end position (its
-//! LSN, counted in bytes appended since start). Waiting on the receipt (after the queue's
-//! lock is released) first lets every other ready request add its record, then writes the
-//! whole pending buffer with one `write` unless another request already did ([`files`]):
-//! the durability-1 receipts complete with no thread handoff. A durability-2 receipt then asks
-//! the [`syncer`] thread for a sync, and one `fdatasync` answers every change written before
-//! it; what is written during a sync goes in the next one. That is the group commit, and no
-//! timer delays a lone publisher.
+//! LSN, counted in bytes appended since start). No file is touched on the async runtime's
+//! threads. The log's `writer` thread writes the whole pending buffer with one `write` as soon
+//! as it has any, and every receipt waiting for its record to be written completes then
+//! (durability 1). A batch with a durability-2 change asks the [`syncer`] thread for a sync,
+//! and one `fdatasync` answers every change written before it; what is written during a sync
+//! goes in the next one. That is the group commit, and no timer delays a lone publisher.
 //!
 //! Segments are written in place into files made full of zeros ahead of time ([`spare`]), so
 //! a sync writes the records and not the file's size too.
 //!
 //! Each message's latest record is known ([`Live`]), so the syncer can compact: the oldest
-//! segment's live messages are appended again, synced, and the old file removed. Tombstones
-//! in the oldest segment are dropped with it: what they removed was in that segment or in an
-//! older one, already gone.
+//! segment's live messages are appended again, in short steps, and once the copies are synced
+//! the old file is removed; the segment is forgotten only when its file is gone. Tombstones in
+//! the oldest segment are dropped with it: what they removed was in that segment or in an
+//! older one, already gone, since a segment is only ever removed after every older one.
+//!
+//! When the disk fails:
+//! - A failed `write` keeps its records in memory and tries them again (every 200 ms, or with
+//!   the next records); their receipts answer 507 meanwhile. The bytes kept count against
+//!   `max-messages-memory` ([`LogStore::backlog_bytes`]), so a disk that takes nothing ends in
+//!   211 for new messages, not in memory without bound.
+//! - A failed `fdatasync` (or directory sync) cannot be retried: Linux may already have
+//!   dropped the pages it failed to write, and a second sync would report success for them.
+//!   The log goes read-only for good: every change not synced is answered 507, nothing more
+//!   is written, and the queue refuses new durable messages (502) while it goes on serving
+//!   what it holds in memory. A restart reads back what the disk has.
 
 mod files;
 pub mod record;
 mod recovery;
 mod spare;
 mod syncer;
+mod writer;
 
 pub use recovery::{repair, DamagedRegion, Recovered, RecoveredMessage};
 
 use super::{Change, Receipt, Store};
 use crate::engine::{Durability, MessageId};
 use record::{encode_id, encode_message, Kind, MessageRecord};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -50,6 +62,9 @@ pub struct Progress {
     pub syncs: u64,
     /// Compaction rounds done so far.
     pub compactions: u64,
+    /// A sync failed: nothing not synced before it can be made safe, and nothing more is
+    /// written.
+    pub broken: bool,
 }
 
 /// Tuning of the log.
@@ -144,13 +159,21 @@ struct State {
     free_buffers: Vec<Vec<u8>>,
     /// The LSN at the end of `pending`.
     appended: u64,
-    /// A durability-2 receipt waits for the next sync.
+    /// `pending` holds a durability-2 change: the write that takes it asks for a sync.
+    sync_wanted: bool,
+    /// The writer thread waits for records (and wants to be woken for them).
+    writer_idle: bool,
+    /// A sync is asked for.
     sync_requested: bool,
     /// A segment filled up since the syncer last looked: time to consider compacting.
     compaction_due: bool,
     /// Every durable message in the queue or the dead letter queue.
     live: HashMap<MessageId, Live>,
+    /// Every segment file there is, the ones being retired included.
     segments: BTreeMap<u32, SegmentUse>,
+    /// Segments whose live messages compaction has copied; each is forgotten once its file is
+    /// removed, and no segment is removed before every older one is.
+    retiring: BTreeSet<u32>,
     /// The segment new records go to.
     active: u32,
     options: LogOptions,
@@ -202,10 +225,13 @@ impl State {
         }
     }
 
-    /// The oldest segment, if compacting it now is worth it: it is mostly dead, or the whole
-    /// log is, which bounds the log at about twice what is live.
+    /// The oldest segment not yet being retired, if compacting it now is worth it: it is
+    /// mostly dead, or the whole log is, which bounds the log at about twice what is live.
     fn compaction_candidate(&self) -> Option<u32> {
-        let (&oldest, use_) = self.segments.first_key_value()?;
+        let (&oldest, use_) = self
+            .segments
+            .iter()
+            .find(|(segment, _)| !self.retiring.contains(segment))?;
         if oldest == self.active {
             return None;
         }
@@ -219,10 +245,15 @@ impl State {
 
 struct Shared {
     state: Mutex<State>,
-    /// The files and the right to write them. Taken before `state` when both are needed.
+    /// The files and the right to write them: only the log's own threads take it. Taken
+    /// before `state` when both are needed.
     files: Mutex<files::Files>,
     /// Wakes the syncer: a sync is asked for, or it is time to stop.
     work: Condvar,
+    /// Wakes the writer: records are pending, or it is time to stop.
+    records: Condvar,
+    /// Bytes of records kept in memory because the disk would not take them.
+    unwritten: AtomicU64,
     progress: watch::Sender<Progress>,
     dir: PathBuf,
     /// The next segment file, made ahead of time.
@@ -239,6 +270,14 @@ impl Shared {
 
     fn wake_syncer(&self) {
         self.work.notify_one();
+    }
+
+    fn wake_writer(&self) {
+        self.records.notify_one();
+    }
+
+    fn is_broken(&self) -> bool {
+        self.progress.borrow().broken
     }
 
     /// Asks for a sync of everything written so far; one wake however many ask.
@@ -270,27 +309,28 @@ impl std::fmt::Debug for Shared {
 
 impl Ticket {
     /// Waits until the change is written (`synced` false) or synced (`synced` true); false if
-    /// a write or sync failed first (the change is kept and retried).
+    /// a write or sync failed first (a failed write is retried; a failed sync is final).
     pub(super) async fn wait(self, synced: bool) -> bool {
         let lsn = self.lsn;
-        let reached = |p: &Progress| {
-            if synced {
-                p.synced >= lsn
-            } else {
-                p.written >= lsn
-            }
+        let reached = |p: &Progress| match synced {
+            true => p.synced >= lsn,
+            false => p.written >= lsn,
         };
-        if self.shared.progress.borrow().written < lsn {
-            // Let every request that is ready add its record first: one write for them all.
-            tokio::task::yield_now().await;
-            self.shared.write_pending();
-        }
-        if synced && !reached(&self.shared.progress.borrow()) {
-            self.shared.request_sync();
-        }
         let mut progress = self.shared.progress.subscribe();
+        if synced {
+            // The write that takes this record asks for the sync; this covers a record
+            // written while the syncer was already at work.
+            let written = progress
+                .wait_for(|p| p.written >= lsn || p.failed_through >= lsn || p.broken)
+                .await
+                .map(|p| p.written >= lsn)
+                .unwrap_or(false);
+            if written && !reached(&progress.borrow()) {
+                self.shared.request_sync();
+            }
+        }
         let outcome = progress
-            .wait_for(|p| reached(p) || p.failed_through >= lsn)
+            .wait_for(|p| reached(p) || p.failed_through >= lsn || p.broken)
             .await;
         // The sender lives in `shared`, which this ticket holds: it cannot be gone.
         let outcome = *outcome.expect("the log's progress outlives its tickets");
@@ -324,6 +364,7 @@ impl StorageMeter {
 /// The log, as the queue's [`Store`].
 pub struct LogStore {
     shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
     syncer: Option<JoinHandle<()>>,
     spare_maker: Option<JoinHandle<()>>,
 }
@@ -341,10 +382,13 @@ impl LogStore {
             pending: Vec::new(),
             free_buffers: Vec::new(),
             appended: 0,
+            sync_wanted: false,
+            writer_idle: false,
             sync_requested: false,
             compaction_due: false,
             live: scan.live,
             segments,
+            retiring: BTreeSet::new(),
             active,
             options,
             stopping: false,
@@ -354,15 +398,19 @@ impl LogStore {
             state: Mutex::new(state),
             files: Mutex::default(),
             work: Condvar::new(),
+            records: Condvar::new(),
+            unwritten: AtomicU64::new(0),
             progress: watch::Sender::new(Progress::default()),
             dir: dir.to_path_buf(),
             spares,
             bytes_written: AtomicU64::new(0),
             bytes_read: AtomicU64::new(scan.bytes_read),
         });
+        let writer = writer::spawn(shared.clone())?;
         let syncer = syncer::spawn(shared.clone())?;
         let store = LogStore {
             shared,
+            writer: Some(writer),
             syncer: Some(syncer),
             spare_maker: Some(spare_maker),
         };
@@ -381,6 +429,12 @@ impl LogStore {
         }
     }
 
+    /// Bytes of records kept in memory because the disk would not take them (they count
+    /// against `max-messages-memory`).
+    pub fn backlog_bytes(&self) -> u64 {
+        self.shared.unwritten.load(Ordering::Relaxed)
+    }
+
     fn receipt(&self, lsn: u64, durability: Durability) -> Receipt {
         let ticket = Ticket {
             lsn,
@@ -396,6 +450,11 @@ impl LogStore {
 
 impl Store for LogStore {
     fn record(&mut self, change: Change<'_>) -> Receipt {
+        if self.shared.is_broken() {
+            // Nothing is written any more: a durable change's receipt fails at once (its
+            // LSN is never reached).
+            return self.receipt_of_unwritten(&change);
+        }
         let mut state = self.shared.lock();
         let (lsn, durability) = match change {
             Change::Published {
@@ -440,12 +499,42 @@ impl Store for LogStore {
             // Holding is not kept: a restart ends every session.
             Change::Delivered { .. } | Change::Returned(_) => return Receipt::Done,
         };
-        let compaction_due = state.compaction_due;
+        if durability == Durability::Immediate {
+            state.sync_wanted = true;
+        }
+        let (compaction_due, writer_idle) = (state.compaction_due, state.writer_idle);
         drop(state);
+        if writer_idle {
+            self.shared.wake_writer();
+        }
         if compaction_due {
             self.shared.wake_syncer();
         }
         self.receipt(lsn, durability)
+    }
+
+    fn is_writable(&self) -> bool {
+        !self.shared.is_broken()
+    }
+
+    fn backlog_bytes(&self) -> u64 {
+        LogStore::backlog_bytes(self)
+    }
+}
+
+impl LogStore {
+    /// The receipt of a change the log no longer writes: done for what was never durable,
+    /// failed for the rest.
+    fn receipt_of_unwritten(&self, change: &Change<'_>) -> Receipt {
+        let durability = match change {
+            Change::Published { message, .. } => message.durability,
+            Change::Acked(id) | Change::DeadLettered(id) => match self.shared.lock().live.get(id) {
+                Some(live) => live.durability(),
+                None => Durability::None,
+            },
+            Change::Delivered { .. } | Change::Returned(_) => Durability::None,
+        };
+        self.receipt(u64::MAX, durability)
     }
 }
 
@@ -454,11 +543,17 @@ impl Drop for LogStore {
     /// without its unwritten zeros.
     fn drop(&mut self) {
         self.shared.lock().stopping = true;
+        self.shared.wake_writer();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
         self.shared.wake_syncer();
         if let Some(syncer) = self.syncer.take() {
             let _ = syncer.join();
         }
-        self.shared.trim_current();
+        if !self.shared.is_broken() {
+            self.shared.trim_current();
+        }
         self.shared.spares.stop();
         if let Some(maker) = self.spare_maker.take() {
             let _ = maker.join();

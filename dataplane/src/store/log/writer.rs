@@ -1,0 +1,67 @@
+//! The log's writer thread: writes the pending records as soon as there are any, so that
+//! no request writes a file on the async runtime's threads. While it writes, more records
+//! gather, and the next write takes them all: under load one `write` serves many requests.
+
+use super::files::RETRY_AFTER;
+use super::Shared;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+pub(super) fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("log-writer".into())
+        .spawn(move || run(&shared))
+}
+
+fn run(shared: &Shared) {
+    batch_scheduling();
+    loop {
+        let stopping = wait_for_records(shared);
+        shared.write_pending();
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// Sleeps until records are pending, a retry of failed ones is due, or the store stops;
+/// returns whether it stops (what is pending is written first either way).
+fn wait_for_records(shared: &Shared) -> bool {
+    let retry_at = shared.files.lock().expect("never poisoned").retry_at;
+    let mut state = shared.lock();
+    loop {
+        if state.stopping {
+            return true;
+        }
+        if !state.pending.is_empty() {
+            return false;
+        }
+        let wait = match retry_at {
+            Some(at) => match at.checked_duration_since(Instant::now()) {
+                Some(wait) => wait,
+                None => return false,
+            },
+            None => RETRY_AFTER * 50, // nothing to retry: wake now and then anyway
+        };
+        state.writer_idle = true;
+        state = shared
+            .records
+            .wait_timeout(state, wait)
+            .expect("never poisoned")
+            .0;
+        state.writer_idle = false;
+    }
+}
+
+/// Asks the kernel not to let this thread preempt the one that woke it (SCHED_BATCH). A
+/// request that woke the writer is then not interrupted: it and the others ready go on
+/// adding records until the runtime has nothing more to do, and one write takes them all.
+/// On a machine with a core to spare the writer runs there at once anyway.
+fn batch_scheduling() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sets this thread's own policy from a valid parameter.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        tracing::debug!("the log writer keeps the default scheduling");
+    }
+}

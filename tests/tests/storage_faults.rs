@@ -1,0 +1,254 @@
+//! When the disk fails: a failed sync is final (the node refuses durable messages until it
+//! restarts, and never answers Success for a change it could not sync); a full disk keeps the
+//! changes it could not write in memory, bounded by max-messages-memory, and writes them when
+//! room comes back; a file system gone read-only gets 507, never a false Success; compaction
+//! that cannot remove a segment keeps it, so no acknowledged message comes back. Real faults:
+//! a FUSE layer whose syncs fail, a full tmpfs, ext4's own read-only error path, and an
+//! immutable file (see `qe_tests::disks`). They need root, as CI has.
+
+use qe_tests::disks::{data_dir_on, Ext4Image, FailingSyncs, SmallTmpfs};
+use qe_tests::{Client, Node};
+use serde_json::{json, Value};
+
+async fn publish(publisher: &mut Client, body: &str, durability: u8) -> Value {
+    publisher
+        .request(json!({"body": body, "durability": durability}))
+        .await
+}
+
+fn code(reply: &Value) -> u64 {
+    match reply["status"].as_str() {
+        Some("Success.") => 0,
+        _ => reply["code"].as_u64().unwrap_or_else(|| panic!("{reply}")),
+    }
+}
+
+/// The bodies of the messages the node holds, from an administrator's `getmsgs`.
+async fn bodies(node: &Node) -> Vec<String> {
+    let (mut admin, _) = node.login("admin", "distribute", json!({})).await;
+    let page = admin
+        .request(json!({"cmd": "getmsgs", "after": "", "count": 1600}))
+        .await;
+    let mut bodies = Vec::new();
+    for line in page["csv"].as_str().unwrap().lines() {
+        let id = line.split(',').next().unwrap();
+        let shown = admin.request(json!({"cmd": "getmsg", "id": id})).await;
+        bodies.push(shown["msg"]["body"].as_str().unwrap().to_string());
+    }
+    bodies
+}
+
+/// What the messages the node holds count against max-messages-memory by themselves: each
+/// frame's length (the `getmsgs` column) and the fixed overhead the README gives.
+async fn messages_cost(admin: &mut Client) -> u64 {
+    let page = admin
+        .request(json!({"cmd": "getmsgs", "after": "", "count": 1600}))
+        .await;
+    let lengths = page["csv"].as_str().unwrap().lines();
+    lengths
+        .map(|line| line.split(',').nth(1).unwrap().parse::<u64>().unwrap() + 220)
+        .sum()
+}
+
+/// `messages-memory-used`, from `getcfg`.
+async fn memory_used(admin: &mut Client) -> u64 {
+    let config = admin.request(json!({"cmd": "getcfg"})).await;
+    let csv = config["csv"].as_str().unwrap().to_string();
+    let line = csv
+        .lines()
+        .find(|l| l.starts_with("messages-memory-used,"))
+        .unwrap();
+    line.rsplit(',').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_failed_sync_is_final_and_durable_messages_are_refused_until_a_restart() {
+    let disk = FailingSyncs::mount();
+    let (data, _meta) = data_dir_on(disk.dir());
+    let node = Node::start_in(data, &[]);
+    let mut publisher = node.publisher().await;
+    assert_eq!(code(&publish(&mut publisher, "synced", 2).await), 0);
+
+    disk.fail_syncs();
+    let lost = publish(&mut publisher, "not synced", 2).await;
+    assert_eq!(code(&lost), 507, "made, but it may not survive: {lost}");
+    assert!(
+        lost["id"].is_string(),
+        "507 names the message it made: {lost}"
+    );
+    for durability in [1, 2] {
+        let refused = publish(&mut publisher, "refused", durability).await;
+        assert_eq!(code(&refused), 502, "{refused}");
+    }
+    node.wait_for_log("a sync of the message log failed");
+    assert_eq!(code(&publish(&mut publisher, "in memory", 0).await), 0);
+    // A sync that works again changes nothing: the pages it failed to write may be gone.
+    disk.heal();
+    assert_eq!(code(&publish(&mut publisher, "refused", 1).await), 502);
+
+    // Every message made is served; an ack of a durable one cannot be made safe.
+    let (mut subscriber, _) = node.subscriber(10).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(subscriber.recv().await);
+    }
+    let mut bodies_got: Vec<&str> = got.iter().map(|d| d["body"].as_str().unwrap()).collect();
+    bodies_got.sort();
+    assert_eq!(bodies_got, ["in memory", "not synced", "synced"]);
+    let synced = got.iter().find(|d| d["body"] == "synced").unwrap();
+    let ack = subscriber
+        .request(json!({"id": synced["id"], "ack": 1}))
+        .await;
+    assert_eq!(code(&ack), 507, "{ack}");
+
+    // After a restart the node reads back what the disk has, and takes durable messages.
+    let node = node.restart(&[]);
+    assert!(bodies(&node).await.contains(&"synced".to_string()));
+    assert!(!bodies(&node).await.contains(&"refused".to_string()));
+    let mut publisher = node.publisher().await;
+    assert_eq!(code(&publish(&mut publisher, "after", 2).await), 0);
+}
+
+#[tokio::test]
+async fn a_full_disk_keeps_what_it_cannot_write_bounded_and_writes_it_when_room_comes_back() {
+    let disk = SmallTmpfs::mount(16);
+    let (data, _meta) = data_dir_on(disk.dir());
+    // Small segments, so that the disk is soon asked for a new one; little message memory,
+    // so that the bound is soon reached.
+    let flags = [
+        "--log-segment-bytes",
+        "65536",
+        "--max-messages-memory",
+        "1000000",
+    ];
+    let node = Node::start_in(data, &flags);
+    let mut publisher = node.publisher().await;
+    let (mut admin, _) = node.login("admin", "distribute", json!({})).await;
+    assert_eq!(code(&publish(&mut publisher, "before", 1).await), 0);
+    disk.fill();
+
+    let body = "f".repeat(1000);
+    let mut kept = Vec::new();
+    let mut saw_507 = false;
+    let refused = loop {
+        let reply = publish(&mut publisher, &body, 1).await;
+        match code(&reply) {
+            0 => kept.push(reply["id"].clone()),
+            507 => {
+                saw_507 = true;
+                kept.push(reply["id"].clone());
+            }
+            _ => break reply,
+        }
+        assert!(kept.len() < 2000, "the bound holds");
+    };
+    assert!(saw_507, "writes that failed are answered 507");
+    assert_eq!(code(&refused), 211, "{refused}");
+    let used = memory_used(&mut admin).await;
+    let messages = messages_cost(&mut admin).await;
+    assert!(used <= 1_000_000, "bounded: {used}");
+    assert!(
+        used > messages + 100_000,
+        "the records the disk did not take count too: {used} used, {messages} by the messages"
+    );
+
+    disk.empty();
+    node.wait_for_log("the message log is written again");
+    assert_eq!(code(&publish(&mut publisher, "after", 1).await), 0);
+    // What was kept in memory is on the disk now: a killed node reads it all back.
+    let node = node.restart(&["--log-segment-bytes", "65536"]);
+    let back = bodies(&node).await;
+    assert_eq!(back.len(), kept.len() + 2, "before, the kept ones, after");
+    assert!(back.contains(&"before".to_string()) && back.contains(&"after".to_string()));
+}
+
+#[tokio::test]
+async fn a_file_system_gone_read_only_gets_507_and_never_a_false_success() {
+    let disk = Ext4Image::new(64);
+    let (data, _meta) = data_dir_on(disk.dir());
+    let node = Node::start_in(data, &[]);
+    let mut publisher = node.publisher().await;
+    assert_eq!(code(&publish(&mut publisher, "before", 2).await), 0);
+
+    disk.go_read_only();
+    for durability in [2, 1] {
+        let reply = publish(&mut publisher, "while read-only", durability).await;
+        assert!(
+            matches!(code(&reply), 507 | 502),
+            "not Success for a change the disk did not take: {reply}"
+        );
+    }
+    assert_eq!(code(&publish(&mut publisher, "in memory", 0).await), 0);
+
+    let node = {
+        // The node is killed before the disk is repaired: the data directory moves on with it.
+        let mut node = node;
+        node.kill();
+        disk.repair();
+        node.restart(&[])
+    };
+    assert!(bodies(&node).await.contains(&"before".to_string()));
+}
+
+/// Runs `chattr FLAGS PATH` (an immutable file cannot be removed, even by root).
+fn chattr(flags: &str, path: &std::path::Path) {
+    let status = std::process::Command::new("chattr")
+        .arg(flags)
+        .arg(path)
+        .status()
+        .expect("chattr (e2fsprogs)");
+    assert!(status.success(), "chattr {flags} {}", path.display());
+}
+
+#[tokio::test]
+async fn a_segment_compaction_cannot_remove_is_kept_so_no_acked_message_comes_back() {
+    let segments = ["--log-segment-bytes", "65536"];
+    let node = Node::start_with(&segments);
+    let first_segment = node.data_dir.path().join("messages/00000001.log");
+    let mut publisher = node.publisher().await;
+    let (mut holder, _) = node.subscriber(1).await;
+    let (mut worker, _) = node.subscriber(1024).await;
+    let keep = publish(&mut publisher, "keep", 1).await;
+    assert_eq!(holder.recv().await["id"], keep["id"]);
+    // 80 messages of 1 kB, held: the first segment fills (still mostly live) and the log
+    // goes on in a second one.
+    let body = "w".repeat(1000);
+    let mut held = Vec::new();
+    for _ in 0..80 {
+        let reply = publish(&mut publisher, &body, 1).await;
+        assert_eq!(code(&reply), 0, "{reply}");
+        held.push(worker.recv().await["id"].clone());
+    }
+    assert!(node.data_dir.path().join("messages/00000002.log").exists());
+    chattr("+i", &first_segment);
+
+    // Now the first segment is mostly dead: compaction copies "keep" out of it, and cannot
+    // remove it.
+    for id in &held {
+        let ack = worker.request(json!({"id": id, "ack": 1})).await;
+        assert_eq!(code(&ack), 0, "{ack}");
+    }
+    node.wait_for_log("removing a compacted segment failed");
+    let ack = holder.request(json!({"id": keep["id"], "ack": 1})).await;
+    assert_eq!(code(&ack), 0, "{ack}");
+    let logout = holder.request(json!({"logout": true})).await;
+    assert_eq!(logout["status"], "Logout Success.");
+    // Churn enough for many segments to be compacted, if any could be.
+    for _ in 0..600 {
+        let reply = publish(&mut publisher, &body, 1).await;
+        let delivery = worker.recv().await;
+        assert_eq!(delivery["id"], reply["id"]);
+        let ack = worker
+            .request(json!({"id": delivery["id"], "ack": 1}))
+            .await;
+        assert_eq!(code(&ack), 0, "{ack}");
+    }
+    let mut node = node;
+    node.kill();
+    chattr("-i", &first_segment);
+    let node = node.restart(&segments);
+    assert!(
+        bodies(&node).await.is_empty(),
+        "every message was acked; none may come back"
+    );
+}

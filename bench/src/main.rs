@@ -7,6 +7,9 @@
 //!   publishers, one in flight each, 4 subscribers), W5 (16 publishers pipelining 64 each with
 //!   `context`, 16 subscribers of capacity 64), for each body size and durability. Every id a
 //!   publisher was given must reach a subscriber exactly once.
+//!   With `--preload N`, N live messages (delayed) are stored first, so that the run's churn
+//!   makes the node compact segments full of them while it is measured (latency under
+//!   compaction).
 //! - `bench recovery`: stores N messages, kills the node with SIGKILL, restarts it, and times
 //!   how long it takes to serve again.
 //! - `bench connections`: the node's memory per idle connection, before and after the login,
@@ -39,6 +42,12 @@ struct Args {
     /// Offer permessage-deflate (the node always accepts it).
     #[arg(long, global = true)]
     compress: bool,
+    /// The node's message log segment size in bytes (default: the node's, 16 MiB).
+    #[arg(long, global = true)]
+    segment_bytes: Option<u64>,
+    /// Start the node with compaction off: the baseline for what compaction costs.
+    #[arg(long, global = true)]
+    no_compaction: bool,
 }
 
 #[derive(Subcommand)]
@@ -57,6 +66,10 @@ enum Command {
         /// Seconds of publishing per run.
         #[arg(long, default_value_t = 5)]
         seconds: u64,
+        /// Live messages (delayed two days) stored before each run: the run's churn then makes
+        /// the node compact segments full of them while it is measured.
+        #[arg(long, default_value_t = 0)]
+        preload: usize,
     },
     /// Restart time and memory with many stored messages.
     Recovery {
@@ -100,6 +113,8 @@ async fn main() {
         data_root,
         wire,
         tls_files,
+        segment_bytes: args.segment_bytes,
+        no_compaction: args.no_compaction,
     };
     match args.command {
         Command::Run {
@@ -107,6 +122,7 @@ async fn main() {
             sizes,
             durabilities,
             seconds,
+            preload,
         } => {
             let probe = node::fdatasync_probe(&config.data_root, Duration::from_secs(2));
             println!("fdatasync probe (4 KiB append + fdatasync, serial): {probe:.0}/s");
@@ -121,6 +137,7 @@ async fn main() {
                             size,
                             durability,
                             Duration::from_secs(seconds),
+                            workload::Preload { messages: preload },
                         )
                         .await;
                         let mut line = report.line();

@@ -18,6 +18,10 @@ pub struct NodeConfig {
     pub wire: Wire,
     /// The node's certificate and key, when the wire is TLS.
     pub tls_files: Option<(PathBuf, PathBuf)>,
+    /// The size of the message log's segments, when not the node's default.
+    pub segment_bytes: Option<u64>,
+    /// Start the node with compaction off (to measure what compaction costs).
+    pub no_compaction: bool,
 }
 
 pub struct Node {
@@ -49,6 +53,14 @@ impl Node {
             .args(["--publisher", &login(PUBLISHER)])
             .args(["--subscriber", &login(SUBSCRIBER)])
             .args(["--admin", "bench-admin:bench-admin-password"])
+            .args(
+                config
+                    .segment_bytes
+                    .map(|bytes| ["--log-segment-bytes".to_string(), bytes.to_string()])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(config.no_compaction.then_some("--no-compaction"))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

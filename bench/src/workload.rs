@@ -53,6 +53,8 @@ pub struct Report {
     delivery: Percentiles,
     cpu_us_per_message: f64,
     peak_rss: u64,
+    /// Segment files removed during the run (compaction at work).
+    compacted: usize,
 }
 
 struct Percentiles {
@@ -104,7 +106,10 @@ impl Report {
             ms(self.delivery.p99),
             self.cpu_us_per_message,
             self.peak_rss >> 20,
-        )
+        ) + &match self.compacted {
+            0 => String::new(),
+            n => format!("  ({n} segments compacted)"),
+        }
     }
 }
 
@@ -143,6 +148,8 @@ struct PublishPlan {
     epoch: Instant,
     size: usize,
     durability: u8,
+    /// Seconds each message waits before delivery (0: none).
+    delay: u64,
     /// Publishes in flight per publisher.
     window: usize,
 }
@@ -154,8 +161,13 @@ async fn publisher(plan: PublishPlan, until: Until, in_flight_budget: Arc<Semaph
         epoch,
         size,
         durability,
+        delay,
         window,
     } = plan;
+    let delay = match delay {
+        0 => String::new(),
+        secs => format!(r#","delay":{secs}"#),
+    };
     let socket = login(&wire, &url, serde_json::json!({
         "username": PUBLISHER.0, "password": PUBLISHER.1, "role": "publisher", "queuetype": "distribute",
     }))
@@ -180,7 +192,7 @@ async fn publisher(plan: PublishPlan, until: Until, in_flight_budget: Arc<Semaph
                 let now = epoch.elapsed().as_nanos() as u64;
                 let context = sent_at.len();
                 let request = format!(
-                    r#"{{"body":"{now:016x}{padding}","durability":{durability},"context":{context}}}"#
+                    r#"{{"body":"{now:016x}{padding}","durability":{durability}{delay},"context":{context}}}"#
                 );
                 sink.send(Frame::text(request)).await.unwrap();
                 sent_at.push(now);
@@ -267,16 +279,85 @@ async fn subscriber(
     }
 }
 
+/// Live messages stored before a run, and where, so that the run's churn makes the node
+/// compact: its old segments are full of them, and every compaction copies them on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Preload {
+    pub messages: usize,
+}
+
+/// Delayed for two days (the longest delay), so no subscriber gets them during the run.
+const PRELOAD_DELAY_SECS: u64 = 172_800;
+
+/// Stores `preload.messages` delayed messages of `size` bytes at durability 1.
+async fn preload_messages(config: &NodeConfig, url: &str, preload: Preload, size: usize) {
+    const PUBLISHERS: usize = 8;
+    let budget = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
+    let handles: Vec<_> = (0..PUBLISHERS)
+        .map(|_| {
+            let plan = PublishPlan {
+                wire: config.wire.clone(),
+                url: url.to_string(),
+                epoch: Instant::now(),
+                size,
+                durability: 1,
+                delay: PRELOAD_DELAY_SECS,
+                window: 64,
+            };
+            let count = Until::Count(preload.messages / PUBLISHERS);
+            tokio::spawn(publisher(plan, count, budget.clone()))
+        })
+        .collect();
+    for handle in handles {
+        handle.await.unwrap();
+    }
+}
+
+/// The message log's segment files in `data_dir`, by number.
+fn segments(data_dir: &std::path::Path) -> Vec<u32> {
+    let mut numbers: Vec<u32> = std::fs::read_dir(data_dir.join("messages"))
+        .map(|entries| {
+            entries
+                .filter_map(|e| {
+                    e.ok()?
+                        .file_name()
+                        .to_str()?
+                        .strip_suffix(".log")?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    numbers.sort_unstable();
+    numbers
+}
+
+/// Segments gone between the two listings: old ones removed, and new ones made and removed
+/// in between (segment numbers only grow, one by one).
+fn removed_segments(before: &[u32], after: &[u32]) -> usize {
+    let old_gone = before.iter().filter(|s| !after.contains(s)).count();
+    let first_new = before.last().map_or(1, |last| last + 1);
+    let last = after.last().copied().unwrap_or(0);
+    let new_gone = (first_new..=last).filter(|s| !after.contains(s)).count();
+    old_gone + new_gone
+}
+
 pub async fn run(
     config: &NodeConfig,
     workload: Workload,
     size: usize,
     durability: u8,
     time: Duration,
+    preload: Preload,
 ) -> Report {
     let dir = tempfile::tempdir_in(&config.data_root).unwrap();
     let node = Node::start(config, dir.path());
     let url = node.url();
+    if preload.messages > 0 {
+        preload_messages(config, &url, preload, size).await;
+    }
+    let segments_before = segments(dir.path());
     let epoch = Instant::now();
     let delivered = Arc::new((AtomicUsize::new(0), Notify::new()));
     let (stop, stopped) = watch::channel(false);
@@ -306,6 +387,7 @@ pub async fn run(
                 epoch,
                 size,
                 durability,
+                delay: 0,
                 window: workload.window,
             };
             tokio::spawn(publisher(plan, until, budget.clone()))
@@ -333,6 +415,7 @@ pub async fn run(
     let messages = published.ids.len();
     let (peak_rss, _) = node.memory();
     node.kill();
+    let compacted = removed_segments(&segments_before, &segments(dir.path()));
     Report {
         workload: workload.name,
         size,
@@ -343,6 +426,7 @@ pub async fn run(
         delivery: Percentiles::of(received.delivery_ns),
         cpu_us_per_message: cpu.as_secs_f64() * 1e6 / messages as f64,
         peak_rss,
+        compacted,
     }
 }
 
@@ -379,6 +463,7 @@ pub async fn recovery(config: &NodeConfig, messages: usize) {
                 epoch,
                 size: 100,
                 durability: 1,
+                delay: 0,
                 window: 64,
             };
             tokio::spawn(publisher(plan, Until::Count(messages / publishers), budget))

@@ -58,6 +58,9 @@ pub struct Flags {
     /// Size at which the message log starts a new segment file (tuning and tests).
     #[arg(long, hide = true)]
     pub log_segment_bytes: Option<u64>,
+    /// Never compact the message log (benchmarks only: the log grows without bound).
+    #[arg(long, hide = true)]
+    pub no_compaction: bool,
     /// Seconds between pings of an idle connection (default 15; tests make it short).
     #[arg(long, hide = true)]
     pub ping_secs: Option<u64>,
@@ -202,6 +205,8 @@ pub struct Config {
     pub max_messages: Option<u64>,
     pub max_messages_memory: Option<u64>,
     pub log_segment_bytes: Option<u64>,
+    /// Never compact the message log (`--no-compaction`, for benchmarks).
+    pub no_compaction: bool,
     pub keepalive: Keepalive,
     pub usage_labels: UsageLabels,
     /// The file read at start, read again for a change of logins.
@@ -360,6 +365,7 @@ impl Config {
             max_messages: flags.max_messages.or(file.max_messages),
             max_messages_memory: flags.max_messages_memory.or(file.max_messages_memory),
             log_segment_bytes: flags.log_segment_bytes.or(file.log_segment_bytes),
+            no_compaction: flags.no_compaction,
             message_timeout: Duration::from_secs(
                 flags
                     .message_timeout_secs

@@ -113,6 +113,7 @@ impl Node {
             segment_bytes: config
                 .log_segment_bytes
                 .unwrap_or(LogOptions::default().segment_bytes),
+            compaction: !config.no_compaction,
         };
         let (store, recovered) = LogStore::open(&log_dir, options)?;
         let storage = store.meter();

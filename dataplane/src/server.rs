@@ -317,7 +317,7 @@ const DEFLATE_POOL: usize = 8;
 /// messages being compressed or inflated at one moment come from a shared pool. A connection
 /// that kept its own costs about 300 KiB of deflate state more; the price is a lower ratio
 /// for messages that repeat the ones before them.
-fn websocket_options() -> Options {
+pub fn websocket_options() -> Options {
     // yawc's limits are exclusive.
     let limit = Setting::MaxWsMsgLen.range().1 as usize + 1;
     Options::default()

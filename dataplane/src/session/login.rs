@@ -18,7 +18,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 /// A login whose fields are well formed.
-struct LoginForm<'a> {
+pub struct LoginForm<'a> {
     username: &'a str,
     password: &'a str,
     role: Role,
@@ -97,7 +97,9 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
 }
 
 impl<'a> LoginForm<'a> {
-    fn read(fields: &'a Fields, max_capacity: u64) -> Result<LoginForm<'a>, Code> {
+    /// Checks a login's fields in the order DECISIONS.md sets; `max_capacity` is the
+    /// `max-subscriber-capacity` setting.
+    pub fn read(fields: &'a Fields, max_capacity: u64) -> Result<LoginForm<'a>, Code> {
         let username = credential(fields, "username").ok_or(Code::InvalidUsername)?;
         let password = credential(fields, "password").ok_or(Code::InvalidPassword)?;
         let role = text(fields, "role")

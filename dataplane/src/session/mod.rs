@@ -14,7 +14,8 @@ pub mod reply;
 pub mod request;
 mod subscriber;
 
-pub use login::login;
+pub use login::{login, LoginForm};
+pub use publisher::read_message;
 pub use reply::Reply;
 
 use crate::engine::{Frames, MessageId, Refused};

@@ -86,7 +86,7 @@ fn plain(body_type: BodyType, body: String) -> NewMessage {
 }
 
 /// Checks a JSON publish, lowest failure code first.
-fn read_message(mut fields: Fields, queue_type: QueueType) -> Result<NewMessage, Code> {
+pub fn read_message(mut fields: Fields, queue_type: QueueType) -> Result<NewMessage, Code> {
     let body = match fields.remove("body") {
         None => None,
         Some(Value::String(body)) => Some(body),

@@ -21,6 +21,9 @@ pub(super) struct Files {
     current: Option<Current>,
     /// Files written since the last sync (the current one, and any just closed).
     unsynced: Vec<Arc<File>>,
+    /// A segment file was made since the last sync: the directory is synced with the files,
+    /// so that its name lasts as long as what is in it.
+    directory_unsynced: bool,
     /// When the oldest written-but-unsynced data was written.
     pub unsynced_since: Option<Instant>,
     /// Chunks whose write failed, written before anything newer.
@@ -37,10 +40,12 @@ pub(super) struct Current {
 }
 
 impl Files {
-    /// Takes the files to sync; the caller syncs them and reports up to what it synced.
-    pub fn take_unsynced(&mut self) -> Vec<Arc<File>> {
+    /// Takes the files to sync, and whether the directory must be synced too; the caller
+    /// syncs them and reports up to what it synced.
+    pub fn take_unsynced(&mut self) -> (Vec<Arc<File>>, bool) {
         self.unsynced_since = None;
-        std::mem::take(&mut self.unsynced)
+        let directory = std::mem::take(&mut self.directory_unsynced);
+        (std::mem::take(&mut self.unsynced), directory)
     }
 
     pub fn has_failed_writes(&self) -> bool {
@@ -53,13 +58,9 @@ impl Files {
     }
 }
 
-/// Why a chunk did not reach its file.
-enum Fault {
-    /// The write failed: the chunk is still ours, and is written again later.
-    Write(std::io::Error),
-    /// Syncing the directory (for a new segment's name) failed: final, like any failed sync.
-    Sync(std::io::Error),
-}
+/// Why a chunk did not reach its file: the write failed, and the chunk, still ours, is
+/// written again later.
+struct Fault(std::io::Error);
 
 impl Shared {
     /// Writes everything pending with one `write` per segment touched. Returns once the
@@ -94,7 +95,7 @@ impl Shared {
         while let Some(chunk) = batch.next() {
             match self.append(&mut files, &chunk) {
                 Ok(()) => written.push(chunk.bytes),
-                Err(Fault::Write(error)) => {
+                Err(Fault(error)) => {
                     tracing::error!(%error, "writing the message log failed; will retry");
                     files.retry.push(chunk);
                     files.retry.extend(batch);
@@ -102,11 +103,6 @@ impl Shared {
                     self.unwritten.store(files.retry_bytes(), Ordering::Relaxed);
                     self.progress
                         .send_modify(|p| p.failed_through = p.failed_through.max(end));
-                    return;
-                }
-                Err(Fault::Sync(error)) => {
-                    drop(files);
-                    self.break_down(&error);
                     return;
                 }
             }
@@ -160,7 +156,7 @@ impl Shared {
         current
             .file
             .write_all_at(&chunk.bytes, current.end)
-            .map_err(Fault::Write)?;
+            .map_err(Fault)?;
         let len = chunk.bytes.len() as u64;
         current.end += len;
         let file = current.file.clone();
@@ -172,17 +168,17 @@ impl Shared {
     }
 
     /// The file of `segment`, made if need be from the spare (the old one stays in
-    /// `unsynced` until the next sync).
+    /// `unsynced` until the next sync). Its name is synced with the next sync, not here: a
+    /// name need not outlast a machine failure before what is in it is synced, and a
+    /// directory sync would hold every write back for a journal commit.
     fn file_for<'a>(&self, files: &'a mut Files, segment: u32) -> Result<&'a mut Current, Fault> {
         if files.current.as_ref().is_none_or(|c| c.segment != segment) {
             let path = segment_path(&self.dir, segment);
             let file = match self.spares.take(&path) {
                 Some(spare) => spare,
-                None => File::create(&path).map_err(Fault::Write)?,
+                None => File::create(&path).map_err(Fault)?,
             };
-            // The new file's name must survive a crash as well as its contents.
-            let dir = File::open(&self.dir).map_err(Fault::Write)?;
-            dir.sync_all().map_err(Fault::Sync)?;
+            files.directory_unsynced = true;
             files.current = Some(Current {
                 segment,
                 file: Arc::new(file),

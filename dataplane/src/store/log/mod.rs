@@ -30,6 +30,7 @@
 //!   what it holds in memory. A restart reads back what the disk has.
 
 mod files;
+mod index;
 pub mod record;
 mod recovery;
 mod spare;
@@ -39,9 +40,10 @@ mod writer;
 pub use recovery::{repair, DamagedRegion, Recovered, RecoveredMessage};
 
 use super::{Change, Receipt, Store};
-use crate::engine::{Durability, MessageId};
-use record::{encode_id, encode_message, Kind, MessageRecord};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::engine::Durability;
+use index::{Index, Live};
+use record::{encode_id, encode_message, encode_removed, Kind, MessageRecord};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -72,77 +74,18 @@ pub struct Progress {
 pub struct LogOptions {
     /// A segment file is closed and a new one begun once it holds this many bytes.
     pub segment_bytes: u64,
+    /// Whether old segments are compacted. Only a benchmark turns it off, to measure what
+    /// compaction costs: without it the log grows with everything ever written.
+    pub compaction: bool,
 }
 
 impl Default for LogOptions {
     fn default() -> Self {
         LogOptions {
             segment_bytes: 16 << 20,
+            compaction: true,
         }
     }
-}
-
-/// Where a live durable message's latest record is. There is one per stored message, so it
-/// is packed into 8 bytes (a million of them, in the hash table's slots, take 8 MB less than
-/// the 12 bytes of plain fields did).
-#[derive(Debug, Clone, Copy)]
-struct Live {
-    segment: u32,
-    /// The record's length in bytes (below 2^30: a record is at most 64 MiB), and two flags.
-    len_and_flags: u32,
-}
-
-impl Live {
-    const DEAD: u32 = 1 << 31;
-    /// Durability 2; without it, 1 (durability 0 is never written).
-    const IMMEDIATE: u32 = 1 << 30;
-    const LEN: u32 = Live::IMMEDIATE - 1;
-
-    fn new(segment: u32, len: u32, dead: bool, durability: Durability) -> Live {
-        debug_assert!(len <= Live::LEN);
-        let mut len_and_flags = len & Live::LEN;
-        if dead {
-            len_and_flags |= Live::DEAD;
-        }
-        if durability == Durability::Immediate {
-            len_and_flags |= Live::IMMEDIATE;
-        }
-        Live {
-            segment,
-            len_and_flags,
-        }
-    }
-
-    fn len(self) -> u32 {
-        self.len_and_flags & Live::LEN
-    }
-
-    fn dead(self) -> bool {
-        self.len_and_flags & Live::DEAD != 0
-    }
-
-    fn durability(self) -> Durability {
-        match self.len_and_flags & Live::IMMEDIATE {
-            0 => Durability::Eventual,
-            _ => Durability::Immediate,
-        }
-    }
-
-    fn mark_dead(&mut self) {
-        self.len_and_flags |= Live::DEAD;
-    }
-
-    /// The same message, its record now at `segment`, `len` bytes long.
-    fn moved(self, segment: u32, len: u32) -> Live {
-        Live::new(segment, len, self.dead(), self.durability())
-    }
-}
-
-/// How much of a segment file still matters.
-#[derive(Debug, Clone, Copy, Default)]
-struct SegmentUse {
-    bytes: u64,
-    live: u64,
 }
 
 /// Bytes waiting for the writer, all for one segment.
@@ -167,12 +110,11 @@ struct State {
     sync_requested: bool,
     /// A segment filled up since the syncer last looked: time to consider compacting.
     compaction_due: bool,
-    /// Every durable message in the queue or the dead letter queue.
-    live: HashMap<MessageId, Live>,
-    /// Every segment file there is, the ones being retired included.
-    segments: BTreeMap<u32, SegmentUse>,
-    /// Segments whose live messages compaction has copied; each is forgotten once its file is
-    /// removed, and no segment is removed before every older one is.
+    /// What is where: every durable message's latest record, and every segment file there
+    /// is (the ones being retired included) with how much of it still matters.
+    index: Index,
+    /// Segments whose live messages compaction has copied; each is forgotten once its
+    /// file's removal is synced.
     retiring: BTreeSet<u32>,
     /// The segment new records go to.
     active: u32,
@@ -184,13 +126,14 @@ impl State {
     /// Appends one record; returns the segment it lands in, its LSN and its length.
     fn append(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> usize) -> (u32, u64, u32) {
         if self
+            .index
             .segments
             .get(&self.active)
             .is_some_and(|s| s.bytes >= self.options.segment_bytes)
         {
             self.active += 1;
             self.compaction_due = true;
-            self.segments.insert(self.active, SegmentUse::default());
+            self.index.grew(self.active, 0);
         }
         let segment = self.active;
         if self
@@ -206,40 +149,14 @@ impl State {
         }
         let chunk = self.pending.last_mut().expect("just ensured");
         let len = encode(&mut chunk.bytes) as u64;
-        self.segments.entry(segment).or_default().bytes += len;
+        self.index.grew(segment, len);
         self.appended += len;
         (segment, self.appended, len as u32)
     }
 
-    /// A live message's latest record moved or went.
-    fn forget(&mut self, live: Live) {
-        if let Some(segment) = self.segments.get_mut(&live.segment) {
-            segment.live -= live.len() as u64;
-        }
-    }
-
-    fn remember(&mut self, id: MessageId, live: Live) {
-        self.segments.entry(live.segment).or_default().live += live.len() as u64;
-        if let Some(old) = self.live.insert(id, live) {
-            self.forget(old);
-        }
-    }
-
-    /// The oldest segment not yet being retired, if compacting it now is worth it: it is
-    /// mostly dead, or the whole log is, which bounds the log at about twice what is live.
+    /// The segment compaction should take next, if any is worth it (see [`Index`]).
     fn compaction_candidate(&self) -> Option<u32> {
-        let (&oldest, use_) = self
-            .segments
-            .iter()
-            .find(|(segment, _)| !self.retiring.contains(segment))?;
-        if oldest == self.active {
-            return None;
-        }
-        let (bytes, live) = self
-            .segments
-            .values()
-            .fold((0, 0), |(b, l), s| (b + s.bytes, l + s.live));
-        (use_.live * 2 < use_.bytes || live * 2 < bytes).then_some(oldest)
+        self.index.compaction_candidate(self.active, &self.retiring)
     }
 }
 
@@ -357,7 +274,8 @@ impl StorageMeter {
 
     /// The segment files' total size now.
     pub fn held(&self) -> u64 {
-        self.shared.lock().segments.values().map(|s| s.bytes).sum()
+        let state = self.shared.lock();
+        state.index.segments.values().map(|s| s.bytes).sum()
     }
 }
 
@@ -375,9 +293,9 @@ impl LogStore {
         std::fs::create_dir_all(dir)?;
         let scan = recovery::scan(dir)?;
         // Every start writes to a new segment, so no file is ever appended after a torn tail.
-        let active = scan.segments.keys().next_back().map_or(1, |last| last + 1);
-        let mut segments = scan.segments;
-        segments.insert(active, SegmentUse::default());
+        let mut index = scan.index;
+        let active = index.segments.keys().next_back().map_or(1, |last| last + 1);
+        index.grew(active, 0);
         let state = State {
             pending: Vec::new(),
             free_buffers: Vec::new(),
@@ -386,8 +304,7 @@ impl LogStore {
             writer_idle: false,
             sync_requested: false,
             compaction_due: false,
-            live: scan.live,
-            segments,
+            index,
             retiring: BTreeSet::new(),
             active,
             options,
@@ -476,24 +393,28 @@ impl Store for LogStore {
                 };
                 let (segment, lsn, len) = state.append(|out| encode_message(out, &record));
                 let live = Live::new(segment, len, false, message.durability);
-                state.remember(id, live);
+                state.index.remember(id, live);
                 (lsn, message.durability)
             }
             Change::Acked(id) => {
-                let Some(live) = state.live.remove(&id) else {
+                let Some((live, held_in)) = state.index.remove(id) else {
                     return Receipt::Done; // durability 0: never written
                 };
-                state.forget(live);
-                let (_, lsn, _) = state.append(|out| encode_id(out, Kind::Removed, id));
+                let (segment, lsn, len) = state.append(|out| encode_removed(out, id, &held_in));
+                // Kept while another segment holds a record of the message.
+                state.index.keep_for_each(segment, &held_in, len as u64);
                 (lsn, live.durability())
             }
             Change::DeadLettered(id) => {
-                let Some(live) = state.live.get_mut(&id) else {
+                let Some(live) = state.index.live.get_mut(&id) else {
                     return Receipt::Done;
                 };
                 live.mark_dead();
-                let durability = live.durability();
-                let (_, lsn, _) = state.append(|out| encode_id(out, Kind::DeadLettered, id));
+                let (latest, durability) = (live.segment, live.durability());
+                let (segment, lsn, len) =
+                    state.append(|out| encode_id(out, Kind::DeadLettered, id));
+                // Kept while the message's latest record, which says it is not dead, is older.
+                state.index.keep_for(segment, latest, len as u64);
                 (lsn, durability)
             }
             // Holding is not kept: a restart ends every session.
@@ -528,10 +449,12 @@ impl LogStore {
     fn receipt_of_unwritten(&self, change: &Change<'_>) -> Receipt {
         let durability = match change {
             Change::Published { message, .. } => message.durability,
-            Change::Acked(id) | Change::DeadLettered(id) => match self.shared.lock().live.get(id) {
-                Some(live) => live.durability(),
-                None => Durability::None,
-            },
+            Change::Acked(id) | Change::DeadLettered(id) => {
+                match self.shared.lock().index.live.get(id) {
+                    Some(live) => live.durability(),
+                    None => Durability::None,
+                }
+            }
             Change::Delivered { .. } | Change::Returned(_) => Durability::None,
         };
         self.receipt(u64::MAX, durability)
@@ -558,6 +481,17 @@ impl Drop for LogStore {
         if let Some(maker) = self.spare_maker.take() {
             let _ = maker.join();
         }
+    }
+}
+
+/// Asks the kernel not to let this thread preempt the one that woke it, nor to favour it
+/// over the runtime's (SCHED_BATCH, same weight): for the log's threads that do bulk work
+/// beside the requests (the writer, the spare maker).
+fn batch_scheduling() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sets this thread's own policy from a valid parameter.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        tracing::debug!("a log thread keeps the default scheduling");
     }
 }
 

@@ -1,9 +1,10 @@
 //! Reading the log back at start.
 
+use super::index::{Index, Live};
 use super::record::{all_zeros, read_at, Read, Record};
-use super::{segment_path, Live, SegmentUse};
+use super::segment_path;
 use crate::engine::{Durability, MessageId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
@@ -43,8 +44,8 @@ pub(super) struct Scan {
     pub recovered: Recovered,
     /// Bytes read from the segment files.
     pub bytes_read: u64,
-    pub live: HashMap<MessageId, Live>,
-    pub segments: BTreeMap<u32, SegmentUse>,
+    /// What is where, as the files say.
+    pub index: Index,
 }
 
 /// Reads every segment in order. A record cut short at the end of the last segment (a write
@@ -58,14 +59,17 @@ pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
     let mut scan = Scan {
         recovered: Recovered::default(),
         bytes_read: 0,
-        live: HashMap::new(),
-        segments: BTreeMap::new(),
+        index: Index::default(),
     };
-    for (index, &segment) in numbers.iter().enumerate() {
+    // Every file is known before any is read: a removal is weighed against all of them.
+    for &segment in &numbers {
+        scan.index.grew(segment, 0);
+    }
+    for (position, &segment) in numbers.iter().enumerate() {
         let path = segment_path(dir, segment);
         let bytes = std::fs::read(&path)?;
         scan.bytes_read += bytes.len() as u64;
-        let is_last = index + 1 == numbers.len();
+        let is_last = position + 1 == numbers.len();
         let mut file_len = bytes.len();
         let mut offset = 0;
         while offset < bytes.len() {
@@ -110,7 +114,7 @@ pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
                 }
             }
         }
-        scan.segments.entry(segment).or_default().bytes = file_len as u64;
+        scan.index.segments.entry(segment).or_default().bytes = file_len as u64;
     }
     let mut live: Vec<RecoveredMessage> = messages.into_values().collect();
     live.sort_unstable_by_key(|m| m.id);
@@ -137,6 +141,7 @@ fn apply(
     record: Record<'_>,
     len: usize,
 ) {
+    let index = &mut scan.index;
     match record {
         Record::Padding => {}
         Record::Message(record) => {
@@ -144,10 +149,10 @@ fn apply(
                 2 => Durability::Immediate,
                 _ => Durability::Eventual,
             };
-            let live = Live::new(segment, len as u32, record.dead, durability);
-            forget(scan, record.id);
-            scan.segments.entry(segment).or_default().live += len as u64;
-            scan.live.insert(record.id, live);
+            index.remember(
+                record.id,
+                Live::new(segment, len as u32, record.dead, durability),
+            );
             messages.insert(
                 record.id,
                 RecoveredMessage {
@@ -161,26 +166,22 @@ fn apply(
                 },
             );
         }
-        Record::Removed(id) => {
-            forget(scan, id);
+        Record::Removed { id, held_in } => {
+            index.remove(id);
             messages.remove(&id);
+            let listed = held_in.map(|held_in| held_in.segments().collect());
+            let still = index.still_holding(segment, listed);
+            index.keep_for_each(segment, &still, len as u64);
         }
         Record::DeadLettered(id) => {
             if let Some(message) = messages.get_mut(&id) {
                 message.dead = true;
             }
-            if let Some(live) = scan.live.get_mut(&id) {
+            if let Some(live) = index.live.get_mut(&id) {
                 live.mark_dead();
+                let latest = live.segment;
+                index.keep_for(segment, latest, len as u64);
             }
-        }
-    }
-}
-
-/// The message's earlier record no longer counts as live.
-fn forget(scan: &mut Scan, id: MessageId) {
-    if let Some(old) = scan.live.remove(&id) {
-        if let Some(segment) = scan.segments.get_mut(&old.segment) {
-            segment.live -= old.len() as u64;
         }
     }
 }

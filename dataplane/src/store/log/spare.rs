@@ -92,6 +92,7 @@ impl Spares {
     }
 
     fn run(&self) {
+        super::batch_scheduling();
         loop {
             let mut slot = self.slot.lock().expect("never poisoned");
             while !slot.wanted && !slot.stopping {

@@ -2,7 +2,9 @@
 //! the slow `fdatasync` happens here, once for every durability-2 change written before it;
 //! the writer thread writes the records (see `writer`).
 
-use super::record::{encode_message, read_at, MessageRecord, Read, Record};
+use super::record::{
+    encode_id, encode_message, encode_removed, read_at, Kind, MessageRecord, Read, Record,
+};
 use super::{segment_path, Shared, State};
 use std::fs::File;
 use std::sync::Arc;
@@ -65,14 +67,20 @@ fn wait_for_work(shared: &Shared) -> bool {
 /// Syncs every file written since the last sync; everything written before it started is then
 /// on the disk. A failure is final: the log is broken (see the module's notes).
 fn sync(shared: &Shared) {
-    let (files, written) = {
+    let ((files, directory), written) = {
         let mut files = shared.files.lock().expect("never poisoned");
         (files.take_unsynced(), shared.progress.borrow().written)
     };
-    if files.is_empty() || shared.is_broken() {
+    if (files.is_empty() && !directory) || shared.is_broken() {
         return;
     }
-    match files.iter().try_for_each(|file| file.sync_data()) {
+    let synced = files.iter().try_for_each(|file| file.sync_data());
+    // A new segment's name, with its first records.
+    let synced = synced.and_then(|()| match directory {
+        true => File::open(&shared.dir).and_then(|dir| dir.sync_all()),
+        false => Ok(()),
+    });
+    match synced {
         Ok(()) => shared.progress.send_modify(|p| {
             p.synced = p.synced.max(written);
             p.syncs += 1;
@@ -98,22 +106,19 @@ struct Compaction {
 const REMOVAL_RETRY: Duration = Duration::from_secs(1);
 
 impl Compaction {
-    /// Compacts from the oldest segment while that is worth it: copies the live messages of
-    /// every such segment, syncs the copies once, then removes the old files, oldest first. A
-    /// segment stays known (and no newer one is removed, nor copied) until its file is gone,
-    /// so a round that fails part way leaves nothing a restart would read back wrongly.
+    /// Compacts while some segment is worth it (most of it dead, see `index`): copies what
+    /// still matters of each such segment, syncs the copies once, then removes the old files.
+    /// A segment stays known until its removal is synced, and what other segments keep
+    /// because of it stays with them, so a round that fails part way leaves nothing a restart
+    /// would read back wrongly. A segment that could not be removed is tried again a second
+    /// later; the others go on.
     fn run(&mut self, shared: &Shared) {
         if !can_compact(shared) {
             return;
         }
-        let stuck = !shared.lock().retiring.is_empty();
-        if stuck && self.retry_removal_at.is_some_and(|at| Instant::now() < at) {
-            return;
-        }
-        if !stuck {
-            copy_oldest(shared);
-        }
-        if shared.lock().retiring.is_empty() || !can_compact(shared) {
+        let retrying = self.retry_removal_at.is_some_and(|at| Instant::now() >= at);
+        let copied = copy_worth_it(shared);
+        if !(copied || retrying) || !can_compact(shared) {
             return;
         }
         // The copies (and whatever came meanwhile) must be safe before the originals go.
@@ -131,30 +136,39 @@ impl Compaction {
     }
 }
 
-/// Copies the live messages of the oldest segments worth compacting, up to a round's worth;
-/// each becomes a retiring segment.
-fn copy_oldest(shared: &Shared) {
+/// Copies what still matters of the segments worth compacting, up to a round's worth; each
+/// becomes a retiring segment. Returns whether there was any.
+fn copy_worth_it(shared: &Shared) -> bool {
+    let mut copied = false;
     for _ in 0..COMPACTION_ROUND {
         if !can_compact(shared) {
-            return;
+            break;
         }
         // Bound first: the guard must be gone before copying takes the lock again.
         let candidate = shared.lock().compaction_candidate();
-        let Some(oldest) = candidate else { return };
-        // A segment's last records may still be pending: written, the file read below is the
-        // whole segment. Records never reach a segment after it stops being the active one.
-        shared.write_pending();
-        if let Err(error) = copy_live(shared, oldest) {
-            tracing::error!(%error, segment = oldest, "compacting the message log failed");
-            return;
+        let Some(segment) = candidate else { break };
+        // Nothing in it matters: it goes without being read (most of a churning log's do).
+        let nothing_matters = shared.lock().index.matters(segment) == 0;
+        if !nothing_matters {
+            // A segment's last records may still be pending: written, the file read below is
+            // the whole segment. Records never reach a segment after it stops being active.
+            shared.write_pending();
+            if let Err(error) = copy_live(shared, segment) {
+                tracing::error!(%error, segment, "compacting the message log failed");
+                break;
+            }
         }
-        shared.lock().retiring.insert(oldest);
+        shared.lock().retiring.insert(segment);
+        copied = true;
     }
+    copied
 }
 
-/// Whether compacting is safe now: nothing waits for a retried write, and no sync failed.
+/// Whether compacting is on and safe now: nothing waits for a retried write, and no sync
+/// failed.
 fn can_compact(shared: &Shared) -> bool {
-    !shared.is_broken()
+    shared.lock().options.compaction
+        && !shared.is_broken()
         && !shared
             .files
             .lock()
@@ -162,11 +176,9 @@ fn can_compact(shared: &Shared) -> bool {
             .has_failed_writes()
 }
 
-/// Removes the retiring segments' files, oldest first, and forgets each once its removal is
-/// synced; true if every one is gone. Stops at the first that cannot be removed: no newer one
-/// goes before it, so no tombstone goes while the message it removed stays on the disk.
-/// (The retiring segments are always the oldest ones: compaction takes the oldest it has
-/// not taken.)
+/// Removes the retiring segments' files, and forgets each once its removal is synced; true
+/// if every one is gone. One that cannot be removed stays known, and so does what other
+/// segments keep because of it.
 fn retire(shared: &Shared) -> bool {
     let retiring: Vec<u32> = shared.lock().retiring.iter().copied().collect();
     let mut removed = Vec::new();
@@ -176,7 +188,6 @@ fn retire(shared: &Shared) -> bool {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => removed.push(segment),
             Err(error) => {
                 tracing::error!(%error, segment, "removing a compacted segment failed");
-                break;
             }
         }
     }
@@ -191,7 +202,7 @@ fn retire(shared: &Shared) -> bool {
     let mut state = shared.lock();
     for segment in removed {
         state.retiring.remove(&segment);
-        state.segments.remove(&segment);
+        state.index.forget_segment(segment);
     }
     let all_gone = state.retiring.is_empty();
     drop(state);
@@ -199,10 +210,11 @@ fn retire(shared: &Shared) -> bool {
     all_gone
 }
 
-/// Appends every live message of `oldest` again, `COMPACTION_STEP_BYTES` of copies at a
-/// time, each step written before the next.
-fn copy_live(shared: &Shared, oldest: u32) -> std::io::Result<()> {
-    let bytes = match std::fs::read(segment_path(&shared.dir, oldest)) {
+/// Appends again what still matters of `segment`: its messages' latest records, and the
+/// removals and marks it must keep (see `index`), `COMPACTION_STEP_BYTES` at a time, each
+/// step written before the next.
+fn copy_live(shared: &Shared, segment: u32) -> std::io::Result<()> {
+    let bytes = match std::fs::read(segment_path(&shared.dir, segment)) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e),
@@ -217,14 +229,11 @@ fn copy_live(shared: &Shared, oldest: u32) -> std::io::Result<()> {
         let mut step = 0;
         while offset < bytes.len() && step < COMPACTION_STEP_BYTES {
             let len = match read_at(&bytes, offset) {
-                Read::Sound {
-                    record: Record::Message(record),
-                    len,
-                } => {
-                    step += copy_if_live(&mut state, oldest, &record);
+                Read::Sound { record, len } => {
+                    step += carry(&mut state, segment, record);
                     len
                 }
-                Read::Sound { len, .. } | Read::Damaged { len } => len,
+                Read::Damaged { len } => len,
                 Read::Unfinished | Read::End => bytes.len() - offset,
             };
             offset += len;
@@ -235,20 +244,51 @@ fn copy_live(shared: &Shared, oldest: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Appends `record` of `segment` again if it still matters when `segment` goes; returns the
+/// bytes appended.
+fn carry(state: &mut State, segment: u32, record: Record<'_>) -> usize {
+    match record {
+        Record::Message(record) => copy_if_live(state, segment, &record),
+        Record::Removed { id, held_in } => {
+            let listed = held_in.map(|held_in| held_in.segments().collect());
+            let still = state.index.still_holding(segment, listed);
+            if still.is_empty() {
+                return 0;
+            }
+            let (to, _, len) = state.append(|out| encode_removed(out, id, &still));
+            state.index.keep_for_each(to, &still, len as u64);
+            len as usize
+        }
+        Record::DeadLettered(id) => {
+            // Needed while the message's latest record is older than the mark.
+            let Some(latest) = state.index.live.get(&id).map(|live| live.segment) else {
+                return 0;
+            };
+            if latest >= segment {
+                return 0;
+            }
+            let (to, _, len) = state.append(|out| encode_id(out, Kind::DeadLettered, id));
+            state.index.keep_for(to, latest, len as u64);
+            len as usize
+        }
+        Record::Padding => 0,
+    }
+}
+
 /// Appends `record` again if it is still its message's latest record, with the message's
 /// current state; returns the bytes appended.
-fn copy_if_live(state: &mut State, oldest: u32, record: &MessageRecord<'_>) -> usize {
-    let Some(&live) = state.live.get(&record.id) else {
+fn copy_if_live(state: &mut State, segment: u32, record: &MessageRecord<'_>) -> usize {
+    let Some(&live) = state.index.live.get(&record.id) else {
         return 0;
     };
-    if live.segment != oldest {
+    if live.segment != segment {
         return 0;
     }
     let copy = MessageRecord {
         dead: live.dead(),
         ..record.clone()
     };
-    let (segment, _, len) = state.append(|out| encode_message(out, &copy));
-    state.remember(record.id, live.moved(segment, len));
+    let (to, _, len) = state.append(|out| encode_message(out, &copy));
+    state.index.remember(record.id, live.moved(to, len));
     len as usize
 }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::engine::ids::IdGenerator;
-use crate::engine::{Message, NewMessage};
+use crate::engine::{Message, MessageId, NewMessage};
 use std::fs::OpenOptions;
 use std::time::Duration;
 
@@ -37,7 +37,11 @@ fn message(ids: &mut IdGenerator, body: &str, durability: Durability) -> Msg {
 }
 
 fn open(dir: &Path, segment_bytes: u64) -> (LogStore, Recovered) {
-    LogStore::open(dir, LogOptions { segment_bytes }).unwrap()
+    let options = LogOptions {
+        segment_bytes,
+        ..LogOptions::default()
+    };
+    LogStore::open(dir, options).unwrap()
 }
 
 fn publish(store: &mut LogStore, m: &Msg) -> Receipt {
@@ -308,7 +312,7 @@ async fn segments_are_written_in_place_in_spares_and_a_clean_stop_trims_them() {
         let len = std::fs::metadata(segment_path(dir.path(), active))
             .unwrap()
             .len();
-        let written = store.shared.lock().segments[&active].bytes;
+        let written = store.shared.lock().index.segments[&active].bytes;
         if len == segment_bytes && written < segment_bytes {
             break active;
         }
@@ -395,4 +399,90 @@ fn a_live_record_keeps_its_place_length_and_flags_in_eight_bytes() {
             (9, 31, dead, durability)
         );
     }
+}
+
+/// Waits (10 s at most) until the log's files hold fewer than `bytes`, as compaction goes on.
+async fn settles_below(store: &LogStore, dir: &Path, bytes: u64) {
+    let mut progress = store.shared.progress.subscribe();
+    let settled = progress.wait_for(|_| log_files_bytes(dir) < bytes);
+    tokio::time::timeout(Duration::from_secs(10), settled)
+        .await
+        .unwrap_or_else(|_| panic!("{} bytes on disk", log_files_bytes(dir)))
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_long_lived_backlog_is_not_copied_again_while_the_log_churns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let segment_bytes = 4 << 10;
+    let (mut store, _) = open(dir.path(), segment_bytes);
+    let mut backlog = Vec::new();
+    for i in 0..100 {
+        let m = message(&mut ids, &format!("backlog {i:03}"), Durability::Eventual);
+        publish(&mut store, &m).wait().await.unwrap();
+        backlog.push(format!("backlog {i:03}"));
+    }
+    let backlog_bytes = log_files_bytes(dir.path());
+    let full_segments: Vec<u32> = (1..store.shared.lock().active).collect();
+    assert!(full_segments.len() >= 2, "the backlog fills segments");
+    for i in 0..3_000 {
+        let m = message(
+            &mut ids,
+            &format!("churn {i} {}", "z".repeat(64)),
+            Durability::Eventual,
+        );
+        publish(&mut store, &m).wait().await.unwrap();
+        store.record(Change::Acked(m.id)).wait().await.unwrap();
+    }
+    // The churn is compacted away; the backlog's segments, all live, stay as they were.
+    settles_below(&store, dir.path(), backlog_bytes + 4 * segment_bytes).await;
+    for segment in full_segments {
+        assert!(
+            segment_path(dir.path(), segment).exists(),
+            "segment {segment} was copied"
+        );
+    }
+    drop(store);
+    let (_store, recovered) = open(dir.path(), segment_bytes);
+    assert_eq!(bodies(&recovered), backlog);
+}
+
+#[tokio::test]
+async fn a_removal_is_kept_while_a_segment_still_holds_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let segment_bytes = 4 << 10;
+    let (mut store, _) = open(dir.path(), segment_bytes);
+    let victim = message(&mut ids, "acked", Durability::Eventual);
+    publish(&mut store, &victim).wait().await.unwrap();
+    // Keepers fill the rest of the first segment: it stays mostly live, never compacted.
+    let mut keepers = Vec::new();
+    while store.shared.lock().active == 1 {
+        let body = format!("keeper {:03}", keepers.len());
+        let m = message(&mut ids, &body, Durability::Eventual);
+        publish(&mut store, &m).wait().await.unwrap();
+        keepers.push(body);
+    }
+    // The removal lands in a later segment, which the churn makes mostly dead, again and
+    // again: each time the removal is carried on, as the first segment still holds the
+    // message it removed.
+    store.record(Change::Acked(victim.id)).wait().await.unwrap();
+    for i in 0..3_000 {
+        let m = message(
+            &mut ids,
+            &format!("churn {i} {}", "z".repeat(64)),
+            Durability::Eventual,
+        );
+        publish(&mut store, &m).wait().await.unwrap();
+        store.record(Change::Acked(m.id)).wait().await.unwrap();
+    }
+    settles_below(&store, dir.path(), 6 * segment_bytes).await;
+    assert!(segment_path(dir.path(), 1).exists());
+    drop(store);
+    let (_store, recovered) = open(dir.path(), segment_bytes);
+    let mut back = bodies(&recovered);
+    back.sort();
+    keepers.sort();
+    assert_eq!(back, keepers, "the acked message does not come back");
 }

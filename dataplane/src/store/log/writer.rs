@@ -1,6 +1,10 @@
 //! The log's writer thread: writes the pending records as soon as there are any, so that
 //! no request writes a file on the async runtime's threads. While it writes, more records
 //! gather, and the next write takes them all: under load one `write` serves many requests.
+//! It runs `SCHED_BATCH` (see `batch_scheduling`): a request that woke it is not
+//! interrupted, and it and the others ready go on adding records until the runtime has
+//! nothing more to do; one write then takes them all. On a machine with a core to spare the
+//! writer runs there at once anyway.
 
 use super::files::RETRY_AFTER;
 use super::Shared;
@@ -15,7 +19,7 @@ pub(super) fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
 }
 
 fn run(shared: &Shared) {
-    batch_scheduling();
+    super::batch_scheduling();
     loop {
         let stopping = wait_for_records(shared);
         shared.write_pending();
@@ -51,17 +55,5 @@ fn wait_for_records(shared: &Shared) -> bool {
             .expect("never poisoned")
             .0;
         state.writer_idle = false;
-    }
-}
-
-/// Asks the kernel not to let this thread preempt the one that woke it (SCHED_BATCH). A
-/// request that woke the writer is then not interrupted: it and the others ready go on
-/// adding records until the runtime has nothing more to do, and one write takes them all.
-/// On a machine with a core to spare the writer runs there at once anyway.
-fn batch_scheduling() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sets this thread's own policy from a valid parameter.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
-        tracing::debug!("the log writer keeps the default scheduling");
     }
 }

@@ -85,6 +85,14 @@ pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
         }
         return;
     };
+    // Inflated, a compressed login is held to the pre-login budget too: bigger than it, its
+    // bytes come from the shared pool now, or it is refused as too big for the node now.
+    if !assembly.hold_for_login(login.len()) {
+        drop(login);
+        let reason = "login too big for now".into();
+        refuse(&mut socket, CloseCode::Size, reason).await;
+        return;
+    }
     if sent_during_login(&mut socket) {
         return;
     }

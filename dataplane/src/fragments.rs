@@ -16,6 +16,7 @@
 //! the login) first takes its bytes from the pool all connections share, and until it has
 //! them the watch passes nothing of its payload to yawc, which so never buffers it. A login
 //! frame bigger than any `max-ws-msg-len` ends the stream (the connection closes with 1009).
+//! A compressed login is held to the budget once inflated too ([`Assembly::hold_for_login`]).
 
 use crate::admission::PRE_LOGIN_FRAME_BYTES;
 use qe_shared::settings::Setting;
@@ -92,6 +93,30 @@ impl Assembly {
     /// Bytes of the pool held now.
     fn reserved_bytes(&self) -> usize {
         self.lock_reserved().as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Makes sure this connection holds `bytes` of the pool for its login, taking what it
+    /// lacks now or not at all: for an inflated login bigger than the budget, which is
+    /// already in memory (its compressed form fitted), so it must not wait holding it.
+    pub fn hold_for_login(&self, bytes: usize) -> bool {
+        if bytes <= PRE_LOGIN_FRAME_BYTES {
+            return true;
+        }
+        let lacking = bytes.saturating_sub(self.reserved_bytes());
+        if lacking == 0 {
+            return true;
+        }
+        match self
+            .big_logins
+            .clone()
+            .try_acquire_many_owned(lacking as u32)
+        {
+            Ok(permit) => {
+                self.reserve(permit);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// Adds `permit`'s bytes to what this connection holds.

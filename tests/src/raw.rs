@@ -27,6 +27,27 @@ pub fn client_frame(fin: bool, rsv1: bool, opcode: u8, payload: &[u8]) -> Vec<u8
     out
 }
 
+/// A message's payload compressed as permessage-deflate sends it (raw deflate, the final
+/// empty block's `00 00 ff ff` left off); send it with RSV1 set.
+pub fn deflated(payload: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder =
+        flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(payload).unwrap();
+    encoder.flush().unwrap();
+    let mut out = encoder.finish().unwrap();
+    // finish() adds an empty final block (03 00) after the sync flush's 00 00 ff ff.
+    while out.ends_with(&[0x03, 0x00]) {
+        out.truncate(out.len() - 2);
+    }
+    assert!(
+        out.ends_with(&[0x00, 0x00, 0xff, 0xff]),
+        "a sync-flushed stream"
+    );
+    out.truncate(out.len() - 4);
+    out
+}
+
 /// How a raw connection is made.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Options {

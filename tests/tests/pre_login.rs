@@ -33,8 +33,15 @@ async fn idle_sockets_from_one_address_cannot_keep_another_from_logging_in() {
     };
     let (_publisher, reply) = raw::logged_in(&node, other, "publisher", json!({})).await;
     assert_eq!(reply["status"], "Success.", "{reply}");
-    // A logged-in connection no longer counts against its source.
-    drop(idle.pop());
+    // One of them logs in: it no longer waits for its login, and its source may open another.
+    let mut logging_in = idle.pop().unwrap();
+    let login = login_request("publisher", "distribute", json!({})).to_string();
+    logging_in
+        .write_all(&raw::client_frame(true, false, 0x1, login.as_bytes()))
+        .await
+        .unwrap();
+    let (_, reply) = raw::read_frame(&mut logging_in).await;
+    assert!(String::from_utf8_lossy(&reply).contains("Success."));
     let (_, reply) = raw::logged_in(&node, from(flooding), "publisher", json!({})).await;
     assert_eq!(reply["status"], "Success.", "{reply}");
 }
@@ -89,9 +96,32 @@ async fn big_logins_share_a_pool_and_small_logins_never_wait_for_it() {
             .is_none(),
         "the big login is not read while the pool is taken"
     );
+    // Compressed, a big login is small on the wire; inflated, it is held to the budget too:
+    // with the pool taken it is refused at once, rather than held in memory while it waits.
+    let compressed = raw::Options {
+        deflate: true,
+        source: Some(Ipv4Addr::new(127, 0, 2, 2)),
+        ..raw::Options::default()
+    };
+    let mut inflates_big = raw::upgraded(&node, compressed).await;
+    let frame = raw::client_frame(
+        true,
+        true,
+        0x1,
+        &raw::deflated(login.to_string().as_bytes()),
+    );
+    assert!(frame.len() < 4096, "small on the wire: {}", frame.len());
+    inflates_big.write_all(&frame).await.unwrap();
+    assert_eq!(raw::close_code(&mut inflates_big).await, 1009);
     // One hoarder goes: its megabyte goes back, and the big login goes through.
     drop(hoarders.pop());
     let reply = big.recv().await;
     assert_eq!(reply["status"], "Success.", "{reply}");
     assert!(reply["id"].is_string(), "the publish's reply: {reply}");
+    // And so does a compressed one, now that the pool has room.
+    let mut compressed_login = raw::upgraded(&node, compressed).await;
+    compressed_login.write_all(&frame).await.unwrap();
+    let (_, reply) = raw::read_frame(&mut compressed_login).await;
+    let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(reply["status"], "Success.", "{reply}");
 }

@@ -39,6 +39,17 @@ impl Data {
         debug_assert!(std::str::from_utf8(&payload).is_ok());
         Data::Text(payload)
     }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::Text(payload) | Data::Binary(payload) => payload.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Reads a text payload the connection layer checked.

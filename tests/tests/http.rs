@@ -9,20 +9,8 @@ const KEY: &str = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
 
 /// Sends a raw HTTP request and returns the status line of the response.
 async fn status_line(node: &Node, request: &str) -> String {
-    let mut tcp = TcpStream::connect(node.addr).await.unwrap();
-    tcp.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    let mut buffer = [0u8; 1024];
-    while !response.windows(2).any(|w| w == b"\r\n") {
-        let n = tokio::time::timeout(PROMPT, tcp.read(&mut buffer))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0, "closed without a response");
-        response.extend_from_slice(&buffer[..n]);
-    }
-    let text = String::from_utf8_lossy(&response).to_string();
-    text.lines().next().unwrap().to_string()
+    let head = response_head(node, request).await;
+    head.lines().next().unwrap().to_string()
 }
 
 fn upgrade(method: &str, path: &str, headers: &str) -> String {
@@ -69,7 +57,7 @@ async fn anything_but_a_websocket_upgrade_on_the_root_gets_400() {
     );
 }
 
-/// The whole response head to a raw HTTP request, lower-cased.
+/// The whole response head to a raw HTTP request.
 async fn response_head(node: &Node, request: &str) -> String {
     let mut tcp = TcpStream::connect(node.addr).await.unwrap();
     tcp.write_all(request.as_bytes()).await.unwrap();
@@ -83,7 +71,7 @@ async fn response_head(node: &Node, request: &str) -> String {
         assert!(n > 0, "closed without a whole response head");
         response.extend_from_slice(&buffer[..n]);
     }
-    String::from_utf8_lossy(&response).to_lowercase()
+    String::from_utf8_lossy(&response).to_string()
 }
 
 #[tokio::test]

@@ -168,16 +168,21 @@ pub fn read_at(segment: &[u8], offset: usize) -> Read<'_> {
     if all_zeros(&segment[offset..]) {
         return Read::End;
     }
-    // Damage. If the length field looks right and a sound record (or the end of what was
-    // written) follows it, the damage is that one record; otherwise look for the next sound
-    // record byte by byte.
+    // Damage: up to the next sound record, looked for byte by byte. The length field says
+    // where the damaged record ends only when no sound record starts before that, and zeros
+    // (the unwritten rest) or a sound record start there: a damaged length field may claim a
+    // span with sound records in it, and trusting it once hid removals, so that acked
+    // messages came back (found by fuzzing recovery).
+    let next_sound = (offset + 1..segment.len()).find(|&p| sound_record_at(segment, p).is_some());
     if let Some(claimed) = claimed_len(segment, offset) {
-        let next = offset + claimed;
-        if all_zeros(&segment[next..]) || sound_record_at(segment, next).is_some() {
+        let end = offset + claimed;
+        let nothing_sound_inside = next_sound.is_none_or(|next| next >= end);
+        let then_zeros_or_sound = next_sound == Some(end) || all_zeros(&segment[end..]);
+        if nothing_sound_inside && then_zeros_or_sound {
             return Read::Damaged { len: claimed };
         }
     }
-    match (offset + 1..segment.len()).find(|&p| sound_record_at(segment, p).is_some()) {
+    match next_sound {
         Some(next) => Read::Damaged { len: next - offset },
         None => Read::Unfinished,
     }
@@ -424,6 +429,33 @@ mod tests {
         };
         assert_eq!(removed, id(7));
         assert_eq!(held_in.unwrap().segments().collect::<Vec<_>>(), [3, 9]);
+    }
+
+    #[test]
+    fn a_damaged_length_that_claims_sound_records_does_not_hide_them() {
+        // A message, then a record whose length field (damaged) claims everything to the end
+        // of the segment, then the message's removal, whole and sound.
+        let mut bytes = Vec::new();
+        encode_message(&mut bytes, &message(1, b"{\"body\":\"first\"}"));
+        let damaged_at = bytes.len();
+        encode_id(&mut bytes, Kind::DeadLettered, id(9));
+        let removal_at = bytes.len();
+        encode_removed(&mut bytes, id(1), &[1]);
+        let claimed = (bytes.len() - damaged_at - HEADER_LEN) as u32;
+        bytes[damaged_at..damaged_at + 4].copy_from_slice(&claimed.to_le_bytes());
+        assert_eq!(
+            read_at(&bytes, damaged_at),
+            Read::Damaged {
+                len: removal_at - damaged_at
+            }
+        );
+        assert!(matches!(
+            read_at(&bytes, removal_at),
+            Read::Sound {
+                record: Record::Removed { .. },
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -68,6 +68,16 @@ async fn stored(bodies: &[&str]) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, segment)
 }
 
+/// Publishes `count` messages of about `body_bytes` and acks each: churn for compaction.
+async fn churn(store: &mut LogStore, ids: &mut IdGenerator, count: usize, body_bytes: usize) {
+    for i in 0..count {
+        let body = format!("churn {i} {}", "z".repeat(body_bytes));
+        let m = message(ids, &body, Durability::Eventual);
+        publish(store, &m).wait().await.unwrap();
+        store.record(Change::Acked(m.id)).wait().await.unwrap();
+    }
+}
+
 fn bodies(recovered: &Recovered) -> Vec<String> {
     recovered
         .messages
@@ -195,12 +205,7 @@ async fn compaction_keeps_disk_use_bounded_under_publish_and_ack() {
     // outrun compaction for a while on a busy machine, but not by much...
     assert!(peak < 128 * segment_bytes, "peak {peak} bytes on disk");
     // ...and once it stops, the log settles to one live message and a few segments.
-    let mut progress = store.shared.progress.subscribe();
-    let settled = progress.wait_for(|_| log_files_bytes(dir.path()) < 4 * segment_bytes);
-    tokio::time::timeout(Duration::from_secs(10), settled)
-        .await
-        .unwrap_or_else(|_| panic!("{} bytes on disk", log_files_bytes(dir.path())))
-        .unwrap();
+    settles_below(&store, dir.path(), 4 * segment_bytes).await;
     drop(store);
     let (_store, recovered) = open(dir.path(), segment_bytes);
     assert_eq!(bodies(&recovered), ["stays for the whole run"]);
@@ -228,19 +233,12 @@ async fn compaction_keeps_the_dead_letter_state_of_what_it_moves() {
         .wait()
         .await
         .unwrap();
-    for i in 0..2_000 {
-        let m = message(
-            &mut ids,
-            &format!("churn {i} {}", "y".repeat(64)),
-            Durability::Eventual,
-        );
-        publish(&mut store, &m).wait().await.unwrap();
-        store.record(Change::Acked(m.id)).wait().await.unwrap();
-    }
-    assert!(
-        !segment_path(dir.path(), 1).exists(),
-        "the first segment was compacted away"
-    );
+    churn(&mut store, &mut ids, 2_000, 64).await;
+    let first = segment_path(dir.path(), 1);
+    eventually(&store, "the first segment was compacted away", || {
+        !first.exists()
+    })
+    .await;
     drop(store);
     let (_store, recovered) = open(dir.path(), segment_bytes);
     assert_eq!(bodies(&recovered), ["rejected early"]);
@@ -286,11 +284,7 @@ async fn compaction_under_constant_churn_keeps_the_live_message() {
     let (mut store, _) = open(dir.path(), segment_bytes);
     let long_lived = message(&mut ids, "stays", Durability::Eventual);
     publish(&mut store, &long_lived).wait().await.unwrap();
-    for i in 0..3_000 {
-        let m = message(&mut ids, &format!("churn {i}"), Durability::Eventual);
-        publish(&mut store, &m).wait().await.unwrap();
-        store.record(Change::Acked(m.id)).wait().await.unwrap();
-    }
+    churn(&mut store, &mut ids, 3_000, 0).await;
     drop(store);
     let (_store, recovered) = open(dir.path(), segment_bytes);
     assert_eq!(bodies(&recovered), ["stays"]);
@@ -401,14 +395,21 @@ fn a_live_record_keeps_its_place_length_and_flags_in_eight_bytes() {
     }
 }
 
-/// Waits (10 s at most) until the log's files hold fewer than `bytes`, as compaction goes on.
-async fn settles_below(store: &LogStore, dir: &Path, bytes: u64) {
+/// Waits (10 s at most) until `done` holds, looking again at each step of the log's progress
+/// (a write, a sync, a compaction).
+async fn eventually(store: &LogStore, what: &str, done: impl Fn() -> bool) {
     let mut progress = store.shared.progress.subscribe();
-    let settled = progress.wait_for(|_| log_files_bytes(dir) < bytes);
+    let settled = progress.wait_for(|_| done());
     tokio::time::timeout(Duration::from_secs(10), settled)
         .await
-        .unwrap_or_else(|_| panic!("{} bytes on disk", log_files_bytes(dir)))
+        .unwrap_or_else(|_| panic!("never: {what}"))
         .unwrap();
+}
+
+/// Waits (10 s at most) until the log's files hold fewer than `bytes`, as compaction goes on.
+async fn settles_below(store: &LogStore, dir: &Path, bytes: u64) {
+    let what = format!("fewer than {bytes} bytes on disk");
+    eventually(store, &what, || log_files_bytes(dir) < bytes).await;
 }
 
 #[tokio::test]
@@ -426,15 +427,7 @@ async fn a_long_lived_backlog_is_not_copied_again_while_the_log_churns() {
     let backlog_bytes = log_files_bytes(dir.path());
     let full_segments: Vec<u32> = (1..store.shared.lock().active).collect();
     assert!(full_segments.len() >= 2, "the backlog fills segments");
-    for i in 0..3_000 {
-        let m = message(
-            &mut ids,
-            &format!("churn {i} {}", "z".repeat(64)),
-            Durability::Eventual,
-        );
-        publish(&mut store, &m).wait().await.unwrap();
-        store.record(Change::Acked(m.id)).wait().await.unwrap();
-    }
+    churn(&mut store, &mut ids, 3_000, 64).await;
     // The churn is compacted away; the backlog's segments, all live, stay as they were.
     settles_below(&store, dir.path(), backlog_bytes + 4 * segment_bytes).await;
     for segment in full_segments {
@@ -468,15 +461,7 @@ async fn a_removal_is_kept_while_a_segment_still_holds_its_message() {
     // again: each time the removal is carried on, as the first segment still holds the
     // message it removed.
     store.record(Change::Acked(victim.id)).wait().await.unwrap();
-    for i in 0..3_000 {
-        let m = message(
-            &mut ids,
-            &format!("churn {i} {}", "z".repeat(64)),
-            Durability::Eventual,
-        );
-        publish(&mut store, &m).wait().await.unwrap();
-        store.record(Change::Acked(m.id)).wait().await.unwrap();
-    }
+    churn(&mut store, &mut ids, 3_000, 64).await;
     settles_below(&store, dir.path(), 6 * segment_bytes).await;
     assert!(segment_path(dir.path(), 1).exists());
     drop(store);

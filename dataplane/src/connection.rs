@@ -254,9 +254,9 @@ async fn serve(
                 Poll::Ready(Ok(data)) => {
                     let response = session.handle(data);
                     reading = response.then == Then::Continue;
-                    replies.push_back(match response.ready() {
-                        Ok(ready) => Settling::Ready(Some(ready)),
-                        Err(response) => Settling::Waiting(Box::pin(response.settle())),
+                    replies.push_back(match response.is_ready() {
+                        true => Settling::Ready(Some(response.into_ready())),
+                        false => Settling::Waiting(Box::pin(response.settle())),
                     });
                     busy = true;
                 }

@@ -19,6 +19,8 @@
 //! certificate: key made here, CSR sent) and [`traffic`] (bytes on the sockets).
 
 pub mod admission;
+#[cfg(feature = "count-allocations")]
+pub mod allocations;
 pub mod auth;
 pub mod certificate;
 pub mod channel;

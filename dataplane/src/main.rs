@@ -13,8 +13,14 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+#[cfg(feature = "count-allocations")]
+#[global_allocator]
+static ALLOCATOR: dataplane::allocations::Counting = dataplane::allocations::Counting;
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    #[cfg(feature = "count-allocations")]
+    dataplane::allocations::report_on_signal();
     // One crypto provider for the process: the TLS listener and the reporter's HTTP client.
     let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()

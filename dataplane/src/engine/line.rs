@@ -12,10 +12,10 @@
 //! not be queued yet (a replay bigger than the outbox, say) wait in `unsent` and go out as
 //! the connection writes ([`Line::next_to_send`]).
 
-use super::ids::{MessageId, SessionId};
+use super::ids::{IdMap, MessageId, SessionId};
 use super::outbox::Outbox;
 use bytes::Bytes;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A place in the line; lower stands earlier. Kept by a session for its whole life.
 pub type Place = u64;
@@ -55,7 +55,7 @@ pub struct Dropped {
 
 #[derive(Default)]
 pub struct Line {
-    subscribers: HashMap<SessionId, Subscriber>,
+    subscribers: IdMap<SessionId, Subscriber>,
     /// Exactly the subscribers with room, by place: the first one gets the next message.
     with_room: BTreeMap<Place, SessionId>,
     /// The place the next new subscriber takes: the back of the line.

@@ -3,6 +3,7 @@
 use super::ids::MessageId;
 use bytes::Bytes;
 use serde::Serialize;
+use std::io::Write;
 use std::sync::Arc;
 
 /// How safe a message is if the machine fails (the manual's Durability table).
@@ -66,17 +67,6 @@ pub struct Message {
 }
 
 #[derive(Serialize)]
-struct DeliveryFrame<'a> {
-    id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    publisherkey: Option<&'a str>,
-    #[serde(rename = "type")]
-    body_type: u8,
-    body: &'a str,
-    recdat: u64,
-}
-
-#[derive(Serialize)]
 struct CopyFrame<'a> {
     #[serde(rename = "type")]
     body_type: u8,
@@ -90,24 +80,48 @@ impl Message {
         Bytes::from_owner(self.frame.clone())
     }
 
+    /// The message with its delivery frame,
+    /// `{"id":..,["publisherkey":..,]"type":..,"body":..,"recdat":..}`, written straight into
+    /// an allocation of its length.
     pub fn new(id: MessageId, new: &NewMessage, recdat: u64) -> Message {
-        let frame = serde_json::to_vec(&DeliveryFrame {
-            id: id.to_string(),
-            publisherkey: new.publisher_key.as_deref(),
-            body_type: new.body_type as u8,
-            body: &new.body,
-            recdat,
-        })
-        .expect("a frame of strings and numbers serializes");
-        // Into an allocation of exactly its length: the vector grew by doubling.
+        let write = |out: &mut dyn Write| {
+            write!(out, r#"{{"id":"{id}""#)?;
+            if let Some(key) = &new.publisher_key {
+                out.write_all(br#","publisherkey":"#)?;
+                serde_json::to_writer(&mut *out, key)?;
+            }
+            write!(out, r#","type":{},"body":"#, new.body_type as u8)?;
+            serde_json::to_writer(&mut *out, &new.body)?;
+            write!(out, r#","recdat":{recdat}}}"#)
+        };
         Message {
             durability: new.durability,
             body_type: new.body_type,
             delay_secs: new.delay_secs as u32,
             recdat: recdat as u32,
-            frame: frame.into(),
+            frame: written(write, |frame: &[u8]| Arc::from(frame)),
         }
     }
+}
+
+/// Frames up to this size are written on the stack first, then copied into their own
+/// allocation: one allocation of the exact size, where a growing vector takes several.
+const SHORT_FRAME: usize = 512;
+
+/// What `write` writes, handed to `finish` to be kept: from the stack when it is short.
+pub fn written<R>(
+    write: impl Fn(&mut dyn Write) -> std::io::Result<()>,
+    finish: impl FnOnce(&[u8]) -> R,
+) -> R {
+    let mut short = [0u8; SHORT_FRAME];
+    let mut cursor = std::io::Cursor::new(&mut short[..]);
+    if write(&mut cursor).is_ok() {
+        let length = cursor.position() as usize;
+        return finish(&short[..length]);
+    }
+    let mut long = Vec::with_capacity(2 * SHORT_FRAME);
+    write(&mut long).expect("a vector takes every write");
+    finish(&long)
 }
 
 /// The biggest damaged file shown whole in a dead-letter entry; a bigger one is left out.

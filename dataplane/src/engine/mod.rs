@@ -18,7 +18,7 @@ pub mod outbox;
 pub mod queue;
 
 pub use copy::{CopyQueue, CopySubscription};
-pub use ids::{MessageId, SessionId};
+pub use ids::{IdMap, MessageId, SessionId};
 pub use message::{BodyType, Durability, Message, NewMessage};
 pub use outbox::{Frames, Outbound};
 pub use queue::{Anchor, Counts, Limits, QueueState, Refused};

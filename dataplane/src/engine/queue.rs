@@ -6,14 +6,14 @@
 //! subscriber has room. Each step costs O(log n) in what is stored; nothing walks all messages
 //! or all subscribers.
 
-use super::ids::{IdGenerator, MessageId, SessionId};
+use super::ids::{IdGenerator, IdMap, MessageId, SessionId};
 use super::line::Line;
 use super::message::{frame_body_type, notice_frame, Durability, Message, NewMessage};
 use super::outbox::Outbox;
 use crate::store::log::RecoveredMessage;
 use crate::store::{Change, Receipt, Store};
 use qe_shared::Code;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Memory the queue counts for each message beyond its frame: its share of the id map's node,
 /// its boxed entry, the frame's allocation header, the waiting line and the log's index, as
@@ -120,7 +120,7 @@ pub struct QueueState {
     dead: BTreeMap<MessageId, Message>,
     line: Line,
     /// Saved sessions (dropped, not resumed) and when each runs out (ms since 1970).
-    saved: HashMap<SessionId, u64>,
+    saved: IdMap<SessionId, u64>,
     /// The same, by time: the first entry runs out first.
     expiries: BTreeSet<(u64, SessionId)>,
     /// Sum of [`memory_cost`] over `messages` and `dead` (what the store keeps in memory for
@@ -142,7 +142,7 @@ impl QueueState {
             delayed: BTreeSet::new(),
             dead: BTreeMap::new(),
             line: Line::default(),
-            saved: HashMap::new(),
+            saved: IdMap::default(),
             expiries: BTreeSet::new(),
             memory_used: 0,
             durable_count: 0,

@@ -337,7 +337,7 @@ fn message_id(fields: &Fields) -> Option<MessageId> {
 fn shown(id: MessageId, message: &Message) -> Reply {
     let msg: Value = serde_json::from_slice(&message.frame).expect("frames are JSON objects");
     Reply::success()
-        .with("id", id.to_string())
+        .with_id(id)
         .with("msg", msg)
         .with("len", message.frame.len())
         .with("delay", message.delay_secs)

@@ -13,10 +13,12 @@ mod publisher;
 pub mod reply;
 pub mod request;
 mod subscriber;
+pub mod typed_reading;
 
 pub use login::{login, LoginForm};
-pub use publisher::read_message;
+pub use publisher::{read_message, read_typed};
 pub use reply::Reply;
+pub use subscriber::{read_ack_typed, AckRequest};
 
 use crate::engine::{Frames, MessageId, Refused};
 use crate::store::Receipt;
@@ -100,27 +102,31 @@ impl Response {
         match changed {
             Ok((id, receipt)) => Response {
                 durability: Some((receipt, Code::SyncFailed)),
-                ..Response::reply(Reply::success().with("id", id.to_string()))
+                ..Response::reply(Reply::success().with_id(id))
             },
             Err(refused) => Response::reply(Reply::failure(refused.code())),
         }
     }
 
     /// Attaches the request's context to whichever reply is sent.
-    pub fn context(self, context: Option<serde_json::Value>) -> Response {
+    pub fn context(self, context: Option<impl Into<reply::Context>>) -> Response {
         Response {
             reply: self.reply.context(context),
             ..self
         }
     }
 
-    /// The reply to send and what follows, at once if it waits for nothing; else the
-    /// response, to [`Response::settle`].
-    pub fn ready(self) -> Result<(Reply, Then), Response> {
-        match self.durability {
-            None => Ok((self.reply, self.then)),
-            Some(_) => Err(self),
-        }
+    /// Whether the reply waits for nothing: then [`Response::into_ready`] gives it at once,
+    /// else [`Response::settle`] waits for it.
+    pub fn is_ready(&self) -> bool {
+        // A change kept in memory only is as durable as promised at once.
+        matches!(self.durability, None | Some((Receipt::Done, _)))
+    }
+
+    /// The reply to send and what follows, of a response that [`Response::is_ready`].
+    pub fn into_ready(self) -> (Reply, Then) {
+        debug_assert!(self.is_ready());
+        (self.reply, self.then)
     }
 
     /// Waits for the durability, then gives the reply to send and what follows.

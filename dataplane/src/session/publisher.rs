@@ -1,6 +1,7 @@
 //! A publisher: every frame is a message to publish.
 
-use super::request::{self, optional_number_in, Fields, Parsed};
+use super::reply::Context;
+use super::request::{self, number_field, number_in, text_field, Field, Fields, Parsed, Text};
 use super::{as_str, Data, Reply, Response};
 use crate::engine::{now_ms, BodyType, Durability, NewMessage};
 use crate::node::Node;
@@ -8,7 +9,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use qe_shared::protocol::{is_valid_publisher_key, QueueType, MAX_DELAY_SECS};
 use qe_shared::Code;
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use std::sync::Arc;
 
 /// The fields of a publish; a login that has any of them publishes too.
@@ -37,6 +39,9 @@ impl Publisher {
             Data::Text(payload) => payload,
         };
         let text = as_str(&payload);
+        if let Some(response) = self.publish_typed(text) {
+            return response;
+        }
         match request::parse(text) {
             Parsed::Object(fields) => match request::context(&fields) {
                 Ok(context) => self.publish_fields(fields).context(context),
@@ -51,6 +56,16 @@ impl Publisher {
                 self.publish(plain(BodyType::Text, text.to_string()))
             }
         }
+    }
+
+    /// Publishes a JSON request read typed, if it can be (see `request`).
+    fn publish_typed(&self, text: &str) -> Option<Response> {
+        let (message, context) = read_typed(text, self.queue_type)?;
+        let response = match message {
+            Ok(message) => self.publish(message),
+            Err(code) => Response::reply(Reply::failure(code)),
+        };
+        Some(response.context(context))
     }
 
     /// Publishes a JSON request's message (also used for a publish in the login).
@@ -85,27 +100,69 @@ fn plain(body_type: BodyType, body: String) -> NewMessage {
     }
 }
 
-/// Checks a JSON publish, lowest failure code first.
+/// A publish's fields, as sent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PublishFields<'a> {
+    /// Read typed only (the general reading checks the context on its own).
+    #[serde(borrow)]
+    context: Field<&'a RawValue>,
+    #[serde(borrow)]
+    body: Field<Text<'a>>,
+    #[serde(rename = "type")]
+    body_type: Field<u64>,
+    delay: Field<u64>,
+    durability: Field<u64>,
+    #[serde(borrow)]
+    publisherkey: Field<Text<'a>>,
+}
+
+/// A publish request read typed (see `request`), if it can be: its message or failure, and
+/// the context to copy into the reply.
+pub fn read_typed(
+    text: &str,
+    queue_type: QueueType,
+) -> Option<(Result<NewMessage, Code>, Option<Context>)> {
+    let fields: PublishFields = request::typed(text)?;
+    let context = request::typed_context(&fields.context)?;
+    Some((check(fields, queue_type), context))
+}
+
+/// Checks a JSON publish read the general way.
 pub fn read_message(mut fields: Fields, queue_type: QueueType) -> Result<NewMessage, Code> {
-    let body = match fields.remove("body") {
-        None => None,
-        Some(Value::String(body)) => Some(body),
-        Some(_) => return Err(Code::InvalidBody),
+    let fields = PublishFields {
+        context: Field::Absent,
+        body: text_field(&mut fields, "body"),
+        body_type: number_field(&fields, "type"),
+        delay: number_field(&fields, "delay"),
+        durability: number_field(&fields, "durability"),
+        publisherkey: text_field(&mut fields, "publisherkey"),
     };
-    let body_type = match optional_number_in(&fields, "type", 1..=2, Code::InvalidType)? {
+    check(fields, queue_type)
+}
+
+/// Checks a publish's fields, lowest failure code first.
+fn check(fields: PublishFields, queue_type: QueueType) -> Result<NewMessage, Code> {
+    let body = match fields.body {
+        Field::Absent => None,
+        Field::Is(Text(body)) => Some(body),
+        Field::Wrong => return Err(Code::InvalidBody),
+    };
+    let body_type = match number_in(fields.body_type, 1..=2, Code::InvalidType)? {
         Some(2) => BodyType::Binary,
         _ => BodyType::Text,
     };
-    if body_type == BodyType::Binary && body.as_ref().is_some_and(|b| BASE64.decode(b).is_err()) {
+    if body_type == BodyType::Binary && body.as_ref().is_some_and(|b| BASE64.decode(&**b).is_err())
+    {
         return Err(Code::BodyNotBase64);
     }
-    let delay = optional_number_in(&fields, "delay", 0..=MAX_DELAY_SECS, Code::InvalidDelay)?;
-    let durability = optional_number_in(&fields, "durability", 0..=2, Code::InvalidDurability)?
+    let delay = number_in(fields.delay, 0..=MAX_DELAY_SECS, Code::InvalidDelay)?;
+    let durability = number_in(fields.durability, 0..=2, Code::InvalidDurability)?
         .map(|n| Durability::from_number(n).expect("0..=2 are durabilities"));
-    let publisher_key = match fields.get("publisherkey") {
-        None => None,
-        Some(Value::String(key)) if is_valid_publisher_key(key) => Some(key.clone()),
-        Some(_) => return Err(Code::InvalidPublisherKey),
+    let publisher_key = match fields.publisherkey {
+        Field::Absent => None,
+        Field::Is(Text(key)) if is_valid_publisher_key(&key) => Some(key.into_owned()),
+        _ => return Err(Code::InvalidPublisherKey),
     };
     let body = body.ok_or(Code::MissingBody)?;
     if queue_type == QueueType::Copy {
@@ -121,7 +178,7 @@ pub fn read_message(mut fields: Fields, queue_type: QueueType) -> Result<NewMess
     }
     Ok(NewMessage {
         body_type,
-        body,
+        body: body.into_owned(),
         publisher_key,
         delay_secs: delay.unwrap_or(0),
         durability: durability.unwrap_or_default(),
@@ -131,7 +188,7 @@ pub fn read_message(mut fields: Fields, queue_type: QueueType) -> Result<NewMess
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn read(value: Value, queue_type: QueueType) -> Result<NewMessage, Code> {
         read_message(value.as_object().unwrap().clone(), queue_type)

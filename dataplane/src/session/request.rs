@@ -1,8 +1,20 @@
 //! Reading a request: JSON, its `context`, and the shapes of field values.
+//!
+//! A request is read one of two ways. The hot requests (a publish, an ack) are first read
+//! straight into a typed struct that borrows from the frame ([`typed`]), which allocates
+//! nothing for the fields; that succeeds only when every field present has its type and the
+//! context is a plain one, and then the request means exactly what the general reading would
+//! make of it. Anything else (a wrong type, a repeated field, escapes where a borrow is
+//! needed, a context with a fraction) is read the general way, into a map of JSON values
+//! ([`parse`]), whose checks give each fault its code.
 
+use super::reply::Context;
 use qe_shared::protocol::MAX_CONTEXT_BYTES;
 use qe_shared::Code;
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 
 /// A request's fields.
 pub type Fields = Map<String, Value>;
@@ -22,6 +34,113 @@ pub fn parse(text: &str) -> Parsed {
         Ok(Value::Object(fields)) => Parsed::Object(fields),
         Ok(_) => Parsed::OtherJson,
         Err(_) => Parsed::NotJson,
+    }
+}
+
+/// A field of a request as it was sent: absent, of its type, or of another type.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Field<T> {
+    #[default]
+    Absent,
+    Is(T),
+    /// Present with another type (only from the general reading; the typed one fails).
+    Wrong,
+}
+
+/// Read typed, a present field must have its type (`null` too is another type).
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Field<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(deserializer).map(Field::Is)
+    }
+}
+
+impl<T> Field<T> {
+    pub fn is_absent(&self) -> bool {
+        matches!(self, Field::Absent)
+    }
+}
+
+/// A text field, borrowed from the frame unless it holds escapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text.to_string())))
+            }
+            fn visit_string<E>(self, text: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text)))
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
+}
+
+/// The typed reading of a request, `None` when it must be read the general way.
+pub fn typed<'a, T: Deserialize<'a>>(text: &'a str) -> Option<T> {
+    // A derived struct reads a JSON array too, field by field: only an object is a request.
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
+    serde_json::from_str(text).ok()
+}
+
+/// A context read typed: `Some` with what to copy into the reply when it is absent, a whole
+/// number that fits 64 bits, or a text without escapes; `None` when only the general
+/// reading can say (a fraction, an exponent, `-0`, an escape, another type, too long).
+pub fn typed_context(context: &Field<&RawValue>) -> Option<Option<Context>> {
+    let raw = match context {
+        Field::Absent => return Some(None),
+        Field::Is(raw) => raw.get(),
+        Field::Wrong => return None,
+    };
+    if let Some(inner) = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        let plain = !inner.contains('\\') && inner.len() <= MAX_CONTEXT_BYTES;
+        return plain.then(|| Some(Context::Value(Value::String(inner.to_string()))));
+    }
+    // JSON has no leading zeros, so every integer but -0 is written as i64 writes it.
+    let integer = raw != "-0" && raw.bytes().all(|b| b.is_ascii_digit() || b == b'-');
+    let number = integer.then(|| raw.parse::<i64>().ok()).flatten()?;
+    Some(Some(Context::Integer(number)))
+}
+
+/// A number field of the general reading: a JSON integer of zero or more, or another type.
+pub fn number_field(fields: &Fields, key: &str) -> Field<u64> {
+    match fields.get(key) {
+        None => Field::Absent,
+        Some(value) => whole_number(value).map_or(Field::Wrong, Field::Is),
+    }
+}
+
+/// A text field of the general reading, taken out of the map.
+pub fn text_field(fields: &mut Fields, key: &str) -> Field<Text<'static>> {
+    match fields.remove(key) {
+        None => Field::Absent,
+        Some(Value::String(text)) => Field::Is(Text(Cow::Owned(text))),
+        Some(_) => Field::Wrong,
+    }
+}
+
+/// A number field within `range`: its value, or `code` if it is present and anything else.
+pub fn number_in(
+    field: Field<u64>,
+    range: std::ops::RangeInclusive<u64>,
+    code: Code,
+) -> Result<Option<u64>, Code> {
+    match field {
+        Field::Absent => Ok(None),
+        Field::Is(n) if range.contains(&n) => Ok(Some(n)),
+        _ => Err(code),
     }
 }
 
@@ -52,13 +171,7 @@ pub fn optional_number_in(
     range: std::ops::RangeInclusive<u64>,
     code: Code,
 ) -> Result<Option<u64>, Code> {
-    match fields.get(key) {
-        None => Ok(None),
-        Some(value) => whole_number(value)
-            .filter(|n| range.contains(n))
-            .map(Some)
-            .ok_or(code),
-    }
+    number_in(number_field(fields, key), range, code)
 }
 
 #[cfg(test)]

@@ -1,12 +1,16 @@
 //! Subscribers: a distribute subscriber stands in the line and acks what it holds; a copy
 //! subscriber only listens.
 
-use super::request::{self, whole_number, Fields, Parsed};
+use super::reply::Context;
+use super::request::{self, number_field, whole_number, Field, Fields, Parsed};
 use super::{as_str, Data, Reply, Response, Then};
 use crate::engine::{CopySubscription, Frames, MessageId, SessionId, Subscription};
 use crate::node::Node;
 use qe_shared::settings::Setting;
 use qe_shared::Code;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,6 +81,11 @@ impl Subscriber {
     }
 
     pub fn handle(&mut self, data: Data) -> Response {
+        if let Data::Text(payload) = &data {
+            if let Some(response) = self.ack_typed(as_str(payload)) {
+                return response;
+            }
+        }
         let fields = match &data {
             Data::Binary(_) => return Response::abort(Reply::failure(Code::InvalidJson)),
             Data::Text(payload) => match request::parse(as_str(payload)) {
@@ -92,7 +101,10 @@ impl Subscriber {
             Err(code) => return Response::reply(Reply::failure(code)),
         };
         let response = match classify(&fields) {
-            Some(Request::Ack) => self.ack(&fields),
+            Some(Request::Ack) => {
+                let id = fields.get("id").and_then(Value::as_str);
+                self.ack(number_field(&fields, "ack"), id)
+            }
             Some(Request::Capacity) => Response::reply(self.set_capacity(&fields)),
             Some(Request::Logout) => match fields["logout"] {
                 Value::Bool(true) => Response {
@@ -106,16 +118,18 @@ impl Subscriber {
         response.context(context)
     }
 
+    /// An ack read typed, if it can be (see `request`).
+    fn ack_typed(&self, text: &str) -> Option<Response> {
+        let ack = read_ack_typed(text)?;
+        Some(self.ack(ack.ack, ack.id).context(ack.context))
+    }
+
     /// `{"id":..,"ack":1}` acknowledges; `"ack":0` rejects to the dead letter queue.
-    fn ack(&self, fields: &Fields) -> Response {
-        let Some(ack) = fields.get("ack").and_then(whole_number).filter(|a| *a <= 1) else {
+    fn ack(&self, ack: Field<u64>, id: Option<&str>) -> Response {
+        let Field::Is(ack @ 0..=1) = ack else {
             return Response::reply(Reply::failure(Code::InvalidAck));
         };
-        let Some(id) = fields
-            .get("id")
-            .and_then(Value::as_str)
-            .and_then(MessageId::parse)
-        else {
+        let Some(id) = id.and_then(MessageId::parse) else {
             return Response::reply(Reply::failure(Code::InvalidMessageId));
         };
         let recorded = match ack {
@@ -135,6 +149,45 @@ impl Subscriber {
             None => Reply::failure(Code::InvalidCapacity),
         }
     }
+}
+
+/// An ack as read: its `ack` field, its id's text, the context to copy into the reply.
+#[derive(Debug, PartialEq)]
+pub struct AckRequest<'a> {
+    pub ack: Field<u64>,
+    pub id: Option<&'a str>,
+    pub context: Option<Context>,
+}
+
+/// A request read typed (see `request`), if it can be and is an ack.
+pub fn read_ack_typed(text: &str) -> Option<AckRequest<'_>> {
+    let fields: AckFields = request::typed(text)?;
+    let only_ack = fields.logout.is_absent() && fields.capacity.is_absent();
+    if fields.ack.is_absent() || !only_ack {
+        return None;
+    }
+    let id = match fields.id {
+        Field::Is(id) => Some(id),
+        _ => None,
+    };
+    Some(AckRequest {
+        ack: fields.ack,
+        id,
+        context: request::typed_context(&fields.context)?,
+    })
+}
+
+/// An ack as sent, read typed.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct AckFields<'a> {
+    #[serde(borrow)]
+    id: Field<&'a str>,
+    ack: Field<u64>,
+    logout: Field<IgnoredAny>,
+    capacity: Field<IgnoredAny>,
+    #[serde(borrow)]
+    context: Field<&'a RawValue>,
 }
 
 /// Which request this is: exactly one of `ack`, `logout` and `capacity` must be present.

@@ -113,12 +113,17 @@ impl Shared {
         if retrying {
             tracing::info!("the message log is written again: the records kept are on the disk");
         }
+        let unsynced_began = files.unsynced_since.is_none();
         files.unsynced_since.get_or_insert_with(Instant::now);
         drop(files);
         self.progress
             .send_modify(|p| p.written = p.written.max(end));
         if wants_sync {
             self.request_sync();
+        } else if unsynced_began {
+            // The syncer may sleep with no sync due; this one is due within a second.
+            self.lock().unsynced_began = true;
+            self.wake_syncer();
         }
     }
 

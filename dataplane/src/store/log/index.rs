@@ -17,7 +17,7 @@
 //! segment a compaction did not finish removing). Those are its `stale` records; a removal
 //! lists them with the latest.
 
-use crate::engine::{Durability, MessageId};
+use crate::engine::{Durability, IdMap, MessageId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Where a live durable message's latest record is. There is one per stored message, so it
@@ -91,11 +91,11 @@ pub(super) struct SegmentUse {
 pub(super) struct Index {
     /// Every durable message in the queue or the dead letter queue: where its latest record
     /// is.
-    pub live: HashMap<MessageId, Live>,
+    pub live: IdMap<MessageId, Live>,
     /// Every segment file there is, and how much of it still matters.
     pub segments: BTreeMap<u32, SegmentUse>,
     /// Segments other than a message's latest that still hold a record of it.
-    stale: HashMap<MessageId, Vec<u32>>,
+    stale: IdMap<MessageId, Vec<u32>>,
     /// The same, by segment, to forget a segment's share when it goes.
     stale_in: HashMap<u32, Vec<MessageId>>,
     /// Bytes kept in a segment (the inner key) because of records in another (the outer

@@ -110,6 +110,9 @@ struct State {
     sync_requested: bool,
     /// A segment filled up since the syncer last looked: time to consider compacting.
     compaction_due: bool,
+    /// Written data became unsynced, maybe while the syncer slept with no sync due: it looks
+    /// again at when its 1-second sync is due.
+    unsynced_began: bool,
     /// What is where: every durable message's latest record, and every segment file there
     /// is (the ones being retired included) with how much of it still matters.
     index: Index,
@@ -304,6 +307,7 @@ impl LogStore {
             writer_idle: false,
             sync_requested: false,
             compaction_due: false,
+            unsynced_began: false,
             index,
             retiring: BTreeSet::new(),
             active,

@@ -3,8 +3,7 @@
 use super::index::{Index, Live};
 use super::record::{all_zeros, read_at, Read, Record};
 use super::segment_path;
-use crate::engine::{Durability, MessageId};
-use std::collections::HashMap;
+use crate::engine::{Durability, IdMap, MessageId};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
@@ -55,7 +54,7 @@ pub(super) struct Scan {
 /// it unwritten. (After a clean stop the zeros are gone, so damage there is found as damage.)
 pub(super) fn scan(dir: &Path) -> std::io::Result<Scan> {
     let numbers = segment_numbers(dir)?;
-    let mut messages: HashMap<MessageId, RecoveredMessage> = HashMap::new();
+    let mut messages: IdMap<MessageId, RecoveredMessage> = IdMap::default();
     let mut scan = Scan {
         recovered: Recovered::default(),
         bytes_read: 0,
@@ -136,7 +135,7 @@ fn cut(path: &Path, len: usize) -> std::io::Result<()> {
 
 fn apply(
     scan: &mut Scan,
-    messages: &mut HashMap<MessageId, RecoveredMessage>,
+    messages: &mut IdMap<MessageId, RecoveredMessage>,
     segment: u32,
     record: Record<'_>,
     len: usize,

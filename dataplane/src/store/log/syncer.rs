@@ -40,26 +40,31 @@ fn run(shared: &Shared) {
 /// the store stops; returns whether it stops. (The writer has stopped before it does, so
 /// the last sync covers every write.)
 fn wait_for_work(shared: &Shared) -> bool {
-    let unsynced_since = shared.files.lock().expect("never poisoned").unsynced_since;
-    let due = unsynced_since.map(|t| t + SYNC_WITHIN);
-    let mut state = shared.lock();
     loop {
+        // Read before the state's lock is taken: the writer takes the files' lock first.
+        let unsynced_since = shared.files.lock().expect("never poisoned").unsynced_since;
+        let due = unsynced_since.map(|t| t + SYNC_WITHIN);
+        let mut state = shared.lock();
         if state.sync_requested || state.compaction_due || state.stopping {
             state.sync_requested = false;
             state.compaction_due = false;
             return state.stopping;
         }
+        if state.unsynced_began {
+            // Written data has a sync due now: look again at when.
+            state.unsynced_began = false;
+            continue;
+        }
         let now = Instant::now();
         match due {
             Some(at) if at <= now => return false,
-            Some(at) => {
-                state = shared
+            Some(at) => drop(
+                shared
                     .work
                     .wait_timeout(state, at - now)
-                    .expect("never poisoned")
-                    .0;
-            }
-            None => state = shared.work.wait(state).expect("never poisoned"),
+                    .expect("never poisoned"),
+            ),
+            None => drop(shared.work.wait(state).expect("never poisoned")),
         }
     }
 }
@@ -118,7 +123,7 @@ impl Compaction {
         }
         let retrying = self.retry_removal_at.is_some_and(|at| Instant::now() >= at);
         let copied = copy_worth_it(shared);
-        if !(copied || retrying) || !can_compact(shared) {
+        if !(copied > 0 || retrying) || !can_compact(shared) {
             return;
         }
         // The copies (and whatever came meanwhile) must be safe before the originals go.
@@ -133,13 +138,17 @@ impl Compaction {
             true => None,
             false => Some(Instant::now() + REMOVAL_RETRY),
         };
+        if copied == COMPACTION_ROUND {
+            // A full round: more may be worth it, with nothing else to wake the syncer.
+            shared.lock().compaction_due = true;
+        }
     }
 }
 
 /// Copies what still matters of the segments worth compacting, up to a round's worth; each
-/// becomes a retiring segment. Returns whether there was any.
-fn copy_worth_it(shared: &Shared) -> bool {
-    let mut copied = false;
+/// becomes a retiring segment. Returns how many there were.
+fn copy_worth_it(shared: &Shared) -> usize {
+    let mut copied = 0;
     for _ in 0..COMPACTION_ROUND {
         if !can_compact(shared) {
             break;
@@ -159,7 +168,7 @@ fn copy_worth_it(shared: &Shared) -> bool {
             }
         }
         shared.lock().retiring.insert(segment);
-        copied = true;
+        copied += 1;
     }
     copied
 }

@@ -71,9 +71,12 @@ impl Wire {
     }
 
     fn options(&self) -> Options {
+        // TCP_NODELAY, as every client in `bench peers` has it: without it Nagle holds a
+        // small frame back while the previous one is unacknowledged.
+        let options = Options::default().with_no_delay();
         match self.compress {
-            true => Options::default().with_balanced_compression(),
-            false => Options::default(),
+            true => options.with_balanced_compression(),
+            false => options,
         }
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! - `bench run`: workloads W1 (1 publisher, 1 subscriber, one message in flight), W4 (16
 //!   publishers, one in flight each, 4 subscribers), W5 (16 publishers pipelining 64 each with
-//!   `context`, 16 subscribers of capacity 64), for each body size and durability. Every id a
+//!   `context`, 16 subscribers of capacity 64), W6 (the same with 16 in flight and capacity
+//!   16), for each body size and durability. Every id a
 //!   publisher was given must reach a subscriber exactly once.
 //!   With `--preload N`, N live messages (delayed) are stored first, so that the run's churn
 //!   makes the node compact segments full of them while it is measured (latency under
@@ -14,10 +15,14 @@
 //!   how long it takes to serve again.
 //! - `bench connections`: the node's memory per idle connection, before and after the login,
 //!   and publish-to-delivery latency with many subscribers in the line.
+//! - `bench peers`: the same workloads on our node, NATS JetStream, Redis Streams and
+//!   RabbitMQ, each server started here pinned like the node, in one table, under the two
+//!   limits (serial fdatasync, WebSocket echo). `scripts/bench-peers` installs and runs it.
 
 mod client;
 mod connections;
 mod node;
+mod peers;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -48,14 +53,21 @@ struct Args {
     /// Start the node with compaction off: the baseline for what compaction costs.
     #[arg(long, global = true)]
     no_compaction: bool,
+    /// Read the node's allocations per message: the node binary must be built with
+    /// `--features count-allocations` (e.g. into its own target directory).
+    #[arg(long, global = true)]
+    count_allocations: bool,
+    /// Count the node's system calls per message with `perf stat` (linux-perf, root).
+    #[arg(long, global = true)]
+    count_syscalls: bool,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Throughput and latency of the workloads.
     Run {
-        /// Workloads to run: w1, w4, w5.
-        #[arg(long, value_delimiter = ',', default_value = "w1,w4,w5")]
+        /// Workloads to run: w1, w4, w5, w6.
+        #[arg(long, value_delimiter = ',', default_value = "w1,w4,w6,w5")]
         workloads: Vec<String>,
         /// Body sizes in bytes.
         #[arg(long, value_delimiter = ',', default_value = "100,4096")]
@@ -88,11 +100,43 @@ enum Command {
         #[arg(long, default_value_t = 2_000)]
         publishes: usize,
     },
+    /// The workloads on our node and on NATS JetStream, Redis Streams and RabbitMQ.
+    Peers {
+        /// Systems to run: dataplane, nats, redis, rabbitmq.
+        #[arg(
+            long,
+            alias = "peers",
+            value_delimiter = ',',
+            default_value = "dataplane,nats,redis,rabbitmq"
+        )]
+        systems: Vec<String>,
+        /// Workloads to run: w1, w4, w5, w6.
+        #[arg(long, value_delimiter = ',', default_value = "w1,w4,w6,w5")]
+        workloads: Vec<String>,
+        /// Body sizes in bytes (at least 32: the send time and the id).
+        #[arg(long, value_delimiter = ',', default_value = "100")]
+        sizes: Vec<usize>,
+        /// Durabilities.
+        #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
+        durabilities: Vec<u8>,
+        /// Seconds of publishing per run.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
+    /// The WebSocket echo server of `bench peers`' echo limit (started by it).
+    #[command(hide = true)]
+    EchoServer {
+        #[arg(long)]
+        port: u16,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args = Args::parse();
+    if let Command::EchoServer { port } = args.command {
+        return peers::echo::serve(port).await;
+    }
     let data_root: std::path::PathBuf = args.data_root.clone().into();
     std::fs::create_dir_all(&data_root).expect("the data root");
     let (tls, tls_files) = match args.tls {
@@ -115,6 +159,8 @@ async fn main() {
         tls_files,
         segment_bytes: args.segment_bytes,
         no_compaction: args.no_compaction,
+        count_allocations: args.count_allocations,
+        count_syscalls: args.count_syscalls,
     };
     match args.command {
         Command::Run {
@@ -128,7 +174,7 @@ async fn main() {
             println!("fdatasync probe (4 KiB append + fdatasync, serial): {probe:.0}/s");
             println!("{}", workload::Report::header());
             for name in &workloads {
-                let workload = workload::Workload::named(name).expect("w1, w4 or w5");
+                let workload = workload::Workload::named(name).expect("w1, w4, w5 or w6");
                 for &size in &sizes {
                     for &durability in &durabilities {
                         let report = workload::run(
@@ -149,6 +195,31 @@ async fn main() {
                 }
             }
         }
+        Command::Peers {
+            systems,
+            workloads,
+            sizes,
+            durabilities,
+            seconds,
+        } => {
+            let choice = peers::Choice {
+                systems: systems
+                    .iter()
+                    .map(|name| {
+                        peers::System::named(name).expect("dataplane, nats, redis or rabbitmq")
+                    })
+                    .collect(),
+                workloads: workloads
+                    .iter()
+                    .map(|name| workload::Workload::named(name).expect("w1, w4, w5 or w6"))
+                    .collect(),
+                sizes,
+                durabilities,
+                time: Duration::from_secs(seconds),
+            };
+            peers::peers(&config, &choice).await
+        }
+        Command::EchoServer { .. } => unreachable!("served above"),
         Command::Recovery { messages } => workload::recovery(&config, messages).await,
         Command::Connections {
             count,

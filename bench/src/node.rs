@@ -22,6 +22,10 @@ pub struct NodeConfig {
     pub segment_bytes: Option<u64>,
     /// Start the node with compaction off (to measure what compaction costs).
     pub no_compaction: bool,
+    /// The node binary counts its allocations (built with `--features count-allocations`).
+    pub count_allocations: bool,
+    /// Count the node's system calls with `perf stat` during each run.
+    pub count_syscalls: bool,
 }
 
 pub struct Node {
@@ -29,6 +33,8 @@ pub struct Node {
     url: String,
     /// Time from spawn to the `listening on` line.
     pub startup: Duration,
+    /// The counts the node prints at SIGUSR1 (`allocations N`), when it counts them.
+    allocation_counts: Option<std::sync::mpsc::Receiver<u64>>,
 }
 
 impl Node {
@@ -75,12 +81,38 @@ impl Node {
             }
         };
         let startup = started.elapsed();
-        std::thread::spawn(move || for _ in stdout.lines() {});
+        let (counts, allocation_counts) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let line = line.unwrap_or_default();
+                if let Some(count) = line.strip_prefix("allocations ") {
+                    let _ = counts.send(count.trim().parse().unwrap_or(0));
+                }
+            }
+        });
         Node {
             child,
             url: config.wire.url(addr),
             startup,
+            allocation_counts: config.count_allocations.then_some(allocation_counts),
         }
+    }
+
+    /// The allocations the node has made so far, when it counts them.
+    pub fn allocations(&self) -> Option<u64> {
+        let counts = self.allocation_counts.as_ref()?;
+        // SAFETY: a plain kill(2) of our own child; a node built with the feature prints
+        // its count on SIGUSR1.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGUSR1) };
+        let count = counts.recv_timeout(Duration::from_secs(5));
+        Some(count.expect("the node prints its allocations (built with count-allocations?)"))
+    }
+
+    /// Starts counting the node's system calls, when asked to.
+    pub fn count_syscalls(&self, config: &NodeConfig) -> Option<SyscallCount> {
+        config
+            .count_syscalls
+            .then(|| SyscallCount::start(self.child.id()))
     }
 
     pub fn url(&self) -> String {
@@ -89,26 +121,12 @@ impl Node {
 
     /// User plus system CPU time the node has used.
     pub fn cpu_time(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        // Fields after the command name, which is in parentheses and may hold spaces.
-        let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        Duration::from_micros(ticks * 1_000_000 / clock_ticks_per_second())
+        cpu_time(self.child.id())
     }
 
     /// Peak and current resident memory, in bytes.
     pub fn memory(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib = |key: &str| {
-            let line = status.lines().find(|l| l.starts_with(key)).unwrap();
-            line.split_whitespace()
-                .nth(1)
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-                * 1024
-        };
-        (kib("VmHWM:"), kib("VmRSS:"))
+        memory(self.child.id())
     }
 
     pub fn kill(mut self) {
@@ -122,6 +140,30 @@ impl Drop for Node {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// User plus system CPU time process `pid` has used (all its threads).
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_micros(ticks * 1_000_000 / clock_ticks_per_second())
+}
+
+/// Peak and current resident memory of process `pid`, in bytes.
+pub fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = |key: &str| {
+        let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    (kib("VmHWM:"), kib("VmRSS:"))
 }
 
 fn clock_ticks_per_second() -> u64 {
@@ -153,4 +195,80 @@ pub fn fdatasync_probe(dir: &Path, time: Duration) -> f64 {
     let rate = syncs as f64 / started.elapsed().as_secs_f64();
     let _ = std::fs::remove_file(path);
     rate
+}
+
+/// The system calls of a process, counted by `perf stat` on the kernel's syscall tracepoints
+/// (cheap: a counter per call, no tracing).
+pub struct SyscallCount {
+    perf: Child,
+}
+
+/// What the node called while it was counted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Syscalls {
+    pub all: u64,
+    /// Writes to sockets (send, sendto, sendmsg, write, writev).
+    pub writes: u64,
+    /// Reads from sockets (recv, recvfrom, recvmsg, read, readv).
+    pub reads: u64,
+}
+
+const WRITE_CALLS: [&str; 4] = ["sendto", "sendmsg", "write", "writev"];
+const READ_CALLS: [&str; 4] = ["recvfrom", "recvmsg", "read", "readv"];
+
+impl SyscallCount {
+    fn start(pid: u32) -> SyscallCount {
+        // perf reads the tracepoints from tracefs; mount it if it is not there (root).
+        if !Path::new("/sys/kernel/tracing/events/raw_syscalls").exists() {
+            let _ = Command::new("mount")
+                .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+                .status();
+        }
+        let mut events = vec!["raw_syscalls:sys_enter".to_string()];
+        for call in WRITE_CALLS.iter().chain(&READ_CALLS) {
+            events.push(format!("syscalls:sys_enter_{call}"));
+        }
+        let perf = Command::new("perf")
+            .args([
+                "stat",
+                "-x",
+                ",",
+                "-e",
+                &events.join(","),
+                "-p",
+                &pid.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("perf (linux-perf) to count system calls");
+        // perf attaches within milliseconds; a count that starts a little late only
+        // undercounts the first moments of the run.
+        std::thread::sleep(Duration::from_millis(200));
+        SyscallCount { perf }
+    }
+
+    pub fn finish(self) -> Syscalls {
+        // SAFETY: a plain kill(2) of our own child: SIGINT makes perf print its counts.
+        unsafe { libc::kill(self.perf.id() as libc::pid_t, libc::SIGINT) };
+        let output = self.perf.wait_with_output().expect("perf's counts");
+        let mut counts = Syscalls::default();
+        for line in String::from_utf8_lossy(&output.stderr).lines() {
+            let fields: Vec<&str> = line.split(',').collect();
+            let (Some(count), Some(event)) = (fields.first(), fields.get(2)) else {
+                continue;
+            };
+            let Ok(count) = count.parse::<u64>() else {
+                continue;
+            };
+            let call = event.rsplit("sys_enter_").next().unwrap_or("");
+            match *event {
+                "raw_syscalls:sys_enter" => counts.all = count,
+                _ if WRITE_CALLS.contains(&call) => counts.writes += count,
+                _ if READ_CALLS.contains(&call) => counts.reads += count,
+                _ => {}
+            }
+        }
+        counts
+    }
 }

@@ -1,7 +1,7 @@
 //! The workloads: publishers and subscribers on real connections, and what they measured.
 
 use crate::client::{login, next_text, Wire};
-use crate::node::{Node, NodeConfig, PUBLISHER, SUBSCRIBER};
+use crate::node::{Node, NodeConfig, Syscalls, PUBLISHER, SUBSCRIBER};
 use futures::{FutureExt, SinkExt, StreamExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,12 +25,14 @@ impl Workload {
             "w1" => (1, 1, 1, 1),
             "w4" => (16, 1, 4, 64),
             "w5" => (16, 64, 16, 64),
+            "w6" => (16, 16, 16, 16),
             _ => return None,
         };
         let name = match name {
             "w1" => "W1",
             "w4" => "W4",
-            _ => "W5",
+            "w5" => "W5",
+            _ => "W6",
         };
         Some(Workload {
             name,
@@ -46,24 +48,28 @@ pub struct Report {
     workload: &'static str,
     size: usize,
     durability: u8,
-    messages: usize,
+    pub(crate) messages: usize,
     /// End-to-end messages per second (published and delivered).
     pub rate: f64,
-    reply: Percentiles,
-    delivery: Percentiles,
-    cpu_us_per_message: f64,
-    peak_rss: u64,
+    pub(crate) reply: Percentiles,
+    pub(crate) delivery: Percentiles,
+    pub(crate) cpu_us_per_message: f64,
+    pub(crate) peak_rss: u64,
     /// Segment files removed during the run (compaction at work).
     compacted: usize,
+    /// The node's system calls during the run, when counted.
+    syscalls: Option<Syscalls>,
+    /// The node's allocations during the run, when counted.
+    allocations: Option<u64>,
 }
 
-struct Percentiles {
-    p50: Duration,
-    p99: Duration,
+pub(crate) struct Percentiles {
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
 }
 
 impl Percentiles {
-    fn of(mut samples: Vec<u64>) -> Percentiles {
+    pub(crate) fn of(mut samples: Vec<u64>) -> Percentiles {
         samples.sort_unstable();
         let at = |q: f64| Duration::from_nanos(samples[((samples.len() - 1) as f64 * q) as usize]);
         Percentiles {
@@ -106,10 +112,29 @@ impl Report {
             ms(self.delivery.p99),
             self.cpu_us_per_message,
             self.peak_rss >> 20,
-        ) + &match self.compacted {
-            0 => String::new(),
-            n => format!("  ({n} segments compacted)"),
+        ) + &self.counts()
+            + &match self.compacted {
+                0 => String::new(),
+                n => format!("  ({n} segments compacted)"),
+            }
+    }
+
+    /// Per message: system calls (all, socket writes, socket reads) and allocations.
+    fn counts(&self) -> String {
+        let per_message = |n: u64| n as f64 / self.messages as f64;
+        let mut counts = String::new();
+        if let Some(calls) = self.syscalls {
+            counts += &format!(
+                "  syscalls/msg {:.2} (writes {:.2}, reads {:.2})",
+                per_message(calls.all),
+                per_message(calls.writes),
+                per_message(calls.reads)
+            );
         }
+        if let Some(allocations) = self.allocations {
+            counts += &format!("  allocations/msg {:.1}", per_message(allocations));
+        }
+        counts
     }
 }
 
@@ -177,26 +202,36 @@ async fn publisher(plan: PublishPlan, until: Until, in_flight_budget: Arc<Semaph
     let mut published = Published::default();
     let mut unanswered = 0;
     let padding = "x".repeat(size.saturating_sub(16));
+    let more = |sent: usize| match until {
+        Until::Time(deadline) => Instant::now() < deadline,
+        Until::Count(n) => sent < n,
+    };
     loop {
-        let more = match until {
-            Until::Time(deadline) => Instant::now() < deadline,
-            Until::Count(n) => sent_at.len() < n,
-        };
-        if !more && unanswered == 0 {
+        if !more(sent_at.len()) && unanswered == 0 {
             return published;
         }
-        let may_send = more && unanswered < window;
+        let may_send = more(sent_at.len()) && unanswered < window;
         let reply = tokio::select! {
             permit = in_flight_budget.acquire(), if may_send => {
                 permit.unwrap().forget();
-                let now = epoch.elapsed().as_nanos() as u64;
-                let context = sent_at.len();
-                let request = format!(
-                    r#"{{"body":"{now:016x}{padding}","durability":{durability}{delay},"context":{context}}}"#
-                );
-                sink.send(Frame::text(request)).await.unwrap();
-                sent_at.push(now);
-                unanswered += 1;
+                // This publish and every other the window and the budget allow now go out
+                // with one flush, as the node sends its replies.
+                loop {
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    let context = sent_at.len();
+                    let request = format!(
+                        r#"{{"body":"{now:016x}{padding}","durability":{durability}{delay},"context":{context}}}"#
+                    );
+                    sink.feed(Frame::text(request)).await.unwrap();
+                    sent_at.push(now);
+                    unanswered += 1;
+                    let room = more(sent_at.len()) && unanswered < window;
+                    match room.then(|| in_flight_budget.try_acquire().ok()).flatten() {
+                        Some(permit) => permit.forget(),
+                        None => break,
+                    }
+                }
+                sink.flush().await.unwrap();
                 continue;
             }
             reply = next_text(&mut stream), if unanswered > 0 => reply,
@@ -377,6 +412,8 @@ pub async fn run(
         })
         .collect();
     let cpu_before = node.cpu_time();
+    let allocations_before = node.allocations();
+    let syscall_count = node.count_syscalls(config);
     let started = Instant::now();
     let until = Until::Time(started + time);
     let publishers: Vec<_> = (0..workload.publishers)
@@ -404,6 +441,11 @@ pub async fn run(
     }
     let elapsed = started.elapsed();
     let cpu = node.cpu_time() - cpu_before;
+    let syscalls = syscall_count.map(|count| count.finish());
+    let allocations = node
+        .allocations()
+        .zip(allocations_before)
+        .map(|(after, before)| after - before);
     stop.send(true).unwrap();
     let mut received = Received::default();
     for handle in subscribers {
@@ -427,11 +469,13 @@ pub async fn run(
         cpu_us_per_message: cpu.as_secs_f64() * 1e6 / messages as f64,
         peak_rss,
         compacted,
+        syscalls,
+        allocations,
     }
 }
 
 /// Every id a publisher was given reached a subscriber exactly once.
-fn check_exactly_once(published: &mut [String], received: &mut [String]) {
+pub(crate) fn check_exactly_once<Id: Ord>(published: &mut [Id], received: &mut [Id]) {
     published.sort_unstable();
     received.sort_unstable();
     assert!(

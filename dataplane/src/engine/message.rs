@@ -3,6 +3,7 @@
 use super::ids::MessageId;
 use bytes::Bytes;
 use serde::Serialize;
+use std::borrow::Cow;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -40,11 +41,12 @@ pub enum BodyType {
 
 /// A publish that passed validation, before the queue gives it an id.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NewMessage {
+pub struct NewMessage<'a> {
     pub body_type: BodyType,
-    /// The body as the subscriber receives it (base64 for binary).
-    pub body: String,
-    pub publisher_key: Option<String>,
+    /// The body as the subscriber receives it (base64 for binary); borrowed from the
+    /// publish's frame when it can be, since the delivery frame is written from it at once.
+    pub body: Cow<'a, str>,
+    pub publisher_key: Option<Cow<'a, str>>,
     pub delay_secs: u64,
     pub durability: Durability,
 }
@@ -83,14 +85,20 @@ impl Message {
     /// The message with its delivery frame,
     /// `{"id":..,["publisherkey":..,]"type":..,"body":..,"recdat":..}`, written straight into
     /// an allocation of its length.
-    pub fn new(id: MessageId, new: &NewMessage, recdat: u64) -> Message {
+    pub fn new(id: MessageId, new: &NewMessage<'_>, recdat: u64) -> Message {
         let write = |out: &mut dyn Write| {
-            write!(out, r#"{{"id":"{id}""#)?;
+            out.write_all(br#"{"id":""#)?;
+            id.write_text(out)?;
+            out.write_all(b"\"")?;
             if let Some(key) = &new.publisher_key {
                 out.write_all(br#","publisherkey":"#)?;
                 serde_json::to_writer(&mut *out, key)?;
             }
-            write!(out, r#","type":{},"body":"#, new.body_type as u8)?;
+            let body_type: &[u8] = match new.body_type {
+                BodyType::Text => br#","type":1,"body":"#,
+                BodyType::Binary => br#","type":2,"body":"#,
+            };
+            out.write_all(body_type)?;
             serde_json::to_writer(&mut *out, &new.body)?;
             write!(out, r#","recdat":{recdat}}}"#)
         };

@@ -68,7 +68,7 @@ impl Queue {
             .expect("the queue lock is never poisoned")
     }
 
-    pub fn publish(&self, new: &NewMessage) -> Result<(MessageId, Receipt), Refused> {
+    pub fn publish(&self, new: &NewMessage<'_>) -> Result<(MessageId, Receipt), Refused> {
         let published = self.lock().publish(new, now_ms());
         if published.is_ok() && new.delay_secs > 0 {
             self.shared.timers_changed.notify_one();

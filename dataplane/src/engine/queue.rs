@@ -154,7 +154,7 @@ impl QueueState {
     /// with room.
     pub fn publish(
         &mut self,
-        new: &NewMessage,
+        new: &NewMessage<'_>,
         now_ms: u64,
     ) -> Result<(MessageId, Receipt), Refused> {
         if new.durability != Durability::None && !self.store.is_writable() {

@@ -11,6 +11,7 @@ use qe_shared::protocol::{is_valid_publisher_key, QueueType, MAX_DELAY_SECS};
 use qe_shared::Code;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The fields of a publish; a login that has any of them publishes too.
@@ -34,7 +35,7 @@ impl Publisher {
         let payload = match data {
             // A binary frame is a binary message, sent on as base64.
             Data::Binary(payload) => {
-                return self.publish(plain(BodyType::Binary, BASE64.encode(&payload)));
+                return self.publish(plain(BodyType::Binary, BASE64.encode(&payload).into()));
             }
             Data::Text(payload) => payload,
         };
@@ -52,9 +53,7 @@ impl Publisher {
                 Response::reply(Reply::failure(Code::InvalidJson))
             }
             // Any other text, JSON or not, is itself the message.
-            Parsed::NotJson | Parsed::OtherJson => {
-                self.publish(plain(BodyType::Text, text.to_string()))
-            }
+            Parsed::NotJson | Parsed::OtherJson => self.publish(plain(BodyType::Text, text.into())),
         }
     }
 
@@ -76,7 +75,7 @@ impl Publisher {
         }
     }
 
-    fn publish(&self, message: NewMessage) -> Response {
+    fn publish(&self, message: NewMessage<'_>) -> Response {
         match self.queue_type {
             QueueType::Copy => {
                 let recdat = now_ms() / 1000;
@@ -92,7 +91,7 @@ impl Publisher {
 }
 
 /// A message from a frame that is not a JSON request: no delay, key or durability of its own.
-fn plain(body_type: BodyType, body: String) -> NewMessage {
+fn plain(body_type: BodyType, body: Cow<'_, str>) -> NewMessage<'_> {
     NewMessage {
         body_type,
         body,
@@ -122,14 +121,17 @@ struct PublishFields<'a> {
 pub fn read_typed(
     text: &str,
     queue_type: QueueType,
-) -> Option<(Result<NewMessage, Code>, Option<Context>)> {
+) -> Option<(Result<NewMessage<'_>, Code>, Option<Context>)> {
     let fields: PublishFields = request::typed(text)?;
     let context = request::typed_context(&fields.context)?;
     Some((check(fields, queue_type), context))
 }
 
 /// Checks a JSON publish read the general way.
-pub fn read_message(mut fields: Fields, queue_type: QueueType) -> Result<NewMessage, Code> {
+pub fn read_message(
+    mut fields: Fields,
+    queue_type: QueueType,
+) -> Result<NewMessage<'static>, Code> {
     let fields = PublishFields {
         context: Field::Absent,
         body: text_field(&mut fields, "body"),
@@ -142,7 +144,7 @@ pub fn read_message(mut fields: Fields, queue_type: QueueType) -> Result<NewMess
 }
 
 /// Checks a publish's fields, lowest failure code first.
-fn check(fields: PublishFields, queue_type: QueueType) -> Result<NewMessage, Code> {
+fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<'_>, Code> {
     let body = match fields.body {
         Field::Absent => None,
         Field::Is(Text(body)) => Some(body),
@@ -161,7 +163,7 @@ fn check(fields: PublishFields, queue_type: QueueType) -> Result<NewMessage, Cod
         .map(|n| Durability::from_number(n).expect("0..=2 are durabilities"));
     let publisher_key = match fields.publisherkey {
         Field::Absent => None,
-        Field::Is(Text(key)) if is_valid_publisher_key(&key) => Some(key.into_owned()),
+        Field::Is(Text(key)) if is_valid_publisher_key(&key) => Some(key),
         _ => return Err(Code::InvalidPublisherKey),
     };
     let body = body.ok_or(Code::MissingBody)?;
@@ -178,7 +180,7 @@ fn check(fields: PublishFields, queue_type: QueueType) -> Result<NewMessage, Cod
     }
     Ok(NewMessage {
         body_type,
-        body: body.into_owned(),
+        body,
         publisher_key,
         delay_secs: delay.unwrap_or(0),
         durability: durability.unwrap_or_default(),
@@ -190,7 +192,7 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
-    fn read(value: Value, queue_type: QueueType) -> Result<NewMessage, Code> {
+    fn read(value: Value, queue_type: QueueType) -> Result<NewMessage<'static>, Code> {
         read_message(value.as_object().unwrap().clone(), queue_type)
     }
 

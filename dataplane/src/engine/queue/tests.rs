@@ -21,7 +21,7 @@ fn queue() -> QueueState {
     QueueState::new(Box::new(MemoryStore), roomy())
 }
 
-fn text(body: &str) -> NewMessage {
+fn text(body: &str) -> NewMessage<'_> {
     NewMessage {
         body: body.into(),
         ..NewMessage::default()

@@ -371,6 +371,15 @@ impl LogStore {
 
 impl Store for LogStore {
     fn record(&mut self, change: Change<'_>) -> Receipt {
+        // Every message's publish, delivery and ack pass here: what writes nothing (holding,
+        // which a restart ends anyway, and a message kept in memory only) takes no lock.
+        match &change {
+            Change::Delivered { .. } | Change::Returned(_) => return Receipt::Done,
+            Change::Published { message, .. } if message.durability == Durability::None => {
+                return Receipt::Done;
+            }
+            _ => {}
+        }
         if self.shared.is_broken() {
             // Nothing is written any more: a durable change's receipt fails at once (its
             // LSN is never reached).
@@ -383,9 +392,6 @@ impl Store for LogStore {
                 message,
                 due_ms,
             } => {
-                if message.durability == Durability::None {
-                    return Receipt::Done;
-                }
                 let record = MessageRecord {
                     id,
                     durability: message.durability as u8,
@@ -421,7 +427,7 @@ impl Store for LogStore {
                 state.index.keep_for(segment, latest, len as u64);
                 (lsn, durability)
             }
-            // Holding is not kept: a restart ends every session.
+            // Not kept (above).
             Change::Delivered { .. } | Change::Returned(_) => return Receipt::Done,
         };
         if durability == Durability::Immediate {

@@ -99,9 +99,11 @@ fn plain(body_type: BodyType, body: Cow<'_, str>) -> NewMessage<'_> {
     }
 }
 
-/// A publish's fields, as sent.
+/// A publish's fields, as sent. Read typed, any other field sends the request to the general
+/// reading: serde skips an unknown field's value without checking its escapes (a lone
+/// surrogate), which the general reading refuses as not JSON.
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 struct PublishFields<'a> {
     /// Read typed only (the general reading checks the context on its own).
     #[serde(borrow)]

@@ -177,9 +177,9 @@ pub fn read_ack_typed(text: &str) -> Option<AckRequest<'_>> {
     })
 }
 
-/// An ack as sent, read typed.
+/// An ack as sent, read typed (any other field: the general reading, as for a publish).
 #[derive(Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 struct AckFields<'a> {
     #[serde(borrow)]
     id: Field<&'a str>,

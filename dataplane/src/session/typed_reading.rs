@@ -94,6 +94,11 @@ mod tests {
             r#"{"ack":1,"capacity":null}"#,
             r#"{"id":"\u0030","ack":1}"#,
             r#"[1]"#,
+            // Found by fuzzing: serde skips an unknown field's lone surrogate unchecked.
+            r#"{"durbaility":2,"contex:":"ddddddy\udb0adddddddt"}"#,
+            r#"{"body":"x","other":"\udb0a"}"#,
+            r#"{"ack":1,"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f","x":"\udb0a"}"#,
+            r#"{"body":"x","context":"\udb0a"}"#,
             r#"not json"#,
         ];
         for text in requests {

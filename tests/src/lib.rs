@@ -913,6 +913,20 @@ pub async fn http(
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
+/// One raw HTTP/1.1 request (it must ask for `Connection: close`) over a fresh connection;
+/// returns the whole response, head and body, for tests that read headers.
+pub async fn http_response(addr: SocketAddr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(HELD_REQUEST, tcp.read_to_end(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8(response).unwrap()
+}
+
 /// The API path of every usage record of queue `id`, whenever made.
 pub fn all_usage_of(id: &str) -> String {
     format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}")

@@ -3,8 +3,8 @@
 
 use controlplane::pebble::Pebble;
 use qe_tests::{
-    dig, http, http_text, https, process_naming, roots_from_pem, signal, Client, ControlPlane, Dig,
-    PROMPT,
+    dig, http, http_response, http_text, https, process_naming, roots_from_pem, signal, Client,
+    ControlPlane, Dig, PROMPT,
 };
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
@@ -168,6 +168,47 @@ async fn bad_requests_get_json_errors() {
     );
     let (status, _) = cp.call("DELETE", "/v1/queues/nosuchqueue", None).await;
     assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn a_401_challenges_for_a_bearer_token_and_the_scheme_is_case_insensitive() {
+    let cp = ControlPlane::start();
+    let get = |authorization: &str| {
+        format!("GET /v1/queues HTTP/1.1\r\nHost: cp\r\n{authorization}Connection: close\r\n\r\n")
+    };
+    let challenge = |response: &str| {
+        let head = response
+            .split("\r\n\r\n")
+            .next()
+            .unwrap()
+            .to_ascii_lowercase();
+        let line = head.lines().find(|l| l.starts_with("www-authenticate:"));
+        line.map(|l| l["www-authenticate:".len()..].trim().to_string())
+    };
+    // RFC 6750 §3: a request without a token gets the scheme alone...
+    let none = http_response(cp.addr, &get("")).await;
+    assert!(none.starts_with("HTTP/1.1 401"), "{none}");
+    assert_eq!(challenge(&none).as_deref(), Some("bearer"), "{none}");
+    // ...one with a wrong token is told why.
+    for wrong in ["Bearer wrong", "Basic dXNlcjpwYXNz", "Bearer"] {
+        let response = http_response(cp.addr, &get(&format!("Authorization: {wrong}\r\n"))).await;
+        assert!(response.starts_with("HTTP/1.1 401"), "{wrong}: {response}");
+        let expected = match wrong {
+            "Bearer wrong" => r#"bearer error="invalid_token""#,
+            _ => "bearer",
+        };
+        assert_eq!(challenge(&response).as_deref(), Some(expected), "{wrong}");
+    }
+    // RFC 7235 §2.1: the scheme's name is case-insensitive; one or more spaces end it.
+    let token = &cp.token;
+    for scheme in ["Bearer ", "bearer ", "BEARER ", "bEaReR   "] {
+        let authorization = format!("Authorization: {scheme}{token}\r\n");
+        let response = http_response(cp.addr, &get(&authorization)).await;
+        assert!(
+            response.starts_with("HTTP/1.1 200"),
+            "{scheme:?}: {response}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -6,8 +6,9 @@ use axum::Json;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// No token, or not the right one (`token_given`: one was presented).
     #[error("a valid bearer token is required")]
-    Unauthorized,
+    Unauthorized { token_given: bool },
     #[error("{0}")]
     BadRequest(String),
     #[error("no queue {0}")]
@@ -31,7 +32,7 @@ pub enum ApiError {
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
-            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ApiError::NotFound(_) | ApiError::NoSuchRoute | ApiError::NoCertificate => {
                 (StatusCode::NOT_FOUND, "not_found")
@@ -49,11 +50,22 @@ impl IntoResponse for ApiError {
         let (status, code) = self.status_and_code();
         let body = serde_json::json!({"error": {"code": code, "message": self.to_string()}});
         let mut response = (status, Json(body)).into_response();
-        if let ApiError::TooManyRequests(seconds) = self {
-            let value = axum::http::HeaderValue::from(seconds);
-            response
-                .headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, value);
+        let headers = response.headers_mut();
+        match self {
+            ApiError::TooManyRequests(seconds) => {
+                let value = axum::http::HeaderValue::from(seconds);
+                headers.insert(axum::http::header::RETRY_AFTER, value);
+            }
+            // The challenge of RFC 6750 §3: the scheme, and why a token given was refused.
+            ApiError::Unauthorized { token_given } => {
+                let challenge = match token_given {
+                    true => r#"Bearer error="invalid_token""#,
+                    false => "Bearer",
+                };
+                let value = axum::http::HeaderValue::from_static(challenge);
+                headers.insert(axum::http::header::WWW_AUTHENTICATE, value);
+            }
+            _ => {}
         }
         response
     }

@@ -100,13 +100,26 @@ async fn renew_certificates(
     Ok((StatusCode::ACCEPTED, Json(json!({"status": "renewing"}))))
 }
 
-/// The token a request presents (`Authorization: Bearer TOKEN`), or "".
+/// The token a request presents (`Authorization: Bearer TOKEN`), or "". The scheme's name is
+/// case-insensitive (RFC 7235 §2.1), and one or more spaces end it (RFC 6750 §2.1).
 fn bearer(headers: &axum::http::HeaderMap) -> &str {
-    headers
+    let Some(credentials) = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .unwrap_or_default()
+    else {
+        return "";
+    };
+    match credentials.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim_start(),
+        _ => "",
+    }
+}
+
+/// The 401 for a request that presented `token` ("" for none).
+fn unauthorized(token: &str) -> ApiError {
+    ApiError::Unauthorized {
+        token_given: !token.is_empty(),
+    }
 }
 
 /// Lets a request through only with the operator's token, compared in constant time.
@@ -120,6 +133,6 @@ async fn require_token(
     let matches: bool = presented.as_bytes().ct_eq(expected).into();
     match matches && !expected.is_empty() {
         true => Ok(next.run(request).await),
-        false => Err(ApiError::Unauthorized),
+        false => Err(unauthorized(presented)),
     }
 }

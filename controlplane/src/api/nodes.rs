@@ -28,10 +28,11 @@ pub async fn check_node(
     id: &str,
     headers: &HeaderMap,
 ) -> Result<(Queue, u64), ApiError> {
-    let queue = state.store.get(id)?.ok_or(ApiError::Unauthorized)?;
-    match state.node_tokens.check(&queue, super::bearer(headers)) {
+    let presented = super::bearer(headers);
+    let queue = state.store.get(id)?.ok_or(super::unauthorized(presented))?;
+    match state.node_tokens.check(&queue, presented) {
         Some(credential) => Ok((queue, credential)),
-        None => Err(ApiError::Unauthorized),
+        None => Err(super::unauthorized(presented)),
     }
 }
 
@@ -86,8 +87,9 @@ pub async fn config(
                 Some(queue) if queue.status != Status::Deleted && queue.config_version > after => {
                     queue
                 }
+                // Its credential went with its queue.
                 Some(queue) if queue.status == Status::Deleted => {
-                    return Err(ApiError::Unauthorized)
+                    return Err(ApiError::Unauthorized { token_given: true })
                 }
                 _ => return Ok(StatusCode::NO_CONTENT.into_response()),
             }
@@ -122,7 +124,7 @@ pub async fn applied(
         }
         Ok::<_, StoreError>(())
     })?;
-    let (queue, ()) = updated.ok_or(ApiError::Unauthorized)?;
+    let (queue, ()) = updated.ok_or(ApiError::Unauthorized { token_given: true })?;
     Ok(Json(json!({"applied": queue.applied_version})))
 }
 

@@ -44,3 +44,9 @@ pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()
     std::io::Write::write_all(&mut file, bytes)?;
     file.sync_all()
 }
+
+/// Syncs the directory holding `path`, so that a file just linked or renamed into it stays.
+pub fn sync_dir(path: &std::path::Path) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::File::open(dir)?.sync_all()
+}

@@ -212,7 +212,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
             NodeCertificates::Wildcard { issuer: name }
         }
         Some(issuer) => {
-            controlplane::queues::renew_certificates_not_from(&store, &issuer.name())?;
+            controlplane::queues::renew_certificates_not_from(&store, &issuer.name()).await?;
             NodeCertificates::PerQueue(Arc::new(issuer))
         }
     };
@@ -405,7 +405,9 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
         instance_type: "local".into(),
         ipv4: true,
     };
-    let (queue, logins) = queues::provision(&running.state, demo).map_err(|e| e.to_string())?;
+    let (queue, logins) = queues::provision(&running.state, demo)
+        .await
+        .map_err(|e| e.to_string())?;
     let running_queue =
         |queue: &controlplane::queues::Queue| queue.status == controlplane::queues::Status::Running;
     let queue = running

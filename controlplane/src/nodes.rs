@@ -17,23 +17,48 @@ pub struct NodeTokens {
 
 impl NodeTokens {
     /// Reads the secret from `path`, making it (readable by the owner only) the first time.
-    /// A secret that is there but unreadable or damaged is an error, never replaced: a new
-    /// one would silently void every node's credential.
+    /// A secret that is there but unreadable or damaged is an error naming the file, never
+    /// replaced: a new one would silently void every node's credential. It is made whole
+    /// beside and linked into place, so two control planes starting at once on one data
+    /// directory end up with the same one, and a crash never leaves half of one.
     pub fn open(path: &Path) -> std::io::Result<NodeTokens> {
+        let named = |error: std::io::Error| {
+            std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+        };
         match std::fs::read(path) {
-            Ok(bytes) => {
-                let secret = bytes.try_into().map_err(|_| {
-                    let what = format!("{}: not a 32-byte node secret", path.display());
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, what)
-                })?;
-                return Ok(NodeTokens { secret });
-            }
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            Ok(bytes) => return NodeTokens::from_file(path, bytes),
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(named(error)),
             Err(_) => {}
         }
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).expect("the OS random source");
-        crate::write_private(path, &secret)?;
+        let beside = path.with_extension(format!("new-{}", std::process::id()));
+        crate::write_private(&beside, &secret).map_err(named)?;
+        let linked = std::fs::hard_link(&beside, path);
+        std::fs::remove_file(&beside).map_err(named)?;
+        match linked {
+            Ok(()) => {
+                crate::sync_dir(path).map_err(named)?;
+                Ok(NodeTokens { secret })
+            }
+            // Another made it first: that one is the secret.
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                NodeTokens::from_file(path, std::fs::read(path).map_err(named)?)
+            }
+            Err(error) => Err(named(error)),
+        }
+    }
+
+    fn from_file(path: &Path, bytes: Vec<u8>) -> std::io::Result<NodeTokens> {
+        let secret = bytes.try_into().map_err(|bytes: Vec<u8>| {
+            let what = format!(
+                "{}: damaged: {} bytes where a 32-byte node secret belongs; restore it from a \
+                 backup (a new one would void every node's credential)",
+                path.display(),
+                bytes.len()
+            );
+            std::io::Error::new(std::io::ErrorKind::InvalidData, what)
+        })?;
         Ok(NodeTokens { secret })
     }
 

@@ -247,13 +247,15 @@ pub fn rotate(queue: &mut Queue, role: Role) -> Credentials {
 
 /// Has every live queue's node get a new certificate now (a forced renewal, or a new
 /// cluster wildcard): their certificate generation and config move on.
-pub fn renew_certificates(store: &crate::store::Store) -> Result<(), crate::store::StoreError> {
-    renew_certificates_where(store, |_| true)
+pub async fn renew_certificates(
+    store: &crate::store::Store,
+) -> Result<(), crate::store::StoreError> {
+    renew_certificates_where(store, |_| true).await
 }
 
 /// Has every live queue whose certificate another CA issued get a new one now: another
 /// ACME directory, a restarted Pebble, a new local CA. Its clients trust only the new CA.
-pub fn renew_certificates_not_from(
+pub async fn renew_certificates_not_from(
     store: &crate::store::Store,
     issuer: &str,
 ) -> Result<(), crate::store::StoreError> {
@@ -263,20 +265,22 @@ pub fn renew_certificates_not_from(
             .as_ref()
             .is_some_and(|name| name != issuer)
     })
+    .await
 }
 
-fn renew_certificates_where(
+async fn renew_certificates_where(
     store: &crate::store::Store,
     which: impl Fn(&Queue) -> bool,
 ) -> Result<(), crate::store::StoreError> {
     for queue in store.list()? {
-        store.update(&queue.id, |queue| {
+        let renewed = store.update(&queue.id, |queue| {
             if queue.status.is_live() && which(queue) {
                 queue.certificate_generation += 1;
                 queue.config_version += 1;
             }
             Ok::<_, crate::store::StoreError>(())
-        })?;
+        });
+        renewed.await?;
     }
     Ok(())
 }

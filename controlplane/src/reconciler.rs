@@ -117,7 +117,7 @@ impl Reconciler {
         if placement.recorded_in(queue) {
             return Ok(());
         }
-        self.store.update(&queue.id, |queue| {
+        let recorded = self.store.update(&queue.id, |queue| {
             // Only while it is still to run: a delete meanwhile wins.
             if queue.status.is_live() {
                 placement.record_in(queue);
@@ -127,7 +127,8 @@ impl Reconciler {
                 queue.status = Status::Running;
             }
             Ok::<_, StoreError>(())
-        })?;
+        });
+        recorded.await?;
         self.zone.refresh(&self.store)?;
         Ok(())
     }
@@ -146,12 +147,13 @@ impl Reconciler {
             tracing::warn!(queue = %queue.id, "its node's last report never came: deleting its data without it");
         }
         self.fleet.remove_data(&queue.id).await?;
-        self.store.update(&queue.id, |queue| {
+        let deleted = self.store.update(&queue.id, |queue| {
             queue.status = Status::Deleted;
             queue.node = None;
             queue.resources.clear();
             Ok::<_, StoreError>(())
-        })?;
+        });
+        deleted.await?;
         tracing::info!(queue = %queue.id, "deleted");
         Ok(())
     }

@@ -1,6 +1,11 @@
 //! The queues' records, in sled.
+//!
+//! Every change is synced before it is answered; the sync (`flush_async`) runs on sled's own
+//! threads, never on the runtime's workers, so a slow disk delays the requests that wrote but
+//! not the rest (health checks, node watches, DNS). Reads come from sled's page cache.
 
 use crate::queues::Queue;
+use qe_shared::node_channel::Counted;
 use std::path::Path;
 
 /// Cheap to clone: sled's handles are shared.
@@ -9,9 +14,10 @@ pub struct Store {
     db: sled::Db,
     /// Queue id → the queue's record (JSON).
     queues: sled::Tree,
-    /// `QUEUE-ID/TIME` (time as 20 digits, so keys sort by time) → a node's usage line.
+    /// `QUEUE-ID/TIME` (time as 20 digits, so keys sort by time) → a node's usage record
+    /// (JSON; a `getusage` line in stores from before reports were structured).
     usage: sled::Tree,
-    /// `QUEUE-ID/TIME` → a node's stats line.
+    /// `QUEUE-ID/TIME` → a node's stats record (likewise).
     stats: sled::Tree,
     /// Moves on with every change to a queue's record, so a request can wait for one (a
     /// node applying a config, a queue coming up) instead of polling.
@@ -46,10 +52,16 @@ impl Store {
     }
 
     /// Saves a new queue's record, synced.
-    pub fn put(&self, queue: &Queue) -> Result<(), StoreError> {
+    pub async fn put(&self, queue: &Queue) -> Result<(), StoreError> {
         self.queues.insert(&queue.id, serde_json::to_vec(queue)?)?;
-        self.db.flush()?;
+        self.sync().await?;
         self.changed.send_modify(|n| *n += 1);
+        Ok(())
+    }
+
+    /// Waits until every change made so far is on disk, off the runtime's workers.
+    async fn sync(&self) -> Result<(), StoreError> {
+        self.db.flush_async().await?;
         Ok(())
     }
 
@@ -57,7 +69,7 @@ impl Store {
     /// changes at once each see the other's result (two rotations of one queue both land),
     /// never a read-then-write race. `change` may run more than once, and may refuse with
     /// `Err`, which changes nothing. `None` if there is no such queue.
-    pub fn update<T, E: From<StoreError>>(
+    pub async fn update<T, E: From<StoreError>>(
         &self,
         id: &str,
         mut change: impl FnMut(&mut Queue) -> Result<T, E>,
@@ -78,7 +90,7 @@ impl Store {
                 .compare_and_swap(id, Some(&old), Some(new))
                 .map_err(StoreError::from)?;
             if swapped.is_ok() {
-                self.db.flush().map_err(StoreError::from)?;
+                self.sync().await?;
                 self.changed.send_modify(|n| *n += 1);
                 return Ok(Some((queue, answer)));
             }
@@ -119,21 +131,27 @@ impl Store {
         }
     }
 
-    /// Keeps a node's records, synced; one sent again replaces itself (same key, same line).
-    pub fn put_reports(
+    /// Keeps a node's records (time, JSON), synced. One sent again (its reply was lost) is
+    /// kept once, as first sent; the count says how many were new and how many already kept.
+    pub async fn keep_reports(
         &self,
         queue_id: &str,
         kind: Report,
-        records: &[(u64, String)],
-    ) -> Result<(), StoreError> {
+        records: Vec<(u64, Vec<u8>)>,
+    ) -> Result<Counted, StoreError> {
         let tree = self.tree(kind);
-        let mut batch = sled::Batch::default();
-        for (time, line) in records {
-            batch.insert(format!("{queue_id}/{time:020}").as_bytes(), line.as_bytes());
+        let mut counted = Counted::default();
+        for (time, record) in records {
+            let key = report_key(queue_id, time);
+            match tree.compare_and_swap(key, None as Option<&[u8]>, Some(record))? {
+                Ok(()) => counted.new += 1,
+                Err(_) => counted.already_kept += 1,
+            }
         }
-        tree.apply_batch(batch)?;
-        self.db.flush()?;
-        Ok(())
+        if counted.new > 0 {
+            self.sync().await?;
+        }
+        Ok(counted)
     }
 
     /// The cluster's certificate, if one was issued.
@@ -144,10 +162,12 @@ impl Store {
         }
     }
 
-    pub fn put_certificate(&self, issued: &crate::certificates::Issued) -> Result<(), StoreError> {
+    pub async fn put_certificate(
+        &self,
+        issued: &crate::certificates::Issued,
+    ) -> Result<(), StoreError> {
         self.db.insert("certificate", serde_json::to_vec(issued)?)?;
-        self.db.flush()?;
-        Ok(())
+        self.sync().await
     }
 
     /// The credentials (JSON) of the account at the ACME `directory`, once made.
@@ -156,11 +176,14 @@ impl Store {
         Ok(value.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
     }
 
-    pub fn put_acme_account(&self, directory: &str, credentials: &str) -> Result<(), StoreError> {
+    pub async fn put_acme_account(
+        &self,
+        directory: &str,
+        credentials: &str,
+    ) -> Result<(), StoreError> {
         self.db
             .insert(format!("acme-account/{directory}"), credentials.as_bytes())?;
-        self.db.flush()?;
-        Ok(())
+        self.sync().await
     }
 
     fn tree(&self, kind: Report) -> &sled::Tree {
@@ -170,25 +193,22 @@ impl Store {
         }
     }
 
-    /// Every line of one queue of one kind, oldest first.
-    pub fn reports_of(&self, queue_id: &str, kind: Report) -> Result<Vec<String>, StoreError> {
+    /// Every record of one queue of one kind, oldest first, as stored.
+    pub fn reports_of(&self, queue_id: &str, kind: Report) -> Result<Vec<sled::IVec>, StoreError> {
         self.reports_in(queue_id, kind, 0..u64::MAX)
     }
 
-    /// One queue's lines of one kind whose time is in `times`, oldest first: a range of keys,
-    /// so years of history are not read for one day.
+    /// One queue's records of one kind whose time is in `times`, oldest first, as stored: a
+    /// range of keys, so years of history are not read for one day.
     pub fn reports_in(
         &self,
         queue_id: &str,
         kind: Report,
         times: std::ops::Range<u64>,
-    ) -> Result<Vec<String>, StoreError> {
-        let key = |time: u64| format!("{queue_id}/{time:020}");
-        self.tree(kind)
-            .range(key(times.start)..key(times.end))
-            .values()
-            .map(|value| Ok(String::from_utf8_lossy(&value?).into_owned()))
-            .collect()
+    ) -> Result<Vec<sled::IVec>, StoreError> {
+        let range = report_key(queue_id, times.start)..report_key(queue_id, times.end);
+        let values = self.tree(kind).range(range).values();
+        Ok(values.collect::<Result<_, _>>()?)
     }
 
     pub fn list(&self) -> Result<Vec<Queue>, StoreError> {
@@ -198,4 +218,9 @@ impl Store {
             .map(|value| Ok(serde_json::from_slice(&value?)?))
             .collect()
     }
+}
+
+/// `QUEUE-ID/TIME`, the time as 20 digits so that keys sort by time.
+fn report_key(queue_id: &str, time: u64) -> String {
+    format!("{queue_id}/{time:020}")
 }

@@ -15,87 +15,7 @@ const GB: f64 = 1e9;
 /// A month of storage, as clouds bill it: 730 hours.
 const MONTH_SECS: f64 = 730.0 * 3600.0;
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct UsageRecord {
-    pub time: u64,
-    pub network_sent: u64,
-    pub network_received: u64,
-    pub storage_written: u64,
-    pub storage_read: u64,
-    pub storage_held: u64,
-    pub instance_type: String,
-    pub region: String,
-    pub ipv4: bool,
-}
-
-impl UsageRecord {
-    /// Reads one `getusage` line; None if it is not one.
-    pub fn parse(line: &str) -> Option<UsageRecord> {
-        let fields: Vec<&str> = line.trim_end().split(',').collect();
-        let [time, sent, received, written, read, held, instance_type, region, ipv4] =
-            fields.as_slice()
-        else {
-            return None;
-        };
-        let number = |text: &str| text.parse::<u64>().ok();
-        Some(UsageRecord {
-            time: number(time)?,
-            network_sent: number(sent)?,
-            network_received: number(received)?,
-            storage_written: number(written)?,
-            storage_read: number(read)?,
-            storage_held: number(held)?,
-            instance_type: instance_type.to_string(),
-            region: region.to_string(),
-            ipv4: match *ipv4 {
-                "0" => false,
-                "1" => true,
-                _ => return None,
-            },
-        })
-    }
-
-    pub fn csv(&self, queue: &str) -> String {
-        format!(
-            "{queue},{},{},{},{},{},{},{},{},{}\n",
-            self.time,
-            self.network_sent,
-            self.network_received,
-            self.storage_written,
-            self.storage_read,
-            self.storage_held,
-            self.instance_type,
-            self.region,
-            self.ipv4 as u8
-        )
-    }
-}
-
-pub const USAGE_CSV_HEADER: &str = "queue,time,network_sent,network_received,storage_written,\
-storage_read,storage_held,instance_type,region,ipv4\n";
-
-/// The nine counters of a `stats` line after its time, in the manual's order (`getlivestats`).
-pub const STATS_COLUMNS: [&str; 9] = [
-    "messages",
-    "publishers",
-    "subscribers",
-    "saved_subscribers",
-    "administrators",
-    "unacknowledged",
-    "dead_letter",
-    "delayed",
-    "durable",
-];
-
-pub const STATS_CSV_HEADER: &str = "queue,time,messages,publishers,subscribers,\
-saved_subscribers,administrators,unacknowledged,dead_letter,delayed,durable\n";
-
-/// Checks one `stats` line: the time and nine counters.
-pub fn is_stats_line(line: &str) -> Option<u64> {
-    let fields: Vec<&str> = line.trim_end().split(',').collect();
-    let numbers = fields.iter().all(|f| f.parse::<u64>().is_ok());
-    (fields.len() == 10 && numbers).then(|| fields[0].parse().ok())?
-}
+pub use qe_shared::node_channel::{StatsRecord, UsageRecord};
 
 /// One line of a bill.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -106,17 +26,6 @@ pub struct BillLine {
     pub unit: &'static str,
     pub unit_price: f64,
     pub amount: f64,
-}
-
-pub const BILL_CSV_HEADER: &str = "queue,item,quantity,unit,unit_price,amount\n";
-
-impl BillLine {
-    pub fn csv(&self) -> String {
-        format!(
-            "{},{},{},{},{},{}\n",
-            self.queue, self.item, self.quantity, self.unit, self.unit_price, self.amount
-        )
-    }
 }
 
 /// What one queue used in the month, summed over its records.
@@ -158,13 +67,18 @@ pub fn bill(
         sums.received += record.network_received;
         sums.held_byte_secs += record.storage_held as f64 * period as f64;
     }
-    let line = |item: String, quantity: f64, unit, unit_price: f64| BillLine {
-        queue: queue.to_string(),
-        item,
-        quantity: round(quantity),
-        unit,
-        unit_price,
-        amount: round(quantity * unit_price),
+    // The amount is the quantity as shown times the price, so every line multiplies out as
+    // printed (to the millionth both are shown at).
+    let line = |item: String, quantity: f64, unit, unit_price: f64| {
+        let quantity = round(quantity);
+        BillLine {
+            queue: queue.to_string(),
+            item,
+            quantity,
+            unit,
+            unit_price,
+            amount: round(quantity * unit_price),
+        }
     };
     let mut lines: Vec<BillLine> = sums
         .instance_secs
@@ -250,7 +164,7 @@ mod tests {
     use super::*;
 
     fn record(time: u64, sent: u64, held: u64, ipv4: bool) -> UsageRecord {
-        UsageRecord::parse(&format!(
+        UsageRecord::from_line(&format!(
             "{time},{sent},5,0,0,{held},m5.large,eu-west-1,{}",
             ipv4 as u8
         ))
@@ -260,14 +174,67 @@ mod tests {
     #[test]
     fn lines_parse_and_bad_ones_do_not() {
         let line = "1794182400,10,20,30,40,4096,m4.xlarge,us-east-1,1";
-        let parsed = UsageRecord::parse(line).unwrap();
+        let parsed = UsageRecord::from_line(line).unwrap();
         assert_eq!((parsed.network_received, parsed.ipv4), (20, true));
-        assert_eq!(parsed.csv("q").trim_end(), format!("q,{line}"));
-        for bad in ["", "1,2,3", "x,0,0,0,0,0,a,b,1", "1,0,0,0,0,0,a,b,2"] {
-            assert_eq!(UsageRecord::parse(bad), None, "{bad}");
+        assert_eq!(
+            (parsed.instance_type.as_str(), parsed.region.as_str()),
+            ("m4.xlarge", "us-east-1")
+        );
+        for bad in [
+            "",
+            "1,2,3",
+            "x,0,0,0,0,0,a,b,1",
+            "1,0,0,0,0,0,a,b,2",
+            "1,0,0,0,0,0,a,b,c,1",
+        ] {
+            assert_eq!(UsageRecord::from_line(bad), None, "{bad}");
         }
-        assert_eq!(is_stats_line("5,1,2,3,4,5,6,7,8,9"), Some(5));
-        assert_eq!(is_stats_line("5,1,2"), None);
+        let stats = StatsRecord::from_line("5,1,2,3,4,5,6,7,8,9").unwrap();
+        assert_eq!(
+            (stats.time, stats.counters()),
+            (5, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+        );
+        assert_eq!(StatsRecord::from_line("5,1,2"), None);
+        assert_eq!(StatsRecord::from_line("5,1,2,3,4,5,6,7,8,x"), None);
+    }
+
+    #[test]
+    fn every_bill_line_multiplies_out_as_shown() {
+        // 400 bytes out is 0.0000004 GB, shown as 0.0: priced from the exact figure the line
+        // would say 0.0 GB for 0.000003 dollars.
+        let prices = Prices {
+            instance_hour: [("r/t".to_string(), 10.0)].into(),
+            ipv4_hour: 0.0,
+            network_out_gb: 7.0,
+            network_in_gb: 0.0,
+            storage_gb_month: 0.0,
+        };
+        let (from, to) = parse_month("2026-11").unwrap();
+        let records = [UsageRecord {
+            time: from + 1,
+            // 0.0000004 GB: shown as 0.0 GB; priced exactly it would be 0.0000028.
+            network_sent: 400,
+            network_received: 0,
+            storage_written: 0,
+            storage_read: 0,
+            storage_held: 0,
+            instance_type: "t".into(),
+            region: "r".into(),
+            ipv4: false,
+        }];
+        let lines = bill("q", from - 3599, &records, from, to, &prices);
+        for line in &lines {
+            let shown = round(line.quantity * line.unit_price);
+            assert_eq!(shown, line.amount, "{line:?}");
+        }
+        let out = lines.iter().find(|l| l.item == "network out").unwrap();
+        assert_eq!((out.quantity, out.amount), (0.0, 0.0));
+        let instance = lines
+            .iter()
+            .find(|l| l.item.starts_with("instance"))
+            .unwrap();
+        // 3600 s = 1 h exactly.
+        assert_eq!((instance.quantity, instance.amount), (1.0, 10.0));
     }
 
     #[test]

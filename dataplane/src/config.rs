@@ -109,9 +109,10 @@ pub struct ConfigFile {
     pub ping_secs: Option<u64>,
     /// Seconds a peer may stay silent before it counts as gone. Default 45.
     pub silence_limit_secs: Option<u64>,
-    /// The machine type the queue runs on, for usage records. Default "local".
+    /// The machine type the queue runs on, for usage records. Default "local"; a label
+    /// (`[a-z0-9][a-z0-9.-]{0,62}`).
     pub instance_type: Option<String>,
-    /// The region it runs in, for usage records. Default "local".
+    /// The region it runs in, for usage records. Default "local"; a label.
     pub region: Option<String>,
     /// Whether the queue has an IPv4 address, for usage records. Default false.
     #[serde(default)]
@@ -235,6 +236,14 @@ pub enum ConfigError {
 
 const DEFAULT_LISTEN: &str = "[::]:443";
 
+/// A usage label from the file, "local" by default; it goes into every usage record, so it
+/// must be one ([`qe_shared::labels`]).
+fn label(field: &str, value: Option<String>) -> Result<String, ConfigError> {
+    let value = value.unwrap_or_else(|| "local".into());
+    qe_shared::labels::check(field, &value).map_err(ConfigError::Invalid)?;
+    Ok(value)
+}
+
 impl Config {
     /// Reads `--config` if given, then lays the flags over it.
     pub fn load(flags: Flags) -> Result<Config, ConfigError> {
@@ -316,7 +325,7 @@ impl Config {
             (false, Some(cert), Some(key)) => Transport::Tls { cert, key },
             (true, _, _) => return Err(invalid("--plaintext excludes --tls-cert and --tls-key")),
             (false, None, None) => {
-                return Err(invalid("give --plaintext, or --tls-cert and --tls-key"))
+                return Err(invalid("give --plaintext, or --tls-cert and --tls-key"));
             }
             (false, _, _) => return Err(invalid("--tls-cert and --tls-key go together")),
         };
@@ -341,7 +350,7 @@ impl Config {
             _ => {
                 return Err(invalid(
                     "control_plane, queue_id and node_token go together",
-                ))
+                ));
             }
         };
         Ok(Config {
@@ -372,8 +381,8 @@ impl Config {
                     .unwrap_or(fixed::MESSAGE_TIMEOUT_SECS),
             ),
             usage_labels: UsageLabels {
-                instance_type: file.instance_type.unwrap_or_else(|| "local".into()),
-                region: file.region.unwrap_or_else(|| "local".into()),
+                instance_type: label("instance_type", file.instance_type)?,
+                region: label("region", file.region)?,
                 ipv4: file.ipv4,
             },
             keepalive: {

@@ -8,7 +8,7 @@
 use crate::config::ReportTo;
 use crate::history::Kind;
 use crate::node::Node;
-use serde_json::json;
+use qe_shared::node_channel::{NodeReport, StatsRecord, UsageRecord};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -143,7 +143,10 @@ impl Reporter {
         let response = client
             .post(url)
             .bearer_auth(&to.token)
-            .json(&json!({"final": true}))
+            .json(&NodeReport {
+                last: true,
+                ..NodeReport::default()
+            })
             .send()
             .await?;
         match response.status() {
@@ -161,10 +164,11 @@ impl Reporter {
             if usage.is_empty() && stats.is_empty() {
                 return Ok(());
             }
-            let lines = |records: &[(u64, String)]| -> Vec<String> {
-                records.iter().map(|(_, line)| line.clone()).collect()
+            let body = NodeReport {
+                usage: structured(&usage, UsageRecord::from_line),
+                stats: structured(&stats, StatsRecord::from_line),
+                last: false,
             };
-            let body = json!({"usage": lines(&usage), "stats": lines(&stats)});
             let (to, client) = self.target();
             let url = format!("{}/v1/nodes/{}/reports", to.url, to.queue_id);
             let response = client
@@ -191,4 +195,19 @@ impl Reporter {
             marked.await.expect("marking never panics")?;
         }
     }
+}
+
+/// The history's lines as records. A line that does not read (a damaged entry) cannot be
+/// billed from either: it is logged and skipped, and the cursor moves past it with the rest.
+fn structured<T>(lines: &[(u64, String)], read: impl Fn(&str) -> Option<T>) -> Vec<T> {
+    lines
+        .iter()
+        .filter_map(|(time, line)| {
+            let record = read(line);
+            if record.is_none() {
+                tracing::warn!(time, line, "a history record does not read; not reported");
+            }
+            record
+        })
+        .collect()
 }

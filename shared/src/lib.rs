@@ -4,11 +4,13 @@
 //! - [`settings`]: the queue's settings (names, defaults, ranges, read/write), one table for the
 //!   config loader, `getcfg` and `setcfg`.
 //! - [`password`]: passwords as they may rest (salted hashes), for both sides.
+//! - [`labels`]: what a region or instance type may be called.
 //! - [`node_channel`]: what a node and its control plane say to each other.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
 
 pub mod calendar;
 pub mod code;
+pub mod labels;
 pub mod node_channel;
 pub mod password;
 pub mod protocol;

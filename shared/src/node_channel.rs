@@ -7,7 +7,9 @@
 //! - `POST /v1/nodes/{id}/applied` with [`Applied`]: the version the node now serves;
 //! - `POST /v1/nodes/{id}/certificate` with [`CertificateRequest`]: a CSR for the queue's own
 //!   name, answered with the chain ([`IssuedCertificate`]); the key never leaves the node;
-//! - `POST /v1/nodes/{id}/reports`: usage and stats records (see the data plane's reporter).
+//! - `POST /v1/nodes/{id}/reports` with [`NodeReport`]: usage and stats records, each a JSON
+//!   object (labels are never joined into text a comma could split), answered with
+//!   [`ReportReceipt`].
 //!
 //! Every call carries the node's credential as a bearer token.
 
@@ -129,6 +131,150 @@ pub struct CertificateRequest {
 pub struct IssuedCertificate {
     /// The leaf first, then the intermediates.
     pub chain_pem: String,
+}
+
+/// `POST /v1/nodes/{id}/reports`: new records of the node's history, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeReport {
+    #[serde(default)]
+    pub usage: Vec<UsageRecord>,
+    #[serde(default)]
+    pub stats: Vec<StatsRecord>,
+    /// The node is stopping and this is its last report.
+    #[serde(default, rename = "final")]
+    pub last: bool,
+}
+
+/// One usage record (the manual's `getusage` line): its period ends at `time`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageRecord {
+    pub time: u64,
+    pub network_sent: u64,
+    pub network_received: u64,
+    pub storage_written: u64,
+    pub storage_read: u64,
+    /// The average on-disk size over the period.
+    pub storage_held: u64,
+    pub instance_type: String,
+    pub region: String,
+    pub ipv4: bool,
+}
+
+impl UsageRecord {
+    /// Reads one `getusage` line (`TIME,SENT,RECEIVED,WRITTEN,READ,HELD,TYPE,REGION,IPV4`);
+    /// None if it is not one. Only for labels that hold no comma (as the node's own are:
+    /// [`crate::labels`]).
+    pub fn from_line(line: &str) -> Option<UsageRecord> {
+        let fields: Vec<&str> = line.trim_end().split(',').collect();
+        let [time, sent, received, written, read, held, instance_type, region, ipv4] =
+            fields.as_slice()
+        else {
+            return None;
+        };
+        let number = |text: &str| text.parse::<u64>().ok();
+        Some(UsageRecord {
+            time: number(time)?,
+            network_sent: number(sent)?,
+            network_received: number(received)?,
+            storage_written: number(written)?,
+            storage_read: number(read)?,
+            storage_held: number(held)?,
+            instance_type: instance_type.to_string(),
+            region: region.to_string(),
+            ipv4: match *ipv4 {
+                "0" => false,
+                "1" => true,
+                _ => return None,
+            },
+        })
+    }
+}
+
+/// One stats record (the manual's `getstats` line): the counters of `getlivestats` at `time`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsRecord {
+    pub time: u64,
+    pub messages: u64,
+    pub publishers: u64,
+    pub subscribers: u64,
+    pub saved_subscribers: u64,
+    pub administrators: u64,
+    pub unacknowledged: u64,
+    pub dead_letter: u64,
+    pub delayed: u64,
+    pub durable: u64,
+}
+
+impl StatsRecord {
+    /// The counters' names, in the manual's order (`getlivestats`).
+    pub const COLUMNS: [&'static str; 9] = [
+        "messages",
+        "publishers",
+        "subscribers",
+        "saved_subscribers",
+        "administrators",
+        "unacknowledged",
+        "dead_letter",
+        "delayed",
+        "durable",
+    ];
+
+    /// Reads one `getstats` line (the time and nine counters); None if it is not one.
+    pub fn from_line(line: &str) -> Option<StatsRecord> {
+        let numbers: Vec<u64> = line
+            .trim_end()
+            .split(',')
+            .map(|field| field.parse().ok())
+            .collect::<Option<_>>()?;
+        let [time, messages, publishers, subscribers, saved_subscribers, administrators, unacknowledged, dead_letter, delayed, durable] =
+            numbers.as_slice().try_into().ok()?;
+        Some(StatsRecord {
+            time,
+            messages,
+            publishers,
+            subscribers,
+            saved_subscribers,
+            administrators,
+            unacknowledged,
+            dead_letter,
+            delayed,
+            durable,
+        })
+    }
+
+    /// The counters, in [`StatsRecord::COLUMNS`]' order.
+    pub fn counters(&self) -> [u64; 9] {
+        [
+            self.messages,
+            self.publishers,
+            self.subscribers,
+            self.saved_subscribers,
+            self.administrators,
+            self.unacknowledged,
+            self.dead_letter,
+            self.delayed,
+            self.durable,
+        ]
+    }
+}
+
+/// The answer to a report: per kind, how many of its records were new and how many were kept
+/// already (sent again after a reply that was lost).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportReceipt {
+    pub usage: Counted,
+    pub stats: Counted,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Counted {
+    pub new: u64,
+    pub already_kept: u64,
 }
 
 #[cfg(test)]

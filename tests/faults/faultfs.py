@@ -2,8 +2,10 @@
 
 Usage: faultfs.py BACKING MOUNTPOINT CONTROL (as root; needs fusepy and libfuse2). Runs in
 the foreground until unmounted. While the file CONTROL says `fail`, every fsync and fdatasync
-fails with EIO, as on a disk whose writes the kernel could not complete; anything else in it
-heals the disk. Writes, reads and everything else still work, so what fails is exactly the
+fails with EIO, as on a disk whose writes the kernel could not complete; while it says
+`hold`, every write and sync waits (printing `held` on stdout as it starts waiting) until it
+says something else, as on a disk that has stalled (writes too, since some stores sync with
+sync_file_range, which FUSE never sees); anything else in it heals the disk. Writes, reads and everything else still work, so what fails is exactly the
 sync: the case where Linux may already have dropped the pages it could not write, and a
 second sync would report success for data that never reached the disk. The file is read at
 every sync, so a change applies to the very next one.
@@ -13,18 +15,32 @@ The Rust side is tests/src/disks.rs.
 import errno
 import os
 import sys
+import time
 
 from fuse import FUSE, FuseOSError, Operations
 
 CONTROL = None
 
 
-def syncs_fail():
+def control():
     try:
         with open(CONTROL) as control:
-            return control.read().strip() == "fail"
+            return control.read().strip()
     except FileNotFoundError:
-        return False
+        return ""
+
+
+def wait_while_held():
+    if control() == "hold":
+        print("held", flush=True)
+        while control() == "hold":
+            time.sleep(0.01)
+
+
+def syncs_fail():
+    """Waits while the disk is held; then whether syncs fail."""
+    wait_while_held()
+    return control() == "fail"
 
 
 class Passthrough(Operations):
@@ -125,6 +141,7 @@ class Passthrough(Operations):
         return os.utime(path, times)
 
     def write(self, path, data, offset, fh):
+        wait_while_held()
         return os.pwrite(fh, data, offset)
 
 

@@ -70,11 +70,13 @@ pub fn data_dir_on(dir: &Path) -> (tempfile::TempDir, tempfile::TempDir) {
     (data, meta)
 }
 
-/// A FUSE pass-through whose syncs fail on command.
+/// A FUSE pass-through whose syncs fail, or stall, on command.
 pub struct FailingSyncs {
     daemon: Child,
     mount: PathBuf,
     control: PathBuf,
+    /// A message per write or sync that began to wait while the disk is held.
+    held: std::sync::mpsc::Receiver<()>,
     _dirs: tempfile::TempDir,
 }
 
@@ -89,14 +91,25 @@ impl FailingSyncs {
         let mut daemon = Command::new(python())
             .arg(script)
             .args([&backing, &mount, &control])
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .expect("start faultfs.py");
+        let (held_tx, held) = std::sync::mpsc::channel();
+        let stdout = std::io::BufReader::new(daemon.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in stdout.lines().map_while(Result::ok) {
+                if line == "held" && held_tx.send(()).is_err() {
+                    return;
+                }
+            }
+        });
         wait_until_mounted(&mount, &mut daemon);
         FailingSyncs {
             daemon,
             mount,
             control,
+            held,
             _dirs: dirs,
         }
     }
@@ -110,6 +123,21 @@ impl FailingSyncs {
         std::fs::write(&self.control, "fail").unwrap();
     }
 
+    /// Every write and sync from now on waits, until the guard is dropped: a stalled disk.
+    /// Keep the guard after whatever uses the disk, so that a test that fails heals the disk
+    /// before it stops that (a process waiting on a held disk cannot even be killed).
+    pub fn hold(&self) -> Held<'_> {
+        std::fs::write(&self.control, "hold").unwrap();
+        Held(self)
+    }
+
+    /// Waits until a write or sync is being held.
+    pub fn wait_for_held(&self) {
+        self.held
+            .recv_timeout(PROMPT)
+            .expect("a write or sync began while the disk is held");
+    }
+
     /// Syncs work again.
     pub fn heal(&self) {
         std::fs::write(&self.control, "ok").unwrap();
@@ -121,6 +149,15 @@ impl Drop for FailingSyncs {
         let _ = Command::new("umount").arg(&self.mount).status();
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
+    }
+}
+
+/// The disk is held until this is dropped ([`FailingSyncs::hold`]).
+pub struct Held<'a>(&'a FailingSyncs);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.heal();
     }
 }
 

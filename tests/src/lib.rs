@@ -743,6 +743,11 @@ impl ControlPlane {
         ControlPlane::start_at(tempfile::tempdir().unwrap(), listen, extra, &[])
     }
 
+    /// With its config and data in `dir` (on a file system of a test's choosing).
+    pub fn start_in(dir: tempfile::TempDir, extra: &str) -> ControlPlane {
+        ControlPlane::start_at(dir, "127.0.0.1:0", extra, &[])
+    }
+
     /// With flags after `serve --config FILE`.
     pub fn start_with_flags(flags: &[&str]) -> ControlPlane {
         ControlPlane::start_at(tempfile::tempdir().unwrap(), "127.0.0.1:0", "", flags)

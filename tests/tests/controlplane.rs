@@ -692,18 +692,19 @@ async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_on
         None,
     )
     .await;
-    let line = csv
-        .lines()
-        .nth(1)
-        .unwrap()
-        .split_once(',')
-        .unwrap()
-        .1
-        .to_string();
-    let report = json!({"usage": [line]}).to_string();
+    assert_eq!(csv.lines().count(), 2, "{csv}");
+    let (_, usage) = cp.call("GET", &path, None).await;
+    let mut record = usage["usage"][0].clone();
+    record.as_object_mut().unwrap().remove("queue");
+    let report = json!({ "usage": [record] }).to_string();
     let reports = format!("/v1/nodes/{id}/reports");
-    let (status, _) = http(cp.addr, "POST", &reports, Some(token), Some(&report)).await;
+    let (status, receipt) = http(cp.addr, "POST", &reports, Some(token), Some(&report)).await;
     assert_eq!(status, 200);
+    assert_eq!(
+        receipt,
+        json!({"usage": {"new": 0, "already_kept": 1}, "stats": {"new": 0, "already_kept": 0}}),
+        "the receipt says it was kept already"
+    );
     let (_, usage) = cp.call("GET", &path, None).await;
     assert_eq!(usage["usage"].as_array().unwrap().len(), 1, "{usage}");
 
@@ -719,7 +720,7 @@ async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_on
     assert_eq!(status, 401);
     let (status, _) = http(cp.addr, "POST", &reports, Some(&cp.token), Some(&report)).await;
     assert_eq!(status, 401);
-    let bad = json!({"usage": ["1,2,3"]}).to_string();
+    let bad = json!({"usage": [{"time": 1}]}).to_string();
     let (status, _) = http(cp.addr, "POST", &reports, Some(token), Some(&bad)).await;
     assert_eq!(status, 400);
 }
@@ -1069,8 +1070,28 @@ async fn the_stats_nodes_report_are_served_by_day_as_json_and_csv() {
     let table = cp.node_config(id);
     let token = table["node_token"].as_str().unwrap();
     // 2026-11-09 00:05 and 2026-11-10 00:05 UTC, in the manual's getstats form.
-    let report =
-        json!({"stats": ["1794182700,10,0,1,0,1,3,0,1,9", "1794269100,1,2,3,4,5,6,7,8,9"]});
+    let stats = |time: u64, counters: [u64; 9]| {
+        let mut record = json!({ "time": time });
+        let names = [
+            "messages",
+            "publishers",
+            "subscribers",
+            "saved_subscribers",
+            "administrators",
+            "unacknowledged",
+            "dead_letter",
+            "delayed",
+            "durable",
+        ];
+        for (name, count) in names.iter().zip(counters) {
+            record[*name] = json!(count);
+        }
+        record
+    };
+    let report = json!({"stats": [
+        stats(1794182700, [10, 0, 1, 0, 1, 3, 0, 1, 9]),
+        stats(1794269100, [1, 2, 3, 4, 5, 6, 7, 8, 9]),
+    ]});
     let path = format!("/v1/nodes/{id}/reports");
     let (status, _) = http(
         cp.addr,
@@ -1099,8 +1120,8 @@ async fn the_stats_nodes_report_are_served_by_day_as_json_and_csv() {
         csv,
         format!(
             "queue,time,messages,publishers,subscribers,saved_subscribers,administrators,\
-             unacknowledged,dead_letter,delayed,durable\n\
-             {id},1794182700,10,0,1,0,1,3,0,1,9\n{id},1794269100,1,2,3,4,5,6,7,8,9\n"
+             unacknowledged,dead_letter,delayed,durable\r\n\
+             {id},1794182700,10,0,1,0,1,3,0,1,9\r\n{id},1794269100,1,2,3,4,5,6,7,8,9\r\n"
         )
     );
     let (status, _) = cp
@@ -1115,7 +1136,7 @@ async fn the_stats_nodes_report_are_served_by_day_as_json_and_csv() {
         )
         .await;
     assert_eq!(status, 404);
-    let bad = json!({"stats": ["1794182700,1,2"]}).to_string();
+    let bad = json!({"stats": [{"time": 1794182700u64, "messages": 1}]}).to_string();
     let (status, _) = http(cp.addr, "POST", &path, Some(token), Some(&bad)).await;
     assert_eq!(status, 400, "a stats line has a time and nine counters");
 }

@@ -121,10 +121,15 @@ async fn download(addr: std::net::SocketAddr, path: &str, token: &str) -> (u16, 
     (status, response[end + 4..].to_vec())
 }
 
-/// The node's last report, as a node makes it when it stops: its records, then `final`.
+/// The node's last report, as a node makes it when it stops: its records (given as
+/// `getusage` lines), then `final`.
 async fn last_report(cp: &ControlPlane, id: &str, token: &str, usage: &[String]) {
     let path = format!("/v1/nodes/{id}/reports");
-    let body = json!({"usage": usage}).to_string();
+    let usage: Vec<qe_shared::node_channel::UsageRecord> = usage
+        .iter()
+        .map(|line| qe_shared::node_channel::UsageRecord::from_line(line).unwrap())
+        .collect();
+    let body = json!({ "usage": usage }).to_string();
     let (status, reply) = http(cp.addr, "POST", &path, Some(token), Some(&body)).await;
     assert_eq!(status, 200, "{reply}");
     let (status, reply) = http(

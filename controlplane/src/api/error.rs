@@ -1,4 +1,6 @@
 //! The API's errors: each says its HTTP status and renders as `{"error":{"code","message"}}`.
+//! The `code` strings are stable (scripts match on them); [`CODES`] lists them, and a test
+//! checks the list against the OpenAPI document.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -15,6 +17,13 @@ pub enum ApiError {
     NotFound(String),
     #[error("no such route")]
     NoSuchRoute,
+    /// The route is there, not for this method; `allow` lists the ones it takes.
+    #[error("this route does not take that method")]
+    MethodNotAllowed,
+    #[error("the request body is larger than this route takes")]
+    PayloadTooLarge,
+    #[error("the request body must be JSON (Content-Type: application/json)")]
+    UnsupportedMediaType,
     #[error("no certificate has been issued yet")]
     NoCertificate,
     #[error("{0}")]
@@ -29,6 +38,20 @@ pub enum ApiError {
     TooManyRequests(u64),
 }
 
+/// Every `code` an error may carry.
+pub const CODES: [&str; 10] = [
+    "unauthorized",
+    "bad_request",
+    "not_found",
+    "method_not_allowed",
+    "payload_too_large",
+    "unsupported_media_type",
+    "conflict",
+    "internal",
+    "unavailable",
+    "too_many_requests",
+];
+
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
@@ -36,6 +59,11 @@ impl ApiError {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ApiError::NotFound(_) | ApiError::NoSuchRoute | ApiError::NoCertificate => {
                 (StatusCode::NOT_FOUND, "not_found")
+            }
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::UnsupportedMediaType => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -74,5 +102,46 @@ impl IntoResponse for ApiError {
 impl From<crate::store::StoreError> for ApiError {
     fn from(error: crate::store::StoreError) -> ApiError {
         ApiError::Internal(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_is_listed_and_in_the_openapi_document() {
+        let errors = [
+            ApiError::Unauthorized { token_given: false },
+            ApiError::BadRequest(String::new()),
+            ApiError::NotFound(String::new()),
+            ApiError::NoSuchRoute,
+            ApiError::NoCertificate,
+            ApiError::MethodNotAllowed,
+            ApiError::PayloadTooLarge,
+            ApiError::UnsupportedMediaType,
+            ApiError::Conflict(String::new()),
+            ApiError::Internal(String::new()),
+            ApiError::Unavailable(String::new()),
+            ApiError::TooManyRequests(1),
+        ];
+        let mut codes: Vec<&str> = errors.iter().map(|e| e.status_and_code().1).collect();
+        codes.sort();
+        codes.dedup();
+        let mut listed = CODES.to_vec();
+        listed.sort();
+        assert_eq!(codes, listed);
+        let document: serde_json::Value =
+            serde_json::from_str(include_str!("../../openapi.json")).unwrap();
+        let code = &document["components"]["schemas"]["Error"]["properties"]["error"]["properties"]
+            ["code"]["enum"];
+        let mut documented: Vec<&str> = code
+            .as_array()
+            .expect("the Error schema lists its codes")
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        documented.sort();
+        assert_eq!(documented, listed);
     }
 }

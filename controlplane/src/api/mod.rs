@@ -1,26 +1,31 @@
-//! The operator's HTTP API. Every request carries `Authorization: Bearer TOKEN` except
-//! `/healthz` and `/openapi.json`; errors are JSON (`error.rs`); the queue routes are in
-//! `queues.rs`, `/metrics` in `metrics.rs`.
+//! The operator's HTTP API. Every request carries `Authorization: Bearer TOKEN` (the
+//! operator's, or on `/v1/nodes/{id}/…` the node's) except `/healthz` and `/openapi.json`,
+//! and the token is checked before a body is read; every error is JSON (`error.rs`), also
+//! the router's own and the extractors' (`extract.rs`); the queue routes are in `queues.rs`,
+//! `/metrics` in `metrics.rs`.
 
+pub mod csv;
 mod error;
+mod extract;
 mod metrics;
 pub mod nodes;
 pub mod queues;
 pub mod tls;
 mod usage;
 
-pub use error::ApiError;
+pub use error::{ApiError, CODES};
 pub use metrics::Metrics;
 
 use crate::config::Config;
 use crate::fleet::Provider;
 use crate::store::Store;
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
+use extract::Json;
 use serde_json::json;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
@@ -46,6 +51,12 @@ pub struct AppState {
 /// The API's description, kept beside the code and checked against the router by tests.
 const OPENAPI: &str = include_str!("../../openapi.json");
 
+/// The largest request body most routes take: a new queue or a CSR is well under this.
+const BODY_AT_MOST: usize = 64 * 1024;
+/// A node's report: up to 500 records of each kind (the data plane's batch) at a few hundred
+/// bytes each, with room to spare.
+const REPORT_AT_MOST: usize = 1024 * 1024;
+
 pub fn router(state: Arc<AppState>) -> Router {
     let operator = Router::new()
         .route("/v1/queues", post(queues::create).get(queues::list))
@@ -61,9 +72,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/certificate/renew", post(renew_certificates))
         .route("/metrics", get(metrics::render))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    // Nodes report with their own tokens (checked in the handler); two routes need none.
-    let open = Router::new()
-        .route("/v1/nodes/{id}/reports", post(usage::receive))
+    // Nodes call with their own tokens, checked before the body is read.
+    let node = Router::new()
+        .route(
+            "/v1/nodes/{id}/reports",
+            post(usage::receive).layer(DefaultBodyLimit::max(REPORT_AT_MOST)),
+        )
         .route("/v1/nodes/{id}/config", get(nodes::config))
         .route("/v1/nodes/{id}/applied", post(nodes::applied))
         .route("/v1/nodes/{id}/dataplane", get(nodes::dataplane))
@@ -71,14 +85,23 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/nodes/{id}/certificate",
             get(nodes::cluster_certificate).post(nodes::certificate_for_csr),
         )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            nodes::require_node_token,
+        ));
+    let open = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
             "/openapi.json",
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         );
     operator
+        .merge(node)
         .merge(open)
         .fallback(|| async { ApiError::NoSuchRoute })
+        // Last, so it reaches every route; axum adds the `Allow` header.
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(BODY_AT_MOST))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             metrics::record,
@@ -95,14 +118,14 @@ async fn renew_certificates(
         crate::certificates::NodeCertificates::Wildcard { .. } => {
             state.renew_certificate.notify_one()
         }
-        _ => crate::queues::renew_certificates(&state.store)?,
+        _ => crate::queues::renew_certificates(&state.store).await?,
     }
     Ok((StatusCode::ACCEPTED, Json(json!({"status": "renewing"}))))
 }
 
 /// The token a request presents (`Authorization: Bearer TOKEN`), or "". The scheme's name is
 /// case-insensitive (RFC 7235 §2.1), and one or more spaces end it (RFC 6750 §2.1).
-fn bearer(headers: &axum::http::HeaderMap) -> &str {
+pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> &str {
     let Some(credentials) = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
@@ -116,7 +139,7 @@ fn bearer(headers: &axum::http::HeaderMap) -> &str {
 }
 
 /// The 401 for a request that presented `token` ("" for none).
-fn unauthorized(token: &str) -> ApiError {
+pub(crate) fn unauthorized(token: &str) -> ApiError {
     ApiError::Unauthorized {
         token_given: !token.is_empty(),
     }

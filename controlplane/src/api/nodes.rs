@@ -2,15 +2,15 @@
 //! credential, pulls and watches its desired config, says which version it serves, and sends
 //! CSRs for its own certificate; with the cluster wildcard (opt-in), it fetches that.
 
+use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
 use crate::certificates::NodeCertificates;
 use crate::queues::{Queue, Status};
 use crate::store::StoreError;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use qe_shared::node_channel::{
     Applied, CertificateRequest, DesiredConfig, IssuedCertificate, NodeTls, WATCH_HOLD_SECS,
 };
@@ -22,18 +22,33 @@ use std::time::Duration;
 /// How soon a node may have its certificate issued again, unless asked for a new one.
 const REISSUE_AFTER: Duration = Duration::from_secs(3600);
 
-/// Queue `id`'s record, if the request carries a credential of its node; and which one.
-pub async fn check_node(
-    state: &AppState,
-    id: &str,
-    headers: &HeaderMap,
-) -> Result<(Queue, u64), ApiError> {
-    let presented = super::bearer(headers);
+/// Who is calling on a node route: the queue whose node credential the request carries
+/// (its record as it was then), and which credential.
+#[derive(Clone)]
+pub struct NodeCaller {
+    pub queue: Queue,
+    pub credential: u64,
+}
+
+/// Lets a request to `/v1/nodes/{id}/…` through only with a credential of queue `id`'s
+/// node, before its body is read; the handler gets the [`NodeCaller`].
+pub async fn require_node_token(
+    State(state): State<Arc<AppState>>,
+    Path(params): Path<std::collections::HashMap<String, String>>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let presented = super::bearer(request.headers());
+    let id = params.get("id").map(String::as_str).unwrap_or_default();
     let queue = state.store.get(id)?.ok_or(super::unauthorized(presented))?;
-    match state.node_tokens.check(&queue, presented) {
-        Some(credential) => Ok((queue, credential)),
-        None => Err(super::unauthorized(presented)),
-    }
+    let credential = state
+        .node_tokens
+        .check(&queue, presented)
+        .ok_or(super::unauthorized(presented))?;
+    request
+        .extensions_mut()
+        .insert(NodeCaller { queue, credential });
+    Ok(next.run(request).await)
 }
 
 /// What `queue`'s node should be now.
@@ -70,12 +85,10 @@ pub struct Watch {
 /// otherwise once its version passes `after`, or `204` after [`WATCH_HOLD_SECS`].
 pub async fn config(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    query: Result<Query<Watch>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
+    Extension(NodeCaller { queue, .. }): Extension<NodeCaller>,
+    Query(watch): Query<Watch>,
 ) -> Result<Response, ApiError> {
-    let (queue, _) = check_node(&state, &id, &headers).await?;
-    let Query(watch) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let id = queue.id.clone();
     let after = watch.after.unwrap_or(0);
     let queue = match queue.config_version > after || watch.after.is_none() {
         true => queue,
@@ -89,7 +102,7 @@ pub async fn config(
                 }
                 // Its credential went with its queue.
                 Some(queue) if queue.status == Status::Deleted => {
-                    return Err(ApiError::Unauthorized { token_given: true })
+                    return Err(ApiError::Unauthorized { token_given: true });
                 }
                 _ => return Ok(StatusCode::NO_CONTENT.into_response()),
             }
@@ -103,13 +116,11 @@ pub async fn config(
 /// retires the old one.
 pub async fn applied(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Json<Applied>, JsonRejection>,
+    Extension(caller): Extension<NodeCaller>,
+    Json(applied): Json<Applied>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let (_, credential) = check_node(&state, &id, &headers).await?;
-    let Json(applied) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
-    let updated = state.store.update(&id, |queue| {
+    let credential = caller.credential;
+    let updated = state.store.update(&caller.queue.id, |queue| {
         // Never past what was asked for: a node cannot claim a config it was not given.
         let version = applied.version.min(queue.config_version);
         queue.applied_version = queue.applied_version.max(version);
@@ -123,8 +134,10 @@ pub async fn applied(
             queue.next_node_credential = None;
         }
         Ok::<_, StoreError>(())
-    })?;
-    let (queue, ()) = updated.ok_or(ApiError::Unauthorized { token_given: true })?;
+    });
+    let (queue, ()) = updated
+        .await?
+        .ok_or(ApiError::Unauthorized { token_given: true })?;
     Ok(Json(json!({"applied": queue.applied_version})))
 }
 
@@ -133,12 +146,9 @@ pub async fn applied(
 /// a certificate for another queue.
 pub async fn certificate_for_csr(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Json<CertificateRequest>, JsonRejection>,
+    Extension(NodeCaller { queue, .. }): Extension<NodeCaller>,
+    Json(request): Json<CertificateRequest>,
 ) -> Result<Json<IssuedCertificate>, ApiError> {
-    let (queue, _) = check_node(&state, &id, &headers).await?;
-    let Json(request) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let NodeCertificates::PerQueue(issuer) = &state.node_certificates else {
         return Err(ApiError::Conflict(
             "this cluster does not issue certificates per queue".into(),
@@ -169,11 +179,12 @@ pub async fn certificate_for_csr(
     .await
     .map_err(refused)?;
     let issued = (queue.certificate_generation, crate::unix_now());
-    state.store.update(&queue.id, |queue| {
+    let recorded = state.store.update(&queue.id, |queue| {
         queue.certificate_issuer = Some(issuer.name());
         queue.certificate_issued = Some(issued);
         Ok::<_, StoreError>(())
-    })?;
+    });
+    recorded.await?;
     tracing::info!(queue = %queue.id, "a node's certificate was issued");
     Ok(Json(IssuedCertificate { chain_pem }))
 }
@@ -182,10 +193,7 @@ pub async fn certificate_for_csr(
 /// opt-in wildcard mode only (404 until one is issued).
 pub async fn cluster_certificate(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    check_node(&state, &id, &headers).await?;
     let NodeCertificates::Wildcard { issuer } = &state.node_certificates else {
         return Err(ApiError::NoCertificate);
     };
@@ -201,12 +209,7 @@ pub async fn cluster_certificate(
 /// `GET /v1/nodes/{id}/dataplane`: the `dataplane` binary this control plane runs with, for a
 /// cloud node's first boot (which checks it against the SHA-256 its user data carries), so a
 /// node needs no other download source.
-pub async fn dataplane(
-    State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    check_node(&state, &id, &headers).await?;
+pub async fn dataplane(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let path = state.config.dataplane_binary();
     let file = tokio::fs::File::open(&path)
         .await

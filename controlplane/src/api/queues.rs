@@ -2,13 +2,12 @@
 //! wants and read state; the reconciler (`reconciler.rs`) makes it so, and nodes confirm
 //! over the channel (`nodes.rs`).
 
+use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
 use crate::queues::{self, IssuedLogins, NewQueue, Queue, Status};
 use crate::store::StoreError;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::Json;
 use qe_shared::protocol::Role;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -49,20 +48,23 @@ fn view(state: &AppState, queue: &Queue) -> Value {
 /// logins, shown here once.
 pub async fn create(
     State(state): State<Arc<AppState>>,
-    body: Result<Json<NewQueue>, JsonRejection>,
+    Json(new): Json<NewQueue>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let Json(new) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
-    let (queue, logins) = provision(&state, new)?;
+    let (queue, logins) = provision(&state, new).await?;
     let mut shown = view(&state, &queue);
     shown["logins"] = serde_json::to_value(&logins).expect("strings serialize");
     Ok((StatusCode::CREATED, Json(shown)))
 }
 
-/// Records a new queue and wakes the reconciler (also used by `controlplane dev`).
-pub fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
+/// Records a new queue and wakes the reconciler (also used by `controlplane dev`). Its
+/// labels go into every usage record and bill line: they must be labels
+/// ([`qe_shared::labels`]), and ones its provider offers.
+pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
+    qe_shared::labels::check("region", &new.region).map_err(ApiError::BadRequest)?;
+    qe_shared::labels::check("instance_type", &new.instance_type).map_err(ApiError::BadRequest)?;
     state.fleet.can_run(&new).map_err(ApiError::BadRequest)?;
     let (queue, logins) = queues::create(new);
-    state.store.put(&queue)?;
+    state.store.put(&queue).await?;
     state.reconcile.notify_one();
     Ok((queue, logins))
 }
@@ -96,9 +98,8 @@ pub struct Until {
 pub async fn get(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    query: Result<Query<Until>, QueryRejection>,
+    Query(until): Query<Until>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(until) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let queue = match until.until {
         None => state.store.get(&id)?,
         Some(status) => {
@@ -130,7 +131,8 @@ pub async fn rotate(
             )));
         }
         Ok(queues::rotate(queue, role))
-    })?;
+    });
+    let rotated = rotated.await?;
     let (queue, credentials) = rotated.ok_or_else(|| ApiError::NotFound(id.clone()))?;
     let version = queue.config_version;
     let served =
@@ -170,7 +172,8 @@ pub async fn rotate_node_credential(
         queue.next_node_credential = Some(next);
         queue.config_version += 1;
         Ok(next)
-    })?;
+    });
+    let rotated = rotated.await?;
     let (_, next) = rotated.ok_or_else(|| ApiError::NotFound(id.clone()))?;
     let taken = |queue: &Queue| queue.node_credential >= next || queue.status == Status::Deleted;
     let confirmed = state
@@ -199,8 +202,10 @@ pub async fn delete(
             queue.last_report = None;
         }
         Ok::<_, ApiError>(())
-    })?;
-    marked.ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    });
+    marked
+        .await?
+        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
     // The name stops resolving now.
     refresh_zone(&state)?;
     state.reconcile.notify_one();

@@ -1,76 +1,79 @@
 //! What nodes report (`POST /v1/nodes/{id}/reports`, with the node's token) and what the
 //! operator reads from it: `GET /v1/usage`, `GET /v1/stats` and `GET /v1/bills`, as JSON or
-//! CSV.
+//! CSV (RFC 4180, `csv.rs`).
 
+use super::csv;
+use super::extract::{Json, Query};
+use super::nodes::NodeCaller;
 use super::{ApiError, AppState};
 use crate::queues::Queue;
 use crate::store::Report;
-use crate::usage::{
-    self, UsageRecord, BILL_CSV_HEADER, STATS_COLUMNS, STATS_CSV_HEADER, USAGE_CSV_HEADER,
-};
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap};
+use crate::usage::{self, StatsRecord, UsageRecord};
+use axum::extract::{Extension, State};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use qe_shared::node_channel::{NodeReport, ReportReceipt};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A node's report: new lines of its history, in the manual's `getusage`/`getstats` form.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NodeReport {
-    #[serde(default)]
-    usage: Vec<String>,
-    #[serde(default)]
-    stats: Vec<String>,
-    /// The node is stopping and this is its last report.
-    #[serde(default, rename = "final")]
-    last: bool,
-}
-
+/// Keeps a node's records (one sent again is kept once) and says how many were new.
 pub async fn receive(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Json<NodeReport>, JsonRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    super::nodes::check_node(&state, &id, &headers).await?;
-    let Json(report) = body.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
-    let bad = |line: &str| ApiError::BadRequest(format!("not a record: {line:?}"));
-    let usage = report
-        .usage
-        .iter()
-        .map(|line| {
-            Ok((
-                UsageRecord::parse(line).ok_or_else(|| bad(line))?.time,
-                line.clone(),
-            ))
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    let stats = report
-        .stats
-        .iter()
-        .map(|line| {
-            Ok((
-                usage::is_stats_line(line).ok_or_else(|| bad(line))?,
-                line.clone(),
-            ))
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    state.store.put_reports(&id, Report::Usage, &usage)?;
-    state.store.put_reports(&id, Report::Stats, &stats)?;
+    Extension(caller): Extension<NodeCaller>,
+    Json(report): Json<NodeReport>,
+) -> Result<Json<ReportReceipt>, ApiError> {
+    let id = &caller.queue.id;
+    let usage = keyed(&report.usage, |record| record.time);
+    let stats = keyed(&report.stats, |record| record.time);
+    let receipt = ReportReceipt {
+        usage: state.store.keep_reports(id, Report::Usage, usage).await?,
+        stats: state.store.keep_reports(id, Report::Stats, stats).await?,
+    };
     if report.last {
-        state.store.update(&id, |queue| {
-            queue.last_report = Some(crate::unix_now());
-            Ok::<_, crate::store::StoreError>(())
-        })?;
+        state
+            .store
+            .update(id, |queue| {
+                queue.last_report = Some(crate::unix_now());
+                Ok::<_, crate::store::StoreError>(())
+            })
+            .await?;
     }
     state.metrics.node_reports.fetch_add(1, Ordering::Relaxed);
-    tracing::info!(queue = %id, usage = usage.len(), stats = stats.len(), "a node report was kept");
-    Ok(Json(json!({"usage": usage.len(), "stats": stats.len()})))
+    tracing::info!(
+        queue = %id,
+        usage = receipt.usage.new,
+        stats = receipt.stats.new,
+        already_kept = receipt.usage.already_kept + receipt.stats.already_kept,
+        "a node report was kept"
+    );
+    Ok(Json(receipt))
+}
+
+/// Records as the store keeps them: by time, as JSON.
+fn keyed<T: serde::Serialize>(records: &[T], time: impl Fn(&T) -> u64) -> Vec<(u64, Vec<u8>)> {
+    records
+        .iter()
+        .map(|record| {
+            let json = serde_json::to_vec(record).expect("plain fields serialize");
+            (time(record), json)
+        })
+        .collect()
+}
+
+/// A stored usage record: JSON, or a line as kept before reports were structured.
+fn usage_record(stored: &[u8]) -> Option<UsageRecord> {
+    serde_json::from_slice(stored)
+        .ok()
+        .or_else(|| UsageRecord::from_line(std::str::from_utf8(stored).ok()?))
+}
+
+/// A stored stats record: JSON, or a line as kept before.
+fn stats_record(stored: &[u8]) -> Option<StatsRecord> {
+    serde_json::from_slice(stored)
+        .ok()
+        .or_else(|| StatsRecord::from_line(std::str::from_utf8(stored).ok()?))
 }
 
 #[derive(Deserialize)]
@@ -101,108 +104,133 @@ impl UsageQuery {
     }
 }
 
+const USAGE_COLUMNS: [&str; 10] = [
+    "queue",
+    "time",
+    "network_sent",
+    "network_received",
+    "storage_written",
+    "storage_read",
+    "storage_held",
+    "instance_type",
+    "region",
+    "ipv4",
+];
+
 /// The usage records of the days `from` to `to` (both included, UTC).
 pub async fn usage(
     State(state): State<Arc<AppState>>,
-    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+    Query(query): Query<UsageQuery>,
 ) -> Result<Response, ApiError> {
-    let (rows, csv) = records_asked(&state, query, Report::Usage)?;
-    let rows = rows
-        .into_iter()
-        .filter_map(|(queue, line)| Some((queue, UsageRecord::parse(&line)?)));
-    Ok(table(
-        csv,
-        "usage",
-        USAGE_CSV_HEADER,
-        rows,
-        |queue, record| record.csv(queue),
-        |queue, record| {
-            let mut row = serde_json::to_value(record).expect("plain fields");
-            row["queue"] = json!(queue);
-            row
-        },
-    ))
+    let (rows, csv) = records_asked(&state, query, Report::Usage, usage_record)?;
+    Ok(match csv {
+        true => csv_table(
+            USAGE_COLUMNS,
+            rows.iter().map(|(queue, record)| usage_row(queue, record)),
+        ),
+        false => {
+            let rows: Vec<_> = rows
+                .iter()
+                .map(|(queue, record)| {
+                    let mut row = serde_json::to_value(record).expect("plain fields");
+                    row["queue"] = json!(queue);
+                    row
+                })
+                .collect();
+            Json(json!({ "usage": rows })).into_response()
+        }
+    })
+}
+
+fn usage_row(queue: &str, record: &UsageRecord) -> Vec<String> {
+    let numbers = [
+        record.time,
+        record.network_sent,
+        record.network_received,
+        record.storage_written,
+        record.storage_read,
+        record.storage_held,
+    ];
+    let mut row = vec![queue.to_string()];
+    row.extend(numbers.iter().map(u64::to_string));
+    row.extend([
+        record.instance_type.clone(),
+        record.region.clone(),
+        (record.ipv4 as u8).to_string(),
+    ]);
+    row
 }
 
 /// The stats records (the manual's `getstats` lines) of the days `from` to `to` (both
 /// included, UTC).
 pub async fn stats(
     State(state): State<Arc<AppState>>,
-    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+    Query(query): Query<UsageQuery>,
 ) -> Result<Response, ApiError> {
-    let (rows, csv) = records_asked(&state, query, Report::Stats)?;
-    Ok(table(
-        csv,
-        "stats",
-        STATS_CSV_HEADER,
-        rows,
-        |queue, line| format!("{queue},{}\n", line.trim_end()),
-        |queue, line| {
-            let mut numbers = line
-                .trim_end()
-                .split(',')
-                .map(|n| json!(n.parse::<u64>().ok()));
-            let mut row = json!({"queue": queue, "time": numbers.next()});
-            for (name, number) in STATS_COLUMNS.iter().zip(numbers) {
-                row[*name] = number;
-            }
-            row
-        },
-    ))
+    let (rows, csv) = records_asked(&state, query, Report::Stats, stats_record)?;
+    Ok(match csv {
+        true => {
+            let columns = ["queue", "time"].into_iter().chain(StatsRecord::COLUMNS);
+            let rows = rows.iter().map(|(queue, record)| {
+                let numbers = [record.time].into_iter().chain(record.counters());
+                [queue.clone()]
+                    .into_iter()
+                    .chain(numbers.map(|n| n.to_string()))
+                    .collect::<Vec<_>>()
+            });
+            csv_table(columns, rows)
+        }
+        false => {
+            let rows: Vec<_> = rows
+                .iter()
+                .map(|(queue, record)| {
+                    let mut row = serde_json::to_value(record).expect("plain fields");
+                    row["queue"] = json!(queue);
+                    row
+                })
+                .collect();
+            Json(json!({ "stats": rows })).into_response()
+        }
+    })
 }
 
-/// The asked queues' lines of `kind` in the asked days, by queue; and whether CSV is wanted.
-fn records_asked(
+/// The asked queues' records of `kind` in the asked days, by queue; and whether CSV is
+/// wanted. A stored record that does not read is left out.
+fn records_asked<T>(
     state: &AppState,
-    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+    query: UsageQuery,
     kind: Report,
-) -> Result<(Vec<(String, String)>, bool), ApiError> {
-    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    read: impl Fn(&[u8]) -> Option<T>,
+) -> Result<(Vec<(String, T)>, bool), ApiError> {
     let period = query.period()?;
     let csv = wants_csv(query.format.as_deref())?;
     let mut rows = Vec::new();
     for queue in queues_asked(state, query.queue)? {
-        for line in state.store.reports_in(&queue.id, kind, period.clone())? {
-            rows.push((queue.id.clone(), line));
+        for stored in state.store.reports_in(&queue.id, kind, period.clone())? {
+            rows.extend(read(&stored).map(|record| (queue.id.clone(), record)));
         }
     }
     Ok((rows, csv))
 }
 
-/// Rows as CSV under `header`, or as JSON `{key: [row]}`.
-fn table<T>(
-    csv: bool,
-    key: &str,
-    header: &str,
-    rows: impl IntoIterator<Item = (String, T)>,
-    csv_row: impl Fn(&str, &T) -> String,
-    json_row: impl Fn(&str, &T) -> serde_json::Value,
+/// A CSV table: a header of `columns`, then `rows`.
+fn csv_table<'a>(
+    columns: impl IntoIterator<Item = &'a str>,
+    rows: impl Iterator<Item = Vec<String>>,
 ) -> Response {
-    match csv {
-        true => {
-            let mut text = header.to_string();
-            for (queue, row) in rows {
-                text.push_str(&csv_row(&queue, &row));
-            }
-            csv_response(text)
-        }
-        false => {
-            let rows: Vec<_> = rows
-                .into_iter()
-                .map(|(queue, row)| json_row(&queue, &row))
-                .collect();
-            Json(json!({ key: rows })).into_response()
-        }
+    let mut text = csv::row(columns);
+    for row in rows {
+        text.push_str(&csv::row(row.iter().map(String::as_str)));
     }
+    csv_response(text)
 }
 
 /// A month's bill: per queue, instance-hours by type and region, IPv4-hours, network GB out
 /// and in, storage GB-months, each priced from the config's table.
 pub async fn bills(
     State(state): State<Arc<AppState>>,
-    query: Result<Query<BillQuery>, axum::extract::rejection::QueryRejection>,
+    Query(query): Query<BillQuery>,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let (from, to) = usage::parse_month(&query.month)
         .ok_or_else(|| ApiError::BadRequest(format!("{:?} is not a YYYY-MM month", query.month)))?;
     let csv = wants_csv(query.format.as_deref())?;
@@ -212,7 +240,7 @@ pub async fn bills(
             .store
             .reports_of(&queue.id, Report::Usage)?
             .iter()
-            .filter_map(|line| UsageRecord::parse(line))
+            .filter_map(|stored| usage_record(stored))
             .collect();
         lines.extend(usage::bill(
             &queue.id,
@@ -226,9 +254,18 @@ pub async fn bills(
     let total = (lines.iter().map(|line| line.amount).sum::<f64>() * 1e6).round() / 1e6;
     Ok(match csv {
         true => {
-            let mut text = BILL_CSV_HEADER.to_string();
-            lines.iter().for_each(|line| text.push_str(&line.csv()));
-            csv_response(text)
+            let columns = ["queue", "item", "quantity", "unit", "unit_price", "amount"];
+            let rows = lines.iter().map(|line| {
+                vec![
+                    line.queue.clone(),
+                    line.item.clone(),
+                    line.quantity.to_string(),
+                    line.unit.to_string(),
+                    line.unit_price.to_string(),
+                    line.amount.to_string(),
+                ]
+            });
+            csv_table(columns, rows)
         }
         false => {
             Json(json!({"month": query.month, "lines": lines, "total": total})).into_response()

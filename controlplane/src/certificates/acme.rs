@@ -48,7 +48,7 @@ async fn account(config: &AcmeConfig, store: &Store) -> Result<Account, Certific
         .create(&new, config.directory.clone(), None)
         .await?;
     let saved = serde_json::to_string(&credentials).expect("credentials serialize");
-    store.put_acme_account(&config.directory, &saved)?;
+    store.put_acme_account(&config.directory, &saved).await?;
     Ok(account)
 }
 

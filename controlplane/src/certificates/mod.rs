@@ -168,10 +168,10 @@ pub async fn keep_certified(issuer: Issuer, zone: Arc<Zone>, store: Store, renew
         }
         match issuer.issue(&zone, &store).await {
             Ok(issued) => {
-                store.put_certificate(&issued).ok();
+                store.put_certificate(&issued).await.ok();
                 // Every node is told before this is said: whoever waits for the log line
                 // then finds the change asked for.
-                if let Err(error) = crate::queues::renew_certificates(&store) {
+                if let Err(error) = crate::queues::renew_certificates(&store).await {
                     tracing::warn!(%error, "the nodes could not be told of the new certificate");
                 }
                 tracing::info!("certificate issued for {}", zone.wildcard());

@@ -1,23 +1,21 @@
-//! The authoritative DNS for `q.CLUSTER.DOMAIN` (hickory-server, UDP and TCP): SOA and NS, and
-//! for each live queue, at the addresses its provider placed it at, an AAAA record always and
-//! an A record only when it has IPv4 (the manual's *The address*). Unknown names get NXDOMAIN. While an ACME order is pending, its
+//! The zone `q.CLUSTER.DOMAIN`: SOA and NS, and for each live queue, at the addresses its
+//! provider placed it at, an AAAA record always and an A record only when it has IPv4 (the
+//! manual's *The address*). Unknown names get NXDOMAIN. While an ACME order is pending, its
 //! DNS-01 values are TXT records at `_acme-challenge.q.CLUSTER.DOMAIN`.
 //!
 //! The zone is rebuilt whole from the queues' records on every change and swapped in, with the
 //! SOA serial moving forward; a query reads whichever zone is current.
 
+use super::DnsError;
 use crate::queues::Queue;
 use hickory_server::net::runtime::TokioRuntimeProvider;
 use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, TXT};
 use hickory_server::proto::rr::{LowerName, Name, RData, Record};
-use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::store::in_memory::InMemoryZoneHandler;
 use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneType};
-use hickory_server::Server;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 /// How long resolvers may keep an answer: short, since queues come and go.
 const TTL: u32 = 60;
@@ -48,14 +46,6 @@ struct Contents {
     /// DNS-01 values of the pending ACME orders: (the name ordered, the value). Orders for
     /// several queues may be pending at once.
     challenges: Vec<(String, String)>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum DnsError {
-    #[error("{0:?} is not a DNS name")]
-    Name(String),
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
 }
 
 impl Zone {
@@ -190,6 +180,12 @@ impl Zone {
         format!("*.{}", self.origin.to_string().trim_end_matches('.'))
     }
 
+    /// The catalog of the zone current now; a query answered from it is not disturbed by an
+    /// update swapping in the next.
+    pub(super) fn catalog(&self) -> Arc<Catalog> {
+        self.current.read().expect("never poisoned").clone()
+    }
+
     fn name(&self, label: &str) -> Name {
         Name::from_str(label)
             .and_then(|label| label.append_domain(&self.origin))
@@ -204,67 +200,15 @@ fn address(ip: IpAddr) -> RData {
     }
 }
 
-/// Answers from whichever zone is current.
-struct Answerer(Arc<Zone>);
-
-#[async_trait::async_trait]
-impl RequestHandler for Answerer {
-    async fn handle_request<R: ResponseHandler, T: hickory_server::net::runtime::Time>(
-        &self,
-        request: &Request,
-        response: R,
-    ) -> ResponseInfo {
-        let catalog = self.0.current.read().expect("never poisoned").clone();
-        catalog.handle_request::<R, T>(request, response).await
-    }
-}
-
-/// Serves `zone` on UDP and TCP at `addr` until the process ends; returns the bound address.
-pub async fn serve(zone: Arc<Zone>, addr: SocketAddr) -> Result<SocketAddr, DnsError> {
-    let (udp, tcp) = bind(addr).await?;
-    let bound = udp.local_addr()?;
-    let mut server = Server::new(Answerer(zone));
-    server.register_socket(udp);
-    server.register_listener(tcp, Duration::from_secs(5), 4096);
-    tokio::spawn(async move {
-        if let Err(error) = server.block_until_done().await {
-            tracing::error!(%error, "the DNS server stopped");
-        }
-    });
-    Ok(bound)
-}
-
-/// A UDP socket and a TCP listener on one address, so one address answers both. Port 0 picks
-/// a port free for both.
-async fn bind(
-    addr: SocketAddr,
-) -> std::io::Result<(tokio::net::UdpSocket, tokio::net::TcpListener)> {
-    let mut tries = 0;
-    loop {
-        let udp = tokio::net::UdpSocket::bind(addr).await?;
-        let port = udp.local_addr()?.port();
-        match tokio::net::TcpListener::bind((addr.ip(), port)).await {
-            Ok(tcp) => return Ok((udp, tcp)),
-            // Taken on TCP only: another port, if it was ours to pick.
-            Err(_) if addr.port() == 0 && tries < 20 => tries += 1,
-            Err(error) => return Err(error),
-        }
-    }
-}
-
-/// An address on `ip` whose port is free on both UDP and TCP now (for a CA that must be told
-/// where our DNS answers before it starts).
-pub async fn free_addr(ip: std::net::IpAddr) -> std::io::Result<SocketAddr> {
-    let (udp, _tcp) = bind(SocketAddr::new(ip, 0)).await?;
-    udp.local_addr()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dns::serve;
     use crate::queues::Status;
     use hickory_server::proto::op::{Message, Query, ResponseCode};
     use hickory_server::proto::rr::RecordType;
+    use std::net::SocketAddr;
+    use std::time::Duration;
 
     async fn ask(server: SocketAddr, name: &str, kind: RecordType) -> (ResponseCode, Vec<String>) {
         let mut query = Message::query();

@@ -18,9 +18,13 @@
 //! - `bench peers`: the same workloads on our node, NATS JetStream, Redis Streams and
 //!   RabbitMQ, each server started here pinned like the node, in one table, under the two
 //!   limits (serial fdatasync, WebSocket echo). `scripts/bench-peers` installs and runs it.
+//! - `bench controlplane-load`: the real control plane on loopback under many unauthenticated
+//!   clients (HTTP and DNS) while an operator creates and deletes queues: the operator's and a
+//!   resolver's latency, the control plane's memory and CPU. See docs/controlplane-load.md.
 
 mod client;
 mod connections;
+mod controlplane_load;
 mod node;
 mod peers;
 mod workload;
@@ -123,6 +127,25 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// The control plane under unauthenticated load (HTTP and DNS) while an operator creates
+    /// and deletes queues: latency percentiles, memory and CPU (`--dataplane` is what its
+    /// nodes run).
+    ControlplaneLoad {
+        /// The control plane binary (a release build).
+        #[arg(long, default_value = "target/release/controlplane")]
+        controlplane: String,
+        /// Seconds the operator goes on starting create-to-delete loops.
+        #[arg(long, default_value_t = 20,
+              value_parser = clap::value_parser!(u64).range(1..=controlplane_load::MAX_SECONDS))]
+        seconds: u64,
+        /// Concurrent attacker tasks, in the fixed mix of docs/controlplane-load.md.
+        #[arg(long, default_value_t = 200,
+              value_parser = clap::value_parser!(u64).range(0..=controlplane_load::MAX_ATTACKERS))]
+        attackers: u64,
+        /// Leave the control plane's directory (its log, its nodes' logs) under --data-root.
+        #[arg(long)]
+        keep: bool,
+    },
     /// The WebSocket echo server of `bench peers`' echo limit (started by it).
     #[command(hide = true)]
     EchoServer {
@@ -139,6 +162,23 @@ async fn main() {
     }
     let data_root: std::path::PathBuf = args.data_root.clone().into();
     std::fs::create_dir_all(&data_root).expect("the data root");
+    if let Command::ControlplaneLoad {
+        controlplane,
+        seconds,
+        attackers,
+        keep,
+    } = &args.command
+    {
+        let settings = controlplane_load::Settings {
+            controlplane: existing(controlplane),
+            dataplane: existing(&args.dataplane),
+            data_root,
+            time: Duration::from_secs(*seconds),
+            attackers: *attackers as usize,
+            keep: *keep,
+        };
+        return controlplane_load::controlplane_load(&settings).await;
+    }
     let (tls, tls_files) = match args.tls {
         true => {
             let (cert, key, connector) = client::test_pki(&data_root.join("tls"));
@@ -219,7 +259,9 @@ async fn main() {
             };
             peers::peers(&config, &choice).await
         }
-        Command::EchoServer { .. } => unreachable!("served above"),
+        Command::EchoServer { .. } | Command::ControlplaneLoad { .. } => {
+            unreachable!("run above")
+        }
         Command::Recovery { messages } => workload::recovery(&config, messages).await,
         Command::Connections {
             count,
@@ -227,4 +269,10 @@ async fn main() {
             publishes,
         } => connections::connections(&config, count, pre_login, publishes).await,
     }
+}
+
+/// The absolute path of a binary given on the command line (the control plane's config names
+/// it, and runs it from elsewhere).
+fn existing(path: &str) -> std::path::PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|e| panic!("{path}: {e} (build it first)"))
 }

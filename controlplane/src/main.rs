@@ -17,7 +17,6 @@ use controlplane::pebble::{self, Pebble};
 use controlplane::queues::{NewQueue, Tier};
 use controlplane::reconciler::Reconciler;
 use controlplane::store::Store;
-use std::future::IntoFuture;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -125,7 +124,7 @@ struct Running {
     /// Where the API listens.
     api_addr: SocketAddr,
     /// The API, until `stop_api`.
-    api: tokio::task::JoinHandle<std::io::Result<()>>,
+    api: tokio::task::JoinHandle<()>,
     stop_api: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -235,16 +234,12 @@ async fn start(config: Config) -> Result<Running, Failure> {
         let _ = stopping.await;
     };
     let api = match api_tls {
-        Some(acceptor) => tokio::spawn(
-            axum::serve(TlsListener::new(listener, acceptor), router)
-                .with_graceful_shutdown(stopped)
-                .into_future(),
-        ),
-        None => tokio::spawn(
-            axum::serve(listener, router)
-                .with_graceful_shutdown(stopped)
-                .into_future(),
-        ),
+        Some(acceptor) => tokio::spawn(api::server::serve(
+            TlsListener::new(listener, acceptor),
+            router,
+            stopped,
+        )),
+        None => tokio::spawn(api::server::serve(listener, router, stopped)),
     };
     let recheck_every = std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1));
     let reconciler = Reconciler::new(store, fleet, zone, bootstraps, reconcile, recheck_every);
@@ -318,7 +313,7 @@ impl Running {
         tokio::select! {
             _ = stop_signal() => Ok(()),
             ended = &mut self.api => {
-                ended??;
+                ended?;
                 Err("the API stopped".into())
             }
         }
@@ -327,7 +322,7 @@ impl Running {
     /// Stops the API once the requests under way are answered.
     async fn stop(self) -> Result<(), Failure> {
         let _ = self.stop_api.send(());
-        self.api.await??;
+        self.api.await?;
         Ok(())
     }
 }

@@ -42,12 +42,19 @@ pub enum ReportError {
     Write(#[from] std::io::Error),
 }
 
+/// How long an idle connection to the control plane is kept for the next request.
+const POOLED_AT_MOST: Duration = Duration::from_secs(10);
+
 /// How long one report or certificate request may take.
 const REQUEST_WITHIN: Duration = Duration::from_secs(10);
 
 /// An HTTP client for the control plane: its own roots only, when the config names them.
 pub(crate) fn client(to: &ReportTo, timeout: Duration) -> reqwest::Client {
-    let builder = reqwest::Client::builder().timeout(timeout);
+    // Idle connections are dropped before the control plane closes them (it allows 20 s),
+    // so a request is never sent on one the server is closing.
+    let builder = reqwest::Client::builder()
+        .timeout(timeout)
+        .pool_idle_timeout(POOLED_AT_MOST);
     let builder = match &to.ca_pem {
         // Checked when the config was read.
         Some(pem) => builder.tls_certs_only(

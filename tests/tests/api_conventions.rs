@@ -419,3 +419,31 @@ async fn tls_handshakes_are_capped_per_source_and_other_sources_are_served() {
     let (status, _) = https(cp.addr, roots, "GET", "/healthz", None, None).await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn a_client_that_drips_its_headers_is_closed() {
+    let cp = ControlPlane::start();
+    let mut tcp = tokio::net::TcpStream::connect(cp.addr).await.unwrap();
+    tcp.write_all(b"GET /v1/queues HTTP/1.1\r\nHost: cp\r\n")
+        .await
+        .unwrap();
+    // A header line a second, never the end of the head: the server closes the connection
+    // once the head has taken its 20 s, without an answer.
+    let dripping = async {
+        let mut byte = [0u8; 1];
+        loop {
+            tokio::select! {
+                read = tcp.read(&mut byte) => return read,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {
+                    if tcp.write_all(b"X-Slow: a\r\n").await.is_err() {
+                        return Ok(0);
+                    }
+                }
+            }
+        }
+    };
+    let read = tokio::time::timeout(PROMPT * 4, dripping)
+        .await
+        .expect("closed within the head's time");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+}

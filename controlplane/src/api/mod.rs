@@ -10,6 +10,7 @@ mod extract;
 mod metrics;
 pub mod nodes;
 pub mod queues;
+pub mod server;
 pub mod tls;
 mod usage;
 

@@ -128,17 +128,7 @@ pub async fn usage(
             USAGE_COLUMNS,
             rows.iter().map(|(queue, record)| usage_row(queue, record)),
         ),
-        false => {
-            let rows: Vec<_> = rows
-                .iter()
-                .map(|(queue, record)| {
-                    let mut row = serde_json::to_value(record).expect("plain fields");
-                    row["queue"] = json!(queue);
-                    row
-                })
-                .collect();
-            Json(json!({ "usage": rows })).into_response()
-        }
+        false => json_table("usage", &rows),
     })
 }
 
@@ -180,17 +170,7 @@ pub async fn stats(
             });
             csv_table(columns, rows)
         }
-        false => {
-            let rows: Vec<_> = rows
-                .iter()
-                .map(|(queue, record)| {
-                    let mut row = serde_json::to_value(record).expect("plain fields");
-                    row["queue"] = json!(queue);
-                    row
-                })
-                .collect();
-            Json(json!({ "stats": rows })).into_response()
-        }
+        false => json_table("stats", &rows),
     })
 }
 
@@ -211,6 +191,19 @@ fn records_asked<T>(
         }
     }
     Ok((rows, csv))
+}
+
+/// `{key: [record with its "queue"]}`.
+fn json_table<T: serde::Serialize>(key: &str, rows: &[(String, T)]) -> Response {
+    let rows: Vec<_> = rows
+        .iter()
+        .map(|(queue, record)| {
+            let mut row = serde_json::to_value(record).expect("plain fields serialize");
+            row["queue"] = json!(queue);
+            row
+        })
+        .collect();
+    Json(json!({ key: rows })).into_response()
 }
 
 /// A CSV table: a header of `columns`, then `rows`.

@@ -21,6 +21,9 @@ static ALLOCATOR: dataplane::allocations::Counting = dataplane::allocations::Cou
 async fn main() -> ExitCode {
     #[cfg(feature = "count-allocations")]
     dataplane::allocations::report_on_signal();
+    // Taken first: a SIGTERM that arrives while the node starts (its control plane may have
+    // seen it serve and deleted it already) must stop it with its last report, never kill it.
+    let mut terminate = terminate_signal();
     // One crypto provider for the process: the TLS listener and the reporter's HTTP client.
     let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
@@ -63,14 +66,22 @@ async fn main() -> ExitCode {
             }
         },
     };
+    // The waits for a certificate may last (a CA that does not answer): a SIGTERM meanwhile
+    // stops the node, which has served nothing yet.
     if config.tls_from_control_plane {
-        wait_for_certificate(&config).await;
+        tokio::select! {
+            () = wait_for_certificate(&config) => {}
+            _ = terminate.recv() => return stopped_before_serving(),
+        }
     }
     // A certificate of its own: made before the node can listen.
     let own_certificate = match (&bootstrapped, desired.as_ref().map(|d| &d.tls)) {
         (Some(channel), Some(NodeTls::Queue { host, generation })) => {
             let own = OwnCertificate::new(channel.clone(), &config.data_dir, host, *generation);
-            own.ensure().await;
+            tokio::select! {
+                () = own.ensure() => {}
+                _ = terminate.recv() => return stopped_before_serving(),
+            }
             Some(own)
         }
         _ => None,
@@ -173,7 +184,7 @@ async fn main() -> ExitCode {
     ));
     tokio::select! {
         _ = server.run() => {}
-        _ = terminated() => tracing::info!("stopping on SIGTERM"),
+        _ = terminate.recv() => tracing::info!("stopping on SIGTERM"),
     }
     // The last, partial usage record, and one try to hand it over before going.
     let _ = stop_history.send(true);
@@ -240,10 +251,14 @@ async fn wait_for_certificate(config: &Config) {
 /// How long a stopping node tries to report its last record.
 const LAST_REPORT_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 
-async fn terminated() {
+fn stopped_before_serving() -> ExitCode {
+    tracing::info!("stopping on SIGTERM before serving");
+    ExitCode::SUCCESS
+}
+
+fn terminate_signal() -> tokio::signal::unix::Signal {
     let kind = tokio::signal::unix::SignalKind::terminate();
-    let mut terminate = tokio::signal::unix::signal(kind).expect("a SIGTERM handler");
-    terminate.recv().await;
+    tokio::signal::unix::signal(kind).expect("a SIGTERM handler")
 }
 
 /// One line on stdout. Whoever reads it may have gone (a control plane restarting): the node

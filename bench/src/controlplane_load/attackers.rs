@@ -16,9 +16,9 @@ use tokio::sync::watch;
 use tokio::time::{interval, sleep, timeout, MissedTickBehavior};
 
 /// Where each kind of attacker connects from.
-const HTTP_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-const DNS_FLOOD_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
-const IDLE_DNS_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 5);
+const HTTP_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 2, 1);
+const DNS_FLOOD_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 3, 1);
+const IDLE_DNS_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 5, 1);
 
 /// The body of a report sent with a wrong token: about 1 MiB of valid JSON (one long usage
 /// line), so a server that reads and parses a body before it checks the token does all of it.

@@ -24,7 +24,7 @@ const CALL_WITHIN: Duration = Duration::from_secs(70);
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// The resolver's source address and pace, and how long it waits for an answer.
-const RESOLVER_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 4);
+const RESOLVER_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 4, 1);
 const QUERY_EVERY: Duration = Duration::from_millis(50);
 pub const DNS_ANSWER_WITHIN: Duration = Duration::from_secs(1);
 

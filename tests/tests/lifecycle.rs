@@ -1,0 +1,56 @@
+//! A node stops cleanly on SIGTERM whenever it comes, also while it is still starting: its
+//! control plane may delete a queue the moment its node says it serves, and a node killed by
+//! the signal's default action would never send its last usage record.
+
+use qe_tests::{dataplane_binary, signal, PROMPT};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+#[test]
+fn a_sigterm_while_the_node_waits_for_its_certificate_stops_it_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("node.toml");
+    // A control plane that is not there: the node waits for its certificate, retrying.
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\ntls_from_control_plane = true\n\
+             control_plane = \"http://127.0.0.1:9\"\nqueue_id = \"q\"\nnode_token = \"t\"\n",
+            dir.path().join("data")
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(dataplane_binary())
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "--publisher",
+            "p:p",
+            "--subscriber",
+            "s:s",
+            "--admin",
+            "a:a",
+        ])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    while !log.contains("no certificate from the control plane yet") {
+        let mut line = String::new();
+        assert_ne!(
+            stderr.read_line(&mut line).unwrap(),
+            0,
+            "exited early:\n{log}"
+        );
+        log.push_str(&line);
+    }
+    signal(child.id(), libc::SIGTERM);
+    let (exited_tx, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || exited_tx.send(child.wait().unwrap()).unwrap());
+    let status = exited.recv_timeout(PROMPT).expect("it stops on SIGTERM");
+    // An exit of its own (0), not the signal's default action.
+    assert_eq!(status.code(), Some(0), "{status:?}\n{log}");
+}

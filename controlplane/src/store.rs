@@ -66,7 +66,7 @@ impl Store {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || db.flush())
             .await
-            .expect("a flush never panics")?;
+            .expect("a flush neither panics nor is cancelled")?;
         Ok(())
     }
 
@@ -136,9 +136,28 @@ impl Store {
         }
     }
 
-    /// Keeps a node's records (time, JSON), synced. One sent again (its reply was lost) is
-    /// kept once, as first sent; the count says how many were new and how many already kept.
+    /// Keeps a report's records (time, JSON) of each kind, synced once for all. One sent
+    /// again (its reply was lost) is kept once, as first sent, and counted as already kept;
+    /// the sync is waited for then too, since the first request's may still be under way. A
+    /// different record at a time already kept is logged, and the first one stays.
     pub async fn keep_reports(
+        &self,
+        queue_id: &str,
+        usage: Vec<(u64, Vec<u8>)>,
+        stats: Vec<(u64, Vec<u8>)>,
+    ) -> Result<(Counted, Counted), StoreError> {
+        let counted = (
+            self.keep(queue_id, Report::Usage, usage)?,
+            self.keep(queue_id, Report::Stats, stats)?,
+        );
+        if counted != Default::default() {
+            self.sync().await?;
+        }
+        Ok(counted)
+    }
+
+    /// Inserts each record of `kind` whose key is free; unsynced.
+    fn keep(
         &self,
         queue_id: &str,
         kind: Report,
@@ -148,13 +167,15 @@ impl Store {
         let mut counted = Counted::default();
         for (time, record) in records {
             let key = report_key(queue_id, time);
-            match tree.compare_and_swap(key, None as Option<&[u8]>, Some(record))? {
+            match tree.compare_and_swap(&key, None as Option<&[u8]>, Some(record.as_slice()))? {
                 Ok(()) => counted.new += 1,
-                Err(_) => counted.already_kept += 1,
+                Err(kept) => {
+                    if kept.current.as_deref() != Some(record.as_slice()) {
+                        tracing::warn!(%key, "a record sent again differs from the one kept: the first stays");
+                    }
+                    counted.already_kept += 1;
+                }
             }
-        }
-        if counted.new > 0 {
-            self.sync().await?;
         }
         Ok(counted)
     }

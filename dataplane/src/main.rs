@@ -51,13 +51,16 @@ async fn main() -> ExitCode {
         None => None,
     };
     let (config, desired) = match &bootstrapped {
-        Some(channel) => match from_control_plane(channel, flags).await {
-            Ok((config, desired)) => (config, Some(desired)),
-            Err(error) => {
-                eprintln!("dataplane: {error}");
-                return ExitCode::from(2);
+        Some(channel) => {
+            match until_terminated(from_control_plane(channel, flags), &mut terminate).await {
+                None => return stopped_before_serving(),
+                Some(Ok((config, desired))) => (config, Some(desired)),
+                Some(Err(error)) => {
+                    eprintln!("dataplane: {error}");
+                    return ExitCode::from(2);
+                }
             }
-        },
+        }
         None => match Config::load(flags) {
             Ok(config) => (config, None),
             Err(error) => {
@@ -66,21 +69,22 @@ async fn main() -> ExitCode {
             }
         },
     };
-    // The waits for a certificate may last (a CA that does not answer): a SIGTERM meanwhile
-    // stops the node, which has served nothing yet.
-    if config.tls_from_control_plane {
-        tokio::select! {
-            () = wait_for_certificate(&config) => {}
-            _ = terminate.recv() => return stopped_before_serving(),
-        }
+    if config.tls_from_control_plane
+        && until_terminated(wait_for_certificate(&config), &mut terminate)
+            .await
+            .is_none()
+    {
+        return stopped_before_serving();
     }
     // A certificate of its own: made before the node can listen.
     let own_certificate = match (&bootstrapped, desired.as_ref().map(|d| &d.tls)) {
         (Some(channel), Some(NodeTls::Queue { host, generation })) => {
             let own = OwnCertificate::new(channel.clone(), &config.data_dir, host, *generation);
-            tokio::select! {
-                () = own.ensure() => {}
-                _ = terminate.recv() => return stopped_before_serving(),
+            if until_terminated(own.ensure(), &mut terminate)
+                .await
+                .is_none()
+            {
+                return stopped_before_serving();
             }
             Some(own)
         }
@@ -250,6 +254,19 @@ async fn wait_for_certificate(config: &Config) {
 
 /// How long a stopping node tries to report its last record.
 const LAST_REPORT_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `step`'s result, or None if a SIGTERM came first. The steps before serving may wait for
+/// a long time (a control plane or a CA that does not answer): a SIGTERM meanwhile stops the
+/// node, which has served nothing yet.
+async fn until_terminated<T>(
+    step: impl std::future::Future<Output = T>,
+    terminate: &mut tokio::signal::unix::Signal,
+) -> Option<T> {
+    tokio::select! {
+        done = step => Some(done),
+        _ = terminate.recv() => None,
+    }
+}
 
 fn stopped_before_serving() -> ExitCode {
     tracing::info!("stopping on SIGTERM before serving");

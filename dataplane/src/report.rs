@@ -172,8 +172,8 @@ impl Reporter {
                 return Ok(());
             }
             let body = NodeReport {
-                usage: structured(&usage, UsageRecord::from_line),
-                stats: structured(&stats, StatsRecord::from_line),
+                usage: read_lines(&usage, UsageRecord::from_line),
+                stats: read_lines(&stats, StatsRecord::from_line),
                 last: false,
             };
             let (to, client) = self.target();
@@ -206,7 +206,7 @@ impl Reporter {
 
 /// The history's lines as records. A line that does not read (a damaged entry) cannot be
 /// billed from either: it is logged and skipped, and the cursor moves past it with the rest.
-fn structured<T>(lines: &[(u64, String)], read: impl Fn(&str) -> Option<T>) -> Vec<T> {
+fn read_lines<T>(lines: &[(u64, String)], read: impl Fn(&str) -> Option<T>) -> Vec<T> {
     lines
         .iter()
         .filter_map(|(time, line)| {

@@ -137,8 +137,10 @@ pub struct IssuedCertificate {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeReport {
+    /// Usage records not reported yet, oldest first.
     #[serde(default)]
     pub usage: Vec<UsageRecord>,
+    /// Stats records not reported yet, oldest first.
     #[serde(default)]
     pub stats: Vec<StatsRecord>,
     /// The node is stopping and this is its last report.
@@ -273,7 +275,9 @@ pub struct ReportReceipt {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Counted {
+    /// Records kept now.
     pub new: u64,
+    /// Records kept before (the same time, sent again); the first one stays.
     pub already_kept: u64,
 }
 

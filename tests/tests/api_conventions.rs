@@ -157,50 +157,58 @@ async fn python_reads_csv(csv: &str) -> Vec<Vec<String>> {
     serde_json::from_str(&out).unwrap()
 }
 
+/// A usage record as a node reports it.
+fn usage_record(time: u64, region: &str, instance_type: &str, ipv4: bool) -> Value {
+    json!({"time": time, "network_sent": 1, "network_received": 2, "storage_written": 3,
+        "storage_read": 4, "storage_held": 5, "instance_type": instance_type,
+        "region": region, "ipv4": ipv4})
+}
+
 #[tokio::test]
-async fn hostile_labels_from_a_node_round_trip_through_json_and_csv() {
+async fn records_round_trip_through_json_and_csv_and_a_node_bills_under_its_own_labels_only() {
     let prices = "[prices]\ninstance_hour = { \"*\" = 0.5 }\n";
     let cp = ControlPlane::start_with(prices);
+    let codes = documented_codes(&cp).await;
     let queue = cp.create_queue(LOCAL_QUEUE).await;
     let id = queue["id"].as_str().unwrap();
     let table = cp.node_config(id);
     let node_token = table["node_token"].as_str().unwrap();
-    // A node reports structured records: no label can split one, whatever it holds.
-    let hostile = [
-        ("eu,\"west\"\r\n1", "t3 \"small\", big"),
-        ("line\nbreak", "comma,,"),
-        ("\"", ","),
-    ];
-    let now = 1_794_182_400; // 2026-11-09
-    let usage: Vec<Value> = hostile
-        .iter()
-        .enumerate()
-        .map(|(n, (region, instance_type))| {
-            json!({"time": now + n as u64, "network_sent": 1, "network_received": 2,
-                "storage_written": 3, "storage_read": 4, "storage_held": 5,
-                "instance_type": instance_type, "region": region, "ipv4": n == 1})
-        })
-        .collect();
-    let report = json!({ "usage": usage }).to_string();
     let reports = format!("/v1/nodes/{id}/reports");
-    let (status, receipt) = http(cp.addr, "POST", &reports, Some(node_token), Some(&report)).await;
+    let report = |body: Value| {
+        let (addr, token, path) = (cp.addr, node_token.to_string(), reports.clone());
+        async move { http(addr, "POST", &path, Some(&token), Some(&body.to_string())).await }
+    };
+    let now = 1_794_182_400; // 2026-11-09
+                             // Records, and a line as a node of the release before sends it.
+    let usage: Vec<Value> = (0..3)
+        .map(|n| usage_record(now + n, "local", "local", false))
+        .chain([json!(format!("{},7,8,9,10,11,local,local,0", now + 3))])
+        .collect();
+    let (status, receipt) = report(json!({ "usage": usage })).await;
     assert_eq!(status, 200, "{receipt}");
-    assert_eq!(receipt["usage"], json!({"new": 3, "already_kept": 0}));
+    assert_eq!(receipt["usage"], json!({"new": 4, "already_kept": 0}));
     // Sent again (its reply lost), each is kept once, and the receipt says so.
-    let (_, receipt) = http(cp.addr, "POST", &reports, Some(node_token), Some(&report)).await;
-    assert_eq!(receipt["usage"], json!({"new": 0, "already_kept": 3}));
+    let (_, receipt) = report(json!({ "usage": usage })).await;
+    assert_eq!(receipt["usage"], json!({"new": 0, "already_kept": 4}));
+    // A node may not bill itself under labels that are not its queue's (priced otherwise,
+    // or at nothing): the report is refused whole.
+    let other = [
+        usage_record(now + 10, "local", "local", false),
+        usage_record(now + 11, "eu-west-1", "local", false),
+    ];
+    let (status, body) = report(json!({ "usage": other })).await;
+    assert_eq!(status, 400, "{body}");
+    assert_error(&body, "bad_request", &codes);
 
     let path = format!("/v1/usage?from=2026-11-09&to=2026-11-09&queue={id}");
     let (status, json_rows) = cp.call("GET", &path, None).await;
     assert_eq!(status, 200);
     let json_rows = json_rows["usage"].as_array().unwrap().clone();
-    assert_eq!(json_rows.len(), 3, "{json_rows:?}");
-    for (row, (region, instance_type)) in json_rows.iter().zip(hostile) {
-        assert_eq!(
-            (row["region"].as_str(), row["instance_type"].as_str()),
-            (Some(region), Some(instance_type))
-        );
-    }
+    assert_eq!(
+        json_rows.len(),
+        4,
+        "nothing of the refused report: {json_rows:?}"
+    );
     let (_, csv) = http_text(
         cp.addr,
         "GET",
@@ -227,18 +235,12 @@ async fn hostile_labels_from_a_node_round_trip_through_json_and_csv() {
         }
     }
 
-    // The bill's items name the labels: its CSV reads back as its JSON.
+    // The bill's CSV reads back as its JSON, and every line multiplies out as shown.
     let (status, bill) = cp
         .call("GET", &format!("/v1/bills?month=2026-11&queue={id}"), None)
         .await;
     assert_eq!(status, 200, "{bill}");
     let lines = bill["lines"].as_array().unwrap();
-    assert!(
-        lines
-            .iter()
-            .any(|l| l["item"] == "instance t3 \"small\", big in eu,\"west\"\r\n1"),
-        "{bill}"
-    );
     let path = format!("/v1/bills?month=2026-11&queue={id}&format=csv");
     let (_, csv) = http_text(cp.addr, "GET", &path, Some(&cp.token), None).await;
     let rows = python_reads_csv(&csv).await;
@@ -249,10 +251,40 @@ async fn hostile_labels_from_a_node_round_trip_through_json_and_csv() {
         let number = |n: usize| row[n].parse::<f64>().unwrap();
         assert_eq!(number(2), line["quantity"].as_f64().unwrap());
         assert_eq!(number(5), line["amount"].as_f64().unwrap());
-        // Every line multiplies out as shown, to the millionth amounts are shown at.
         let product = (number(2) * number(4) * 1e6).round() / 1e6;
         assert_eq!(product, number(5), "{row:?}");
     }
+
+    // A node's whole batch (500 records, well over the 64 KiB other routes take) is taken;
+    // a body over the reports' 1 MiB is refused in JSON.
+    let batch = |count: u64| -> Vec<Value> {
+        (0..count)
+            .map(|n| usage_record(now + 1000 + n, "local", "local", false))
+            .collect()
+    };
+    let (status, receipt) = report(json!({ "usage": batch(500) })).await;
+    assert_eq!(status, 200, "{receipt}");
+    assert_eq!(receipt["usage"]["new"], 500);
+    let (status, body) = report(json!({ "usage": batch(8000) })).await;
+    assert_eq!(status, 413, "{body}");
+    assert_error(&body, "payload_too_large", &codes);
+}
+
+#[tokio::test]
+async fn hostile_fields_survive_our_csv_as_pythons_csv_module_reads_them() {
+    let rows: Vec<Vec<&str>> = vec![
+        vec!["queue", "region", "instance_type"],
+        vec!["q1", "eu,\"west\"\r\n1", "t3 \"small\", big"],
+        vec!["q2", "line\nbreak", "comma,,"],
+        vec!["q3", "\"", ","],
+        vec!["q4", "", "plain"],
+    ];
+    let csv: String = rows
+        .iter()
+        .map(|row| controlplane::api::csv::row(row.iter().copied()))
+        .collect();
+    let read = python_reads_csv(&csv).await;
+    assert_eq!(read, rows, "{csv:?}");
 }
 
 #[tokio::test]
@@ -308,6 +340,9 @@ async fn a_damaged_node_secret_stops_the_control_plane_and_a_missing_one_is_made
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&secret).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
+    // Made once: a restart reads it, never makes another.
+    let cp = cp.restart();
+    assert_eq!(std::fs::read(&secret).unwrap(), made, "the same secret");
     drop(cp);
 
     let dir = tempfile::tempdir().unwrap();

@@ -4,7 +4,51 @@
 
 use qe_tests::{dataplane_binary, signal, PROMPT};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+
+/// Waits until `child` logs `needle`, sends it SIGTERM, and asserts it then exits by itself
+/// (status 0), not by the signal's default action.
+fn stops_cleanly_on_sigterm_once_it_logs(mut child: Child, needle: &str) {
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    while !log.contains(needle) {
+        let mut line = String::new();
+        assert_ne!(
+            stderr.read_line(&mut line).unwrap(),
+            0,
+            "exited early:\n{log}"
+        );
+        log.push_str(&line);
+    }
+    signal(child.id(), libc::SIGTERM);
+    let (exited_tx, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || exited_tx.send(child.wait().unwrap()).unwrap());
+    let status = exited.recv_timeout(PROMPT).expect("it stops on SIGTERM");
+    assert_eq!(status.code(), Some(0), "{status:?}\n{log}");
+}
+
+#[test]
+fn a_sigterm_while_the_node_waits_for_its_first_config_stops_it_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = dir.path().join("bootstrap.toml");
+    // A control plane that is not there: the node asks for its config again and again.
+    std::fs::write(
+        &bootstrap,
+        "control_plane = \"http://127.0.0.1:9\"\nqueue_id = \"q\"\nnode_token = \"t\"\n",
+    )
+    .unwrap();
+    let child = Command::new(dataplane_binary())
+        .arg("--bootstrap")
+        .arg(&bootstrap)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    stops_cleanly_on_sigterm_once_it_logs(child, "no config from the control plane yet");
+}
 
 #[test]
 fn a_sigterm_while_the_node_waits_for_its_certificate_stops_it_cleanly() {
@@ -20,7 +64,7 @@ fn a_sigterm_while_the_node_waits_for_its_certificate_stops_it_cleanly() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(dataplane_binary())
+    let child = Command::new(dataplane_binary())
         .arg("--config")
         .arg(&config)
         .args([
@@ -36,21 +80,5 @@ fn a_sigterm_while_the_node_waits_for_its_certificate_stops_it_cleanly() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut log = String::new();
-    while !log.contains("no certificate from the control plane yet") {
-        let mut line = String::new();
-        assert_ne!(
-            stderr.read_line(&mut line).unwrap(),
-            0,
-            "exited early:\n{log}"
-        );
-        log.push_str(&line);
-    }
-    signal(child.id(), libc::SIGTERM);
-    let (exited_tx, exited) = std::sync::mpsc::channel();
-    std::thread::spawn(move || exited_tx.send(child.wait().unwrap()).unwrap());
-    let status = exited.recv_timeout(PROMPT).expect("it stops on SIGTERM");
-    // An exit of its own (0), not the signal's default action.
-    assert_eq!(status.code(), Some(0), "{status:?}\n{log}");
+    stops_cleanly_on_sigterm_once_it_logs(child, "no certificate from the control plane yet");
 }

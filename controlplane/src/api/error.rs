@@ -17,7 +17,7 @@ pub enum ApiError {
     NotFound(String),
     #[error("no such route")]
     NoSuchRoute,
-    /// The route is there, not for this method; `allow` lists the ones it takes.
+    /// The route is there, not for this method (axum adds `Allow`, the ones it takes).
     #[error("this route does not take that method")]
     MethodNotAllowed,
     #[error("the request body is larger than this route takes")]

@@ -2,15 +2,19 @@
 //! hyper's HTTP/1.1, and what `axum::serve` lacks: a connection waiting for a request's head
 //! (a new one, or one kept alive after a response) is closed unless the whole head arrives
 //! within [`HEAD_WITHIN`], so a client that drips its headers, or sits idle, holds nothing for
-//! long, with or without a token; and on shutdown, connections have [`STOP_WITHIN`] to finish
-//! what they are answering, so none can keep the process from stopping.
+//! long, with or without a token; at most [`CONNECTIONS_AT_MOST`] connections at once (past
+//! that, new ones wait in the kernel's backlog), each reading at most [`READ_BUFFER_AT_MOST`]
+//! ahead; and on shutdown, connections have [`STOP_WITHIN`] to finish what they are
+//! answering, so none can keep the process from stopping.
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long a connection may wait for a request's whole head (request line and headers),
 /// counted from when the server starts waiting: generous for any real client, short for one
@@ -18,6 +22,14 @@ use std::time::Duration;
 /// the nodes' clients drop theirs sooner (`dataplane/src/report.rs`), so they never send on
 /// a connection being closed.
 const HEAD_WITHIN: Duration = Duration::from_secs(20);
+
+/// Connections open at once: far more than the operator and the nodes need, and well under
+/// the descriptors the process has, so the DNS and the nodes' reports still get theirs.
+const CONNECTIONS_AT_MOST: usize = 4096;
+
+/// How much of a connection's input is buffered at most (hyper's default is about 400 KiB):
+/// a request head is far smaller, and bodies are read as they are taken.
+const READ_BUFFER_AT_MOST: usize = 64 * 1024;
 
 /// How long open connections have on shutdown. A node's config watch is held for up to
 /// `WATCH_HOLD_SECS`; it is told to close and asks again elsewhere, or of the next process.
@@ -30,19 +42,24 @@ where
 {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(HEAD_WITHIN);
+        .header_read_timeout(HEAD_WITHIN)
+        .max_buf_size(READ_BUFFER_AT_MOST);
     let connections = GracefulShutdown::new();
+    let places = Arc::new(Semaphore::new(CONNECTIONS_AT_MOST));
     tokio::pin!(stop);
     loop {
-        let (io, _peer) = tokio::select! {
-            accepted = listener.accept() => accepted,
+        let (place, (io, _peer)) = tokio::select! {
+            accepted = room_then_accept(&places, &mut listener) => accepted,
             () = &mut stop => break,
         };
         let service = TowerToHyperService::new(router.clone());
         let connection = connections.watch(http.serve_connection(TokioIo::new(io), service));
         // A connection that ends in an error (a head too slow, a client gone) ends only
-        // itself.
-        tokio::spawn(connection);
+        // itself, and gives its place back.
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(place);
+        });
     }
     drop(listener);
     if tokio::time::timeout(STOP_WITHIN, connections.shutdown())
@@ -51,4 +68,17 @@ where
     {
         tracing::info!("connections still open at shutdown were dropped");
     }
+}
+
+/// Waits for a place, then for a connection to take it.
+async fn room_then_accept<L: axum::serve::Listener>(
+    places: &Arc<Semaphore>,
+    listener: &mut L,
+) -> (OwnedSemaphorePermit, (L::Io, L::Addr)) {
+    let place = places
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the semaphore is never closed");
+    (place, listener.accept().await)
 }

@@ -66,7 +66,7 @@ impl TlsListener {
 
     /// Starts the handshake of `tcp` from `peer`, unless its source has too many under way.
     fn start_handshake(&mut self, tcp: TcpStream, peer: SocketAddr) {
-        let under_way = self.per_source.entry(peer.ip()).or_default();
+        let under_way = self.per_source.entry(source_of(peer.ip())).or_default();
         if *under_way >= HANDSHAKES_PER_SOURCE {
             tracing::debug!(%peer, "too many handshakes from one address: closed");
             return;
@@ -81,13 +81,25 @@ impl TlsListener {
 
     fn handshake_ended(&mut self, peer: SocketAddr) {
         if let std::collections::hash_map::Entry::Occupied(mut entry) =
-            self.per_source.entry(peer.ip())
+            self.per_source.entry(source_of(peer.ip()))
         {
             *entry.get_mut() -= 1;
             if *entry.get() == 0 {
                 entry.remove();
             }
         }
+    }
+}
+
+/// Where a connection comes from, as the per-source cap counts: an IPv4 address, or an IPv6
+/// /64 (one host may use any address of its /64).
+fn source_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip.to_canonical() {
+        std::net::IpAddr::V6(v6) => {
+            let network = v6.to_bits() & (u128::MAX << 64);
+            std::net::IpAddr::V6(std::net::Ipv6Addr::from_bits(network))
+        }
+        v4 => v4,
     }
 }
 

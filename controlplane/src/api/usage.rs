@@ -12,29 +12,81 @@ use crate::usage::{self, StatsRecord, UsageRecord};
 use axum::extract::{Extension, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use qe_shared::node_channel::{NodeReport, ReportReceipt};
+use qe_shared::node_channel::ReportReceipt;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Keeps a node's records (one sent again is kept once) and says how many were new.
+/// A report as it arrives: records, or, from nodes of the release before, `getusage` and
+/// `getstats` lines (read strictly; a node upgraded sends records).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArrivingReport {
+    #[serde(default)]
+    usage: Vec<Arriving<UsageRecord>>,
+    #[serde(default)]
+    stats: Vec<Arriving<StatsRecord>>,
+    /// The node is stopping and this is its last report.
+    #[serde(default, rename = "final")]
+    last: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Arriving<T> {
+    Record(T),
+    Line(String),
+}
+
+impl<T> Arriving<T> {
+    fn read(self, from_line: impl Fn(&str) -> Option<T>) -> Result<T, ApiError> {
+        match self {
+            Arriving::Record(record) => Ok(record),
+            Arriving::Line(line) => from_line(&line)
+                .ok_or_else(|| ApiError::BadRequest(format!("not a record: {line:?}"))),
+        }
+    }
+}
+
+/// Keeps a node's records (one sent again is kept once) and says how many were new. A
+/// usage record must carry its queue's own labels: they price it, and a node may not bill
+/// itself under others.
 pub async fn receive(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<NodeCaller>,
-    Json(report): Json<NodeReport>,
+    Json(report): Json<ArrivingReport>,
 ) -> Result<Json<ReportReceipt>, ApiError> {
-    let id = &caller.queue.id;
-    let usage = keyed(&report.usage, |record| record.time);
-    let stats = keyed(&report.stats, |record| record.time);
-    let receipt = ReportReceipt {
-        usage: state.store.keep_reports(id, Report::Usage, usage).await?,
-        stats: state.store.keep_reports(id, Report::Stats, stats).await?,
-    };
+    let queue = &caller.queue;
+    let usage = report
+        .usage
+        .into_iter()
+        .map(|arriving| arriving.read(UsageRecord::from_line))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(record) = usage.iter().find(|record| !labelled_as(record, queue)) {
+        return Err(ApiError::BadRequest(format!(
+            "a usage record at {} is labelled {:?} in {:?}, its queue {:?} in {:?}",
+            record.time, record.instance_type, record.region, queue.instance_type, queue.region
+        )));
+    }
+    let stats = report
+        .stats
+        .into_iter()
+        .map(|arriving| arriving.read(StatsRecord::from_line))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (usage, stats) = state
+        .store
+        .keep_reports(
+            &queue.id,
+            to_stored(&usage, |record| record.time),
+            to_stored(&stats, |record| record.time),
+        )
+        .await?;
+    let receipt = ReportReceipt { usage, stats };
     if report.last {
         state
             .store
-            .update(id, |queue| {
+            .update(&queue.id, |queue| {
                 queue.last_report = Some(crate::unix_now());
                 Ok::<_, crate::store::StoreError>(())
             })
@@ -42,7 +94,7 @@ pub async fn receive(
     }
     state.metrics.node_reports.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
-        queue = %id,
+        queue = %queue.id,
         usage = receipt.usage.new,
         stats = receipt.stats.new,
         already_kept = receipt.usage.already_kept + receipt.stats.already_kept,
@@ -51,8 +103,15 @@ pub async fn receive(
     Ok(Json(receipt))
 }
 
+/// Whether `record` carries `queue`'s own labels.
+fn labelled_as(record: &UsageRecord, queue: &Queue) -> bool {
+    record.region == queue.region
+        && record.instance_type == queue.instance_type
+        && record.ipv4 == queue.ipv4
+}
+
 /// Records as the store keeps them: by time, as JSON.
-fn keyed<T: serde::Serialize>(records: &[T], time: impl Fn(&T) -> u64) -> Vec<(u64, Vec<u8>)> {
+fn to_stored<T: serde::Serialize>(records: &[T], time: impl Fn(&T) -> u64) -> Vec<(u64, Vec<u8>)> {
     records
         .iter()
         .map(|record| {
@@ -63,14 +122,14 @@ fn keyed<T: serde::Serialize>(records: &[T], time: impl Fn(&T) -> u64) -> Vec<(u
 }
 
 /// A stored usage record: JSON, or a line as kept before reports were structured.
-fn usage_record(stored: &[u8]) -> Option<UsageRecord> {
+fn read_usage(stored: &[u8]) -> Option<UsageRecord> {
     serde_json::from_slice(stored)
         .ok()
         .or_else(|| UsageRecord::from_line(std::str::from_utf8(stored).ok()?))
 }
 
 /// A stored stats record: JSON, or a line as kept before.
-fn stats_record(stored: &[u8]) -> Option<StatsRecord> {
+fn read_stats(stored: &[u8]) -> Option<StatsRecord> {
     serde_json::from_slice(stored)
         .ok()
         .or_else(|| StatsRecord::from_line(std::str::from_utf8(stored).ok()?))
@@ -122,7 +181,10 @@ pub async fn usage(
     State(state): State<Arc<AppState>>,
     Query(query): Query<UsageQuery>,
 ) -> Result<Response, ApiError> {
-    let (rows, csv) = records_asked(&state, query, Report::Usage, usage_record)?;
+    let (rows, csv) = off_the_workers(&state, move |state| {
+        records_asked(state, query, Report::Usage, read_usage)
+    })
+    .await?;
     Ok(match csv {
         true => csv_table(
             USAGE_COLUMNS,
@@ -157,7 +219,10 @@ pub async fn stats(
     State(state): State<Arc<AppState>>,
     Query(query): Query<UsageQuery>,
 ) -> Result<Response, ApiError> {
-    let (rows, csv) = records_asked(&state, query, Report::Stats, stats_record)?;
+    let (rows, csv) = off_the_workers(&state, move |state| {
+        records_asked(state, query, Report::Stats, read_stats)
+    })
+    .await?;
     Ok(match csv {
         true => {
             let columns = ["queue", "time"].into_iter().chain(StatsRecord::COLUMNS);
@@ -227,23 +292,8 @@ pub async fn bills(
     let (from, to) = usage::parse_month(&query.month)
         .ok_or_else(|| ApiError::BadRequest(format!("{:?} is not a YYYY-MM month", query.month)))?;
     let csv = wants_csv(query.format.as_deref())?;
-    let mut lines = Vec::new();
-    for queue in queues_asked(&state, query.queue)? {
-        let records: Vec<UsageRecord> = state
-            .store
-            .reports_of(&queue.id, Report::Usage)?
-            .iter()
-            .filter_map(|stored| usage_record(stored))
-            .collect();
-        lines.extend(usage::bill(
-            &queue.id,
-            queue.created,
-            &records,
-            from,
-            to,
-            &state.config.prices,
-        ));
-    }
+    let asked = query.queue.clone();
+    let lines = off_the_workers(&state, move |state| bill_lines(state, asked, from, to)).await?;
     let total = (lines.iter().map(|line| line.amount).sum::<f64>() * 1e6).round() / 1e6;
     Ok(match csv {
         true => {
@@ -264,6 +314,45 @@ pub async fn bills(
             Json(json!({"month": query.month, "lines": lines, "total": total})).into_response()
         }
     })
+}
+
+/// The bill lines of the asked queues (or all) for the month `[from, to)`.
+fn bill_lines(
+    state: &AppState,
+    asked: Option<String>,
+    from: u64,
+    to: u64,
+) -> Result<Vec<usage::BillLine>, ApiError> {
+    let mut lines = Vec::new();
+    for queue in queues_asked(state, asked)? {
+        let records: Vec<UsageRecord> = state
+            .store
+            .reports_of(&queue.id, Report::Usage)?
+            .iter()
+            .filter_map(|stored| read_usage(stored))
+            .collect();
+        lines.extend(usage::bill(
+            &queue.id,
+            queue.created,
+            &records,
+            from,
+            to,
+            &state.config.prices,
+        ));
+    }
+    Ok(lines)
+}
+
+/// Runs `work` (reads of a queue's whole history, which may come from disk) on a blocking
+/// thread, so a long read holds up no other request.
+async fn off_the_workers<T: Send + 'static>(
+    state: &Arc<AppState>,
+    work: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || work(&state))
+        .await
+        .expect("a read neither panics nor is cancelled")
 }
 
 fn wants_csv(format: Option<&str>) -> Result<bool, ApiError> {

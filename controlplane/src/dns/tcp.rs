@@ -85,13 +85,17 @@ pub(super) async fn run(listener: TcpListener, service: Arc<Service>, bounds: Bo
         let _ = stream.set_nodelay(true);
         let service = service.clone();
         tokio::spawn(async move {
-            let ended = serve_connection(stream, peer, &service, bounds).await;
+            let mut stream = stream;
+            let ended = serve_connection(&mut stream, peer, &service, bounds).await;
             match ended {
                 Err(ConnectionEnd::Idle) => service.tally.hit(Limit::TcpIdle),
                 Err(ConnectionEnd::Lifetime) => service.tally.hit(Limit::TcpLifetime),
                 Ok(()) | Err(ConnectionEnd::Io(_)) => {}
             }
+            // The place first, then the connection: a client that sees its connection closed
+            // finds the place free.
             drop(slot);
+            drop(stream);
         });
     }
 }

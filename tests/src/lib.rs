@@ -906,6 +906,56 @@ impl Drop for ControlPlane {
     }
 }
 
+/// A client logged in at `url` with a login the API gave (`{"username","password"}`) as
+/// `role`, with `extra` fields in its login request.
+pub async fn login_with(url: &str, login: &Value, role: &str, extra: Value) -> Client {
+    let mut request = json!({
+        "username": login["username"], "password": login["password"],
+        "role": role, "queuetype": "distribute",
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        request[key] = value.clone();
+    }
+    let mut client = Client::connect_url(url).await;
+    let reply = client.request(request).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    client
+}
+
+/// `YYYY-MM-DD` of a time in seconds since 1970 (UTC).
+pub fn date_of(secs: u64) -> String {
+    let (year, month, day) = qe_shared::calendar::civil_from_days(secs / 86_400);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// `YYYY-MM-DD` today (UTC).
+pub fn today() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    date_of(now.unwrap().as_secs())
+}
+
+/// Waits until queue `id`'s node serves its desired config (a change confirmed over the
+/// channel); the API shows it, so this asks it again while a change is pending.
+pub async fn wait_until_applied(cp: &ControlPlane, id: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+        if queue["config"]["pending"] == false {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never applied: {queue}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Where a queue's node listens, as the API shows it.
+pub fn node_of(queue: &Value) -> &str {
+    queue["node"].as_str().unwrap()
+}
+
 /// One HTTP/1.1 request over a fresh connection; returns the status and the body as JSON.
 pub async fn http(
     addr: SocketAddr,

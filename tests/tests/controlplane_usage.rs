@@ -1,0 +1,270 @@
+//! What nodes report and what the control plane makes of it, with the real binaries: usage
+//! records through a delete and through an outage of the control plane, stats by day, bills.
+
+use qe_tests::{
+    http, http_text, login_with, node_of, process_naming, signal, today, ControlPlane, PROMPT,
+};
+use serde_json::json;
+
+const PRICES: &str = "[prices]\nnetwork_out_gb = 0.09\nnetwork_in_gb = 0.02\n\
+                      instance_hour = { \"local/local\" = 0.5 }\n";
+
+#[tokio::test]
+async fn a_deleted_queue_reports_its_last_usage_and_the_bill_counts_the_bytes_moved() {
+    let cp = ControlPlane::start_with(PRICES);
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
+    let logins = &queue["logins"];
+    let mut subscriber = login_with(
+        node,
+        &logins["subscriber"],
+        "subscriber",
+        json!({"capacity": 20}),
+    )
+    .await;
+    let mut publisher = login_with(node, &logins["publisher"], "publisher", json!({})).await;
+    let text = "x".repeat(50_000);
+    for _ in 0..20 {
+        let reply = publisher.request(json!({"body": text})).await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    for _ in 0..20 {
+        assert_eq!(subscriber.recv().await["body"], text.as_str());
+    }
+
+    let (status, _) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(status, 200);
+    // The node made its last record when it stopped, and reported it before it went.
+    let today = today();
+    let path = format!("/v1/usage?from={today}&to={today}&queue={id}");
+    let (status, usage) = cp.call("GET", &path, None).await;
+    assert_eq!(status, 200, "{usage}");
+    let records = usage["usage"].as_array().unwrap();
+    assert_eq!(records.len(), 1, "{usage}");
+    let record = &records[0];
+    let (sent, received) = (
+        record["network_sent"].as_u64().unwrap(),
+        record["network_received"].as_u64().unwrap(),
+    );
+    assert!(
+        received > 20 * 50_000,
+        "the published bodies came in: {record}"
+    );
+    assert!(sent > 20 * 50_000, "the deliveries went out: {record}");
+    assert_eq!(record["queue"], id);
+    let (_, csv) = http_text(
+        cp.addr,
+        "GET",
+        &format!("{path}&format=csv"),
+        Some(&cp.token),
+        None,
+    )
+    .await;
+    let csv_lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(csv_lines.len(), 2, "{csv}");
+    assert!(csv_lines[1].starts_with(&format!("{id},")), "{csv}");
+
+    let month = &today[..7];
+    let (status, bill) = cp
+        .call("GET", &format!("/v1/bills?month={month}&queue={id}"), None)
+        .await;
+    assert_eq!(status, 200, "{bill}");
+    let line = |item: &str| {
+        bill["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|line| line["item"] == item)
+            .unwrap_or_else(|| panic!("no {item} in {bill}"))
+            .clone()
+    };
+    let out = line("network out");
+    let gb = |bytes: u64| (bytes as f64 / 1e9 * 1e6).round() / 1e6;
+    assert_eq!(out["quantity"].as_f64(), Some(gb(sent)), "{bill}");
+    let priced = (gb(sent) * 0.09 * 1e6).round() / 1e6;
+    assert_eq!(out["amount"].as_f64(), Some(priced), "{bill}");
+    assert_eq!(line("network in")["quantity"].as_f64(), Some(gb(received)));
+    assert_eq!(line("instance local in local")["unit_price"], 0.5);
+
+    for bad in [
+        "/v1/usage?from=2026-13-01&to=2026-12-01",
+        "/v1/usage?from=2026-11-01",
+        "/v1/usage?from=2026-11-01&to=2026-11-02&format=xml",
+        "/v1/bills?month=November",
+    ] {
+        let (status, error) = cp.call("GET", bad, None).await;
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (400, Some("bad_request")),
+            "{bad}"
+        );
+    }
+    let (status, _) = cp
+        .call("GET", "/v1/bills?month=2026-11&queue=nosuchqueue", None)
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn records_made_while_the_control_plane_is_down_arrive_after_it_returns_once_each() {
+    let mut cp = ControlPlane::start();
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let (id, node) = (
+        queue["id"].as_str().unwrap().to_string(),
+        queue["node"].as_str().unwrap().to_string(),
+    );
+    let mut publisher =
+        login_with(&node, &queue["logins"]["publisher"], "publisher", json!({})).await;
+    let reply = publisher.request(json!({"body": "counted"})).await;
+    assert_eq!(reply["status"], "Success.");
+
+    // The control plane goes; the node stops meanwhile, making its last record, which it
+    // cannot hand over. It stays in the node's history.
+    cp.kill();
+    let config = cp.node_dir(&id).join("bootstrap.toml");
+    let pid = process_naming(&config).expect("the node runs");
+    signal(pid, libc::SIGTERM);
+    let deadline = std::time::Instant::now() + PROMPT;
+    while process_naming(&config) == Some(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never stopped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // Back, it starts the node again, which reports what it kept.
+    let cp = cp.start_again();
+    cp.wait_for_log("a node report was kept", 1);
+    let path = format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}");
+    let (_, usage) = cp.call("GET", &path, None).await;
+    let records = usage["usage"].as_array().unwrap().clone();
+    assert_eq!(records.len(), 1, "{usage}");
+    assert!(records[0]["network_received"].as_u64().unwrap() > 0);
+
+    // Sent again (a reply lost on the way), it is still one record.
+    let table = cp.node_config(&id);
+    let token = table["node_token"].as_str().unwrap();
+    let (_, csv) = http_text(
+        cp.addr,
+        "GET",
+        &format!("{path}&format=csv"),
+        Some(&cp.token),
+        None,
+    )
+    .await;
+    assert_eq!(csv.lines().count(), 2, "{csv}");
+    let (_, usage) = cp.call("GET", &path, None).await;
+    let mut record = usage["usage"][0].clone();
+    record.as_object_mut().unwrap().remove("queue");
+    let report = json!({ "usage": [record] }).to_string();
+    let reports = format!("/v1/nodes/{id}/reports");
+    let (status, receipt) = http(cp.addr, "POST", &reports, Some(token), Some(&report)).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        receipt,
+        json!({"usage": {"new": 0, "already_kept": 1}, "stats": {"new": 0, "already_kept": 0}}),
+        "the receipt says it was kept already"
+    );
+    let (_, usage) = cp.call("GET", &path, None).await;
+    assert_eq!(usage["usage"].as_array().unwrap().len(), 1, "{usage}");
+
+    // A node's token is its own queue's only; the operator's is not a node's.
+    let (status, _) = http(
+        cp.addr,
+        "POST",
+        "/v1/nodes/otherqueue/reports",
+        Some(token),
+        Some(&report),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, _) = http(cp.addr, "POST", &reports, Some(&cp.token), Some(&report)).await;
+    assert_eq!(status, 401);
+    let bad = json!({"usage": [{"time": 1}]}).to_string();
+    let (status, _) = http(cp.addr, "POST", &reports, Some(token), Some(&bad)).await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn the_stats_nodes_report_are_served_by_day_as_json_and_csv() {
+    let cp = ControlPlane::start();
+    let queue = cp
+        .create_queue(r#"{"tier":"devtest","region":"local","instance_type":"local"}"#)
+        .await;
+    let id = queue["id"].as_str().unwrap();
+    let table = cp.node_config(id);
+    let token = table["node_token"].as_str().unwrap();
+    // 2026-11-09 00:05 and 2026-11-10 00:05 UTC, in the manual's getstats form.
+    let stats = |time: u64, counters: [u64; 9]| {
+        let mut record = json!({ "time": time });
+        let names = [
+            "messages",
+            "publishers",
+            "subscribers",
+            "saved_subscribers",
+            "administrators",
+            "unacknowledged",
+            "dead_letter",
+            "delayed",
+            "durable",
+        ];
+        for (name, count) in names.iter().zip(counters) {
+            record[*name] = json!(count);
+        }
+        record
+    };
+    let report = json!({"stats": [
+        stats(1794182700, [10, 0, 1, 0, 1, 3, 0, 1, 9]),
+        stats(1794269100, [1, 2, 3, 4, 5, 6, 7, 8, 9]),
+    ]});
+    let path = format!("/v1/nodes/{id}/reports");
+    let (status, _) = http(
+        cp.addr,
+        "POST",
+        &path,
+        Some(token),
+        Some(&report.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    let (status, stats) = cp
+        .call("GET", "/v1/stats?from=2026-11-09&to=2026-11-09", None)
+        .await;
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(
+        stats["stats"],
+        json!([{"queue": id, "time": 1794182700u64, "messages": 10, "publishers": 0,
+            "subscribers": 1, "saved_subscribers": 0, "administrators": 1,
+            "unacknowledged": 3, "dead_letter": 0, "delayed": 1, "durable": 9}])
+    );
+    let both = format!("/v1/stats?from=2026-11-09&to=2026-11-10&queue={id}&format=csv");
+    let (status, csv) = http_text(cp.addr, "GET", &both, Some(&cp.token), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        csv,
+        format!(
+            "queue,time,messages,publishers,subscribers,saved_subscribers,administrators,\
+             unacknowledged,dead_letter,delayed,durable\r\n\
+             {id},1794182700,10,0,1,0,1,3,0,1,9\r\n{id},1794269100,1,2,3,4,5,6,7,8,9\r\n"
+        )
+    );
+    let (status, _) = cp
+        .call("GET", "/v1/stats?from=2026-11-09&to=nope", None)
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = cp
+        .call(
+            "GET",
+            "/v1/stats?from=2026-11-09&to=2026-11-09&queue=none",
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    let bad = json!({"stats": [{"time": 1794182700u64, "messages": 1}]}).to_string();
+    let (status, _) = http(cp.addr, "POST", &path, Some(token), Some(&bad)).await;
+    assert_eq!(status, 400, "a stats line has a time and nine counters");
+}

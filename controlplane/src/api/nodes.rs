@@ -34,13 +34,15 @@ pub struct NodeCaller {
 /// node, before its body is read; the handler gets the [`NodeCaller`].
 pub async fn require_node_token(
     State(state): State<Arc<AppState>>,
-    Path(params): Path<std::collections::HashMap<String, String>>,
+    Path(id): Path<String>,
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let presented = super::bearer(request.headers());
-    let id = params.get("id").map(String::as_str).unwrap_or_default();
-    let queue = state.store.get(id)?.ok_or(super::unauthorized(presented))?;
+    let queue = state
+        .store
+        .get(&id)?
+        .ok_or(super::unauthorized(presented))?;
     let credential = state
         .node_tokens
         .check(&queue, presented)

@@ -121,18 +121,22 @@ fn to_stored<T: serde::Serialize>(records: &[T], time: impl Fn(&T) -> u64) -> Ve
         .collect()
 }
 
-/// A stored usage record: JSON, or a line as kept before reports were structured.
-fn read_usage(stored: &[u8]) -> Option<UsageRecord> {
+/// A stored record: JSON, or a line as kept before reports were structured.
+fn read_stored<T: serde::de::DeserializeOwned>(
+    stored: &[u8],
+    from_line: impl Fn(&str) -> Option<T>,
+) -> Option<T> {
     serde_json::from_slice(stored)
         .ok()
-        .or_else(|| UsageRecord::from_line(std::str::from_utf8(stored).ok()?))
+        .or_else(|| from_line(std::str::from_utf8(stored).ok()?))
 }
 
-/// A stored stats record: JSON, or a line as kept before.
+fn read_usage(stored: &[u8]) -> Option<UsageRecord> {
+    read_stored(stored, UsageRecord::from_line)
+}
+
 fn read_stats(stored: &[u8]) -> Option<StatsRecord> {
-    serde_json::from_slice(stored)
-        .ok()
-        .or_else(|| StatsRecord::from_line(std::str::from_utf8(stored).ok()?))
+    read_stored(stored, StatsRecord::from_line)
 }
 
 #[derive(Deserialize)]

@@ -35,7 +35,13 @@ pub enum PebbleError {
     Slow(std::time::Duration),
     #[error("pebble's issuing root: {0}")]
     Root(String),
+    #[error("pebble's listeners did not answer as pebble (a port taken meanwhile?): {0}")]
+    NotListening(String),
 }
+
+/// How many times Pebble is started on fresh ports when one of its ports was taken between our
+/// choosing it and Pebble binding it (tests running beside it pick ports too).
+const ATTEMPTS: usize = 3;
 
 /// Whether `pebble` is on the PATH.
 pub fn installed() -> bool {
@@ -45,8 +51,21 @@ pub fn installed() -> bool {
 
 impl Pebble {
     /// Starts Pebble with its files in `dir` (its log is `dir/pebble.log`), sending its DNS-01
-    /// lookups to `dns`; returns once its directory is served. It stops when this is dropped.
+    /// lookups to `dns`; returns once both its listeners answer. It stops when this is dropped.
     pub async fn start(dns: SocketAddr, dir: &Path) -> Result<Pebble, PebbleError> {
+        let mut attempt = 1;
+        loop {
+            match Pebble::start_once(dns, dir).await {
+                Err(PebbleError::NotListening(why)) if attempt < ATTEMPTS => {
+                    tracing::warn!("pebble, attempt {attempt}: {why}; starting it on other ports");
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_once(dns: SocketAddr, dir: &Path) -> Result<Pebble, PebbleError> {
         std::fs::create_dir_all(dir)?;
         let listener_ca = dir.join("listener-ca.pem");
         let ca_pem = listener_certificate(dir)?;
@@ -110,18 +129,32 @@ impl Pebble {
             )))
             .build()
             .map_err(|e| PebbleError::Root(e.to_string()))?;
-        Ok(Pebble {
+        let pebble = Pebble {
             _child: child,
             directory: format!("https://127.0.0.1:{acme}/dir"),
             listener_ca,
             management: format!("https://127.0.0.1:{management}"),
             client,
-        })
+        };
+        // A port taken by another process between `free_port` and Pebble's bind makes Pebble
+        // exit while `accepting` sees the other process: only an answer over TLS with our
+        // listener certificate proves both listeners are Pebble's.
+        let roots = format!("{}/roots/0", pebble.management);
+        for url in [&pebble.directory, &roots] {
+            pebble
+                .client
+                .get(url)
+                .send()
+                .await
+                .and_then(|response| response.error_for_status())
+                .map_err(|e| PebbleError::NotListening(format!("{url}: {}", chain(&e))))?;
+        }
+        Ok(pebble)
     }
 
     /// The root that issues certificates now, in PEM. It changes at every start of Pebble.
     pub async fn issuing_root(&self) -> Result<String, PebbleError> {
-        let fail = |e: reqwest::Error| PebbleError::Root(e.to_string());
+        let fail = |e: reqwest::Error| PebbleError::Root(chain(&e));
         let url = format!("{}/roots/0", self.management);
         let response = self.client.get(url).send().await.map_err(fail)?;
         let text = response
@@ -169,6 +202,17 @@ fn listener_certificate(dir: &Path) -> Result<String, PebbleError> {
         key.serialize_pem().as_bytes(),
     )?;
     Ok(ca.pem())
+}
+
+/// An error with its sources (reqwest's own message names only the request).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
 
 /// A TCP port free on 127.0.0.1 now.

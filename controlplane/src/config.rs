@@ -29,8 +29,23 @@ pub struct Config {
     pub dns_listen: Option<SocketAddr>,
     /// The name server's name as the parent zone delegates `q.CLUSTER.DOMAIN` to it (with
     /// glue there), for the zone's NS record. Default: `ns.q.CLUSTER.DOMAIN` at the address
-    /// of `dns_listen` (local use).
+    /// of `dns_listen` (local use). One of `dns_names`, which says it for several.
     pub dns_name: Option<String>,
+    /// The names the parent zone delegates `q.CLUSTER.DOMAIN` to, one per server that
+    /// answers for it (each control-plane replica, each outside secondary): the zone's NS
+    /// records, the first its SOA's primary. `dns_name`, if also given, must be the first.
+    /// Default: `dns_name` alone.
+    #[serde(default)]
+    pub dns_names: Vec<String>,
+    /// The sources allowed zone transfers (AXFR, IXFR) over TCP, as CIDR blocks
+    /// (`["192.0.2.53/32", "2001:db8::/64"]`): the outside secondaries. Address only, no
+    /// TSIG. Default: none, every transfer REFUSED.
+    #[serde(default)]
+    pub dns_transfer_allow: Vec<crate::dns::Cidr>,
+    /// Where each secondary takes NOTIFY (`["192.0.2.53:53"]`), sent over UDP each time the
+    /// zone's serial moves. Default: none.
+    #[serde(default)]
+    pub dns_notify: Vec<SocketAddr>,
     /// The ACME CA the cluster's certificate comes from. Default: none.
     pub acme: Option<crate::certificates::acme::AcmeConfig>,
     /// Issue the cluster's certificate from a CA of our own, kept in `DATA_DIR/local-ca/`
@@ -52,6 +67,11 @@ pub struct Config {
     pub wildcard_certificate: bool,
     /// The control plane's URL as nodes reach it. Default: the API's own address.
     pub node_url: Option<String>,
+    /// Every replica's URL as nodes reach it, when several share one store
+    /// (`["https://cp1:8443", "https://cp2:8443"]`): nodes fail over between them, the first
+    /// preferred. `node_url`, if also given, must be that first one. Default: `node_url`
+    /// alone.
+    pub node_urls: Option<Vec<String>>,
     /// Seconds between the reconciler's looks at every queue when nothing wakes it (an
     /// instance that vanished is replaced within this). Default 30.
     #[serde(default = "default_reconcile_every_secs")]
@@ -59,9 +79,17 @@ pub struct Config {
     /// What runs the nodes. Default: processes on this machine (`kind = "local"`).
     #[serde(default)]
     pub provider: ProviderConfig,
+    /// Where the local provider keeps its nodes (`nodes/QUEUE-ID/`). Default: `data_dir`.
+    /// Replicas on one machine share one, so that a new leader adopts the nodes the last one
+    /// started.
+    pub local_nodes_dir: Option<PathBuf>,
     /// The price table bills are made with, in dollars. Default: everything free.
     #[serde(default)]
     pub prices: Prices,
+    /// Where the state lives: sled in `DATA_DIR/state` (default: one control plane), or an
+    /// etcd cluster that several replicas share (`kind = "etcd"`, `endpoints = [...]`).
+    #[serde(default)]
+    pub store: crate::store::StoreConfig,
 }
 
 /// `[provider]`: what runs the queues' nodes.
@@ -175,7 +203,58 @@ impl Config {
                 self.listen
             ));
         }
+        if let Some(urls) = &self.node_urls {
+            match urls.first() {
+                None => return Err("node_urls lists no URL".into()),
+                Some(first) if self.node_url.as_ref().is_some_and(|url| url != first) => {
+                    return Err(format!(
+                        "node_url is not node_urls' first ({first}), the preferred: give \
+                         node_urls alone"
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        self.check_dns()?;
         Ok(())
+    }
+
+    /// Refuses DNS settings that cannot all hold: two first name servers, or secondaries
+    /// without a DNS server.
+    fn check_dns(&self) -> Result<(), String> {
+        if let (Some(name), Some(first)) = (&self.dns_name, self.dns_names.first()) {
+            if name.trim_end_matches('.') != first.trim_end_matches('.') {
+                return Err(format!(
+                    "dns_name is not dns_names' first ({first}), the SOA's primary: give \
+                     dns_names alone"
+                ));
+            }
+        }
+        let secondaries = !self.dns_transfer_allow.is_empty() || !self.dns_notify.is_empty();
+        if secondaries && self.dns_listen.is_none() {
+            return Err("dns_transfer_allow and dns_notify need dns_listen".into());
+        }
+        Ok(())
+    }
+
+    /// The names the zone's NS records give, the SOA's primary first: `dns_names`, else
+    /// `dns_name`; none for a zone that names its own server (local use).
+    pub fn dns_names(&self) -> Vec<String> {
+        match (self.dns_names.is_empty(), &self.dns_name) {
+            (false, _) => self.dns_names.clone(),
+            (true, Some(name)) => vec![name.clone()],
+            (true, None) => Vec::new(),
+        }
+    }
+
+    /// The URLs nodes reach the control plane at, one per replica, the preferred first:
+    /// `node_urls`, else `node_url`, else `derived` (the API's own address).
+    pub fn node_urls_or(&self, derived: String) -> Vec<String> {
+        match (&self.node_urls, &self.node_url) {
+            (Some(urls), _) if !urls.is_empty() => urls.clone(),
+            (_, Some(url)) => vec![url.clone()],
+            _ => vec![derived],
+        }
     }
 
     /// The `dataplane` binary: configured, else the one beside this program.
@@ -222,6 +301,25 @@ mod tests {
     }
 
     #[test]
+    fn nodes_reach_every_replica_node_urls_lists() {
+        let base = "data_dir = \"/d\"\ntoken = \"t\"\n";
+        let with = |extra: &str| Config::parse(&format!("{base}{extra}")).unwrap();
+        let derived = || "http://127.0.0.1:8443".to_string();
+        assert_eq!(with("").node_urls_or(derived()), [derived()]);
+        let one = with("node_url = \"https://cp:8443\"\n");
+        assert_eq!(one.node_urls_or(derived()), ["https://cp:8443"]);
+        let two = "node_urls = [\"https://cp1:8443\", \"https://cp2:8443\"]\n";
+        let both = ["https://cp1:8443", "https://cp2:8443"];
+        assert_eq!(with(two).node_urls_or(derived()), both);
+        assert!(with(two).check().is_ok());
+        let agreeing = with(&format!("{two}node_url = \"https://cp1:8443\"\n"));
+        assert!(agreeing.check().is_ok());
+        let differing = with(&format!("{two}node_url = \"https://cp2:8443\"\n"));
+        assert!(differing.check().unwrap_err().contains("node_urls"));
+        assert!(with("node_urls = []\n").check().is_err());
+    }
+
+    #[test]
     fn plain_http_only_on_loopback_unless_insecure_is_said() {
         let base = "data_dir = \"/d\"\ntoken = \"t\"\n";
         let with = |extra: &str| Config::parse(&format!("{base}{extra}")).unwrap();
@@ -232,5 +330,33 @@ mod tests {
         assert!(with("listen = \"[::]:1\"\n").check().is_err());
         let insecure = with("listen = \"[::]:1\"\ninsecure_plain_http = true\n");
         assert!(insecure.check().is_ok());
+    }
+
+    #[test]
+    fn dns_names_transfers_and_notify() {
+        let base = "data_dir = \"/d\"\ntoken = \"t\"\n";
+        let with = |extra: &str| Config::parse(&format!("{base}{extra}")).unwrap();
+        assert!(with("").dns_names().is_empty());
+        assert_eq!(with("dns_name = \"ns1.x\"\n").dns_names(), ["ns1.x"]);
+        let two = "dns_names = [\"ns1.x\", \"ns2.y\"]\n";
+        assert_eq!(with(two).dns_names(), ["ns1.x", "ns2.y"]);
+        let agreeing = with(&format!("{two}dns_name = \"ns1.x\"\n"));
+        assert!(agreeing.check().is_ok());
+        let differing = with(&format!("{two}dns_name = \"ns2.y\"\n"));
+        assert!(differing.check().unwrap_err().contains("dns_names"));
+
+        let secondaries = "dns_transfer_allow = [\"127.0.0.1/32\", \"::1\"]\n\
+                           dns_notify = [\"127.0.0.1:5301\"]\n";
+        let config = with(&format!("dns_listen = \"127.0.0.1:53\"\n{secondaries}"));
+        assert!(config.check().is_ok());
+        assert!(config.dns_transfer_allow[1].contains("::1".parse().unwrap()));
+        assert_eq!(config.dns_notify, ["127.0.0.1:5301".parse().unwrap()]);
+        let error = with(secondaries).check().unwrap_err();
+        assert!(error.contains("dns_listen"), "{error}");
+        let host_bits = Config::parse(&format!("{base}dns_transfer_allow = [\"10.0.0.1/8\"]\n"));
+        let error = host_bits.unwrap_err().to_string();
+        assert!(error.contains("starts at 10.0.0.0"), "{error}");
+        let default = with("").dns_transfer_allow;
+        assert!(default.is_empty(), "no transfers by default");
     }
 }

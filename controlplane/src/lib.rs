@@ -13,10 +13,12 @@
 //! - [`pebble`]: Let's Encrypt's test CA, run for `controlplane dev` and the tests.
 
 pub mod api;
+pub mod backup;
 pub mod certificates;
 pub mod config;
 pub mod dns;
 pub mod fleet;
+pub mod leadership;
 pub mod nodes;
 pub mod pebble;
 pub mod queues;

@@ -12,11 +12,12 @@ use controlplane::fleet::cloud_init::{self, NodeBoot};
 use controlplane::fleet::ec2::Ec2Provider;
 use controlplane::fleet::local::LocalProvider;
 use controlplane::fleet::Provider;
+use controlplane::leadership::Leadership;
 use controlplane::nodes::{Bootstraps, NodeTokens};
 use controlplane::pebble::{self, Pebble};
 use controlplane::queues::{NewQueue, Tier};
 use controlplane::reconciler::Reconciler;
-use controlplane::store::Store;
+use controlplane::store::{Store, StoreConfig};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,6 +43,14 @@ enum Command {
     /// Runs the whole path locally: DNS, certificates (Pebble, or a local CA), nodes on TLS
     /// and a demo queue; says how to try it.
     Dev(DevFlags),
+    /// Puts a backup (`GET /v1/backup`) into the empty store a config file names, before
+    /// the control plane starts on it.
+    Restore {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        from: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -89,12 +98,16 @@ impl Overrides {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colours only for a person: a log file or a pipe gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match Args::parse().command {
         Command::Serve { config, overrides } => serve(config, overrides).await,
         Command::Dev(flags) => dev(flags).await,
+        Command::Restore { config, from } => restore(config, from).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -116,6 +129,26 @@ async fn serve(config_path: PathBuf, overrides: Overrides) -> Result<(), Failure
     running.stop().await
 }
 
+async fn restore(config_path: PathBuf, from: PathBuf) -> Result<(), Failure> {
+    let config = Config::parse(&std::fs::read_to_string(&config_path)?)?;
+    let backup = std::fs::read_to_string(&from).map_err(|e| format!("{}: {e}", from.display()))?;
+    create_private_dir(&config.data_dir)?;
+    let store = Store::open(
+        &config.store,
+        &config.data_dir.join("state"),
+        &config.cluster,
+    )
+    .await?;
+    // sled keeps the node secret in a file of its own; etcd in the store.
+    let secret_file = match config.store {
+        StoreConfig::Sled => Some(config.data_dir.join("node-secret")),
+        StoreConfig::Etcd(_) => None,
+    };
+    let restored = controlplane::backup::restore(&store, &backup, secret_file.as_deref()).await?;
+    println!("restored {restored} entries from {}", from.display());
+    Ok(())
+}
+
 /// The control plane, serving.
 struct Running {
     state: Arc<AppState>,
@@ -133,8 +166,16 @@ struct Running {
 async fn start(config: Config) -> Result<Running, Failure> {
     config.check()?;
     create_private_dir(&config.data_dir)?;
-    let store = Store::open(&config.data_dir.join("state"))?;
-    let node_tokens = Arc::new(NodeTokens::open(&config.data_dir.join("node-secret"))?);
+    let store = Store::open(
+        &config.store,
+        &config.data_dir.join("state"),
+        &config.cluster,
+    )
+    .await?;
+    let node_tokens = Arc::new(match &config.store {
+        StoreConfig::Sled => NodeTokens::open(&config.data_dir.join("node-secret"))?,
+        StoreConfig::Etcd(_) => NodeTokens::shared(&store).await?,
+    });
     // Bound first: the nodes are told where to reach it.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -162,10 +203,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         None => None,
     };
     let bootstraps = Arc::new(Bootstraps {
-        url: config
-            .node_url
-            .clone()
-            .unwrap_or_else(|| format!("{scheme}://{reachable}")),
+        urls: config.node_urls_or(format!("{scheme}://{reachable}")),
         ca_pem,
         tokens: node_tokens.clone(),
     });
@@ -173,30 +211,43 @@ async fn start(config: Config) -> Result<Running, Failure> {
     let (fleet, local): (Arc<dyn Provider>, _) = match &config.provider {
         ProviderConfig::Local => {
             let tls_zone = issuer.as_ref().map(|_| zone_name.clone());
+            let nodes_dir = config.local_nodes_dir.as_ref().unwrap_or(&config.data_dir);
             let local = Arc::new(LocalProvider::new(
                 config.dataplane_binary(),
-                config.data_dir.clone(),
+                nodes_dir.clone(),
                 tls_zone,
             ));
             (local.clone(), Some(local))
         }
         ProviderConfig::Ec2(ec2) => (Arc::new(ec2_provider(&config, ec2, zone_name).await?), None),
     };
-    // The name server: the one the parent delegates to, or (local use) `ns` in the zone at
-    // the address it listens on (loopback if everywhere).
-    let nameserver = match (&config.dns_name, config.dns_listen.map(|addr| addr.ip())) {
-        (Some(name), _) => Nameserver::Named(name.clone()),
-        (None, Some(ip)) if !ip.is_unspecified() => Nameserver::InZone(ip),
-        (None, _) => Nameserver::InZone(std::net::Ipv6Addr::LOCALHOST.into()),
+    // The name servers: the ones the parent delegates to, or (local use) `ns` in the zone
+    // at the address it listens on (loopback if everywhere).
+    let names = config.dns_names();
+    let nameserver = match (names.is_empty(), config.dns_listen.map(|addr| addr.ip())) {
+        (false, _) => Nameserver::Named(names),
+        (true, Some(ip)) if !ip.is_unspecified() => Nameserver::InZone(ip),
+        (true, _) => Nameserver::InZone(std::net::Ipv6Addr::LOCALHOST.into()),
     };
     let zone = Zone::new(&config.cluster, &config.domain, nameserver)?;
-    zone.refresh(&store)?;
+    zone.refresh(&store).await?;
+    // Every replica's zone follows the shared state, whoever changed it.
+    tokio::spawn(zone.clone().follow(store.clone()));
     if let Some(addr) = config.dns_listen {
-        let bound = dns::serve(zone.clone(), addr)
+        let secondaries = dns::Secondaries {
+            allow: config.dns_transfer_allow.clone(),
+            notify: config.dns_notify.clone(),
+        };
+        let bound = dns::serve(zone.clone(), addr, secondaries)
             .await
             .map_err(|e| format!("the DNS cannot listen on {addr}: {e}"))?;
         println!("dns on {bound}");
     }
+    let lease = match &config.store {
+        StoreConfig::Etcd(etcd) => std::time::Duration::from_secs(etcd.lease_secs),
+        StoreConfig::Sled => std::time::Duration::MAX,
+    };
+    let leadership = Leadership::start(&store, bootstraps.urls[0].clone(), lease);
     let renew_certificate = Arc::new(tokio::sync::Notify::new());
     let node_certificates = match issuer {
         None => NodeCertificates::None,
@@ -207,6 +258,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
                 zone.clone(),
                 store.clone(),
                 renew_certificate.clone(),
+                leadership.clone(),
             ));
             NodeCertificates::Wildcard { issuer: name }
         }
@@ -226,6 +278,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         node_certificates,
         renew_certificate,
         reconcile: reconcile.clone(),
+        leadership: leadership.clone(),
     });
     // Served before any node starts: a starting node pulls its config from it.
     let router = api::router(state.clone());
@@ -244,7 +297,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
     let recheck_every = std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1));
     let reconciler = Reconciler::new(store, fleet, zone, bootstraps, reconcile, recheck_every);
     // Its first pass takes on every queue's node: adopted, or started again.
-    tokio::spawn(Arc::new(reconciler).run());
+    tokio::spawn(Arc::new(reconciler).run(leadership));
     println!("listening on {bound}");
     let _ = std::io::stdout().flush();
     Ok(Running {

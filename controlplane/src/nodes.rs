@@ -49,6 +49,24 @@ impl NodeTokens {
         }
     }
 
+    /// The secret every replica on a shared store uses: the store's, made by the first
+    /// replica that found none.
+    pub async fn shared(store: &crate::store::Store) -> Result<NodeTokens, String> {
+        let mut made = [0u8; 32];
+        getrandom::fill(&mut made).expect("the OS random source");
+        let kept = store
+            .node_secret(made.to_vec())
+            .await
+            .map_err(|e| e.to_string())?;
+        let secret = kept.try_into().map_err(|bytes: Vec<u8>| {
+            format!(
+                "the store's node secret is damaged ({} bytes); restore it from a backup",
+                bytes.len()
+            )
+        })?;
+        Ok(NodeTokens { secret })
+    }
+
     fn from_file(path: &Path, bytes: Vec<u8>) -> std::io::Result<NodeTokens> {
         let secret = bytes.try_into().map_err(|bytes: Vec<u8>| {
             let what = format!(
@@ -91,22 +109,31 @@ impl NodeTokens {
     }
 }
 
-/// What nodes are told to start from: the control plane's address as nodes reach it, the
+/// What nodes are told to start from: the control plane's addresses as nodes reach it, the
 /// root they trust for it, and their credentials.
 pub struct Bootstraps {
-    /// Its base URL for nodes (`http://127.0.0.1:PORT` for local nodes, `https://` with
-    /// `[api_tls]`, or the public URL cloud nodes reach).
-    pub url: String,
+    /// Its base URLs for nodes, one per replica, the preferred first; never empty
+    /// (`http://127.0.0.1:PORT` for local nodes, `https://` with `[api_tls]`, or the public
+    /// URLs cloud nodes reach).
+    pub urls: Vec<String>,
     /// The root that signs its HTTPS certificate, when it is a private one (PEM).
     pub ca_pem: Option<String>,
     pub tokens: std::sync::Arc<NodeTokens>,
 }
 
 impl Bootstraps {
-    /// The bootstrap of `queue`'s node: its credential as it is now.
+    /// The bootstrap of `queue`'s node: its credential as it is now. The replicas are listed
+    /// only when there are several: a bootstrap for one reads as before, also to nodes that
+    /// know no replicas.
     pub fn for_queue(&self, queue: &Queue) -> qe_shared::node_channel::Bootstrap {
+        let control_planes = if self.urls.len() > 1 {
+            self.urls.clone()
+        } else {
+            Vec::new()
+        };
         qe_shared::node_channel::Bootstrap {
-            control_plane: self.url.clone(),
+            control_plane: self.urls[0].clone(),
+            control_planes,
             queue_id: queue.id.clone(),
             node_token: self.tokens.token_for(&queue.id, queue.node_credential),
             control_plane_ca_pem: self.ca_pem.clone(),

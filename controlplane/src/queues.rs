@@ -272,7 +272,7 @@ async fn renew_certificates_where(
     store: &crate::store::Store,
     which: impl Fn(&Queue) -> bool,
 ) -> Result<(), crate::store::StoreError> {
-    for queue in store.list()? {
+    for queue in store.list().await? {
         let renewed = store.update(&queue.id, |queue| {
             if queue.status.is_live() && which(queue) {
                 queue.certificate_generation += 1;

@@ -6,9 +6,14 @@
 //! Every pass starts from the store, so a control plane that crashed anywhere carries on
 //! where it was after a restart; at start it also removes what the provider holds for no
 //! live queue (a crash between "launched" and "recorded").
+//!
+//! Only the leading replica reconciles ([`crate::leadership`]): each leadership is a term
+//! with its own fenced store; when it ends, every drive of the term is aborted before
+//! another replica can lead, and the next leader's first pass carries on from the store.
 
 use crate::dns::Zone;
 use crate::fleet::Provider;
+use crate::leadership::Leadership;
 use crate::nodes::Bootstraps;
 use crate::queues::{Queue, Status};
 use crate::store::{Store, StoreError};
@@ -30,6 +35,8 @@ pub struct Reconciler {
     recheck_every: Duration,
     /// The queues being driven now: a pass leaves them to the drive under way.
     driving: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// This term's drives: aborted together when the term ends.
+    drives: std::sync::Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl Reconciler {
@@ -50,31 +57,68 @@ impl Reconciler {
             wake,
             recheck_every,
             driving: Default::default(),
+            drives: Default::default(),
         }
     }
 
-    /// Runs for the life of the control plane.
-    pub async fn run(self: Arc<Self>) {
+    /// Runs for the life of the control plane: reconciles while this replica leads.
+    pub async fn run(self: Arc<Self>, mut leadership: Leadership) {
+        loop {
+            let fence = leadership.lead().await;
+            let term = Arc::new(Reconciler::new(
+                self.store.fenced(fence.clone()),
+                self.fleet.clone(),
+                self.zone.clone(),
+                self.bootstraps.clone(),
+                self.wake.clone(),
+                self.recheck_every,
+            ));
+            tokio::select! {
+                _ = term.clone().reconcile() => {}
+                _ = leadership.lost(&fence) => {}
+            }
+            // Nothing of this term goes on once it is over.
+            term.drives.lock().expect("never poisoned").abort_all();
+            tracing::warn!("the reconciler stopped: this replica no longer leads");
+        }
+    }
+
+    /// One term's work: takes on every queue's node, then passes when woken or due.
+    async fn reconcile(self: Arc<Self>) {
         if let Err(error) = self.remove_orphans().await {
             tracing::warn!(%error, "what the provider holds could not be checked");
         }
+        // A queue created or deleted through another replica reaches this one as a change
+        // in the store.
+        let mut changes = self.store.changes();
+        let mut every_queue = true;
         loop {
-            if let Err(error) = self.pass() {
+            changes.borrow_and_update();
+            if let Err(error) = self.pass(every_queue).await {
                 tracing::error!(%error, "a reconciler pass failed");
             }
-            tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(self.recheck_every) => {}
-            }
+            every_queue = tokio::select! {
+                _ = self.wake.notified() => false,
+                _ = changes.changed() => false,
+                _ = tokio::time::sleep(self.recheck_every) => true,
+            };
         }
     }
 
-    /// One look at every queue. Each is driven in a task of its own, so a slow one (an
+    /// One look at the queues: at every queue (`every_queue`), or at those asked to change
+    /// (provisioning, deleting). Each is driven in a task of its own, so a slow one (an
     /// instance booting, a last report awaited) holds up no other, and none twice at once.
-    fn pass(self: &Arc<Self>) -> Result<(), StoreError> {
-        for queue in self.store.list()? {
-            let over = matches!(queue.status, Status::Failed | Status::Deleted);
-            if over
+    async fn pass(self: &Arc<Self>, every_queue: bool) -> Result<(), StoreError> {
+        let queues = self.store.list().await?;
+        let mut drives = self.drives.lock().expect("never poisoned");
+        while drives.try_join_next().is_some() {}
+        for queue in queues {
+            let wanted = match queue.status {
+                Status::Failed | Status::Deleted => false,
+                Status::Running => every_queue,
+                Status::Provisioning | Status::Deleting => true,
+            };
+            if !wanted
                 || !self
                     .driving
                     .lock()
@@ -84,13 +128,13 @@ impl Reconciler {
                 continue;
             }
             let reconciler = self.clone();
-            tokio::spawn(async move {
+            drives.spawn(async move {
                 reconciler.drive(&queue).await;
+                let now = reconciler.store.get(&queue.id).await.ok().flatten();
                 let mut driving = reconciler.driving.lock().expect("never poisoned");
                 driving.remove(&queue.id);
                 // Asked for something else meanwhile (deleted while it was being placed): a
                 // pass now, not at the next recheck.
-                let now = reconciler.store.get(&queue.id).ok().flatten();
                 if now.is_some_and(|now| now.status != queue.status) {
                     reconciler.wake.notify_one();
                 }
@@ -129,7 +173,7 @@ impl Reconciler {
             Ok::<_, StoreError>(())
         });
         recorded.await?;
-        self.zone.refresh(&self.store)?;
+        self.zone.refresh(&self.store).await?;
         Ok(())
     }
 
@@ -163,14 +207,15 @@ impl Reconciler {
         for id in self.fleet.holdings().await? {
             let live = self
                 .store
-                .get(&id)?
+                .get(&id)
+                .await?
                 .is_some_and(|queue| queue.status.is_live());
             if !live {
                 tracing::warn!(queue = %id, "removing what belongs to no live queue");
                 self.fleet.stop(&id).await?;
                 // A queue being deleted has its data removed by its own pass, after its last
                 // report; only what belongs to no queue at all goes now.
-                if self.store.get(&id)?.is_none() {
+                if self.store.get(&id).await?.is_none() {
                     self.fleet.remove_data(&id).await?;
                 }
             }

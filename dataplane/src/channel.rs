@@ -1,10 +1,13 @@
 //! The node's side of the node channel ([`qe_shared::node_channel`]). A node started with
 //! `--bootstrap` knows only how to reach its control plane: it pulls its config, applies it,
 //! says which version it serves, and keeps a watch open for the next one. The node opens
-//! every exchange, so this works behind NAT as well as beside the control plane.
+//! every exchange, so this works behind NAT as well as beside the control plane. Each
+//! exchange goes to one of the control plane's replicas, the next one when that one fails
+//! ([`crate::control_planes`]).
 
 use crate::certificate::OwnCertificate;
 use crate::config::{Config, ConfigFile, LoginFile, ReportTo};
+use crate::control_planes::{ControlPlanes, Unanswered};
 use crate::node::Node;
 use crate::report::{self, Reporter};
 use qe_shared::node_channel::{
@@ -33,9 +36,20 @@ pub enum ChannelError {
     Certificate(String),
 }
 
+impl From<Unanswered> for ChannelError {
+    fn from(unanswered: Unanswered) -> ChannelError {
+        match unanswered {
+            Unanswered::Send(error) => ChannelError::Send(error),
+            Unanswered::Refused(status) => ChannelError::Refused(status),
+        }
+    }
+}
+
 /// The node's end of the channel.
 #[derive(Clone)]
 pub struct Channel {
+    /// The control plane's replicas (the reporter shares which one is current), the queue,
+    /// the bootstrap's credential and roots.
     to: ReportTo,
     /// The node's credential now: the bootstrap's, or a rotated one it was sent and kept.
     token: Arc<RwLock<String>>,
@@ -66,7 +80,7 @@ impl Channel {
     /// The channel of the node that starts from `bootstrap` with its data in `data_dir`.
     pub fn new(bootstrap: &Bootstrap, data_dir: &Path) -> Channel {
         let to = ReportTo {
-            url: bootstrap.control_plane.trim_end_matches('/').to_string(),
+            control_planes: ControlPlanes::new(&bootstrap.control_plane, &bootstrap.control_planes),
             queue_id: bootstrap.queue_id.clone(),
             token: bootstrap.node_token.clone(),
             ca_pem: bootstrap
@@ -108,60 +122,63 @@ impl Channel {
         Ok(())
     }
 
-    fn url(&self, what: &str) -> String {
-        format!("{}/v1/nodes/{}/{what}", self.to.url, self.to.queue_id)
+    /// `/v1/nodes/ID/{what}` on the replica at `base`.
+    fn url(&self, base: &str, what: &str) -> String {
+        format!("{base}/v1/nodes/{}/{what}", self.to.queue_id)
+    }
+
+    /// The answer to what `request` builds (for a replica's base URL), with the credential,
+    /// from the current replica or the next ones ([`ControlPlanes::send`]).
+    async fn send(
+        &self,
+        request: impl Fn(&str) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ChannelError> {
+        let response = self
+            .to
+            .control_planes
+            .send(|base| request(base).bearer_auth(self.token()))
+            .await?;
+        Ok(response)
     }
 
     /// The desired config once its version is past `after` (at once with `None`); `None`
-    /// when the control plane held the watch and nothing changed.
+    /// when the control plane held the watch and nothing changed. A watch that breaks goes
+    /// on with the same `after` at the next replica.
     pub async fn desired(&self, after: Option<u64>) -> Result<Option<DesiredConfig>, ChannelError> {
-        let url = match after {
-            Some(after) => format!("{}?after={after}", self.url("config")),
-            None => self.url("config"),
+        let query = match after {
+            Some(after) => format!("?after={after}"),
+            None => String::new(),
         };
         let response = self
-            .client
-            .get(url)
-            .bearer_auth(self.token())
-            .send()
+            .send(|base| {
+                let url = format!("{}{query}", self.url(base, "config"));
+                self.client.get(url)
+            })
             .await?;
         match response.status() {
             reqwest::StatusCode::NO_CONTENT => Ok(None),
-            status if status.is_success() => Ok(Some(response.json().await?)),
-            status => Err(ChannelError::Refused(status)),
+            _ => Ok(Some(response.json().await?)),
         }
     }
 
     /// Tells the control plane the node serves `version` now.
     pub async fn applied(&self, version: u64) -> Result<(), ChannelError> {
-        let response = self
-            .client
-            .post(self.url("applied"))
-            .bearer_auth(self.token())
-            .json(&Applied { version })
-            .send()
+        let applied = Applied { version };
+        self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;
-        match response.status() {
-            status if status.is_success() => Ok(()),
-            status => Err(ChannelError::Refused(status)),
-        }
+        Ok(())
     }
 
     /// Sends a CSR for the queue's name; returns the chain the control plane had issued.
     pub async fn certificate(&self, csr_pem: String) -> Result<String, ChannelError> {
+        let request = CertificateRequest { csr_pem };
         let response = self
-            .client
-            .post(self.url("certificate"))
-            .bearer_auth(self.token())
-            .json(&CertificateRequest { csr_pem })
-            .send()
+            .send(|base| {
+                let url = self.url(base, "certificate");
+                self.client.post(url).json(&request)
+            })
             .await?;
-        match response.status() {
-            status if status.is_success() => {
-                Ok(response.json::<IssuedCertificate>().await?.chain_pem)
-            }
-            status => Err(ChannelError::Refused(status)),
-        }
+        Ok(response.json::<IssuedCertificate>().await?.chain_pem)
     }
 }
 
@@ -255,7 +272,8 @@ pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> C
         instance_type: Some(desired.instance_type.clone()),
         region: Some(desired.region.clone()),
         ipv4: desired.ipv4,
-        control_plane: Some(to.url.clone()),
+        control_plane: Some(to.control_planes.preferred().to_string()),
+        control_planes: to.control_planes.urls().to_vec(),
         queue_id: Some(to.queue_id.clone()),
         node_token: Some(to.token.clone()),
         ..ConfigFile::default()

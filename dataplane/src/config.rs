@@ -2,6 +2,7 @@
 
 use crate::auth::{Login, Logins, PasswordHash};
 use crate::connection::Keepalive;
+use crate::control_planes::ControlPlanes;
 use crate::history::UsageLabels;
 use clap::Parser;
 use qe_shared::settings::{fixed, Tier};
@@ -119,6 +120,11 @@ pub struct ConfigFile {
     pub ipv4: bool,
     /// Where to push stats and usage records (the control plane's base URL). None: nowhere.
     pub control_plane: Option<String>,
+    /// Every replica's base URL when the control plane runs as several; `control_plane` goes
+    /// first (preferred), listed here or not, and the node fails over between them. Default:
+    /// `control_plane` alone.
+    #[serde(default)]
+    pub control_planes: Vec<String>,
     /// The queue's id at the control plane.
     pub queue_id: Option<String>,
     /// This node's token for the control plane's node API.
@@ -135,7 +141,8 @@ pub struct ConfigFile {
 /// Where the node reports its history, and as whom.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ReportTo {
-    pub url: String,
+    /// The control plane's replicas; clones share which one is talked to now.
+    pub control_planes: ControlPlanes,
     pub queue_id: String,
     pub token: String,
     /// The only roots trusted for the control plane's certificate (PEM), if not the system's.
@@ -145,7 +152,11 @@ pub struct ReportTo {
 impl std::fmt::Debug for ReportTo {
     /// Never the token.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ReportTo({} as {})", self.url, self.queue_id)
+        write!(
+            f,
+            "ReportTo({:?} as {})",
+            self.control_planes, self.queue_id
+        )
     }
 }
 
@@ -336,9 +347,14 @@ impl Config {
                 "--{role} NAME:PASSWORD is required"
             ))),
         };
+        if !file.control_planes.is_empty() && file.control_plane.is_none() {
+            return Err(invalid(
+                "control_planes needs control_plane (the preferred one)",
+            ));
+        }
         let report_to = match (file.control_plane, file.queue_id, file.node_token) {
             (Some(url), Some(queue_id), Some(token)) => Some(ReportTo {
-                url: url.trim_end_matches('/').to_string(),
+                control_planes: ControlPlanes::new(&url, &file.control_planes),
                 queue_id,
                 token,
                 ca_pem: match file.control_plane_ca {
@@ -509,6 +525,25 @@ mod tests {
         assert_eq!(config.max_messages, Some(50));
         assert!(config.logins.publisher.password.matches("filepw"));
         assert_eq!(config.logins.admin.username, "x");
+    }
+
+    #[test]
+    fn the_control_plane_may_list_its_replicas() {
+        let base = "data_dir = \"/q\"\nplaintext = true\nqueue_id = \"q\"\nnode_token = \"t\"\n";
+        let report_to = |extra: &str| {
+            let file = ConfigFile::parse(&format!("{base}{extra}")).unwrap();
+            Config::merge(file, flags(&LOGINS)).map(|config| config.report_to.unwrap())
+        };
+        let alone = report_to("control_plane = \"https://cp1/\"\n").unwrap();
+        assert_eq!(alone.control_planes.urls(), ["https://cp1"]);
+        let listed = "control_plane = \"https://cp2\"\ncontrol_planes = [\"https://cp1\", \"https://cp2\"]\n";
+        let listed = report_to(listed).unwrap();
+        assert_eq!(
+            listed.control_planes.urls(),
+            ["https://cp2", "https://cp1"],
+            "control_plane is the preferred"
+        );
+        assert!(report_to("control_planes = [\"https://cp1\"]\n").is_err());
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //! Beside the path: [`config`] (flags and the TOML file), [`auth`] (the three logins),
 //! [`node`] (what every connection shares), [`history`] (stats and usage records),
 //! [`report`] (pushing those records to the control plane), [`channel`] (a node started from
-//! a bootstrap: its config from the control plane, watched), [`certificate`] (its own TLS
+//! a bootstrap: its config from the control plane, watched), [`control_planes`] (the control
+//! plane's replicas, and which one both of those talk to now), [`certificate`] (its own TLS
 //! certificate: key made here, CSR sent) and [`traffic`] (bytes on the sockets).
 
 pub mod admission;
@@ -26,6 +27,7 @@ pub mod certificate;
 pub mod channel;
 pub mod config;
 pub mod connection;
+pub mod control_planes;
 pub mod engine;
 pub mod fragments;
 pub mod history;

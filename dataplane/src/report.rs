@@ -3,9 +3,11 @@
 //! The node's own history is the source of truth: records are sent oldest first, and the
 //! history notes how far the control plane has acknowledged (a cursor in sled), so a push that
 //! fails is sent again, through outages and restarts, and none is lost. The control plane
-//! keeps records by (queue, kind, time), so one sent twice is stored once.
+//! keeps records by (queue, kind, time), so one sent twice is stored once. Pushes go to the
+//! replica the channel talks to, and on to the next when it fails ([`crate::control_planes`]).
 
 use crate::config::ReportTo;
+use crate::control_planes::Unanswered;
 use crate::history::Kind;
 use crate::node::Node;
 use qe_shared::node_channel::{NodeReport, StatsRecord, UsageRecord};
@@ -42,6 +44,15 @@ pub enum ReportError {
     Write(#[from] std::io::Error),
 }
 
+impl From<Unanswered> for ReportError {
+    fn from(unanswered: Unanswered) -> ReportError {
+        match unanswered {
+            Unanswered::Send(error) => ReportError::Send(error),
+            Unanswered::Refused(status) => ReportError::Refused(status),
+        }
+    }
+}
+
 /// How long an idle connection to the control plane is kept for the next request.
 const POOLED_AT_MOST: Duration = Duration::from_secs(10);
 
@@ -69,11 +80,13 @@ pub(crate) fn client(to: &ReportTo, timeout: Duration) -> reqwest::Client {
 /// the side and then renamed, so a reload never reads half a file.
 pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(), ReportError> {
     let client = client(to, REQUEST_WITHIN);
-    let url = format!("{}/v1/nodes/{}/certificate", to.url, to.queue_id);
-    let response = client.get(url).bearer_auth(&to.token).send().await?;
-    if !response.status().is_success() {
-        return Err(ReportError::Refused(response.status()));
-    }
+    let response = to
+        .control_planes
+        .send(|base| {
+            let url = format!("{base}/v1/nodes/{}/certificate", to.queue_id);
+            client.get(url).bearer_auth(&to.token)
+        })
+        .await?;
     let issued: serde_json::Value = response.json().await?;
     let field = |name: &str| issued[name].as_str().unwrap_or_default().to_string();
     std::fs::create_dir_all(dir)?;
@@ -110,7 +123,7 @@ impl Reporter {
     pub fn retarget(&self, to: ReportTo) {
         let mut target = self.target.write().expect("never poisoned");
         if target.to != to {
-            tracing::info!(url = %to.url, "reporting to a new control plane address");
+            tracing::info!(control_planes = ?to.control_planes, "reporting to a new control plane address");
             *target = Target {
                 client: client(&to, REQUEST_WITHIN),
                 to,
@@ -145,21 +158,25 @@ impl Reporter {
     /// (the control plane removes a deleted queue's data only after it).
     pub async fn push_last(&self) -> Result<(), ReportError> {
         self.push_all().await?;
+        self.send(&NodeReport {
+            last: true,
+            ..NodeReport::default()
+        })
+        .await
+    }
+
+    /// Sends `report` to the current replica, or the next ones ([`ControlPlanes::send`]).
+    ///
+    /// [`ControlPlanes::send`]: crate::control_planes::ControlPlanes::send
+    async fn send(&self, report: &NodeReport) -> Result<(), ReportError> {
         let (to, client) = self.target();
-        let url = format!("{}/v1/nodes/{}/reports", to.url, to.queue_id);
-        let response = client
-            .post(url)
-            .bearer_auth(&to.token)
-            .json(&NodeReport {
-                last: true,
-                ..NodeReport::default()
+        to.control_planes
+            .send(|base| {
+                let url = format!("{base}/v1/nodes/{}/reports", to.queue_id);
+                client.post(url).bearer_auth(&to.token).json(report)
             })
-            .send()
             .await?;
-        match response.status() {
-            status if status.is_success() => Ok(()),
-            status => Err(ReportError::Refused(status)),
-        }
+        Ok(())
     }
 
     /// Sends every unreported record, in batches, noting each batch once it is received.
@@ -176,17 +193,7 @@ impl Reporter {
                 stats: read_lines(&stats, StatsRecord::from_line),
                 last: false,
             };
-            let (to, client) = self.target();
-            let url = format!("{}/v1/nodes/{}/reports", to.url, to.queue_id);
-            let response = client
-                .post(url)
-                .bearer_auth(&to.token)
-                .json(&body)
-                .send()
-                .await?;
-            if !response.status().is_success() {
-                return Err(ReportError::Refused(response.status()));
-            }
+            self.send(&body).await?;
             let marks: Vec<(Kind, u64)> = [(Kind::Usage, &usage), (Kind::Stats, &stats)]
                 .into_iter()
                 .filter_map(|(kind, records)| Some((kind, records.last()?.0)))

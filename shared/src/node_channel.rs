@@ -24,8 +24,14 @@ pub const WATCH_HOLD_SECS: u64 = 25;
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bootstrap {
-    /// The control plane's base URL (`https://HOST:PORT`).
+    /// The control plane's base URL (`https://HOST:PORT`): with several replicas, the
+    /// preferred one.
     pub control_plane: String,
+    /// Every replica's base URL when the control plane runs as several, the preferred first;
+    /// the node fails over between them. Empty (and then left out, so the bootstrap reads as
+    /// before for nodes that know no replicas): `control_plane` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub control_planes: Vec<String>,
     pub queue_id: String,
     /// The node's credential, sent as a bearer token.
     pub node_token: String,
@@ -319,10 +325,37 @@ mod tests {
         );
         let bootstrap = Bootstrap {
             control_plane: "https://cp".into(),
+            control_planes: vec![],
             queue_id: "q".into(),
             node_token: "secret-token".into(),
             control_plane_ca_pem: None,
         };
         assert!(!format!("{bootstrap:?}").contains("secret-token"));
+    }
+
+    #[test]
+    fn a_bootstrap_lists_replicas_only_when_there_are_several() {
+        // (TOML on disk; the same serde rules in JSON here, which this crate has.)
+        let old = r#"{"control_plane":"https://cp","queue_id":"q","node_token":"t"}"#;
+        let read: Bootstrap = serde_json::from_str(old).unwrap();
+        assert!(
+            read.control_planes.is_empty(),
+            "one from before replicas still reads"
+        );
+        assert_eq!(
+            serde_json::to_string(&read).unwrap(),
+            old,
+            "and is written the same"
+        );
+        let replicas = Bootstrap {
+            control_planes: vec!["https://cp1".into(), "https://cp2".into()],
+            ..read
+        };
+        let text = serde_json::to_string(&replicas).unwrap();
+        assert!(
+            text.contains(r#""control_planes":["https://cp1","https://cp2"]"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Bootstrap>(&text).unwrap(), replicas);
     }
 }

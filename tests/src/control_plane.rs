@@ -23,6 +23,18 @@ pub struct ControlPlane {
     log: Arc<Log>,
     /// What its config file has beyond the basics.
     extra: String,
+    /// Its etcd, when the tests run on etcd ([`STORE_VARIABLE`]).
+    etcd: Option<Arc<crate::etcd::EtcdCluster>>,
+}
+
+/// `QE_TEST_STORE=etcd` runs every control plane a test starts on an etcd of its own (a real
+/// one-member cluster) instead of sled: `scripts/test` runs the control-plane tests both ways.
+pub const STORE_VARIABLE: &str = "QE_TEST_STORE";
+
+/// Whether this run's control planes keep their state on etcd ([`STORE_VARIABLE`]): a test
+/// of sled's own files (its node-secret file, its disk) has nothing to test then.
+pub fn on_etcd() -> bool {
+    std::env::var(STORE_VARIABLE).is_ok_and(|store| store == "etcd")
 }
 
 impl ControlPlane {
@@ -119,8 +131,9 @@ impl ControlPlane {
         self.kill();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
         let extra = std::mem::take(&mut self.extra);
+        let etcd = self.etcd.take();
         std::mem::forget(self);
-        ControlPlane::start_at(dir, listen, &extra, &[])
+        ControlPlane::start_on(dir, listen, &extra, &[], etcd)
     }
 
     /// Kills the control plane, leaving its nodes, and starts a new one in its place.
@@ -130,10 +143,30 @@ impl ControlPlane {
     }
 
     fn start_at(dir: tempfile::TempDir, listen: &str, extra: &str, flags: &[&str]) -> ControlPlane {
+        // A test that chose its store keeps it.
+        let etcd = (on_etcd() && !extra.contains("[store]"))
+            .then(|| Arc::new(crate::etcd::EtcdCluster::single()));
+        ControlPlane::start_on(dir, listen, extra, flags, etcd)
+    }
+
+    fn start_on(
+        dir: tempfile::TempDir,
+        listen: &str,
+        extra: &str,
+        flags: &[&str],
+        etcd: Option<Arc<crate::etcd::EtcdCluster>>,
+    ) -> ControlPlane {
         let token = "operator-token-for-tests".to_string();
+        let store = match &etcd {
+            Some(etcd) => format!(
+                "\n[store]\nkind = \"etcd\"\nendpoints = [{:?}]\n",
+                etcd.endpoint(0)
+            ),
+            None => String::new(),
+        };
         let config = format!(
             "listen = \"{listen}\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"test\"\n\
-             dataplane = {:?}\n{extra}",
+             dataplane = {:?}\n{extra}{store}",
             dir.path().join("data"),
             dataplane_binary()
         );
@@ -172,7 +205,13 @@ impl ControlPlane {
             dir,
             log,
             extra: extra.to_string(),
+            etcd,
         }
+    }
+
+    /// Everything it logged so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().clone()
     }
 
     /// Waits until its log contains `needle` `times` times in all; returns the log.

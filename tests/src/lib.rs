@@ -14,10 +14,13 @@
 //!   HTTP/1.1 to it by hand (`control_plane.rs`).
 //! - [`moto`] runs EC2's emulator and builds the network a region needs; [`instance`] boots
 //!   what a queue's instance was given, in a network namespace.
+//! - [`knot`] runs Knot DNS as a secondary of the control plane's zone.
 
 mod control_plane;
 pub mod disks;
+pub mod etcd;
 pub mod instance;
+pub mod knot;
 pub mod moto;
 pub mod raw;
 

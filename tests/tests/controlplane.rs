@@ -480,6 +480,7 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/nodes/{id}/dataplane",
         "/v1/nodes/{id}/certificate",
         "/v1/certificate/renew",
+        "/v1/backup",
         "/metrics",
         "/healthz",
         "/openapi.json",

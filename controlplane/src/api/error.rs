@@ -100,8 +100,18 @@ impl IntoResponse for ApiError {
 }
 
 impl From<crate::store::StoreError> for ApiError {
+    /// The store out of reach (etcd without a majority) or this replica's leadership over:
+    /// `503`, to be tried again (through another replica); anything else is ours to fix.
     fn from(error: crate::store::StoreError) -> ApiError {
-        ApiError::Internal(error.to_string())
+        use crate::store::StoreError;
+        match error {
+            StoreError::Unavailable(_) | StoreError::NotLeader => {
+                ApiError::Unavailable(error.to_string())
+            }
+            StoreError::Sled(_) | StoreError::Record(_) | StoreError::NotEmpty => {
+                ApiError::Internal(error.to_string())
+            }
+        }
     }
 }
 

@@ -96,7 +96,7 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         ("deleted", 0),
     ]
     .into();
-    for queue in state.store.list()? {
+    for queue in state.store.list().await? {
         let status = match queue.status {
             Status::Provisioning => "provisioning",
             Status::Running => "running",

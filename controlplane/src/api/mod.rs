@@ -23,7 +23,7 @@ use crate::store::Store;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use extract::Json;
@@ -47,6 +47,8 @@ pub struct AppState {
     pub renew_certificate: Arc<tokio::sync::Notify>,
     /// Wakes the reconciler: a queue was created or deleted.
     pub reconcile: Arc<tokio::sync::Notify>,
+    /// Whether this replica leads: only the leader orders certificates.
+    pub leadership: crate::leadership::Leadership,
 }
 
 /// The API's description, kept beside the code and checked against the router by tests.
@@ -57,6 +59,15 @@ const BODY_AT_MOST: usize = 64 * 1024;
 /// A node's report: up to 500 records of each kind (the data plane's batch) at a few hundred
 /// bytes each, with room to spare.
 const REPORT_AT_MOST: usize = 1024 * 1024;
+
+/// `GET /v1/backup`: every key and value of the state ([`crate::backup`]).
+async fn backup(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let node_secret = state.config.data_dir.join("node-secret");
+    let backup = crate::backup::make(&state.store, &node_secret)
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], backup).into_response())
+}
 
 pub fn router(state: Arc<AppState>) -> Router {
     let operator = Router::new()
@@ -71,6 +82,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/stats", get(usage::stats))
         .route("/v1/bills", get(usage::bills))
         .route("/v1/certificate/renew", post(renew_certificates))
+        .route("/v1/backup", get(backup))
         .route("/metrics", get(metrics::render))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     // Nodes call with their own tokens, checked before the body is read.

@@ -41,7 +41,8 @@ pub async fn require_node_token(
     let presented = super::bearer(request.headers());
     let queue = state
         .store
-        .get(&id)?
+        .get(&id)
+        .await?
         .ok_or(super::unauthorized(presented))?;
     let credential = state
         .node_tokens
@@ -156,6 +157,13 @@ pub async fn certificate_for_csr(
             "this cluster does not issue certificates per queue".into(),
         ));
     };
+    // One replica orders at a time, so the CA sees one order per certificate: the node
+    // asks another replica (its channel moves on after a 503).
+    if !state.leadership.leading() {
+        return Err(ApiError::Unavailable(
+            "certificates are ordered by the leading control plane: ask another replica".into(),
+        ));
+    }
     let host = state.zone.host_of(&queue.id);
     let refused = |error| match error {
         crate::certificates::CertificateError::Request(reason) => ApiError::BadRequest(reason),
@@ -199,7 +207,7 @@ pub async fn cluster_certificate(
     let NodeCertificates::Wildcard { issuer } = &state.node_certificates else {
         return Err(ApiError::NoCertificate);
     };
-    match state.store.certificate()? {
+    match state.store.certificate().await? {
         // One from another CA (before a change of CA) is not handed out: it is being replaced.
         Some(issued) if &issued.issuer == issuer => Ok(Json(
             json!({"chain_pem": issued.chain_pem, "key_pem": issued.key_pem}),

@@ -70,14 +70,15 @@ pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, Issued
 }
 
 /// Rebuilds the DNS zone from the queues' records.
-pub fn refresh_zone(state: &AppState) -> Result<(), StoreError> {
-    state.zone.refresh(&state.store)
+pub async fn refresh_zone(state: &AppState) -> Result<(), StoreError> {
+    state.zone.refresh(&state.store).await
 }
 
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let queues: Vec<Value> = state
         .store
-        .list()?
+        .list()
+        .await?
         .iter()
         .map(|q| view(&state, q))
         .collect();
@@ -101,7 +102,7 @@ pub async fn get(
     Query(until): Query<Until>,
 ) -> Result<Json<Value>, ApiError> {
     let queue = match until.until {
-        None => state.store.get(&id)?,
+        None => state.store.get(&id).await?,
         Some(status) => {
             let within = Duration::from_secs(until.within.unwrap_or(30)).min(WAIT_AT_MOST);
             state
@@ -207,7 +208,7 @@ pub async fn delete(
         .await?
         .ok_or_else(|| ApiError::NotFound(id.clone()))?;
     // The name stops resolving now.
-    refresh_zone(&state)?;
+    refresh_zone(&state).await?;
     state.reconcile.notify_one();
     let deleted = |queue: &Queue| queue.status == Status::Deleted;
     let queue = state

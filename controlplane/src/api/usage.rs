@@ -185,10 +185,7 @@ pub async fn usage(
     State(state): State<Arc<AppState>>,
     Query(query): Query<UsageQuery>,
 ) -> Result<Response, ApiError> {
-    let (rows, csv) = off_the_workers(&state, move |state| {
-        records_asked(state, query, Report::Usage, read_usage)
-    })
-    .await?;
+    let (rows, csv) = records_asked(&state, query, Report::Usage, read_usage).await?;
     Ok(match csv {
         true => csv_table(
             USAGE_COLUMNS,
@@ -223,10 +220,7 @@ pub async fn stats(
     State(state): State<Arc<AppState>>,
     Query(query): Query<UsageQuery>,
 ) -> Result<Response, ApiError> {
-    let (rows, csv) = off_the_workers(&state, move |state| {
-        records_asked(state, query, Report::Stats, read_stats)
-    })
-    .await?;
+    let (rows, csv) = records_asked(&state, query, Report::Stats, read_stats).await?;
     Ok(match csv {
         true => {
             let columns = ["queue", "time"].into_iter().chain(StatsRecord::COLUMNS);
@@ -245,7 +239,7 @@ pub async fn stats(
 
 /// The asked queues' records of `kind` in the asked days, by queue; and whether CSV is
 /// wanted. A stored record that does not read is left out.
-fn records_asked<T>(
+async fn records_asked<T>(
     state: &AppState,
     query: UsageQuery,
     kind: Report,
@@ -254,8 +248,9 @@ fn records_asked<T>(
     let period = query.period()?;
     let csv = wants_csv(query.format.as_deref())?;
     let mut rows = Vec::new();
-    for queue in queues_asked(state, query.queue)? {
-        for stored in state.store.reports_in(&queue.id, kind, period.clone())? {
+    for queue in queues_asked(state, query.queue).await? {
+        let stored = state.store.reports_in(&queue.id, kind, period.clone());
+        for stored in stored.await? {
             rows.extend(read(&stored).map(|record| (queue.id.clone(), record)));
         }
     }
@@ -296,8 +291,7 @@ pub async fn bills(
     let (from, to) = usage::parse_month(&query.month)
         .ok_or_else(|| ApiError::BadRequest(format!("{:?} is not a YYYY-MM month", query.month)))?;
     let csv = wants_csv(query.format.as_deref())?;
-    let asked = query.queue.clone();
-    let lines = off_the_workers(&state, move |state| bill_lines(state, asked, from, to)).await?;
+    let lines = bill_lines(&state, query.queue.clone(), from, to).await?;
     let total = (lines.iter().map(|line| line.amount).sum::<f64>() * 1e6).round() / 1e6;
     Ok(match csv {
         true => {
@@ -321,17 +315,18 @@ pub async fn bills(
 }
 
 /// The bill lines of the asked queues (or all) for the month `[from, to)`.
-fn bill_lines(
+async fn bill_lines(
     state: &AppState,
     asked: Option<String>,
     from: u64,
     to: u64,
 ) -> Result<Vec<usage::BillLine>, ApiError> {
     let mut lines = Vec::new();
-    for queue in queues_asked(state, asked)? {
+    for queue in queues_asked(state, asked).await? {
         let records: Vec<UsageRecord> = state
             .store
-            .reports_of(&queue.id, Report::Usage)?
+            .reports_of(&queue.id, Report::Usage)
+            .await?
             .iter()
             .filter_map(|stored| read_usage(stored))
             .collect();
@@ -347,18 +342,6 @@ fn bill_lines(
     Ok(lines)
 }
 
-/// Runs `work` (reads of a queue's whole history, which may come from disk) on a blocking
-/// thread, so a long read holds up no other request.
-async fn off_the_workers<T: Send + 'static>(
-    state: &Arc<AppState>,
-    work: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || work(&state))
-        .await
-        .expect("a read neither panics nor is cancelled")
-}
-
 fn wants_csv(format: Option<&str>) -> Result<bool, ApiError> {
     match format {
         None | Some("json") => Ok(false),
@@ -370,13 +353,13 @@ fn wants_csv(format: Option<&str>) -> Result<bool, ApiError> {
 }
 
 /// The one queue asked for (404 if there is none), or all of them.
-fn queues_asked(state: &AppState, queue: Option<String>) -> Result<Vec<Queue>, ApiError> {
+async fn queues_asked(state: &AppState, queue: Option<String>) -> Result<Vec<Queue>, ApiError> {
     match queue {
-        Some(id) => match state.store.get(&id)? {
+        Some(id) => match state.store.get(&id).await? {
             Some(queue) => Ok(vec![queue]),
             None => Err(ApiError::NotFound(id)),
         },
-        None => Ok(state.store.list()?),
+        None => Ok(state.store.list().await?),
     }
 }
 

@@ -34,7 +34,7 @@ async fn account(config: &AcmeConfig, store: &Store) -> Result<Account, Certific
         Some(root) => Account::builder_with_root(root),
         None => Account::builder(),
     };
-    if let Some(saved) = store.acme_account(&config.directory)? {
+    if let Some(saved) = store.acme_account(&config.directory).await? {
         if let Ok(credentials) = serde_json::from_str::<AccountCredentials>(&saved) {
             return Ok(builder()?.from_credentials(credentials).await?);
         }
@@ -85,26 +85,50 @@ pub(super) async fn order_for_csr(
     Ok(order.poll_certificate(&RetryPolicy::default()).await?)
 }
 
-/// DNS-01 values in our zone for as long as this lives.
-struct Published<'z> {
-    zone: &'z Zone,
+/// DNS-01 values in the store, and so in every replica's zone, for as long as this lives.
+struct Published {
+    store: Store,
     values: Vec<(String, String)>,
 }
 
-impl Drop for Published<'_> {
+impl Published {
+    /// Puts `values` in the store and this replica's zone: the CA may ask this replica first.
+    async fn publish(
+        store: &Store,
+        zone: &Zone,
+        values: Vec<(String, String)>,
+    ) -> Result<Published, CertificateError> {
+        store
+            .change_challenges(|all| all.extend_from_slice(&values))
+            .await?;
+        zone.refresh(store).await?;
+        let store = store.clone();
+        Ok(Published { store, values })
+    }
+}
+
+impl Drop for Published {
+    /// Withdrawn in the background (every zone follows the store); a replica that dies before
+    /// leaves values that answer no order, harmless beside a later order's.
     fn drop(&mut self) {
-        self.zone.remove_challenges(&self.values);
+        let (store, values) = (self.store.clone(), std::mem::take(&mut self.values));
+        tokio::spawn(async move {
+            let withdrawn = store.change_challenges(|all| all.retain(|v| !values.contains(v)));
+            if let Err(error) = withdrawn.await {
+                tracing::warn!(%error, "an order's DNS-01 values could not be withdrawn");
+            }
+        });
     }
 }
 
 /// An order for `identifier` whose DNS-01 challenges are answered with TXT records in our
 /// zone and validated: ready to finalize. The records stay until the returned guard drops.
-async fn ready_order<'z>(
+async fn ready_order(
     config: &AcmeConfig,
-    zone: &'z Zone,
+    zone: &Zone,
     store: &Store,
     identifier: &str,
-) -> Result<(instant_acme::Order, Published<'z>), CertificateError> {
+) -> Result<(instant_acme::Order, Published), CertificateError> {
     let account = account(config, store).await?;
     let identifiers = [Identifier::Dns(identifier.to_string())];
     let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
@@ -129,8 +153,7 @@ async fn ready_order<'z>(
             ready.push(challenge.url.clone());
         }
     }
-    zone.add_challenges(&values);
-    let published = Published { zone, values };
+    let published = Published::publish(store, zone, values).await?;
     {
         let mut authorizations = order.authorizations();
         while let Some(authorization) = authorizations.next().await {

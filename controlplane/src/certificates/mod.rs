@@ -16,6 +16,7 @@ pub mod acme;
 pub mod local_ca;
 
 use crate::dns::Zone;
+use crate::leadership::Leadership;
 use crate::store::Store;
 use crate::unix_now as now;
 use serde::{Deserialize, Serialize};
@@ -149,12 +150,34 @@ fn renewal_due(issued: &Issued) -> u64 {
 
 /// Wildcard mode: keeps a valid certificate in the store: gets one when there is none or it
 /// is due, retrying with backoff, then has every node fetch it. Runs for the life of the
-/// control plane.
-pub async fn keep_certified(issuer: Issuer, zone: Arc<Zone>, store: Store, renew_now: Arc<Notify>) {
+/// control plane, ordering only while this replica leads.
+pub async fn keep_certified(
+    issuer: Issuer,
+    zone: Arc<Zone>,
+    store: Store,
+    renew_now: Arc<Notify>,
+    mut leadership: Leadership,
+) {
+    loop {
+        let fence = leadership.lead().await;
+        let store = store.fenced(fence.clone());
+        tokio::select! {
+            _ = keep_certified_while_leading(&issuer, &zone, &store, &renew_now) => {}
+            _ = leadership.lost(&fence) => {}
+        }
+    }
+}
+
+async fn keep_certified_while_leading(
+    issuer: &Issuer,
+    zone: &Zone,
+    store: &Store,
+    renew_now: &Notify,
+) {
     let mut wait = RETRY_AFTER;
     let mut forced = false;
     loop {
-        let due = match store.certificate() {
+        let due = match store.certificate().await {
             Ok(Some(issued)) if !forced && issued.issuer == issuer.name() => renewal_due(&issued),
             _ => 0,
         };
@@ -166,12 +189,12 @@ pub async fn keep_certified(issuer: Issuer, zone: Arc<Zone>, store: Store, renew
             }
             continue;
         }
-        match issuer.issue(&zone, &store).await {
+        match issuer.issue(zone, store).await {
             Ok(issued) => {
                 store.put_certificate(&issued).await.ok();
                 // Every node is told before this is said: whoever waits for the log line
                 // then finds the change asked for.
-                if let Err(error) = crate::queues::renew_certificates(&store).await {
+                if let Err(error) = crate::queues::renew_certificates(store).await {
                     tracing::warn!(%error, "the nodes could not be told of the new certificate");
                 }
                 tracing::info!("certificate issued for {}", zone.wildcard());

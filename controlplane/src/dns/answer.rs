@@ -1,7 +1,9 @@
 //! One query's bytes in, its response's bytes out. The answer comes from hickory's catalog for
-//! the zone current now, as hickory's own server would give it; the listeners keep the
-//! sockets, so they decide what is sent, when, and whether at all.
+//! the zone current now, as hickory's own server would give it, except a zone transfer's, which
+//! [`transfer`](super::transfer) gives; the listeners keep the sockets, so they decide what is
+//! sent, when, and whether at all.
 
+use super::transfer::{self, Cidr};
 use super::zone::Zone;
 use hickory_server::net::runtime::TokioTime;
 use hickory_server::net::xfer::Protocol;
@@ -23,39 +25,52 @@ use tracing::instrument::WithSubscriber;
 const PLAIN_UDP_SIZE: u16 = 512;
 
 /// Answers from whichever zone is current.
-pub(super) struct Answerer(Arc<Zone>);
+pub(super) struct Answerer {
+    zone: Arc<Zone>,
+    /// The sources a zone transfer goes to.
+    transfers_to: Vec<Cidr>,
+}
 
 impl Answerer {
-    pub(super) fn new(zone: Arc<Zone>) -> Answerer {
-        Answerer(zone)
+    pub(super) fn new(zone: Arc<Zone>, transfers_to: Vec<Cidr>) -> Answerer {
+        Answerer { zone, transfers_to }
     }
 
-    /// The response to the message `raw` from `src`, or `None` for what gets none: a response
-    /// (answering one could start a loop between two servers), or less than a header.
+    /// The response to the message `raw` from `src`, as the messages to send in order: one,
+    /// or for a zone transfer over TCP as many as it takes; none for what gets none: a
+    /// response (answering one could start a loop between two servers), or less than a
+    /// header.
     pub(super) async fn answer(
         &self,
         raw: Vec<u8>,
         src: SocketAddr,
         protocol: Protocol,
-    ) -> Option<Vec<u8>> {
-        let header = query_header(&raw)?;
+    ) -> Vec<Vec<u8>> {
+        let Some(header) = query_header(&raw) else {
+            return Vec::new();
+        };
         // RFC 9619: one question. hickory's reader reserves room for as many as the header
         // claims, up to 65535, before reading any.
         if header.counts.queries > 1 {
-            return Some(error(&header, ResponseCode::FormErr, protocol));
+            return vec![error(&header, ResponseCode::FormErr, protocol)];
         }
         let Ok(request) = Request::from_bytes(raw, src, protocol) else {
-            return Some(error(&header, ResponseCode::FormErr, protocol));
+            return vec![error(&header, ResponseCode::FormErr, protocol)];
         };
+        if transfer::is_transfer(&request) {
+            let zone = self.zone.snapshot();
+            return transfer::respond(&request, &zone, &self.transfers_to)
+                .unwrap_or_else(|_| vec![server_failure(header.metadata.id).1]);
+        }
         let sent = Collector::new(protocol);
         // hickory logs some queries one by one (each with DNSSEC OK, each with an EDNS version
         // it lacks): silenced here, or a flood of them would be a flood of log lines.
-        self.0
+        self.zone
             .catalog()
             .handle_request::<_, TokioTime>(&request, sent.clone())
             .with_subscriber(tracing::Dispatch::none())
             .await;
-        sent.take()
+        sent.take().into_iter().collect()
     }
 }
 
@@ -138,7 +153,7 @@ fn server_failure(id: u16) -> (ResponseInfo, Vec<u8>) {
 struct Collector {
     protocol: Protocol,
     /// The encoded response; the catalog sends one for each query (zone transfers, which send
-    /// several, are refused).
+    /// several, never reach it).
     sent: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
@@ -191,13 +206,21 @@ mod tests {
 
     fn answerer() -> Answerer {
         let ns = Nameserver::InZone("127.0.0.1".parse().unwrap());
-        Answerer::new(Zone::new("c", "example.test", ns).unwrap())
+        let transfers_to = vec!["192.0.2.0/24".parse().unwrap()];
+        Answerer::new(Zone::new("c", "example.test", ns).unwrap(), transfers_to)
     }
 
     async fn ask(raw: Vec<u8>, protocol: Protocol) -> Option<Message> {
+        let messages = ask_all(raw, protocol).await;
+        assert!(messages.len() <= 1, "{messages:?}");
+        messages.into_iter().next()
+    }
+
+    async fn ask_all(raw: Vec<u8>, protocol: Protocol) -> Vec<Message> {
         let src = "192.0.2.1:5353".parse().unwrap();
-        let response = answerer().answer(raw, src, protocol).await?;
-        Some(Message::from_vec(&response).unwrap())
+        let responses = answerer().answer(raw, src, protocol).await;
+        let read = |response: Vec<u8>| Message::from_vec(&response).unwrap();
+        responses.into_iter().map(read).collect()
     }
 
     #[tokio::test]
@@ -208,6 +231,21 @@ mod tests {
         assert_eq!(response.metadata.response_code, ResponseCode::NoError);
         assert!(response.metadata.authoritative);
         assert_eq!(response.answers.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_zone_transfer_is_answered_soa_first_and_last_not_by_the_catalog() {
+        let mut axfr = query("q.c.example.test.");
+        axfr.queries[0].set_query_type(RecordType::AXFR);
+        let messages = ask_all(axfr.to_vec().unwrap(), Protocol::Tcp).await;
+        let answers: Vec<RecordType> = messages
+            .iter()
+            .flat_map(|message| &message.answers)
+            .map(|record| record.record_type())
+            .collect();
+        let (soa, ns, a) = (RecordType::SOA, RecordType::NS, RecordType::A);
+        assert_eq!(answers, [soa, ns, a, soa]);
+        assert_eq!(messages[0].metadata.id, 4242);
     }
 
     #[tokio::test]

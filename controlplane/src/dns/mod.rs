@@ -3,24 +3,31 @@
 //! way in is bounded: a flood from one source slows that source only.
 //!
 //! - [`zone`]: the records, rebuilt whole from the queues' records on every change.
-//! - [`answer`]: one query's bytes in, its response's bytes out, through hickory's catalog.
+//! - [`answer`]: one query's bytes in, its response's bytes out, through hickory's catalog
+//!   (or, for a zone transfer, [`transfer`]).
 //! - [`limits`]: each source network's budget of responses (RRL-style token buckets, slip).
 //! - [`udp`]: the datagram listener; over its budget a source's queries are dropped or
 //!   answered truncated.
 //! - [`tcp`]: the stream listener, with caps on connections in all and per source, and an
 //!   idle timeout and a lifetime for each.
 //! - [`tally`]: counts the limits hit, logged once per interval, never once per packet.
+//! - [`transfer`]: zone transfers (AXFR, and IXFR as AXFR) over TCP to the secondaries in
+//!   `dns_transfer_allow`, in messages under 64 KiB.
+//! - [`notify`]: tells the secondaries in `dns_notify` each time the serial moves (NOTIFY).
 //!
 //! hickory's own `Server` is not used: its TCP listener has no connection cap, its UDP one
 //! answers everything, and it logs every request.
 
 mod answer;
 mod limits;
+mod notify;
 mod tally;
 mod tcp;
+mod transfer;
 mod udp;
 mod zone;
 
+pub use transfer::{Cidr, CidrError};
 pub use zone::{Nameserver, Zone};
 
 use answer::Answerer;
@@ -33,18 +40,35 @@ use tally::{Limit, Tally};
 pub enum DnsError {
     #[error("{0:?} is not a DNS name")]
     Name(String),
+    #[error("the zone needs a name server's name")]
+    NoNameserver,
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
-/// Serves `zone` on UDP and TCP at `addr` until the process ends; returns the bound address.
-pub async fn serve(zone: Arc<Zone>, addr: SocketAddr) -> Result<SocketAddr, DnsError> {
+/// The secondaries outside the control plane that keep copies of the zone.
+#[derive(Debug, Clone, Default)]
+pub struct Secondaries {
+    /// The sources zone transfers go to (`dns_transfer_allow`); none when empty.
+    pub allow: Vec<Cidr>,
+    /// Where a NOTIFY goes each time the serial moves (`dns_notify`).
+    pub notify: Vec<SocketAddr>,
+}
+
+/// Serves `zone` on UDP and TCP at `addr` until the process ends, with transfers to and
+/// NOTIFY for `secondaries`; returns the bound address.
+pub async fn serve(
+    zone: Arc<Zone>,
+    addr: SocketAddr,
+    secondaries: Secondaries,
+) -> Result<SocketAddr, DnsError> {
     let (udp, tcp) = bind(addr).await?;
     let bound = udp.local_addr()?;
     if let Err(error) = udp::enlarge_receive_buffer(&udp) {
         tracing::warn!(%error, "the DNS socket keeps its default receive buffer");
     }
-    let service = Arc::new(Service::new(zone));
+    notify::spawn(&zone, secondaries.notify, notify::Schedule::DEFAULT);
+    let service = Arc::new(Service::new(zone, secondaries.allow));
     tokio::spawn(udp::run(udp, service.clone()));
     tokio::spawn(tcp::run(tcp, service.clone(), tcp::Bounds::DEFAULT));
     tokio::spawn(tally::report(service));
@@ -63,9 +87,9 @@ struct Service {
 }
 
 impl Service {
-    fn new(zone: Arc<Zone>) -> Service {
+    fn new(zone: Arc<Zone>, transfers_to: Vec<Cidr>) -> Service {
         Service {
-            answerer: Answerer::new(zone),
+            answerer: Answerer::new(zone, transfers_to),
             rates: Mutex::default(),
             tally: Tally::default(),
         }

@@ -3,7 +3,9 @@
 //! [`MAX_CONNECTIONS_PER_SOURCE`] from one [`Host`], a connection past either closed at once
 //! rather than queued; each closed when it sends no whole query within its idle timeout,
 //! and in any case at the end of its lifetime, so one that drips queries cannot keep its place
-//! for ever. A connection's queries are answered one at a time, in order.
+//! for ever. A connection's queries are answered one at a time, in order. A zone transfer is
+//! one query answered by many messages: each must be taken within the idle timeout, all of
+//! them within the lifetime (a minute moves a zone of tens of thousands of queues).
 
 use super::tally::Limit;
 use super::Service;
@@ -126,7 +128,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         };
         service.pace_tcp(peer.ip()).await;
         let answered = service.answerer.answer(query, peer, Protocol::Tcp).await;
-        if let Some(response) = answered {
+        for response in answered {
             let written = timeout(idle, write_message(stream, &response)).await;
             written.map_err(|_| ConnectionEnd::Idle)??;
         }
@@ -244,7 +246,8 @@ mod tests {
 
     fn service() -> Service {
         let ns = Nameserver::InZone("127.0.0.1".parse().unwrap());
-        Service::new(Zone::new("c", "example.test", ns).unwrap())
+        let transfers_to = vec!["192.0.2.0/24".parse().unwrap()];
+        Service::new(Zone::new("c", "example.test", ns).unwrap(), transfers_to)
     }
 
     /// A framed SOA query for the zone.
@@ -294,6 +297,33 @@ mod tests {
         }
         drop(client);
         served.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_zone_transfer_is_many_messages_then_the_connection_goes_on() {
+        use crate::dns::transfer::{tests::zone, MAX_MESSAGE};
+        use hickory_server::proto::rr::{Record, RecordType};
+        let transfers_to = vec!["192.0.2.0/24".parse().unwrap()];
+        let service = Arc::new(Service::new(zone(3000), transfers_to));
+        let (mut client, _served) = connect(service, "192.0.2.1:1", Bounds::DEFAULT);
+        let mut axfr = query();
+        // The question's type, after the 2-byte length, the header and the name.
+        let at = axfr.len() - 4;
+        axfr[at..at + 2].copy_from_slice(&252u16.to_be_bytes());
+        client.write_all(&axfr).await.unwrap();
+        let mut messages = 0;
+        let mut soas = 0;
+        while soas < 2 {
+            let message = read_message(&mut client).await.unwrap().unwrap();
+            assert!(message.len() <= MAX_MESSAGE);
+            let message = hickory_server::proto::op::Message::from_vec(&message).unwrap();
+            let is_soa = |record: &&Record| record.record_type() == RecordType::SOA;
+            soas += message.answers.iter().filter(is_soa).count();
+            messages += 1;
+        }
+        assert!(messages > 1, "{messages} messages");
+        let answer = ask(&mut client).await;
+        assert_eq!(answer[3] & 0x0f, 0, "NOERROR after the transfer");
     }
 
     #[tokio::test]

@@ -69,7 +69,8 @@ fn answer(
     let (socket, service, query) = (socket.clone(), service.clone(), datagram.to_vec());
     tokio::spawn(async move {
         let answered = service.answerer.answer(query, src, Protocol::Udp).await;
-        if let Some(response) = answered {
+        // One message at most: even a zone transfer's answer over UDP is one.
+        for response in answered {
             // A send that fails loses one answer, as UDP may; the client asks again.
             let _ = socket.send_to(&response, src).await;
         }

@@ -25,9 +25,11 @@ const TTL: u32 = 60;
 pub enum Nameserver {
     /// `ns.q.CLUSTER.DOMAIN` at this address, answered by the zone itself (local use).
     InZone(IpAddr),
-    /// The name the parent zone delegates to (`dns_name`), with its glue there: the zone
-    /// names the server the parent names, so resolvers that trust the zone's own NS agree.
-    Named(String),
+    /// The names the parent zone delegates to (`dns_names`: one per control-plane replica
+    /// and outside secondary), with their glue there: the zone names the servers the parent
+    /// names, so resolvers that trust the zone's own NS agree. The first is the SOA's
+    /// primary. At least one.
+    Named(Vec<String>),
 }
 
 /// The zone as served now; [`Zone::update`] swaps in a new one.
@@ -37,6 +39,31 @@ pub struct Zone {
     current: RwLock<Arc<Catalog>>,
     /// What the zone is built from; either changing rebuilds it.
     contents: std::sync::Mutex<Contents>,
+    /// Held by a refresh from its read to its install.
+    refreshing: tokio::sync::Mutex<()>,
+    /// The records as last built, for zone transfers; watched for NOTIFY, which is told only
+    /// when the serial moves.
+    published: tokio::sync::watch::Sender<Snapshot>,
+}
+
+/// The zone's records as one build made them: what a transfer sends, what NOTIFY announces.
+#[derive(Clone)]
+pub(super) struct Snapshot {
+    /// The SOA's serial, which names this version of the zone.
+    pub(super) serial: u32,
+    /// The SOA first, as [`Zone::records`] makes them.
+    records: Arc<[Record]>,
+}
+
+impl Snapshot {
+    pub(super) fn soa(&self) -> &Record {
+        &self.records[0]
+    }
+
+    /// Every record but the SOA.
+    pub(super) fn others(&self) -> &[Record] {
+        &self.records[1..]
+    }
 }
 
 #[derive(Default)]
@@ -46,6 +73,8 @@ struct Contents {
     /// DNS-01 values of the pending ACME orders: (the name ordered, the value). Orders for
     /// several queues may be pending at once.
     challenges: Vec<(String, String)>,
+    /// The store's revision of the above, when it has revisions: the serial then.
+    revision: Option<u32>,
 }
 
 impl Zone {
@@ -53,15 +82,26 @@ impl Zone {
     pub fn new(cluster: &str, domain: &str, nameserver: Nameserver) -> Result<Arc<Zone>, DnsError> {
         let text = format!("q.{cluster}.{domain}.");
         let origin = Name::from_str(&text).map_err(|_| DnsError::Name(text))?;
-        if let Nameserver::Named(name) = &nameserver {
-            let fqdn = format!("{}.", name.trim_end_matches('.'));
-            Name::from_str(&fqdn).map_err(|_| DnsError::Name(name.clone()))?;
+        if let Nameserver::Named(names) = &nameserver {
+            if names.is_empty() {
+                return Err(DnsError::NoNameserver);
+            }
+            for name in names {
+                fqdn(name).map_err(|_| DnsError::Name(name.clone()))?;
+            }
         }
+        // Replaced by the first build below, before anyone can look.
+        let empty = Snapshot {
+            serial: 0,
+            records: Arc::new([]),
+        };
         let zone = Arc::new(Zone {
             origin,
             nameserver,
             current: RwLock::new(Arc::new(Catalog::new())),
             contents: std::sync::Mutex::default(),
+            refreshing: tokio::sync::Mutex::default(),
+            published: tokio::sync::watch::Sender::new(empty),
         });
         zone.update(&[]);
         Ok(zone)
@@ -72,24 +112,52 @@ impl Zone {
         self.rebuild(|contents| contents.queues = queues.to_vec());
     }
 
-    /// Rebuilds the zone from the queues' records as they are now. The records are read
-    /// under the zone's lock, so two refreshes never install an older read over a newer one
-    /// (a deleted queue's name coming back).
-    pub fn refresh(&self, store: &crate::store::Store) -> Result<(), crate::store::StoreError> {
-        let mut read = Ok(());
-        self.rebuild(|contents| match store.list() {
-            Ok(queues) => contents.queues = queues,
-            Err(error) => read = Err(error),
+    /// Rebuilds the zone from the store as it is now: the queues' records and the pending
+    /// DNS-01 values (kept in the store so that every replica serves them). Refreshes are
+    /// one at a time, read and install, so two never install an older read over a newer
+    /// one (a deleted queue's name coming back). With etcd the serial is the store's latest
+    /// revision of what the zone is built from: every replica serves the same serial for
+    /// the same zone.
+    pub async fn refresh(
+        &self,
+        store: &crate::store::Store,
+    ) -> Result<(), crate::store::StoreError> {
+        let _one_at_a_time = self.refreshing.lock().await;
+        let inputs = store.zone_inputs().await?;
+        self.rebuild(|contents| {
+            contents.queues = inputs.queues;
+            contents.challenges = inputs.challenges;
+            // RFC 1982 serials wrap: the revision's low 32 bits move forward with it.
+            contents.revision = inputs.revision.map(|revision| revision as u32);
         });
-        read
+        Ok(())
     }
 
-    /// Publishes the DNS-01 values of a pending ACME order: (the name ordered, the value).
+    /// Refreshes the zone at every change to what it is built from, here or on another
+    /// replica, for the life of the process.
+    pub async fn follow(self: Arc<Zone>, store: crate::store::Store) {
+        let mut changes = store.changes();
+        loop {
+            changes.borrow_and_update();
+            if let Err(error) = self.refresh(&store).await {
+                tracing::warn!(%error, "the zone could not be refreshed; it serves what it had");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                continue;
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Publishes DNS-01 values (the name ordered, the value) until the next refresh, which
+    /// serves the store's (tests of the records alone).
+    #[cfg(test)]
     pub fn add_challenges(&self, values: &[(String, String)]) {
         self.rebuild(|contents| contents.challenges.extend_from_slice(values));
     }
 
-    /// Withdraws an order's values once it is over.
+    #[cfg(test)]
     pub fn remove_challenges(&self, values: &[(String, String)]) {
         self.rebuild(|contents| contents.challenges.retain(|value| !values.contains(value)));
     }
@@ -97,34 +165,49 @@ impl Zone {
     fn rebuild(&self, change: impl FnOnce(&mut Contents)) {
         let mut contents = self.contents.lock().expect("never poisoned");
         change(&mut contents);
-        // Seconds since 1970, or one more than last time if that is not ahead.
-        let now = crate::unix_now() as u32;
-        contents.serial = now.max(contents.serial + 1);
+        contents.serial = match contents.revision {
+            Some(revision) => revision,
+            // Seconds since 1970, or one more than last time if that is not ahead.
+            None => (crate::unix_now() as u32).max(contents.serial + 1),
+        };
         let serial = contents.serial;
         let mut handler = InMemoryZoneHandler::<TokioRuntimeProvider>::empty(
             self.origin.clone(),
             ZoneType::Primary,
+            // Transfers never reach hickory: `transfer` answers them, split into messages
+            // and for allowed sources only (hickory's catalog sends one message, to anyone
+            // or no one). Should one reach it, it refuses.
             AxfrPolicy::Deny,
         );
-        for record in self.records(&contents, serial) {
+        let records = self.records(&contents, serial);
+        for record in records.iter().cloned() {
             handler.upsert_mut(record, serial);
         }
         let mut catalog = Catalog::new();
         catalog.upsert(LowerName::new(&self.origin), vec![Arc::new(handler)]);
         // Swapped while the contents are locked, so zones are installed in serial order.
         *self.current.write().expect("never poisoned") = Arc::new(catalog);
+        self.publish(Snapshot {
+            serial,
+            records: records.into(),
+        });
     }
 
+    /// Watchers of the zone hear of a build only when its serial moved (with a store that
+    /// has revisions, a refresh may find nothing new).
+    fn publish(&self, snapshot: Snapshot) {
+        self.published.send_if_modified(|published| {
+            let moved = published.serial != snapshot.serial;
+            *published = snapshot;
+            moved
+        });
+    }
+
+    /// The SOA first (transfers and [`Snapshot`] count on it), then the rest.
     fn records(&self, contents: &Contents, serial: u32) -> Vec<Record> {
-        let ns = match &self.nameserver {
-            Nameserver::InZone(_) => self.name("ns"),
-            Nameserver::Named(name) => {
-                let fqdn = format!("{}.", name.trim_end_matches('.'));
-                Name::from_str(&fqdn).expect("checked in Zone::new")
-            }
-        };
+        let servers = self.nameservers();
         let soa = SOA::new(
-            ns.clone(),
+            servers[0].clone(),
             self.name("hostmaster"),
             serial,
             3600,
@@ -132,12 +215,17 @@ impl Zone {
             86_400,
             TTL,
         );
-        let mut records = vec![
-            Record::from_rdata(self.origin.clone(), TTL, RData::SOA(soa)),
-            Record::from_rdata(self.origin.clone(), TTL, RData::NS(NS(ns.clone()))),
-        ];
+        let mut records = vec![Record::from_rdata(
+            self.origin.clone(),
+            TTL,
+            RData::SOA(soa),
+        )];
+        for server in &servers {
+            let ns = RData::NS(NS(server.clone()));
+            records.push(Record::from_rdata(self.origin.clone(), TTL, ns));
+        }
         if let Nameserver::InZone(ip) = self.nameserver {
-            records.push(Record::from_rdata(ns, TTL, address(ip)));
+            records.push(Record::from_rdata(self.name("ns"), TTL, address(ip)));
         }
         let live = |queue: &&Queue| queue.status.is_live();
         for (ordered, value) in &contents.challenges {
@@ -167,6 +255,27 @@ impl Zone {
         records
     }
 
+    /// The zone's name servers, the SOA's primary first.
+    fn nameservers(&self) -> Vec<Name> {
+        match &self.nameserver {
+            Nameserver::InZone(_) => vec![self.name("ns")],
+            Nameserver::Named(names) => names
+                .iter()
+                .map(|name| fqdn(name).expect("checked in Zone::new"))
+                .collect(),
+        }
+    }
+
+    /// The zone as last built.
+    pub(super) fn snapshot(&self) -> Snapshot {
+        self.published.borrow().clone()
+    }
+
+    /// The zone as last built, marked changed each time its serial moves.
+    pub(super) fn watch(&self) -> tokio::sync::watch::Receiver<Snapshot> {
+        self.published.subscribe()
+    }
+
     /// `QUEUE-ID.q.CLUSTER.DOMAIN`, a queue's host name.
     pub fn host_of(&self, queue_id: &str) -> String {
         self.name(queue_id)
@@ -193,6 +302,11 @@ impl Zone {
     }
 }
 
+/// `name` as a fully qualified DNS name, whether or not it ends with a dot.
+fn fqdn(name: &str) -> Result<Name, hickory_server::proto::ProtoError> {
+    Name::from_str(&format!("{}.", name.trim_end_matches('.')))
+}
+
 fn address(ip: IpAddr) -> RData {
     match ip {
         IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
@@ -203,7 +317,7 @@ fn address(ip: IpAddr) -> RData {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dns::serve;
+    use crate::dns::{serve, Secondaries};
     use crate::queues::Status;
     use hickory_server::proto::op::{Message, Query, ResponseCode};
     use hickory_server::proto::rr::RecordType;
@@ -237,7 +351,8 @@ mod tests {
             Nameserver::InZone("127.0.0.1".parse().unwrap()),
         )
         .unwrap();
-        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
+        let secondaries = Secondaries::default();
+        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap(), secondaries)
             .await
             .unwrap();
         let new = |ipv4| NewQueue {
@@ -289,7 +404,8 @@ mod tests {
             Nameserver::InZone("::1".parse().unwrap()),
         )
         .unwrap();
-        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
+        let secondaries = Secondaries::default();
+        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap(), secondaries)
             .await
             .unwrap();
         let name = "_acme-challenge.q.c.example.test.";
@@ -349,24 +465,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_delegated_zone_names_the_server_its_parent_names() {
-        let named = Nameserver::Named("ns1.c.example.test".into());
-        let zone = Zone::new("c", "example.test", named).unwrap();
-        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap())
+    async fn a_delegated_zone_names_the_servers_its_parent_names() {
+        let names = vec!["ns1.c.example.test".into(), "ns2.example.net.".into()];
+        let zone = Zone::new("c", "example.test", Nameserver::Named(names)).unwrap();
+        let secondaries = Secondaries::default();
+        let server = serve(zone.clone(), "127.0.0.1:0".parse().unwrap(), secondaries)
             .await
             .unwrap();
-        let (code, ns) = ask(server, "q.c.example.test.", RecordType::NS).await;
+        let (code, mut ns) = ask(server, "q.c.example.test.", RecordType::NS).await;
+        ns.sort();
         assert_eq!(
             (code, ns),
-            (ResponseCode::NoError, vec!["ns1.c.example.test.".into()])
+            (
+                ResponseCode::NoError,
+                vec!["ns1.c.example.test.".into(), "ns2.example.net.".into()]
+            )
         );
+        let (_, soa) = ask(server, "q.c.example.test.", RecordType::SOA).await;
+        assert!(soa[0].starts_with("ns1.c.example.test. "), "{soa:?}");
         let (code, _) = ask(server, "ns.q.c.example.test.", RecordType::A).await;
         assert_eq!(
             code,
             ResponseCode::NXDomain,
             "no server of its own in the zone"
         );
-        let bad = Nameserver::Named("not a name..".into());
+        let bad = Nameserver::Named(vec!["not a name..".into()]);
         assert!(Zone::new("c", "example.test", bad).is_err());
+        let none = Nameserver::Named(vec![]);
+        assert!(Zone::new("c", "example.test", none).is_err());
     }
 }

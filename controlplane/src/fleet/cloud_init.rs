@@ -30,6 +30,7 @@ impl NodeBoot {
         };
         let sample = Bootstrap {
             control_plane: "https://cp".into(),
+            control_planes: vec![],
             queue_id: "q".into(),
             node_token: "t".into(),
             control_plane_ca_pem: None,
@@ -80,6 +81,10 @@ mod tests {
         let boot = NodeBoot::new(BUILT_IN.to_string(), binary.path()).unwrap();
         let bootstrap = Bootstrap {
             control_plane: "https://cp.example:8443".into(),
+            control_planes: vec![
+                "https://cp.example:8443".into(),
+                "https://cp2.example:8443".into(),
+            ],
             queue_id: "k3j9x0c2m1ab".into(),
             node_token: "0123abcd".into(),
             control_plane_ca_pem: Some(

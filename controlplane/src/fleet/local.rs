@@ -426,10 +426,13 @@ async fn supervise(
     }
 }
 
-/// Whether two bootstraps reach the control plane alike. The token does not count: a node
-/// whose credential was rotated took the new one over the channel and keeps it.
+/// Whether two bootstraps reach the control plane alike (the same replicas too). The token
+/// does not count: a node whose credential was rotated took the new one over the channel and
+/// keeps it.
 fn reaches_alike(a: &Bootstrap, b: &Bootstrap) -> bool {
-    a.control_plane == b.control_plane && a.control_plane_ca_pem == b.control_plane_ca_pem
+    a.control_plane == b.control_plane
+        && a.control_planes == b.control_planes
+        && a.control_plane_ca_pem == b.control_plane_ca_pem
 }
 
 /// A port free on both loopback addresses now, to give a node for good (a restart keeps its

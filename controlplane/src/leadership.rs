@@ -1,0 +1,201 @@
+//! Which replica leads: the one that runs the reconciler and orders certificates. Every
+//! replica serves the API and the DNS; exactly one leads at a time.
+//!
+//! On etcd, leading means holding the key `PREFIX/leader`, made in a transaction only if
+//! absent and bound to a lease the leader keeps alive. A replica that dies stops keeping it
+//! alive; etcd deletes the key when the lease runs out, and a waiting replica makes it.
+//!
+//! **Fencing.** A leader stops acting before another can start: it counts its lease from the
+//! moment it *sent* the last keep-alive that was answered (etcd counts from when it received
+//! it, which is later), and gives up leadership a margin before that runs out, whether or
+//! not etcd could be reached. And every store write made while leading carries a
+//! [`Fence`]: it commits only while the leader key made at that revision still exists, so a
+//! leader paused past its lease (a stopped process, a long GC-like stall) cannot write over
+//! its successor's work.
+//!
+//! With sled there is one control plane: it leads from the start, for its whole life.
+
+use crate::store::{Fence, Store, StoreError};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Who leads, as this replica sees it: `Some(fence)` while it does.
+#[derive(Clone)]
+pub struct Leadership {
+    now: watch::Receiver<Option<Fence>>,
+}
+
+impl Leadership {
+    /// Starts campaigning (etcd) or leads at once (sled). `replica` names this one in the
+    /// leader key, for operators.
+    pub fn start(store: &Store, replica: String, lease: Duration) -> Leadership {
+        let (tell, now) = watch::channel(None);
+        match store.backend().etcd() {
+            None => {
+                let _ = tell.send(Some(Fence {
+                    key: String::new(),
+                    revision: 0,
+                }));
+                // The sender lives as long as the process: leadership never ends.
+                std::mem::forget(tell);
+            }
+            Some((client, prefix)) => {
+                let key = format!("{prefix}leader");
+                tokio::spawn(campaign(client, key, replica, lease, tell));
+            }
+        }
+        Leadership { now }
+    }
+
+    /// Whether this replica leads now.
+    pub fn leading(&self) -> bool {
+        self.now.borrow().is_some()
+    }
+
+    /// Waits until this replica leads; the fence of its leadership.
+    pub async fn lead(&mut self) -> Fence {
+        loop {
+            if let Some(fence) = self.now.borrow_and_update().clone() {
+                return fence;
+            }
+            if self.now.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Returns when the leadership `fence` names is over.
+    pub async fn lost(&mut self, fence: &Fence) {
+        loop {
+            let same = self
+                .now
+                .borrow_and_update()
+                .as_ref()
+                .is_some_and(|now| now.revision == fence.revision);
+            if !same {
+                return;
+            }
+            if self.now.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// Campaigns for `key` for the life of the process, telling `tell` when this replica leads
+/// and when it stops.
+async fn campaign(
+    client: etcd_client::Client,
+    key: String,
+    replica: String,
+    lease: Duration,
+    tell: watch::Sender<Option<Fence>>,
+) {
+    let lease = lease.max(Duration::from_secs(2));
+    loop {
+        match try_to_lead(&client, &key, &replica, lease).await {
+            Ok(Some((lease_id, fence))) => {
+                tracing::info!(replica = %replica, revision = fence.revision, "leading");
+                let _ = tell.send(Some(fence));
+                let why = keep_leading(&client, lease_id, lease).await;
+                // Told first, before anything else: the reconciler stops now.
+                let _ = tell.send(None);
+                tracing::warn!(replica = %replica, %why, "no longer leading");
+                let _ = client.lease_client().revoke(lease_id).await;
+            }
+            Ok(None) => wait_for_vacancy(&client, &key, lease).await,
+            Err(error) => {
+                tracing::warn!(%error, "cannot campaign for leadership: the store is unavailable");
+                tokio::time::sleep(lease / 4).await;
+            }
+        }
+    }
+}
+
+/// Makes the leader key if there is none; the lease and fence if this replica now leads.
+async fn try_to_lead(
+    client: &etcd_client::Client,
+    key: &str,
+    replica: &str,
+    lease: Duration,
+) -> Result<Option<(i64, Fence)>, StoreError> {
+    let granted = client
+        .lease_client()
+        .grant(lease.as_secs() as i64, None)
+        .await?;
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key,
+            replica,
+            Some(PutOptions::new().with_lease(granted.id())),
+        )]);
+    let response = client.kv_client().txn(txn).await?;
+    if !response.succeeded() {
+        let _ = client.lease_client().revoke(granted.id()).await;
+        return Ok(None);
+    }
+    let revision = response.header().map(|h| h.revision()).unwrap_or_default();
+    let fence = Fence {
+        key: key.to_string(),
+        revision,
+    };
+    Ok(Some((granted.id(), fence)))
+}
+
+/// Keeps the lease alive; returns why leadership ends: a keep-alive not answered in time,
+/// or the lease gone. Ends a margin before the lease could run out at etcd.
+async fn keep_leading(client: &etcd_client::Client, lease_id: i64, lease: Duration) -> String {
+    let margin = lease / 5;
+    let every = lease / 4;
+    let mut valid_until = Instant::now() + lease - margin;
+    let (mut keeper, mut answers) = match client.lease_client().keep_alive(lease_id).await {
+        Ok(pair) => pair,
+        Err(error) => return format!("keep-alive: {error}"),
+    };
+    loop {
+        let sent = Instant::now();
+        let answered = tokio::time::timeout_at(valid_until, async {
+            keeper.keep_alive().await?;
+            answers.message().await
+        })
+        .await;
+        match answered {
+            Err(_) => return "the lease could not be renewed in time".into(),
+            Ok(Err(error)) => return format!("keep-alive: {error}"),
+            Ok(Ok(None)) => return "the keep-alive stream ended".into(),
+            Ok(Ok(Some(answer))) if answer.ttl() <= 0 => return "the lease expired".into(),
+            Ok(Ok(Some(answer))) => {
+                let ttl = Duration::from_secs(answer.ttl() as u64);
+                valid_until = sent + ttl.saturating_sub(margin);
+            }
+        }
+        tokio::time::sleep_until((sent + every).min(valid_until)).await;
+    }
+}
+
+/// Returns when the leader key is deleted (its lease ran out, its leader resigned), or after
+/// a lease's time at most, to try again.
+async fn wait_for_vacancy(client: &etcd_client::Client, key: &str, lease: Duration) {
+    let watched = async {
+        let mut stream = client.watch_client().watch(key, None).await.ok()?;
+        // Gone already, between the failed transaction and this watch?
+        let now = client.kv_client().get(key, None).await.ok()?;
+        if now.kvs().is_empty() {
+            return Some(());
+        }
+        while let Ok(Some(response)) = stream.message().await {
+            let deleted = response
+                .events()
+                .iter()
+                .any(|event| event.event_type() == etcd_client::EventType::Delete);
+            if deleted {
+                return Some(());
+            }
+        }
+        None
+    };
+    let _ = tokio::time::timeout(lease, watched).await;
+}

@@ -1,0 +1,291 @@
+//! The shared backend: an etcd cluster, for several control-plane replicas.
+//!
+//! etcd gives what the replicas need and nothing of our own has to: linearizable reads and
+//! writes committed by a majority, transactions to compare-and-swap on a key's revision,
+//! watches to follow other replicas' changes, and leases for leader election
+//! ([`crate::leadership`]). Every key is under one prefix (default `/qe/CLUSTER/`).
+//!
+//! Without a majority etcd answers neither writes nor (linearizable) reads: every request
+//! then fails after `timeout_secs` as [`StoreError::Unavailable`], which the API answers
+//! `503 unavailable`. Nothing stale is served.
+
+use super::{Backend, EtcdConfig, Fence, Listed, StoreError, Stored, Version};
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Records put in one transaction: etcd refuses one of more operations than its
+/// `--max-txn-ops` (default 128), counting those of nested transactions (three each here).
+const TXN_OPS_AT_MOST: usize = 32;
+/// How many times a request is sent before its error is answered.
+const ATTEMPTS: usize = 3;
+/// The wait before a broken watch is made again.
+const REWATCH_AFTER: Duration = Duration::from_millis(200);
+
+pub struct EtcdBackend {
+    client: Client,
+    prefix: String,
+}
+
+impl From<etcd_client::Error> for StoreError {
+    fn from(error: etcd_client::Error) -> StoreError {
+        StoreError::Unavailable(error.to_string())
+    }
+}
+
+impl EtcdBackend {
+    pub async fn connect(config: &EtcdConfig, cluster: &str) -> Result<EtcdBackend, StoreError> {
+        let timeout = Duration::from_secs(config.timeout_secs.max(1));
+        let options = ConnectOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(2), timeout)
+            // A member cut off from the majority refuses at once rather than waiting.
+            .with_require_leader(true);
+        let client = Client::connect(&config.endpoints, Some(options)).await?;
+        let prefix = config
+            .prefix
+            .clone()
+            .unwrap_or_else(|| format!("/qe/{cluster}/"));
+        Ok(EtcdBackend { client, prefix })
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn kv(&self) -> etcd_client::KvClient {
+        self.client.kv_client()
+    }
+
+    /// Runs `txn`, [`retried`].
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+        retried(|| {
+            let (mut kv, txn) = (self.kv(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Reads `key` (with `options`), [`retried`].
+    async fn read(
+        &self,
+        key: String,
+        options: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse, StoreError> {
+        retried(|| {
+            let (mut kv, key, options) = (self.kv(), key.clone(), options.clone());
+            async move { kv.get(key, options).await }
+        })
+        .await
+    }
+}
+
+/// Runs `request` again if it fails: a member that just died, or an election under way
+/// (a request sent to a follower whose leader just died times out), costs one retry, not an
+/// error. A transaction retried after a timeout may have committed the first time: every
+/// caller's comparison then fails and it reads again, so nothing is applied twice.
+async fn retried<T, F: std::future::Future<Output = Result<T, etcd_client::Error>>>(
+    request: impl Fn() -> F,
+) -> Result<T, StoreError> {
+    for _ in 1..ATTEMPTS {
+        match request().await {
+            Ok(answer) => return Ok(answer),
+            Err(error) => tracing::info!(%error, "an etcd request is tried again"),
+        }
+    }
+    Ok(request().await?)
+}
+
+/// The comparison a fenced write adds: the leader's key is still the one made at its
+/// revision (it goes with the lease).
+fn fence_holds(fence: Option<&Fence>) -> Option<Compare> {
+    fence.map(|fence| Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.revision))
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    async fn get(&self, key: &str) -> Result<Option<Stored>, StoreError> {
+        let response = self.read(self.key(key), None).await?;
+        Ok(response.kvs().first().map(|kv| Stored {
+            value: kv.value().to_vec(),
+            version: Version::Revision(kv.mod_revision()),
+        }))
+    }
+
+    async fn range(&self, start: &str, end: &str) -> Result<Listed, StoreError> {
+        let options = GetOptions::new().with_range(self.key(end));
+        let response = self.read(self.key(start), Some(options)).await?;
+        let revision = response.kvs().iter().map(|kv| kv.mod_revision()).max();
+        Ok(Listed {
+            values: response
+                .kvs()
+                .iter()
+                .map(|kv| kv.value().to_vec())
+                .collect(),
+            revision: revision.map(|r| r as u64),
+        })
+    }
+
+    async fn swap(
+        &self,
+        key: &str,
+        expected: Option<&Version>,
+        value: Vec<u8>,
+        fence: Option<&Fence>,
+    ) -> Result<bool, StoreError> {
+        let key = self.key(key);
+        let unchanged = match expected {
+            Some(Version::Revision(revision)) => {
+                Compare::mod_revision(key.clone(), CompareOp::Equal, *revision)
+            }
+            Some(Version::Value(_)) => unreachable!("etcd's versions are revisions"),
+            None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+        };
+        let compares: Vec<Compare> = std::iter::once(unchanged)
+            .chain(fence_holds(fence))
+            .collect();
+        let txn = Txn::new()
+            .when(compares)
+            .and_then([TxnOp::put(key, value, None)]);
+        let response = self.txn(txn).await?;
+        if let (false, Some(fence)) = (response.succeeded(), fence) {
+            // Lost the race, or the lease: which one decides whether to try again.
+            let leader = self.read(fence.key.clone(), None).await?;
+            let still = leader
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == fence.revision);
+            if !still {
+                return Err(StoreError::NotLeader);
+            }
+        }
+        Ok(response.succeeded())
+    }
+
+    async fn put_absent(
+        &self,
+        entries: Vec<(String, Vec<u8>)>,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        // One transaction of nested ones, each "put if absent, else read it": one round trip
+        // (per 128 entries) for a whole report.
+        let mut kept = Vec::with_capacity(entries.len());
+        for chunk in txn_chunks(&entries) {
+            let nested = chunk.iter().map(|(key, value)| {
+                let key = self.key(key);
+                TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(key.clone(), value.clone(), None)])
+                        .or_else([TxnOp::get(key, None)]),
+                )
+            });
+            let response = self
+                .txn(Txn::new().and_then(nested.collect::<Vec<_>>()))
+                .await?;
+            for answer in response.op_responses() {
+                let TxnOpResponse::Txn(inner) = answer else {
+                    unreachable!("every operation is a transaction");
+                };
+                kept.push(match inner.succeeded() {
+                    true => None,
+                    false => Some(match inner.op_responses().first() {
+                        Some(TxnOpResponse::Get(get)) => get
+                            .kvs()
+                            .first()
+                            .map(|kv| kv.value().to_vec())
+                            .unwrap_or_default(),
+                        _ => Vec::new(),
+                    }),
+                });
+            }
+        }
+        Ok(kept)
+    }
+
+    async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let options = GetOptions::new().with_prefix();
+        let response = self.read(self.prefix.clone(), Some(options)).await?;
+        let entries = response.kvs().iter().map(|kv| {
+            let key = String::from_utf8_lossy(kv.key());
+            let key = key.strip_prefix(&self.prefix).unwrap_or(&key).to_string();
+            (key, kv.value().to_vec())
+        });
+        Ok(entries.collect())
+    }
+
+    fn follow_changes(&self, prefixes: Vec<String>, changed: Arc<dyn Fn() + Send + Sync>) {
+        for prefix in prefixes {
+            let (client, key) = (self.client.clone(), self.key(&prefix));
+            tokio::spawn(follow(client, key, changed.clone()));
+        }
+    }
+
+    fn etcd(&self) -> Option<(Client, String)> {
+        Some((self.client.clone(), self.prefix.clone()))
+    }
+}
+
+/// `entries` in order, cut into transactions etcd takes: at most [`TXN_OPS_AT_MOST`]
+/// operations, and no key twice in one (etcd refuses that; the second then finds the first).
+fn txn_chunks(entries: &[(String, Vec<u8>)]) -> Vec<&[(String, Vec<u8>)]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut keys) = (0, std::collections::HashSet::new());
+    for (i, (key, _)) in entries.iter().enumerate() {
+        if i - start == TXN_OPS_AT_MOST || !keys.insert(key.as_str()) {
+            chunks.push(&entries[start..i]);
+            start = i;
+            keys = std::collections::HashSet::from([key.as_str()]);
+        }
+    }
+    if start < entries.len() {
+        chunks.push(&entries[start..]);
+    }
+    chunks
+}
+
+/// Calls `changed` at every change under `prefix`, for the life of the process. A watch that
+/// breaks (its member lost) is made again; `changed` is called then too, since changes may
+/// have been missed meanwhile.
+async fn follow(client: Client, prefix: String, changed: Arc<dyn Fn() + Send + Sync>) {
+    loop {
+        let options = WatchOptions::new().with_prefix();
+        match client
+            .watch_client()
+            .watch(prefix.clone(), Some(options))
+            .await
+        {
+            Ok(mut stream) => {
+                changed();
+                while let Ok(Some(response)) = stream.message().await {
+                    if !response.events().is_empty() {
+                        changed();
+                    }
+                }
+            }
+            Err(error) => tracing::debug!(%error, "the store's watch is made again"),
+        }
+        tokio::time::sleep(REWATCH_AFTER).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_key_twice_or_too_many_operations_start_a_new_transaction() {
+        let entry = |key: &str| (key.to_string(), Vec::new());
+        let entries = [entry("a"), entry("b"), entry("a"), entry("c")];
+        let sizes: Vec<usize> = super::txn_chunks(&entries)
+            .iter()
+            .map(|c| c.len())
+            .collect();
+        assert_eq!(sizes, [2, 2]);
+        let many: Vec<_> = (0..300).map(|n| entry(&n.to_string())).collect();
+        let sizes: Vec<usize> = super::txn_chunks(&many).iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, [32; 9].into_iter().chain([12]).collect::<Vec<_>>());
+        assert!(super::txn_chunks(&[]).is_empty());
+    }
+}

@@ -1,0 +1,500 @@
+//! The control plane's state: the queues' records, the nodes' usage and stats records, the
+//! certificates, the ACME account, the pending DNS-01 values and the node secret.
+//!
+//! [`Store`] gives them their types; underneath is a [`Backend`], a key-value store with
+//! compare-and-swap, of one of two kinds ([`StoreConfig`]):
+//! - [`sled`](sled_backend): embedded, in `DATA_DIR/state`, for one control plane on one
+//!   host (the default);
+//! - [`etcd`](etcd_backend): a cluster shared by several control-plane replicas, so that the
+//!   loss of any one host loses no state and stops no service.
+//!
+//! Every change is durable before it is answered (sled: synced; etcd: committed by a
+//! majority). Every change that must not race is one compare-and-swap against the version
+//! read (a sled value, an etcd revision), retried on a lost race, never a read-then-write.
+//! Writes made while leading ([`crate::leadership`]) carry a [`Fence`]: on etcd they commit
+//! only while the lease they were made under still holds.
+
+mod etcd_backend;
+mod sled_backend;
+
+use crate::queues::Queue;
+use async_trait::async_trait;
+use qe_shared::node_channel::Counted;
+use serde::Deserialize;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use etcd_backend::EtcdBackend;
+
+/// `[store]`: where the state lives.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
+pub enum StoreConfig {
+    /// sled, in `DATA_DIR/state`: one control plane.
+    #[default]
+    Sled,
+    /// An etcd cluster, shared by every replica.
+    Etcd(EtcdConfig),
+}
+
+/// `[store]` with `kind = "etcd"`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// The cluster's client URLs (`http://10.0.0.1:2379`, …); the client fails over
+    /// between them.
+    pub endpoints: Vec<String>,
+    /// Every key starts with this. Default `/qe/CLUSTER/`: clusters may share one etcd.
+    pub prefix: Option<String>,
+    /// Seconds a request to etcd may take before it is answered `unavailable` (a majority
+    /// lost). Default 5.
+    #[serde(default = "default_timeout_secs")]
+    pub timeout_secs: u64,
+    /// The leader's lease, in seconds: a replica that dies is replaced as leader within
+    /// this. Default 5.
+    #[serde(default = "default_lease_secs")]
+    pub lease_secs: u64,
+}
+
+fn default_timeout_secs() -> u64 {
+    5
+}
+
+fn default_lease_secs() -> u64 {
+    5
+}
+
+/// What a compare-and-swap checks a stored value by.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Version {
+    /// sled: the value itself.
+    Value(Vec<u8>),
+    /// etcd: the revision that last changed the key.
+    Revision(i64),
+}
+
+/// A value as stored, with its version.
+pub struct Stored {
+    pub value: Vec<u8>,
+    pub version: Version,
+}
+
+/// The values of a range of keys, in key order, and the latest revision that changed one of
+/// them (etcd only).
+pub struct Listed {
+    pub values: Vec<Vec<u8>>,
+    pub revision: Option<u64>,
+}
+
+/// Proof of leadership a write carries: the revision at which the leader's key was made. On
+/// etcd, a fenced write commits only while that key (and so the lease) still exists.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    pub key: String,
+    pub revision: i64,
+}
+
+/// A key-value store with compare-and-swap: what a backend provides.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    async fn get(&self, key: &str) -> Result<Option<Stored>, StoreError>;
+    /// Keys from `start` (included) to `end` (excluded).
+    async fn range(&self, start: &str, end: &str) -> Result<Listed, StoreError>;
+    /// Puts `value` at `key` if the key is still at `expected` (`None`: absent) and `fence`
+    /// holds; durable. `false` if it was not.
+    async fn swap(
+        &self,
+        key: &str,
+        expected: Option<&Version>,
+        value: Vec<u8>,
+        fence: Option<&Fence>,
+    ) -> Result<bool, StoreError>;
+    /// Puts each entry whose key is absent, durable once for all; for each, `None` if it was
+    /// put, else the value already there.
+    async fn put_absent(
+        &self,
+        entries: Vec<(String, Vec<u8>)>,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
+    /// Every key and value (a backup).
+    async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+    /// Calls `changed` after every change to a key starting with one of `prefixes`, made by
+    /// anyone (another replica too). Runs for the life of the process.
+    fn follow_changes(&self, prefixes: Vec<String>, changed: Arc<dyn Fn() + Send + Sync>);
+    /// The etcd client, for leader election.
+    fn etcd(&self) -> Option<(etcd_client::Client, String)>;
+}
+
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    kv: Arc<dyn Backend>,
+    /// Moves on with every change to a queue's record or the DNS-01 values (here or on another
+    /// replica), so a request can wait for one (a node applying a config, a queue coming up)
+    /// instead of polling, and the zone follows.
+    changed: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Set while leading: the writes this handle makes are fenced by it.
+    fence: Option<Fence>,
+}
+
+/// Which of a node's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    Usage,
+    Stats,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the store: {0}")]
+    Sled(#[from] ::sled::Error),
+    /// etcd did not answer (no majority, no member reachable) or refused.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    #[error("a stored record does not read back: {0}")]
+    Record(#[from] serde_json::Error),
+    #[error("the store holds state already: restore into an empty one")]
+    NotEmpty,
+    /// A fenced write after this replica's leadership ended.
+    #[error("no longer the leader")]
+    NotLeader,
+}
+
+/// Key prefixes.
+const QUEUES: &str = "queues/";
+const CHALLENGES: &str = "challenges";
+const CERTIFICATE: &str = "certificate";
+const NODE_SECRET: &str = "node-secret";
+
+/// The queues' records and the DNS-01 values: what the zone and the node watches follow.
+fn followed() -> Vec<String> {
+    vec![QUEUES.to_string(), CHALLENGES.to_string()]
+}
+
+impl Store {
+    /// Opens the store `config` names (sled in `dir`); `cluster` names the default etcd
+    /// prefix.
+    pub async fn open(
+        config: &StoreConfig,
+        dir: &Path,
+        cluster: &str,
+    ) -> Result<Store, StoreError> {
+        let kv: Arc<dyn Backend> = match config {
+            StoreConfig::Sled => Arc::new(sled_backend::SledBackend::open(dir)?),
+            StoreConfig::Etcd(etcd) => Arc::new(EtcdBackend::connect(etcd, cluster).await?),
+        };
+        let changed = Arc::new(tokio::sync::watch::channel(0).0);
+        let tick = changed.clone();
+        kv.follow_changes(followed(), Arc::new(move || tick.send_modify(|n| *n += 1)));
+        Ok(Store {
+            kv,
+            changed,
+            fence: None,
+        })
+    }
+
+    /// This store, its writes fenced by `fence` (a leader's).
+    pub fn fenced(&self, fence: Fence) -> Store {
+        Store {
+            fence: Some(fence),
+            ..self.clone()
+        }
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.kv
+    }
+
+    /// A receiver that sees every change the zone and the node watches follow.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn wake(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Saves a new queue's record; `false` if one with its id exists.
+    pub async fn put(&self, queue: &Queue) -> Result<bool, StoreError> {
+        let key = format!("{QUEUES}{}", queue.id);
+        let value = serde_json::to_vec(queue)?;
+        let put = self.kv.swap(&key, None, value, self.fence.as_ref()).await?;
+        self.wake();
+        Ok(put)
+    }
+
+    /// Changes queue `id`'s record with `change` as one compare-and-swap: two changes at
+    /// once each see the other's result (two rotations of one queue both land), never a
+    /// read-then-write race. `change` may run more than once, and may refuse with `Err`,
+    /// which changes nothing. `None` if there is no such queue.
+    pub async fn update<T, E: From<StoreError>>(
+        &self,
+        id: &str,
+        mut change: impl FnMut(&mut Queue) -> Result<T, E>,
+    ) -> Result<Option<(Queue, T)>, E> {
+        let key = format!("{QUEUES}{id}");
+        loop {
+            let Some(old) = self.kv.get(&key).await? else {
+                return Ok(None);
+            };
+            let mut queue: Queue = serde_json::from_slice(&old.value).map_err(StoreError::from)?;
+            let answer = change(&mut queue)?;
+            let new = serde_json::to_vec(&queue).map_err(StoreError::from)?;
+            // Nothing changed: nothing to write or wake anyone for.
+            if new == old.value {
+                return Ok(Some((queue, answer)));
+            }
+            let fence = self.fence.as_ref();
+            if self.kv.swap(&key, Some(&old.version), new, fence).await? {
+                self.wake();
+                return Ok(Some((queue, answer)));
+            }
+        }
+    }
+
+    /// Waits until queue `id`'s record passes `test`, at most `within`; returns the record as
+    /// it was last read (`None` if there is no such queue).
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        within: std::time::Duration,
+        test: impl Fn(&Queue) -> bool,
+    ) -> Result<Option<Queue>, StoreError> {
+        let mut changes = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            // Marked seen before the read, so a change during it wakes the wait below.
+            changes.borrow_and_update();
+            let queue = self.get(id).await?;
+            match &queue {
+                Some(queue) if !test(queue) => {}
+                _ => return Ok(queue),
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return Ok(queue);
+            }
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<Queue>, StoreError> {
+        match self.kv.get(&format!("{QUEUES}{id}")).await? {
+            Some(stored) => Ok(Some(serde_json::from_slice(&stored.value)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn list(&self) -> Result<Vec<Queue>, StoreError> {
+        Ok(self.zone_inputs().await?.queues)
+    }
+
+    /// What the zone is built from, read at once: the queues, the pending DNS-01 values, and
+    /// (etcd) the latest revision that changed one of them, the same on every replica.
+    pub async fn zone_inputs(&self) -> Result<ZoneInputs, StoreError> {
+        let listed = self.kv.range(QUEUES, &end_of(QUEUES)).await?;
+        let queues = listed
+            .values
+            .iter()
+            .map(|value| serde_json::from_slice(value))
+            .collect::<Result<_, _>>()?;
+        let challenges = self.kv.get(CHALLENGES).await?;
+        let revision = match (&challenges, listed.revision) {
+            (
+                Some(Stored {
+                    version: Version::Revision(r),
+                    ..
+                }),
+                Some(queues),
+            ) => Some(queues.max(*r as u64)),
+            (_, revision) => revision,
+        };
+        let challenges = match challenges {
+            Some(stored) => serde_json::from_slice(&stored.value)?,
+            None => Vec::new(),
+        };
+        Ok(ZoneInputs {
+            queues,
+            challenges,
+            revision,
+        })
+    }
+
+    /// Changes the pending DNS-01 values (name ordered, value) with `change`, as one
+    /// compare-and-swap, so that every replica's zone serves them.
+    pub async fn change_challenges(
+        &self,
+        change: impl Fn(&mut Vec<(String, String)>),
+    ) -> Result<(), StoreError> {
+        loop {
+            let old = self.kv.get(CHALLENGES).await?;
+            let mut values: Vec<(String, String)> = match &old {
+                Some(stored) => serde_json::from_slice(&stored.value)?,
+                None => Vec::new(),
+            };
+            change(&mut values);
+            let new = serde_json::to_vec(&values)?;
+            let expected = old.as_ref().map(|stored| &stored.version);
+            if self.kv.swap(CHALLENGES, expected, new, None).await? {
+                self.wake();
+                return Ok(());
+            }
+        }
+    }
+
+    /// Keeps a report's records (time, JSON) of each kind, durable once for all. One sent
+    /// again (its reply was lost) is kept once, as first sent, and counted as already kept. A
+    /// different record at a time already kept is logged, and the first one stays.
+    pub async fn keep_reports(
+        &self,
+        queue_id: &str,
+        usage: Vec<(u64, Vec<u8>)>,
+        stats: Vec<(u64, Vec<u8>)>,
+    ) -> Result<(Counted, Counted), StoreError> {
+        let entries = |kind, records: Vec<(u64, Vec<u8>)>| {
+            records
+                .into_iter()
+                .map(move |(time, record)| (report_key(kind, queue_id, time), record))
+                .collect::<Vec<_>>()
+        };
+        let usage = entries(Report::Usage, usage);
+        let usage_count = usage.len();
+        let mut all = usage;
+        all.extend(entries(Report::Stats, stats));
+        let sent: Vec<_> = all.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let kept = self.kv.put_absent(all).await?;
+        let mut counted = (Counted::default(), Counted::default());
+        for (i, ((key, record), kept)) in sent.into_iter().zip(kept).enumerate() {
+            let count = match i < usage_count {
+                true => &mut counted.0,
+                false => &mut counted.1,
+            };
+            match kept {
+                None => count.new += 1,
+                Some(kept) => {
+                    if kept != record {
+                        tracing::warn!(%key, "a record sent again differs from the one kept: the first stays");
+                    }
+                    count.already_kept += 1;
+                }
+            }
+        }
+        Ok(counted)
+    }
+
+    /// The cluster's certificate, if one was issued.
+    pub async fn certificate(&self) -> Result<Option<crate::certificates::Issued>, StoreError> {
+        match self.kv.get(CERTIFICATE).await? {
+            Some(stored) => Ok(Some(serde_json::from_slice(&stored.value)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn put_certificate(
+        &self,
+        issued: &crate::certificates::Issued,
+    ) -> Result<(), StoreError> {
+        self.put_value(CERTIFICATE, serde_json::to_vec(issued)?)
+            .await
+    }
+
+    /// The credentials (JSON) of the account at the ACME `directory`, once made.
+    pub async fn acme_account(&self, directory: &str) -> Result<Option<String>, StoreError> {
+        let value = self.kv.get(&format!("acme-account/{directory}")).await?;
+        Ok(value.map(|stored| String::from_utf8_lossy(&stored.value).into_owned()))
+    }
+
+    pub async fn put_acme_account(
+        &self,
+        directory: &str,
+        credentials: &str,
+    ) -> Result<(), StoreError> {
+        let key = format!("acme-account/{directory}");
+        self.put_value(&key, credentials.as_bytes().to_vec()).await
+    }
+
+    /// The node secret every replica checks nodes' credentials with: the one stored, or
+    /// `made` if there is none yet (the first replica's wins).
+    pub async fn node_secret(&self, made: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        let kept = self
+            .kv
+            .put_absent(vec![(NODE_SECRET.into(), made.clone())])
+            .await?;
+        Ok(kept.into_iter().next().flatten().unwrap_or(made))
+    }
+
+    /// Puts `value` at `key` whatever was there.
+    async fn put_value(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
+        loop {
+            let old = self.kv.get(key).await?;
+            let expected = old.as_ref().map(|stored| &stored.version);
+            let fence = self.fence.as_ref();
+            if self.kv.swap(key, expected, value.clone(), fence).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Every record of one queue of one kind, oldest first, as stored.
+    pub async fn reports_of(
+        &self,
+        queue_id: &str,
+        kind: Report,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.reports_in(queue_id, kind, 0..u64::MAX).await
+    }
+
+    /// One queue's records of one kind whose time is in `times`, oldest first, as stored: a
+    /// range of keys, so years of history are not read for one day.
+    pub async fn reports_in(
+        &self,
+        queue_id: &str,
+        kind: Report,
+        times: std::ops::Range<u64>,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let start = report_key(kind, queue_id, times.start);
+        let end = report_key(kind, queue_id, times.end);
+        Ok(self.kv.range(&start, &end).await?.values)
+    }
+
+    /// Every key and value, for a backup.
+    pub async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.kv.dump().await
+    }
+
+    /// Puts a backup's entries into this store, which must hold none of their keys.
+    pub async fn restore(&self, entries: Vec<(String, Vec<u8>)>) -> Result<usize, StoreError> {
+        if !self.kv.dump().await?.is_empty() {
+            return Err(StoreError::NotEmpty);
+        }
+        let count = entries.len();
+        self.kv.put_absent(entries).await?;
+        self.wake();
+        Ok(count)
+    }
+}
+
+/// What the zone is built from.
+pub struct ZoneInputs {
+    pub queues: Vec<Queue>,
+    pub challenges: Vec<(String, String)>,
+    /// The latest revision that changed any of them, when the store has revisions (etcd):
+    /// every replica reading the same state reads the same one.
+    pub revision: Option<u64>,
+}
+
+/// `usage/QUEUE-ID/TIME` or `stats/…`, the time as 20 digits so that keys sort by time.
+fn report_key(kind: Report, queue_id: &str, time: u64) -> String {
+    let kind = match kind {
+        Report::Usage => "usage",
+        Report::Stats => "stats",
+    };
+    format!("{kind}/{queue_id}/{time:020}")
+}
+
+/// The first key after every key starting with `prefix`.
+fn end_of(prefix: &str) -> String {
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().expect("not empty") += 1;
+    String::from_utf8(end).expect("ASCII prefixes")
+}

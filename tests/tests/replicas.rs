@@ -1,0 +1,388 @@
+//! Several control planes on one etcd cluster (real `etcd` processes on loopback): every
+//! replica serves the API and the DNS from the shared state, one leads (reconciler,
+//! certificate orders), and the loss of any one process loses nothing.
+
+use qe_tests::etcd::EtcdCluster;
+use qe_tests::{dig, http, login_with, process_naming, signal, wait_until_applied, ControlPlane};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const QUEUE: &str = r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#;
+
+/// Replicas of one cluster, their nodes in one directory (the local provider's): a new
+/// leader adopts the nodes the last one started. The nodes are killed on drop.
+struct Replicas {
+    replicas: Vec<Option<ControlPlane>>,
+    nodes: tempfile::TempDir,
+}
+
+impl Replicas {
+    /// `count` replicas on `etcd`, each with a DNS server; nodes know every replica.
+    fn start(etcd: &EtcdCluster, count: usize, extra: &str) -> Replicas {
+        let nodes = tempfile::tempdir().unwrap();
+        let listen: Vec<SocketAddr> = (0..count).map(|_| free_addr()).collect();
+        let urls: Vec<String> = listen
+            .iter()
+            .map(|addr| format!("\"http://{addr}\""))
+            .collect();
+        let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
+        let config = format!(
+            "dns_listen = \"127.0.0.1:0\"\nlocal_nodes_dir = {:?}\nnode_urls = [{}]\n\
+             reconcile_every_secs = 1\n{extra}\n\
+             [store]\nkind = \"etcd\"\nendpoints = [{}]\ntimeout_secs = 2\nlease_secs = 2\n",
+            nodes.path(),
+            urls.join(", "),
+            endpoints.join(", ")
+        );
+        let replicas = listen
+            .iter()
+            .map(|addr| Some(ControlPlane::start_listening(&addr.to_string(), &config)))
+            .collect();
+        Replicas { replicas, nodes }
+    }
+
+    fn at(&self, i: usize) -> &ControlPlane {
+        self.replicas[i].as_ref().expect("a live replica")
+    }
+
+    /// The replica that says it leads (waits for one).
+    fn leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            for (i, replica) in self.replicas.iter().enumerate() {
+                let Some(replica) = replica else { continue };
+                let log = replica.log_text();
+                if log.matches(": leading").count() > log.matches("no longer leading").count() {
+                    return i;
+                }
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self
+                    .replicas
+                    .iter()
+                    .flatten()
+                    .map(|r| r.log_text())
+                    .collect();
+                panic!("no replica leads:\n{}", logs.join("\n-----\n"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self, i: usize) {
+        let mut replica = self.replicas[i].take().expect("a live replica");
+        replica.kill();
+    }
+
+    /// The node processes running for queue `id`.
+    fn nodes_of(&self, id: &str) -> usize {
+        let bootstrap = self
+            .nodes
+            .path()
+            .join("nodes")
+            .join(id)
+            .join("bootstrap.toml");
+        process_naming(&bootstrap).into_iter().count()
+    }
+
+    fn node_dir(&self, id: &str) -> PathBuf {
+        self.nodes.path().join("nodes").join(id)
+    }
+}
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        self.replicas.clear();
+        kill_nodes_in(self.nodes.path());
+    }
+}
+
+fn kill_nodes_in(dir: &Path) {
+    for node in std::fs::read_dir(dir.join("nodes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Some(pid) = process_naming(&node.path().join("bootstrap.toml")) {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The queue ids a replica lists.
+async fn ids(cp: &ControlPlane) -> Vec<String> {
+    let (status, list) = cp.call("GET", "/v1/queues", None).await;
+    assert_eq!(status, 200, "{list}");
+    let mut ids: Vec<String> = list["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|q| q["status"] != "deleted")
+        .map(|q| q["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn soa_serial(dns: SocketAddr, zone: &str) -> String {
+    let soa = dig(dns, zone, "SOA", false);
+    assert_eq!(soa.status, "NOERROR", "{soa:?}");
+    soa.answers[0]
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_string()
+}
+
+/// Whether `login` logs in as `role` at the queue's node.
+async fn logs_in(node: &str, login: &Value, role: &str) -> bool {
+    let mut client = qe_tests::Client::connect_url(node).await;
+    let request = serde_json::json!({
+        "username": login["username"], "password": login["password"],
+        "role": role, "queuetype": "distribute",
+    });
+    client.request(request).await["status"] == "Success."
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_queues_logins_and_zone_and_race_safely() {
+    let etcd = EtcdCluster::start(3);
+    let replicas = Replicas::start(&etcd, 3, "");
+    // Three creates at once, one through each replica.
+    let created =
+        futures::future::join_all((0..3).map(|i| replicas.at(i).create_queue(QUEUE))).await;
+    let mut expected: Vec<String> = created
+        .iter()
+        .map(|queue| queue["id"].as_str().unwrap().to_string())
+        .collect();
+    expected.sort();
+    for i in 0..3 {
+        assert_eq!(ids(replicas.at(i)).await, expected, "replica {i}");
+    }
+    let queue = &created[0];
+    let id = queue["id"].as_str().unwrap();
+    assert_eq!(replicas.nodes_of(id), 1, "one node per queue");
+    let node = queue["node"].as_str().unwrap();
+
+    // Rotations one after another through different replicas: each time exactly the new
+    // password works.
+    let mut old = queue["logins"]["publisher"].clone();
+    for i in [1, 2, 0] {
+        let path = format!("/v1/queues/{id}/logins/publisher/rotate");
+        let (status, rotated) = replicas.at(i).call("POST", &path, None).await;
+        assert_eq!(status, 200, "{rotated}");
+        wait_until_applied(replicas.at((i + 1) % 3), id).await;
+        let new = rotated.clone();
+        assert!(
+            logs_in(node, &new, "publisher").await,
+            "the new login, via {i}"
+        );
+        assert!(
+            !logs_in(node, &old, "publisher").await,
+            "the old login, via {i}"
+        );
+        old = new;
+    }
+    // Two at once through two replicas: both land (compare-and-swap), and exactly one of
+    // the two new passwords works: the one applied last.
+    let path = format!("/v1/queues/{id}/logins/publisher/rotate");
+    let (a, b) = tokio::join!(
+        replicas.at(0).call("POST", &path, None),
+        replicas.at(1).call("POST", &path, None)
+    );
+    assert_eq!((a.0, b.0), (200, 200));
+    wait_until_applied(replicas.at(2), id).await;
+    let works = [
+        logs_in(node, &a.1, "publisher").await,
+        logs_in(node, &b.1, "publisher").await,
+    ];
+    assert_eq!(works.iter().filter(|w| **w).count(), 1, "{works:?}");
+    assert!(!logs_in(node, &old, "publisher").await);
+
+    // Every replica answers the zone alike, with one serial.
+    let zone = "q.test.thequeueexpert.com";
+    let host = format!("{id}.{zone}");
+    let dns: Vec<SocketAddr> = (0..3).map(|i| replicas.at(i).dns.unwrap()).collect();
+    let serials: Vec<String> = dns.iter().map(|d| soa_serial(*d, zone)).collect();
+    assert!(serials.iter().all(|s| s == &serials[0]), "{serials:?}");
+    let answers: Vec<_> = dns.iter().map(|d| dig(*d, &host, "AAAA", false)).collect();
+    assert_eq!(answers[0].status, "NOERROR");
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+
+    // A delete through one replica: gone from every replica's list and zone.
+    let (status, deleting) = replicas
+        .at(2)
+        .call("DELETE", &format!("/v1/queues/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{deleting}");
+    replicas.at(0).wait_for_status(id, "deleted").await;
+    for (i, d) in dns.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dig(*d, &host, "AAAA", false).status != "NXDOMAIN" {
+            assert!(
+                Instant::now() < deadline,
+                "replica {i} still answers for {host}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert_eq!(replicas.nodes_of(id), 0, "its node stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_mid_create_is_replaced_within_its_lease_and_nothing_runs_twice() {
+    let etcd = EtcdCluster::start(3);
+    let mut replicas = Replicas::start(&etcd, 2, "");
+    let leader = replicas.leader();
+    let follower = 1 - leader;
+    let (status, created) = replicas
+        .at(follower)
+        .call("POST", "/v1/queues", Some(QUEUE))
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    // Killed while its reconciler starts the node (or just after).
+    let killed = Instant::now();
+    replicas.kill(leader);
+    assert_eq!(replicas.leader(), follower);
+    let took_over = killed.elapsed();
+    let queue = replicas.at(follower).wait_for_status(&id, "running").await;
+    let running = killed.elapsed();
+    eprintln!("failover: leader killed → new leader in {took_over:?}; the queue running {running:?} after the kill");
+    assert_eq!(replicas.nodes_of(&id), 1, "one node for the queue, not two");
+    let node = queue["node"].as_str().unwrap();
+    let publisher = login_with(
+        node,
+        &created["logins"]["publisher"],
+        "publisher",
+        serde_json::json!({}),
+    )
+    .await;
+    drop(publisher);
+    assert!(replicas.node_dir(&id).join("bootstrap.toml").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_etcd_member_lost_changes_nothing_and_a_majority_lost_answers_503() {
+    let mut etcd = EtcdCluster::start(3);
+    let replicas = Replicas::start(&etcd, 2, "");
+    let cp = replicas.at(0);
+    let first = cp.create_queue(QUEUE).await;
+    // A member down, whichever it is: the API answers, reads and writes.
+    etcd.kill(etcd.leader().unwrap_or(0));
+    let started = Instant::now();
+    let second = replicas.at(1).create_queue(QUEUE).await;
+    eprintln!(
+        "etcd leader killed: a create answered within {:?}",
+        started.elapsed()
+    );
+    assert_eq!(ids(cp).await.len(), 2, "{first} {second}");
+    // A second member down: no majority. Writes and (linearizable) reads are refused, never
+    // answered from a stale copy.
+    let alive: Vec<usize> = (0..3).filter(|i| etcd.is_alive(*i)).collect();
+    etcd.kill(alive[0]);
+    // (Its outcome is unknown, as with any write that timed out: etcd may still commit it
+    // once a majority is back.)
+    let (status, refused) = cp.call("POST", "/v1/queues", Some(QUEUE)).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (503, Some("unavailable")),
+        "{refused}"
+    );
+    let (status, refused) = cp.call("GET", "/v1/queues", None).await;
+    assert_eq!(status, 503, "{refused}");
+    // The majority back: so is the API, with everything.
+    etcd.restart(alive[0]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) = cp.call("GET", "/v1/queues", None).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the API never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = ids(cp).await;
+    assert!(after.len() == 2 || after.len() == 3, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sled_backup_restores_into_etcd_and_the_node_reports_there() {
+    // A one-host control plane on sled, with a queue and its usage.
+    let single = ControlPlane::start();
+    let queue = single.create_queue(QUEUE).await;
+    let id = queue["id"].as_str().unwrap().to_string();
+    let node_token = single.node_config(&id)["node_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, backup) = raw_get(single.addr, "/v1/backup", &single.token).await;
+    assert_eq!(status, 200);
+    assert!(backup.lines().count() >= 3, "{backup}");
+    drop(single);
+
+    // Restored into an etcd cluster: the queue, its logins' hashes and the node secret are there.
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let endpoints = format!("{:?}", etcd.endpoint(0));
+    let config = format!(
+        "data_dir = {:?}\ntoken = \"t\"\ncluster = \"test\"\n[store]\nkind = \"etcd\"\nendpoints = [{endpoints}]\n",
+        dir.path().join("data")
+    );
+    std::fs::write(dir.path().join("cp.toml"), &config).unwrap();
+    std::fs::write(dir.path().join("backup"), &backup).unwrap();
+    let restore = |from: &str| {
+        std::process::Command::new(qe_tests::controlplane_binary())
+            .args(["restore", "--config"])
+            .arg(dir.path().join("cp.toml"))
+            .arg("--from")
+            .arg(dir.path().join(from))
+            .output()
+            .unwrap()
+    };
+    let restored = restore("backup");
+    assert!(
+        restored.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restored.stderr)
+    );
+    let again = restore("backup");
+    assert!(!again.status.success(), "not twice into one store");
+    let cp = ControlPlane::start_with(&format!(
+        "[store]\nkind = \"etcd\"\nendpoints = [{endpoints}]\n"
+    ));
+    let (status, got) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["id"], id.as_str());
+    // The node secret came along: the queue's node credential from the sled install works.
+    let path = format!("/v1/nodes/{id}/config");
+    let (status, _) = http(cp.addr, "GET", &path, Some(&node_token), None).await;
+    assert_eq!(
+        status, 200,
+        "the restored node secret checks the old credential"
+    );
+}
+
+/// A GET with a bearer token over a fresh connection; the status and the body as text.
+async fn raw_get(addr: SocketAddr, path: &str, token: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tcp.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}

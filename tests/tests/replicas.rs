@@ -21,6 +21,14 @@ struct Replicas {
 impl Replicas {
     /// `count` replicas on `etcd`, each with a DNS server; nodes know every replica.
     fn start(etcd: &EtcdCluster, count: usize, extra: &str) -> Replicas {
+        let dns = vec!["127.0.0.1:0".parse().unwrap(); count];
+        Replicas::start_with_dns(etcd, &dns, extra)
+    }
+
+    /// A replica per address in `dns`, its DNS server there; the first one leads (the others
+    /// start once it does).
+    fn start_with_dns(etcd: &EtcdCluster, dns: &[SocketAddr], extra: &str) -> Replicas {
+        let count = dns.len();
         let nodes = tempfile::tempdir().unwrap();
         let listen: Vec<SocketAddr> = (0..count).map(|_| free_addr()).collect();
         let urls: Vec<String> = listen
@@ -28,19 +36,26 @@ impl Replicas {
             .map(|addr| format!("\"http://{addr}\""))
             .collect();
         let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
-        let config = format!(
-            "dns_listen = \"127.0.0.1:0\"\nlocal_nodes_dir = {:?}\nnode_urls = [{}]\n\
-             reconcile_every_secs = 1\n{extra}\n\
-             [store]\nkind = \"etcd\"\nendpoints = [{}]\ntimeout_secs = 2\nlease_secs = 2\n",
-            nodes.path(),
-            urls.join(", "),
-            endpoints.join(", ")
-        );
-        let replicas = listen
-            .iter()
-            .map(|addr| Some(ControlPlane::start_listening(&addr.to_string(), &config)))
-            .collect();
-        Replicas { replicas, nodes }
+        let nodes_dir = nodes.path().to_path_buf();
+        let config = |dns: SocketAddr| {
+            format!(
+                "dns_listen = \"{dns}\"\nlocal_nodes_dir = {:?}\nnode_urls = [{}]\n\
+                 reconcile_every_secs = 1\n{extra}\n\
+                 [store]\nkind = \"etcd\"\nendpoints = [{}]\ntimeout_secs = 2\nlease_secs = 2\n",
+                nodes_dir,
+                urls.join(", "),
+                endpoints.join(", ")
+            )
+        };
+        let start =
+            |i: usize| ControlPlane::start_listening(&listen[i].to_string(), &config(dns[i]));
+        let mut replicas = Replicas {
+            replicas: vec![Some(start(0))],
+            nodes,
+        };
+        assert_eq!(replicas.leader(), 0);
+        replicas.replicas.extend((1..count).map(|i| Some(start(i))));
+        replicas
     }
 
     fn at(&self, i: usize) -> &ControlPlane {
@@ -71,9 +86,11 @@ impl Replicas {
         }
     }
 
-    fn kill(&mut self, i: usize) {
+    /// Kills replica `i` (SIGKILL); returns what it had logged.
+    fn kill(&mut self, i: usize) -> String {
         let mut replica = self.replicas[i].take().expect("a live replica");
         replica.kill();
+        replica.log_text()
     }
 
     /// The node processes running for queue `id`.
@@ -156,7 +173,7 @@ async fn logs_in(node: &str, login: &Value, role: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_queues_logins_and_zone_and_race_safely() {
     let etcd = EtcdCluster::start(3);
-    let replicas = Replicas::start(&etcd, 3, "");
+    let mut replicas = Replicas::start(&etcd, 3, "");
     // Three creates at once, one through each replica.
     let created =
         futures::future::join_all((0..3).map(|i| replicas.at(i).create_queue(QUEUE))).await;
@@ -236,6 +253,27 @@ async fn replicas_share_queues_logins_and_zone_and_race_safely() {
         }
     }
     assert_eq!(replicas.nodes_of(id), 0, "its node stopped");
+
+    // A replica killed: the others answer the API and the zone as before, at once.
+    let other = &created[1];
+    let other_host = format!("{}.{zone}", other["id"].as_str().unwrap());
+    let before = dig(dns[1], &other_host, "AAAA", false);
+    replicas.kill(0);
+    let killed = Instant::now();
+    let (status, _) = replicas.at(1).call("GET", "/v1/queues", None).await;
+    assert_eq!(status, 200);
+    eprintln!(
+        "replica killed: the API answered from another in {:?}",
+        killed.elapsed()
+    );
+    for d in &dns[1..] {
+        assert_eq!(dig(*d, &other_host, "AAAA", false), before);
+        assert_eq!(soa_serial(*d, zone), soa_serial(dns[1], zone));
+    }
+    let (status, created_after) = replicas.at(2).call("POST", "/v1/queues", Some(QUEUE)).await;
+    assert_eq!(status, 201, "{created_after}");
+    let id_after = created_after["id"].as_str().unwrap();
+    replicas.at(1).wait_for_status(id_after, "running").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,6 +307,57 @@ async fn a_leader_killed_mid_create_is_replaced_within_its_lease_and_nothing_run
     .await;
     drop(publisher);
     assert!(replicas.node_dir(&id).join("bootstrap.toml").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_mid_certificate_order_is_replaced_and_the_certificate_issued_once() {
+    use controlplane::pebble::Pebble;
+    let etcd = EtcdCluster::start(3);
+    let ip = std::net::Ipv4Addr::LOCALHOST.into();
+    let mut dns = Vec::new();
+    for _ in 0..3 {
+        dns.push(controlplane::dns::free_addr(ip).await.unwrap());
+    }
+    // The CA asks the last replica's DNS, which never leads here: the first one does.
+    let pebble_dir = tempfile::tempdir().unwrap();
+    let pebble = Pebble::start(dns[2], pebble_dir.path()).await.unwrap();
+    let acme = format!(
+        "[acme]\ndirectory = \"{}\"\nca_root = {:?}\n",
+        pebble.directory, pebble.listener_ca
+    );
+    let mut replicas = Replicas::start_with_dns(&etcd, &dns, &acme);
+    let (status, created) = replicas.at(1).call("POST", "/v1/queues", Some(QUEUE)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    // Killed as its order for the node's certificate starts.
+    replicas
+        .at(0)
+        .wait_for_log("ordering a node's certificate", 1);
+    let killed = Instant::now();
+    let leader_log = replicas.kill(0);
+    let new_leader = replicas.leader();
+    let cert = replicas.node_dir(&id).join("data/tls/own-cert.pem");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&cert).is_ok_and(|pem| pem.contains("BEGIN CERTIFICATE")) {
+        assert!(
+            Instant::now() < deadline,
+            "the node never got its certificate"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "failover: leader killed mid-order → the node's certificate issued by replica {new_leader} after {:?}",
+        killed.elapsed()
+    );
+    replicas.at(1).wait_for_status(&id, "running").await;
+    // Issued once, by the new leader; the killed one never finished its order.
+    let issued = "a node's certificate was issued";
+    assert_eq!(leader_log.matches(issued).count(), 0);
+    let by_survivors: usize = [1, 2]
+        .iter()
+        .map(|i| replicas.at(*i).log_text().matches(issued).count())
+        .sum();
+    assert_eq!(by_survivors, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

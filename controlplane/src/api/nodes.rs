@@ -178,6 +178,7 @@ pub async fn certificate_for_csr(
             return Err(ApiError::TooManyRequests(wait));
         }
     }
+    tracing::info!(queue = %queue.id, "ordering a node's certificate");
     let chain_pem = crate::certificates::issue_for_node(
         issuer,
         &state.zone,

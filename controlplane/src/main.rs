@@ -247,7 +247,8 @@ async fn start(config: Config) -> Result<Running, Failure> {
         StoreConfig::Etcd(etcd) => std::time::Duration::from_secs(etcd.lease_secs),
         StoreConfig::Sled => std::time::Duration::MAX,
     };
-    let leadership = Leadership::start(&store, bootstraps.urls[0].clone(), lease);
+    // The leader key names this replica by the API's own address, for operators.
+    let leadership = Leadership::start(&store, format!("{scheme}://{bound}"), lease);
     let renew_certificate = Arc::new(tokio::sync::Notify::new());
     let node_certificates = match issuer {
         None => NodeCertificates::None,

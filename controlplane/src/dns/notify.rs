@@ -157,6 +157,13 @@ mod tests {
     /// Longer than anything [`QUICK`] waits for.
     const QUIET: Duration = Duration::from_millis(800);
 
+    /// A change the zone shows (a DNS-01 value not served before): its serial moves.
+    fn change(zone: &Zone) {
+        static VALUES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let value = VALUES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        zone.add_challenges(&[("abc.q.c.example.test".into(), value.to_string())]);
+    }
+
     fn zone() -> Arc<Zone> {
         let ns = Nameserver::Named(vec!["ns1.example.net".into()]);
         Zone::new("c", "example.test", ns).unwrap()
@@ -226,7 +233,7 @@ mod tests {
 
         // Answered: nothing more until the serial moves.
         assert!(secondary.is_quiet().await, "no NOTIFY without a change");
-        zone.update(&[]);
+        change(&zone);
         let (next, _) = secondary.receive().await;
         assert_eq!(serial_of(&next), zone.snapshot().serial);
     }
@@ -237,7 +244,7 @@ mod tests {
         let secondary = Secondary::start(&zone).await;
         let (first, from) = secondary.receive().await;
         for _ in 0..50 {
-            zone.update(&[]);
+            change(&zone);
         }
         secondary.answer(&first, from, ResponseCode::NoError).await;
         let (next, from) = secondary.receive().await;
@@ -254,7 +261,7 @@ mod tests {
             secondary.receive().await;
         }
         assert!(secondary.is_quiet().await, "given up after its tries");
-        zone.update(&[]);
+        change(&zone);
         let (refused, from) = secondary.receive().await;
         secondary
             .answer(&refused, from, ResponseCode::Refused)

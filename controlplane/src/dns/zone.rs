@@ -167,6 +167,10 @@ impl Zone {
         change(&mut contents);
         contents.serial = match contents.revision {
             Some(revision) => revision,
+            // One control plane (no revisions): the records as they were (a queue's record
+            // changed in nothing the zone shows) keep their serial, so secondaries are not
+            // sent for a zone they have.
+            None if contents.serial != 0 && self.unchanged(&contents) => return,
             // Seconds since 1970, or one more than last time if that is not ahead.
             None => (crate::unix_now() as u32).max(contents.serial + 1),
         };
@@ -191,6 +195,12 @@ impl Zone {
             serial,
             records: records.into(),
         });
+    }
+
+    /// Whether `contents` make the records the zone serves now.
+    fn unchanged(&self, contents: &Contents) -> bool {
+        let records = self.records(contents, contents.serial);
+        records[1..] == *self.published.borrow().others()
     }
 
     /// Watchers of the zone hear of a build only when its serial moved (with a store that

@@ -42,6 +42,7 @@ DATAPLANE_UNIT = os.path.join(INFRA, "systemd", "dataplane.service")
 CONTROLPLANE_UNIT = os.path.join(INFRA, "systemd", "controlplane.service")
 POLICY = os.path.join(INFRA, "iam", "controlplane-ec2-policy.json")
 EXAMPLE_CONFIG = os.path.join(INFRA, "controlplane.example.toml")
+REPLICA_CONFIG = os.path.join(INFRA, "controlplane-replica.example.toml")
 SCRIPT_PATH = "/usr/local/lib/queue-expert/first-boot.sh"
 
 # Every placeholder the control plane fills in.
@@ -245,6 +246,11 @@ def check_config():
     check("example config: parses, with an ec2 provider and a region",
           provider["kind"] == "ec2" and {"image_id", "subnet_id", "security_group_ids"}
           <= set(provider["regions"]["eu-west-1"]))
+    replica = tomllib.load(open(REPLICA_CONFIG, "rb"))
+    check("replica example config: parses, on etcd, three of each, with ACME and not local_ca",
+          replica["store"]["kind"] == "etcd" and len(replica["store"]["endpoints"]) == 3
+          and len(replica["node_urls"]) == 3 and len(replica["dns_names"]) == 3
+          and "acme" in replica and not replica.get("local_ca", False))
 
 
 # --- The boot test ---------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ struct Entry {
 }
 
 const FORMAT: &str = "the-queue-expert-control-plane/1";
+/// Keys and their values, as a backup holds them.
+type Entries = Vec<(String, Vec<u8>)>;
 /// Where the sled install keeps the node secret; in a backup and on etcd, under this key.
 const NODE_SECRET_KEY: &str = "node-secret";
 
@@ -74,7 +76,7 @@ pub async fn restore(
     backup: &str,
     node_secret_file: Option<&Path>,
 ) -> Result<usize, BackupError> {
-    let mut entries = read(backup)?;
+    let (made_at, mut entries) = read(backup)?;
     if let Some(file) = node_secret_file {
         if let Some(at) = entries.iter().position(|(key, _)| key == NODE_SECRET_KEY) {
             let (_, secret) = entries.remove(at);
@@ -87,13 +89,46 @@ pub async fn restore(
             crate::write_private(file, &secret)?;
         }
     }
+    let moved_on = config_versions_past_any_served(&mut entries)?;
+    tracing::info!(
+        queues = moved_on,
+        "config versions moved past any a node may serve"
+    );
     let restored = entries.len();
-    store.restore(entries).await?;
+    store.restore(entries, made_at).await?;
     Ok(restored)
 }
 
-/// A backup's entries, checked whole before any is restored.
-fn read(backup: &str) -> Result<Vec<(String, Vec<u8>)>, BackupError> {
+/// Moves every queue's config version past any its node may serve: a node that took changes
+/// made after the backup serves a version the backup never had, and would wait for a newer
+/// one while the restored control plane counted up to it again. From the restore's time in
+/// milliseconds, far above any count of changes, every node takes the restored config (its
+/// logins as they were at the backup) and every change after it. Returns how many queues.
+fn config_versions_past_any_served(
+    entries: &mut [(String, Vec<u8>)],
+) -> Result<usize, BackupError> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    let mut moved = 0;
+    for (key, value) in entries
+        .iter_mut()
+        .filter(|(key, _)| key.starts_with("queues/"))
+    {
+        let mut queue: crate::queues::Queue =
+            serde_json::from_slice(value).map_err(|e| BackupError::Format {
+                line: 0,
+                why: format!("{key}: {e}"),
+            })?;
+        queue.config_version = queue.config_version.max(now_ms);
+        *value = serde_json::to_vec(&queue).expect("a queue serializes");
+        moved += 1;
+    }
+    Ok(moved)
+}
+
+/// When a backup was made, and its entries, checked whole before any is restored.
+fn read(backup: &str) -> Result<(u64, Entries), BackupError> {
     let fail = |line: usize, why: String| BackupError::Format { line, why };
     let mut lines = backup.lines();
     let header: Header = serde_json::from_str(lines.next().unwrap_or_default())
@@ -117,7 +152,7 @@ fn read(backup: &str) -> Result<Vec<(String, Vec<u8>)>, BackupError> {
         );
         return Err(fail(entries.len() + 1, why));
     }
-    Ok(entries)
+    Ok((header.created, entries))
 }
 
 #[cfg(test)]
@@ -160,6 +195,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(restored, 2);
+        assert!(other.restored().await.unwrap().is_some(), "marked restored");
         assert_eq!(std::fs::read(&restored_secret).unwrap(), [7u8; 32]);
         assert_eq!(other.certificate().await.unwrap().unwrap().issued_at, 7);
         assert_eq!(

@@ -320,6 +320,24 @@ mod tests {
     }
 
     #[test]
+    fn the_replica_example_in_infra_is_one_this_build_takes() {
+        let text = include_str!("../../infra/controlplane-replica.example.toml");
+        let config = Config::parse(text).unwrap();
+        assert!(config.check().is_ok());
+        let crate::store::StoreConfig::Etcd(etcd) = &config.store else {
+            panic!("the replicas share an etcd");
+        };
+        assert_eq!(etcd.endpoints.len(), 3);
+        assert_eq!(config.dns_names().len(), 3);
+        assert_eq!(config.node_urls_or(String::new()).len(), 3);
+        assert!(
+            config.acme.is_some() && !config.local_ca,
+            "ACME: a local CA is per host"
+        );
+        assert!(matches!(config.provider, ProviderConfig::Ec2(_)));
+    }
+
+    #[test]
     fn plain_http_only_on_loopback_unless_insecure_is_said() {
         let base = "data_dir = \"/d\"\ntoken = \"t\"\n";
         let with = |extra: &str| Config::parse(&format!("{base}{extra}")).unwrap();

@@ -42,7 +42,7 @@ impl Leadership {
                 std::mem::forget(tell);
             }
             Some((client, prefix)) => {
-                let key = format!("{prefix}leader");
+                let key = format!("{prefix}{}", crate::store::LEADER);
                 tokio::spawn(campaign(client, key, replica, lease, tell));
             }
         }

@@ -247,8 +247,15 @@ async fn start(config: Config) -> Result<Running, Failure> {
         StoreConfig::Etcd(etcd) => std::time::Duration::from_secs(etcd.lease_secs),
         StoreConfig::Sled => std::time::Duration::MAX,
     };
-    // The leader key names this replica by the API's own address, for operators.
-    let leadership = Leadership::start(&store, format!("{scheme}://{bound}"), lease);
+    // The leader key names this replica, for operators: its host and the API's address
+    // (`[::]:8443` alone is every replica's).
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let replica = format!(
+        "{} {scheme}://{bound} (pid {})",
+        host.trim(),
+        std::process::id()
+    );
+    let leadership = Leadership::start(&store, replica, lease);
     let renew_certificate = Arc::new(tokio::sync::Notify::new());
     let node_certificates = match issuer {
         None => NodeCertificates::None,

@@ -202,9 +202,16 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Removes what the provider holds for queues that are not to run.
+    /// Removes what the provider holds for queues that are not to run. After a restore from a
+    /// backup, a node of a queue the store does not know is one created after the backup, not
+    /// a leftover: it is left running, with its data, for the operator (docs/deploy.md).
     async fn remove_orphans(&self) -> Result<(), Box<dyn std::error::Error>> {
+        let restored = self.store.restored().await?;
         for id in self.fleet.holdings().await? {
+            if let (Some(backup_made), None) = (restored, self.store.get(&id).await?) {
+                tracing::warn!(queue = %id, backup_made, "a node of a queue this store does not know (created after the backup it was restored from): left running, with its data");
+                continue;
+            }
             let live = self
                 .store
                 .get(&id)

@@ -36,7 +36,7 @@ const ATTEMPTS: usize = 3;
 /// some 6 s before it says "request timed out").
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Raft's timings, in milliseconds: ten times shorter than etcd's defaults, so a lost leader is
+/// Raft's timings, in milliseconds: half etcd's defaults (100 and 1000), so a lost leader is
 /// replaced in well under a second; loopback answers a heartbeat in far less than 50 ms.
 const HEARTBEAT_MS: &str = "50";
 const ELECTION_MS: &str = "500";

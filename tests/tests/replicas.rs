@@ -3,7 +3,7 @@
 //! certificate orders), and the loss of any one process loses nothing.
 
 use qe_tests::etcd::EtcdCluster;
-use qe_tests::{dig, http, login_with, process_naming, signal, wait_until_applied, ControlPlane};
+use qe_tests::{dig, login_with, process_naming, signal, wait_until_applied, ControlPlane};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -405,60 +405,98 @@ async fn one_etcd_member_lost_changes_nothing_and_a_majority_lost_answers_503() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sled_backup_restores_into_etcd_and_the_node_reports_there() {
-    // A one-host control plane on sled, with a queue and its usage.
-    let single = ControlPlane::start();
+async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
+    // A one-host control plane on sled: a queue, a backup, then a rotation and a second queue
+    // the backup does not have.
+    let mut single = ControlPlane::start();
     let queue = single.create_queue(QUEUE).await;
     let id = queue["id"].as_str().unwrap().to_string();
-    let node_token = single.node_config(&id)["node_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
     let (status, backup) = raw_get(single.addr, "/v1/backup", &single.token).await;
     assert_eq!(status, 200);
     assert!(backup.lines().count() >= 3, "{backup}");
-    drop(single);
+    let rotate = format!("/v1/queues/{id}/logins/publisher/rotate");
+    let (status, rotated_after_backup) = single.call("POST", &rotate, None).await;
+    assert_eq!(status, 200, "{rotated_after_backup}");
+    let newer = single.create_queue(QUEUE).await;
+    let newer_id = newer["id"].as_str().unwrap().to_string();
+    // The host is lost; its nodes go on running.
+    single.kill();
+    let nodes_dir = single.dir.path().join("data");
 
-    // Restored into an etcd cluster: the queue, its logins' hashes and the node secret are there.
+    // Restored into an etcd cluster, once: the queue, its logins' hashes and the node secret.
     let etcd = EtcdCluster::start(1);
     let dir = tempfile::tempdir().unwrap();
     let endpoints = format!("{:?}", etcd.endpoint(0));
-    let config = format!(
-        "data_dir = {:?}\ntoken = \"t\"\ncluster = \"test\"\n[store]\nkind = \"etcd\"\nendpoints = [{endpoints}]\n",
-        dir.path().join("data")
-    );
-    std::fs::write(dir.path().join("cp.toml"), &config).unwrap();
-    std::fs::write(dir.path().join("backup"), &backup).unwrap();
-    let restore = |from: &str| {
+    let store = format!("[store]\nkind = \"etcd\"\nendpoints = [{endpoints}]\n");
+    let restore = |prefix: &str, backup: &str| {
+        let config = format!(
+            "data_dir = {:?}\ntoken = \"t\"\ncluster = \"test\"\n{store}prefix = \"{prefix}\"\n",
+            dir.path().join(prefix.trim_matches('/'))
+        );
+        std::fs::write(dir.path().join("cp.toml"), config).unwrap();
+        std::fs::write(dir.path().join("backup"), backup).unwrap();
         std::process::Command::new(qe_tests::controlplane_binary())
             .args(["restore", "--config"])
             .arg(dir.path().join("cp.toml"))
             .arg("--from")
-            .arg(dir.path().join(from))
+            .arg(dir.path().join("backup"))
             .output()
             .unwrap()
     };
-    let restored = restore("backup");
+    let restored = restore("/qe/test/", &backup);
+    let stderr = String::from_utf8_lossy(&restored.stderr).to_string();
+    assert!(restored.status.success(), "{stderr}");
+    assert!(
+        !restore("/qe/test/", &backup).status.success(),
+        "not twice into one store"
+    );
+
+    // A control plane on it, at the lost one's address, with its nodes: they carry on with
+    // it, watching from the config version they serve.
+    let extra = format!("local_nodes_dir = {nodes_dir:?}\n{store}");
+    let cp = ControlPlane::start_listening(&single.addr.to_string(), &extra);
+    // The queue created after the backup is unknown here: its node is no leftover to remove.
+    cp.wait_for_log("created after the backup it was restored from", 1);
+    let newer_bootstrap = nodes_dir
+        .join("nodes")
+        .join(&newer_id)
+        .join("bootstrap.toml");
+    assert!(process_naming(&newer_bootstrap).is_some(), "left running");
+    assert!(
+        nodes_dir
+            .join("nodes")
+            .join(&newer_id)
+            .join("data")
+            .exists(),
+        "with its data"
+    );
+    // The known one is taken on, and changes reach its node again (though it served a
+    // config version the backup never had): exactly the new password works.
+    cp.wait_for_status(&id, "running").await;
+    let (status, rotated) = cp.call("POST", &rotate, None).await;
+    assert_eq!(status, 200, "applied: {rotated}");
+    let node = cp.call("GET", &format!("/v1/queues/{id}"), None).await.1["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(logs_in(&node, &rotated, "publisher").await);
+    assert!(!logs_in(&node, &rotated_after_backup, "publisher").await);
+
+    // A backup of the etcd store holds no leader key (a restore would keep it for ever):
+    // restored elsewhere, a control plane leads there and runs a new queue.
+    let (status, etcd_backup) = raw_get(cp.addr, "/v1/backup", &cp.token).await;
+    assert_eq!(status, 200);
+    assert!(!etcd_backup.contains("\"key\":\"leader\""), "{etcd_backup}");
+    let restored = restore("/qe/again/", &etcd_backup);
     assert!(
         restored.status.success(),
         "{}",
         String::from_utf8_lossy(&restored.stderr)
     );
-    let again = restore("backup");
-    assert!(!again.status.success(), "not twice into one store");
-    let cp = ControlPlane::start_with(&format!(
-        "[store]\nkind = \"etcd\"\nendpoints = [{endpoints}]\n"
-    ));
-    let (status, got) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
-    assert_eq!(status, 200, "{got}");
-    assert_eq!(got["id"], id.as_str());
-    // The node secret came along: the queue's node credential from the sled install works.
-    let path = format!("/v1/nodes/{id}/config");
-    let (status, _) = http(cp.addr, "GET", &path, Some(&node_token), None).await;
-    assert_eq!(
-        status, 200,
-        "the restored node secret checks the old credential"
-    );
+    drop(cp);
+    let again = ControlPlane::start_with(&format!("{store}prefix = \"/qe/again/\"\n"));
+    again.wait_for_log(": leading", 1);
+    again.create_queue(QUEUE).await;
 }
 
 /// A GET with a bearer token over a fresh connection; the status and the body as text.

@@ -20,6 +20,8 @@ use std::time::Duration;
 /// Records put in one transaction: etcd refuses one of more operations than its
 /// `--max-txn-ops` (default 128), counting those of nested transactions (three each here).
 const TXN_OPS_AT_MOST: usize = 32;
+/// Keys read per request: well under gRPC's 4 MiB message at a few KiB per record.
+const PAGE: i64 = 500;
 /// How many times a request is sent before its error is answered.
 const ATTEMPTS: usize = 3;
 /// The wait before a broken watch is made again.
@@ -59,6 +61,35 @@ impl EtcdBackend {
 
     fn kv(&self) -> etcd_client::KvClient {
         self.client.kv_client()
+    }
+
+    /// Every key from `start` to `end` (excluded), read in pages of [`PAGE`] (a gRPC message
+    /// is at most 4 MiB) at the first page's revision: one consistent read, however many
+    /// records there are.
+    async fn read_all(
+        &self,
+        start: String,
+        end: String,
+    ) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
+        let mut all = Vec::new();
+        let (mut from, mut revision) = (start, 0);
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(PAGE)
+                .with_revision(revision);
+            let mut page = self.read(from.clone(), Some(options)).await?;
+            if revision == 0 {
+                revision = page.header().map(|h| h.revision()).unwrap_or_default();
+            }
+            let more = page.more();
+            all.extend(page.take_kvs());
+            match (more, all.last()) {
+                // The next page starts just after the last key read.
+                (true, Some(last)) => from = format!("{}\0", String::from_utf8_lossy(last.key())),
+                _ => return Ok(all),
+            }
+        }
     }
 
     /// Runs `txn`, [`retried`].
@@ -117,15 +148,10 @@ impl Backend for EtcdBackend {
     }
 
     async fn range(&self, start: &str, end: &str) -> Result<Listed, StoreError> {
-        let options = GetOptions::new().with_range(self.key(end));
-        let response = self.read(self.key(start), Some(options)).await?;
-        let revision = response.kvs().iter().map(|kv| kv.mod_revision()).max();
+        let kvs = self.read_all(self.key(start), self.key(end)).await?;
+        let revision = kvs.iter().map(|kv| kv.mod_revision()).max();
         Ok(Listed {
-            values: response
-                .kvs()
-                .iter()
-                .map(|kv| kv.value().to_vec())
-                .collect(),
+            values: kvs.into_iter().map(|kv| kv.into_key_value().1).collect(),
             revision: revision.map(|r| r as u64),
         })
     }
@@ -207,12 +233,13 @@ impl Backend for EtcdBackend {
     }
 
     async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let options = GetOptions::new().with_prefix();
-        let response = self.read(self.prefix.clone(), Some(options)).await?;
-        let entries = response.kvs().iter().map(|kv| {
-            let key = String::from_utf8_lossy(kv.key());
+        let end = super::end_of(&self.prefix);
+        let kvs = self.read_all(self.prefix.clone(), end).await?;
+        let entries = kvs.into_iter().map(|kv| {
+            let (key, value) = kv.into_key_value();
+            let key = String::from_utf8_lossy(&key);
             let key = key.strip_prefix(&self.prefix).unwrap_or(&key).to_string();
-            (key, kv.value().to_vec())
+            (key, value)
         });
         Ok(entries.collect())
     }

@@ -164,6 +164,10 @@ const QUEUES: &str = "queues/";
 const CHALLENGES: &str = "challenges";
 const CERTIFICATE: &str = "certificate";
 const NODE_SECRET: &str = "node-secret";
+/// The leader's key ([`crate::leadership`]): bound to its lease, so never in a backup.
+pub const LEADER: &str = "leader";
+/// Set by a restore: the state is older than what the provider may hold.
+const RESTORED: &str = "restored";
 
 /// The queues' records and the DNS-01 values: what the zone and the node watches follow.
 fn followed() -> Vec<String> {
@@ -413,6 +417,14 @@ impl Store {
         self.put_value(&key, credentials.as_bytes().to_vec()).await
     }
 
+    /// When the backup this store was restored from was made (seconds since 1970), if it was:
+    /// the provider may then hold nodes of queues created after it, which the store does not
+    /// know and which must not be taken for leftovers.
+    pub async fn restored(&self) -> Result<Option<u64>, StoreError> {
+        let marker = self.kv.get(RESTORED).await?;
+        Ok(marker.and_then(|stored| String::from_utf8(stored.value).ok()?.parse().ok()))
+    }
+
     /// The node secret every replica checks nodes' credentials with: the one stored, or
     /// `made` if there is none yet (the first replica's wins).
     pub async fn node_secret(&self, made: Vec<u8>) -> Result<Vec<u8>, StoreError> {
@@ -457,17 +469,27 @@ impl Store {
         Ok(self.kv.range(&start, &end).await?.values)
     }
 
-    /// Every key and value, for a backup.
+    /// Every key and value, for a backup: all but the leader's, which belongs to a lease
+    /// (restored, it would outlive every lease and no replica would ever lead again).
     pub async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.kv.dump().await
+        let mut entries = self.kv.dump().await?;
+        entries.retain(|(key, _)| key != LEADER);
+        Ok(entries)
     }
 
-    /// Puts a backup's entries into this store, which must hold none of their keys.
-    pub async fn restore(&self, entries: Vec<(String, Vec<u8>)>) -> Result<usize, StoreError> {
+    /// Puts a backup's entries into this store, which must be empty, and marks it
+    /// [`Store::restored`] (when the backup was made).
+    pub async fn restore(
+        &self,
+        mut entries: Vec<(String, Vec<u8>)>,
+        made_at: u64,
+    ) -> Result<usize, StoreError> {
         if !self.kv.dump().await?.is_empty() {
             return Err(StoreError::NotEmpty);
         }
+        entries.retain(|(key, _)| key != LEADER && key != RESTORED);
         let count = entries.len();
+        entries.push((RESTORED.into(), made_at.to_string().into_bytes()));
         self.kv.put_absent(entries).await?;
         self.wake();
         Ok(count)

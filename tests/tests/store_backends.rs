@@ -1,0 +1,137 @@
+//! The store's two backends side by side, through the control plane's own `Store`: sled in a
+//! temporary directory and a real etcd (one member, on loopback). Whatever the backend, the
+//! same calls give the same answers: compare-and-swap under races, records kept once, reads
+//! of more records than one etcd response holds, and writes fenced by a leadership.
+
+use controlplane::queues::{self, NewQueue, Queue, Tier};
+use controlplane::store::{Fence, Report, Store, StoreConfig, StoreError};
+use qe_tests::etcd::EtcdCluster;
+
+/// A sled store and an etcd store (the etcd and the directory live as long as they do).
+async fn both() -> (Vec<(&'static str, Store)>, EtcdCluster, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let sled = Store::open(&StoreConfig::Sled, dir.path(), "test")
+        .await
+        .unwrap();
+    let etcd = EtcdCluster::single();
+    let config: StoreConfig = toml::from_str(&format!(
+        "kind = \"etcd\"\nendpoints = [{:?}]\n",
+        etcd.endpoint(0)
+    ))
+    .unwrap();
+    let shared = Store::open(&config, dir.path(), "test").await.unwrap();
+    (vec![("sled", sled), ("etcd", shared)], etcd, dir)
+}
+
+fn a_queue() -> Queue {
+    let new = NewQueue {
+        tier: Tier::Devtest,
+        region: "local".into(),
+        instance_type: "local".into(),
+        ipv4: false,
+    };
+    queues::create(new).0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_changes_to_one_record_all_land() {
+    let (stores, _etcd, _dir) = both().await;
+    for (backend, store) in stores {
+        let queue = a_queue();
+        assert!(store.put(&queue).await.unwrap());
+        assert!(!store.put(&queue).await.unwrap(), "{backend}: created once");
+        let start = queue.config_version;
+        let changes = (0..20).map(|_| {
+            let store = store.clone();
+            let id = queue.id.clone();
+            tokio::spawn(async move {
+                let bumped = store.update(&id, |queue| {
+                    queue.config_version += 1;
+                    Ok::<_, StoreError>(queue.config_version)
+                });
+                bumped.await.unwrap().unwrap().1
+            })
+        });
+        let mut seen: Vec<u64> = futures::future::join_all(changes)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        seen.sort();
+        let expected: Vec<u64> = (start + 1..=start + 20).collect();
+        assert_eq!(seen, expected, "{backend}: each change saw the one before");
+        let now = store.get(&queue.id).await.unwrap().unwrap();
+        assert_eq!(now.config_version, start + 20, "{backend}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_kept_once_and_read_back_whole_past_one_response() {
+    let (stores, _etcd, _dir) = both().await;
+    for (backend, store) in stores {
+        // More records than etcd takes in one transaction, and more bytes (4.8 MB) than
+        // one gRPC response may hold (4 MiB).
+        let padding = "x".repeat(4_000);
+        let records: Vec<(u64, Vec<u8>)> = (0..1_200u64)
+            .map(|time| {
+                (
+                    time,
+                    format!("{{\"time\":{time},\"pad\":\"{padding}\"}}").into_bytes(),
+                )
+            })
+            .collect();
+        let (usage, stats) = store
+            .keep_reports("q1", records.clone(), vec![(7, b"{}".to_vec())])
+            .await
+            .unwrap();
+        assert_eq!((usage.new, usage.already_kept), (1_200, 0), "{backend}");
+        assert_eq!((stats.new, stats.already_kept), (1, 0), "{backend}");
+        let kept = store.reports_of("q1", Report::Usage).await.unwrap();
+        let sent: Vec<Vec<u8>> = records.iter().map(|(_, record)| record.clone()).collect();
+        assert_eq!(kept, sent, "{backend}: every record, oldest first");
+        let day = store
+            .reports_in("q1", Report::Usage, 100..200)
+            .await
+            .unwrap();
+        assert_eq!(day.len(), 100, "{backend}: a range of times");
+
+        // Sent again (a lost reply), and with one time twice in one report: kept once, the
+        // first as sent.
+        let again = vec![records[5].clone(), (5, b"{\"other\":1}".to_vec())];
+        let (usage, _) = store.keep_reports("q1", again, vec![]).await.unwrap();
+        assert_eq!((usage.new, usage.already_kept), (0, 2), "{backend}");
+        let kept = store.reports_in("q1", Report::Usage, 5..6).await.unwrap();
+        assert_eq!(kept, [records[5].1.clone()], "{backend}");
+        let dumped = store.dump().await.unwrap();
+        assert_eq!(
+            dumped.len(),
+            1_201,
+            "{backend}: the whole store in a backup"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_fenced_by_a_leadership_that_ended_is_refused_on_etcd() {
+    let (stores, _etcd, _dir) = both().await;
+    let (_, shared) = &stores[1];
+    let queue = a_queue();
+    shared.put(&queue).await.unwrap();
+    // A leader key that no longer exists (its lease ran out): the revision it was made at
+    // names a leadership that is over.
+    let gone = Fence {
+        key: "/qe/test/leader".into(),
+        revision: 1,
+    };
+    let fenced_store = shared.fenced(gone);
+    let fenced = fenced_store.update(&queue.id, |queue| {
+        queue.config_version += 1;
+        Ok::<_, StoreError>(())
+    });
+    assert!(
+        matches!(fenced.await, Err(StoreError::NotLeader)),
+        "a write of a leadership that is over"
+    );
+    let now = shared.get(&queue.id).await.unwrap().unwrap();
+    assert_eq!(now.config_version, queue.config_version, "nothing written");
+}

@@ -21,6 +21,10 @@ struct Header {
     /// When it was made, in seconds since 1970.
     created: u64,
     entries: usize,
+    /// The zone's SOA serial then: a restored zone's serials go on past it, so that outside
+    /// secondaries take the restored zone as newer.
+    #[serde(default)]
+    zone_serial: u64,
 }
 
 /// One key and its value (base64: values are bytes).
@@ -47,8 +51,12 @@ pub enum BackupError {
 }
 
 /// The whole state as a backup; the node secret from `node_secret_file` when the store does
-/// not hold it (sled).
-pub async fn make(store: &Store, node_secret_file: &Path) -> Result<String, BackupError> {
+/// not hold it (sled). `zone_serial`: the serial the zone serves now.
+pub async fn make(
+    store: &Store,
+    node_secret_file: &Path,
+    zone_serial: u32,
+) -> Result<String, BackupError> {
     let mut entries = store.dump().await?;
     if !entries.iter().any(|(key, _)| key == NODE_SECRET_KEY) {
         if let Ok(secret) = std::fs::read(node_secret_file) {
@@ -59,6 +67,7 @@ pub async fn make(store: &Store, node_secret_file: &Path) -> Result<String, Back
         backup: FORMAT.into(),
         created: crate::unix_now(),
         entries: entries.len(),
+        zone_serial: zone_serial.into(),
     };
     let mut text = serde_json::to_string(&header).expect("plain fields") + "\n";
     for (key, value) in entries {
@@ -76,7 +85,11 @@ pub async fn restore(
     backup: &str,
     node_secret_file: Option<&Path>,
 ) -> Result<usize, BackupError> {
-    let (made_at, mut entries) = read(backup)?;
+    let (header, mut entries) = read(backup)?;
+    // Checked before the node secret's file is written: a refused restore leaves nothing.
+    if !store.is_empty().await? {
+        return Err(StoreError::NotEmpty.into());
+    }
     if let Some(file) = node_secret_file {
         if let Some(at) = entries.iter().position(|(key, _)| key == NODE_SECRET_KEY) {
             let (_, secret) = entries.remove(at);
@@ -95,7 +108,9 @@ pub async fn restore(
         "config versions moved past any a node may serve"
     );
     let restored = entries.len();
-    store.restore(entries, made_at).await?;
+    store
+        .restore(entries, header.created, header.zone_serial)
+        .await?;
     Ok(restored)
 }
 
@@ -127,8 +142,8 @@ fn config_versions_past_any_served(
     Ok(moved)
 }
 
-/// When a backup was made, and its entries, checked whole before any is restored.
-fn read(backup: &str) -> Result<(u64, Entries), BackupError> {
+/// A backup's header and entries, checked whole before any is restored.
+fn read(backup: &str) -> Result<(Header, Entries), BackupError> {
     let fail = |line: usize, why: String| BackupError::Format { line, why };
     let mut lines = backup.lines();
     let header: Header = serde_json::from_str(lines.next().unwrap_or_default())
@@ -136,7 +151,8 @@ fn read(backup: &str) -> Result<(u64, Entries), BackupError> {
     if header.backup != FORMAT {
         return Err(fail(1, format!("{:?} is not {FORMAT:?}", header.backup)));
     }
-    let mut entries = Vec::with_capacity(header.entries);
+    // The header's count is the file's word: a bound, not an allocation.
+    let mut entries = Vec::with_capacity(header.entries.min(100_000));
     for (n, line) in lines.enumerate() {
         let entry: Entry = serde_json::from_str(line).map_err(|e| fail(n + 2, e.to_string()))?;
         let value = base64::engine::general_purpose::STANDARD
@@ -152,7 +168,7 @@ fn read(backup: &str) -> Result<(u64, Entries), BackupError> {
         );
         return Err(fail(entries.len() + 1, why));
     }
-    Ok((header.created, entries))
+    Ok((header, entries))
 }
 
 #[cfg(test)]
@@ -181,7 +197,7 @@ mod tests {
             .unwrap();
         let secret = dir.path().join("node-secret");
         std::fs::write(&secret, [7u8; 32]).unwrap();
-        let backup = make(&store, &secret).await.unwrap();
+        let backup = make(&store, &secret, 7).await.unwrap();
         assert_eq!(backup.lines().count(), 4, "{backup}");
 
         let other = Store::open(&config, &dir.path().join("b"), "c")

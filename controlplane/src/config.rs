@@ -204,6 +204,14 @@ impl Config {
             ));
         }
         if let Some(urls) = &self.node_urls {
+            // Replicas on sled would each keep a state of their own, and each take the
+            // others' nodes for leftovers.
+            if urls.len() > 1 && self.store == crate::store::StoreConfig::Sled {
+                return Err(
+                    "node_urls lists several replicas: they share one store, [store] kind =                      \"etcd\""
+                        .into(),
+                );
+            }
             match urls.first() {
                 None => return Err("node_urls lists no URL".into()),
                 Some(first) if self.node_url.as_ref().is_some_and(|url| url != first) => {
@@ -311,10 +319,17 @@ mod tests {
         let two = "node_urls = [\"https://cp1:8443\", \"https://cp2:8443\"]\n";
         let both = ["https://cp1:8443", "https://cp2:8443"];
         assert_eq!(with(two).node_urls_or(derived()), both);
-        assert!(with(two).check().is_ok());
-        let agreeing = with(&format!("{two}node_url = \"https://cp1:8443\"\n"));
+        let sled = with(two).check().unwrap_err();
+        assert!(sled.contains("etcd"), "replicas share a store: {sled}");
+        let etcd = "[store]\nkind = \"etcd\"\nendpoints = [\"http://e:2379\"]\n";
+        let two = format!("{two}node_url = \"https://cp1:8443\"\n");
+        let agreeing = with(&format!("{two}{etcd}"));
         assert!(agreeing.check().is_ok());
-        let differing = with(&format!("{two}node_url = \"https://cp2:8443\"\n"));
+        let two = two.replace(
+            "node_url = \"https://cp1:8443\"",
+            "node_url = \"https://cp2:8443\"",
+        );
+        let differing = with(&format!("{two}{etcd}"));
         assert!(differing.check().unwrap_err().contains("node_urls"));
         assert!(with("node_urls = []\n").check().is_err());
     }

@@ -96,14 +96,15 @@ async fn campaign(
     let lease = lease.max(Duration::from_secs(2));
     loop {
         match try_to_lead(&client, &key, &replica, lease).await {
-            Ok(Some((lease_id, fence))) => {
+            Ok(Some((lease_id, fence, asked_at))) => {
                 tracing::info!(replica = %replica, revision = fence.revision, "leading");
                 let _ = tell.send(Some(fence));
-                let why = keep_leading(&client, lease_id, lease).await;
-                // Told first, before anything else: the reconciler stops now.
+                let why = keep_leading(&client, lease_id, lease, asked_at).await;
+                // Told at once: the reconciler stops now. The lease is not revoked: it runs
+                // out at etcd after this replica's own count of it, so no other replica can
+                // lead before this one's work has stopped.
                 let _ = tell.send(None);
                 tracing::warn!(replica = %replica, %why, "no longer leading");
-                let _ = client.lease_client().revoke(lease_id).await;
             }
             Ok(None) => wait_for_vacancy(&client, &key, lease).await,
             Err(error) => {
@@ -114,13 +115,15 @@ async fn campaign(
     }
 }
 
-/// Makes the leader key if there is none; the lease and fence if this replica now leads.
+/// Makes the leader key if there is none; the lease, the fence and when the lease was asked
+/// for (etcd counts it from a moment after that) if this replica now leads.
 async fn try_to_lead(
     client: &etcd_client::Client,
     key: &str,
     replica: &str,
     lease: Duration,
-) -> Result<Option<(i64, Fence)>, StoreError> {
+) -> Result<Option<(i64, Fence, Instant)>, StoreError> {
+    let asked_at = Instant::now();
     let granted = client
         .lease_client()
         .grant(lease.as_secs() as i64, None)
@@ -142,30 +145,44 @@ async fn try_to_lead(
         key: key.to_string(),
         revision,
     };
-    Ok(Some((granted.id(), fence)))
+    Ok(Some((granted.id(), fence, asked_at)))
 }
 
-/// Keeps the lease alive; returns why leadership ends: a keep-alive not answered in time,
-/// or the lease gone. Ends a margin before the lease could run out at etcd.
-async fn keep_leading(client: &etcd_client::Client, lease_id: i64, lease: Duration) -> String {
+/// Keeps the lease alive; returns why leadership ends: the lease not renewed in time, or
+/// gone. Ends a margin before the lease could run out at etcd, counted from `asked_at` and
+/// then from each renewal's sending; a keep-alive stream that breaks (its member lost) is
+/// opened again meanwhile.
+async fn keep_leading(
+    client: &etcd_client::Client,
+    lease_id: i64,
+    lease: Duration,
+    asked_at: Instant,
+) -> String {
     let margin = lease / 5;
     let every = lease / 4;
-    let mut valid_until = Instant::now() + lease - margin;
-    let (mut keeper, mut answers) = match client.lease_client().keep_alive(lease_id).await {
-        Ok(pair) => pair,
-        Err(error) => return format!("keep-alive: {error}"),
-    };
+    let mut valid_until = asked_at + lease - margin;
+    let mut stream = None;
     loop {
         let sent = Instant::now();
         let answered = tokio::time::timeout_at(valid_until, async {
+            let (keeper, answers) = match &mut stream {
+                Some(open) => open,
+                None => stream.insert(client.lease_client().keep_alive(lease_id).await?),
+            };
             keeper.keep_alive().await?;
             answers.message().await
         })
         .await;
         match answered {
             Err(_) => return "the lease could not be renewed in time".into(),
-            Ok(Err(error)) => return format!("keep-alive: {error}"),
-            Ok(Ok(None)) => return "the keep-alive stream ended".into(),
+            // The stream broke (its member lost): opened again, while the lease holds.
+            Ok(Err(_)) | Ok(Ok(None)) => {
+                tracing::info!("the lease's keep-alive stream is opened again");
+                stream = None;
+                let pause = (lease / 20).min(valid_until.saturating_duration_since(Instant::now()));
+                tokio::time::sleep(pause).await;
+                continue;
+            }
             Ok(Ok(Some(answer))) if answer.ttl() <= 0 => return "the lease expired".into(),
             Ok(Ok(Some(answer))) => {
                 let ttl = Duration::from_secs(answer.ttl() as u64);
@@ -197,5 +214,8 @@ async fn wait_for_vacancy(client: &etcd_client::Client, key: &str, lease: Durati
         }
         None
     };
-    let _ = tokio::time::timeout(lease, watched).await;
+    if tokio::time::timeout(lease, watched).await == Ok(None) {
+        // The store did not answer: not again at once.
+        tokio::time::sleep(lease / 4).await;
+    }
 }

@@ -77,8 +77,11 @@ impl Reconciler {
                 _ = term.clone().reconcile() => {}
                 _ = leadership.lost(&fence) => {}
             }
-            // Nothing of this term goes on once it is over.
-            term.drives.lock().expect("never poisoned").abort_all();
+            // Nothing of this term goes on once it is over: every drive is aborted and waited
+            // for before the next term can start.
+            let mut drives = std::mem::take(&mut *term.drives.lock().expect("never poisoned"));
+            drives.shutdown().await;
+            self.fleet.let_go();
             tracing::warn!("the reconciler stopped: this replica no longer leads");
         }
     }
@@ -92,15 +95,21 @@ impl Reconciler {
         // in the store.
         let mut changes = self.store.changes();
         let mut every_queue = true;
+        // Kept across wake-ups: changes more often than this never put off the look at every
+        // queue (a vanished instance replaced).
+        let mut next_full = tokio::time::Instant::now();
         loop {
             changes.borrow_and_update();
+            if every_queue {
+                next_full = tokio::time::Instant::now() + self.recheck_every;
+            }
             if let Err(error) = self.pass(every_queue).await {
                 tracing::error!(%error, "a reconciler pass failed");
             }
             every_queue = tokio::select! {
                 _ = self.wake.notified() => false,
                 _ = changes.changed() => false,
-                _ = tokio::time::sleep(self.recheck_every) => true,
+                _ = tokio::time::sleep_until(next_full) => true,
             };
         }
     }

@@ -361,6 +361,34 @@ async fn a_leader_killed_mid_certificate_order_is_replaced_and_the_certificate_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_past_its_lease_stops_leading_and_lets_its_nodes_go() {
+    let etcd = EtcdCluster::start(3);
+    let replicas = Replicas::start(&etcd, 2, "");
+    let queue = replicas.at(1).create_queue(QUEUE).await;
+    let id = queue["id"].as_str().unwrap();
+    assert_eq!(replicas.nodes_of(id), 1, "started by the leader, replica 0");
+    // Paused (a stall, a VM stolen from) past its lease: the other one leads meanwhile.
+    let paused = replicas.at(0).pid();
+    signal(paused, libc::SIGSTOP);
+    replicas.at(1).wait_for_log(": leading", 1);
+    signal(paused, libc::SIGCONT);
+    // Back, it finds its lease over before doing anything as leader, and lets go.
+    replicas.at(0).wait_for_log("no longer leading", 1);
+    // Deleted through the new leader: the node stops, and the old leader, which started
+    // it, does not start it again.
+    let (status, _) = replicas
+        .at(1)
+        .call("DELETE", &format!("/v1/queues/{id}"), None)
+        .await;
+    assert_eq!(status, 200);
+    replicas.at(1).wait_for_status(id, "deleted").await;
+    assert_eq!(replicas.nodes_of(id), 0);
+    // (A supervisor restarts a node 200 ms after it exits: a second is past that.)
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(replicas.nodes_of(id), 0, "not started again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_etcd_member_lost_changes_nothing_and_a_majority_lost_answers_503() {
     let mut etcd = EtcdCluster::start(3);
     let replicas = Replicas::start(&etcd, 2, "");

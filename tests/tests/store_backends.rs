@@ -135,3 +135,39 @@ async fn a_write_fenced_by_a_leadership_that_ended_is_refused_on_etcd() {
     let now = shared.get(&queue.id).await.unwrap().unwrap();
     assert_eq!(now.config_version, queue.config_version, "nothing written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_zone_serial_on_etcd_never_goes_back_for_a_new_store_or_a_restore() {
+    let etcd = EtcdCluster::single();
+    let dir = tempfile::tempdir().unwrap();
+    let on = |prefix: &str| {
+        toml::from_str::<StoreConfig>(&format!(
+            "kind = \"etcd\"\nendpoints = [{:?}]\nprefix = {prefix:?}\n",
+            etcd.endpoint(0)
+        ))
+        .unwrap()
+    };
+    let store = Store::open(&on("/qe/one/"), dir.path(), "test")
+        .await
+        .unwrap();
+    // A new store's first serial is not its first revision: it is above any serial a one-host
+    // install (seconds since 1970) served before it.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let first = store.zone_inputs().await.unwrap().serial.unwrap();
+    assert!(first >= now - 60, "{first} from {now}");
+    store.put(&a_queue()).await.unwrap();
+    let second = store.zone_inputs().await.unwrap().serial.unwrap();
+    assert!(second > first, "{first} → {second}");
+    // Restored into another store, whose revisions start again: on past the backup's serial.
+    let backup = store.dump().await.unwrap();
+    let other = Store::open(&on("/qe/two/"), dir.path(), "test")
+        .await
+        .unwrap();
+    other.restore(backup, now, second + 1_000).await.unwrap();
+    let restored = other.zone_inputs().await.unwrap().serial.unwrap();
+    assert!(restored > second + 1_000, "{second} → {restored}");
+    assert!(other.restored().await.unwrap().is_some());
+}

@@ -108,9 +108,10 @@ impl From<crate::store::StoreError> for ApiError {
             StoreError::Unavailable(_) | StoreError::NotLeader => {
                 ApiError::Unavailable(error.to_string())
             }
-            StoreError::Sled(_) | StoreError::Record(_) | StoreError::NotEmpty => {
-                ApiError::Internal(error.to_string())
-            }
+            StoreError::Sled(_)
+            | StoreError::Record(_)
+            | StoreError::NotEmpty
+            | StoreError::Config(_) => ApiError::Internal(error.to_string()),
         }
     }
 }

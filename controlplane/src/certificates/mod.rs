@@ -133,6 +133,20 @@ impl Issuer {
     }
 }
 
+/// Puts `issued` in the store, trying again (with backoff) while the store is unavailable:
+/// ordering again would spend the CA's limits on a certificate already issued.
+async fn keep_certificate(store: &Store, issued: &Issued) {
+    let mut wait = RETRY_AFTER;
+    while let Err(error) = store.put_certificate(issued).await {
+        if matches!(error, crate::store::StoreError::NotLeader) {
+            return;
+        }
+        tracing::warn!(%error, retry_in = ?wait, "the new certificate could not be kept yet");
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
+    }
+}
+
 /// The wait after a failed order; it doubles while orders keep failing.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(3600);
@@ -191,7 +205,8 @@ async fn keep_certified_while_leading(
         }
         match issuer.issue(zone, store).await {
             Ok(issued) => {
-                store.put_certificate(&issued).await.ok();
+                // Kept before anything else: an order that cannot be kept is not made again.
+                keep_certificate(store, &issued).await;
                 // Every node is told before this is said: whoever waits for the log line
                 // then finds the change asked for.
                 if let Err(error) = crate::queues::renew_certificates(store).await {

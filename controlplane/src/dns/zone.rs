@@ -127,8 +127,8 @@ impl Zone {
         self.rebuild(|contents| {
             contents.queues = inputs.queues;
             contents.challenges = inputs.challenges;
-            // RFC 1982 serials wrap: the revision's low 32 bits move forward with it.
-            contents.revision = inputs.revision.map(|revision| revision as u32);
+            // RFC 1982 serials wrap: the low 32 bits move forward with the whole.
+            contents.revision = inputs.serial.map(|serial| serial as u32);
         });
         Ok(())
     }
@@ -277,6 +277,11 @@ impl Zone {
     }
 
     /// The zone as last built.
+    /// The SOA serial served now.
+    pub fn serial(&self) -> u32 {
+        self.published.borrow().serial
+    }
+
     pub(super) fn snapshot(&self) -> Snapshot {
         self.published.borrow().clone()
     }

@@ -294,6 +294,14 @@ impl Provider for LocalProvider {
         .boxed()
     }
 
+    /// Ends every supervision, leaving the nodes running: a former leader that went on
+    /// restarting nodes would start one its successor stopped.
+    fn let_go(&self) {
+        for (_, node) in self.running.lock().expect("never poisoned").drain() {
+            node.supervisor.abort();
+        }
+    }
+
     fn holdings(&self) -> BoxFuture<'_, Result<Vec<String>, FleetError>> {
         async move { Ok(self.live_directories()) }.boxed()
     }

@@ -55,4 +55,9 @@ pub trait Provider: Send + Sync {
     /// The ids of the queues it holds anything for, so that what belongs to no live queue
     /// (a crash between "launched" and "recorded") can be removed.
     fn holdings(&self) -> BoxFuture<'_, Result<Vec<String>, FleetError>>;
+
+    /// Stops looking after what it runs, leaving it running: this replica no longer leads,
+    /// and the next leader takes it on (a provider that looks after nothing between calls
+    /// has nothing to let go).
+    fn let_go(&self) {}
 }

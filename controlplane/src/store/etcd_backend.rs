@@ -24,6 +24,9 @@ const TXN_OPS_AT_MOST: usize = 32;
 const PAGE: i64 = 500;
 /// How many times a request is sent before its error is answered.
 const ATTEMPTS: usize = 3;
+/// The wait before the second try; the third waits twice as long (an etcd election with
+/// its default timings takes about a second).
+const RETRY_AFTER: Duration = Duration::from_millis(250);
 /// The wait before a broken watch is made again.
 const REWATCH_AFTER: Duration = Duration::from_millis(200);
 
@@ -52,6 +55,12 @@ impl EtcdBackend {
             .prefix
             .clone()
             .unwrap_or_else(|| format!("/qe/{cluster}/"));
+        // Ranges end just past the prefix's last byte.
+        if !prefix.ends_with('/') || !prefix.is_ascii() {
+            return Err(StoreError::Config(format!(
+                "[store] prefix {prefix:?}: ASCII, ending in /"
+            )));
+        }
         Ok(EtcdBackend { client, prefix })
     }
 
@@ -64,21 +73,31 @@ impl EtcdBackend {
     }
 
     /// Every key from `start` to `end` (excluded), read in pages of [`PAGE`] (a gRPC message
-    /// is at most 4 MiB) at the first page's revision: one consistent read, however many
-    /// records there are.
+    /// is at most 4 MiB) at the first page's revision, and that revision: one consistent
+    /// read, however many records there are.
     async fn read_all(
         &self,
         start: String,
         end: String,
-    ) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
+    ) -> Result<(Vec<etcd_client::KeyValue>, i64), StoreError> {
         let mut all = Vec::new();
-        let (mut from, mut revision) = (start, 0);
+        let (mut from, mut revision) = (start.clone(), 0);
         loop {
             let options = GetOptions::new()
                 .with_range(end.clone())
                 .with_limit(PAGE)
                 .with_revision(revision);
-            let mut page = self.read(from.clone(), Some(options)).await?;
+            let mut page = match self.kv().get(from.clone(), Some(options.clone())).await {
+                Ok(page) => page,
+                // Compacted past the revision the first page was read at: read again from
+                // the start at the latest one.
+                Err(error) if revision != 0 && error.to_string().contains("compacted") => {
+                    (from, revision) = (start.clone(), 0);
+                    all.clear();
+                    continue;
+                }
+                Err(_) => self.read(from.clone(), Some(options)).await?,
+            };
             if revision == 0 {
                 revision = page.header().map(|h| h.revision()).unwrap_or_default();
             }
@@ -87,7 +106,7 @@ impl EtcdBackend {
             match (more, all.last()) {
                 // The next page starts just after the last key read.
                 (true, Some(last)) => from = format!("{}\0", String::from_utf8_lossy(last.key())),
-                _ => return Ok(all),
+                _ => return Ok((all, revision)),
             }
         }
     }
@@ -122,13 +141,25 @@ impl EtcdBackend {
 async fn retried<T, F: std::future::Future<Output = Result<T, etcd_client::Error>>>(
     request: impl Fn() -> F,
 ) -> Result<T, StoreError> {
-    for _ in 1..ATTEMPTS {
+    for attempt in 1..ATTEMPTS {
         match request().await {
             Ok(answer) => return Ok(answer),
             Err(error) => tracing::info!(%error, "an etcd request is tried again"),
         }
+        // An election answers "no leader" at once: the next try waits for it to end.
+        tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
     }
     Ok(request().await?)
+}
+
+/// A range's values, and the latest revision that changed one (0 for none: the store has
+/// revisions all the same).
+fn listed(kvs: Vec<etcd_client::KeyValue>) -> Listed {
+    let revision = kvs.iter().map(|kv| kv.mod_revision()).max().unwrap_or(0);
+    Listed {
+        values: kvs.into_iter().map(|kv| kv.into_key_value().1).collect(),
+        revision: Some(revision as u64),
+    }
 }
 
 /// The comparison a fenced write adds: the leader's key is still the one made at its
@@ -148,12 +179,25 @@ impl Backend for EtcdBackend {
     }
 
     async fn range(&self, start: &str, end: &str) -> Result<Listed, StoreError> {
-        let kvs = self.read_all(self.key(start), self.key(end)).await?;
-        let revision = kvs.iter().map(|kv| kv.mod_revision()).max();
-        Ok(Listed {
-            values: kvs.into_iter().map(|kv| kv.into_key_value().1).collect(),
-            revision: revision.map(|r| r as u64),
-        })
+        Ok(listed(
+            self.read_all(self.key(start), self.key(end)).await?.0,
+        ))
+    }
+
+    async fn range_and_get(
+        &self,
+        start: &str,
+        end: &str,
+        key: &str,
+    ) -> Result<(Listed, Option<Stored>), StoreError> {
+        let (kvs, revision) = self.read_all(self.key(start), self.key(end)).await?;
+        let at = GetOptions::new().with_revision(revision);
+        let got = self.read(self.key(key), Some(at)).await?;
+        let stored = got.kvs().first().map(|kv| Stored {
+            value: kv.value().to_vec(),
+            version: Version::Revision(kv.mod_revision()),
+        });
+        Ok((listed(kvs), stored))
     }
 
     async fn swap(
@@ -197,7 +241,7 @@ impl Backend for EtcdBackend {
         entries: Vec<(String, Vec<u8>)>,
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         // One transaction of nested ones, each "put if absent, else read it": one round trip
-        // (per 128 entries) for a whole report.
+        // per [`TXN_OPS_AT_MOST`] entries.
         let mut kept = Vec::with_capacity(entries.len());
         for chunk in txn_chunks(&entries) {
             let nested = chunk.iter().map(|(key, value)| {
@@ -234,7 +278,7 @@ impl Backend for EtcdBackend {
 
     async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let end = super::end_of(&self.prefix);
-        let kvs = self.read_all(self.prefix.clone(), end).await?;
+        let (kvs, _) = self.read_all(self.prefix.clone(), end).await?;
         let entries = kvs.into_iter().map(|kv| {
             let (key, value) = kv.into_key_value();
             let key = String::from_utf8_lossy(&key);
@@ -290,6 +334,10 @@ async fn follow(client: Client, prefix: String, changed: Arc<dyn Fn() + Send + S
                 while let Ok(Some(response)) = stream.message().await {
                     if !response.events().is_empty() {
                         changed();
+                    }
+                    // Cancelled by the server (compacted past it): made again.
+                    if response.canceled() {
+                        break;
                     }
                 }
             }

@@ -115,6 +115,18 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         entries: Vec<(String, Vec<u8>)>,
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
+    /// Keys from `start` to `end` and the value at `key`, as of one moment: what the zone is
+    /// built from must be one state, or two replicas could serve one serial with two zones.
+    async fn range_and_get(
+        &self,
+        start: &str,
+        end: &str,
+        key: &str,
+    ) -> Result<(Listed, Option<Stored>), StoreError> {
+        // One process writes a sled store: a change between the two reads is followed by
+        // a wake-up, and the zone is read again.
+        Ok((self.range(start, end).await?, self.get(key).await?))
+    }
     /// Every key and value (a backup).
     async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
     /// Calls `changed` after every change to a key starting with one of `prefixes`, made by
@@ -134,6 +146,8 @@ pub struct Store {
     changed: Arc<tokio::sync::watch::Sender<u64>>,
     /// Set while leading: the writes this handle makes are fenced by it.
     fence: Option<Fence>,
+    /// What the zone's serials count from on a store with revisions ([`SERIAL_BASE`]).
+    serial_base: Arc<tokio::sync::OnceCell<u64>>,
 }
 
 /// Which of a node's records.
@@ -154,6 +168,8 @@ pub enum StoreError {
     Record(#[from] serde_json::Error),
     #[error("the store holds state already: restore into an empty one")]
     NotEmpty,
+    #[error("{0}")]
+    Config(String),
     /// A fenced write after this replica's leadership ended.
     #[error("no longer the leader")]
     NotLeader,
@@ -168,6 +184,11 @@ const NODE_SECRET: &str = "node-secret";
 pub const LEADER: &str = "leader";
 /// Set by a restore: the state is older than what the provider may hold.
 const RESTORED: &str = "restored";
+/// What the zone's serials count from on etcd, where they are `base + revision`: set once,
+/// at the first read of a new store (seconds since 1970 then, above any serial a one-host
+/// install served before it), or by a restore past the serial the backup's zone had. A
+/// store's revisions start again at 1, a zone's serial must never go back.
+const SERIAL_BASE: &str = "zone-serial-base";
 
 /// The queues' records and the DNS-01 values: what the zone and the node watches follow.
 fn followed() -> Vec<String> {
@@ -193,6 +214,7 @@ impl Store {
             kv,
             changed,
             fence: None,
+            serial_base: Arc::default(),
         })
     }
 
@@ -296,13 +318,15 @@ impl Store {
     /// What the zone is built from, read at once: the queues, the pending DNS-01 values, and
     /// (etcd) the latest revision that changed one of them, the same on every replica.
     pub async fn zone_inputs(&self) -> Result<ZoneInputs, StoreError> {
-        let listed = self.kv.range(QUEUES, &end_of(QUEUES)).await?;
+        let (listed, challenges) = self
+            .kv
+            .range_and_get(QUEUES, &end_of(QUEUES), CHALLENGES)
+            .await?;
         let queues = listed
             .values
             .iter()
             .map(|value| serde_json::from_slice(value))
             .collect::<Result<_, _>>()?;
-        let challenges = self.kv.get(CHALLENGES).await?;
         let revision = match (&challenges, listed.revision) {
             (
                 Some(Stored {
@@ -313,6 +337,10 @@ impl Store {
             ) => Some(queues.max(*r as u64)),
             (_, revision) => revision,
         };
+        let serial = match revision {
+            Some(revision) => Some(self.serial_base().await? + revision),
+            None => None,
+        };
         let challenges = match challenges {
             Some(stored) => serde_json::from_slice(&stored.value)?,
             None => Vec::new(),
@@ -320,8 +348,22 @@ impl Store {
         Ok(ZoneInputs {
             queues,
             challenges,
-            revision,
+            serial,
         })
+    }
+
+    /// [`SERIAL_BASE`]: the store's, or now if it has none yet (the first replica's wins).
+    async fn serial_base(&self) -> Result<u64, StoreError> {
+        let base = self.serial_base.get_or_try_init(|| async {
+            let now = crate::unix_now().to_string().into_bytes();
+            let kept = self
+                .kv
+                .put_absent(vec![(SERIAL_BASE.into(), now.clone())])
+                .await?;
+            let text = kept.into_iter().next().flatten().unwrap_or(now);
+            Ok::<_, StoreError>(String::from_utf8_lossy(&text).parse().unwrap_or_default())
+        });
+        Ok(*base.await?)
     }
 
     /// Changes the pending DNS-01 values (name ordered, value) with `change`, as one
@@ -469,27 +511,42 @@ impl Store {
         Ok(self.kv.range(&start, &end).await?.values)
     }
 
+    /// Whether the store holds nothing yet (a restore goes only into such a one).
+    pub async fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.kv.dump().await?.is_empty())
+    }
+
     /// Every key and value, for a backup: all but the leader's, which belongs to a lease
     /// (restored, it would outlive every lease and no replica would ever lead again).
     pub async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let mut entries = self.kv.dump().await?;
-        entries.retain(|(key, _)| key != LEADER);
+        // The leader's goes with its lease; the serial base with this store's revisions.
+        entries.retain(|(key, _)| key != LEADER && key != SERIAL_BASE);
         Ok(entries)
     }
 
     /// Puts a backup's entries into this store, which must be empty, and marks it
-    /// [`Store::restored`] (when the backup was made).
+    /// [`Store::restored`] (when the backup was made); its zone's serials go on past
+    /// `zone_serial`, the backup's zone's.
     pub async fn restore(
         &self,
         mut entries: Vec<(String, Vec<u8>)>,
         made_at: u64,
+        zone_serial: u64,
     ) -> Result<usize, StoreError> {
-        if !self.kv.dump().await?.is_empty() {
+        if !self.is_empty().await? {
             return Err(StoreError::NotEmpty);
         }
-        entries.retain(|(key, _)| key != LEADER && key != RESTORED);
+        entries.retain(|(key, _)| ![LEADER, RESTORED, SERIAL_BASE].contains(&key.as_str()));
         let count = entries.len();
-        entries.push((RESTORED.into(), made_at.to_string().into_bytes()));
+        // The mark first: a restore cut short leaves a store that is marked, so no control
+        // plane started on it takes the nodes of queues it lacks for leftovers.
+        let base = crate::unix_now().max(zone_serial + 1).to_string();
+        let marker = vec![
+            (RESTORED.into(), made_at.to_string().into_bytes()),
+            (SERIAL_BASE.into(), base.into_bytes()),
+        ];
+        self.kv.put_absent(marker).await?;
         self.kv.put_absent(entries).await?;
         self.wake();
         Ok(count)
@@ -500,9 +557,10 @@ impl Store {
 pub struct ZoneInputs {
     pub queues: Vec<Queue>,
     pub challenges: Vec<(String, String)>,
-    /// The latest revision that changed any of them, when the store has revisions (etcd):
-    /// every replica reading the same state reads the same one.
-    pub revision: Option<u64>,
+    /// The zone's serial when the store has revisions (etcd): [`SERIAL_BASE`] plus the latest
+    /// revision that changed any of them, so every replica reading the same state serves the
+    /// same serial. `None` on sled: the zone counts its own.
+    pub serial: Option<u64>,
 }
 
 /// `usage/QUEUE-ID/TIME` or `stats/…`, the time as 20 digits so that keys sort by time.

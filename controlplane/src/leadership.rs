@@ -5,13 +5,16 @@
 //! absent and bound to a lease the leader keeps alive. A replica that dies stops keeping it
 //! alive; etcd deletes the key when the lease runs out, and a waiting replica makes it.
 //!
-//! **Fencing.** A leader stops acting before another can start: it counts its lease from the
-//! moment it *sent* the last keep-alive that was answered (etcd counts from when it received
-//! it, which is later), and gives up leadership a margin before that runs out, whether or
-//! not etcd could be reached. And every store write made while leading carries a
-//! [`Fence`]: it commits only while the leader key made at that revision still exists, so a
-//! leader paused past its lease (a stopped process, a long GC-like stall) cannot write over
-//! its successor's work.
+//! **Fencing.** A leader that runs stops acting before another can start: it counts its lease
+//! from the moment it *asked* (for the lease, then for each renewal that was answered; etcd
+//! counts from when it received the request, which is later), gives up a fifth of the lease
+//! before that runs out, whether or not etcd could be reached, and never revokes it, so the
+//! key outlives its own count. Its terms then abort and wait for their work. And every store
+//! write made while leading carries a [`Fence`]: it commits only while the leader key made at
+//! that revision still exists, so a leader paused past its lease (a stopped process, a VM
+//! stalled) cannot write over its successor's work. What the fence cannot cover is a call to
+//! the provider made by such a paused leader in the instant it resumes, before its own timer
+//! fires; each such call is one that is safe to make twice (`ensure`, `stop`).
 //!
 //! With sled there is one control plane: it leads from the start, for its whole life.
 

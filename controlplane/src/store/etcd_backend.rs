@@ -14,7 +14,6 @@ use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Records put in one transaction: etcd refuses one of more operations than its
@@ -288,10 +287,10 @@ impl Backend for EtcdBackend {
         Ok(entries.collect())
     }
 
-    fn follow_changes(&self, prefixes: Vec<String>, changed: Arc<dyn Fn() + Send + Sync>) {
+    fn follow_changes(&self, prefixes: Vec<String>, changed: super::OnChange) {
         for prefix in prefixes {
             let (client, key) = (self.client.clone(), self.key(&prefix));
-            tokio::spawn(follow(client, key, changed.clone()));
+            tokio::spawn(follow(client, key, self.prefix.clone(), changed.clone()));
         }
     }
 
@@ -318,10 +317,10 @@ fn txn_chunks(entries: &[(String, Vec<u8>)]) -> Vec<&[(String, Vec<u8>)]> {
     chunks
 }
 
-/// Calls `changed` at every change under `prefix`, for the life of the process. A watch that
-/// breaks (its member lost) is made again; `changed` is called then too, since changes may
-/// have been missed meanwhile.
-async fn follow(client: Client, prefix: String, changed: Arc<dyn Fn() + Send + Sync>) {
+/// Calls `changed` with each key changed under `prefix` (without the store's prefix,
+/// `ours`), for the life of the process. A watch that breaks (its member lost) is made
+/// again; `changed(None)` is called then, since changes may have been missed meanwhile.
+async fn follow(client: Client, prefix: String, ours: String, changed: super::OnChange) {
     loop {
         let options = WatchOptions::new().with_prefix();
         match client
@@ -330,10 +329,14 @@ async fn follow(client: Client, prefix: String, changed: Arc<dyn Fn() + Send + S
             .await
         {
             Ok(mut stream) => {
-                changed();
+                changed(None);
                 while let Ok(Some(response)) = stream.message().await {
-                    if !response.events().is_empty() {
-                        changed();
+                    for event in response.events() {
+                        let key = event.kv().map(|kv| String::from_utf8_lossy(kv.key()));
+                        match key.as_deref().and_then(|key| key.strip_prefix(&ours)) {
+                            Some(key) => changed(Some(key)),
+                            None => changed(None),
+                        }
                     }
                     // Cancelled by the server (compacted past it): made again.
                     if response.canceled() {

@@ -14,6 +14,7 @@
 //! Writes made while leading ([`crate::leadership`]) carry a [`Fence`]: on etcd they commit
 //! only while the lease they were made under still holds.
 
+mod changes;
 mod etcd_backend;
 mod sled_backend;
 
@@ -94,6 +95,10 @@ pub struct Fence {
     pub revision: i64,
 }
 
+/// What [`Backend::follow_changes`] calls: with the key that changed, or `None` for "maybe
+/// anything".
+pub type OnChange = Arc<dyn Fn(Option<&str>) + Send + Sync>;
+
 /// A key-value store with compare-and-swap: what a backend provides.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
@@ -130,8 +135,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Every key and value (a backup).
     async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
     /// Calls `changed` after every change to a key starting with one of `prefixes`, made by
-    /// anyone (another replica too). Runs for the life of the process.
-    fn follow_changes(&self, prefixes: Vec<String>, changed: Arc<dyn Fn() + Send + Sync>);
+    /// anyone (another replica too), with the key; with `None` when changes may have been
+    /// missed (a watch made again). Runs for the life of the process.
+    fn follow_changes(&self, prefixes: Vec<String>, changed: OnChange);
     /// The etcd client, for leader election.
     fn etcd(&self) -> Option<(etcd_client::Client, String)>;
 }
@@ -140,10 +146,10 @@ pub trait Backend: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct Store {
     kv: Arc<dyn Backend>,
-    /// Moves on with every change to a queue's record or the DNS-01 values (here or on another
+    /// Tells of every change to a queue's record or the DNS-01 values (here or on another
     /// replica), so a request can wait for one (a node applying a config, a queue coming up)
     /// instead of polling, and the zone follows.
-    changed: Arc<tokio::sync::watch::Sender<u64>>,
+    changed: changes::Changes,
     /// Set while leading: the writes this handle makes are fenced by it.
     fence: Option<Fence>,
     /// What the zone's serials count from on a store with revisions ([`SERIAL_BASE`]).
@@ -207,9 +213,14 @@ impl Store {
             StoreConfig::Sled => Arc::new(sled_backend::SledBackend::open(dir)?),
             StoreConfig::Etcd(etcd) => Arc::new(EtcdBackend::connect(etcd, cluster).await?),
         };
-        let changed = Arc::new(tokio::sync::watch::channel(0).0);
-        let tick = changed.clone();
-        kv.follow_changes(followed(), Arc::new(move || tick.send_modify(|n| *n += 1)));
+        let changed = changes::Changes::default();
+        let heard = changed.clone();
+        let on_change: OnChange = Arc::new(move |key| match key.map(|k| k.strip_prefix(QUEUES)) {
+            Some(Some(id)) => heard.queue_changed(id),
+            Some(None) => heard.changed(),
+            None => heard.anything_changed(),
+        });
+        kv.follow_changes(followed(), on_change);
         Ok(Store {
             kv,
             changed,
@@ -232,11 +243,7 @@ impl Store {
 
     /// A receiver that sees every change the zone and the node watches follow.
     pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.changed.subscribe()
-    }
-
-    fn wake(&self) {
-        self.changed.send_modify(|n| *n += 1);
+        self.changed.everything()
     }
 
     /// Saves a new queue's record; `false` if one with its id exists.
@@ -244,7 +251,9 @@ impl Store {
         let key = format!("{QUEUES}{}", queue.id);
         let value = serde_json::to_vec(queue)?;
         let put = self.kv.swap(&key, None, value, self.fence.as_ref()).await?;
-        self.wake();
+        if put {
+            self.changed.queue_changed(&queue.id);
+        }
         Ok(put)
     }
 
@@ -271,7 +280,7 @@ impl Store {
             }
             let fence = self.fence.as_ref();
             if self.kv.swap(&key, Some(&old.version), new, fence).await? {
-                self.wake();
+                self.changed.queue_changed(id);
                 return Ok(Some((queue, answer)));
             }
         }
@@ -285,7 +294,9 @@ impl Store {
         within: std::time::Duration,
         test: impl Fn(&Queue) -> bool,
     ) -> Result<Option<Queue>, StoreError> {
-        let mut changes = self.changed.subscribe();
+        // This queue's changes only: another queue's wakes no one here.
+        let mut subscription = self.changed.of_queue(id);
+        let changes = &mut subscription.receiver;
         let deadline = tokio::time::Instant::now() + within;
         loop {
             // Marked seen before the read, so a change during it wakes the wait below.
@@ -382,7 +393,7 @@ impl Store {
             let new = serde_json::to_vec(&values)?;
             let expected = old.as_ref().map(|stored| &stored.version);
             if self.kv.swap(CHALLENGES, expected, new, None).await? {
-                self.wake();
+                self.changed.changed();
                 return Ok(());
             }
         }
@@ -548,7 +559,7 @@ impl Store {
         ];
         self.kv.put_absent(marker).await?;
         self.kv.put_absent(entries).await?;
-        self.wake();
+        self.changed.anything_changed();
         Ok(count)
     }
 }

@@ -10,7 +10,6 @@
 use super::{Backend, Fence, Listed, StoreError, Stored, Version};
 use async_trait::async_trait;
 use std::path::Path;
-use std::sync::Arc;
 
 /// The trees that hold keys of one prefix, without it.
 const TREES: [&str; 3] = ["queues", "usage", "stats"];
@@ -154,7 +153,7 @@ impl Backend for SledBackend {
         .await
     }
 
-    fn follow_changes(&self, _prefixes: Vec<String>, _changed: Arc<dyn Fn() + Send + Sync>) {}
+    fn follow_changes(&self, _prefixes: Vec<String>, _changed: super::OnChange) {}
 
     fn etcd(&self) -> Option<(etcd_client::Client, String)> {
         None

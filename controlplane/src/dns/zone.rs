@@ -51,7 +51,7 @@ pub struct Zone {
 pub(super) struct Snapshot {
     /// The SOA's serial, which names this version of the zone.
     pub(super) serial: u32,
-    /// The SOA first, as [`Zone::records`] makes them.
+    /// The SOA first ([`Zone::soa`]), then [`Zone::others`].
     records: Arc<[Record]>,
 }
 
@@ -165,12 +165,14 @@ impl Zone {
     fn rebuild(&self, change: impl FnOnce(&mut Contents)) {
         let mut contents = self.contents.lock().expect("never poisoned");
         change(&mut contents);
+        let others = self.others(&contents);
+        let unchanged = || *self.published.borrow().others() == others[..];
         contents.serial = match contents.revision {
             Some(revision) => revision,
             // One control plane (no revisions): the records as they were (a queue's record
             // changed in nothing the zone shows) keep their serial, so secondaries are not
             // sent for a zone they have.
-            None if contents.serial != 0 && self.unchanged(&contents) => return,
+            None if contents.serial != 0 && unchanged() => return,
             // Seconds since 1970, or one more than last time if that is not ahead.
             None => (crate::unix_now() as u32).max(contents.serial + 1),
         };
@@ -183,7 +185,8 @@ impl Zone {
             // or no one). Should one reach it, it refuses.
             AxfrPolicy::Deny,
         );
-        let records = self.records(&contents, serial);
+        let mut records = vec![self.soa(serial)];
+        records.extend(others);
         for record in records.iter().cloned() {
             handler.upsert_mut(record, serial);
         }
@@ -197,12 +200,6 @@ impl Zone {
         });
     }
 
-    /// Whether `contents` make the records the zone serves now.
-    fn unchanged(&self, contents: &Contents) -> bool {
-        let records = self.records(contents, contents.serial);
-        records[1..] == *self.published.borrow().others()
-    }
-
     /// Watchers of the zone hear of a build only when its serial moved (with a store that
     /// has revisions, a refresh may find nothing new).
     fn publish(&self, snapshot: Snapshot) {
@@ -213,11 +210,10 @@ impl Zone {
         });
     }
 
-    /// The SOA first (transfers and [`Snapshot`] count on it), then the rest.
-    fn records(&self, contents: &Contents, serial: u32) -> Vec<Record> {
-        let servers = self.nameservers();
+    /// The SOA of the zone at `serial` (a [`Snapshot`]'s first record: transfers count on it).
+    fn soa(&self, serial: u32) -> Record {
         let soa = SOA::new(
-            servers[0].clone(),
+            self.nameservers()[0].clone(),
             self.name("hostmaster"),
             serial,
             3600,
@@ -225,11 +221,13 @@ impl Zone {
             86_400,
             TTL,
         );
-        let mut records = vec![Record::from_rdata(
-            self.origin.clone(),
-            TTL,
-            RData::SOA(soa),
-        )];
+        Record::from_rdata(self.origin.clone(), TTL, RData::SOA(soa))
+    }
+
+    /// Every record but the SOA, which the serial names.
+    fn others(&self, contents: &Contents) -> Vec<Record> {
+        let servers = self.nameservers();
+        let mut records = Vec::new();
         for server in &servers {
             let ns = RData::NS(NS(server.clone()));
             records.push(Record::from_rdata(self.origin.clone(), TTL, ns));

@@ -265,6 +265,17 @@ impl Config {
         }
     }
 
+    /// The store `[store]` names (sled in `DATA_DIR/state`).
+    pub async fn open_store(&self) -> Result<crate::store::Store, crate::store::StoreError> {
+        let sled_dir = self.data_dir.join("state");
+        crate::store::Store::open(&self.store, &sled_dir, &self.cluster).await
+    }
+
+    /// Where a sled install keeps the node secret (on etcd it is in the store).
+    pub fn node_secret_file(&self) -> PathBuf {
+        self.data_dir.join("node-secret")
+    }
+
     /// The `dataplane` binary: configured, else the one beside this program.
     pub fn dataplane_binary(&self) -> PathBuf {
         self.dataplane.clone().unwrap_or_else(|| {

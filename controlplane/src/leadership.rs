@@ -28,6 +28,8 @@ use tokio::time::Instant;
 #[derive(Clone)]
 pub struct Leadership {
     now: watch::Receiver<Option<Fence>>,
+    /// With sled: the sender, kept so that leadership never ends.
+    _alone: Option<std::sync::Arc<watch::Sender<Option<Fence>>>>,
 }
 
 impl Leadership {
@@ -35,21 +37,21 @@ impl Leadership {
     /// leader key, for operators.
     pub fn start(store: &Store, replica: String, lease: Duration) -> Leadership {
         let (tell, now) = watch::channel(None);
-        match store.backend().etcd() {
+        let alone = match store.backend().etcd() {
             None => {
                 let _ = tell.send(Some(Fence {
                     key: String::new(),
                     revision: 0,
                 }));
-                // The sender lives as long as the process: leadership never ends.
-                std::mem::forget(tell);
+                Some(std::sync::Arc::new(tell))
             }
             Some((client, prefix)) => {
                 let key = format!("{prefix}{}", crate::store::LEADER);
                 tokio::spawn(campaign(client, key, replica, lease, tell));
+                None
             }
-        }
-        Leadership { now }
+        };
+        Leadership { now, _alone: alone }
     }
 
     /// Whether this replica leads now.

@@ -17,7 +17,7 @@ use controlplane::nodes::{Bootstraps, NodeTokens};
 use controlplane::pebble::{self, Pebble};
 use controlplane::queues::{NewQueue, Tier};
 use controlplane::reconciler::Reconciler;
-use controlplane::store::{Store, StoreConfig};
+use controlplane::store::StoreConfig;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -133,15 +133,10 @@ async fn restore(config_path: PathBuf, from: PathBuf) -> Result<(), Failure> {
     let config = Config::parse(&std::fs::read_to_string(&config_path)?)?;
     let backup = std::fs::read_to_string(&from).map_err(|e| format!("{}: {e}", from.display()))?;
     create_private_dir(&config.data_dir)?;
-    let store = Store::open(
-        &config.store,
-        &config.data_dir.join("state"),
-        &config.cluster,
-    )
-    .await?;
+    let store = config.open_store().await?;
     // sled keeps the node secret in a file of its own; etcd in the store.
     let secret_file = match config.store {
-        StoreConfig::Sled => Some(config.data_dir.join("node-secret")),
+        StoreConfig::Sled => Some(config.node_secret_file()),
         StoreConfig::Etcd(_) => None,
     };
     let restored = controlplane::backup::restore(&store, &backup, secret_file.as_deref()).await?;
@@ -166,14 +161,9 @@ struct Running {
 async fn start(config: Config) -> Result<Running, Failure> {
     config.check()?;
     create_private_dir(&config.data_dir)?;
-    let store = Store::open(
-        &config.store,
-        &config.data_dir.join("state"),
-        &config.cluster,
-    )
-    .await?;
+    let store = config.open_store().await?;
     let node_tokens = Arc::new(match &config.store {
-        StoreConfig::Sled => NodeTokens::open(&config.data_dir.join("node-secret"))?,
+        StoreConfig::Sled => NodeTokens::open(&config.node_secret_file())?,
         StoreConfig::Etcd(_) => NodeTokens::shared(&store).await?,
     });
     // Bound first: the nodes are told where to reach it.

@@ -3,7 +3,9 @@
 //! certificate orders), and the loss of any one process loses nothing.
 
 use qe_tests::etcd::EtcdCluster;
-use qe_tests::{dig, login_with, process_naming, signal, wait_until_applied, ControlPlane};
+use qe_tests::{
+    dig, http_text, login_with, process_naming, signal, wait_until_applied, ControlPlane,
+};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -439,7 +441,8 @@ async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
     let mut single = ControlPlane::start();
     let queue = single.create_queue(QUEUE).await;
     let id = queue["id"].as_str().unwrap().to_string();
-    let (status, backup) = raw_get(single.addr, "/v1/backup", &single.token).await;
+    let (status, backup) =
+        http_text(single.addr, "GET", "/v1/backup", Some(&single.token), None).await;
     assert_eq!(status, 200);
     assert!(backup.lines().count() >= 3, "{backup}");
     let rotate = format!("/v1/queues/{id}/logins/publisher/rotate");
@@ -512,7 +515,8 @@ async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
 
     // A backup of the etcd store holds no leader key (a restore would keep it for ever):
     // restored elsewhere, a control plane leads there and runs a new queue.
-    let (status, etcd_backup) = raw_get(cp.addr, "/v1/backup", &cp.token).await;
+    let (status, etcd_backup) =
+        http_text(cp.addr, "GET", "/v1/backup", Some(&cp.token), None).await;
     assert_eq!(status, 200);
     assert!(!etcd_backup.contains("\"key\":\"leader\""), "{etcd_backup}");
     let restored = restore("/qe/again/", &etcd_backup);
@@ -525,19 +529,4 @@ async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
     let again = ControlPlane::start_with(&format!("{store}prefix = \"/qe/again/\"\n"));
     again.wait_for_log(": leading", 1);
     again.create_queue(QUEUE).await;
-}
-
-/// A GET with a bearer token over a fresh connection; the status and the body as text.
-async fn raw_get(addr: SocketAddr, path: &str, token: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-    );
-    tcp.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    tcp.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
 }

@@ -62,7 +62,7 @@ const REPORT_AT_MOST: usize = 1024 * 1024;
 
 /// `GET /v1/backup`: every key and value of the state ([`crate::backup`]).
 async fn backup(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    let node_secret = state.config.data_dir.join("node-secret");
+    let node_secret = state.config.node_secret_file();
     let backup = crate::backup::make(&state.store, &node_secret, state.zone.serial())
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;

@@ -151,6 +151,14 @@ async fn retried<T, F: std::future::Future<Output = Result<T, etcd_client::Error
     Ok(request().await?)
 }
 
+/// A key's value, with the revision that last changed it.
+fn stored(kv: &etcd_client::KeyValue) -> Stored {
+    Stored {
+        value: kv.value().to_vec(),
+        version: Version::Revision(kv.mod_revision()),
+    }
+}
+
 /// A range's values, and the latest revision that changed one (0 for none: the store has
 /// revisions all the same).
 fn listed(kvs: Vec<etcd_client::KeyValue>) -> Listed {
@@ -171,10 +179,7 @@ fn fence_holds(fence: Option<&Fence>) -> Option<Compare> {
 impl Backend for EtcdBackend {
     async fn get(&self, key: &str) -> Result<Option<Stored>, StoreError> {
         let response = self.read(self.key(key), None).await?;
-        Ok(response.kvs().first().map(|kv| Stored {
-            value: kv.value().to_vec(),
-            version: Version::Revision(kv.mod_revision()),
-        }))
+        Ok(response.kvs().first().map(stored))
     }
 
     async fn range(&self, start: &str, end: &str) -> Result<Listed, StoreError> {
@@ -192,11 +197,7 @@ impl Backend for EtcdBackend {
         let (kvs, revision) = self.read_all(self.key(start), self.key(end)).await?;
         let at = GetOptions::new().with_revision(revision);
         let got = self.read(self.key(key), Some(at)).await?;
-        let stored = got.kvs().first().map(|kv| Stored {
-            value: kv.value().to_vec(),
-            version: Version::Revision(kv.mod_revision()),
-        });
-        Ok((listed(kvs), stored))
+        Ok((listed(kvs), got.kvs().first().map(stored)))
     }
 
     async fn swap(

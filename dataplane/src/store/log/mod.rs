@@ -386,6 +386,7 @@ impl Store for LogStore {
             return self.receipt_of_unwritten(&change);
         }
         let mut state = self.shared.lock();
+        let compaction_was_due = state.compaction_due;
         let (lsn, durability) = match change {
             Change::Published {
                 id,
@@ -433,12 +434,16 @@ impl Store for LogStore {
         if durability == Durability::Immediate {
             state.sync_wanted = true;
         }
-        let (compaction_due, writer_idle) = (state.compaction_due, state.writer_idle);
+        // One wake each, by the change that finds the thread waiting: the writer runs on
+        // the node's core only once the runtime lets it, and until then every change would
+        // find it still idle, a futex call per change (two per message at durability 1).
+        let wake_writer = std::mem::take(&mut state.writer_idle);
+        let wake_syncer = state.compaction_due && !compaction_was_due;
         drop(state);
-        if writer_idle {
+        if wake_writer {
             self.shared.wake_writer();
         }
-        if compaction_due {
+        if wake_syncer {
             self.shared.wake_syncer();
         }
         self.receipt(lsn, durability)

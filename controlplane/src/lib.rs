@@ -2,6 +2,7 @@
 //!
 //! - [`api`]: the operator's HTTP API (axum): routes, bearer-token check, JSON errors.
 //! - [`queues`]: what a queue is to the control plane, and how one is created.
+//! - [`accounts`]: customers, their API keys and limits; [`audit`]: who changed what.
 //! - [`reconciler`]: drives every queue to what the operator asked for, through its provider.
 //! - [`fleet`]: the providers that run nodes ([`fleet::local`] runs them on this machine).
 //! - [`store`]: the queues' records, in sled under the data directory.
@@ -12,7 +13,9 @@
 //! - [`nodes`]: node credentials and bootstraps; [`usage`]: usage records and bills.
 //! - [`pebble`]: Let's Encrypt's test CA, run for `controlplane dev` and the tests.
 
+pub mod accounts;
 pub mod api;
+pub mod audit;
 pub mod backup;
 pub mod certificates;
 pub mod config;

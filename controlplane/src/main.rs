@@ -445,11 +445,25 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
     };
     let config = Config::parse(&config)?;
     let mut running = start(config).await?;
+    // A demo account, with a key of its own, owns the demo queue.
+    let account = controlplane::accounts::create(controlplane::accounts::NewAccount {
+        name: "Demo".into(),
+        limits: None,
+    });
+    running.state.store.put_account(&account).await?;
+    let full_key = controlplane::accounts::NewKey {
+        name: Some("dev".into()),
+        scope: controlplane::accounts::Scope::Full,
+        expires_in_secs: None,
+    };
+    let (key, account_key) = controlplane::accounts::issue_key(&account.id, full_key)?;
+    running.state.store.put_key(&key).await?;
     let demo = NewQueue {
         tier: Tier::Devtest,
         region: "local".into(),
         instance_type: "local".into(),
         ipv4: true,
+        account: Some(account.id.clone()),
     };
     let (queue, logins) = queues::provision(&running.state, demo)
         .await
@@ -467,7 +481,8 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
     let host = running.state.zone.host_of(&queue.id);
     let api = format!("http://{}", running.api_addr);
     let demo = serde_json::json!({
-        "api": api, "token": token, "dns": dns_listen.to_string(), "trust": trust,
+        "api": api, "token": token, "account": account.id, "account_key": account_key,
+        "dns": dns_listen.to_string(), "trust": trust,
         "queue": queue.id, "host": host, "node": node,
         "logins": logins,
     });
@@ -501,6 +516,7 @@ fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
     println!(
         "\nThe Queue Expert, local: everything lives in {dir} (demo.json has what follows)\n\
          operator API  {api} (Authorization: Bearer {token})\n\
+         demo account  {account}, its API key: Bearer {account_key}\n\
          DNS           {dns}, authoritative for q.dev: dig @{dns_ip} -p {dns_port} {host} AAAA\n\
          trust         {trust} (the root that signs the node's certificate)\n\
          demo queue    {queue} at {node}\n\n\
@@ -515,6 +531,8 @@ fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
         dir = dir.display(),
         api = text("api"),
         token = text("token"),
+        account = text("account"),
+        account_key = text("account_key"),
         queue = text("queue"),
     );
     let _ = std::io::stdout().flush();

@@ -179,6 +179,7 @@ mod tests {
             region: "r".into(),
             instance_type: "t".into(),
             ipv4: false,
+            account: None,
         };
         let (mut a, _) = crate::queues::create(new.clone());
         let (b, _) = crate::queues::create(new);

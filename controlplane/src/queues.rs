@@ -81,6 +81,10 @@ pub struct Queue {
     /// When its node said, stopping, that it had reported its last records.
     #[serde(default)]
     pub last_report: Option<u64>,
+    /// The account it belongs to ([`crate::accounts`]); `None` for a queue the operator
+    /// made for no account (and for every queue made before there were accounts).
+    #[serde(default)]
+    pub account: Option<String>,
 }
 
 fn first_version() -> u64 {
@@ -163,6 +167,10 @@ pub struct NewQueue {
     pub instance_type: String,
     #[serde(default)]
     pub ipv4: bool,
+    /// The account it is for: the operator's choice (an account's key makes queues for
+    /// its own account only).
+    #[serde(default)]
+    pub account: Option<String>,
 }
 
 /// A login as shown once, at creation.
@@ -219,6 +227,7 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
         certificate_issued: None,
         resources: Default::default(),
         last_report: None,
+        account: new.account,
     };
     let logins = IssuedLogins {
         publisher,
@@ -286,7 +295,7 @@ async fn renew_certificates_where(
 }
 
 /// Lowercase letters and digits, safe in a DNS label.
-fn random_label(len: usize) -> String {
+pub(crate) fn random_label(len: usize) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut bytes = vec![0u8; len];
     getrandom::fill(&mut bytes).expect("the OS random source");
@@ -302,7 +311,7 @@ fn random_label(len: usize) -> String {
 }
 
 /// 192 random bits, as 32 characters of URL-safe base64 without padding.
-fn random_secret() -> String {
+pub(crate) fn random_secret() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes).expect("the OS random source");
@@ -327,6 +336,7 @@ mod tests {
             region: "local".into(),
             instance_type: "local".into(),
             ipv4: true,
+            account: None,
         };
         let (queue, logins) = create(new);
         assert_eq!(queue.id.len(), 12);

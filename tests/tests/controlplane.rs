@@ -474,6 +474,13 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/usage",
         "/v1/stats",
         "/v1/bills",
+        "/v1/invoices",
+        "/v1/audit",
+        "/v1/accounts",
+        "/v1/accounts/{id}",
+        "/v1/account",
+        "/v1/accounts/{id}/keys",
+        "/v1/accounts/{id}/keys/{key}",
         "/v1/nodes/{id}/reports",
         "/v1/nodes/{id}/config",
         "/v1/nodes/{id}/applied",
@@ -495,7 +502,8 @@ async fn health_metrics_and_the_openapi_document() {
             }
             let concrete = path
                 .replace("{id}", "nosuchqueue")
-                .replace("{role}", "admin");
+                .replace("{role}", "admin")
+                .replace("{key}", "nosuchkey");
             let (_, reply) = cp.call(&method.to_uppercase(), &concrete, Some("{}")).await;
             assert_ne!(
                 reply["error"]["message"], "no such route",

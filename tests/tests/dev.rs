@@ -219,6 +219,23 @@ async fn dev_with_pebble_serves_the_demo_queue_by_name_over_wss_and_starts_again
         .text("node")
         .starts_with(&format!("wss://{}:", dev.text("host"))));
     assert!(dev.text("host").ends_with(".q.dev.thequeueexpert.com"));
+    // The demo account's key, printed, sees its demo queue and nothing else.
+    let key = dev.text("account_key");
+    assert!(dev.banner.contains(key), "{}", dev.banner);
+    let api: SocketAddr = dev
+        .text("api")
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let (status, queues) = qe_tests::http(api, "GET", "/v1/queues", Some(key), None).await;
+    assert_eq!(status, 200, "{queues}");
+    let ids: Vec<&Value> = queues["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| &q["id"])
+        .collect();
+    assert_eq!(ids, [dev.text("queue")], "{queues}");
     let addresses = dev.resolve();
     assert_eq!(
         addresses,

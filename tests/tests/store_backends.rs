@@ -29,6 +29,7 @@ fn a_queue() -> Queue {
         region: "local".into(),
         instance_type: "local".into(),
         ipv4: false,
+        account: None,
     };
     queues::create(new).0
 }

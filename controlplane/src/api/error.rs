@@ -15,6 +15,15 @@ pub enum ApiError {
     BadRequest(String),
     #[error("no queue {0}")]
     NotFound(String),
+    /// Not found, said in full (`no account X`, `no key Y`).
+    #[error("{0}")]
+    NoSuch(String),
+    /// The caller may not do this (a read-only key, an operator-only route).
+    #[error("{0}")]
+    Forbidden(String),
+    /// An account's limit (queues at most, tiers allowed) refuses it.
+    #[error("{0}")]
+    LimitReached(String),
     #[error("no such route")]
     NoSuchRoute,
     /// The route is there, not for this method (axum adds `Allow`, the ones it takes).
@@ -39,8 +48,10 @@ pub enum ApiError {
 }
 
 /// Every `code` an error may carry.
-pub const CODES: [&str; 10] = [
+pub const CODES: [&str; 12] = [
     "unauthorized",
+    "forbidden",
+    "limit_reached",
     "bad_request",
     "not_found",
     "method_not_allowed",
@@ -53,13 +64,20 @@ pub const CODES: [&str; 10] = [
 ];
 
 impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        self.status_and_code().0
+    }
+
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            ApiError::NotFound(_) | ApiError::NoSuchRoute | ApiError::NoCertificate => {
-                (StatusCode::NOT_FOUND, "not_found")
-            }
+            ApiError::NotFound(_)
+            | ApiError::NoSuch(_)
+            | ApiError::NoSuchRoute
+            | ApiError::NoCertificate => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::LimitReached(_) => (StatusCode::FORBIDDEN, "limit_reached"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::UnsupportedMediaType => {
@@ -126,6 +144,9 @@ mod tests {
             ApiError::Unauthorized { token_given: false },
             ApiError::BadRequest(String::new()),
             ApiError::NotFound(String::new()),
+            ApiError::NoSuch(String::new()),
+            ApiError::Forbidden(String::new()),
+            ApiError::LimitReached(String::new()),
             ApiError::NoSuchRoute,
             ApiError::NoCertificate,
             ApiError::MethodNotAllowed,

@@ -1,9 +1,13 @@
-//! The operator's HTTP API. Every request carries `Authorization: Bearer TOKEN` (the
-//! operator's, or on `/v1/nodes/{id}/…` the node's) except `/healthz` and `/openapi.json`,
-//! and the token is checked before a body is read; every error is JSON (`error.rs`), also
-//! the router's own and the extractors' (`extract.rs`); the queue routes are in `queues.rs`,
-//! `/metrics` in `metrics.rs`.
+//! The HTTP API of operators and accounts. Every request carries `Authorization: Bearer
+//! TOKEN` (the operator's or an account's API key, `auth.rs`; on `/v1/nodes/{id}/…` the
+//! node's) except `/healthz` and `/openapi.json`, and the token is checked before a body is
+//! read; every change asked for is audited (`auth.rs`, `audit.rs`). Every error is JSON
+//! (`error.rs`), also the router's own and the extractors' (`extract.rs`); the queue routes
+//! are in `queues.rs`, accounts and keys in `accounts.rs`, `/metrics` in `metrics.rs`.
 
+mod accounts;
+mod audit;
+mod auth;
 pub mod csv;
 mod error;
 mod extract;
@@ -20,16 +24,15 @@ pub use metrics::Metrics;
 use crate::config::Config;
 use crate::fleet::Provider;
 use crate::store::Store;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 use axum::Router;
 use extract::Json;
 use serde_json::json;
 use std::sync::Arc;
-use subtle::ConstantTimeEq;
 
 /// What every request shares.
 pub struct AppState {
@@ -70,21 +73,44 @@ async fn backup(State(state): State<Arc<AppState>>) -> Result<Response, ApiError
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
+    // The operator's alone: an account's key is refused (403) before anything is read.
     let operator = Router::new()
-        .route("/v1/queues", post(queues::create).get(queues::list))
-        .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
-        .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
+        .route("/v1/accounts", post(accounts::create).get(accounts::list))
+        .route("/v1/accounts/{id}", patch(accounts::change))
         .route(
             "/v1/queues/{id}/node-credential/rotate",
             post(queues::rotate_node_credential),
         )
-        .route("/v1/usage", get(usage::usage))
-        .route("/v1/stats", get(usage::stats))
-        .route("/v1/bills", get(usage::bills))
         .route("/v1/certificate/renew", post(renew_certificates))
         .route("/v1/backup", get(backup))
         .route("/metrics", get(metrics::render))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(middleware::from_fn(auth::operator_only));
+    // The operator's and the accounts': each account sees its own.
+    let callers = Router::new()
+        .route("/v1/queues", post(queues::create).get(queues::list))
+        .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
+        .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
+        .route("/v1/usage", get(usage::usage))
+        .route("/v1/stats", get(usage::stats))
+        .route("/v1/bills", get(usage::bills))
+        .route("/v1/invoices", get(usage::invoices))
+        .route("/v1/audit", get(audit::list))
+        .route("/v1/account", get(accounts::own))
+        .route("/v1/accounts/{id}", get(accounts::get))
+        .route(
+            "/v1/accounts/{id}/keys",
+            post(accounts::create_key).get(accounts::list_keys),
+        )
+        .route(
+            "/v1/accounts/{id}/keys/{key}",
+            axum::routing::delete(accounts::revoke_key),
+        );
+    let authenticated = operator
+        .merge(callers)
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
     // Nodes call with their own tokens, checked before the body is read.
     let node = Router::new()
         .route(
@@ -108,7 +134,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/openapi.json",
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         );
-    operator
+    authenticated
         .merge(node)
         .merge(open)
         .fallback(|| async { ApiError::NoSuchRoute })
@@ -155,20 +181,5 @@ pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> &str {
 pub(crate) fn unauthorized(token: &str) -> ApiError {
     ApiError::Unauthorized {
         token_given: !token.is_empty(),
-    }
-}
-
-/// Lets a request through only with the operator's token, compared in constant time.
-async fn require_token(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    let presented = bearer(request.headers());
-    let expected = state.config.token.as_bytes();
-    let matches: bool = presented.as_bytes().ct_eq(expected).into();
-    match matches && !expected.is_empty() {
-        true => Ok(next.run(request).await),
-        false => Err(unauthorized(presented)),
     }
 }

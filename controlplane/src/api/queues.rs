@@ -2,10 +2,14 @@
 //! wants and read state; the reconciler (`reconciler.rs`) makes it so, and nodes confirm
 //! over the channel (`nodes.rs`).
 
+use super::auth::Caller;
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
+use crate::accounts;
+use crate::audit::Target;
 use crate::queues::{self, IssuedLogins, NewQueue, Queue, Status};
 use crate::store::StoreError;
+use axum::extract::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
 use qe_shared::protocol::Role;
@@ -48,25 +52,92 @@ fn view(state: &AppState, queue: &Queue) -> Value {
 /// logins, shown here once.
 pub async fn create(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     Json(new): Json<NewQueue>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let (queue, logins) = provision(&state, new).await?;
+) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
+    let account = owner(&caller, new.account.clone())?;
+    let (queue, logins) = provision(&state, NewQueue { account, ..new }).await?;
     let mut shown = view(&state, &queue);
     shown["logins"] = serde_json::to_value(&logins).expect("strings serialize");
-    Ok((StatusCode::CREATED, Json(shown)))
+    Ok((StatusCode::CREATED, target(&queue), Json(shown)))
+}
+
+/// The account a new queue is for: a key's own (another named is as absent as one that is
+/// not there), or the operator's choice.
+fn owner(caller: &Caller, asked: Option<String>) -> Result<Option<String>, ApiError> {
+    match (caller.account(), asked) {
+        (Some(own), None) => Ok(Some(own.to_string())),
+        (Some(own), Some(asked)) if asked == own => Ok(Some(asked)),
+        (Some(_), Some(asked)) => Err(ApiError::NoSuch(format!("no account {asked}"))),
+        (None, asked) => Ok(asked),
+    }
+}
+
+/// What the audit names as a change's target: the queue, and the account it is of.
+fn target(queue: &Queue) -> Extension<Target> {
+    Extension(Target {
+        id: queue.id.clone(),
+        account: queue.account.clone(),
+    })
 }
 
 /// Records a new queue and wakes the reconciler (also used by `controlplane dev`). Its
 /// labels go into every usage record and bill line: they must be labels
-/// ([`qe_shared::labels`]), and ones its provider offers.
+/// ([`qe_shared::labels`]), and ones its provider offers. A queue of an account takes one of
+/// the account's places first ([`reserve`]).
 pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
     qe_shared::labels::check("region", &new.region).map_err(ApiError::BadRequest)?;
     qe_shared::labels::check("instance_type", &new.instance_type).map_err(ApiError::BadRequest)?;
     state.fleet.can_run(&new).map_err(ApiError::BadRequest)?;
     let (queue, logins) = queues::create(new);
+    if let Some(account) = &queue.account {
+        reserve(state, account, &queue).await?;
+    }
     state.store.put(&queue).await?;
     state.reconcile.notify_one();
     Ok((queue, logins))
+}
+
+/// Takes a place for `queue` in its account within the account's limits, as one
+/// compare-and-swap of the account's record: two creates at once (on two replicas too)
+/// cannot both take the last place. Places of queues since deleted, and of creates that
+/// never made their queue, are given back first.
+async fn reserve(state: &AppState, account_id: &str, queue: &Queue) -> Result<(), ApiError> {
+    let missing = || ApiError::NoSuch(format!("no account {account_id}"));
+    let account = state.store.account(account_id).await?.ok_or_else(missing)?;
+    let now = crate::unix_now();
+    let mut gone = Vec::new();
+    for (id, reserved) in &account.queues {
+        let over = match state.store.get(id).await? {
+            Some(held) => held.status == Status::Deleted,
+            None => now >= reserved + accounts::RESERVATION_EXPIRES_SECS,
+        };
+        if over {
+            gone.push(id.clone());
+        }
+    }
+    let reserved = state.store.update_account(account_id, |account| {
+        for id in &gone {
+            account.queues.remove(id);
+        }
+        let limits = &account.limits;
+        if !limits.tiers.contains(&queue.tier) {
+            return Err(ApiError::LimitReached(format!(
+                "account {account_id} may not have {:?} queues (its tiers: {:?})",
+                queue.tier, limits.tiers
+            )));
+        }
+        if account.queues.len() >= limits.max_queues as usize {
+            return Err(ApiError::LimitReached(format!(
+                "account {account_id} has {} queues, its limit",
+                limits.max_queues
+            )));
+        }
+        account.queues.insert(queue.id.clone(), now);
+        Ok(())
+    });
+    reserved.await?.ok_or_else(missing)?;
+    Ok(())
 }
 
 /// Rebuilds the DNS zone from the queues' records.
@@ -74,15 +145,28 @@ pub async fn refresh_zone(state: &AppState) -> Result<(), StoreError> {
     state.zone.refresh(&state.store).await
 }
 
-pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+/// The queues the caller sees: an account's own, or every one for the operator.
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Value>, ApiError> {
     let queues: Vec<Value> = state
         .store
         .list()
         .await?
         .iter()
+        .filter(|queue| caller.sees(queue))
         .map(|q| view(&state, q))
         .collect();
     Ok(Json(json!({ "queues": queues })))
+}
+
+/// Queue `id`, if the caller may see it: another account's is a 404, as one that is not.
+pub async fn seen(state: &AppState, caller: &Caller, id: &str) -> Result<Queue, ApiError> {
+    match state.store.get(id).await? {
+        Some(queue) if caller.sees(&queue) => Ok(queue),
+        _ => Err(ApiError::NotFound(id.to_string())),
+    }
 }
 
 #[derive(Deserialize)]
@@ -98,11 +182,13 @@ pub struct Until {
 /// that status (or the time is up: the reply shows where it is).
 pub async fn get(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     Query(until): Query<Until>,
 ) -> Result<Json<Value>, ApiError> {
+    let queue = seen(&state, &caller, &id).await?;
     let queue = match until.until {
-        None => state.store.get(&id).await?,
+        None => Some(queue),
         Some(status) => {
             let within = Duration::from_secs(until.within.unwrap_or(30)).min(WAIT_AT_MOST);
             state
@@ -120,8 +206,10 @@ pub async fn get(
 /// `202` with `"applied":false`, and the queue shows the change pending.
 pub async fn rotate(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     Path((id, role)): Path<(String, String)>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
+    let target = target(&seen(&state, &caller, &id).await?);
     let role =
         Role::parse(&role).ok_or_else(|| ApiError::NotFound(format!("{id} login {role}")))?;
     let rotated = state.store.update(&id, |queue| {
@@ -149,7 +237,7 @@ pub async fn rotate(
         true => StatusCode::OK,
         false => StatusCode::ACCEPTED,
     };
-    Ok((status, Json(reply)))
+    Ok((status, target, Json(reply)))
 }
 
 /// A new credential for the queue's node: sent to it over the channel (authenticated with
@@ -159,7 +247,8 @@ pub async fn rotate(
 pub async fn rotate_node_credential(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
+    let target = target(&seen(&state, &Caller::Operator, &id).await?);
     let rotated = state.store.update(&id, |queue| {
         if !queue.status.is_live() {
             return Err(ApiError::Conflict(format!(
@@ -186,7 +275,7 @@ pub async fn rotate_node_credential(
         true => StatusCode::OK,
         false => StatusCode::ACCEPTED,
     };
-    Ok((status, Json(json!({ "applied": confirmed }))))
+    Ok((status, target, Json(json!({ "applied": confirmed }))))
 }
 
 /// Marks the queue to be deleted; the reconciler removes its node, which reports its last
@@ -194,8 +283,10 @@ pub async fn rotate_node_credential(
 /// `202` and `deleting`. The record stays (its usage is billed from it).
 pub async fn delete(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
+    let target = target(&seen(&state, &caller, &id).await?);
     let marked = state.store.update(&id, |queue| {
         if !matches!(queue.status, Status::Deleting | Status::Deleted) {
             queue.status = Status::Deleting;
@@ -220,5 +311,5 @@ pub async fn delete(
         Status::Deleted => StatusCode::OK,
         _ => StatusCode::ACCEPTED,
     };
-    Ok((status, Json(view(&state, &queue))))
+    Ok((status, target, Json(view(&state, &queue))))
 }

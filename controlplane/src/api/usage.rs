@@ -2,6 +2,7 @@
 //! operator reads from it: `GET /v1/usage`, `GET /v1/stats` and `GET /v1/bills`, as JSON or
 //! CSV (RFC 4180, `csv.rs`).
 
+use super::auth::Caller;
 use super::csv;
 use super::extract::{Json, Query};
 use super::nodes::NodeCaller;
@@ -14,7 +15,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use qe_shared::node_channel::ReportReceipt;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -145,6 +146,7 @@ pub struct UsageQuery {
     from: String,
     to: String,
     queue: Option<String>,
+    account: Option<String>,
     format: Option<String>,
 }
 
@@ -153,7 +155,21 @@ pub struct UsageQuery {
 pub struct BillQuery {
     month: String,
     queue: Option<String>,
+    account: Option<String>,
     format: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InvoiceQuery {
+    month: String,
+    format: Option<String>,
+}
+
+/// Which queues a read is of: one, one account's, or every one the caller sees.
+struct Asked {
+    queue: Option<String>,
+    account: Option<String>,
 }
 
 impl UsageQuery {
@@ -183,9 +199,10 @@ const USAGE_COLUMNS: [&str; 10] = [
 /// The usage records of the days `from` to `to` (both included, UTC).
 pub async fn usage(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<UsageQuery>,
 ) -> Result<Response, ApiError> {
-    let (rows, csv) = records_asked(&state, query, Report::Usage, read_usage).await?;
+    let (rows, csv) = records_asked(&state, &caller, query, Report::Usage, read_usage).await?;
     Ok(match csv {
         true => csv_table(
             USAGE_COLUMNS,
@@ -218,9 +235,10 @@ fn usage_row(queue: &str, record: &UsageRecord) -> Vec<String> {
 /// included, UTC).
 pub async fn stats(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<UsageQuery>,
 ) -> Result<Response, ApiError> {
-    let (rows, csv) = records_asked(&state, query, Report::Stats, read_stats).await?;
+    let (rows, csv) = records_asked(&state, &caller, query, Report::Stats, read_stats).await?;
     Ok(match csv {
         true => {
             let columns = ["queue", "time"].into_iter().chain(StatsRecord::COLUMNS);
@@ -241,14 +259,19 @@ pub async fn stats(
 /// wanted. A stored record that does not read is left out.
 async fn records_asked<T>(
     state: &AppState,
+    caller: &Caller,
     query: UsageQuery,
     kind: Report,
     read: impl Fn(&[u8]) -> Option<T>,
 ) -> Result<(Vec<(String, T)>, bool), ApiError> {
     let period = query.period()?;
     let csv = wants_csv(query.format.as_deref())?;
+    let asked = Asked {
+        queue: query.queue,
+        account: query.account,
+    };
     let mut rows = Vec::new();
-    for queue in queues_asked(state, query.queue).await? {
+    for queue in queues_asked(state, caller, asked).await? {
         let stored = state.store.reports_in(&queue.id, kind, period.clone());
         for stored in stored.await? {
             rows.extend(read(&stored).map(|record| (queue.id.clone(), record)));
@@ -283,46 +306,144 @@ fn csv_table<'a>(
 }
 
 /// A month's bill: per queue, instance-hours by type and region, IPv4-hours, network GB out
-/// and in, storage GB-months, each priced from the config's table.
+/// and in, storage GB-months, each priced from the config's table; with each queue's total
+/// and the sum. For an account (its key, or the operator's `account=`) that is its invoice.
 pub async fn bills(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<BillQuery>,
 ) -> Result<Response, ApiError> {
-    let (from, to) = usage::parse_month(&query.month)
-        .ok_or_else(|| ApiError::BadRequest(format!("{:?} is not a YYYY-MM month", query.month)))?;
+    let (from, to) = month(&query.month)?;
     let csv = wants_csv(query.format.as_deref())?;
-    let lines = bill_lines(&state, query.queue.clone(), from, to).await?;
-    let total = (lines.iter().map(|line| line.amount).sum::<f64>() * 1e6).round() / 1e6;
+    let account = query.account.clone().or(caller.account().map(String::from));
+    let asked = Asked {
+        queue: query.queue,
+        account: query.account,
+    };
+    let queues = queues_asked(&state, &caller, asked).await?;
+    let lines = bill_lines(&state, &queues, from, to).await?;
     Ok(match csv {
-        true => {
-            let columns = ["queue", "item", "quantity", "unit", "unit_price", "amount"];
-            let rows = lines.iter().map(|line| {
-                vec![
-                    line.queue.clone(),
-                    line.item.clone(),
-                    line.quantity.to_string(),
-                    line.unit.to_string(),
-                    line.unit_price.to_string(),
-                    line.amount.to_string(),
-                ]
-            });
-            csv_table(columns, rows)
-        }
+        true => csv_table(BILL_COLUMNS, lines.iter().map(bill_row)),
         false => {
-            Json(json!({"month": query.month, "lines": lines, "total": total})).into_response()
+            let mut bill = invoice(&lines);
+            bill["month"] = json!(query.month);
+            if let Some(account) = account {
+                bill["account"] = json!(account);
+            }
+            Json(bill).into_response()
         }
     })
 }
 
-/// The bill lines of the asked queues (or all) for the month `[from, to)`.
+/// `GET /v1/invoices?month=`: every account's invoice for the month (an account's key gets
+/// its own only); queues of no account come last, under `"account":null`.
+pub async fn invoices(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Query(query): Query<InvoiceQuery>,
+) -> Result<Response, ApiError> {
+    let (from, to) = month(&query.month)?;
+    let csv = wants_csv(query.format.as_deref())?;
+    let mut by_account: std::collections::BTreeMap<Option<String>, Vec<Queue>> = Default::default();
+    for account in state.store.accounts().await? {
+        if caller.sees_account(&account.id) {
+            by_account.entry(Some(account.id)).or_default();
+        }
+    }
+    for queue in state.store.list().await? {
+        if caller.sees(&queue) {
+            by_account
+                .entry(queue.account.clone())
+                .or_default()
+                .push(queue);
+        }
+    }
+    // Queues of no account after the accounts' (`None` sorts first).
+    let mut ordered: Vec<_> = by_account.into_iter().collect();
+    let of_no_account = ordered
+        .iter()
+        .take_while(|(account, _)| account.is_none())
+        .count();
+    ordered.rotate_left(of_no_account);
+    let mut invoices = Vec::new();
+    for (account, queues) in ordered {
+        invoices.push((account, bill_lines(&state, &queues, from, to).await?));
+    }
+    Ok(match csv {
+        true => {
+            let columns = ["account"].into_iter().chain(BILL_COLUMNS);
+            let rows = invoices.iter().flat_map(|(account, lines)| {
+                lines.iter().map(move |line| {
+                    let mut row = vec![account.clone().unwrap_or_default()];
+                    row.extend(bill_row(line));
+                    row
+                })
+            });
+            csv_table(columns, rows)
+        }
+        false => {
+            let invoices: Vec<Value> = invoices
+                .iter()
+                .map(|(account, lines)| {
+                    let mut invoice = invoice(lines);
+                    invoice["account"] = json!(account);
+                    invoice
+                })
+                .collect();
+            Json(json!({"month": query.month, "invoices": invoices})).into_response()
+        }
+    })
+}
+
+const BILL_COLUMNS: [&str; 6] = ["queue", "item", "quantity", "unit", "unit_price", "amount"];
+
+fn bill_row(line: &usage::BillLine) -> Vec<String> {
+    vec![
+        line.queue.clone(),
+        line.item.clone(),
+        line.quantity.to_string(),
+        line.unit.to_string(),
+        line.unit_price.to_string(),
+        line.amount.to_string(),
+    ]
+}
+
+/// `{"lines", "queues": [{"queue", "total"}], "total"}`: the lines, each queue's sum, and
+/// the sum of all (rounded to millionths; the lines keep their exact amounts).
+fn invoice(lines: &[usage::BillLine]) -> Value {
+    let mut per_queue: Vec<(String, f64)> = Vec::new();
+    for line in lines {
+        match per_queue.last_mut() {
+            Some((queue, sum)) if *queue == line.queue => *sum += line.amount,
+            _ => per_queue.push((line.queue.clone(), line.amount)),
+        }
+    }
+    let total: f64 = lines.iter().map(|line| line.amount).sum();
+    let queues: Vec<Value> = per_queue
+        .iter()
+        .map(|(queue, sum)| json!({"queue": queue, "total": round6(*sum)}))
+        .collect();
+    json!({"lines": lines, "queues": queues, "total": round6(total)})
+}
+
+fn round6(amount: f64) -> f64 {
+    (amount * 1e6).round() / 1e6
+}
+
+fn month(text: &str) -> Result<(u64, u64), ApiError> {
+    usage::parse_month(text)
+        .ok_or_else(|| ApiError::BadRequest(format!("{text:?} is not a YYYY-MM month")))
+}
+
+/// The bill lines of `queues` for the month `[from, to)`, queue by queue.
 async fn bill_lines(
     state: &AppState,
-    asked: Option<String>,
+    queues: &[Queue],
     from: u64,
     to: u64,
 ) -> Result<Vec<usage::BillLine>, ApiError> {
     let mut lines = Vec::new();
-    for queue in queues_asked(state, asked).await? {
+    for queue in queues {
         let records: Vec<UsageRecord> = state
             .store
             .reports_of(&queue.id, Report::Usage)
@@ -352,14 +473,31 @@ fn wants_csv(format: Option<&str>) -> Result<bool, ApiError> {
     }
 }
 
-/// The one queue asked for (404 if there is none), or all of them.
-async fn queues_asked(state: &AppState, queue: Option<String>) -> Result<Vec<Queue>, ApiError> {
-    match queue {
-        Some(id) => match state.store.get(&id).await? {
-            Some(queue) => Ok(vec![queue]),
-            None => Err(ApiError::NotFound(id)),
+/// The queue asked for (404 if there is none the caller sees), or the account's asked for
+/// (404 likewise), or every one the caller sees.
+async fn queues_asked(
+    state: &AppState,
+    caller: &Caller,
+    asked: Asked,
+) -> Result<Vec<Queue>, ApiError> {
+    if let Some(account) = &asked.account {
+        if !caller.sees_account(account) || state.store.account(account).await?.is_none() {
+            return Err(ApiError::NoSuch(format!("no account {account}")));
+        }
+    }
+    let in_account = |queue: &Queue| asked.account.is_none() || queue.account == asked.account;
+    match asked.queue {
+        Some(id) => match super::queues::seen(state, caller, &id).await {
+            Ok(queue) if in_account(&queue) => Ok(vec![queue]),
+            _ => Err(ApiError::NotFound(id)),
         },
-        None => Ok(state.store.list().await?),
+        None => Ok(state
+            .store
+            .list()
+            .await?
+            .into_iter()
+            .filter(|queue| caller.sees(queue) && in_account(queue))
+            .collect()),
     }
 }
 

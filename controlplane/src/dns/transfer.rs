@@ -307,6 +307,7 @@ pub(super) mod tests {
             region: "r".into(),
             instance_type: "t".into(),
             ipv4: true,
+            account: None,
         });
         queue.status = Status::Running;
         queue.addresses = Some(Addresses {

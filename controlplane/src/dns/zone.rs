@@ -373,6 +373,7 @@ mod tests {
             region: "r".into(),
             instance_type: "t".into(),
             ipv4,
+            account: None,
         };
         let (mut placed, _) = create(new(true));
         placed.status = Status::Running;

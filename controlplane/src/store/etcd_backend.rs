@@ -188,6 +188,19 @@ impl Backend for EtcdBackend {
         ))
     }
 
+    async fn range_first(
+        &self,
+        start: &str,
+        end: &str,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let options = GetOptions::new()
+            .with_range(self.key(end))
+            .with_limit(limit as i64);
+        let page = self.read(self.key(start), Some(options)).await?;
+        Ok(page.kvs().iter().map(|kv| kv.value().to_vec()).collect())
+    }
+
     async fn range_and_get(
         &self,
         start: &str,

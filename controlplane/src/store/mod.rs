@@ -14,6 +14,7 @@
 //! Writes made while leading ([`crate::leadership`]) carry a [`Fence`]: on etcd they commit
 //! only while the lease they were made under still holds.
 
+mod accounts;
 mod changes;
 mod etcd_backend;
 mod sled_backend;
@@ -105,6 +106,13 @@ pub trait Backend: Send + Sync + 'static {
     async fn get(&self, key: &str) -> Result<Option<Stored>, StoreError>;
     /// Keys from `start` (included) to `end` (excluded).
     async fn range(&self, start: &str, end: &str) -> Result<Listed, StoreError>;
+    /// The values of the first `limit` keys from `start` to `end`, in key order: a page.
+    async fn range_first(
+        &self,
+        start: &str,
+        end: &str,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Puts `value` at `key` if the key is still at `expected` (`None`: absent) and `fence`
     /// holds; durable. `false` if it was not.
     async fn swap(

@@ -92,6 +92,24 @@ impl Backend for SledBackend {
         .await
     }
 
+    async fn range_first(
+        &self,
+        start: &str,
+        end: &str,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let (start, end) = (start.to_string(), end.to_string());
+        self.blocking(move |this| {
+            let (tree, from) = this.place(&start);
+            let (_, to) = this.place(&end);
+            let values = tree.range(from..to).values().take(limit);
+            let values: Result<Vec<Vec<u8>>, sled::Error> =
+                values.map(|value| Ok(value?.to_vec())).collect();
+            Ok((values?, false))
+        })
+        .await
+    }
+
     async fn swap(
         &self,
         key: &str,

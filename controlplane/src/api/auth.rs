@@ -1,0 +1,172 @@
+//! Who is calling: the operator (its token) or an account (one of its API keys), checked
+//! before a body is read; and the audit of every change a caller asks for.
+//!
+//! - An account's key sees only its account's queues: another account's queue is a `404`,
+//!   as if there were none, so a key cannot learn which ids exist.
+//! - A read-only key is refused (`403`) any method but `GET` and `HEAD`, before the handler.
+//! - Routes only the operator may use ([`operator_only`]) refuse an account's key with
+//!   `403` before they read anything, so that answer says nothing of what exists.
+
+use super::{bearer, unauthorized, ApiError, AppState};
+use crate::accounts::{self, Scope};
+use crate::audit::{self, Actor, Entry, Target};
+use crate::queues::Queue;
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+/// The caller of a request, for its handler (a request extension).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Operator,
+    Account {
+        account: String,
+        key: String,
+        scope: Scope,
+    },
+}
+
+impl Caller {
+    /// The account whose things alone it sees; `None` for the operator, who sees all.
+    pub fn account(&self) -> Option<&str> {
+        match self {
+            Caller::Operator => None,
+            Caller::Account { account, .. } => Some(account),
+        }
+    }
+
+    /// Whether it may see `queue`.
+    pub fn sees(&self, queue: &Queue) -> bool {
+        match self.account() {
+            None => true,
+            Some(account) => queue.account.as_deref() == Some(account),
+        }
+    }
+
+    /// Whether it may see account `id`'s things.
+    pub fn sees_account(&self, id: &str) -> bool {
+        self.account().is_none_or(|account| account == id)
+    }
+
+    fn actor(&self) -> Actor {
+        match self {
+            Caller::Operator => Actor::Operator,
+            Caller::Account { account, key, .. } => Actor::Account {
+                account: account.clone(),
+                key: key.clone(),
+            },
+        }
+    }
+}
+
+/// Finds the caller, refuses what its key may not do, runs the request, and audits it if it
+/// asked for a change.
+pub async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let presented = bearer(request.headers());
+    let caller = caller_of(&state, presented)
+        .await?
+        .ok_or_else(|| unauthorized(presented))?;
+    let method = request.method().as_str().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|path| path.as_str().to_string())
+        .unwrap_or_default();
+    let action = audit::action_of(&method, &route);
+    let path_target = path_target(request.uri().path());
+    let read_only = matches!(
+        caller,
+        Caller::Account {
+            scope: Scope::ReadOnly,
+            ..
+        }
+    );
+    let response = match (read_only, action) {
+        (true, Some(_)) => Err(ApiError::Forbidden("this key is read-only".into())),
+        _ => {
+            request.extensions_mut().insert(caller.clone());
+            Ok(next.run(request).await)
+        }
+    };
+    if let Some(action) = action {
+        let (status, target) = match &response {
+            Ok(response) => (
+                response.status().as_u16(),
+                response.extensions().get::<Target>().cloned(),
+            ),
+            Err(error) => (error.status().as_u16(), None),
+        };
+        let target = target.unwrap_or(Target {
+            id: path_target,
+            account: None,
+        });
+        let entry = Entry::new(caller.actor(), action, target, status);
+        if let Err(error) = state.store.append_audit(&entry).await {
+            tracing::error!(%error, action, "an audit entry could not be kept");
+        }
+    }
+    response
+}
+
+/// The last id in a path (`/v1/queues/ID/logins/publisher/rotate` → `ID`): what most routes
+/// act on, when the handler names nothing more precise.
+fn path_target(path: &str) -> String {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["v1", "queues", id, ..] => id.to_string(),
+        ["v1", "accounts", _, "keys", key] => key.to_string(),
+        ["v1", "accounts", id, ..] => id.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The operator for its token (compared in constant time), an account for one of its valid
+/// keys, else `None`.
+async fn caller_of(state: &AppState, presented: &str) -> Result<Option<Caller>, ApiError> {
+    let expected = state.config.token.as_bytes();
+    let is_operator: bool = presented.as_bytes().ct_eq(expected).into();
+    if is_operator && !expected.is_empty() {
+        return Ok(Some(Caller::Operator));
+    }
+    let Some((id, secret)) = accounts::parse_token(presented) else {
+        return Ok(None);
+    };
+    let Some(key) = state.store.key(id).await? else {
+        return Ok(None);
+    };
+    let valid = accounts::secret_matches(&key, secret) && key.is_valid_at(crate::unix_now());
+    Ok(valid.then_some(Caller::Account {
+        account: key.account,
+        key: key.id,
+        scope: key.scope,
+    }))
+}
+
+/// Lets only the operator through.
+pub async fn operator_only(request: Request, next: Next) -> Result<Response, ApiError> {
+    match request.extensions().get::<Caller>() {
+        Some(Caller::Operator) => Ok(next.run(request).await),
+        _ => Err(ApiError::Forbidden(
+            "only the operator may use this route".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changes_target_is_the_id_its_path_names() {
+        assert_eq!(path_target("/v1/queues/abc/logins/admin/rotate"), "abc");
+        assert_eq!(path_target("/v1/accounts/aone/keys/kkk"), "kkk");
+        assert_eq!(path_target("/v1/accounts/aone"), "aone");
+        assert_eq!(path_target("/v1/certificate/renew"), "");
+    }
+}

@@ -1,0 +1,160 @@
+//! Accounts, their API keys and the audit log in the store.
+//!
+//! - `accounts/ID`: an [`Account`], changed only by compare-and-swap;
+//! - `api-keys/KEYID`: an [`ApiKey`], found by the id a presented key carries (one read,
+//!   however many keys there are); `account-keys/ACCOUNT/KEYID` lists an account's keys;
+//! - `audit/CURSOR` and `audit-by-account/ACCOUNT/CURSOR`: each [`Entry`], written once under
+//!   both, so that the log is read in time order for everyone and for one account alike
+//!   without reading the other accounts' entries.
+
+use super::{end_of, Store, StoreError};
+use crate::accounts::{Account, ApiKey};
+use crate::audit::Entry;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+const ACCOUNTS: &str = "accounts/";
+const API_KEYS: &str = "api-keys/";
+const ACCOUNT_KEYS: &str = "account-keys/";
+const AUDIT: &str = "audit/";
+const AUDIT_BY_ACCOUNT: &str = "audit-by-account/";
+
+impl Store {
+    /// Saves a new account; `false` if one with its id exists.
+    pub async fn put_account(&self, account: &Account) -> Result<bool, StoreError> {
+        let key = format!("{ACCOUNTS}{}", account.id);
+        let value = serde_json::to_vec(account)?;
+        self.kv.swap(&key, None, value, None).await
+    }
+
+    pub async fn account(&self, id: &str) -> Result<Option<Account>, StoreError> {
+        self.get_json(&format!("{ACCOUNTS}{id}")).await
+    }
+
+    pub async fn accounts(&self) -> Result<Vec<Account>, StoreError> {
+        self.list_json(ACCOUNTS).await
+    }
+
+    /// Changes account `id` with `change` as one compare-and-swap (see [`Store::update`]).
+    pub async fn update_account<T, E: From<StoreError>>(
+        &self,
+        id: &str,
+        change: impl FnMut(&mut Account) -> Result<T, E>,
+    ) -> Result<Option<(Account, T)>, E> {
+        self.update_json(&format!("{ACCOUNTS}{id}"), change).await
+    }
+
+    /// Saves a new key and lists it under its account.
+    pub async fn put_key(&self, key: &ApiKey) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(key)?;
+        let listed = format!("{ACCOUNT_KEYS}{}/{}", key.account, key.id);
+        let entries = vec![
+            (format!("{API_KEYS}{}", key.id), value),
+            (listed, key.id.clone().into_bytes()),
+        ];
+        self.kv.put_absent(entries).await?;
+        Ok(())
+    }
+
+    pub async fn key(&self, id: &str) -> Result<Option<ApiKey>, StoreError> {
+        self.get_json(&format!("{API_KEYS}{id}")).await
+    }
+
+    /// Account `account`'s keys, revoked ones too, oldest id first.
+    pub async fn keys_of(&self, account: &str) -> Result<Vec<ApiKey>, StoreError> {
+        let prefix = format!("{ACCOUNT_KEYS}{account}/");
+        let ids = self.kv.range(&prefix, &end_of(&prefix)).await?.values;
+        let mut keys = Vec::with_capacity(ids.len());
+        for id in ids {
+            keys.extend(self.key(&String::from_utf8_lossy(&id)).await?);
+        }
+        Ok(keys)
+    }
+
+    /// Changes key `id` with `change` as one compare-and-swap.
+    pub async fn update_key<T, E: From<StoreError>>(
+        &self,
+        id: &str,
+        change: impl FnMut(&mut ApiKey) -> Result<T, E>,
+    ) -> Result<Option<(ApiKey, T)>, E> {
+        self.update_json(&format!("{API_KEYS}{id}"), change).await
+    }
+
+    /// Keeps an audit entry (under its account too, when it has one).
+    pub async fn append_audit(&self, entry: &Entry) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(entry)?;
+        let mut entries = vec![(format!("{AUDIT}{}", entry.cursor), value.clone())];
+        if let Some(account) = &entry.account {
+            let key = format!("{AUDIT_BY_ACCOUNT}{account}/{}", entry.cursor);
+            entries.push((key, value));
+        }
+        self.kv.put_absent(entries).await?;
+        Ok(())
+    }
+
+    /// At most `limit` audit entries (of `account` only, if given) whose cursors are after
+    /// `after` and before `before`, oldest first.
+    pub async fn audit(
+        &self,
+        account: Option<&str>,
+        after: &str,
+        before: &str,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let prefix = match account {
+            Some(account) => format!("{AUDIT_BY_ACCOUNT}{account}/"),
+            None => AUDIT.to_string(),
+        };
+        // Just past `after`: the entry at the cursor itself was on the page before.
+        let start = format!("{prefix}{after}\0");
+        let end = format!("{prefix}{before}");
+        let values = self.kv.range_first(&start, &end, limit).await?;
+        values
+            .iter()
+            .map(|value| Ok(serde_json::from_slice(value)?))
+            .collect()
+    }
+
+    async fn get_json<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StoreError> {
+        match self.kv.get(key).await? {
+            Some(stored) => Ok(Some(serde_json::from_slice(&stored.value)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_json<T: DeserializeOwned>(&self, prefix: &str) -> Result<Vec<T>, StoreError> {
+        let listed = self.kv.range(prefix, &end_of(prefix)).await?;
+        listed
+            .values
+            .iter()
+            .map(|value| Ok(serde_json::from_slice(value)?))
+            .collect()
+    }
+
+    /// `change` applied to the record at `key` as one compare-and-swap, tried again while
+    /// another change wins the race; `None` if there is no record.
+    async fn update_json<R, T, E>(
+        &self,
+        key: &str,
+        mut change: impl FnMut(&mut R) -> Result<T, E>,
+    ) -> Result<Option<(R, T)>, E>
+    where
+        R: Serialize + DeserializeOwned,
+        E: From<StoreError>,
+    {
+        loop {
+            let Some(old) = self.kv.get(key).await? else {
+                return Ok(None);
+            };
+            let mut record: R = serde_json::from_slice(&old.value).map_err(StoreError::from)?;
+            let answer = change(&mut record)?;
+            let new = serde_json::to_vec(&record).map_err(StoreError::from)?;
+            if new == old.value {
+                return Ok(Some((record, answer)));
+            }
+            if self.kv.swap(key, Some(&old.version), new, None).await? {
+                return Ok(Some((record, answer)));
+            }
+        }
+    }
+}

@@ -14,7 +14,17 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Actor {
     Operator,
-    Account { account: String, key: String },
+    Account {
+        account: String,
+        key: String,
+    },
+    /// A queue's node, with its own credential (it asked for its certificate).
+    Node {
+        queue: String,
+    },
+    /// The control plane on its own (a renewal falling due).
+    #[serde(rename = "control-plane")]
+    ControlPlane,
 }
 
 /// One change, as kept.
@@ -42,7 +52,7 @@ impl Entry {
         let time_ms = now_ms();
         let account = target.account.or_else(|| match &actor {
             Actor::Account { account, .. } => Some(account.clone()),
-            Actor::Operator => None,
+            _ => None,
         });
         let result = match status {
             200..=299 => "ok",
@@ -59,6 +69,14 @@ impl Entry {
             result: result.into(),
             status,
         }
+    }
+}
+
+/// Keeps `entry`; a store that cannot take it now is logged, and the change it records
+/// stands (it is made already).
+pub async fn record(store: &crate::store::Store, entry: Entry) {
+    if let Err(error) = store.append_audit(&entry).await {
+        tracing::error!(%error, action = %entry.action, "an audit entry could not be kept");
     }
 }
 
@@ -89,6 +107,10 @@ pub fn action_of(method: &str, route: &str) -> Option<&'static str> {
     };
     Some(action)
 }
+
+/// A certificate was issued: a node's (for its CSR) or the cluster's wildcard (due, or
+/// asked for). No caller's route: recorded where it happens.
+pub const CERTIFICATE_ISSUE: &str = "certificate.issue";
 
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

@@ -197,6 +197,21 @@ async fn each_queue_gets_its_own_certificate_by_dns_01_from_its_nodes_csr_and_re
         .await;
     assert_eq!(reply["status"], "Success.", "{reply}");
     assert_eq!(subscriber.recv().await["body"], "after the renewal");
+
+    // The audit log: the operator asked for the renewal; the node's certificates were issued
+    // to its CSRs, twice.
+    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
+    let entries = audit["entries"].as_array().unwrap();
+    let count = |actor: &Value, action: &str| {
+        entries
+            .iter()
+            .filter(|e| &e["actor"] == actor && e["action"] == action && e["result"] == "ok")
+            .count()
+    };
+    let by_node = json!({"kind": "node", "queue": id});
+    assert_eq!(count(&by_node, "certificate.issue"), 2, "{audit}");
+    let by_operator = json!({"kind": "operator"});
+    assert_eq!(count(&by_operator, "certificate.renew"), 1, "{audit}");
 }
 
 /// Where a local queue's node listens on ::1 (its `node` URL's port).
@@ -275,6 +290,16 @@ async fn the_opt_in_cluster_wildcard_is_fetched_whole_by_nodes_and_renewed_on_de
         served,
         "a new certificate"
     );
+    // The control plane issued the wildcard twice on its own account: when none was there,
+    // and when the operator asked.
+    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
+    let issued_by_control_plane = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["actor"]["kind"] == "control-plane" && e["action"] == "certificate.issue")
+        .count();
+    assert_eq!(issued_by_control_plane, 2, "{audit}");
 }
 
 #[tokio::test]

@@ -107,9 +107,7 @@ pub async fn authenticate(
             account: None,
         });
         let entry = Entry::new(caller.actor(), action, target, status);
-        if let Err(error) = state.store.append_audit(&entry).await {
-            tracing::error!(%error, action, "an audit entry could not be kept");
-        }
+        audit::record(&state.store, entry).await;
     }
     response
 }

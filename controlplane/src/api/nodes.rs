@@ -4,6 +4,7 @@
 
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
+use crate::audit::{self, Actor, Entry, Target};
 use crate::certificates::NodeCertificates;
 use crate::queues::{Queue, Status};
 use crate::store::StoreError;
@@ -197,6 +198,15 @@ pub async fn certificate_for_csr(
     });
     recorded.await?;
     tracing::info!(queue = %queue.id, "a node's certificate was issued");
+    let target = Target {
+        id: queue.id.clone(),
+        account: queue.account.clone(),
+    };
+    let by_node = Actor::Node {
+        queue: queue.id.clone(),
+    };
+    let entry = Entry::new(by_node, audit::CERTIFICATE_ISSUE, target, 200);
+    audit::record(&state.store, entry).await;
     Ok(Json(IssuedCertificate { chain_pem }))
 }
 

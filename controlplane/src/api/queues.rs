@@ -37,6 +37,7 @@ fn view(state: &AppState, queue: &Queue) -> Value {
         "region": queue.region,
         "instance_type": queue.instance_type,
         "ipv4": queue.ipv4,
+        "account": queue.account,
         "node": queue.node,
         "addresses": queue.addresses,
         "resources": queue.resources,

@@ -212,6 +212,17 @@ async fn keep_certified_while_leading(
                 if let Err(error) = crate::queues::renew_certificates(store).await {
                     tracing::warn!(%error, "the nodes could not be told of the new certificate");
                 }
+                let target = crate::audit::Target {
+                    id: zone.wildcard(),
+                    account: None,
+                };
+                let entry = crate::audit::Entry::new(
+                    crate::audit::Actor::ControlPlane,
+                    crate::audit::CERTIFICATE_ISSUE,
+                    target,
+                    200,
+                );
+                crate::audit::record(store, entry).await;
                 tracing::info!("certificate issued for {}", zone.wildcard());
                 forced = false;
                 wait = RETRY_AFTER;

@@ -21,10 +21,14 @@
 //! - `bench controlplane-load`: the real control plane on loopback under many unauthenticated
 //!   clients (HTTP and DNS) while an operator creates and deletes queues: the operator's and a
 //!   resolver's latency, the control plane's memory and CPU. See docs/controlplane-load.md.
+//! - `bench live-metrics`: a control plane holding 1,000 queues (restored from a generated
+//!   backup) and the live reports of their nodes: its CPU per report and the `/metrics`
+//!   scrape's size and cost.
 
 mod client;
 mod connections;
 mod controlplane_load;
+mod live_metrics;
 mod node;
 mod peers;
 mod workload;
@@ -146,6 +150,9 @@ enum Command {
         #[arg(long)]
         keep: bool,
     },
+    /// What nodes' live reports and `/metrics` cost a control plane with many queues
+    /// (a restored backup of queue records; the bench plays the nodes).
+    LiveMetrics(live_metrics::Settings),
     /// The WebSocket echo server of `bench peers`' echo limit (started by it).
     #[command(hide = true)]
     EchoServer {
@@ -162,6 +169,9 @@ async fn main() {
     }
     let data_root: std::path::PathBuf = args.data_root.clone().into();
     std::fs::create_dir_all(&data_root).expect("the data root");
+    if let Command::LiveMetrics(settings) = &args.command {
+        return live_metrics::live_metrics(settings, &data_root).await;
+    }
     if let Command::ControlplaneLoad {
         controlplane,
         seconds,
@@ -259,7 +269,7 @@ async fn main() {
             };
             peers::peers(&config, &choice).await
         }
-        Command::EchoServer { .. } | Command::ControlplaneLoad { .. } => {
+        Command::EchoServer { .. } | Command::ControlplaneLoad { .. } | Command::LiveMetrics(_) => {
             unreachable!("run above")
         }
         Command::Recovery { messages } => workload::recovery(&config, messages).await,

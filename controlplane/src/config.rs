@@ -72,6 +72,10 @@ pub struct Config {
     /// preferred. `node_url`, if also given, must be that first one. Default: `node_url`
     /// alone.
     pub node_urls: Option<Vec<String>>,
+    /// Seconds between each node's live reports (`/metrics`), 1 to 3600, told to nodes in
+    /// their desired config and taken when they start. Default: the nodes' own, 10
+    /// ([`qe_shared::node_channel::LIVE_STATS_SECS`]).
+    pub live_stats_secs: Option<u64>,
     /// Seconds between the reconciler's looks at every queue when nothing wakes it (an
     /// instance that vanished is replaced within this). Default 30.
     #[serde(default = "default_reconcile_every_secs")]
@@ -224,7 +228,19 @@ impl Config {
             }
         }
         self.check_dns()?;
+        if self
+            .live_stats_secs
+            .is_some_and(|secs| !(1..=3600).contains(&secs))
+        {
+            return Err("live_stats_secs is 1 to 3600".into());
+        }
         Ok(())
+    }
+
+    /// Seconds between each node's live reports: what nodes are told, or their default.
+    pub fn live_stats_secs(&self) -> u64 {
+        self.live_stats_secs
+            .unwrap_or(qe_shared::node_channel::LIVE_STATS_SECS)
     }
 
     /// Refuses DNS settings that cannot all hold: two first name servers, or secondaries

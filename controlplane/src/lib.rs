@@ -10,7 +10,8 @@
 //! - [`dns`]: the authoritative DNS for the queues' names; [`certificates`]: each queue's
 //!   certificate (or the opt-in cluster wildcard), by ACME DNS-01 answered from that DNS (or
 //!   from a local CA).
-//! - [`nodes`]: node credentials and bootstraps; [`usage`]: usage records and bills.
+//! - [`nodes`]: node credentials and bootstraps; [`usage`]: usage records and bills;
+//!   [`live`]: the nodes' latest live numbers, for `/metrics`.
 //! - [`pebble`]: Let's Encrypt's test CA, run for `controlplane dev` and the tests.
 
 pub mod accounts;
@@ -22,6 +23,7 @@ pub mod config;
 pub mod dns;
 pub mod fleet;
 pub mod leadership;
+pub mod live;
 pub mod nodes;
 pub mod pebble;
 pub mod queues;

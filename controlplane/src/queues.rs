@@ -120,6 +120,7 @@ impl Queue {
             max_messages: None,
             max_messages_memory: None,
             node_token: None,
+            live_stats_secs: None,
         }
     }
 }

@@ -159,6 +159,12 @@ pub fn parse_month(text: &str) -> Option<(u64, u64)> {
 
 pub const DAY: u64 = DAY_SECS;
 
+/// Today (UTC) as `YYYY-MM-DD`.
+pub fn today() -> String {
+    let (year, month, day) = qe_shared::calendar::civil_from_days(crate::unix_now() / DAY_SECS);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

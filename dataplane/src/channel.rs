@@ -276,6 +276,7 @@ pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> C
         control_planes: to.control_planes.urls().to_vec(),
         queue_id: Some(to.queue_id.clone()),
         node_token: Some(to.token.clone()),
+        live_stats_secs: desired.live_stats_secs,
         ..ConfigFile::default()
     }
 }

@@ -5,6 +5,7 @@ use crate::connection::Keepalive;
 use crate::control_planes::ControlPlanes;
 use crate::history::UsageLabels;
 use clap::Parser;
+use qe_shared::node_channel::LIVE_STATS_SECS;
 use qe_shared::settings::{fixed, Tier};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -136,6 +137,9 @@ pub struct ConfigFile {
     /// `DATA_DIR/tls/`), instead of files of its own.
     #[serde(default)]
     pub tls_from_control_plane: bool,
+    /// Seconds between live reports to the control plane (its `/metrics`), 1 to 3600.
+    /// Default 10 ([`LIVE_STATS_SECS`]).
+    pub live_stats_secs: Option<u64>,
 }
 
 /// Where the node reports its history, and as whom.
@@ -230,6 +234,8 @@ pub struct Config {
     pub report_to: Option<ReportTo>,
     /// The TLS files are the control plane's certificate, fetched by `report.rs`.
     pub tls_from_control_plane: bool,
+    /// How often live numbers go to the control plane (`report.rs`).
+    pub live_stats_every: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -369,7 +375,12 @@ impl Config {
                 ));
             }
         };
+        let live_stats_secs = file.live_stats_secs.unwrap_or(LIVE_STATS_SECS);
+        if !(1..=3600).contains(&live_stats_secs) {
+            return Err(invalid("live_stats_secs is 1 to 3600"));
+        }
         Ok(Config {
+            live_stats_every: Duration::from_secs(live_stats_secs),
             tls_from_control_plane: file.tls_from_control_plane,
             report_to,
             listen: match (flags.listen, file.listen.map(Listen::addresses)) {
@@ -544,6 +555,22 @@ mod tests {
             "control_plane is the preferred"
         );
         assert!(report_to("control_planes = [\"https://cp1\"]\n").is_err());
+    }
+
+    #[test]
+    fn live_reports_go_every_ten_seconds_unless_the_file_says() {
+        let base = "data_dir = \"/q\"\nplaintext = true\n";
+        let every = |extra: &str| {
+            let file = ConfigFile::parse(&format!("{base}{extra}")).unwrap();
+            Config::merge(file, flags(&LOGINS)).map(|config| config.live_stats_every)
+        };
+        assert_eq!(every("").unwrap(), Duration::from_secs(10));
+        assert_eq!(
+            every("live_stats_secs = 1\n").unwrap(),
+            Duration::from_secs(1)
+        );
+        assert!(every("live_stats_secs = 0\n").is_err());
+        assert!(every("live_stats_secs = 3601\n").is_err());
     }
 
     #[test]

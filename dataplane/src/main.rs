@@ -154,6 +154,14 @@ async fn main() -> ExitCode {
         .clone()
         .map(|to| Reporter::new(node.clone(), to));
     let reporting = reporter.as_ref().map(|r| tokio::spawn(r.clone().run()));
+    // Live numbers for the control plane's /metrics; they end with the node (nothing to
+    // hand over: the next start's first one replaces them).
+    if let Some(reporter) = &reporter {
+        let live = reporter
+            .clone()
+            .run_live(config.live_stats_every, tls.clone());
+        tokio::spawn(live);
+    }
     if config.config_file.is_some() {
         let (node, config, reporter) = (node.clone(), config.clone(), reporter.clone());
         tokio::spawn(reload_on_hangup(node, config, tls.clone(), reporter));

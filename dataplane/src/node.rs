@@ -14,6 +14,7 @@ use crate::store::meta::SaveError;
 use crate::store::Meta;
 use crate::store::StorageMeter;
 use crate::traffic::Traffic;
+use qe_shared::node_channel::LiveStats;
 use qe_shared::protocol::Role;
 use qe_shared::settings::{fixed, Setting, Settings, Tier};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -211,6 +212,36 @@ impl Node {
             counts.delayed,
             counts.durable
         )
+    }
+
+    /// The numbers the control plane's `/metrics` shows for this queue now (without the
+    /// certificate, which the server holds).
+    pub fn live_stats(&self) -> LiveStats {
+        let snapshot = self.queue.snapshot();
+        let counts = snapshot.counts;
+        let totals = snapshot.totals;
+        let connections = |role: Role| self.presence.count(role) as u64;
+        LiveStats {
+            waiting: counts.waiting as u64,
+            delayed: counts.delayed as u64,
+            held: counts.unacknowledged as u64,
+            dead_letter: counts.dead_letter as u64,
+            durable: counts.durable as u64,
+            publishers: connections(Role::Publisher),
+            subscribers: connections(Role::Subscriber),
+            admins: connections(Role::Admin),
+            saved_sessions: counts.saved_sessions as u64,
+            published: totals.published,
+            delivered: totals.delivered,
+            acked: totals.acked,
+            nacked: totals.nacked,
+            network_received: self.traffic.received(),
+            network_sent: self.traffic.sent(),
+            messages_memory_used: snapshot.memory_used,
+            max_messages: self.limits.max_messages,
+            max_messages_memory: self.limits.max_messages_memory,
+            certificate_expires: None,
+        }
     }
 
     /// The growing byte totals usage records are cut from.

@@ -5,12 +5,18 @@
 //! fails is sent again, through outages and restarts, and none is lost. The control plane
 //! keeps records by (queue, kind, time), so one sent twice is stored once. Pushes go to the
 //! replica the channel talks to, and on to the next when it fails ([`crate::control_planes`]).
+//!
+//! Beside the records, the node's live numbers ([`LiveStats`]) go every few seconds
+//! ([`Reporter::run_live`]), each in a report of its own: they are worth only their latest
+//! value, so one that fails is not sent again (the next replaces it), and they never wait
+//! for, delay or share a request with the records.
 
 use crate::config::ReportTo;
 use crate::control_planes::Unanswered;
 use crate::history::Kind;
 use crate::node::Node;
-use qe_shared::node_channel::{NodeReport, StatsRecord, UsageRecord};
+use qe_shared::node_channel::{LiveStats, NodeReport, StatsRecord, UsageRecord};
+use qe_tls::Certificate;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -53,8 +59,10 @@ impl From<Unanswered> for ReportError {
     }
 }
 
-/// How long an idle connection to the control plane is kept for the next request.
-const POOLED_AT_MOST: Duration = Duration::from_secs(10);
+/// How long an idle connection to the control plane is kept for the next request: longer
+/// than the live reports' default 10 s, so each reuses the last one's connection (no new TCP
+/// and TLS handshake per report, on either side).
+const POOLED_AT_MOST: Duration = Duration::from_secs(15);
 
 /// How long one report or certificate request may take.
 const REQUEST_WITHIN: Duration = Duration::from_secs(10);
@@ -154,6 +162,38 @@ impl Reporter {
         }
     }
 
+    /// Sends the node's live numbers now and then every `every`, until aborted. `certificate`:
+    /// the one the node serves, whose expiry goes with them.
+    pub async fn run_live(self, every: Duration, certificate: Option<Arc<Certificate>>) {
+        let mut ticks = tokio::time::interval(every);
+        // A push slower than `every` puts the next off; pushes never pile up.
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            ticks.tick().await;
+            let live = LiveStats {
+                certificate_expires: certificate.as_ref().and_then(|c| c.not_after()),
+                ..self.node.live_stats()
+            };
+            let report = NodeReport {
+                live: Some(live),
+                ..NodeReport::default()
+            };
+            match (self.send(&report).await, failing) {
+                (Ok(()), true) => {
+                    tracing::info!("live numbers reach the control plane again");
+                    failing = false;
+                }
+                (Err(error), false) => {
+                    tracing::warn!(%error, "live numbers could not be reported; trying again at each interval");
+                    failing = true;
+                }
+                (Err(error), true) => tracing::debug!(%error, "live numbers not reported"),
+                (Ok(()), false) => {}
+            }
+        }
+    }
+
     /// The node is stopping: sends every unreported record, then says that was the last
     /// (the control plane removes a deleted queue's data only after it).
     pub async fn push_last(&self) -> Result<(), ReportError> {
@@ -192,6 +232,7 @@ impl Reporter {
                 usage: read_lines(&usage, UsageRecord::from_line),
                 stats: read_lines(&stats, StatsRecord::from_line),
                 last: false,
+                live: None,
             };
             self.send(&body).await?;
             let marks: Vec<(Kind, u64)> = [(Kind::Usage, &usage), (Kind::Stats, &stats)]

@@ -9,7 +9,8 @@
 //!   name, answered with the chain ([`IssuedCertificate`]); the key never leaves the node;
 //! - `POST /v1/nodes/{id}/reports` with [`NodeReport`]: usage and stats records, each a JSON
 //!   object (labels are never joined into text a comma could split), answered with
-//!   [`ReportReceipt`].
+//!   [`ReportReceipt`]; and, in a report of their own every [`LIVE_STATS_SECS`], the node's
+//!   [`LiveStats`] for the control plane's `/metrics` (never stored, never sent again).
 //!
 //! Every call carries the node's credential as a bearer token.
 
@@ -19,6 +20,10 @@ use std::net::SocketAddr;
 
 /// How long the control plane holds a watch open before answering "no change".
 pub const WATCH_HOLD_SECS: u64 = 25;
+
+/// Seconds between a node's live reports ([`LiveStats`]) unless its desired config says
+/// otherwise: under a 15 s Prometheus scrape, so each scrape sees a number at most this old.
+pub const LIVE_STATS_SECS: u64 = 10;
 
 /// What a node starts from, and nothing more: everything else comes over the channel.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +106,10 @@ pub struct DesiredConfig {
     /// it from then on; its first use retires the old one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_token: Option<String>,
+    /// Seconds between the node's live reports, taken at start. None (and then left out, so
+    /// the config reads as before to nodes that know no live reports): [`LIVE_STATS_SECS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_stats_secs: Option<u64>,
 }
 
 impl std::fmt::Debug for DesiredConfig {
@@ -152,6 +161,55 @@ pub struct NodeReport {
     /// The node is stopping and this is its last report.
     #[serde(default, rename = "final")]
     pub last: bool,
+    /// The node's numbers now. Sent alone, never with records: a control plane that does not
+    /// know the field refuses that report only, and the records' own reports read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveStats>,
+}
+
+/// A node's numbers at one moment, for the control plane's `/metrics`: what its queue holds,
+/// who is connected, its totals since it started (a restart starts them at 0 again, as
+/// Prometheus counters expect) and its limits. The messages are the distribute queue's (the
+/// copy queue type holds none); the connections and bytes are both types'.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveStats {
+    /// Messages waiting for a subscriber with room.
+    pub waiting: u64,
+    /// Messages waiting for their delay to end.
+    pub delayed: u64,
+    /// Messages a subscriber holds: delivered, not acknowledged yet.
+    pub held: u64,
+    /// Messages in the dead letter queue.
+    pub dead_letter: u64,
+    /// Messages of durability 1 or 2, the dead letter queue's included.
+    pub durable: u64,
+    /// Open connections by role, both queue types.
+    pub publishers: u64,
+    pub subscribers: u64,
+    pub admins: u64,
+    /// Subscriber sessions whose connection dropped, kept for a resume.
+    pub saved_sessions: u64,
+    /// Messages taken (a publish, an administrator's `addmsg`) since the node started.
+    pub published: u64,
+    /// Messages handed to a subscriber since the node started; one returned and handed out
+    /// again counts again, a resend after a resume does not.
+    pub delivered: u64,
+    /// Acks and nacks since the node started (an administrator's `delmsg` or `movetodlq` is
+    /// neither).
+    pub acked: u64,
+    pub nacked: u64,
+    /// Bytes on the node's sockets since it started, as its usage records count them.
+    pub network_received: u64,
+    pub network_sent: u64,
+    /// The manual's `messages-memory-used`, `max-messages` and `max-messages-memory`.
+    pub messages_memory_used: u64,
+    pub max_messages: u64,
+    pub max_messages_memory: u64,
+    /// When the certificate the node serves stops being valid, in seconds since 1970; None
+    /// when it serves plain ws://.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_expires: Option<u64>,
 }
 
 /// One usage record (the manual's `getusage` line): its period ends at `time`.
@@ -316,8 +374,10 @@ mod tests {
             max_messages: None,
             max_messages_memory: None,
             node_token: None,
+            live_stats_secs: None,
         };
         let text = serde_json::to_string(&config).unwrap();
+        assert!(!text.contains("live_stats_secs"), "left out unless set");
         assert!(text.contains(r#""tls":{"mode":"queue","host":"a.q.c.d","generation":1}"#));
         assert_eq!(
             serde_json::from_str::<DesiredConfig>(&text).unwrap(),
@@ -331,6 +391,28 @@ mod tests {
             control_plane_ca_pem: None,
         };
         assert!(!format!("{bootstrap:?}").contains("secret-token"));
+    }
+
+    #[test]
+    fn a_report_of_records_reads_as_before_and_live_numbers_read_back() {
+        let records = NodeReport::default();
+        let text = serde_json::to_string(&records).unwrap();
+        assert_eq!(text, r#"{"usage":[],"stats":[],"final":false}"#);
+        let live = LiveStats {
+            waiting: 3,
+            acked: 7,
+            certificate_expires: Some(1_800_000_000),
+            ..LiveStats::default()
+        };
+        let report = NodeReport {
+            live: Some(live),
+            ..NodeReport::default()
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        assert!(text.contains(r#""waiting":3"#), "{text}");
+        assert_eq!(serde_json::from_str::<NodeReport>(&text).unwrap(), report);
+        let plain = serde_json::to_string(&LiveStats::default()).unwrap();
+        assert!(!plain.contains("certificate_expires"), "{plain}");
     }
 
     #[test]

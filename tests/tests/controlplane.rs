@@ -22,10 +22,12 @@ async fn a_created_queue_runs_serves_its_logins_and_is_deleted() {
     let mut queue = cp.wait_for_status(&id, "running").await;
     queue["logins"] = created["logins"].clone();
     assert_eq!(queue["host"], format!("{id}.q.test.thequeueexpert.com"));
+    // Until it runs, the address it will have; then where its node serves.
     assert_eq!(
-        queue["url"],
+        created["url"],
         format!("wss://{id}.q.test.thequeueexpert.com/")
     );
+    assert_eq!(queue["url"], queue["node"]);
     assert_eq!(
         queue["config"],
         json!({"version": 1, "applied": 1, "pending": false})

@@ -89,7 +89,7 @@ async fn a_deleted_queue_reports_its_last_usage_and_the_bill_counts_the_bytes_mo
 
     for bad in [
         "/v1/usage?from=2026-13-01&to=2026-12-01",
-        "/v1/usage?from=2026-11-01",
+        "/v1/usage?to=2026-11-31",
         "/v1/usage?from=2026-11-01&to=2026-11-02&format=xml",
         "/v1/bills?month=November",
     ] {
@@ -104,6 +104,19 @@ async fn a_deleted_queue_reports_its_last_usage_and_the_bill_counts_the_bytes_mo
         .call("GET", "/v1/bills?month=2026-11&queue=nosuchqueue", None)
         .await;
     assert_eq!(status, 404);
+    // Without dates: this month so far, and this month's bill.
+    let (status, this_month) = cp.call("GET", "/v1/usage", None).await;
+    assert_eq!(status, 200, "{this_month}");
+    assert_eq!(
+        this_month["usage"], usage["usage"],
+        "today's record is this month's"
+    );
+    let (status, this_bill) = cp.call("GET", "/v1/bills", None).await;
+    assert_eq!(
+        (status, this_bill["month"].as_str()),
+        (200, Some(month)),
+        "{this_bill}"
+    );
 }
 
 #[tokio::test]

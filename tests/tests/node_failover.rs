@@ -169,6 +169,7 @@ fn desired() -> DesiredConfig {
         max_messages: None,
         max_messages_memory: None,
         node_token: None,
+        live_stats_secs: None,
     }
 }
 

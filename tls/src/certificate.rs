@@ -74,6 +74,14 @@ impl Certificate {
         Ok(())
     }
 
+    /// When the certificate served now stops being valid, in seconds since 1970 (None if its
+    /// leaf does not read): what a node reports for the expiry alert.
+    pub fn not_after(&self) -> Option<u64> {
+        let current = self.current.read().expect("never poisoned").clone();
+        let (_, not_after) = crate::validity::validity(current.cert.first()?)?;
+        Some(not_after)
+    }
+
     fn changed(&self) -> bool {
         modified(&self.cert_path, &self.key_path) != *self.read_at.read().expect("never poisoned")
     }

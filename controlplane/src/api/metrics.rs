@@ -1,12 +1,20 @@
 //! `/metrics` in Prometheus's text format: queues by status (read from the store when scraped),
-//! and the API's request latency by route and status (recorded by a middleware).
+//! the API's request latency by route and status (recorded by a middleware), and each live
+//! queue's numbers as its node last reported them ([`crate::live`]), labelled `queue` and
+//! `account` (`""` for a queue of no account). Only live queues have series, so the label
+//! sets are bounded by them and a deleted queue's series are gone from the next scrape.
+//! infra/prometheus/alerts.yml and infra/grafana/queue-expert.json read these names.
 
 use super::{ApiError, AppState};
-use crate::queues::Status;
+use crate::certificates::NodeCertificates;
+use crate::live::{Latest, LiveNumbers};
+use crate::queues::{Queue, Status};
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use qe_shared::node_channel::LiveStats;
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +29,8 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), Histogram>>,
     /// Reports received from nodes and kept.
     pub node_reports: AtomicU64,
+    /// Each queue's latest live numbers, as its node reported them to this replica.
+    pub live: LiveNumbers,
 }
 
 #[derive(Default)]
@@ -88,6 +98,7 @@ pub async fn record(State(state): State<Arc<AppState>>, request: Request, next: 
 }
 
 pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiError> {
+    let queues = state.store.list().await?;
     let mut by_status: BTreeMap<&str, u64> = [
         ("provisioning", 0),
         ("running", 0),
@@ -96,7 +107,7 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         ("deleted", 0),
     ]
     .into();
-    for queue in state.store.list().await? {
+    for queue in &queues {
         let status = match queue.status {
             Status::Provisioning => "provisioning",
             Status::Running => "running",
@@ -116,5 +127,379 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
     out.push_str("# TYPE qe_node_reports_total counter\n");
     let _ = writeln!(out, "qe_node_reports_total {reports}");
     state.metrics.render_requests(&mut out);
+    let fresh_for = crate::live::fresh_for(state.config.live_stats_secs());
+    let now_ms = crate::live::now_ms();
+    render_live_queues(
+        &mut out,
+        &queues,
+        &state.metrics.live,
+        now_ms,
+        fresh_for.as_millis() as u64,
+    );
+    render_counter(
+        &mut out,
+        "qe_live_reports_total",
+        "Live reports this replica received from nodes.",
+        state.metrics.live.received(),
+    );
+    // Described in every mode, so the alert on it names a metric this serves; a value only
+    // in wildcard mode, once the certificate is issued.
+    let name = "qe_certificate_expiry_timestamp_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} When the cluster's wildcard certificate expires."
+    );
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    if let NodeCertificates::Wildcard { .. } = state.node_certificates {
+        let expires = state.store.certificate().await?.and_then(|issued| {
+            qe_tls::validity::validity_of_pem(&issued.chain_pem).map(|(_, to)| to)
+        });
+        if let Some(expires) = expires {
+            let _ = writeln!(out, "{name} {expires}");
+        }
+    }
     Ok(out)
+}
+
+fn render_counter(out: &mut String, name: &str, help: &str, value: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
+/// A family of per-queue series read from the live numbers: its name, type and help, and
+/// each series' extra labels with the number it shows (None: no series).
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    series: &'static [(&'static str, Reading)],
+}
+
+/// What one series shows of a queue's live numbers (None: nothing to show).
+type Reading = fn(&LiveStats) -> Option<u64>;
+
+/// Every per-queue family shown while a queue's numbers are fresh, in the order rendered.
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "qe_queue_messages",
+        kind: "gauge",
+        help: "Messages the queue holds, by state; their sum counts against max-messages.",
+        series: &[
+            ("state=\"waiting\"", |s| Some(s.waiting)),
+            ("state=\"delayed\"", |s| Some(s.delayed)),
+            ("state=\"held\"", |s| Some(s.held)),
+            ("state=\"dead_letter\"", |s| Some(s.dead_letter)),
+        ],
+    },
+    Family {
+        name: "qe_queue_durable_messages",
+        kind: "gauge",
+        help: "Messages of durability 1 or 2, the dead letter queue's included.",
+        series: &[("", |s| Some(s.durable))],
+    },
+    Family {
+        name: "qe_queue_connections",
+        kind: "gauge",
+        help: "Open connections by role, both queue types.",
+        series: &[
+            ("role=\"publisher\"", |s| Some(s.publishers)),
+            ("role=\"subscriber\"", |s| Some(s.subscribers)),
+            ("role=\"admin\"", |s| Some(s.admins)),
+        ],
+    },
+    Family {
+        name: "qe_queue_saved_sessions",
+        kind: "gauge",
+        help: "Subscriber sessions whose connection dropped, kept for a resume.",
+        series: &[("", |s| Some(s.saved_sessions))],
+    },
+    Family {
+        name: "qe_queue_published_messages_total",
+        kind: "counter",
+        help: "Messages published (and added by an administrator) since the node started.",
+        series: &[("", |s| Some(s.published))],
+    },
+    Family {
+        name: "qe_queue_delivered_messages_total",
+        kind: "counter",
+        help: "Messages handed to a subscriber since the node started.",
+        series: &[("", |s| Some(s.delivered))],
+    },
+    Family {
+        name: "qe_queue_acked_messages_total",
+        kind: "counter",
+        help: "Messages acknowledged since the node started.",
+        series: &[("", |s| Some(s.acked))],
+    },
+    Family {
+        name: "qe_queue_nacked_messages_total",
+        kind: "counter",
+        help: "Messages rejected (to the dead letter queue) since the node started.",
+        series: &[("", |s| Some(s.nacked))],
+    },
+    Family {
+        name: "qe_queue_network_received_bytes_total",
+        kind: "counter",
+        help: "Bytes the node's sockets received since it started.",
+        series: &[("", |s| Some(s.network_received))],
+    },
+    Family {
+        name: "qe_queue_network_sent_bytes_total",
+        kind: "counter",
+        help: "Bytes the node's sockets sent since it started.",
+        series: &[("", |s| Some(s.network_sent))],
+    },
+    Family {
+        name: "qe_queue_messages_memory_bytes",
+        kind: "gauge",
+        help: "The memory the queue's messages use (messages-memory-used).",
+        series: &[("", |s| Some(s.messages_memory_used))],
+    },
+    Family {
+        name: "qe_queue_max_messages",
+        kind: "gauge",
+        help: "The most messages the queue can hold, dead letter included (max-messages).",
+        series: &[("", |s| Some(s.max_messages))],
+    },
+    Family {
+        name: "qe_queue_max_messages_memory_bytes",
+        kind: "gauge",
+        help: "The memory the queue's messages may use (max-messages-memory).",
+        series: &[("", |s| Some(s.max_messages_memory))],
+    },
+    Family {
+        name: "qe_queue_certificate_expiry_timestamp_seconds",
+        kind: "gauge",
+        help: "When the certificate the queue's node serves expires (nodes with TLS).",
+        series: &[("", |s| s.certificate_expires)],
+    },
+];
+
+/// The per-queue families of the live ones of `queues` (every queue the store has), from
+/// `numbers`, which forgets every other queue's.
+fn render_live_queues(
+    out: &mut String,
+    queues: &[Queue],
+    numbers: &LiveNumbers,
+    now_ms: u64,
+    fresh_for_ms: u64,
+) {
+    let live: Vec<&Queue> = queues.iter().filter(|q| q.status.is_live()).collect();
+    let live_ids: std::collections::HashSet<&str> = live.iter().map(|q| q.id.as_str()).collect();
+    let latest = numbers.latest_of_live(|id| live_ids.contains(id));
+    render_queues(out, &live, &latest, now_ms, fresh_for_ms);
+}
+
+/// The per-queue families: for each of `live` (the live queues), an info series, and, once
+/// this replica has its node's numbers (`latest`), when they came and how old they are at
+/// `now_ms`; the numbers themselves only while younger than `fresh_for_ms`.
+fn render_queues(
+    out: &mut String,
+    live: &[&Queue],
+    latest: &HashMap<String, Latest>,
+    now_ms: u64,
+    fresh_for_ms: u64,
+) {
+    let labels: Vec<String> = live.iter().map(|queue| queue_labels(queue)).collect();
+    let name = "qe_queue_info";
+    let _ = writeln!(out, "# HELP {name} 1 for each live queue, with its tier.");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for (queue, labels) in live.iter().zip(&labels) {
+        let tier = match queue.tier {
+            crate::queues::Tier::Standard => "standard",
+            crate::queues::Tier::Devtest => "devtest",
+        };
+        let _ = writeln!(out, "{name}{{{labels},tier=\"{tier}\"}} 1");
+    }
+    let reported: Vec<(&String, &Latest)> = live
+        .iter()
+        .zip(&labels)
+        .filter_map(|(queue, labels)| Some((labels, latest.get(&queue.id)?)))
+        .collect();
+    let seconds = |ms: u64| format!("{}.{:03}", ms / 1000, ms % 1000);
+    let name = "qe_queue_last_report_timestamp_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} When this replica last had live numbers from the queue's node."
+    );
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for (labels, latest) in &reported {
+        let _ = writeln!(out, "{name}{{{labels}}} {}", seconds(latest.at_ms));
+    }
+    let name = "qe_queue_report_age_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} How old the live numbers this replica has from the queue's node are."
+    );
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for (labels, latest) in &reported {
+        let age = now_ms.saturating_sub(latest.at_ms);
+        let _ = writeln!(out, "{name}{{{labels}}} {}", seconds(age));
+    }
+    let fresh: Vec<&(&String, &Latest)> = reported
+        .iter()
+        .filter(|(_, latest)| now_ms.saturating_sub(latest.at_ms) < fresh_for_ms)
+        .collect();
+    for family in FAMILIES {
+        let name = family.name;
+        let _ = writeln!(out, "# HELP {name} {}", family.help);
+        let _ = writeln!(out, "# TYPE {name} {}", family.kind);
+        for (labels, latest) in &fresh {
+            for (extra, value) in family.series {
+                let Some(value) = value(&latest.stats) else {
+                    continue;
+                };
+                let comma = if extra.is_empty() { "" } else { "," };
+                let _ = writeln!(out, "{name}{{{labels}{comma}{extra}}} {value}");
+            }
+        }
+    }
+}
+
+/// `queue="ID",account="ACCOUNT"`, escaped.
+fn queue_labels(queue: &Queue) -> String {
+    let account = queue.account.as_deref().unwrap_or("");
+    format!(
+        "queue=\"{}\",account=\"{}\"",
+        escape(&queue.id),
+        escape(account)
+    )
+}
+
+/// A label value as the text format writes it: backslash, double quote and line feed
+/// escaped.
+fn escape(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queues::{NewQueue, Tier};
+
+    fn queue(account: Option<&str>, status: Status) -> Queue {
+        let (mut queue, _) = crate::queues::create(NewQueue {
+            tier: Tier::Devtest,
+            region: "local".into(),
+            instance_type: "local".into(),
+            ipv4: false,
+            account: account.map(String::from),
+        });
+        queue.status = status;
+        queue
+    }
+
+    const NOW_MS: u64 = 1_800_000_000_000;
+    const FRESH_FOR_MS: u64 = 30_000;
+
+    fn render(queues: &[Queue], numbers: &LiveNumbers) -> String {
+        let mut out = String::new();
+        render_live_queues(&mut out, queues, numbers, NOW_MS, FRESH_FOR_MS);
+        out
+    }
+
+    #[test]
+    fn label_values_escape_backslash_quote_and_line_feed() {
+        assert_eq!(escape(r#"a\b"c"#), r#"a\\b\"c"#);
+        assert_eq!(escape("two\nlines"), r"two\nlines");
+        assert_eq!(escape("plain-id"), "plain-id");
+    }
+
+    #[test]
+    fn a_queue_of_an_account_with_odd_characters_reads_back_escaped() {
+        let odd = queue(Some("ac\"me\\\nltd"), Status::Running);
+        let numbers = LiveNumbers::default();
+        let stats = LiveStats {
+            waiting: 4,
+            acked: 9,
+            ..LiveStats::default()
+        };
+        numbers.keep_at(&odd.id, stats, NOW_MS - 1_500);
+        let out = render(std::slice::from_ref(&odd), &numbers);
+        let labels = format!(r#"queue="{}",account="ac\"me\\\nltd""#, odd.id);
+        for line in [
+            format!("qe_queue_messages{{{labels},state=\"waiting\"}} 4"),
+            format!("qe_queue_acked_messages_total{{{labels}}} 9"),
+            format!("qe_queue_report_age_seconds{{{labels}}} 1.500"),
+            format!("qe_queue_info{{{labels},tier=\"devtest\"}} 1"),
+        ] {
+            assert!(out.lines().any(|l| l == line), "no {line:?} in\n{out}");
+        }
+        assert!(
+            !out.contains("certificate_expiry_timestamp_seconds{"),
+            "no series for a node without TLS:\n{out}"
+        );
+        // Every sample line is one line: nothing unescaped split it.
+        for line in out.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("qe_queue_"), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn a_deleted_queues_series_are_gone_and_its_numbers_forgotten() {
+        let kept = queue(None, Status::Running);
+        let deleted = queue(Some("acme"), Status::Deleted);
+        let deleting = queue(Some("acme"), Status::Deleting);
+        let numbers = LiveNumbers::default();
+        for queue in [&kept, &deleted, &deleting] {
+            numbers.keep_at(&queue.id, LiveStats::default(), NOW_MS - 1_000);
+        }
+        let queues = [kept.clone(), deleted.clone(), deleting.clone()];
+        let out = render(&queues, &numbers);
+        assert!(
+            out.contains(&format!("queue=\"{}\",account=\"\"", kept.id)),
+            "{out}"
+        );
+        for gone in [&deleted, &deleting] {
+            assert!(!out.contains(&gone.id), "{} shows:\n{out}", gone.id);
+        }
+        assert_eq!(
+            numbers.latest_of_live(|_| true).len(),
+            1,
+            "what the deleted queues reported is dropped, not kept hidden"
+        );
+    }
+
+    #[test]
+    fn stale_numbers_hide_but_their_age_still_shows() {
+        let stale = queue(None, Status::Running);
+        let silent = queue(None, Status::Provisioning);
+        let numbers = LiveNumbers::default();
+        numbers.keep_at(&stale.id, LiveStats::default(), NOW_MS - FRESH_FOR_MS);
+        let out = render(&[stale.clone(), silent.clone()], &numbers);
+        let labels = format!(r#"queue="{}",account="""#, stale.id);
+        assert!(
+            out.contains(&format!("qe_queue_report_age_seconds{{{labels}}} 30.000")),
+            "{out}"
+        );
+        assert!(
+            !out.contains(&format!("qe_queue_messages{{{labels}")),
+            "{out}"
+        );
+        // A queue whose node never reported here: its info alone, for the alert on absence.
+        assert_eq!(out.matches(&silent.id).count(), 1, "{out}");
+    }
+
+    #[test]
+    fn each_family_is_described_once() {
+        let mut out = String::new();
+        render_queues(&mut out, &[], &HashMap::new(), NOW_MS, FRESH_FOR_MS);
+        let types: Vec<&str> = out.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let mut unique = types.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(types.len(), unique.len(), "{out}");
+        assert_eq!(types.len(), FAMILIES.len() + 3, "{out}");
+    }
 }

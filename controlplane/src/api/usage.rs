@@ -31,6 +31,9 @@ pub struct ArrivingReport {
     /// The node is stopping and this is its last report.
     #[serde(default, rename = "final")]
     last: bool,
+    /// The node's numbers now, for `/metrics` ([`crate::live`]): kept in memory, never stored.
+    #[serde(default)]
+    live: Option<qe_shared::node_channel::LiveStats>,
 }
 
 #[derive(Deserialize)]
@@ -59,6 +62,14 @@ pub async fn receive(
     Json(report): Json<ArrivingReport>,
 ) -> Result<Json<ReportReceipt>, ApiError> {
     let queue = &caller.queue;
+    // Live numbers come alone, from every node every few seconds: answered at once, with no
+    // store write and no log line.
+    if let Some(live) = report.live {
+        state.metrics.live.keep(&queue.id, live);
+        if report.usage.is_empty() && report.stats.is_empty() && !report.last {
+            return Ok(Json(ReportReceipt::default()));
+        }
+    }
     let usage = report
         .usage
         .into_iter()
@@ -143,8 +154,10 @@ fn read_stats(stored: &[u8]) -> Option<StatsRecord> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UsageQuery {
-    from: String,
-    to: String,
+    /// The first day (default: the first of this month).
+    from: Option<String>,
+    /// The last day (default: today).
+    to: Option<String>,
     queue: Option<String>,
     account: Option<String>,
     format: Option<String>,
@@ -153,7 +166,8 @@ pub struct UsageQuery {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BillQuery {
-    month: String,
+    /// Default: this month.
+    month: Option<String>,
     queue: Option<String>,
     account: Option<String>,
     format: Option<String>,
@@ -162,7 +176,8 @@ pub struct BillQuery {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InvoiceQuery {
-    month: String,
+    /// Default: this month.
+    month: Option<String>,
     format: Option<String>,
 }
 
@@ -179,7 +194,11 @@ impl UsageQuery {
             usage::parse_date(text)
                 .ok_or_else(|| ApiError::BadRequest(format!("{text:?} is not a YYYY-MM-DD date")))
         };
-        Ok(date(&self.from)?..date(&self.to)? + usage::DAY)
+        let today = usage::today();
+        let first_of_month = format!("{}-01", &today[..7]);
+        let from = self.from.as_deref().unwrap_or(&first_of_month);
+        let to = self.to.as_deref().unwrap_or(&today);
+        Ok(date(from)?..date(to)? + usage::DAY)
     }
 }
 
@@ -313,7 +332,8 @@ pub async fn bills(
     Extension(caller): Extension<Caller>,
     Query(query): Query<BillQuery>,
 ) -> Result<Response, ApiError> {
-    let (from, to) = month(&query.month)?;
+    let month_asked = query.month.unwrap_or_else(this_month);
+    let (from, to) = month(&month_asked)?;
     let csv = wants_csv(query.format.as_deref())?;
     let account = query.account.clone().or(caller.account().map(String::from));
     let asked = Asked {
@@ -326,7 +346,7 @@ pub async fn bills(
         true => csv_table(BILL_COLUMNS, lines.iter().map(bill_row)),
         false => {
             let mut bill = invoice(&lines);
-            bill["month"] = json!(query.month);
+            bill["month"] = json!(month_asked);
             if let Some(account) = account {
                 bill["account"] = json!(account);
             }
@@ -342,7 +362,8 @@ pub async fn invoices(
     Extension(caller): Extension<Caller>,
     Query(query): Query<InvoiceQuery>,
 ) -> Result<Response, ApiError> {
-    let (from, to) = month(&query.month)?;
+    let month_asked = query.month.unwrap_or_else(this_month);
+    let (from, to) = month(&month_asked)?;
     let csv = wants_csv(query.format.as_deref())?;
     let mut by_account: std::collections::BTreeMap<Option<String>, Vec<Queue>> = Default::default();
     for account in state.store.accounts().await? {
@@ -390,7 +411,7 @@ pub async fn invoices(
                     invoice
                 })
                 .collect();
-            Json(json!({"month": query.month, "invoices": invoices})).into_response()
+            Json(json!({"month": month_asked, "invoices": invoices})).into_response()
         }
     })
 }
@@ -428,6 +449,11 @@ fn invoice(lines: &[usage::BillLine]) -> Value {
 
 fn round6(amount: f64) -> f64 {
     (amount * 1e6).round() / 1e6
+}
+
+/// `YYYY-MM` of today (UTC).
+fn this_month() -> String {
+    usage::today()[..7].to_string()
 }
 
 fn month(text: &str) -> Result<(u64, u64), ApiError> {

@@ -45,8 +45,11 @@ impl NodeProcess {
     pub async fn exited(&mut self) {
         match self {
             NodeProcess::Child(child) => {
-                let status = child.wait().await;
-                tracing::warn!(?status, "a node exited");
+                // One that stopped cleanly (asked to, or at the end of its work) is no news.
+                match child.wait().await {
+                    Ok(status) if status.success() => tracing::info!("a node stopped"),
+                    status => tracing::warn!(?status, "a node exited"),
+                }
             }
             // A pidfd becomes readable when its process exits.
             NodeProcess::Adopted { exit, pid } => {

@@ -21,7 +21,7 @@ pub use copy::{CopyQueue, CopySubscription};
 pub use ids::{IdMap, MessageId, SessionId};
 pub use message::{BodyType, Durability, Message, NewMessage};
 pub use outbox::{Frames, Outbound};
-pub use queue::{Anchor, Counts, Limits, QueueState, Refused};
+pub use queue::{Anchor, Counts, Limits, QueueState, Refused, Totals};
 
 use crate::store::{Receipt, Store};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,6 +34,15 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .expect("the clock is after 1970")
         .as_millis() as u64
+}
+
+/// What [`Queue::snapshot`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot {
+    pub counts: Counts,
+    pub totals: Totals,
+    /// `messages-memory-used`.
+    pub memory_used: u64,
 }
 
 /// A cheap, cloneable handle on the distribute queue.
@@ -84,6 +93,17 @@ impl Queue {
     /// `messages-memory-used`.
     pub fn memory_used(&self) -> u64 {
         self.lock().memory_used()
+    }
+
+    /// The counters, the totals and the memory used, read under one lock (the node's live
+    /// numbers), so they agree with each other.
+    pub fn snapshot(&self) -> Snapshot {
+        let state = self.lock();
+        Snapshot {
+            counts: state.counts(),
+            totals: state.totals(),
+            memory_used: state.memory_used(),
+        }
     }
 
     /// An administrator's page of the queue or the dead letter queue; see [`QueueState::page`].

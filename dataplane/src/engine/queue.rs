@@ -81,11 +81,26 @@ pub enum Anchor {
 pub struct Counts {
     /// Waiting, held, delayed and dead-lettered.
     pub messages: usize,
+    /// Waiting for a subscriber with room.
+    pub waiting: usize,
     pub saved_sessions: usize,
     pub unacknowledged: usize,
     pub dead_letter: usize,
     pub delayed: usize,
     pub durable: usize,
+}
+
+/// What the queue has done since the node started, for the control plane's counters: plain
+/// integers, added to under the lock each operation already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Totals {
+    /// Messages taken by [`QueueState::publish`].
+    pub published: u64,
+    /// Messages handed to a subscriber by `dispatch` (a returned one again when it goes out
+    /// again; a resend to a resumed session is not a new delivery).
+    pub delivered: u64,
+    pub acked: u64,
+    pub nacked: u64,
 }
 
 /// Where a message in the queue (not the dead letter queue) is.
@@ -128,6 +143,8 @@ pub struct QueueState {
     memory_used: u64,
     /// Messages with durability 1 or 2, dead letter included.
     durable_count: usize,
+    /// Publishes, deliveries, acks and nacks since start.
+    totals: Totals,
     store: Box<dyn Store>,
 }
 
@@ -146,6 +163,7 @@ impl QueueState {
             expiries: BTreeSet::new(),
             memory_used: 0,
             durable_count: 0,
+            totals: Totals::default(),
             store,
         }
     }
@@ -185,6 +203,7 @@ impl QueueState {
             None => self.enqueue(id),
         };
         self.messages.insert(id, Box::new(Entry { message, place }));
+        self.totals.published += 1;
         self.dispatch();
         Ok((id, receipt))
     }
@@ -264,6 +283,7 @@ impl QueueState {
             .expect("a held message is in the queue");
         self.forget(&entry.message);
         let receipt = self.store.record(Change::Acked(id));
+        self.totals.acked += 1;
         self.dispatch();
         Ok(receipt)
     }
@@ -284,6 +304,7 @@ impl QueueState {
             .expect("a held message is in the queue");
         let receipt = self.store.record(Change::DeadLettered(id));
         self.dead.insert(id, entry.message);
+        self.totals.nacked += 1;
         self.dispatch();
         Ok(receipt)
     }
@@ -408,6 +429,7 @@ impl QueueState {
         let delayed = self.delayed.len();
         Counts {
             messages: self.messages.len() + self.dead.len(),
+            waiting: self.waiting_count,
             saved_sessions: self.saved.len(),
             // Every message in `messages` waits, is held, or is delayed.
             unacknowledged: self.messages.len() - self.waiting_count - delayed,
@@ -415,6 +437,11 @@ impl QueueState {
             delayed,
             durable: self.durable_count,
         }
+    }
+
+    /// Publishes, deliveries, acks and nacks since start.
+    pub fn totals(&self) -> Totals {
+        self.totals
     }
 
     /// Up to `count` messages of the queue (`dead_letter` false) or the dead letter queue, in
@@ -584,6 +611,7 @@ impl QueueState {
             let frame = entry.message.frame_for_delivery();
             let _ = self.store.record(Change::Delivered { id, session });
             self.line.hold(session, id, frame);
+            self.totals.delivered += 1;
         }
     }
 }

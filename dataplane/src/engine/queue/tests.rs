@@ -201,6 +201,55 @@ fn a_nack_dead_letters_the_message_and_it_is_never_delivered_again() {
 }
 
 #[test]
+fn the_totals_count_publishes_deliveries_acks_and_nacks_and_refusals_count_nothing() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 2);
+    let m1 = publish(&mut q, "m1");
+    let m2 = publish(&mut q, "m2");
+    publish(&mut q, "m3");
+    assert_eq!(a.bodies(), ["m1", "m2"]);
+    let _ = q.ack(a.session, m1).unwrap();
+    let _ = q.nack(a.session, m2).unwrap();
+    assert_eq!(q.ack(a.session, m1).unwrap_err(), Refused::NotHeld);
+    assert_eq!(a.bodies(), ["m3"]);
+    // m3 goes back when a leaves, and out again to b: a second delivery.
+    q.leave(a.session);
+    let mut b = Sub::join(&mut q, 1);
+    assert_eq!(b.bodies(), ["m3"]);
+    let totals = q.totals();
+    assert_eq!(
+        totals,
+        Totals {
+            published: 3,
+            delivered: 4,
+            acked: 1,
+            nacked: 1
+        }
+    );
+    let counts = q.counts();
+    assert_eq!(
+        (counts.waiting, counts.unacknowledged, counts.dead_letter),
+        (0, 1, 1)
+    );
+    let mut full = QueueState::new(
+        Box::new(MemoryStore),
+        Limits {
+            max_messages: 0,
+            ..roomy()
+        },
+    );
+    assert_eq!(
+        full.publish(&text("no room"), T0).unwrap_err(),
+        Refused::QueueFull
+    );
+    assert_eq!(
+        full.totals(),
+        Totals::default(),
+        "a refused publish is not counted"
+    );
+}
+
+#[test]
 fn a_durability_zero_message_cannot_be_nacked_and_stays_held() {
     let mut q = queue();
     let mut a = Sub::join(&mut q, 1);

@@ -132,12 +132,28 @@ impl Store {
     }
 
     /// `change` applied to the record at `key` as one compare-and-swap, tried again while
-    /// another change wins the race; `None` if there is no record.
+    /// another change wins the race (so `change` may run more than once, and may refuse with
+    /// `Err`, which changes nothing); `None` if there is no record.
     async fn update_json<R, T, E>(
         &self,
         key: &str,
-        mut change: impl FnMut(&mut R) -> Result<T, E>,
+        change: impl FnMut(&mut R) -> Result<T, E>,
     ) -> Result<Option<(R, T)>, E>
+    where
+        R: Serialize + DeserializeOwned,
+        E: From<StoreError>,
+    {
+        let updated = self.swap_json(key, change).await?;
+        Ok(updated.map(|(record, answer, _)| (record, answer)))
+    }
+
+    /// [`Store::update_json`], fenced when this handle is, saying whether it wrote (a change
+    /// that changes nothing writes nothing).
+    pub(super) async fn swap_json<R, T, E>(
+        &self,
+        key: &str,
+        mut change: impl FnMut(&mut R) -> Result<T, E>,
+    ) -> Result<Option<(R, T, bool)>, E>
     where
         R: Serialize + DeserializeOwned,
         E: From<StoreError>,
@@ -150,10 +166,11 @@ impl Store {
             let answer = change(&mut record)?;
             let new = serde_json::to_vec(&record).map_err(StoreError::from)?;
             if new == old.value {
-                return Ok(Some((record, answer)));
+                return Ok(Some((record, answer, false)));
             }
-            if self.kv.swap(key, Some(&old.version), new, None).await? {
-                return Ok(Some((record, answer)));
+            let fence = self.fence.as_ref();
+            if self.kv.swap(key, Some(&old.version), new, fence).await? {
+                return Ok(Some((record, answer, true)));
             }
         }
     }

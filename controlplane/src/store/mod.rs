@@ -272,26 +272,14 @@ impl Store {
     pub async fn update<T, E: From<StoreError>>(
         &self,
         id: &str,
-        mut change: impl FnMut(&mut Queue) -> Result<T, E>,
+        change: impl FnMut(&mut Queue) -> Result<T, E>,
     ) -> Result<Option<(Queue, T)>, E> {
         let key = format!("{QUEUES}{id}");
-        loop {
-            let Some(old) = self.kv.get(&key).await? else {
-                return Ok(None);
-            };
-            let mut queue: Queue = serde_json::from_slice(&old.value).map_err(StoreError::from)?;
-            let answer = change(&mut queue)?;
-            let new = serde_json::to_vec(&queue).map_err(StoreError::from)?;
-            // Nothing changed: nothing to write or wake anyone for.
-            if new == old.value {
-                return Ok(Some((queue, answer)));
-            }
-            let fence = self.fence.as_ref();
-            if self.kv.swap(&key, Some(&old.version), new, fence).await? {
-                self.changed.queue_changed(id);
-                return Ok(Some((queue, answer)));
-            }
+        let updated = self.swap_json(&key, change).await?;
+        if let Some((_, _, true)) = &updated {
+            self.changed.queue_changed(id);
         }
+        Ok(updated.map(|(queue, answer, _)| (queue, answer)))
     }
 
     /// Waits until queue `id`'s record passes `test`, at most `within`; returns the record as

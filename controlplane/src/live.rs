@@ -66,6 +66,14 @@ impl LiveNumbers {
         all.clone()
     }
 
+    /// Queue `queue_id`'s latest numbers if they are younger than `fresh_for`.
+    pub fn fresh(&self, queue_id: &str, fresh_for: Duration) -> Option<Latest> {
+        let all = self.latest.lock().expect("never poisoned");
+        let latest = *all.get(queue_id)?;
+        let age_ms = now_ms().saturating_sub(latest.at_ms);
+        (age_ms < fresh_for.as_millis() as u64).then_some(latest)
+    }
+
     /// Live reports this replica received since it started.
     pub fn received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)

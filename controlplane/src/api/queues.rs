@@ -52,7 +52,23 @@ fn view(state: &AppState, queue: &Queue) -> Value {
             "applied": queue.applied_version,
             "pending": queue.change_pending(),
         },
+        "live": live_numbers(state, queue),
     })
+}
+
+/// The queue's numbers as its node last reported them to this replica ([`crate::live`]),
+/// with how old they are; `null` when there are none fresh (not known, which is not zero).
+fn live_numbers(state: &AppState, queue: &Queue) -> Value {
+    let fresh_for = crate::live::fresh_for(state.config.live_stats_secs());
+    match state.metrics.live.fresh(&queue.id, fresh_for) {
+        Some(latest) if queue.status.is_live() => {
+            let mut numbers = serde_json::to_value(latest.stats).expect("numbers serialize");
+            let age_ms = crate::live::now_ms().saturating_sub(latest.at_ms);
+            numbers["age_secs"] = json!(age_ms as f64 / 1000.0);
+            numbers
+        }
+        _ => Value::Null,
+    }
 }
 
 /// Records a new queue, to be provisioned; returns at once (`provisioning`), with the

@@ -7,8 +7,9 @@ use std::borrow::Cow;
 use std::io::Write;
 use std::sync::Arc;
 
-/// How safe a message is if the machine fails (the manual's Durability table).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How safe a message is if the machine fails (the manual's Durability table). Ordered from
+/// the weakest to the strongest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum Durability {
     /// Memory only; lost on restart; cannot go to the dead letter queue.
     None = 0,
@@ -164,6 +165,18 @@ impl Message {
             recdat: recdat as u32,
             frame: frame.into(),
         }
+    }
+}
+
+impl Message {
+    /// Whether this is a dead-letter entry for damaged bytes of the store (see
+    /// [`Message::damaged`]), not a message: its frame is `{"id":"..","damaged":true,..}`,
+    /// where a message's frame has `"type"` or `"publisherkey"` after the id.
+    pub fn is_damaged(&self) -> bool {
+        const AFTER_ID: usize = r#"{"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f""#.len();
+        self.frame
+            .get(AFTER_ID..)
+            .is_some_and(|rest| rest.starts_with(br#","damaged":true"#))
     }
 }
 

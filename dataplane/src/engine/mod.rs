@@ -21,7 +21,7 @@ pub use copy::{CopyQueue, CopySubscription};
 pub use ids::{IdMap, MessageId, SessionId};
 pub use message::{BodyType, Durability, Message, NewMessage};
 pub use outbox::{Frames, Outbound};
-pub use queue::{Anchor, Counts, Limits, QueueState, Refused, Totals};
+pub use queue::{Anchor, Counts, Limits, QueueState, Redrive, Refused, Scope, Totals};
 
 use crate::store::{Receipt, Store};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -137,6 +137,28 @@ impl Queue {
     /// `deldlqmsg`; see [`QueueState::delete_dead_letter`].
     pub fn delete_dead_letter(&self, id: MessageId) -> Result<Receipt, Refused> {
         self.lock().delete_dead_letter(id)
+    }
+
+    /// `purge`; see [`QueueState::purge`]. It takes the lock once, for time proportional to
+    /// what it removes: one record must say what went.
+    pub fn purge(&self, scope: Scope) -> (usize, Receipt) {
+        self.lock().purge(scope, now_ms())
+    }
+
+    /// `redrive`: chooses what moves (see [`QueueState::redrive_selection`]), then moves it
+    /// `REDRIVE_STEP` messages per hold of the lock, so that the other connections' requests,
+    /// and the log's writer, go on between steps. Returns how many moved and one receipt.
+    pub fn redrive(&self, which: Redrive<'_>) -> Result<(usize, Receipt), Refused> {
+        const REDRIVE_STEP: usize = 1024;
+        let selection = self.lock().redrive_selection(which)?;
+        let mut moved = 0;
+        let mut receipt = Receipt::Done;
+        for step in selection.chunks(REDRIVE_STEP) {
+            let (count, step_receipt) = self.lock().redrive(step);
+            moved += count;
+            receipt = receipt.and(step_receipt);
+        }
+        Ok((moved, receipt))
     }
 
     /// Loads what the store kept, at start.

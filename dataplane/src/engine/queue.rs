@@ -54,6 +54,30 @@ impl Refused {
     }
 }
 
+/// What a purge empties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Messages waiting for a subscriber with room (not held, not delayed).
+    Waiting,
+    /// Messages waiting for their delay to end.
+    Delayed,
+    /// The dead letter queue.
+    DeadLetter,
+    /// Everything: waiting, held (their holders are told), delayed and dead-lettered.
+    All,
+}
+
+/// Which dead-lettered messages a redrive moves back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redrive<'a> {
+    /// All of them.
+    All,
+    /// These; each must be in the dead letter queue (a repeated id counts once).
+    Ids(&'a [MessageId]),
+    /// Up to this many, oldest id first.
+    Count(usize),
+}
+
 /// How much the queue may hold.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -127,6 +151,11 @@ pub struct QueueState {
     /// Waiting messages in delivery order; a returned message goes to the back. An id whose
     /// message no longer waits (an administrator took it) is skipped when it comes up.
     waiting: VecDeque<MessageId>,
+    /// Ids in `waiting` to skip, and how many times: an administrator took the message while
+    /// it waited. Counted, not looked up by the message's place, because a message can wait
+    /// again under the same id (a redrive) and must then wait at the back, not at its old
+    /// place: its old entries come first and are the ones skipped.
+    skipped: IdMap<MessageId, u32>,
     /// How many messages wait (`waiting` may also hold skipped ids).
     waiting_count: usize,
     /// Delayed messages by (due time in ms, id): the first entry is the next to release.
@@ -155,6 +184,7 @@ impl QueueState {
             limits,
             messages: BTreeMap::new(),
             waiting: VecDeque::new(),
+            skipped: IdMap::default(),
             waiting_count: 0,
             delayed: BTreeSet::new(),
             dead: BTreeMap::new(),
@@ -515,12 +545,135 @@ impl QueueState {
         Ok(self.store.record(Change::Acked(id)))
     }
 
+    /// An administrator empties a part of the queue (see [`Scope`]): holders of what goes are
+    /// told, as for `delmsg`. One store record names every message that goes. Costs O(log n)
+    /// per message removed (and the waiting line's skipped ids), nothing for what stays.
+    /// Returns how many went, and the receipt of the record.
+    pub fn purge(&mut self, scope: Scope, now_ms: u64) -> (usize, Receipt) {
+        // A delay that has ended makes its message waiting, whether or not the timer ran.
+        self.release_due(now_ms);
+        let mut gone: Vec<MessageId> = Vec::new();
+        let mut forgotten = (0u64, 0usize);
+        let mut forget = |message: &Message| {
+            forgotten.0 += memory_cost(message);
+            forgotten.1 += (message.durability != Durability::None) as usize;
+        };
+        if scope == Scope::Waiting {
+            for id in std::mem::take(&mut self.waiting) {
+                if self.skip(id) {
+                    continue;
+                }
+                let entry = self
+                    .messages
+                    .remove(&id)
+                    .expect("a waiting message is queued");
+                debug_assert_eq!(entry.place, Place::Waiting);
+                forget(&entry.message);
+                gone.push(id);
+            }
+            debug_assert!(self.skipped.is_empty());
+            self.waiting_count = 0;
+        }
+        if scope == Scope::Delayed {
+            for (_, id) in std::mem::take(&mut self.delayed) {
+                let entry = self
+                    .messages
+                    .remove(&id)
+                    .expect("a delayed message is queued");
+                forget(&entry.message);
+                gone.push(id);
+            }
+        }
+        if scope == Scope::All {
+            self.waiting.clear();
+            self.skipped.clear();
+            self.waiting_count = 0;
+            self.delayed.clear();
+            for (id, entry) in std::mem::take(&mut self.messages) {
+                if let Place::Held(session) = entry.place {
+                    self.line.release(session, id);
+                    self.line.notify(session, notice_frame("deleted", id));
+                }
+                forget(&entry.message);
+                gone.push(id);
+            }
+        }
+        if matches!(scope, Scope::DeadLetter | Scope::All) {
+            for (id, message) in std::mem::take(&mut self.dead) {
+                forget(&message);
+                gone.push(id);
+            }
+        }
+        self.memory_used -= forgotten.0;
+        self.durable_count -= forgotten.1;
+        let receipt = match gone.is_empty() {
+            true => Receipt::Done,
+            false => self.store.record(Change::Purged(&gone)),
+        };
+        self.dispatch();
+        (gone.len(), receipt)
+    }
+
+    /// The dead-lettered messages a redrive of `which` would move, in the order it moves them
+    /// (ascending id; a list in its own order); `NotFound` if a listed id is not in the dead
+    /// letter queue, or is a damaged entry (which is no message to deliver); `StoreDown` if the
+    /// store can no longer make the move durable. Changes nothing.
+    pub fn redrive_selection(&self, which: Redrive<'_>) -> Result<Vec<MessageId>, Refused> {
+        if !self.store.is_writable() {
+            return Err(Refused::StoreDown);
+        }
+        let redrivable =
+            |(id, message): (&MessageId, &Message)| (!message.is_damaged()).then_some(*id);
+        match which {
+            Redrive::All => Ok(self.dead.iter().filter_map(redrivable).collect()),
+            Redrive::Count(count) => Ok(self
+                .dead
+                .iter()
+                .filter_map(redrivable)
+                .take(count)
+                .collect()),
+            Redrive::Ids(ids) => {
+                let found = |id: &MessageId| self.dead.get_key_value(id).and_then(redrivable);
+                if !ids.iter().all(|id| found(id).is_some()) {
+                    return Err(Refused::NotFound);
+                }
+                let mut seen = BTreeSet::new();
+                Ok(ids.iter().copied().filter(|id| seen.insert(*id)).collect())
+            }
+        }
+    }
+
+    /// Moves `ids` from the dead letter queue to the back of the queue, unchanged (id, frame,
+    /// durability, publish time), in that order, and delivers them to subscribers with room.
+    /// An id no longer there (deleted since it was chosen) is passed over. Each move is its
+    /// own store record, which flips the message's place: however many of them a crash lets
+    /// through, each message is in exactly one of the two. Returns how many moved, and one
+    /// receipt for them all.
+    pub fn redrive(&mut self, ids: &[MessageId]) -> (usize, Receipt) {
+        let mut moved = 0;
+        let mut receipt = Receipt::Done;
+        for &id in ids {
+            let Some(message) = self.dead.remove(&id) else {
+                continue;
+            };
+            let place = self.enqueue(id);
+            self.messages.insert(id, Box::new(Entry { message, place }));
+            receipt = receipt.and(self.store.record(Change::Redriven(id)));
+            moved += 1;
+        }
+        self.dispatch();
+        (moved, receipt)
+    }
+
     /// Takes `id` out of the queue, wherever it is; a holder gets a `notice` and its slot back.
     fn take(&mut self, id: MessageId, notice: &str) -> Option<Entry> {
         let entry = *self.messages.remove(&id)?;
         match entry.place {
             // Its id stays in `waiting` and is skipped when it comes up.
-            Place::Waiting => self.waiting_count -= 1,
+            Place::Waiting => {
+                self.waiting_count -= 1;
+                *self.skipped.entry(id).or_default() += 1;
+            }
             Place::Held(session) => {
                 self.line.release(session, id);
                 self.line.notify(session, notice_frame(notice, id));
@@ -593,6 +746,18 @@ impl QueueState {
         Place::Waiting
     }
 
+    /// Whether this entry of `id` in `waiting`, just taken from its front, is one to skip.
+    fn skip(&mut self, id: MessageId) -> bool {
+        let Some(count) = self.skipped.get_mut(&id) else {
+            return false;
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.skipped.remove(&id);
+        }
+        true
+    }
+
     /// Gives waiting messages, front first, to the first subscriber with room, until nothing
     /// waits or nobody has room.
     fn dispatch(&mut self) {
@@ -600,6 +765,9 @@ impl QueueState {
             let Some(id) = self.waiting.pop_front() else {
                 break;
             };
+            if self.skip(id) {
+                continue;
+            }
             let Some(entry) = self.messages.get_mut(&id) else {
                 continue; // taken by an administrator while it waited
             };

@@ -1,10 +1,25 @@
 //! An administrator: watches the queue, manages its messages and settings.
+//!
+//! Beyond the manual, two commands manage messages in bulk (README, "Beyond the manual"):
+//! - `{"cmd":"purge","scope":"waiting"|"delayed"|"dlq"|"all"}` removes what the scope names
+//!   (`all`: waiting, held, delayed and dead-lettered; holders get `{"deleted":true,..}`) and
+//!   replies `{"status":"Success.","purged":N}`. A scope that is missing or not one of these
+//!   gets 400.
+//! - `{"cmd":"redrive"}` moves every dead-lettered message back to the back of the queue,
+//!   `"ids":[..]` the ones listed, `"count":N` up to N, oldest id first; it replies
+//!   `{"status":"Success.","redriven":N}`. `ids` that is not a non-empty list of ids, or names
+//!   one that is not in the dead letter queue, gets 301 and moves nothing; a `count` that is
+//!   not a whole number from 1 to `MAX_REDRIVE_COUNT` gets 412; both `ids` and `count` get 400.
+//!   A log that can no longer make a change durable gets 502, and nothing moves.
+//!
+//! Both wait for the durability their messages need, as `delmsg` does: 507 (with the count)
+//! if it cannot be reached; the change was made.
 
 use super::publisher::Publisher;
 use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response};
 use crate::engine::outbox::{outbox, Outbox};
-use crate::engine::{Anchor, Frames, Message, MessageId, Queue, Refused};
+use crate::engine::{Anchor, Frames, Message, MessageId, Queue, Redrive, Refused, Scope};
 use crate::history;
 use crate::node::Node;
 use crate::store::Receipt;
@@ -19,6 +34,8 @@ use tokio::task::JoinHandle;
 
 /// The longest page of `getmsgs` and `getdlqmsgs`.
 const MAX_PAGE: u64 = 1600;
+/// The largest `count` of a `redrive`: max-messages is never more.
+const MAX_REDRIVE_COUNT: u64 = 1_000_000;
 /// `getlivestats` pushes: 0 stops them, else every 30 to 900 seconds.
 const PUSH_PERIOD_SECS: std::ops::RangeInclusive<u64> = 30..=900;
 
@@ -90,6 +107,8 @@ impl Admin {
             "delmsg" => self.change(&fields, |q, id| q.delete(id)),
             "movetodlq" => self.change(&fields, |q, id| q.move_to_dead_letter(id)),
             "deldlqmsg" => self.change(&fields, |q, id| q.delete_dead_letter(id)),
+            "purge" => self.purge(&fields),
+            "redrive" => self.redrive(&fields),
             "getcfg" => Response::reply(self.config()),
             "setcfg" => Response::reply(self.set_config(&fields)),
             _ => Response::reply(Reply::failure(Code::InvalidCommand)),
@@ -219,6 +238,60 @@ impl Admin {
         };
         let changed = change(&self.node.queue, id);
         Response::changed(changed.map(|receipt| (id, receipt)))
+    }
+
+    /// `purge`: empties the part of the queue `scope` names.
+    fn purge(&self, fields: &Fields) -> Response {
+        let scope = match fields.get("scope").and_then(Value::as_str) {
+            Some("waiting") => Scope::Waiting,
+            Some("delayed") => Scope::Delayed,
+            Some("dlq") => Scope::DeadLetter,
+            Some("all") => Scope::All,
+            _ => return Response::reply(Reply::failure(Code::InvalidCommand)),
+        };
+        let (purged, receipt) = self.node.queue.purge(scope);
+        Response::durable(Reply::success().with("purged", purged), receipt)
+    }
+
+    /// `redrive`: moves dead-lettered messages back to the queue: all, `ids`, or `count`.
+    fn redrive(&self, fields: &Fields) -> Response {
+        let ids: Vec<MessageId>;
+        let which = match (fields.get("ids"), fields.get("count")) {
+            (Some(_), Some(_)) => return Response::reply(Reply::failure(Code::InvalidCommand)),
+            (None, None) => Redrive::All,
+            (Some(list), None) => {
+                let parsed = list
+                    .as_array()
+                    .filter(|list| !list.is_empty())
+                    .and_then(|list| {
+                        let id = |v: &Value| v.as_str().and_then(MessageId::parse);
+                        list.iter().map(id).collect::<Option<Vec<_>>>()
+                    });
+                let Some(parsed) = parsed else {
+                    return Response::reply(Reply::failure(Code::InvalidMessageId));
+                };
+                ids = parsed;
+                Redrive::Ids(&ids)
+            }
+            (None, Some(count)) => {
+                match whole_number(count).filter(|c| (1..=MAX_REDRIVE_COUNT).contains(c)) {
+                    Some(count) => Redrive::Count(count as usize),
+                    None => {
+                        let reason = format!(
+                            "Invalid message count. Count must be a value between 1 and \
+                             {MAX_REDRIVE_COUNT} (both inclusive)."
+                        );
+                        return Response::reply(Reply::failure_because(Code::InvalidCount, reason));
+                    }
+                }
+            }
+        };
+        match self.node.queue.redrive(which) {
+            Ok((redriven, receipt)) => {
+                Response::durable(Reply::success().with("redriven", redriven), receipt)
+            }
+            Err(refused) => Response::reply(Reply::failure(refused.code())),
+        }
     }
 
     /// `getcfg`: every setting, `NAME,FLAG,VALUE` a line, writable ones first.

@@ -108,6 +108,15 @@ impl Response {
         }
     }
 
+    /// `reply` to a change that `receipt` makes durable; if it cannot be made as durable as
+    /// promised, the same reply as 507 (the change was made; do not repeat it).
+    pub fn durable(reply: Reply, receipt: Receipt) -> Response {
+        Response {
+            durability: Some((receipt, Code::SyncFailed)),
+            ..Response::reply(reply)
+        }
+    }
+
     /// Attaches the request's context to whichever reply is sent.
     pub fn context(self, context: Option<impl Into<reply::Context>>) -> Response {
         Response {

@@ -32,6 +32,10 @@ pub enum Change<'a> {
     DeadLettered(MessageId),
     /// A held message went back to waiting (its holder left).
     Returned(MessageId),
+    /// Messages are gone at once (an administrator's purge): one record for them all.
+    Purged(&'a [MessageId]),
+    /// A message moved from the dead letter queue back to the queue (a redrive).
+    Redriven(MessageId),
 }
 
 /// Why a change is not yet as safe as its durability promised.
@@ -56,6 +60,19 @@ pub enum Receipt {
 }
 
 impl Receipt {
+    /// One receipt for two changes: it is as safe as both once the later record is, with the
+    /// stronger durability of the two (a sync covers every record written before it).
+    pub fn and(self, other: Receipt) -> Receipt {
+        match (self, other) {
+            (Receipt::Done, receipt) | (receipt, Receipt::Done) => receipt,
+            (Receipt::Written(a), Receipt::Written(b)) => Receipt::Written(a.later(b)),
+            (
+                Receipt::Written(a) | Receipt::Synced(a),
+                Receipt::Written(b) | Receipt::Synced(b),
+            ) => Receipt::Synced(a.later(b)),
+        }
+    }
+
     /// Waits until the change is as safe as its durability promises.
     pub async fn wait(self) -> Result<(), StoreError> {
         match self {

@@ -410,6 +410,8 @@ impl Store for RecordingStore {
             Change::Acked(id) => format!("acked {id}"),
             Change::DeadLettered(id) => format!("dead-lettered {id}"),
             Change::Returned(id) => format!("returned {id}"),
+            Change::Purged(ids) => format!("purged {}", ids.len()),
+            Change::Redriven(id) => format!("redriven {id}"),
         };
         self.0.lock().unwrap().push(line);
         Receipt::Done
@@ -687,5 +689,264 @@ fn a_resume_without_replay_sends_what_the_old_connection_never_wrote() {
         sent,
         ids[2..].to_vec(),
         "m2, m3 (never written), then m4, m5"
+    );
+}
+
+/// Every frame queued for a connection since the last call, as JSON (messages and notices).
+fn frames_of(sub: &mut Sub) -> Vec<serde_json::Value> {
+    std::iter::from_fn(|| take(&mut sub.frames))
+        .map(|frame| serde_json::from_slice(&frame).unwrap())
+        .collect()
+}
+
+fn delayed(q: &mut QueueState, body: &str) -> MessageId {
+    let new = NewMessage {
+        delay_secs: 60,
+        ..text(body)
+    };
+    q.publish(&new, T0).unwrap().0
+}
+
+/// A message that waits, then is moved to the dead letter queue.
+fn dead(q: &mut QueueState, body: &str) -> MessageId {
+    let id = publish(q, body);
+    let _ = q.move_to_dead_letter(id).unwrap();
+    id
+}
+
+/// A queue with one subscriber (capacity 2) holding `held1`, `held2`, three more waiting
+/// (one of durability 0), two delayed and two dead-lettered.
+struct Mixed {
+    q: QueueState,
+    sub: Sub,
+    held: [MessageId; 2],
+}
+
+fn mixed() -> Mixed {
+    let mut q = queue();
+    let dead = [dead(&mut q, "x1"), dead(&mut q, "x2")];
+    let mut sub = Sub::join(&mut q, 2);
+    let held = [publish(&mut q, "h1"), publish(&mut q, "h2")];
+    assert_eq!(sub.bodies(), ["h1", "h2"]);
+    publish(&mut q, "w1");
+    publish(&mut q, "w2");
+    let memory_only = NewMessage {
+        durability: Durability::None,
+        ..text("w0")
+    };
+    let _ = q.publish(&memory_only, T0).unwrap();
+    delayed(&mut q, "d1");
+    delayed(&mut q, "d2");
+    assert_eq!(q.dead_letter_count(), dead.len());
+    Mixed { q, sub, held }
+}
+
+#[test]
+fn a_purge_of_waiting_messages_takes_those_and_leaves_the_held_delayed_and_dead() {
+    let Mixed { mut q, mut sub, .. } = mixed();
+    let before = q.memory_used();
+    let (purged, _) = q.purge(Scope::Waiting, T0);
+    assert_eq!(purged, 3, "durability 0 too: it is only in memory");
+    let counts = q.counts();
+    assert_eq!(
+        (
+            counts.waiting,
+            counts.unacknowledged,
+            counts.delayed,
+            counts.dead_letter
+        ),
+        (0, 2, 2, 2)
+    );
+    assert_eq!(counts.messages, 6);
+    assert_eq!(counts.durable, 6);
+    let three = 3 * (94 - 10 + 2 + MESSAGE_OVERHEAD_BYTES);
+    assert_eq!(
+        before - q.memory_used(),
+        three,
+        "w1, w2, w0: 86-byte frames"
+    );
+    assert!(
+        frames_of(&mut sub).is_empty(),
+        "the holder is not told of others' messages"
+    );
+    assert_eq!(q.purge(Scope::Waiting, T0).0, 0, "nothing left to purge");
+}
+
+#[test]
+fn a_purge_of_delayed_or_dead_messages_takes_only_those() {
+    let Mixed { mut q, .. } = mixed();
+    assert_eq!(q.purge(Scope::Delayed, T0).0, 2);
+    assert_eq!((q.delayed_count(), q.next_due()), (0, None));
+    assert_eq!(q.waiting_count(), 3);
+    assert_eq!(q.purge(Scope::DeadLetter, T0).0, 2);
+    assert_eq!(q.dead_letter_count(), 0);
+    let counts = q.counts();
+    assert_eq!(
+        (counts.messages, counts.unacknowledged, counts.durable),
+        (5, 2, 4)
+    );
+}
+
+#[test]
+fn a_delay_that_has_ended_is_waiting_for_a_purge_even_before_the_timer_ran() {
+    let mut q = queue();
+    delayed(&mut q, "d1");
+    assert_eq!(q.purge(Scope::Delayed, T0 + 60_000).0, 0);
+    assert_eq!(q.purge(Scope::Waiting, T0 + 60_000).0, 1);
+}
+
+#[test]
+fn a_purge_of_all_tells_each_holder_and_frees_its_slots_and_all_memory() {
+    let Mixed {
+        mut q,
+        mut sub,
+        held,
+    } = mixed();
+    let (purged, _) = q.purge(Scope::All, T0);
+    assert_eq!(purged, 2 + 3 + 2 + 2);
+    assert_eq!(q.counts(), Counts::default());
+    assert_eq!(q.memory_used(), 0);
+    let notices = frames_of(&mut sub);
+    let told: Vec<_> = notices
+        .iter()
+        .map(|n| (n["deleted"].clone(), n["id"].clone()))
+        .collect();
+    let expected: Vec<_> = held
+        .iter()
+        .map(|id| (serde_json::json!(true), serde_json::json!(id.to_string())))
+        .collect();
+    assert_eq!(told, expected);
+    assert_eq!(q.ack(sub.session, held[0]).unwrap_err(), Refused::NotHeld);
+    publish(&mut q, "next");
+    assert_eq!(sub.bodies(), ["next"], "the slots are free at once");
+}
+
+#[test]
+fn a_purge_is_one_change_for_the_store_and_an_empty_one_is_none() {
+    let store = RecordingStore::default();
+    let mut q = QueueState::new(Box::new(store.clone()), roomy());
+    for n in 0..5 {
+        publish(&mut q, &format!("m{n}"));
+    }
+    let _ = q.purge(Scope::DeadLetter, T0);
+    let _ = q.purge(Scope::Waiting, T0);
+    let log = store.0.lock().unwrap().clone();
+    assert_eq!(log.len(), 6, "{log:?}");
+    assert_eq!(log[5], "purged 5");
+}
+
+#[test]
+fn a_waiting_purge_counts_a_message_that_waits_twice_in_the_line_once() {
+    let mut q = queue();
+    let m = dead(&mut q, "m");
+    // Its old place in the waiting line is still there, skipped, when it waits again.
+    assert_eq!(q.redrive(&[m]).0, 1);
+    assert_eq!(q.purge(Scope::Waiting, T0).0, 1);
+    assert_eq!(q.counts(), Counts::default());
+}
+
+#[test]
+fn a_redrive_puts_dead_messages_at_the_back_of_the_queue_unchanged() {
+    let mut q = queue();
+    let d1 = dead(&mut q, "d1");
+    let d2 = dead(&mut q, "d2");
+    let before = (q.get(d1, true).unwrap().clone(), q.memory_used());
+    let w = publish(&mut q, "w");
+    let selection = q.redrive_selection(Redrive::All).unwrap();
+    assert_eq!(selection, [d1, d2]);
+    assert_eq!(q.redrive(&selection).0, 2);
+    assert_eq!(q.dead_letter_count(), 0);
+    assert_eq!(
+        q.memory_used(),
+        before.1 + memory_cost(q.get(w, false).unwrap())
+    );
+    let mut a = Sub::join(&mut q, 3);
+    let received = a.received();
+    assert_eq!(
+        received,
+        [("w".into(), w), ("d1".into(), d1), ("d2".into(), d2)]
+    );
+    let again = q.get(d1, false).unwrap();
+    assert_eq!(
+        again.frame, before.0.frame,
+        "id, type, body and recdat are kept"
+    );
+    assert_eq!(
+        (again.durability, again.recdat),
+        (before.0.durability, before.0.recdat)
+    );
+    let counts = q.counts();
+    assert_eq!(
+        (counts.unacknowledged, counts.durable, counts.dead_letter),
+        (3, 3, 0)
+    );
+}
+
+#[test]
+fn a_redrive_goes_to_a_subscriber_with_room_at_once() {
+    let mut q = queue();
+    let d = dead(&mut q, "d");
+    let mut a = Sub::join(&mut q, 1);
+    assert!(a.bodies().is_empty());
+    let _ = q.redrive(&[d]);
+    assert_eq!(a.bodies(), ["d"]);
+}
+
+#[test]
+fn a_redrive_chooses_by_count_or_ids_and_refuses_ids_not_in_the_dead_letter_queue() {
+    let mut q = queue();
+    let dead_ones: Vec<MessageId> = (0..4).map(|n| dead(&mut q, &format!("d{n}"))).collect();
+    let queued = publish(&mut q, "queued");
+    assert_eq!(
+        q.redrive_selection(Redrive::Count(2)).unwrap(),
+        dead_ones[..2]
+    );
+    assert_eq!(q.redrive_selection(Redrive::Count(99)).unwrap(), dead_ones);
+    let listed = [dead_ones[3], dead_ones[1], dead_ones[3]];
+    assert_eq!(
+        q.redrive_selection(Redrive::Ids(&listed)).unwrap(),
+        [dead_ones[3], dead_ones[1]],
+        "in the list's order, a repeated id once"
+    );
+    for ids in [
+        vec![dead_ones[0], queued],
+        vec![MessageId(uuid::Uuid::nil())],
+    ] {
+        assert_eq!(
+            q.redrive_selection(Redrive::Ids(&ids)).unwrap_err(),
+            Refused::NotFound
+        );
+    }
+    assert_eq!(q.dead_letter_count(), 4, "choosing moves nothing");
+    // Deleted between the choice and the move: passed over, and not counted.
+    let _ = q.delete_dead_letter(dead_ones[0]).unwrap();
+    assert_eq!(q.redrive(&dead_ones).0, 3);
+}
+
+#[test]
+fn a_damaged_entry_stays_in_the_dead_letter_queue() {
+    let mut q = queue();
+    let (damaged, _) = q.add_damaged(b"\x01\x02", T0);
+    let d = dead(&mut q, "d");
+    assert!(q.get(damaged, true).unwrap().is_damaged());
+    assert!(!q.get(d, true).unwrap().is_damaged());
+    assert_eq!(q.redrive_selection(Redrive::All).unwrap(), [d]);
+    assert_eq!(
+        q.redrive_selection(Redrive::Ids(&[damaged])).unwrap_err(),
+        Refused::NotFound
+    );
+}
+
+#[test]
+fn a_redrive_tells_the_store_of_each_message() {
+    let store = RecordingStore::default();
+    let mut q = QueueState::new(Box::new(store.clone()), roomy());
+    let d1 = dead(&mut q, "d1");
+    let d2 = dead(&mut q, "d2");
+    let _ = q.redrive(&[d1, d2]);
+    let log = store.0.lock().unwrap().clone();
+    assert_eq!(
+        log[4..],
+        [format!("redriven {d1}"), format!("redriven {d2}")]
     );
 }

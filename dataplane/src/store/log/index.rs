@@ -9,8 +9,11 @@
 //! record but two kinds, which are carried forward (appended again) instead while needed:
 //! - a removal, while a segment it lists as holding a record of its message is on the disk
 //!   (else that record would come back after a restart);
-//! - a dead-letter mark, while its message's latest record is older than the mark (a copy
-//!   made since carries the mark's state itself).
+//! - a dead-letter or redrive mark, while its message's latest record is older than the mark
+//!   (a copy made since carries the mark's state itself) and the message is still in the
+//!   state the mark gives: a mark undone by a later one is dropped, because carried to the
+//!   log's end it would come after the later one and undo it;
+//! - a purge, as a removal, while a segment it lists is on the disk.
 //!
 //! A message can hold records in more than one segment for a while: compaction's copy, and
 //! the original until its segment's removal is synced (or for good, when a restart found a
@@ -26,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Live {
     pub segment: u32,
-    /// The record's length in bytes (below 2^30: a record is at most 64 MiB), and two flags.
+    /// The record's length in bytes (below 2^29: a record is at most 64 MiB), and three flags.
     len_and_flags: u32,
 }
 
@@ -34,7 +37,10 @@ impl Live {
     const DEAD: u32 = 1 << 31;
     /// Durability 2; without it, 1 (durability 0 is never written).
     const IMMEDIATE: u32 = 1 << 30;
-    const LEN: u32 = Live::IMMEDIATE - 1;
+    /// Redriven since its latest record: it waits, whatever due time that record gives (a
+    /// message moved to the dead letter queue while delayed waits at once when redriven).
+    const UNDELAYED: u32 = 1 << 29;
+    const LEN: u32 = Live::UNDELAYED - 1;
 
     pub fn new(segment: u32, len: u32, dead: bool, durability: Durability) -> Live {
         debug_assert!(len <= Live::LEN);
@@ -66,13 +72,26 @@ impl Live {
         }
     }
 
+    pub fn undelayed(self) -> bool {
+        self.len_and_flags & Live::UNDELAYED != 0
+    }
+
     pub fn mark_dead(&mut self) {
         self.len_and_flags |= Live::DEAD;
     }
 
+    /// Redriven: back from the dead letter queue, and no longer delayed.
+    pub fn mark_redriven(&mut self) {
+        self.len_and_flags = (self.len_and_flags & !Live::DEAD) | Live::UNDELAYED;
+    }
+
     /// The same message, its record now at `segment`, `len` bytes long.
     pub fn moved(self, segment: u32, len: u32) -> Live {
-        Live::new(segment, len, self.dead(), self.durability())
+        debug_assert!(len <= Live::LEN);
+        Live {
+            segment,
+            len_and_flags: (self.len_and_flags & !Live::LEN) | (len & Live::LEN),
+        }
     }
 }
 
@@ -84,6 +103,16 @@ pub(super) struct SegmentUse {
     /// Of those, the bytes that still matter: latest message records, and what is kept
     /// because of records in other segments.
     pub live: u64,
+}
+
+/// What [`Index::remove_all`] found.
+pub(super) struct Purge {
+    /// The ids that were written (durability 1 or 2).
+    pub written: Vec<MessageId>,
+    /// The strongest durability among them; `None` if there are none.
+    pub durability: Option<Durability>,
+    /// Every segment holding a record of them.
+    pub held_in: Vec<u32>,
 }
 
 /// The log's index; see the module's notes.
@@ -129,6 +158,28 @@ impl Index {
         let mut held_in = vec![live.segment];
         held_in.extend(self.stale.remove(&id).unwrap_or_default());
         Some((live, held_in))
+    }
+
+    /// The messages `ids` are gone (a purge): returns those that were written, which the purge
+    /// names, the strongest durability among them, and every segment holding a record of
+    /// them, which the purge lists. Costs O(log n) per id.
+    pub fn remove_all(&mut self, ids: &[MessageId]) -> Purge {
+        let mut written = Vec::with_capacity(ids.len());
+        let mut strongest = None;
+        let mut held_in = BTreeSet::new();
+        for &id in ids {
+            let Some((live, segments)) = self.remove(id) else {
+                continue; // durability 0: never written
+            };
+            written.push(id);
+            strongest = strongest.max(Some(live.durability()));
+            held_in.extend(segments);
+        }
+        Purge {
+            written,
+            durability: strongest,
+            held_in: held_in.into_iter().collect(),
+        }
     }
 
     /// `holder` keeps `len` bytes (a removal, a mark) because of records in `target`: they

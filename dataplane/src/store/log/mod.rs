@@ -42,7 +42,7 @@ pub use recovery::{repair, DamagedRegion, Recovered, RecoveredMessage};
 use super::{Change, Receipt, Store};
 use crate::engine::Durability;
 use index::{Index, Live};
-use record::{encode_id, encode_message, encode_removed, Kind, MessageRecord};
+use record::{encode_id, encode_message, encode_purged, encode_removed, Kind, MessageRecord};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -228,6 +228,14 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Ticket {
+    /// Of two tickets of this log, the one for the later record.
+    pub(super) fn later(self, other: Ticket) -> Ticket {
+        match self.lsn >= other.lsn {
+            true => self,
+            false => other,
+        }
+    }
+
     /// Waits until the change is written (`synced` false) or synced (`synced` true); false if
     /// a write or sync failed first (a failed write is retried; a failed sync is final).
     pub(super) async fn wait(self, synced: bool) -> bool {
@@ -428,6 +436,32 @@ impl Store for LogStore {
                 state.index.keep_for(segment, latest, len as u64);
                 (lsn, durability)
             }
+            Change::Redriven(id) => {
+                let Some(live) = state.index.live.get_mut(&id) else {
+                    return Receipt::Done;
+                };
+                live.mark_redriven();
+                let (latest, durability) = (live.segment, live.durability());
+                let (segment, lsn, len) = state.append(|out| encode_id(out, Kind::Redriven, id));
+                // As a dead-letter mark: kept while the latest record, which says dead, is older.
+                state.index.keep_for(segment, latest, len as u64);
+                (lsn, durability)
+            }
+            Change::Purged(ids) => {
+                let purge = state.index.remove_all(ids);
+                let Some(durability) = purge.durability else {
+                    return Receipt::Done; // durability 0 only: nothing was written
+                };
+                // Only the ids that were written: a restart knows nothing of the others.
+                let (segment, lsn, len) = state.append(|out| {
+                    encode_purged(out, purge.written.iter().copied(), &purge.held_in)
+                });
+                // Kept while another segment holds a record of a purged message.
+                state
+                    .index
+                    .keep_for_each(segment, &purge.held_in, len as u64);
+                (lsn, durability)
+            }
             // Not kept (above).
             Change::Delivered { .. } | Change::Returned(_) => return Receipt::Done,
         };
@@ -464,11 +498,16 @@ impl LogStore {
     fn receipt_of_unwritten(&self, change: &Change<'_>) -> Receipt {
         let durability = match change {
             Change::Published { message, .. } => message.durability,
-            Change::Acked(id) | Change::DeadLettered(id) => {
+            Change::Acked(id) | Change::DeadLettered(id) | Change::Redriven(id) => {
                 match self.shared.lock().index.live.get(id) {
                     Some(live) => live.durability(),
                     None => Durability::None,
                 }
+            }
+            Change::Purged(ids) => {
+                let index = &self.shared.lock().index;
+                let written = ids.iter().filter_map(|id| index.live.get(id));
+                written.map(|live| live.durability()).max().unwrap_or(Durability::None)
             }
             Change::Delivered { .. } | Change::Returned(_) => Durability::None,
         };

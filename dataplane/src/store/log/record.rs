@@ -6,6 +6,14 @@
 //! A removal also lists the segments that held a record of its message when it was written:
 //! compaction must keep it while any of them is on the disk (a removal written by an older
 //! node, without the list, is kept while any older segment is).
+//! A purge is one record for many removals: the ids it removed and, as a removal does, the
+//! segments that held records of them. It lists ids rather than naming a scope ("every
+//! waiting message") because replaying a scope could not give the same set back: holding is
+//! not logged (a held message reads back as waiting), whether a message is delayed depends
+//! on the clock, and compaction carries a record forward to the log's end, past messages
+//! published or redriven after it. An id is never used again, so a purge of ids means the
+//! same wherever it is read. A redrive mark undoes a dead-letter mark: the message waits
+//! again.
 //! Segment files are made full of zeros ahead of use (see `spare`), so the written part of a
 //! segment ends where only zeros follow: no record is all zeros (its length is never 0).
 
@@ -32,6 +40,11 @@ pub enum Kind {
     DeadLettered = 3,
     /// The message is gone, and these segments held records of it: `[id][segment: u32 LE]…`.
     RemovedFrom = 4,
+    /// Messages are gone (an administrator's purge), and these segments held records of them:
+    /// `[segments: u32 LE][segment: u32 LE]…[id]…`, at least one id.
+    Purged = 5,
+    /// The message moved from the dead letter queue back to the queue (a redrive).
+    Redriven = 6,
 }
 
 impl Kind {
@@ -42,6 +55,8 @@ impl Kind {
             2 => Some(Kind::Removed),
             3 => Some(Kind::DeadLettered),
             4 => Some(Kind::RemovedFrom),
+            5 => Some(Kind::Purged),
+            6 => Some(Kind::Redriven),
             _ => None,
         }
     }
@@ -82,6 +97,26 @@ pub fn encode_removed(out: &mut Vec<u8>, id: MessageId, held_in: &[u32]) -> usiz
     for segment in held_in {
         out.extend_from_slice(&segment.to_le_bytes());
     }
+    finish(out, start)
+}
+
+/// Appends the purge of the messages `ids` (at least one), whose records are in the segments
+/// `held_in`; returns its length.
+pub fn encode_purged(
+    out: &mut Vec<u8>,
+    ids: impl IntoIterator<Item = MessageId>,
+    held_in: &[u32],
+) -> usize {
+    let start = begin(out, Kind::Purged);
+    out.extend_from_slice(&(held_in.len() as u32).to_le_bytes());
+    for segment in held_in {
+        out.extend_from_slice(&segment.to_le_bytes());
+    }
+    let ids_at = out.len();
+    for id in ids {
+        out.extend_from_slice(id.0.as_bytes());
+    }
+    debug_assert!(out.len() > ids_at, "a purge removes at least one message");
     finish(out, start)
 }
 
@@ -128,6 +163,32 @@ pub enum Record<'a> {
         held_in: Option<HeldIn<'a>>,
     },
     DeadLettered(MessageId),
+    /// A purge: every id in `ids` is gone.
+    Purged {
+        ids: PurgedIds<'a>,
+        held_in: HeldIn<'a>,
+    },
+    Redriven(MessageId),
+}
+
+/// The ids a purge removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgedIds<'a>(&'a [u8]);
+
+impl PurgedIds<'_> {
+    pub fn iter(&self) -> impl Iterator<Item = MessageId> + '_ {
+        self.0
+            .chunks_exact(16)
+            .map(|bytes| MessageId(Uuid::from_bytes(bytes.try_into().expect("16 bytes"))))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len() / 16
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// The segments a removal lists as holding records of its message.
@@ -213,7 +274,7 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
     match Kind::from_byte(kind)? {
         // Padding is all zeros past its kind (see `padding`).
         Kind::Padding => all_zeros(payload).then_some(Record::Padding),
-        Kind::Removed | Kind::DeadLettered if payload.len() != 16 => None,
+        Kind::Removed | Kind::DeadLettered | Kind::Redriven if payload.len() != 16 => None,
         Kind::Removed => Some(Record::Removed {
             id: id_of(payload)?,
             held_in: None,
@@ -227,6 +288,18 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
             })
         }
         Kind::DeadLettered => Some(Record::DeadLettered(id_of(payload)?)),
+        Kind::Redriven => Some(Record::Redriven(id_of(payload)?)),
+        Kind::Purged => {
+            let listed = u32::from_le_bytes(payload.get(..4)?.try_into().ok()?) as usize;
+            let segments_end = listed.checked_mul(4)?.checked_add(4)?;
+            let segments = payload.get(4..segments_end)?;
+            let ids = payload.get(segments_end..)?;
+            (!ids.is_empty() && ids.len() % 16 == 0).then_some(())?;
+            Some(Record::Purged {
+                ids: PurgedIds(ids),
+                held_in: HeldIn(segments),
+            })
+        }
         Kind::Message => {
             // Durability 1 or 2 (0 is never written), a flag, and a frame that is a JSON
             // object.
@@ -429,6 +502,50 @@ mod tests {
         };
         assert_eq!(removed, id(7));
         assert_eq!(held_in.unwrap().segments().collect::<Vec<_>>(), [3, 9]);
+    }
+
+    #[test]
+    fn a_purge_lists_its_ids_and_segments_and_a_redrive_names_its_message() {
+        let mut out = Vec::new();
+        let len = encode_purged(&mut out, [id(1), id(2), id(3)], &[4, 5]);
+        assert_eq!(len, HEADER_LEN + 1 + 4 + 2 * 4 + 3 * 16);
+        let at = out.len();
+        encode_id(&mut out, Kind::Redriven, id(9));
+        let Read::Sound { record, len: read } = read_at(&out, 0) else {
+            panic!()
+        };
+        assert_eq!(read, len);
+        let Record::Purged { ids, held_in } = record else {
+            panic!("{record:?}")
+        };
+        assert_eq!(ids.iter().collect::<Vec<_>>(), [id(1), id(2), id(3)]);
+        assert_eq!(held_in.segments().collect::<Vec<_>>(), [4, 5]);
+        assert!(matches!(
+            read_at(&out, at),
+            Read::Sound {
+                record: Record::Redriven(redriven),
+                ..
+            } if redriven == id(9)
+        ));
+    }
+
+    #[test]
+    fn a_purge_whose_lengths_do_not_add_up_is_damage() {
+        for (listed, ids_bytes) in [(2u32, 16), (0, 0), (0, 15), (9, 32), (u32::MAX, 16)] {
+            let mut out = Vec::new();
+            let start = begin(&mut out, Kind::Purged);
+            out.extend_from_slice(&listed.to_le_bytes());
+            out.extend_from_slice(&[0u8; 8]);
+            out.resize(out.len() + ids_bytes, 7);
+            finish(&mut out, start);
+            // Two segments and one id is the only reading that fits the first case's bytes.
+            let sound = matches!(read_at(&out, 0), Read::Sound { .. });
+            assert_eq!(
+                sound,
+                (listed, ids_bytes) == (2, 16),
+                "{listed} {ids_bytes}"
+            );
+        }
     }
 
     #[test]

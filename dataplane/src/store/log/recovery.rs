@@ -172,6 +172,25 @@ fn apply(
             let still = index.still_holding(segment, listed);
             index.keep_for_each(segment, &still, len as u64);
         }
+        Record::Purged { ids, held_in } => {
+            for id in ids.iter() {
+                index.remove(id);
+                messages.remove(&id);
+            }
+            let still = index.still_holding(segment, Some(held_in.segments().collect()));
+            index.keep_for_each(segment, &still, len as u64);
+        }
+        Record::Redriven(id) => {
+            if let Some(message) = messages.get_mut(&id) {
+                message.dead = false;
+                message.due_ms = None;
+            }
+            if let Some(live) = index.live.get_mut(&id) {
+                live.mark_redriven();
+                let latest = live.segment;
+                index.keep_for(segment, latest, len as u64);
+            }
+        }
         Record::DeadLettered(id) => {
             if let Some(message) = messages.get_mut(&id) {
                 message.dead = true;

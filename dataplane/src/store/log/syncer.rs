@@ -3,9 +3,11 @@
 //! the writer thread writes the records (see `writer`).
 
 use super::record::{
-    encode_id, encode_message, encode_removed, read_at, Kind, MessageRecord, Read, Record,
+    encode_id, encode_message, encode_purged, encode_removed, read_at, Kind, MessageRecord, Read,
+    Record,
 };
 use super::{segment_path, Shared, State};
+use crate::engine::MessageId;
 use std::fs::File;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -268,20 +270,37 @@ fn carry(state: &mut State, segment: u32, record: Record<'_>) -> usize {
             state.index.keep_for_each(to, &still, len as u64);
             len as usize
         }
-        Record::DeadLettered(id) => {
-            // Needed while the message's latest record is older than the mark.
-            let Some(latest) = state.index.live.get(&id).map(|live| live.segment) else {
-                return 0;
-            };
-            if latest >= segment {
+        Record::Purged { ids, held_in } => {
+            let still = state
+                .index
+                .still_holding(segment, Some(held_in.segments().collect()));
+            if still.is_empty() {
                 return 0;
             }
-            let (to, _, len) = state.append(|out| encode_id(out, Kind::DeadLettered, id));
-            state.index.keep_for(to, latest, len as u64);
+            let (to, _, len) = state.append(|out| encode_purged(out, ids.iter(), &still));
+            state.index.keep_for_each(to, &still, len as u64);
             len as usize
         }
+        Record::DeadLettered(id) => carry_mark(state, segment, id, Kind::DeadLettered, true),
+        Record::Redriven(id) => carry_mark(state, segment, id, Kind::Redriven, false),
         Record::Padding => 0,
     }
+}
+
+/// Appends a dead-letter or redrive mark of `segment` again if it is still needed: its message's
+/// latest record is older, and the message is still `dead` as the mark made it (a mark undone
+/// by a later one would undo that one, carried past it to the log's end); returns the bytes
+/// appended.
+fn carry_mark(state: &mut State, segment: u32, id: MessageId, kind: Kind, dead: bool) -> usize {
+    let Some(live) = state.index.live.get(&id).copied() else {
+        return 0;
+    };
+    if live.segment >= segment || live.dead() != dead {
+        return 0;
+    }
+    let (to, _, len) = state.append(|out| encode_id(out, kind, id));
+    state.index.keep_for(to, live.segment, len as u64);
+    len as usize
 }
 
 /// Appends `record` again if it is still its message's latest record, with the message's
@@ -295,6 +314,11 @@ fn copy_if_live(state: &mut State, segment: u32, record: &MessageRecord<'_>) -> 
     }
     let copy = MessageRecord {
         dead: live.dead(),
+        // A redriven message waits, whatever its old due time said.
+        due_ms: match live.undelayed() {
+            true => 0,
+            false => record.due_ms,
+        },
         ..record.clone()
     };
     let (to, _, len) = state.append(|out| encode_message(out, &copy));

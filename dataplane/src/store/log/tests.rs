@@ -498,3 +498,151 @@ async fn a_removal_is_kept_while_a_segment_still_holds_its_message() {
     keepers.sort();
     assert_eq!(back, keepers, "the acked message does not come back");
 }
+
+#[tokio::test]
+async fn a_purge_is_one_record_and_what_it_names_does_not_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let (mut store, _) = open(dir.path(), 1 << 20);
+    let kept = message(&mut ids, "kept", Durability::Eventual);
+    let purged = [
+        message(&mut ids, "purged 1", Durability::Eventual),
+        message(&mut ids, "purged 2", Durability::Immediate),
+        message(&mut ids, "purged 3", Durability::Eventual),
+    ];
+    let fleeting = message(&mut ids, "fleeting", Durability::None);
+    for m in [&kept, &fleeting].into_iter().chain(&purged) {
+        publish(&mut store, m).wait().await.unwrap();
+    }
+    let before = store.shared.lock().appended;
+    let gone: Vec<MessageId> = purged.iter().chain([&fleeting]).map(|m| m.id).collect();
+    let receipt = store.record(Change::Purged(&gone));
+    assert!(
+        matches!(receipt, Receipt::Synced(_)),
+        "a purge has its strongest message's durability"
+    );
+    receipt.wait().await.unwrap();
+    let grown = store.shared.lock().appended - before;
+    // One record: the kind, one segment listed, three ids (the durability-0 one was never
+    // written, so it is not named).
+    assert_eq!(grown, (record::HEADER_LEN + 1 + 4 + 4 + 3 * 16) as u64);
+    let only_memory = store.record(Change::Purged(&[fleeting.id]));
+    assert!(matches!(only_memory, Receipt::Done));
+    assert_eq!(
+        store.shared.lock().appended - before,
+        grown,
+        "nothing to write"
+    );
+    drop(store);
+    let (_store, recovered) = open(dir.path(), 1 << 20);
+    assert_eq!(bodies(&recovered), ["kept"]);
+}
+
+#[tokio::test]
+async fn a_purge_is_kept_while_a_segment_still_holds_what_it_purged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let segment_bytes = 4 << 10;
+    let (mut store, _) = open(dir.path(), segment_bytes);
+    let victims: Vec<Msg> = (0..3)
+        .map(|i| message(&mut ids, &format!("purged {i}"), Durability::Eventual))
+        .collect();
+    for victim in &victims {
+        publish(&mut store, victim).wait().await.unwrap();
+    }
+    // Keepers fill the rest of the first segment: it stays mostly live, never compacted.
+    let mut keepers = Vec::new();
+    while store.shared.lock().active == 1 {
+        let body = format!("keeper {:03}", keepers.len());
+        let m = message(&mut ids, &body, Durability::Eventual);
+        publish(&mut store, &m).wait().await.unwrap();
+        keepers.push(body);
+    }
+    let gone: Vec<MessageId> = victims.iter().map(|m| m.id).collect();
+    store.record(Change::Purged(&gone)).wait().await.unwrap();
+    // The purge's segment is churned through and compacted again and again: the purge is
+    // carried on each time, as the first segment still holds what it purged.
+    churn(&mut store, &mut ids, 3_000, 64).await;
+    settles_below(&store, dir.path(), 6 * segment_bytes).await;
+    assert!(segment_path(dir.path(), 1).exists());
+    drop(store);
+    let (_store, recovered) = open(dir.path(), segment_bytes);
+    let mut back = bodies(&recovered);
+    back.sort();
+    keepers.sort();
+    assert_eq!(back, keepers, "the purged messages do not come back");
+}
+
+#[tokio::test]
+async fn a_redriven_message_comes_back_waiting_through_compaction() {
+    // With keepers, the message's own segment stays and its marks are carried; without,
+    // its record is copied with its state.
+    for keepers in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ids = IdGenerator::new();
+        let segment_bytes = 4 << 10;
+        let (mut store, _) = open(dir.path(), segment_bytes);
+        let m = message(&mut ids, "redriven", Durability::Eventual);
+        // Moved to the dead letter queue while delayed, then redriven: it waits now.
+        let published = store.record(Change::Published {
+            id: m.id,
+            message: &m.message,
+            due_ms: Some(NOW_MS + 3_600_000),
+        });
+        published.wait().await.unwrap();
+        while keepers && store.shared.lock().active == 1 {
+            let keeper = message(&mut ids, "keeper", Durability::Eventual);
+            publish(&mut store, &keeper).wait().await.unwrap();
+        }
+        let marks_segment = store.shared.lock().active;
+        let dead = store.record(Change::DeadLettered(m.id));
+        dead.wait().await.unwrap();
+        // A big message fills the mark's segment, so the redrive lands in the next one; its
+        // ack leaves the mark's segment dead but for the mark, for compaction to take.
+        let big = message(&mut ids, &"b".repeat(5_000), Durability::Eventual);
+        publish(&mut store, &big).wait().await.unwrap();
+        let redriven = store.record(Change::Redriven(m.id));
+        assert!(matches!(redriven, Receipt::Written(_)));
+        redriven.wait().await.unwrap();
+        assert_eq!(store.shared.lock().active, marks_segment + 1);
+        store.record(Change::Acked(big.id)).wait().await.unwrap();
+        // The dead-letter mark, undone, must not be carried past the redrive mark.
+        churn(&mut store, &mut ids, 3_000, 64).await;
+        let marks_path = segment_path(dir.path(), marks_segment);
+        eventually(&store, "the marks' segment was compacted away", || {
+            !marks_path.exists()
+        })
+        .await;
+        drop(store);
+        let (_store, recovered) = open(dir.path(), segment_bytes);
+        let back = recovered
+            .messages
+            .iter()
+            .find(|r| r.id == m.id)
+            .expect("the redriven message is kept");
+        assert!(!back.dead, "keepers {keepers}: not dead");
+        assert_eq!(back.due_ms, None, "keepers {keepers}: not delayed");
+    }
+}
+
+#[test]
+fn a_redrive_clears_the_dead_flag_and_keeps_the_rest() {
+    let mut live = Live::new(3, 40, true, Durability::Immediate);
+    live.mark_redriven();
+    assert_eq!(
+        (
+            live.segment,
+            live.len(),
+            live.dead(),
+            live.durability(),
+            live.undelayed()
+        ),
+        (3, 40, false, Durability::Immediate, true)
+    );
+    let moved = live.moved(5, 44);
+    assert_eq!(
+        (moved.len(), moved.undelayed(), moved.dead()),
+        (44, true, false)
+    );
+    assert!(!Live::new(3, 40, false, Durability::Eventual).undelayed());
+}

@@ -13,6 +13,8 @@
 //!   compaction).
 //! - `bench recovery`: stores N messages, kills the node with SIGKILL, restarts it, and times
 //!   how long it takes to serve again.
+//! - `bench bulk`: purge and redrive (the node's commands beyond the manual) of N stored
+//!   messages, a purge of a few beside many, and the restarts after them.
 //! - `bench connections`: the node's memory per idle connection, before and after the login,
 //!   and publish-to-delivery latency with many subscribers in the line.
 //! - `bench peers`: the same workloads on our node, NATS JetStream, Redis Streams and
@@ -25,6 +27,7 @@
 //!   backup) and the live reports of their nodes: its CPU per report and the `/metrics`
 //!   scrape's size and cost.
 
+mod bulk;
 mod client;
 mod connections;
 mod controlplane_load;
@@ -93,6 +96,11 @@ enum Command {
     },
     /// Restart time and memory with many stored messages.
     Recovery {
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: usize,
+    },
+    /// Purge and redrive of many stored messages, and the restarts after them.
+    Bulk {
         #[arg(long, default_value_t = 1_000_000)]
         messages: usize,
     },
@@ -273,6 +281,7 @@ async fn main() {
             unreachable!("run above")
         }
         Command::Recovery { messages } => workload::recovery(&config, messages).await,
+        Command::Bulk { messages } => bulk::bulk(&config, messages).await,
         Command::Connections {
             count,
             pre_login,

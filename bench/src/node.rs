@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 pub const PUBLISHER: (&str, &str) = ("bench-publisher", "bench-publisher-password");
 pub const SUBSCRIBER: (&str, &str) = ("bench-subscriber", "bench-subscriber-password");
+pub const ADMIN: (&str, &str) = ("bench-admin", "bench-admin-password");
 
 pub struct NodeConfig {
     pub binary: String,
@@ -58,7 +59,7 @@ impl Node {
             .arg(data_dir)
             .args(["--publisher", &login(PUBLISHER)])
             .args(["--subscriber", &login(SUBSCRIBER)])
-            .args(["--admin", "bench-admin:bench-admin-password"])
+            .args(["--admin", &login(ADMIN)])
             .args(
                 config
                     .segment_bytes

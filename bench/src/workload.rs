@@ -490,33 +490,41 @@ pub(crate) fn check_exactly_once<Id: Ord>(published: &mut [Id], received: &mut [
     );
 }
 
-pub async fn recovery(config: &NodeConfig, messages: usize) {
-    let dir = tempfile::tempdir_in(&config.data_root).unwrap();
-    let node = Node::start(config, dir.path());
-    let (_, empty_rss) = node.memory();
+/// Publishes `messages` messages of 100 B at durability 1 from 16 publishers, 64 in flight
+/// each, with nobody subscribed: they are all stored. Returns their ids.
+pub(crate) async fn store(config: &NodeConfig, url: &str, messages: usize) -> Vec<String> {
+    const PUBLISHERS: usize = 16;
     let epoch = Instant::now();
-    let publishers = 16;
-    let started = Instant::now();
-    let handles: Vec<_> = (0..publishers)
-        .map(|_| {
+    let handles: Vec<_> = (0..PUBLISHERS)
+        .map(|n| {
             // No subscribers: the messages are stored, so the budget is unbounded.
             let budget = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
             let plan = PublishPlan {
                 wire: config.wire.clone(),
-                url: node.url(),
+                url: url.to_string(),
                 epoch,
                 size: 100,
                 durability: 1,
                 delay: 0,
                 window: 64,
             };
-            tokio::spawn(publisher(plan, Until::Count(messages / publishers), budget))
+            let share = messages / PUBLISHERS + usize::from(n < messages % PUBLISHERS);
+            tokio::spawn(publisher(plan, Until::Count(share), budget))
         })
         .collect();
-    let mut stored = 0;
+    let mut ids = Vec::with_capacity(messages);
     for handle in handles {
-        stored += handle.await.unwrap().ids.len();
+        ids.extend(handle.await.unwrap().ids);
     }
+    ids
+}
+
+pub async fn recovery(config: &NodeConfig, messages: usize) {
+    let dir = tempfile::tempdir_in(&config.data_root).unwrap();
+    let node = Node::start(config, dir.path());
+    let (_, empty_rss) = node.memory();
+    let started = Instant::now();
+    let stored = store(config, &node.url(), messages).await.len();
     let publish_time = started.elapsed();
     let (_, full_rss) = node.memory();
     node.kill();

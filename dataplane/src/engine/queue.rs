@@ -673,6 +673,7 @@ impl QueueState {
             Place::Waiting => {
                 self.waiting_count -= 1;
                 *self.skipped.entry(id).or_default() += 1;
+                self.compact_waiting_if_mostly_skipped();
             }
             Place::Held(session) => {
                 self.line.release(session, id);
@@ -756,6 +757,24 @@ impl QueueState {
             self.skipped.remove(&id);
         }
         true
+    }
+
+    /// Drops the skipped ids from `waiting` once they outnumber the waiting messages (and
+    /// `MIN_SKIPPED_TO_COMPACT`): with nobody subscribed, nothing pops them, so a million
+    /// messages moved to the dead letter queue would otherwise keep a million ids in the line
+    /// and in `skipped`, and the next purge of a few waiting ones would walk them all. Each
+    /// pass costs the line's length and at least halves it, so each take pays O(1) amortized.
+    fn compact_waiting_if_mostly_skipped(&mut self) {
+        const MIN_SKIPPED_TO_COMPACT: usize = 4096;
+        let skipped = self.waiting.len() - self.waiting_count;
+        if skipped < MIN_SKIPPED_TO_COMPACT.max(self.waiting_count) {
+            return;
+        }
+        let mut line = std::mem::take(&mut self.waiting);
+        line.retain(|id| !self.skip(*id));
+        debug_assert!(self.skipped.is_empty());
+        debug_assert_eq!(line.len(), self.waiting_count);
+        self.waiting = line;
     }
 
     /// Gives waiting messages, front first, to the first subscriber with room, until nothing

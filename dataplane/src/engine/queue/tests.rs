@@ -950,3 +950,22 @@ fn a_redrive_tells_the_store_of_each_message() {
         [format!("redriven {d1}"), format!("redriven {d2}")]
     );
 }
+
+#[test]
+fn ids_taken_from_the_waiting_line_do_not_pile_up_in_it_with_nobody_subscribed() {
+    let mut q = queue();
+    let kept: Vec<MessageId> = (0..10).map(|n| publish(&mut q, &format!("k{n}"))).collect();
+    let dead: Vec<MessageId> = (0..20_000)
+        .map(|n| dead(&mut q, &format!("d{n}")))
+        .collect();
+    // The line is compacted as the skipped ids grow: never more than the larger of the
+    // threshold and the waiting messages, beside the waiting ones.
+    assert!(q.waiting.len() <= 10 + 4096, "{}", q.waiting.len());
+    assert!(q.skipped.len() <= 4096);
+    // A redrive after compaction waits once, at the back, and a purge counts what waits.
+    assert_eq!(q.redrive(&dead[..3]).0, 3);
+    let mut sub = Sub::join(&mut q, 13);
+    let ids: Vec<MessageId> = sub.received().into_iter().map(|(_, id)| id).collect();
+    assert_eq!(ids, [&kept[..], &dead[..3]].concat());
+    assert_eq!(q.waiting_count(), 0);
+}

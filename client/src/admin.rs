@@ -589,6 +589,86 @@ impl Stream for LiveStatsStream {
     }
 }
 
+/// What [`Admin::purge`] empties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeScope {
+    /// The messages waiting for a subscriber.
+    Waiting,
+    /// The messages waiting for their delay.
+    Delayed,
+    /// The dead letter queue.
+    DeadLetter,
+    /// Everything: waiting, held (their holders get a notice), delayed and dead-lettered.
+    All,
+}
+
+impl PurgeScope {
+    /// The `scope` on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            PurgeScope::Waiting => "waiting",
+            PurgeScope::Delayed => "delayed",
+            PurgeScope::DeadLetter => "dlq",
+            PurgeScope::All => "all",
+        }
+    }
+}
+
+/// The largest `count` [`Admin::redrive`] takes (the node's limit: max-messages is never
+/// more).
+pub const MAX_REDRIVE_COUNT: u64 = 1_000_000;
+
+/// Which dead-lettered messages [`Admin::redrive`] moves back to the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redrive {
+    /// Every one.
+    All,
+    /// These (all or none: 301 if one is not in the dead letter queue).
+    Ids(Vec<MessageId>),
+    /// Up to this many, oldest id first (1 to [`MAX_REDRIVE_COUNT`]).
+    Oldest(u64),
+}
+
+impl Redrive {
+    fn fields(&self) -> Result<Fields> {
+        let mut fields = command("redrive");
+        match self {
+            Redrive::All => {}
+            Redrive::Ids(ids) if ids.is_empty() => {
+                return Err(Error::invalid_because(
+                    Code::InvalidMessageId,
+                    "no message ids to redrive",
+                ))
+            }
+            Redrive::Ids(ids) => {
+                let ids: Vec<Value> = ids.iter().map(|id| id.as_str().into()).collect();
+                fields.insert("ids".into(), ids.into());
+            }
+            Redrive::Oldest(count) if !(1..=MAX_REDRIVE_COUNT).contains(count) => {
+                return Err(Error::invalid_because(
+                    Code::InvalidCount,
+                    format!(
+                        "Invalid message count. Count must be a value between 1 and \
+                         {MAX_REDRIVE_COUNT} (both inclusive)."
+                    ),
+                ))
+            }
+            Redrive::Oldest(count) => {
+                fields.insert("count".into(), (*count).into());
+            }
+        }
+        Ok(fields)
+    }
+}
+
+/// The number a bulk command's reply gives under `name`.
+fn count_in(reply: &Fields, name: &str) -> Result<u64> {
+    reply
+        .get(name)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| Error::protocol(format!("a reply without {name}")))
+}
+
 /// A command's fields.
 fn command(cmd: &str) -> Fields {
     let mut fields = Fields::new();
@@ -887,6 +967,46 @@ impl Admin {
         Ok(new)
     }
 
+    /// `purge` (beyond the manual): removes every message `scope` names, at once; how many.
+    ///
+    /// A [`Code::SyncFailed`] (507) refusal means the messages were removed but the removal
+    /// is not as durable as they were: do not purge again for it.
+    ///
+    /// ```no_run
+    /// # async fn run(admin: qe_client::Admin) -> qe_client::Result<()> {
+    /// use qe_client::admin::PurgeScope;
+    /// let purged = admin.purge(PurgeScope::DeadLetter).await?;
+    /// println!("{purged} dead letters gone");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn purge(&self, scope: PurgeScope) -> Result<u64> {
+        let mut fields = command("purge");
+        fields.insert("scope".into(), scope.name().into());
+        count_in(&self.command(fields).await?, "purged")
+    }
+
+    /// `redrive` (beyond the manual): moves dead-lettered messages back to the back of the
+    /// queue, keeping their ids, in one step (unlike [`Admin::requeue_dlq_message`]'s
+    /// three); how many moved.
+    ///
+    /// [`Redrive::Ids`] moves all or none (301 if one is not in the dead letter queue). An
+    /// empty list or a count outside 1 to [`MAX_REDRIVE_COUNT`] is refused before sending
+    /// ([`Error::Invalid`], 301 and 412). A [`Code::SyncFailed`] (507) refusal means they
+    /// moved, less durably than promised.
+    ///
+    /// ```no_run
+    /// # async fn run(admin: qe_client::Admin) -> qe_client::Result<()> {
+    /// use qe_client::admin::Redrive;
+    /// let moved = admin.redrive(Redrive::Oldest(100)).await?;
+    /// println!("{moved} back in the queue");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn redrive(&self, which: Redrive) -> Result<u64> {
+        count_in(&self.command(which.fields()?).await?, "redriven")
+    }
+
     /// `getcfg`: every setting with its value.
     pub async fn config(&self) -> Result<Settings> {
         csv(&self.command(command("getcfg")).await?)?.parse()
@@ -986,6 +1106,27 @@ mod tests {
         );
         assert_eq!(code(Day::new(2026, 2, 29).fields()), Some(Code::InvalidDay));
         assert!(Day::new(2028, 2, 29).fields().is_ok());
+    }
+
+    #[test]
+    fn redrives_are_checked_before_sending() {
+        let code = |which: Redrive| which.fields().unwrap_err().code();
+        assert_eq!(code(Redrive::Ids(Vec::new())), Some(Code::InvalidMessageId));
+        assert_eq!(code(Redrive::Oldest(0)), Some(Code::InvalidCount));
+        assert_eq!(
+            code(Redrive::Oldest(MAX_REDRIVE_COUNT + 1)),
+            Some(Code::InvalidCount)
+        );
+        let fields = |which: Redrive| Value::Object(which.fields().unwrap());
+        assert_eq!(fields(Redrive::All), serde_json::json!({"cmd": "redrive"}));
+        assert_eq!(
+            fields(Redrive::Oldest(3)),
+            serde_json::json!({"cmd": "redrive", "count": 3})
+        );
+        assert_eq!(
+            fields(Redrive::Ids(vec![MessageId::from("a")])),
+            serde_json::json!({"cmd": "redrive", "ids": ["a"]})
+        );
     }
 
     #[test]

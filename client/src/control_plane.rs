@@ -196,7 +196,7 @@ impl NewQueue {
 }
 
 /// A queue, as the API shows it.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct Queue {
     /// Its id (12 lowercase letters and digits).
     pub id: String,
@@ -220,10 +220,41 @@ pub struct Queue {
     /// The account it belongs to.
     #[serde(default)]
     pub account: Option<String>,
+    /// Its numbers as its node last reported them, when it reported recently; `None` when
+    /// they are not known (which is not zero).
+    #[serde(default)]
+    pub live: Option<LiveNumbers>,
+}
+
+/// A queue's numbers as its node last reported them to the control plane (the queue view's
+/// `live`): messages by where they are, connections, and how old the report is.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct LiveNumbers {
+    /// Messages waiting for a subscriber with room.
+    pub waiting: u64,
+    /// Messages waiting for their delay to end.
+    pub delayed: u64,
+    /// Messages a subscriber holds: delivered, not acknowledged yet (in flight).
+    pub held: u64,
+    /// Messages in the dead letter queue.
+    pub dead_letter: u64,
+    /// Messages of durability 1 or 2.
+    pub durable: u64,
+    /// Open publisher connections.
+    pub publishers: u64,
+    /// Open subscriber connections.
+    pub subscribers: u64,
+    /// Open administrator connections.
+    pub admins: u64,
+    /// Saved subscriber sessions.
+    pub saved_sessions: u64,
+    /// How old the report is, in seconds.
+    pub age_secs: f64,
 }
 
 /// A queue just made, with its three logins (shown this once).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct CreatedQueue {
     /// The queue.
     #[serde(flatten)]
@@ -233,7 +264,7 @@ pub struct CreatedQueue {
 }
 
 /// A queue's three logins.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct Logins {
     /// The publisher's.
     pub publisher: Credentials,
@@ -244,7 +275,7 @@ pub struct Logins {
 }
 
 /// A login with a new password (shown this once).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct RotatedLogin {
     /// The name (unchanged).
     pub username: String,
@@ -290,7 +321,7 @@ impl RecordQuery {
 }
 
 /// A usage record a node reported.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct UsageRecord {
     /// Whose.
     pub queue: String,
@@ -323,7 +354,7 @@ pub struct UsageRecord {
 }
 
 /// A stats record a node reported: the nine `getlivestats` counters at a time.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct StatsRecord {
     /// Whose.
     pub queue: String,
@@ -350,7 +381,7 @@ pub struct StatsRecord {
 }
 
 /// A month's bill: billable lines per queue, each queue's total, and the sum.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct Invoice {
     /// The month, `YYYY-MM`.
     #[serde(default)]
@@ -367,7 +398,7 @@ pub struct Invoice {
 }
 
 /// One billable line.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct BillLine {
     /// Whose.
     pub queue: String,
@@ -384,7 +415,7 @@ pub struct BillLine {
 }
 
 /// A queue's lines summed.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct QueueTotal {
     /// Whose.
     pub queue: String,

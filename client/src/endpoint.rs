@@ -5,6 +5,7 @@ use qe_shared::protocol::MAX_CREDENTIAL_BYTES;
 use qe_shared::Code;
 use rustls::pki_types::CertificateDer;
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use url::Url;
@@ -45,6 +46,10 @@ pub struct Endpoint {
     pub(crate) ping_every: Duration,
     /// A queue silent this long (not even a pong) is taken as gone. Default 45 s.
     pub(crate) silence_limit: Duration,
+    /// Where to connect instead of resolving the URL's host with the system's resolver (a
+    /// name only a private DNS server knows); empty: resolve as usual. The URL's host still
+    /// names the queue for TLS (SNI, verification) and the `Host` header.
+    pub(crate) connect_to: Vec<SocketAddr>,
 }
 
 impl Endpoint {
@@ -70,6 +75,7 @@ impl Endpoint {
             max_frame_bytes: Some(65_536),
             ping_every: Duration::from_secs(15),
             silence_limit: Duration::from_secs(45),
+            connect_to: Vec::new(),
         })
     }
 
@@ -155,6 +161,24 @@ impl Endpoint {
         self
     }
 
+    /// Connects to these addresses (in order, the first that answers) instead of resolving the
+    /// URL's host name, which still names the queue for TLS (SNI and certificate
+    /// verification) and the `Host` header: for a name that resolves only through a DNS
+    /// server of your own (a local control plane's `*.q.dev.…` names). An empty list
+    /// resolves the name as usual.
+    ///
+    /// ```
+    /// use qe_client::Endpoint;
+    /// let endpoint = Endpoint::new("wss://queue-id.q.dev.thequeueexpert.com:8001/")?
+    ///     .connect_to(vec!["[::1]:8001".parse().unwrap()]);
+    /// assert_eq!(endpoint.url().host_str(), Some("queue-id.q.dev.thequeueexpert.com"));
+    /// # Ok::<(), qe_client::Error>(())
+    /// ```
+    pub fn connect_to(mut self, addrs: Vec<SocketAddr>) -> Endpoint {
+        self.connect_to = addrs;
+        self
+    }
+
     /// The TLS client for wss:// and the control plane's https://.
     pub(crate) fn tls(&self) -> Arc<rustls::ClientConfig> {
         self.tls
@@ -172,6 +196,7 @@ impl fmt::Debug for Endpoint {
             .field("compression", &self.compression)
             .field("connect_timeout", &self.connect_timeout)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("connect_to", &self.connect_to)
             .finish_non_exhaustive()
     }
 }

@@ -42,6 +42,8 @@ pub(crate) async fn connect(endpoint: &Endpoint) -> Result<Socket> {
         .port_or_known_default()
         .ok_or_else(|| failed("no port".into()))?;
     let addrs: Vec<SocketAddr> = match &host {
+        // Given by the caller: the name is kept for TLS and the upgrade only.
+        _ if !endpoint.connect_to.is_empty() => endpoint.connect_to.clone(),
         Host::Ipv4(ip) => vec![SocketAddr::new((*ip).into(), port)],
         Host::Ipv6(ip) => vec![SocketAddr::new((*ip).into(), port)],
         Host::Domain(name) => tokio::net::lookup_host((*name, port))
@@ -98,5 +100,50 @@ fn options(endpoint: &Endpoint) -> Options {
     match endpoint.compression {
         true => options.with_balanced_compression(),
         false => options,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    /// A name no resolver knows reaches the address given, and the upgrade still names it.
+    #[tokio::test]
+    async fn connect_to_skips_the_resolver_and_keeps_the_name() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !head.ends_with(b"\r\n\r\n") {
+                let n = socket.read(&mut buffer).await.unwrap();
+                assert!(n > 0, "the upgrade request, whole");
+                head.extend_from_slice(&buffer[..n]);
+            }
+            String::from_utf8(head).unwrap()
+            // Dropped: the upgrade fails, which is all the client side needs to see.
+        });
+        let url = format!("ws://queue.q.test.invalid:{}/", addr.port());
+        let endpoint = Endpoint::new(&url).unwrap().connect_to(vec![addr]);
+        let error = connect(&endpoint).await.err().expect("no WebSocket answer");
+        let Error::Connect { reason, .. } = error else {
+            panic!("a connect error, got {error:?}");
+        };
+        assert!(reason.starts_with("WebSocket upgrade"), "{reason}");
+        let head = server.await.unwrap().to_ascii_lowercase();
+        assert!(
+            head.contains(&format!("host: queue.q.test.invalid:{}", addr.port())),
+            "{head}"
+        );
+
+        // Without it, the name goes to the resolver, which does not know it.
+        let plain = Endpoint::new(&url).unwrap();
+        let Err(Error::Connect { reason, .. }) = connect(&plain).await else {
+            panic!("an unknown name does not connect");
+        };
+        assert!(reason.starts_with("cannot resolve"), "{reason}");
     }
 }

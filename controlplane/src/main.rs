@@ -620,6 +620,16 @@ fn websocat_by_name(node: &str, host: &str, trust: &str) -> String {
     )
 }
 
+/// How to run `qe`: the binary built beside this one (`./scripts/run` builds both), else
+/// `qe` on the PATH.
+fn qe_command() -> String {
+    let beside = std::env::current_exe().map(|exe| exe.with_file_name("qe"));
+    match beside {
+        Ok(path) if path.exists() => path.display().to_string(),
+        _ => "qe".to_string(),
+    }
+}
+
 /// How to reach the demo queue, for a person.
 fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
     let text = |key: &str| demo[key].as_str().unwrap_or_default().to_string();
@@ -651,6 +661,10 @@ fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
          admin login   {}\n\
          Log in within 10 seconds of connecting (the queue's no-reply-timeout-secs): a login sent later\n\
          gets no reply and the connection closes.\n\
+         Or with qe, the command line, which resolves the name through the DNS above itself:\n  \
+         {qe} login --from-dev {demo_json}\n  \
+         {qe} send {queue} --body Hello\n  \
+         {qe} receive {queue} --delete\n\
          Bills: curl -H \"Authorization: Bearer {account_key}\" {api}/v1/bills (this month, priced with\n\
          demo prices; usage records come every 30 minutes, and when a queue is deleted).\n\
          (Ctrl-C stops everything; started again on the same directory, it carries on.)",
@@ -658,6 +672,8 @@ fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
         login("publisher", ""),
         login("admin", ""),
         websocat = websocat_by_name(&node, &host, &trust),
+        qe = qe_command(),
+        demo_json = dir.join("demo.json").display(),
         dir = dir.display(),
         api = text("api"),
         token = text("token"),

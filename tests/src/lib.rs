@@ -159,6 +159,11 @@ pub fn controlplane_binary() -> PathBuf {
     built_binary("controlplane")
 }
 
+/// The `qe` command line built beside this test binary.
+pub fn qe_binary() -> PathBuf {
+    built_binary("qe")
+}
+
 /// A workspace binary, refused if it is older than any source it was built from (cargo lists
 /// them in `NAME.d` beside it): `cargo test` does not build another package's binaries, so a
 /// stale one would test old code.

@@ -279,14 +279,22 @@ async fn a_queues_series_match_its_nodes_own_counters_and_go_when_it_is_deleted(
         .iter()
         .map(|key| &live[key])
         .collect();
-    assert_eq!(shown, [&json!(1), &json!(1), &json!(2), &json!(1)], "{view}");
+    assert_eq!(
+        shown,
+        [&json!(1), &json!(1), &json!(2), &json!(1)],
+        "{view}"
+    );
     assert!(live["age_secs"].as_f64().unwrap() < 30.0, "{view}");
 
     // Deleted: not one series of it is left.
     let (status, deleted) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
     assert_eq!((status, deleted["status"].as_str()), (200, Some("deleted")));
     let after = Scrape::of(&cp).await;
-    assert_eq!(deleted["live"], Value::Null, "a deleted queue's numbers are not shown");
+    assert_eq!(
+        deleted["live"],
+        Value::Null,
+        "a deleted queue's numbers are not shown"
+    );
     let left: Vec<&String> = after.of_queue(id).map(|s| &s.name).collect();
     assert!(left.is_empty(), "series of a deleted queue: {left:?}");
     let deleted_count = after.samples.iter().find(|s| {

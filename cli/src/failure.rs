@@ -1,0 +1,110 @@
+//! What can go wrong, as the exit code a script can branch on.
+
+use qe_client::Error;
+use std::fmt;
+
+/// The exit codes, as `qe --help` lists them.
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  done
+  1  usage: bad arguments, no such profile or login, a config file that does not read
+  2  not found: no such queue, message or setting (the API's 404, the queue's 301)
+  3  refused by the queue or the API (the manual's code is printed: `refused: 414 …`)
+  4  cannot connect, or the queue or API is unavailable (a timeout, a 5xx, a 503)
+  5  unauthorized: a bad token or key (401, 403), or a login the queue refuses (107)";
+
+/// A failure, with the exit code it ends `qe` with.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad arguments, a missing profile or login: exit 1.
+    Usage(String),
+    /// No such queue, message, setting: exit 2.
+    NotFound(String),
+    /// The queue or the API said no; `code` is the manual's, when the queue gave one: exit 3.
+    Refused {
+        /// The manual's failure code.
+        code: Option<u16>,
+        /// What was refused.
+        message: String,
+    },
+    /// Could not connect, or the other side is unavailable: exit 4.
+    Unavailable(String),
+    /// The token or login was not accepted: exit 5.
+    Unauthorized(String),
+}
+
+impl Failure {
+    /// The process's exit code.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => 1,
+            Failure::NotFound(_) => 2,
+            Failure::Refused { .. } => 3,
+            Failure::Unavailable(_) => 4,
+            Failure::Unauthorized(_) => 5,
+        }
+    }
+
+    /// A refusal with the manual's code.
+    pub fn refused(code: u16, message: impl Into<String>) -> Failure {
+        Failure::Refused {
+            code: Some(code),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Usage(message) => write!(f, "error: {message}"),
+            Failure::NotFound(message) => write!(f, "not found: {message}"),
+            Failure::Refused {
+                code: Some(code),
+                message,
+            } => write!(f, "refused: {code} {message}"),
+            Failure::Refused {
+                code: None,
+                message,
+            } => write!(f, "refused: {message}"),
+            Failure::Unavailable(message) => write!(f, "unavailable: {message}"),
+            Failure::Unauthorized(message) => write!(f, "unauthorized: {message}"),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        use qe_client::Code;
+        match &error {
+            Error::Refused { code, reason, .. } | Error::Invalid { code, reason } => match code {
+                Code::AuthenticationFailed => Failure::Unauthorized(format!(
+                    "{} {reason} (the saved login is not the queue's: `qe queues login` or \
+                     `qe logins rotate`)",
+                    code.number()
+                )),
+                Code::InvalidMessageId => Failure::NotFound(format!("{} {reason}", code.number())),
+                _ if (500..=504).contains(&code.number()) => {
+                    Failure::Unavailable(format!("{} {reason}", code.number()))
+                }
+                _ => Failure::refused(code.number(), reason.clone()),
+            },
+            Error::Api { status, .. } => match status {
+                404 => Failure::NotFound(error.to_string()),
+                401 | 403 => Failure::Unauthorized(error.to_string()),
+                500.. => Failure::Unavailable(error.to_string()),
+                _ => Failure::Refused {
+                    code: None,
+                    message: error.to_string(),
+                },
+            },
+            Error::Connect { .. } | Error::Timeout(_) | Error::Closed { .. } | Error::Http(_) => {
+                Failure::Unavailable(error.to_string())
+            }
+            _ => Failure::Refused {
+                code: None,
+                message: error.to_string(),
+            },
+        }
+    }
+}

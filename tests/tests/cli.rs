@@ -1,0 +1,511 @@
+//! `qe`, the command line, as a script runs it: the real binary against a real control plane
+//! and its nodes, with a config file of its own (`QE_CONFIG`). Each check reads what a
+//! script would: the exit code, and stdout as JSON or CSV.
+
+use qe_client::{Admin, Credentials, Endpoint, MessageId};
+use qe_tests::{controlplane_binary, dataplane_binary, process_naming, qe_binary, signal};
+use qe_tests::{ControlPlane, PROMPT};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// What one run of `qe` left.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Its stdout as one JSON document.
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+
+    /// Its stdout as JSON lines (a stream: receive, tail).
+    fn json_lines(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+            .collect()
+    }
+
+    /// Its stdout as CSV records (no field here holds a comma or a quote).
+    fn csv(&self) -> Vec<Vec<String>> {
+        self.stdout
+            .split("\r\n")
+            .filter(|line| !line.is_empty())
+            .map(|line| line.split(',').map(str::to_string).collect())
+            .collect()
+    }
+}
+
+/// `qe` with a config file of its own.
+struct Qe {
+    dir: tempfile::TempDir,
+}
+
+impl Qe {
+    fn new() -> Qe {
+        Qe {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("qe").join("config.toml")
+    }
+
+    /// The config file as TOML.
+    fn config(&self) -> toml::Table {
+        std::fs::read_to_string(self.config_path())
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// Runs `qe ARGS` with `stdin`.
+    fn run_with(&self, args: &[&str], stdin: &str) -> Run {
+        let mut child = Command::new(qe_binary())
+            .args(args)
+            .env("QE_CONFIG", self.config_path())
+            .env_remove("QE_PROFILE")
+            .env_remove("QE_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start qe");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        Run {
+            code: output.status.code().expect("qe exited"),
+            stdout: String::from_utf8(output.stdout).unwrap(),
+            stderr: String::from_utf8(output.stderr).unwrap(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Run {
+        self.run_with(args, "")
+    }
+
+    /// Runs `qe ARGS` and expects exit code `code`.
+    #[track_caller]
+    fn expect(&self, code: i32, args: &[&str]) -> Run {
+        let run = self.run(args);
+        assert_eq!(run.code, code, "qe {}: {run:?}", args.join(" "));
+        run
+    }
+
+    /// Runs `qe ARGS`, which must succeed.
+    #[track_caller]
+    fn ok(&self, args: &[&str]) -> Run {
+        self.expect(0, args)
+    }
+
+    /// Logs in to `cp` with its operator token (from stdin) and makes a running queue; its id
+    /// and URL.
+    fn login_and_create(&self, cp: &ControlPlane) -> (String, String) {
+        let api = format!("http://{}", cp.addr);
+        let login = self.run_with(&["login", "--api", &api, "--token-stdin"], &cp.token);
+        assert_eq!(login.code, 0, "{login:?}");
+        let created = self.ok(&[
+            "--json",
+            "queues",
+            "create",
+            "--region",
+            "local",
+            "--instance-type",
+            "local",
+        ]);
+        let created = created.json();
+        assert_eq!(created["queue"]["status"], "running", "{created}");
+        let id = created["queue"]["id"].as_str().unwrap().to_string();
+        let url = created["queue"]["url"].as_str().unwrap().to_string();
+        (id, url)
+    }
+
+    /// The login of `role` for `queue` the profile keeps.
+    fn saved_login(&self, queue: &str, role: &str) -> Credentials {
+        let login = &self.config()["profiles"]["default"]["queues"][queue][role];
+        Credentials::new(
+            login["username"].as_str().unwrap(),
+            login["password"].as_str().unwrap(),
+        )
+    }
+}
+
+/// The ids in a `--json` listing or stream, sorted.
+fn ids_of(items: &[Value]) -> Vec<String> {
+    let mut ids: Vec<String> = items
+        .iter()
+        .map(|item| item["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn login_queues_send_receive_and_tail() {
+    let cp = ControlPlane::start();
+    let qe = Qe::new();
+    let api = format!("http://{}", cp.addr);
+
+    // A token the API refuses is not written.
+    let wrong = qe.run_with(&["login", "--api", &api, "--token-stdin"], "not-the-token");
+    assert_eq!(wrong.code, 5, "{wrong:?}");
+    assert!(!qe.config_path().exists());
+    // No profile yet: a usage error; bad arguments: the same.
+    qe.expect(1, &["queues", "list"]);
+    qe.expect(1, &["send"]);
+    qe.expect(1, &["receive", "q", "--max-messages", "many"]);
+
+    let (queue, _) = qe.login_and_create(&cp);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(qe.config_path())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the config file holds secrets");
+    let kept = &qe.config()["profiles"]["default"]["queues"][&queue];
+    for role in ["publisher", "subscriber", "admin"] {
+        assert!(kept[role]["password"].is_str(), "{role}: {kept}");
+    }
+
+    // Listed with its live numbers: numbers, or "-" when not known (never a made-up 0).
+    let list = qe.ok(&["--csv", "queues", "list", "--live"]).csv();
+    assert_eq!(
+        list[0],
+        [
+            "ID",
+            "STATUS",
+            "TIER",
+            "REGION",
+            "INSTANCE TYPE",
+            "URL",
+            "DEPTH",
+            "IN FLIGHT",
+            "DELAYED",
+            "DLQ",
+            "AGE"
+        ]
+    );
+    let row = list
+        .iter()
+        .find(|row| row[0] == queue)
+        .expect("the queue listed");
+    assert_eq!((row[1].as_str(), row[2].as_str()), ("running", "devtest"));
+    for cell in &row[6..10] {
+        assert!(cell == "-" || cell.parse::<u64>().is_ok(), "{row:?}");
+    }
+    let got = qe.ok(&["--json", "queues", "get", &queue]).json();
+    assert_eq!(got["id"], queue.as_str());
+    assert!(
+        got["live"].is_null() || got["live"]["waiting"].is_u64(),
+        "{got}"
+    );
+    let table = qe.ok(&["queues", "get", &queue]).stdout;
+    assert!(table.starts_with("FIELD"), "{table}");
+    qe.expect(2, &["queues", "get", "nosuchqueue0"]);
+    qe.expect(2, &["send", "nosuchqueue0", "--body", "x"]);
+
+    // One message, then a batch of three, pipelined.
+    let one = qe.ok(&["--json", "send", &queue, "--body", "hello"]).json();
+    let batch = qe
+        .ok(&[
+            "--json",
+            "send",
+            &queue,
+            "--batch",
+            "--body",
+            r#"["a","b",{"n":1}]"#,
+        ])
+        .json();
+    let mut sent = vec![one["id"].as_str().unwrap().to_string()];
+    sent.extend(
+        batch
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_string()),
+    );
+    sent.sort();
+    assert_eq!(sent.len(), 4);
+    qe.expect(1, &["send", &queue, "--batch", "--body", "not an array"]);
+
+    // Received without --delete, they come back; with it, they are gone.
+    let receive = |delete: bool| {
+        let mut args = vec![
+            "--json",
+            "receive",
+            &queue,
+            "--max-messages",
+            "4",
+            "--wait-seconds",
+            "20",
+        ];
+        if delete {
+            args.push("--delete");
+        }
+        qe.ok(&args).json_lines()
+    };
+    let first = receive(false);
+    assert_eq!(ids_of(&first), sent);
+    let mut bodies: Vec<&str> = first.iter().map(|m| m["body"].as_str().unwrap()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["a", "b", "hello", r#"{"n":1}"#]);
+    assert_eq!(ids_of(&receive(true)), sent, "not deleted the first time");
+    let left = qe.ok(&["--json", "messages", "list", &queue]).json();
+    assert_eq!(left, Value::Array(vec![]), "deleted the second time");
+
+    // Tail prints each message as it comes and stops after --count.
+    let three = qe
+        .ok(&[
+            "--json",
+            "send",
+            &queue,
+            "--batch",
+            "--body",
+            r#"["t1","t2","t3"]"#,
+        ])
+        .json();
+    let tailed = qe
+        .ok(&["--json", "tail", &queue, "--count", "3"])
+        .json_lines();
+    assert_eq!(ids_of(&tailed), ids_of(three.as_array().unwrap()));
+    let csv = qe.ok(&["--csv", "messages", "list", &queue]).csv();
+    assert_eq!(
+        csv,
+        [["ID", "LEN", "DELAY", "DURABILITY", "TYPE", "RECEIVED"]],
+        "tail acks"
+    );
+
+    // The records and the bill read (what is in them is the control plane's tests' business).
+    assert!(qe.ok(&["--json", "usage"]).json().is_array());
+    assert!(qe.ok(&["--json", "stats"]).json().is_array());
+    assert!(qe.ok(&["--json", "bills"]).json()["total"].is_number());
+    assert!(qe.ok(&["completions", "bash"]).stdout.contains("qe"));
+
+    // Deleted, and its logins forgotten.
+    let deleted = qe.ok(&["--json", "queues", "delete", &queue]).json();
+    assert_eq!(deleted["status"], "deleted");
+    assert!(qe.config()["profiles"]["default"]["queues"]
+        .get(&queue)
+        .is_none());
+}
+
+#[tokio::test]
+async fn purge_dlq_settings_and_each_failure_has_its_code() {
+    let cp = ControlPlane::start();
+    let qe = Qe::new();
+    let (queue, url) = qe.login_and_create(&cp);
+    let send = |bodies: &str| -> Vec<String> {
+        let sent = qe
+            .ok(&["--json", "send", &queue, "--batch", "--body", bodies])
+            .json();
+        ids_of(sent.as_array().unwrap())
+    };
+
+    // Purge says how many went.
+    send(r#"["p1","p2"]"#);
+    let purged = qe.ok(&["--json", "purge", &queue]).json();
+    assert_eq!(purged["purged"], 2, "{purged}");
+
+    // Into the dead letter queue by the admin's movetodlq, then back, a part at a time.
+    let dead = send(r#"["d1","d2","d3"]"#);
+    let endpoint = Endpoint::new(&url).unwrap();
+    let admin = Admin::connect(&endpoint, qe.saved_login(&queue, "admin"))
+        .await
+        .unwrap();
+    for id in &dead {
+        admin
+            .move_to_dlq(&MessageId::from(id.as_str()))
+            .await
+            .unwrap();
+    }
+    let listed = qe.ok(&["--json", "dlq", "list", &queue]).json();
+    assert_eq!(ids_of(listed.as_array().unwrap()), dead);
+    let got = qe.ok(&["--json", "dlq", "get", &queue, &dead[0]]).json();
+    assert_eq!(got["body"], "d1");
+    let one = qe
+        .ok(&["--json", "dlq", "redrive", &queue, "--count", "1"])
+        .json();
+    assert_eq!(one["redriven"], 1);
+    let named = qe
+        .ok(&["--json", "dlq", "redrive", &queue, &dead[1]])
+        .json();
+    assert_eq!(named["redriven"], 1);
+    let csv = qe.ok(&["--csv", "dlq", "list", &queue]).csv();
+    assert_eq!(csv.len(), 2, "the header and one left: {csv:?}");
+    assert_eq!(csv[1][0], dead[2]);
+    // A message not in the DLQ is not found; a count out of range is refused.
+    qe.expect(2, &["dlq", "redrive", &queue, &dead[0]]);
+    let refused = qe.expect(3, &["dlq", "redrive", &queue, "--count", "0"]);
+    assert!(refused.stderr.contains("412"), "{refused:?}");
+    let purged = qe.ok(&["--json", "dlq", "purge", &queue]).json();
+    assert_eq!(purged["purged"], 1);
+    let back = qe.ok(&["--json", "messages", "list", &queue]).json();
+    assert_eq!(ids_of(back.as_array().unwrap()), dead[..2]);
+
+    // Delete one; a second time it is not found.
+    qe.ok(&["delete", &queue, &dead[0]]);
+    qe.expect(2, &["delete", &queue, &dead[0]]);
+
+    // Settings: read, changed, refused out of range (414), unknown.
+    let name = "saved-session-timeout-secs";
+    let before = qe.ok(&["--json", "config", "get", &queue, name]).json();
+    assert!(before[name].is_u64(), "{before}");
+    let after = qe
+        .ok(&["--json", "config", "set", &queue, &format!("{name}=60")])
+        .json();
+    assert_eq!(after[name], 60);
+    let out_of_range = qe.expect(3, &["config", "set", &queue, &format!("{name}=5")]);
+    assert!(out_of_range.stderr.contains("414"), "{out_of_range:?}");
+    qe.expect(2, &["config", "get", &queue, "no-such-setting"]);
+    qe.expect(1, &["config", "set", &queue, "no-equals-sign"]);
+    let table = qe.ok(&["config", "get", &queue]).stdout;
+    assert!(table.starts_with("NAME"), "{table}");
+
+    // A login the queue refuses (107): unauthorized; a queue that does not answer: unavailable.
+    let keep = |profile: &str, url: &str| {
+        let args = [
+            "--profile",
+            profile,
+            "queues",
+            "login",
+            &queue,
+            "--role",
+            "publisher",
+            "--username",
+            "someone",
+            "--password-stdin",
+            "--url",
+            url,
+        ];
+        assert_eq!(qe.run_with(&args, "wrong-password\n").code, 0);
+    };
+    keep("wrong", &url);
+    let refused = qe.expect(5, &["--profile", "wrong", "send", &queue, "--body", "x"]);
+    assert!(refused.stderr.contains("107"), "{refused:?}");
+    keep("gone", "ws://127.0.0.1:1/");
+    qe.expect(4, &["--profile", "gone", "send", &queue, "--body", "x"]);
+    qe.expect(
+        2,
+        &["--profile", "gone", "send", "otherqueue00", "--body", "x"],
+    );
+    // The control plane gone: unavailable.
+    drop(cp);
+    qe.expect(4, &["queues", "list"]);
+}
+
+/// A running `controlplane dev --no-pebble` (a local CA, DNS on a loopback port); killed on
+/// drop, with its nodes.
+struct Dev {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Dev {
+    /// Starts it; returns once its demo queue serves and demo.json is written.
+    fn start() -> Dev {
+        let _ = dataplane_binary(); // dev runs it: refused here if stale.
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(controlplane_binary())
+            .args(["dev", "--no-pebble", "--listen", "127.0.0.1:0"])
+            .args(["--dns-listen", "127.0.0.1:0", "--dir"])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start controlplane dev");
+        let (said, lines) = std::sync::mpsc::channel();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                let _ = said.send(line);
+            }
+        });
+        let dev = Dev { child, dir };
+        // Its last line of the banner: demo.json is written before it.
+        while !lines
+            .recv_timeout(PROMPT * 6)
+            .expect("controlplane dev says how to try it")
+            .contains("(Ctrl-C stops everything")
+        {}
+        dev
+    }
+
+    fn demo_json(&self) -> PathBuf {
+        self.dir.path().join("demo.json")
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let nodes = std::fs::read_dir(self.dir.path().join("nodes"));
+        for node in nodes.into_iter().flatten().flatten() {
+            if let Some(pid) = process_naming(&node.path().join("bootstrap.toml")) {
+                signal(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The README's promise: from `./scripts/run` to a message sent and received in three
+/// commands. The queue's name is only in dev's DNS and its certificate only from dev's CA,
+/// so this goes through the profile's `dns` and `ca`.
+#[test]
+fn from_dev_to_a_message_in_three_commands() {
+    let dev = Dev::start();
+    let demo: Value =
+        serde_json::from_str(&std::fs::read_to_string(dev.demo_json()).unwrap()).unwrap();
+    let queue = demo["queue"].as_str().unwrap();
+    let qe = Qe::new();
+    let demo_json = dev.demo_json().display().to_string();
+    qe.ok(&["login", "--from-dev", &demo_json]);
+    let sent = qe.ok(&["--json", "send", queue, "--body", "Hello"]).json();
+    let received = qe
+        .ok(&[
+            "--json",
+            "receive",
+            queue,
+            "--delete",
+            "--wait-seconds",
+            "20",
+        ])
+        .json_lines();
+    assert_eq!(received.len(), 1, "{received:?}");
+    assert_eq!(
+        (&received[0]["id"], &received[0]["body"]),
+        (&sent["id"], &"Hello".into())
+    );
+    let profile = &qe.config()["profiles"]["default"];
+    assert_eq!(profile["dns"].as_str(), demo["dns"].as_str());
+    assert_eq!(
+        Path::new(profile["ca"].as_str().unwrap()),
+        Path::new(demo["trust"].as_str().unwrap())
+    );
+    // The demo account's key, not the operator's token, unless asked.
+    assert_eq!(profile["token"].as_str(), demo["account_key"].as_str());
+    qe.ok(&[
+        "--profile",
+        "operator",
+        "login",
+        "--from-dev",
+        &demo_json,
+        "--operator",
+    ]);
+    assert_eq!(
+        qe.config()["profiles"]["operator"]["token"].as_str(),
+        demo["token"].as_str()
+    );
+}

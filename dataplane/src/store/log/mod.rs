@@ -507,7 +507,10 @@ impl LogStore {
             Change::Purged(ids) => {
                 let index = &self.shared.lock().index;
                 let written = ids.iter().filter_map(|id| index.live.get(id));
-                written.map(|live| live.durability()).max().unwrap_or(Durability::None)
+                written
+                    .map(|live| live.durability())
+                    .max()
+                    .unwrap_or(Durability::None)
             }
             Change::Delivered { .. } | Change::Returned(_) => Durability::None,
         };

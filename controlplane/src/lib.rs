@@ -1,6 +1,7 @@
 //! The control plane: provisions queues and their three logins, and runs their nodes.
 //!
 //! - [`api`]: the operator's HTTP API (axum): routes, bearer-token check, JSON errors.
+//! - [`console`]: the web console at `/console/`, signed in with a session cookie.
 //! - [`queues`]: what a queue is to the control plane, and how one is created.
 //! - [`accounts`]: customers, their API keys and limits; [`audit`]: who changed what.
 //! - [`reconciler`]: drives every queue to what the operator asked for, through its provider.
@@ -20,6 +21,7 @@ pub mod audit;
 pub mod backup;
 pub mod certificates;
 pub mod config;
+pub mod console;
 pub mod dns;
 pub mod fleet;
 pub mod leadership;

@@ -6,10 +6,14 @@
 //! - A read-only key is refused (`403`) any method but `GET` and `HEAD`, before the handler.
 //! - Routes only the operator may use ([`operator_only`]) refuse an account's key with
 //!   `403` before they read anything, so that answer says nothing of what exists.
+//! - Without a bearer token, the web console's session cookie is taken instead
+//!   ([`crate::console`]): the caller is the one its sign-in found, checked again now (a key
+//!   revoked since is refused), and a change must carry the session's `X-CSRF-Token`.
 
 use super::{bearer, unauthorized, ApiError, AppState};
 use crate::accounts::{self, Scope};
 use crate::audit::{self, Actor, Entry, Target};
+use crate::console::{self, Grant, Sessions};
 use crate::queues::Queue;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
@@ -61,17 +65,47 @@ impl Caller {
     }
 }
 
-/// Finds the caller, refuses what its key may not do, runs the request, and audits it if it
-/// asked for a change.
+/// What the authentication of a request needs: the state, and the console's sessions.
+#[derive(Clone)]
+pub struct Gate {
+    pub state: Arc<AppState>,
+    pub sessions: Arc<Sessions>,
+}
+
+/// Finds the caller (by its bearer token, else by a console session), refuses what its key
+/// may not do, runs the request, and audits it if it asked for a change.
 pub async fn authenticate(
-    State(state): State<Arc<AppState>>,
+    State(Gate { state, sessions }): State<Gate>,
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let presented = bearer(request.headers());
-    let caller = caller_of(&state, presented)
-        .await?
-        .ok_or_else(|| unauthorized(presented))?;
+    let session = match presented.is_empty() {
+        true => sessions.id_in(request.headers()),
+        false => None,
+    };
+    let caller = match session {
+        // A forged cross-site change is refused before anything is read or audited: it
+        // carries the cookie but not the token only the console's own page can read.
+        Some(id) => {
+            let found = sessions
+                .find(id)
+                .ok_or(ApiError::Unauthorized { token_given: true })?;
+            let csrf = request
+                .headers()
+                .get(console::CSRF_HEADER)
+                .and_then(|value| value.to_str().ok());
+            if console::is_change(request.method()) && !found.csrf_matches(csrf) {
+                return Err(console::csrf_refused());
+            }
+            caller_of_grant(&state, &found.grant)
+                .await?
+                .ok_or(ApiError::Unauthorized { token_given: true })?
+        }
+        None => caller_of(&state, presented)
+            .await?
+            .ok_or_else(|| unauthorized(presented))?,
+    };
     let method = request.method().as_str().to_string();
     let route = request
         .extensions()
@@ -126,7 +160,10 @@ fn path_target(path: &str) -> String {
 
 /// The operator for its token (compared in constant time), an account for one of its valid
 /// keys, else `None`.
-async fn caller_of(state: &AppState, presented: &str) -> Result<Option<Caller>, ApiError> {
+pub(crate) async fn caller_of(
+    state: &AppState,
+    presented: &str,
+) -> Result<Option<Caller>, ApiError> {
     let expected = state.config.token.as_bytes();
     let is_operator: bool = presented.as_bytes().ct_eq(expected).into();
     if is_operator && !expected.is_empty() {
@@ -144,6 +181,29 @@ async fn caller_of(state: &AppState, presented: &str) -> Result<Option<Caller>, 
         key: key.id,
         scope: key.scope,
     }))
+}
+
+/// The caller a console session's grant stands for now: `None` once its key is revoked or
+/// expired (or the operator's token is unset).
+pub(crate) async fn caller_of_grant(
+    state: &AppState,
+    grant: &Grant,
+) -> Result<Option<Caller>, ApiError> {
+    match grant {
+        Grant::Operator => Ok((!state.config.token.is_empty()).then_some(Caller::Operator)),
+        Grant::Key(id) => {
+            let Some(key) = state.store.key(id).await? else {
+                return Ok(None);
+            };
+            Ok(key
+                .is_valid_at(crate::unix_now())
+                .then_some(Caller::Account {
+                    account: key.account,
+                    key: key.id,
+                    scope: key.scope,
+                }))
+        }
+    }
 }
 
 /// Lets only the operator through.

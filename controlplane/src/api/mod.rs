@@ -4,6 +4,8 @@
 //! read; every change asked for is audited (`auth.rs`, `audit.rs`). Every error is JSON
 //! (`error.rs`), also the router's own and the extractors' (`extract.rs`); the queue routes
 //! are in `queues.rs`, accounts and keys in `accounts.rs`, `/metrics` in `metrics.rs`.
+//! The web console (`/console/`, [`crate::console`]) signs in with the same tokens and then
+//! calls these routes with a session cookie instead (`auth.rs`).
 
 mod accounts;
 mod audit;
@@ -18,6 +20,8 @@ pub mod server;
 pub mod tls;
 mod usage;
 
+pub use auth::Caller;
+pub(crate) use auth::{caller_of, caller_of_grant};
 pub use error::{ApiError, CODES};
 pub use metrics::Metrics;
 
@@ -30,7 +34,7 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
 use axum::Router;
-use extract::Json;
+pub(crate) use extract::Json;
 use serde_json::json;
 use std::sync::Arc;
 
@@ -105,12 +109,17 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/accounts/{id}/keys/{key}",
             axum::routing::delete(accounts::revoke_key),
         );
+    // One set of console sessions for every route (this router is built once per process).
+    let sessions = Arc::new(crate::console::Sessions::new(
+        state.config.api_tls.is_some(),
+    ));
+    let gate = auth::Gate {
+        state: state.clone(),
+        sessions: sessions.clone(),
+    };
     let authenticated = operator
         .merge(callers)
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::authenticate,
-        ));
+        .route_layer(middleware::from_fn_with_state(gate, auth::authenticate));
     // Nodes call with their own tokens, checked before the body is read.
     let node = Router::new()
         .route(
@@ -137,6 +146,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     authenticated
         .merge(node)
         .merge(open)
+        .merge(crate::console::router(sessions))
         .fallback(|| async { ApiError::NoSuchRoute })
         // Last, so it reaches every route; axum adds the `Allow` header.
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

@@ -1,0 +1,761 @@
+// The Queue Expert's web console: plain JavaScript, no framework, no build step. It calls the
+// control plane's /v1 API with the session cookie (HttpOnly: this script never sees it) and
+// sends the session's CSRF token, held in memory only, as X-CSRF-Token with every change.
+// The token a user signs in with is sent once and never kept: not in storage, not in the page.
+// Pages are hash routes: #/ (queues), #/queues/ID/TAB. Everything is built with DOM calls
+// and textContent, so nothing the API returns is ever read as HTML.
+"use strict";
+
+const REFRESH_EVERY_MS = 30_000;
+const TABS = ["overview", "messages", "dlq", "monitoring", "settings", "api"];
+const TAB_NAMES = {
+  overview: "Overview", messages: "Messages", dlq: "DLQ",
+  monitoring: "Monitoring", settings: "Settings", api: "API",
+};
+
+/** Who is signed in ({kind, account?, key?, scope?}) and the session's CSRF token. */
+const session = { caller: null, csrf: null };
+/** The timer of the page shown, cleared when another is shown. */
+let timer = null;
+
+// ---- small helpers ----------------------------------------------------------------------
+
+/** An element: h("a", {href: "#/"}, "text", child…). Strings become text nodes. */
+function h(tag, attrs, ...children) {
+  const element = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === false || value === null || value === undefined) continue;
+    if (name.startsWith("on")) element.addEventListener(name.slice(2), value);
+    else if (name === "class") element.className = value;
+    else element.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    element.append(typeof child === "string" || typeof child === "number" ? String(child) : child);
+  }
+  return element;
+}
+
+function announce(text) {
+  const announcer = document.getElementById("announcer");
+  announcer.textContent = "";
+  setTimeout(() => { announcer.textContent = text; }, 50);
+}
+
+function setTitle(text) {
+  document.title = text ? `${text} — The Queue Expert` : "The Queue Expert console";
+}
+
+function show(...children) {
+  const main = document.getElementById("main");
+  main.replaceChildren(...children.filter((child) => child !== null && child !== undefined));
+}
+
+function formatNumber(n) {
+  return typeof n === "number" ? n.toLocaleString("en-US") : "—";
+}
+
+function formatBytes(n) {
+  if (typeof n !== "number") return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${i === 0 ? n : n.toFixed(1)} ${units[i]}`;
+}
+
+function timeOf(date) {
+  return date.toLocaleTimeString("en-GB", { hour12: false });
+}
+
+class ApiFailure extends Error {
+  constructor(status, code, message) {
+    super(message || `HTTP ${status}`);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+/** One API call with the session cookie; a change carries the CSRF token. */
+async function api(method, path, body) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (method !== "GET" && method !== "HEAD") headers["X-CSRF-Token"] = session.csrf || "";
+  const response = await fetch(path, {
+    method, headers, credentials: "same-origin", cache: "no-store",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  let data = null;
+  if (response.status !== 204) {
+    try { data = await response.json(); } catch (_) { data = null; }
+  }
+  if (response.status === 401 && path !== "/console/session") {
+    session.caller = null;
+    session.csrf = null;
+    renderSignIn("Your session has ended. Sign in again.");
+    throw new ApiFailure(401, "unauthorized", "signed out");
+  }
+  if (!response.ok) {
+    const error = (data && data.error) || {};
+    throw new ApiFailure(response.status, error.code, error.message);
+  }
+  return data;
+}
+
+/** A button that copies `text()` to the clipboard and says so. */
+function copyButton(label, text, shown = "Copy") {
+  const button = h("button", { type: "button", "aria-label": label }, shown);
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text());
+      button.textContent = "Copied";
+    } catch (_) {
+      button.textContent = "Select and copy by hand";
+    }
+    setTimeout(() => { button.textContent = shown; }, 2000);
+  });
+  return button;
+}
+
+/** A modal question; resolves true when confirmed. */
+function confirmDialog(title, text, confirmLabel) {
+  return new Promise((resolve) => {
+    const dialog = h("dialog", { "aria-labelledby": "confirm-title" });
+    const done = (answer) => { dialog.close(); dialog.remove(); resolve(answer); };
+    dialog.append(
+      h("h2", { id: "confirm-title" }, title),
+      h("p", {}, text),
+      h("div", { class: "actions" },
+        h("button", { type: "button", id: "confirm-cancel", onclick: () => done(false) }, "Cancel"),
+        h("button", { type: "button", class: "danger", id: "confirm-ok", onclick: () => done(true) },
+          confirmLabel)));
+    dialog.addEventListener("cancel", (event) => { event.preventDefault(); done(false); });
+    document.body.append(dialog);
+    dialog.showModal();
+    dialog.querySelector("#confirm-cancel").focus();
+  });
+}
+
+function stopTimer() {
+  if (timer) clearInterval(timer);
+  timer = null;
+}
+
+function canChange() {
+  return session.caller && !(session.caller.kind === "account" && session.caller.scope === "read-only");
+}
+
+// ---- sign-in and the header --------------------------------------------------------------
+
+function renderWho() {
+  const who = document.getElementById("who");
+  if (!session.caller) { who.replaceChildren(); return; }
+  const caller = session.caller;
+  const name = caller.kind === "operator"
+    ? "Operator (every account)"
+    : `Account ${caller.account}${caller.scope === "read-only" ? " (read-only key)" : ""}`;
+  who.replaceChildren(
+    h("span", { id: "signed-in-as" }, `Signed in: ${name}`),
+    h("button", { type: "button", id: "sign-out", onclick: signOut }, "Sign out"));
+}
+
+function renderSignIn(message) {
+  stopTimer();
+  renderWho();
+  setTitle("Sign in");
+  const error = h("p", { id: "signin-error", class: "error", role: "alert" }, message || "");
+  const input = h("input", {
+    id: "token", name: "token", type: "password", autocomplete: "off", spellcheck: "false",
+    required: true, "aria-describedby": "token-hint",
+  });
+  const button = h("button", { type: "submit", class: "primary", id: "sign-in" }, "Sign in");
+  const form = h("form", { class: "signin", "aria-labelledby": "signin-title" },
+    h("h1", { id: "signin-title" }, "Sign in to the console"),
+    h("div", { class: "field" },
+      h("label", { for: "token" }, "API key or operator token"),
+      input,
+      h("span", { id: "token-hint", class: "hint" },
+        "An account's API key (qek_…) shows that account's queues; the operator's token shows every account. " +
+        "It is exchanged for a session and not kept in this page.")),
+    button, error);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const token = input.value;
+    // The token leaves the page now: the field is emptied before the answer comes.
+    input.value = "";
+    button.disabled = true;
+    error.textContent = "";
+    try {
+      const reply = await api("POST", "/console/session", { token });
+      session.caller = reply.caller;
+      session.csrf = reply.csrf;
+      renderWho();
+      if (!location.hash || location.hash === "#") location.hash = "#/";
+      route();
+    } catch (failure) {
+      error.textContent = failure.status === 401
+        ? "That key or token was not accepted. Check it and try again."
+        : `Could not sign in: ${failure.message}`;
+      button.disabled = false;
+      input.focus();
+    }
+  });
+  show(form);
+  input.focus();
+}
+
+async function signOut() {
+  try {
+    await api("DELETE", "/console/session");
+  } catch (_) { /* the session may be gone already */ }
+  session.caller = null;
+  session.csrf = null;
+  location.hash = "#/";
+  renderSignIn("You are signed out.");
+}
+
+// ---- the queues list ---------------------------------------------------------------------
+
+/** The numbers the list shows per queue, from its `live` (null: no fresh report). */
+const LIST_COLUMNS = [
+  ["waiting", "Depth", "Messages waiting for a subscriber"],
+  ["held", "In flight", "Delivered, not acknowledged yet"],
+  ["delayed", "Delayed", "Waiting for their delay to end"],
+  ["dead_letter", "DLQ", "In the dead letter queue"],
+];
+
+function renderList() {
+  stopTimer();
+  setTitle("Queues");
+  const state = { queues: new Map(), loadedAt: null, showDeleted: false };
+  const refreshButton = h("button", { type: "button", id: "refresh" }, "Refresh");
+  const updated = h("span", { id: "updated", class: "stale-note", "aria-live": "polite" }, "Loading…");
+  const body = h("tbody", { id: "queue-rows" });
+  const table = h("table", { class: "cards", id: "queues", "aria-describedby": "updated" },
+    h("caption", { class: "visually-hidden" }, "Your queues with their latest numbers"),
+    h("thead", {}, h("tr", {},
+      h("th", { scope: "col" }, "Queue"),
+      h("th", { scope: "col" }, "Status"),
+      LIST_COLUMNS.map(([, name, help]) => h("th", { scope: "col", class: "num", title: help }, name)),
+      h("th", { scope: "col", class: "num" }, "Report age"),
+      h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")))),
+    body);
+  const empty = h("p", { id: "no-queues", class: "muted", hidden: true }, "No queues yet.");
+  const showDeleted = h("input", { type: "checkbox", id: "show-deleted" });
+  showDeleted.addEventListener("change", () => { state.showDeleted = showDeleted.checked; draw(); });
+  const logins = h("div", { id: "logins-slot" });
+  const createSlot = h("div", { id: "create-slot" });
+  const newButton = canChange()
+    ? h("button", { type: "button", class: "primary", id: "new-queue", "aria-expanded": "false",
+      "aria-controls": "create-slot" }, "New queue")
+    : null;
+  if (newButton) {
+    newButton.addEventListener("click", () => {
+      const open = newButton.getAttribute("aria-expanded") === "true";
+      newButton.setAttribute("aria-expanded", String(!open));
+      createSlot.replaceChildren(...(open ? [] : [createForm(created)]));
+      if (!open) createSlot.querySelector("select").focus();
+    });
+  }
+
+  function cell(queue, key, label) {
+    const live = queue.live;
+    if (!live) {
+      return h("td", { class: "num no-report", "data-label": label, "data-key": key,
+        title: "The node has not reported in the last 30 s: not known, not zero" }, "no report");
+    }
+    return h("td", { class: "num", "data-label": label, "data-key": key }, formatNumber(live[key]));
+  }
+
+  function row(queue) {
+    const link = h("a", { href: `#/queues/${encodeURIComponent(queue.id)}/overview` }, queue.id);
+    const actions = h("td", { "data-label": "Actions" });
+    if (canChange() && queue.status !== "deleted" && queue.status !== "deleting") {
+      actions.append(h("button", {
+        type: "button", class: "danger", "aria-label": `Delete queue ${queue.id}`,
+        "data-delete": queue.id, onclick: () => remove(queue.id),
+      }, "Delete"));
+    }
+    const age = queue.live ? `${Math.round(queue.live.age_secs)} s` : "—";
+    return h("tr", { "data-queue": queue.id },
+      h("th", { scope: "row", "data-label": "Queue" }, link),
+      h("td", { "data-label": "Status" }, h("span", { class: `status status-${queue.status}` }, queue.status)),
+      LIST_COLUMNS.map(([key, name]) => cell(queue, key, name)),
+      h("td", { class: "num", "data-label": "Report age" }, age),
+      actions);
+  }
+
+  function draw() {
+    const shown = [...state.queues.values()].filter((q) => state.showDeleted || q.status !== "deleted");
+    body.replaceChildren(...shown.map(row));
+    empty.hidden = shown.length > 0;
+  }
+
+  async function refresh() {
+    // The numbers shown stay while new ones load, marked stale.
+    table.classList.add("stale");
+    table.setAttribute("aria-busy", "true");
+    refreshButton.disabled = true;
+    if (state.loadedAt) updated.textContent = `Refreshing… (numbers from ${timeOf(state.loadedAt)})`;
+    try {
+      const reply = await api("GET", "/v1/queues");
+      state.queues = new Map(reply.queues.map((q) => [q.id, q]));
+      state.loadedAt = new Date();
+      draw();
+      table.classList.remove("stale");
+      updated.textContent = `Updated ${timeOf(state.loadedAt)}; refreshes every 30 s`;
+    } catch (failure) {
+      if (failure.status === 401) return;
+      updated.textContent = state.loadedAt
+        ? `Could not refresh (${failure.message}); numbers from ${timeOf(state.loadedAt)}`
+        : `Could not load the queues: ${failure.message}`;
+    } finally {
+      table.removeAttribute("aria-busy");
+      refreshButton.disabled = false;
+    }
+  }
+
+  function created(queue) {
+    newButton.setAttribute("aria-expanded", "false");
+    createSlot.replaceChildren();
+    logins.replaceChildren(loginsPanel(queue, () => logins.replaceChildren()));
+    logins.querySelector("h2").focus();
+    refresh();
+  }
+
+  async function remove(id) {
+    const sure = await confirmDialog(`Delete queue ${id}?`,
+      "Its node stops and every message in it is lost. This cannot be undone.", "Delete queue");
+    if (!sure) return;
+    updated.textContent = `Deleting ${id}…`;
+    try {
+      await api("DELETE", `/v1/queues/${encodeURIComponent(id)}`);
+      announce(`Queue ${id} deleted`);
+    } catch (failure) {
+      if (failure.status === 401) return;
+      updated.textContent = `Could not delete ${id}: ${failure.message}`;
+      return;
+    }
+    refresh();
+  }
+
+  refreshButton.addEventListener("click", refresh);
+  show(
+    h("div", { class: "toolbar" },
+      h("h1", {}, "Queues"),
+      h("span", { class: "spacer" }),
+      newButton,
+      refreshButton),
+    canChange() ? null : h("p", { class: "notice" }, "This key is read-only: the console shows, and changes nothing."),
+    createSlot,
+    logins,
+    h("p", {}, updated),
+    table,
+    empty,
+    h("div", { class: "field inline" }, showDeleted, h("label", { for: "show-deleted" }, "Show deleted queues")));
+  refresh();
+  timer = setInterval(refresh, REFRESH_EVERY_MS);
+}
+
+/** The form that creates a queue; `done(queue)` gets the reply with its logins. */
+function createForm(done) {
+  const field = (id, label, control, hint) => h("div", { class: "field" },
+    h("label", { for: id }, label), control, hint ? h("span", { class: "hint", id: `${id}-hint` }, hint) : null);
+  const tier = h("select", { id: "new-tier", name: "tier" },
+    h("option", { value: "devtest" }, "devtest"), h("option", { value: "standard" }, "standard"));
+  const label = "[a-z0-9][a-z0-9.\\-]{0,62}";
+  const region = h("input", { id: "new-region", name: "region", required: true, pattern: label,
+    autocomplete: "off", "aria-describedby": "new-region-hint" });
+  const type = h("input", { id: "new-instance-type", name: "instance_type", required: true, pattern: label,
+    autocomplete: "off", "aria-describedby": "new-instance-type-hint" });
+  const ipv4 = h("input", { id: "new-ipv4", name: "ipv4", type: "checkbox" });
+  const account = session.caller.kind === "operator"
+    ? h("input", { id: "new-account", name: "account", autocomplete: "off", "aria-describedby": "new-account-hint" })
+    : null;
+  const error = h("p", { class: "error", role: "alert", id: "create-error" });
+  const submit = h("button", { type: "submit", class: "primary", id: "create" }, "Create queue");
+  const form = h("form", { class: "panel", id: "create-form", "aria-labelledby": "create-title" },
+    h("h2", { id: "create-title" }, "New queue"),
+    h("div", { class: "grid" },
+      field("new-tier", "Tier", tier),
+      field("new-region", "Region", region, "A region the fleet offers, e.g. local or us-east-1"),
+      field("new-instance-type", "Instance type", type, "e.g. local or t4g.small"),
+      account ? field("new-account", "Account (optional)", account, "The account it belongs to; empty: none") : null),
+    h("div", { class: "field inline" }, ipv4, h("label", { for: "new-ipv4" }, "Public IPv4 address (IPv6 always)")),
+    submit, error);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    submit.disabled = true;
+    error.textContent = "";
+    const asked = { tier: tier.value, region: region.value, instance_type: type.value, ipv4: ipv4.checked };
+    if (account && account.value) asked.account = account.value;
+    try {
+      done(await api("POST", "/v1/queues", asked));
+    } catch (failure) {
+      if (failure.status === 401) return;
+      error.textContent = `Not created: ${failure.message}`;
+      submit.disabled = false;
+    }
+  });
+  return form;
+}
+
+/** The three logins of a queue just made: shown this once, with copy buttons. */
+function loginsPanel(queue, dismiss) {
+  const rows = ["publisher", "subscriber", "admin"].map((role) => {
+    const login = queue.logins[role] || {};
+    return h("tr", { "data-role": role },
+      h("th", { scope: "row", "data-label": "Role" }, role),
+      h("td", { "data-label": "Username" }, h("code", { class: "login-username" }, login.username || "")),
+      h("td", { "data-label": "Password" }, h("code", { class: "login-password" }, login.password || "")),
+      h("td", { "data-label": "Copy" },
+        copyButton(`Copy the ${role} password`, () => login.password, "Copy password"),
+        " ",
+        copyButton(`Copy the ${role} login as JSON`, () =>
+          JSON.stringify({ username: login.username, password: login.password }), "Copy as JSON")));
+  });
+  return h("section", { class: "notice logins", id: "logins", "data-queue": queue.id, "aria-labelledby": "logins-title" },
+    h("h2", { id: "logins-title", tabindex: "-1" }, `Queue ${queue.id} is being created: its logins, shown only now`),
+    h("p", {}, h("strong", {}, "Copy them now. "),
+      "Only their hashes are kept: they cannot be shown again (a lost one can be rotated). Address: ",
+      h("code", {}, queue.url)),
+    h("table", { class: "cards" },
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Role"), h("th", { scope: "col" }, "Username"),
+        h("th", { scope: "col" }, "Password"), h("th", { scope: "col" }, "Copy"))),
+      h("tbody", {}, rows)),
+    h("div", { class: "actions" },
+      copyButton("Copy all three logins as JSON", () => JSON.stringify(queue.logins, null, 2), "Copy all as JSON"),
+      h("button", { type: "button", id: "logins-done", onclick: dismiss }, "I have saved them")));
+}
+
+// ---- a queue's page ----------------------------------------------------------------------
+
+function renderQueue(id, tab) {
+  stopTimer();
+  if (!TABS.includes(tab)) tab = "overview";
+  setTitle(`${id}: ${TAB_NAMES[tab]}`);
+  const panel = h("div", { role: "tabpanel", id: "tab-panel", "aria-labelledby": `tab-${tab}`, tabindex: "0" },
+    h("p", { class: "muted" }, "Loading…"));
+  const tabs = TABS.map((name) => h("button", {
+    type: "button", role: "tab", id: `tab-${name}`, "aria-selected": String(name === tab),
+    "aria-controls": "tab-panel", tabindex: name === tab ? "0" : "-1",
+    onclick: () => { location.hash = `#/queues/${encodeURIComponent(id)}/${name}`; },
+  }, TAB_NAMES[name]));
+  const tablist = h("div", { role: "tablist", "aria-label": "Queue pages" }, tabs);
+  tablist.addEventListener("keydown", (event) => {
+    const at = TABS.indexOf(tab);
+    const to = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: TABS.length - 1 }[event.key];
+    if (to === undefined) return;
+    event.preventDefault();
+    const next = TABS[(to + TABS.length) % TABS.length];
+    location.hash = `#/queues/${encodeURIComponent(id)}/${next}`;
+  });
+  const heading = h("h1", { id: "queue-title" }, `Queue ${id}`);
+  show(h("p", {}, h("a", { href: "#/" }, "← All queues")), heading, tablist, panel);
+  if (document.activeElement === document.body) document.getElementById(`tab-${tab}`).focus();
+
+  const load = async () => api("GET", `/v1/queues/${encodeURIComponent(id)}`);
+  const notFound = (failure) => {
+    if (failure.status === 404) {
+      setTitle("Not found");
+      show(h("h1", { id: "not-found" }, "Not found"),
+        h("p", {}, `There is no queue ${id} that this sign-in may see.`),
+        h("p", {}, h("a", { href: "#/" }, "Back to the queues")));
+      return true;
+    }
+    return failure.status === 401;
+  };
+  const view = { overview, messages: needsNode, dlq: needsNode, monitoring, settings: needsNode, api: apiExamples }[tab];
+  view(id, tab, panel, load, notFound);
+}
+
+function overview(id, tab, panel, load, notFound) {
+  let queue = null;
+  let loadedAt = null;
+  const refreshButton = h("button", { type: "button", id: "refresh" }, "Refresh");
+  const updated = h("span", { class: "stale-note", id: "updated", "aria-live": "polite" });
+  const body = h("div", { id: "overview" });
+  const counter = (name, value, key) => h("div", { class: "counter", "data-key": key },
+    h("div", { class: "value" }, value), h("div", { class: "name" }, name));
+  const draw = () => {
+    const live = queue.live;
+    const facts = [
+      ["Status", h("span", { class: `status status-${queue.status}`, id: "queue-status" }, queue.status)],
+      ["Address", h("code", { id: "queue-url" }, queue.url)],
+      ["Host", h("code", {}, queue.host)],
+      ["Tier", queue.tier], ["Region", queue.region], ["Instance type", queue.instance_type],
+      ["IPv4", queue.ipv4 ? "yes" : "no"], ["Account", queue.account || "none"],
+      ["Addresses", queue.addresses ? `IPv6 ${queue.addresses.v6 || "—"}, IPv4 ${queue.addresses.v4 || "—"}` : "not placed yet"],
+      ["Config", `version ${queue.config.version}, node serves ${queue.config.applied}` +
+        (queue.config.pending ? " (a change is pending)" : "")],
+    ];
+    const parts = [h("dl", { class: "facts" }, facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]))];
+    if (!live) {
+      parts.push(h("h2", {}, "Live numbers"),
+        h("p", { class: "notice", id: "no-report" },
+          "No report: the node has not sent its numbers in the last 30 s (a node that is starting, stopped, " +
+          "or cannot reach the control plane). They are not known, which is not zero."));
+    } else {
+      parts.push(
+        h("h2", {}, "Messages"),
+        h("div", { class: "grid" },
+          counter("Waiting (depth)", formatNumber(live.waiting), "waiting"),
+          counter("In flight (held)", formatNumber(live.held), "held"),
+          counter("Delayed", formatNumber(live.delayed), "delayed"),
+          counter("Dead letter", formatNumber(live.dead_letter), "dead_letter"),
+          counter("Durable", formatNumber(live.durable), "durable")),
+        h("h2", {}, "Connections"),
+        h("div", { class: "grid" },
+          counter("Publishers", formatNumber(live.publishers), "publishers"),
+          counter("Subscribers", formatNumber(live.subscribers), "subscribers"),
+          counter("Administrators", formatNumber(live.admins), "admins"),
+          counter("Saved sessions", formatNumber(live.saved_sessions), "saved_sessions")),
+        h("h2", {}, "Since the node started"),
+        h("div", { class: "grid" },
+          counter("Published", formatNumber(live.published), "published"),
+          counter("Delivered", formatNumber(live.delivered), "delivered"),
+          counter("Acked", formatNumber(live.acked), "acked"),
+          counter("Nacked", formatNumber(live.nacked), "nacked"),
+          counter("Bytes in", formatBytes(live.network_received), "network_received"),
+          counter("Bytes out", formatBytes(live.network_sent), "network_sent"),
+          counter("Memory used", `${formatBytes(live.messages_memory_used)} of ${formatBytes(live.max_messages_memory)}`, "memory")),
+        h("p", { class: "muted", id: "report-age" }, `The node reported ${live.age_secs.toFixed(1)} s before this was loaded.` +
+          (live.certificate_expires ? ` Its certificate is valid until ${new Date(live.certificate_expires * 1000).toISOString().slice(0, 10)}.` : "")));
+    }
+    body.replaceChildren(...parts);
+  };
+  const refresh = async () => {
+    body.classList.add("stale");
+    refreshButton.disabled = true;
+    if (loadedAt) updated.textContent = `Refreshing… (numbers from ${timeOf(loadedAt)})`;
+    try {
+      queue = await load();
+      loadedAt = new Date();
+      draw();
+      body.classList.remove("stale");
+      updated.textContent = `Updated ${timeOf(loadedAt)}; refreshes every 30 s`;
+    } catch (failure) {
+      if (notFound(failure)) { stopTimer(); return; }
+      updated.textContent = `Could not refresh: ${failure.message}`;
+    } finally {
+      refreshButton.disabled = false;
+    }
+  };
+  refreshButton.addEventListener("click", refresh);
+  panel.replaceChildren(h("div", { class: "toolbar" }, updated, h("span", { class: "spacer" }), refreshButton), body);
+  refresh();
+  timer = setInterval(refresh, REFRESH_EVERY_MS);
+}
+
+/** Messages, DLQ and Settings: they need the node itself, which the console cannot reach yet. */
+function needsNode(id, tab, panel, load, notFound) {
+  const q = id;
+  const commands = {
+    messages: [`qe messages list ${q}`, `qe send ${q} --body '{"a":1}'`, `qe delete ${q} MESSAGE-ID`, `qe purge ${q}`],
+    dlq: [`qe dlq list ${q}`, `qe dlq redrive ${q}`, `qe dlq purge ${q}`],
+    settings: [`qe config get ${q}`, `qe config set ${q} saved-session-timeout-secs=60`],
+  }[tab];
+  const what = { messages: "Browsing, sending and deleting messages", dlq: "The dead letter queue",
+    settings: "Reading and changing the queue's settings" }[tab];
+  panel.replaceChildren(
+    h("p", { class: "notice", id: "needs-phase-b" },
+      `${what} needs the console to reach the queue's node, which it cannot yet (phase B: short-lived, ` +
+      "queue-scoped tokens the control plane signs and the node verifies). Nothing is shown here rather " +
+      "than something made up."),
+    h("p", {}, "Until then, the qe command does it:"),
+    h("pre", {}, h("code", {}, commands.join("\n"))));
+  load().catch(notFound);
+}
+
+// ---- monitoring --------------------------------------------------------------------------
+
+const RANGES = [["1h", "Last hour", 3600], ["24h", "Last 24 hours", 86400], ["7d", "Last 7 days", 7 * 86400],
+  ["30d", "Last 30 days", 30 * 86400]];
+
+function dateOf(secs) {
+  return new Date(secs * 1000).toISOString().slice(0, 10);
+}
+
+function monitoring(id, tab, panel, load, notFound) {
+  const select = h("select", { id: "range" },
+    RANGES.map(([value, name]) => h("option", { value, selected: value === "24h" }, name)));
+  const charts = h("div", { id: "charts", "aria-live": "polite" });
+  const draw = async () => {
+    const seconds = RANGES.find(([value]) => value === select.value)[2];
+    const to = Math.floor(Date.now() / 1000);
+    const from = to - seconds;
+    const query = `from=${dateOf(from)}&to=${dateOf(to)}&queue=${encodeURIComponent(id)}`;
+    charts.replaceChildren(h("p", { class: "muted" }, "Loading…"));
+    try {
+      const [stats, usage] = await Promise.all([api("GET", `/v1/stats?${query}`), api("GET", `/v1/usage?${query}`)]);
+      const inRange = (r) => r.time >= from && r.time <= to;
+      const records = stats.stats.filter(inRange).sort((a, b) => a.time - b.time);
+      const periods = usage.usage.filter(inRange).sort((a, b) => a.time - b.time);
+      charts.replaceChildren(
+        h("h2", {}, "Depth"),
+        chart("Depth", records, [["messages", "Messages"], ["unacknowledged", "In flight"],
+          ["delayed", "Delayed"], ["dead_letter", "Dead letter"]], formatNumber),
+        h("h2", {}, "Connections"),
+        chart("Connections", records, [["publishers", "Publishers"], ["subscribers", "Subscribers"],
+          ["administrators", "Administrators"], ["saved_subscribers", "Saved sessions"]], formatNumber),
+        h("h2", {}, "Bytes in and out per usage period"),
+        chart("Bytes", periods, [["network_received", "Bytes in"], ["network_sent", "Bytes out"]], formatBytes),
+        h("p", { class: "muted" },
+          "Depth and connections come from the node's stats records, bytes from its usage records (one per " +
+          "usage period). Published and delivered per interval are not in the stored history yet: the Overview " +
+          "shows their totals since the node started."));
+    } catch (failure) {
+      if (notFound(failure)) return;
+      charts.replaceChildren(h("p", { class: "error" }, `Could not load the history: ${failure.message}`));
+    }
+  };
+  select.addEventListener("change", draw);
+  panel.replaceChildren(h("div", { class: "field inline" }, h("label", { for: "range" }, "Range"), select), charts);
+  draw();
+}
+
+/** A line chart of `series` ([key, name]) over `records` (each with `time`), as inline SVG. */
+function chart(title, records, series, format) {
+  if (records.length === 0) {
+    return h("p", { class: "muted no-data" }, `${title}: no records in this range yet.`);
+  }
+  const ns = "http://www.w3.org/2000/svg";
+  const svgElement = (tag, attrs, text) => {
+    const element = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) element.setAttribute(k, v);
+    if (text !== undefined) element.textContent = text;
+    return element;
+  };
+  const [width, height, left, right, top, bottom] = [800, 220, 70, 10, 10, 30];
+  const t0 = records[0].time;
+  const t1 = Math.max(records[records.length - 1].time, t0 + 1);
+  const max = Math.max(1, ...records.flatMap((r) => series.map(([key]) => r[key] || 0)));
+  const x = (t) => left + ((t - t0) / (t1 - t0)) * (width - left - right);
+  const y = (v) => top + (1 - v / max) * (height - top - bottom);
+  const svg = svgElement("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart", role: "img",
+    "aria-label": `${title}: ${records.length} records from ${new Date(t0 * 1000).toISOString()} to ` +
+      `${new Date(t1 * 1000).toISOString()}, highest ${format(max)}` });
+  svg.append(svgElement("title", {}, title));
+  svg.append(svgElement("line", { x1: left, x2: width - right, y1: y(0), y2: y(0), stroke: "#d0d7de" }));
+  svg.append(svgElement("line", { x1: left, x2: width - right, y1: y(max), y2: y(max), stroke: "#eaeef2" }));
+  svg.append(svgElement("text", { x: left - 6, y: y(max) + 4, "text-anchor": "end" }, format(max)));
+  svg.append(svgElement("text", { x: left - 6, y: y(0) + 4, "text-anchor": "end" }, "0"));
+  svg.append(svgElement("text", { x: left, y: height - 8 }, new Date(t0 * 1000).toLocaleString("en-GB")));
+  svg.append(svgElement("text", { x: width - right, y: height - 8, "text-anchor": "end" },
+    new Date(t1 * 1000).toLocaleString("en-GB")));
+  series.forEach(([key], i) => {
+    const points = records.map((r) => `${x(r.time).toFixed(1)},${y(r[key] || 0).toFixed(1)}`).join(" ");
+    svg.append(svgElement("polyline", { points, class: `s${i}` }));
+  });
+  const legend = h("ul", { class: "legend" }, series.map(([key, name], i) => {
+    const last = records[records.length - 1][key];
+    return h("li", {}, h("span", { class: `swatch s${i}`, "aria-hidden": "true" }), `${name} (latest ${format(last)})`);
+  }));
+  return h("figure", { class: "plot" }, svg, legend);
+}
+
+// ---- API examples ------------------------------------------------------------------------
+
+function apiExamples(id, tab, panel, load, notFound) {
+  panel.replaceChildren(h("p", { class: "muted" }, "Loading…"));
+  load().then((queue) => {
+    const origin = location.origin;
+    const url = queue.url;
+    const login = (role) => `{"username":"${role.toUpperCase()}-NAME","password":"${role.toUpperCase()}-PASSWORD",` +
+      `"role":"${role}","queuetype":"distribute"}`;
+    const examples = [
+      ["The control plane (curl)", [
+        `export QE_TOKEN=YOUR-API-KEY`,
+        `curl -H "Authorization: Bearer $QE_TOKEN" ${origin}/v1/queues/${id}`,
+        `curl -H "Authorization: Bearer $QE_TOKEN" "${origin}/v1/stats?from=${dateOf(Date.now() / 1000 - 86400)}&to=${dateOf(Date.now() / 1000)}&queue=${id}"`,
+        `curl -X POST -H "Authorization: Bearer $QE_TOKEN" ${origin}/v1/queues/${id}/logins/publisher/rotate`,
+        `curl -X DELETE -H "Authorization: Bearer $QE_TOKEN" ${origin}/v1/queues/${id}`,
+      ].join("\n")],
+      ["websocat (type each line after it connects)", [
+        `websocat ${url}`,
+        login("publisher"),
+        `{"body":"Hello from websocat"}`,
+      ].join("\n")],
+      ["Python (websockets)", [
+        "import asyncio, json",
+        "from websockets.asyncio.client import connect",
+        "",
+        "async def main():",
+        `    async with connect("${url}") as socket:`,
+        `        await socket.send(json.dumps(${login("publisher")}))`,
+        "        print(json.loads(await socket.recv()))",
+        `        await socket.send(json.dumps({"body": "Hello from Python"}))`,
+        "        print(json.loads(await socket.recv()))",
+        "",
+        "asyncio.run(main())",
+      ].join("\n")],
+      ["Node.js (ws)", [
+        `import WebSocket from "ws";`,
+        "",
+        `const socket = new WebSocket("${url}");`,
+        `socket.on("open", () => socket.send(JSON.stringify(${login("publisher")})));`,
+        "let loggedIn = false;",
+        `socket.on("message", (data) => {`,
+        "  console.log(JSON.parse(data));",
+        `  if (!loggedIn) { loggedIn = true; socket.send(JSON.stringify({ body: "Hello from Node" })); }`,
+        "  else socket.close();",
+        "});",
+      ].join("\n")],
+      ["Rust (qe-client)", [
+        "use qe_client::{Credentials, Endpoint, Message, Publisher};",
+        "",
+        "#[tokio::main]",
+        "async fn main() -> qe_client::Result<()> {",
+        `    let endpoint = Endpoint::new("${url}")?;`,
+        `    let login = Credentials::new("PUBLISHER-NAME", "PUBLISHER-PASSWORD");`,
+        "    let publisher = Publisher::connect(&endpoint, login).await?;",
+        `    let id = publisher.publish(Message::text("Hello from Rust")).await?;`,
+        `    println!("published {id}");`,
+        "    Ok(())",
+        "}",
+      ].join("\n")],
+      ["The qe command", [
+        `qe send ${id} --body '{"a":1}'`,
+        `qe receive ${id} --max-messages 10 --wait-seconds 5 --delete`,
+        `qe purge ${id}`,
+        `qe dlq redrive ${id}`,
+        `qe queues get ${id}`,
+      ].join("\n")],
+    ];
+    panel.replaceChildren(
+      h("p", {}, "PUBLISHER-NAME and PUBLISHER-PASSWORD stand for the publisher login shown when the queue " +
+        "was made (subscriber and admin logins work the same way with their roles)."),
+      ...examples.map(([title, code], i) => h("section", { class: "example", "aria-labelledby": `example-${i}` },
+        h("div", { class: "example-head" }, h("h2", { id: `example-${i}` }, title),
+          copyButton(`Copy the ${title} example`, () => code)),
+        h("pre", {}, h("code", {}, code)))));
+  }).catch((failure) => {
+    if (!notFound(failure)) panel.replaceChildren(h("p", { class: "error" }, failure.message));
+  });
+}
+
+// ---- routing and start -------------------------------------------------------------------
+
+function route() {
+  if (!session.caller) { renderSignIn(); return; }
+  const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
+  if (parts[0] === "queues" && parts[1]) renderQueue(parts[1], parts[2] || "overview");
+  else renderList();
+  if (document.activeElement === document.body || !document.activeElement) {
+    document.getElementById("main").focus();
+  }
+}
+
+async function start() {
+  try {
+    const reply = await api("GET", "/console/session");
+    session.caller = reply.caller;
+    session.csrf = reply.csrf || null;
+  } catch (_) {
+    session.caller = null;
+  }
+  renderWho();
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+start();

@@ -1,0 +1,248 @@
+//! The web console at `/console/`: a page of plain HTML, CSS and JavaScript
+//! (`controlplane/console/`, built into the binary: no CDN, no build step) that calls the
+//! same `/v1` API as everyone else, with a session cookie instead of a bearer token.
+//!
+//! - [`session`]: the sessions, kept in memory; `POST /console/session` exchanges a token
+//!   for one, `GET` says who is signed in (and the CSRF token), `DELETE` signs out.
+//! - `api/auth.rs` takes the session cookie as a second way in, demanding the session's
+//!   `X-CSRF-Token` header on every change, and then acts as the key would: the console
+//!   can do nothing its key could not.
+//! - Every console response carries a strict Content-Security-Policy (no inline script or
+//!   style, nothing from elsewhere, never in a frame) and `nosniff`.
+
+mod session;
+
+pub use session::{Grant, Sessions, CSRF_HEADER};
+
+use crate::api::{ApiError, AppState, Caller};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::{Extension, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Where everything the page needs comes from: here, and nowhere else.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+    style-src 'self'; img-src 'self' data:; connect-src 'self'; font-src 'self'; \
+    object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// The page and what it loads: (path under `/console/`, media type, contents).
+const ASSETS: [(&str, &str, &str); 4] = [
+    (
+        "",
+        "text/html; charset=utf-8",
+        include_str!("../../console/index.html"),
+    ),
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../console/app.js"),
+    ),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_str!("../../console/style.css"),
+    ),
+    (
+        "icon.svg",
+        "image/svg+xml",
+        include_str!("../../console/icon.svg"),
+    ),
+];
+
+/// The console's routes (they need no bearer token: sign-in is one of them).
+pub fn router(sessions: Arc<Sessions>) -> Router<Arc<AppState>> {
+    let mut router = Router::new()
+        .route(
+            "/console",
+            get(|| async { Redirect::permanent("/console/") }),
+        )
+        .route("/console/session", get(who).post(sign_in).delete(sign_out));
+    for (path, media_type, contents) in ASSETS {
+        let serve = move || async move {
+            let headers = [
+                (header::CONTENT_TYPE, media_type),
+                (header::CACHE_CONTROL, "no-cache"),
+            ];
+            (headers, contents)
+        };
+        router = router.route(&format!("/console/{path}"), get(serve));
+    }
+    router
+        .layer(Extension(sessions))
+        .layer(middleware::from_fn(secure_headers))
+}
+
+/// What every console response carries.
+async fn secure_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    let fixed = [
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+    ];
+    for (name, value) in fixed {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignIn {
+    /// An account's API key (`qek_…`) or the operator's token.
+    token: String,
+}
+
+/// `POST /console/session {"token"}`: a session for a valid token (its cookie, and who it
+/// is with the CSRF token), else 401. A JSON body only (a cross-site form cannot send one
+/// without the browser asking first), and from this origin when the browser says where from.
+async fn sign_in(
+    State(state): State<Arc<AppState>>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+    crate::api::Json(asked): crate::api::Json<SignIn>,
+) -> Result<Response, ApiError> {
+    if !same_origin(&headers) {
+        return Err(ApiError::Forbidden(
+            "sign in from the console's own page".into(),
+        ));
+    }
+    let caller = crate::api::caller_of(&state, &asked.token)
+        .await?
+        .ok_or(ApiError::Unauthorized { token_given: true })?;
+    let grant = match &caller {
+        Caller::Operator => Grant::Operator,
+        Caller::Account { key, .. } => Grant::Key(key.clone()),
+    };
+    let (id, csrf) = sessions.open(grant);
+    tracing::info!(caller = ?caller_json(&caller), "a console session was opened");
+    let mut response = Json(signed_in(&caller, &csrf)).into_response();
+    set_cookie(&mut response, &sessions.cookie(&id));
+    Ok(response)
+}
+
+/// `GET /console/session`: who is signed in, with the session's CSRF token;
+/// `{"caller":null}` without a session (so the page's first look is not an error).
+async fn who(
+    State(state): State<Arc<AppState>>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let found = sessions.id_in(&headers).and_then(|id| sessions.find(id));
+    let caller = match &found {
+        Some(found) => crate::api::caller_of_grant(&state, &found.grant).await?,
+        None => None,
+    };
+    let mut response = match (caller, found) {
+        (Some(caller), Some(found)) => Json(signed_in(&caller, &found.csrf)).into_response(),
+        _ => Json(json!({ "caller": null })).into_response(),
+    };
+    no_store(&mut response);
+    Ok(response)
+}
+
+/// `DELETE /console/session` (with its CSRF token): ends the session; the cookie is then
+/// refused everywhere.
+async fn sign_out(
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let id = sessions
+        .id_in(&headers)
+        .ok_or(ApiError::Unauthorized { token_given: false })?;
+    let found = sessions
+        .find(id)
+        .ok_or(ApiError::Unauthorized { token_given: true })?;
+    let presented = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
+    if !found.csrf_matches(presented) {
+        return Err(csrf_refused());
+    }
+    sessions.close(id);
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    set_cookie(&mut response, &sessions.expired_cookie());
+    Ok(response)
+}
+
+/// The refusal of a change made with a session cookie but without its CSRF token.
+pub fn csrf_refused() -> ApiError {
+    ApiError::Forbidden("a change made from the console needs its X-CSRF-Token header".into())
+}
+
+/// Whether a method may change something (it then needs the CSRF token).
+pub fn is_change(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// Whether the request came from this origin, when the browser names one (`Origin`'s host
+/// and port against `Host`); a request that names none (not a browser's) passes.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, rest)| rest.trim_end_matches('/'));
+    matches!((origin_host, host), (Some(a), Some(b)) if a.eq_ignore_ascii_case(b))
+}
+
+fn signed_in(caller: &Caller, csrf: &str) -> Value {
+    json!({ "caller": caller_json(caller), "csrf": csrf })
+}
+
+fn caller_json(caller: &Caller) -> Value {
+    match caller {
+        Caller::Operator => json!({"kind": "operator"}),
+        Caller::Account {
+            account,
+            key,
+            scope,
+        } => json!({"kind": "account", "account": account, "key": key, "scope": scope}),
+    }
+}
+
+fn set_cookie(response: &mut Response, cookie: &str) {
+    let value = HeaderValue::from_str(cookie).expect("a cookie of base64url and ASCII");
+    response.headers_mut().insert(header::SET_COOKIE, value);
+    no_store(response);
+}
+
+fn no_store(response: &mut Response) {
+    let value = HeaderValue::from_static("no-store");
+    response.headers_mut().insert(header::CACHE_CONTROL, value);
+}
+
+use axum::Json;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_browser_named_origin_must_be_this_host() {
+        let mut headers = HeaderMap::new();
+        assert!(same_origin(&headers), "not a browser's request");
+        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8443"));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8443"),
+        );
+        assert!(same_origin(&headers));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://evil.example"),
+        );
+        assert!(!same_origin(&headers));
+        headers.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(!same_origin(&headers));
+    }
+}

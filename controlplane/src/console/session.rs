@@ -1,0 +1,229 @@
+//! The console's sessions: an API key or the operator's token is exchanged once for a random
+//! session id (256 bits) carried in an HttpOnly, SameSite=Strict cookie, so the token itself
+//! never stays in the page. Sessions live in this process's memory only: a restart, or 12 h
+//! without a request ([`IDLE_AT_MOST`]), signs everyone out.
+//!
+//! - A session keeps what it was granted ([`Grant`]), not a [`Caller`](crate::api::Caller): the
+//!   caller is found again on every request, so a key revoked or expired since the sign-in
+//!   ends its sessions at once (`api/auth.rs`).
+//! - Sessions are found by the SHA-256 of the id, so a lookup's timing says nothing about the
+//!   ids held, and the ids themselves are not kept.
+//! - Each has a CSRF token of its own (128 bits) that the page reads from
+//!   `GET /console/session` and sends back as `X-CSRF-Token` with every change; it is
+//!   compared in constant time.
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use subtle::ConstantTimeEq;
+
+/// How long a session lasts without a request.
+pub const IDLE_AT_MOST: Duration = Duration::from_secs(12 * 3600);
+
+/// Sessions held at once at most: past it, the one idle longest is ended first. Only a valid
+/// token opens one, so this bounds memory against a key holder signing in in a loop.
+const SESSIONS_AT_MOST: usize = 10_000;
+
+/// The header a change made with a session cookie must carry.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+
+/// What a sign-in was granted, checked again on every request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    /// The operator's token.
+    Operator,
+    /// The account API key with this id.
+    Key(String),
+}
+
+/// One signed-in browser.
+struct Session {
+    grant: Grant,
+    /// What the page must send as `X-CSRF-Token` with a change.
+    csrf: String,
+    /// Its last request: it ends [`IDLE_AT_MOST`] later.
+    last_seen: Instant,
+}
+
+/// A session found: its grant and CSRF token.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub grant: Grant,
+    pub csrf: String,
+}
+
+impl Found {
+    /// Whether `presented` is this session's CSRF token (constant time).
+    pub fn csrf_matches(&self, presented: Option<&str>) -> bool {
+        let presented = presented.unwrap_or("");
+        !presented.is_empty() && bool::from(presented.as_bytes().ct_eq(self.csrf.as_bytes()))
+    }
+}
+
+/// Every session of this process. One per router (`api::router`).
+pub struct Sessions {
+    by_hash: Mutex<HashMap<[u8; 32], Session>>,
+    /// The API is served over TLS: cookies are `Secure` and named `__Host-…`.
+    secure: bool,
+}
+
+impl Sessions {
+    pub fn new(secure: bool) -> Sessions {
+        Sessions {
+            by_hash: Mutex::default(),
+            secure,
+        }
+    }
+
+    /// The session cookie's name: `__Host-` over TLS (the browser then insists on Secure,
+    /// Path=/ and no Domain).
+    pub fn cookie_name(&self) -> &'static str {
+        match self.secure {
+            true => "__Host-qe_session",
+            false => "qe_session",
+        }
+    }
+
+    /// Opens a session for `grant`; returns its id and CSRF token.
+    pub fn open(&self, grant: Grant) -> (String, String) {
+        self.open_at(grant, Instant::now())
+    }
+
+    fn open_at(&self, grant: Grant, now: Instant) -> (String, String) {
+        let id = random_text::<32>();
+        let csrf = random_text::<16>();
+        let session = Session {
+            grant,
+            csrf: csrf.clone(),
+            last_seen: now,
+        };
+        let mut all = self.by_hash.lock().expect("never poisoned");
+        all.retain(|_, session| now.duration_since(session.last_seen) < IDLE_AT_MOST);
+        if all.len() >= SESSIONS_AT_MOST {
+            let idlest = all.iter().min_by_key(|(_, s)| s.last_seen).map(|(h, _)| *h);
+            if let Some(hash) = idlest {
+                all.remove(&hash);
+            }
+        }
+        all.insert(hash_of(&id), session);
+        (id, csrf)
+    }
+
+    /// The session `id` names, if it is open; a request through it counts as use.
+    pub fn find(&self, id: &str) -> Option<Found> {
+        self.find_at(id, Instant::now())
+    }
+
+    fn find_at(&self, id: &str, now: Instant) -> Option<Found> {
+        let hash = hash_of(id);
+        let mut all = self.by_hash.lock().expect("never poisoned");
+        let session = all.get_mut(&hash)?;
+        if now.duration_since(session.last_seen) >= IDLE_AT_MOST {
+            all.remove(&hash);
+            return None;
+        }
+        session.last_seen = now;
+        Some(Found {
+            grant: session.grant.clone(),
+            csrf: session.csrf.clone(),
+        })
+    }
+
+    /// Ends session `id` (a sign-out); the cookie no longer works anywhere.
+    pub fn close(&self, id: &str) {
+        self.by_hash
+            .lock()
+            .expect("never poisoned")
+            .remove(&hash_of(id));
+    }
+
+    /// The session id a request's cookies carry, if any.
+    pub fn id_in<'a>(&self, headers: &'a axum::http::HeaderMap) -> Option<&'a str> {
+        let name = self.cookie_name();
+        headers
+            .get_all(axum::http::header::COOKIE)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|cookies| cookies.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(key, value)| *key == name && !value.is_empty())
+            .map(|(_, value)| value)
+    }
+
+    /// The `Set-Cookie` value that gives the browser session `id`.
+    pub fn cookie(&self, id: &str) -> String {
+        format!("{}={id}; {}", self.cookie_name(), self.attributes())
+    }
+
+    /// The `Set-Cookie` value that has the browser forget its session cookie.
+    pub fn expired_cookie(&self) -> String {
+        format!("{}=; Max-Age=0; {}", self.cookie_name(), self.attributes())
+    }
+
+    /// No Max-Age on a live one: it ends with the browser, or the server's idle limit first.
+    fn attributes(&self) -> &'static str {
+        match self.secure {
+            true => "Path=/; HttpOnly; SameSite=Strict; Secure",
+            false => "Path=/; HttpOnly; SameSite=Strict",
+        }
+    }
+}
+
+fn hash_of(id: &str) -> [u8; 32] {
+    Sha256::digest(id.as_bytes()).into()
+}
+
+/// `N` random bytes from the OS, base64url without padding.
+fn random_text<const N: usize>() -> String {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).expect("the OS random source");
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{header, HeaderMap, HeaderValue};
+
+    #[test]
+    fn a_session_is_found_by_its_id_until_it_is_idle_too_long_or_closed() {
+        let sessions = Sessions::new(false);
+        let start = Instant::now();
+        let (id, csrf) = sessions.open_at(Grant::Key("k1".into()), start);
+        assert_eq!(id.len(), 43, "256 bits, base64url");
+        assert_eq!(csrf.len(), 22, "128 bits, base64url");
+        assert!(sessions.find_at("not-an-id", start).is_none());
+        let later = start + IDLE_AT_MOST - Duration::from_secs(1);
+        let found = sessions.find_at(&id, later).unwrap();
+        assert_eq!(found.grant, Grant::Key("k1".into()));
+        assert!(found.csrf_matches(Some(&csrf)));
+        assert!(!found.csrf_matches(Some("wrong")));
+        assert!(!found.csrf_matches(None));
+        // Used just now: idle counts from its last use.
+        assert!(sessions.find_at(&id, later + IDLE_AT_MOST / 2).is_some());
+        let idle = later + IDLE_AT_MOST / 2 + IDLE_AT_MOST;
+        assert!(sessions.find_at(&id, idle).is_none());
+        let (id, _) = sessions.open(Grant::Operator);
+        sessions.close(&id);
+        assert!(sessions.find(&id).is_none());
+    }
+
+    #[test]
+    fn the_cookie_is_read_among_others_and_secure_over_tls() {
+        let plain = Sessions::new(false);
+        let mut headers = HeaderMap::new();
+        let cookies = HeaderValue::from_static("a=1; qe_session=abc; b=2");
+        headers.insert(header::COOKIE, cookies);
+        assert_eq!(plain.id_in(&headers), Some("abc"));
+        assert_eq!(
+            plain.cookie("abc"),
+            "qe_session=abc; Path=/; HttpOnly; SameSite=Strict"
+        );
+        let tls = Sessions::new(true);
+        assert_eq!(tls.id_in(&headers), None);
+        assert!(tls.cookie("x").starts_with("__Host-qe_session=x;"));
+        assert!(tls.cookie("x").ends_with("; Secure"));
+    }
+}

@@ -1,0 +1,158 @@
+//! The web console in a real browser: headless Chromium, driven by Selenium from Python
+//! (`tests/console/drive.py`), against the real control plane and a real node. One control
+//! plane, one browser session: sign-in (a wrong key refused, an account's key seeing only its
+//! queues), the live numbers once the node reports, Refresh keeping them visible, create with
+//! the logins shown once, delete with a confirmation, another account's queue not found, the
+//! queue page's tabs, CSRF (plain HTTP with the browser's cookie), the phone-sized screen,
+//! sign-out, a read-only key, and no console errors.
+//!
+//! Chromium and chromedriver come from Debian (`scripts/test` installs them). A missing
+//! browser fails the test, unless `QE_CONSOLE_SKIP_WITHOUT_BROWSER=1` says to skip then.
+
+use qe_tests::{http, login_with, python, workspace, ControlPlane};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+/// Nodes report every second, so the numbers show at once.
+const CONFIG: &str = "live_stats_secs = 1\n";
+
+/// What the test publishes to the account's queue before the browser looks.
+const PUBLISHED: u64 = 2;
+
+const QUEUE: &str = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+
+/// The first of `names` on the PATH.
+fn on_path(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Makes an account (as the operator) and a key of `scope` for it; returns its id and key.
+async fn account_with_key(cp: &ControlPlane, name: &str, scope: &str) -> (String, String) {
+    let body = json!({ "name": name }).to_string();
+    let (status, account) = cp.call("POST", "/v1/accounts", Some(&body)).await;
+    assert_eq!(status, 201, "{account}");
+    let id = account["id"].as_str().unwrap().to_string();
+    let key = key_for(cp, &id, scope).await;
+    (id, key)
+}
+
+async fn key_for(cp: &ControlPlane, account: &str, scope: &str) -> String {
+    let path = format!("/v1/accounts/{account}/keys");
+    let body = json!({ "scope": scope }).to_string();
+    let (status, key) = cp.call("POST", &path, Some(&body)).await;
+    assert_eq!(status, 201, "{key}");
+    key["token"].as_str().unwrap().to_string()
+}
+
+/// Creates a queue with `key` and waits until it runs; returns it with its logins.
+async fn queue_of(cp: &ControlPlane, key: &str) -> Value {
+    let (status, created) = http(cp.addr, "POST", "/v1/queues", Some(key), Some(QUEUE)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let mut queue = cp.wait_for_status(&id, "running").await;
+    queue["logins"] = created["logins"].clone();
+    queue
+}
+
+/// Records of the last hour for queue `id`, through its node's report route and token: three
+/// stats records (depth 1, 3, 2) and two usage records.
+async fn report_history(cp: &ControlPlane, id: &str) {
+    let config = cp.node_config(id);
+    let token = config["node_token"].as_str().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let stats: Vec<Value> = [(1800, 1), (1200, 3), (600, 2)]
+        .iter()
+        .map(|(ago, depth)| {
+            json!({"time": now - ago, "messages": depth, "publishers": 1, "subscribers": 0,
+                "saved_subscribers": 0, "administrators": 0, "unacknowledged": 0,
+                "dead_letter": 0, "delayed": 0, "durable": 0})
+        })
+        .collect();
+    let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    let usage: Vec<Value> = [(1500, 1000), (900, 4000)]
+        .iter()
+        .map(|(ago, bytes)| {
+            json!({"time": now - ago, "network_sent": bytes, "network_received": bytes / 2,
+                "storage_written": 0, "storage_read": 0, "storage_held": 0,
+                "instance_type": queue["instance_type"], "region": queue["region"], "ipv4": false})
+        })
+        .collect();
+    let body = json!({ "stats": stats, "usage": usage }).to_string();
+    let path = format!("/v1/nodes/{id}/reports");
+    let (status, receipt) = http(cp.addr, "POST", &path, Some(token), Some(&body)).await;
+    assert_eq!(status, 200, "{receipt}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_in_a_real_browser() {
+    let browser = on_path(&["chromium", "chromium-browser"]);
+    let driver = on_path(&["chromedriver"]);
+    let (Some(chromium), Some(chromedriver)) = (browser, driver) else {
+        if std::env::var("QE_CONSOLE_SKIP_WITHOUT_BROWSER").is_ok_and(|v| v == "1") {
+            eprintln!(
+                "\n!!!!!!!! SKIPPED: the console's browser test did not run: chromium or \
+                 chromedriver is missing (QE_CONSOLE_SKIP_WITHOUT_BROWSER=1) !!!!!!!!\n"
+            );
+            return;
+        }
+        panic!(
+            "chromium and chromedriver are needed (Debian: chromium, chromium-driver; \
+             scripts/test installs them), or QE_CONSOLE_SKIP_WITHOUT_BROWSER=1 to skip"
+        );
+    };
+    let cp = ControlPlane::start_with(CONFIG);
+    let (alpha, alpha_key) = account_with_key(&cp, "Alpha", "full").await;
+    let reader_key = key_for(&cp, &alpha, "read-only").await;
+    let (_, beta_key) = account_with_key(&cp, "Beta", "full").await;
+    let (alpha_queue, beta_queue) =
+        tokio::join!(queue_of(&cp, &alpha_key), queue_of(&cp, &beta_key));
+    // Messages for the depth the browser must come to show.
+    let node = alpha_queue["node"].as_str().unwrap();
+    let login = &alpha_queue["logins"]["publisher"];
+    let mut publisher = login_with(node, login, "publisher", json!({})).await;
+    for n in 0..PUBLISHED {
+        let reply = publisher
+            .request(json!({ "body": format!("message {n}") }))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    // A stats history for the Monitoring tab's plots, sent the way the node sends its records
+    // (nodes record at most every 300 s, too slow to wait for).
+    let id = alpha_queue["id"].as_str().unwrap();
+    report_history(&cp, id).await;
+    let setup = json!({
+        "base": format!("http://{}", cp.addr),
+        "chromium": chromium,
+        "chromedriver": chromedriver,
+        "alpha_account": alpha,
+        "alpha_key": alpha_key,
+        "reader_key": reader_key,
+        "alpha_queue": alpha_queue["id"],
+        "beta_queue": beta_queue["id"],
+        "published": PUBLISHED,
+    });
+    let driver = workspace().join("tests/console/drive.py");
+    let mut command = tokio::process::Command::new(python());
+    command.arg(&driver).env("QE_CONSOLE", setup.to_string());
+    let run = tokio::time::timeout(std::time::Duration::from_secs(120), command.output());
+    let output = run
+        .await
+        .expect("the browser test ends")
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the browser test failed:\n{stdout}\n{stderr}\ncontrol plane log:\n{}",
+        cp.log_text()
+    );
+    assert!(stdout.contains("ok no console errors"), "{stdout}");
+    drop(publisher);
+}

@@ -76,6 +76,10 @@ pub struct Config {
     /// their desired config and taken when they start. Default: the nodes' own, 10
     /// ([`qe_shared::node_channel::LIVE_STATS_SECS`]).
     pub live_stats_secs: Option<u64>,
+    /// For `controlplane dev` and tests only: nodes make a usage record this often (seconds,
+    /// 1 to 1800) instead of at their `usage-frequency-secs` (1800 at least, by the manual),
+    /// so that usage and bills show traffic soon after it. Unset in production.
+    pub usage_record_secs: Option<u64>,
     /// Seconds between the reconciler's looks at every queue when nothing wakes it (an
     /// instance that vanished is replaced within this). Default 30.
     #[serde(default = "default_reconcile_every_secs")]
@@ -233,6 +237,12 @@ impl Config {
             .is_some_and(|secs| !(1..=3600).contains(&secs))
         {
             return Err("live_stats_secs is 1 to 3600".into());
+        }
+        if self
+            .usage_record_secs
+            .is_some_and(|secs| !(1..=1800).contains(&secs))
+        {
+            return Err("usage_record_secs is 1 to 1800".into());
         }
         Ok(())
     }

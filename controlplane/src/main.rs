@@ -74,6 +74,10 @@ struct DevFlags {
 
 /// What `dev` bills with unless `--prices` says otherwise: made-up prices, so that a bill
 /// shows amounts.
+/// How often dev's nodes make a usage record: every minute, so that a newcomer's bill shows
+/// their traffic soon after it (production nodes keep `usage-frequency-secs`, 1800 at least).
+const DEV_USAGE_RECORD_SECS: u64 = 60;
+
 const DEMO_PRICES: &str = "[prices]\ninstance_hour = { \"*\" = 0.02 }\nipv4_hour = 0.005\n\
                            network_out_gb = 0.09\nnetwork_in_gb = 0.01\nstorage_gb_month = 0.1\n";
 
@@ -435,7 +439,8 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
     };
     let mut config = format!(
         "listen = \"{}\"\ndata_dir = {dir:?}\ntoken = \"{token}\"\ncluster = \"dev\"\n\
-         dns_listen = \"{dns_listen}\"\n",
+         dns_listen = \"{dns_listen}\"\n\
+         usage_record_secs = {DEV_USAGE_RECORD_SECS}\n",
         flags.listen
     );
     let (pebble, without) = match (flags.no_pebble, pebble::installed()) {
@@ -666,7 +671,7 @@ fn print_demo(dir: &std::path::Path, demo: &serde_json::Value) {
          {qe} send {queue} --body Hello\n  \
          {qe} receive {queue} --delete\n\
          Bills: curl -H \"Authorization: Bearer {account_key}\" {api}/v1/bills (this month, priced with\n\
-         demo prices; usage records come every 30 minutes, and when a queue is deleted).\n\
+         demo prices; here a usage record comes every minute, and when a queue is deleted).\n\
          (Ctrl-C stops everything; started again on the same directory, it carries on.)",
         login("subscriber", r#","capacity":1"#),
         login("publisher", ""),

@@ -121,6 +121,7 @@ impl Queue {
             max_messages_memory: None,
             node_token: None,
             live_stats_secs: None,
+            usage_record_secs: None,
         }
     }
 }

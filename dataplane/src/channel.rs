@@ -277,6 +277,7 @@ pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> C
         queue_id: Some(to.queue_id.clone()),
         node_token: Some(to.token.clone()),
         live_stats_secs: desired.live_stats_secs,
+        usage_record_secs: desired.usage_record_secs,
         ..ConfigFile::default()
     }
 }

@@ -140,6 +140,9 @@ pub struct ConfigFile {
     /// Seconds between live reports to the control plane (its `/metrics`), 1 to 3600.
     /// Default 10 ([`LIVE_STATS_SECS`]).
     pub live_stats_secs: Option<u64>,
+    /// For `controlplane dev` and tests only: a usage record this often (seconds, 1 to
+    /// 1800) instead of at `usage-frequency-secs` (1800 at least, by the manual).
+    pub usage_record_secs: Option<u64>,
 }
 
 /// Where the node reports its history, and as whom.
@@ -236,6 +239,8 @@ pub struct Config {
     pub tls_from_control_plane: bool,
     /// How often live numbers go to the control plane (`report.rs`).
     pub live_stats_every: Duration,
+    /// A usage record this often instead of at `usage-frequency-secs` (dev and tests).
+    pub usage_record_secs: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -379,8 +384,15 @@ impl Config {
         if !(1..=3600).contains(&live_stats_secs) {
             return Err(invalid("live_stats_secs is 1 to 3600"));
         }
+        if file
+            .usage_record_secs
+            .is_some_and(|secs| !(1..=1800).contains(&secs))
+        {
+            return Err(invalid("usage_record_secs is 1 to 1800"));
+        }
         Ok(Config {
             live_stats_every: Duration::from_secs(live_stats_secs),
+            usage_record_secs: file.usage_record_secs,
             tls_from_control_plane: file.tls_from_control_plane,
             report_to,
             listen: match (flags.listen, file.listen.map(Listen::addresses)) {

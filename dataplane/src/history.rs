@@ -343,13 +343,19 @@ pub fn next_multiple(now: u64, every: u64) -> u64 {
 
 /// Records stats and usage at multiples of their frequencies (read anew each time, so a
 /// `setcfg` applies from the next record) and prunes by retention. When `stopping` turns true
-/// it makes a last, partial usage record (the period so far) and returns.
-pub async fn run(node: Arc<Node>, mut stopping: tokio::sync::watch::Receiver<bool>) {
+/// it makes a last, partial usage record (the period so far) and returns. `usage_every_secs`
+/// (dev and tests only) replaces `usage-frequency-secs`.
+pub async fn run(
+    node: Arc<Node>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+    usage_every_secs: Option<u64>,
+) {
     let now = || crate::engine::now_ms() / 1000;
     let mut meter = UsageMeter::new(node.totals());
     loop {
         let stats_every = node.setting(Setting::StatsFrequencySecs);
-        let usage_every = node.setting(Setting::UsageFrequencySecs);
+        let usage_every =
+            usage_every_secs.unwrap_or_else(|| node.setting(Setting::UsageFrequencySecs));
         let start = now();
         let (next_stats, next_usage) = (
             next_multiple(start, stats_every),

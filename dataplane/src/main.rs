@@ -148,7 +148,11 @@ async fn main() -> ExitCode {
     }
     // The history's records, and their reports to the control plane.
     let (stop_history, stopping) = tokio::sync::watch::channel(false);
-    let history = tokio::spawn(dataplane::history::run(node.clone(), stopping));
+    let history = tokio::spawn(dataplane::history::run(
+        node.clone(),
+        stopping,
+        config.usage_record_secs,
+    ));
     let reporter = config
         .report_to
         .clone()

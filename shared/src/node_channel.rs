@@ -110,6 +110,11 @@ pub struct DesiredConfig {
     /// the config reads as before to nodes that know no live reports): [`LIVE_STATS_SECS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live_stats_secs: Option<u64>,
+    /// For `controlplane dev` and tests only: a usage record this often (seconds, 1 to
+    /// 1800) instead of at `usage-frequency-secs` (at least 1800 by the manual), so that a bill
+    /// shows traffic soon after it; taken at start. None (left out) in production.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_record_secs: Option<u64>,
 }
 
 impl std::fmt::Debug for DesiredConfig {
@@ -375,6 +380,7 @@ mod tests {
             max_messages_memory: None,
             node_token: None,
             live_stats_secs: None,
+            usage_record_secs: None,
         };
         let text = serde_json::to_string(&config).unwrap();
         assert!(!text.contains("live_stats_secs"), "left out unless set");

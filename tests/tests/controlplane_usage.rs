@@ -281,3 +281,51 @@ async fn the_stats_nodes_report_are_served_by_day_as_json_and_csv() {
     let (status, _) = http(cp.addr, "POST", &path, Some(token), Some(&bad)).await;
     assert_eq!(status, 400, "a stats line has a time and nine counters");
 }
+
+/// `usage_record_secs` (what `controlplane dev` sets, to 60): a running queue's traffic is in
+/// a usage record, and so in its bill, within that time, with the queue still running.
+#[tokio::test]
+async fn with_usage_record_secs_a_running_queues_traffic_is_billed_soon_after_it() {
+    let cp = ControlPlane::start_with(&format!("usage_record_secs = 1\n{PRICES}"));
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
+    let mut publisher =
+        login_with(node, &queue["logins"]["publisher"], "publisher", json!({})).await;
+    let text = "y".repeat(10_000);
+    let reply = publisher.request(json!({"body": text})).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let today = today();
+    let path = format!("/v1/usage?from={today}&to={today}&queue={id}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, usage) = cp.call("GET", &path, None).await;
+        assert_eq!(status, 200, "{usage}");
+        let received: u64 = usage["usage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|record| record["network_received"].as_u64().unwrap())
+            .sum();
+        if received > 10_000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no usage record with the publish: {usage}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(queue["status"], "running", "billed while it runs");
+    let (status, bill) = cp.call("GET", &format!("/v1/bills?queue={id}"), None).await;
+    assert_eq!(status, 200, "{bill}");
+    let network_in = bill["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|line| line["item"] == "network in")
+        .unwrap_or_else(|| panic!("a network-in line: {bill}"));
+    assert!(network_in["quantity"].as_f64().unwrap() > 0.0, "{bill}");
+    assert!(bill["total"].as_f64().unwrap() > 0.0, "{bill}");
+}

@@ -170,6 +170,7 @@ fn desired() -> DesiredConfig {
         max_messages_memory: None,
         node_token: None,
         live_stats_secs: None,
+        usage_record_secs: None,
     }
 }
 

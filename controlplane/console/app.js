@@ -17,6 +17,8 @@ const TAB_NAMES = {
 const session = { caller: null, csrf: null };
 /** The timer of the page shown, cleared when another is shown. */
 let timer = null;
+/** The WebSocket to the node a Messages, DLQ or Settings tab has open; closed on leaving it. */
+let nodeSocket = null;
 
 // ---- small helpers ----------------------------------------------------------------------
 
@@ -138,6 +140,8 @@ function confirmDialog(title, text, confirmLabel) {
 function stopTimer() {
   if (timer) clearInterval(timer);
   timer = null;
+  if (nodeSocket) nodeSocket.close();
+  nodeSocket = null;
 }
 
 function canChange() {
@@ -464,7 +468,7 @@ function renderQueue(id, tab) {
     }
     return failure.status === 401;
   };
-  const view = { overview, messages: needsNode, dlq: needsNode, monitoring, settings: needsNode, api: apiExamples }[tab];
+  const view = { overview, messages: shelf, dlq: shelf, monitoring, settings, api: apiExamples }[tab];
   view(id, tab, panel, load, notFound);
 }
 
@@ -546,25 +550,232 @@ function overview(id, tab, panel, load, notFound) {
   timer = setInterval(refresh, REFRESH_EVERY_MS);
 }
 
-/** Messages, DLQ and Settings: they need the node itself, which the console cannot reach yet. */
-function needsNode(id, tab, panel, load, notFound) {
-  const q = id;
-  const commands = {
-    messages: [`qe messages list ${q}`, `qe send ${q} --body '{"a":1}'`, `qe delete ${q} MESSAGE-ID`, `qe purge ${q}`],
-    dlq: [`qe dlq list ${q}`, `qe dlq redrive ${q}`, `qe dlq purge ${q}`],
-    settings: [`qe config get ${q}`, `qe config set ${q} saved-session-timeout-secs=60`],
-  }[tab];
-  const what = { messages: "Browsing, sending and deleting messages", dlq: "The dead letter queue",
-    settings: "Reading and changing the queue's settings" }[tab];
-  panel.replaceChildren(
-    h("p", { class: "notice", id: "needs-phase-b" },
-      `${what} needs the console to reach the queue's node, which it cannot yet (phase B: short-lived, ` +
-      "queue-scoped tokens the control plane signs and the node verifies). Nothing is shown here rather " +
-      "than something made up."),
-    h("p", {}, "Until then, the qe command does it:"),
-    h("pre", {}, h("code", {}, commands.join("\n"))));
-  load().catch(notFound);
+// ---- the node itself: Messages, DLQ, Settings ------------------------------------------------
+
+/**
+ * An admin session on the queue's node: a console token from the control plane (short-lived,
+ * for this queue only, read rights for a read-only key), a WebSocket to the node, the login.
+ * `request(obj)` resolves with the node's reply (replies come in order).
+ */
+async function openNode(id) {
+  const grant = await api("POST", `/v1/queues/${encodeURIComponent(id)}/console-token`, {});
+  const socket = new WebSocket(grant.url);
+  nodeSocket = socket;
+  const waiting = [];
+  const failAll = (why) => { while (waiting.length) waiting.shift().reject(new Error(why)); };
+  socket.addEventListener("message", (event) => {
+    let reply;
+    try { reply = JSON.parse(event.data); } catch (_) { return; }
+    if (reply.cmd === "getlivestats" && waiting.length === 0) return;
+    const next = waiting.shift();
+    if (next) next.resolve(reply);
+  });
+  socket.addEventListener("close", (event) => failAll(`the node closed the connection (${event.code})`));
+  await new Promise((resolve, reject) => {
+    socket.addEventListener("open", resolve, { once: true });
+    socket.addEventListener("error", () => reject(new Error(`cannot reach the node at ${grant.url}`)), { once: true });
+  });
+  const request = (value) => new Promise((resolve, reject) => {
+    if (socket.readyState !== WebSocket.OPEN) { reject(new Error("the connection to the node is closed")); return; }
+    waiting.push({ resolve, reject });
+    socket.send(JSON.stringify(value));
+  });
+  const login = await request({ console_token: grant.token, role: "admin", queuetype: "distribute" });
+  if (login.status !== "Success.") throw new Error(nodeFailure(login));
+  return { request, rights: grant.rights, url: grant.url };
 }
+
+/** A failure reply of the node, as it gave it: its code and reason. */
+function nodeFailure(reply) {
+  return `The node refused (${reply.code === undefined ? "no code" : reply.code}): ${reply.reason || reply.status}`;
+}
+
+/** CSV lines (no quoting in the node's replies) as arrays of fields. */
+function csvRows(text) {
+  return (text || "").split("\n").filter((line) => line.length > 0).map((line) => line.split(","));
+}
+
+/** A payload for reading: JSON pretty-printed, text as is, binary (type 2) as hex and base64. */
+function payloadView(msg) {
+  if (!msg || msg.damaged) {
+    return [h("p", { class: "notice" }, "A damaged record: its file is kept as it was found (base64)."),
+      h("pre", { class: "payload", id: "payload-base64" }, (msg && msg.file) || "(too big to show)")];
+  }
+  if (msg.type === 2) {
+    let hex = "";
+    try {
+      const bytes = atob(msg.body);
+      for (let i = 0; i < bytes.length; i++) {
+        hex += bytes.charCodeAt(i).toString(16).padStart(2, "0") + (i % 16 === 15 ? "\n" : " ");
+      }
+    } catch (_) { hex = "(not valid base64)"; }
+    return [h("h4", {}, "Binary: hex"), h("pre", { class: "payload", id: "payload-hex" }, hex.trimEnd()),
+      h("h4", {}, "Base64"), h("pre", { class: "payload", id: "payload-base64" }, msg.body)];
+  }
+  const body = typeof msg.body === "string" ? msg.body : JSON.stringify(msg.body);
+  try {
+    const pretty = JSON.stringify(JSON.parse(body), null, 2);
+    return [h("h4", {}, "JSON"), h("pre", { class: "payload", id: "payload-json" }, pretty)];
+  } catch (_) {
+    return [h("h4", {}, "Text"), h("pre", { class: "payload", id: "payload-text" }, body)];
+  }
+}
+
+/** A button that asks once more before it acts. */
+function confirmButton(label, confirmLabel, attrs, act) {
+  const button = h("button", { type: "button", ...attrs }, label);
+  let armed = false;
+  button.addEventListener("click", () => {
+    if (!armed) { armed = true; button.textContent = confirmLabel; button.classList.add("danger"); return; }
+    armed = false; button.textContent = label; button.classList.remove("danger");
+    act();
+  });
+  button.addEventListener("blur", () => { armed = false; button.textContent = label; button.classList.remove("danger"); });
+  return button;
+}
+
+const PAGE = 20;
+
+/** Messages and DLQ: one page of messages, each shown, deleted; a test message; purge; redrive. */
+function shelf(id, tab, panel, load, notFound) {
+  const dlq = tab === "dlq";
+  const cmds = dlq ? { list: "getdlqmsgs", show: "getdlqmsg", del: "deldlqmsg", scope: "dlq" }
+    : { list: "getmsgs", show: "getmsg", del: "delmsg", scope: "waiting" };
+  const status = h("p", { id: "node-status", role: "status", "aria-live": "polite" }, "Connecting to the node…");
+  const outcome = h("p", { id: "node-outcome", "aria-live": "polite" });
+  const table = h("div", { id: `${tab}-list` });
+  const detail = h("div", { id: "message-detail" });
+  const toolbar = h("div", { class: "toolbar" });
+  panel.replaceChildren(status, toolbar, outcome, table, detail);
+  let node = null;
+  let after = "";
+  const pages = [];
+  const say = (text) => { outcome.textContent = text; announce(text); };
+  const run = async (value, done) => {
+    try {
+      const reply = await node.request(value);
+      if (reply.status !== "Success.") { say(nodeFailure(reply)); return null; }
+      if (done) say(done(reply));
+      return reply;
+    } catch (error) { say(error.message); return null; }
+  };
+  const list = async () => {
+    const reply = await run({ cmd: cmds.list, after, count: PAGE });
+    if (!reply) return;
+    const rows = csvRows(reply.csv);
+    const head = ["Id", "Bytes", "Delay", "Durability", "Type", "Received", ""];
+    const body = rows.map(([mid, len, delay, durability, type, received]) => h("tr", { "data-id": mid },
+      h("td", {}, h("code", {}, mid)), h("td", {}, len), h("td", {}, delay), h("td", {}, durability),
+      h("td", {}, type === "2" ? "binary" : "text"),
+      h("td", {}, new Date(Number(received) * 1000).toISOString().replace(".000Z", "Z")),
+      h("td", { class: "actions" },
+        h("button", { type: "button", class: "show", "aria-label": `Show message ${mid}`, onclick: () => showOne(mid) }, "Show"),
+        write ? h("button", { type: "button", class: "delete", "aria-label": `Delete message ${mid}`,
+          onclick: () => run({ cmd: cmds.del, id: mid }, () => `Deleted ${mid}.`).then((r) => r && list()) }, "Delete") : null,
+        write && dlq ? h("button", { type: "button", class: "redrive-one", "aria-label": `Redrive message ${mid}`,
+          onclick: () => run({ cmd: "redrive", ids: [mid] }, () => `Redrove ${mid}: it is back in the queue.`).then((r) => r && list()) }, "Redrive") : null)));
+    const more = rows.length === PAGE;
+    table.replaceChildren(
+      rows.length === 0 ? h("p", { id: "empty" }, dlq ? "The dead letter queue is empty." : "No messages.") :
+        h("table", { class: "messages" }, h("thead", {}, h("tr", {}, head.map((name) => h("th", { scope: "col" }, name)))), h("tbody", {}, body)),
+      h("div", { class: "toolbar" },
+        h("button", { type: "button", id: "first-page", disabled: pages.length === 0, onclick: () => { after = ""; pages.length = 0; list(); } }, "First page"),
+        h("button", { type: "button", id: "next-page", disabled: !more, onclick: () => { pages.push(after); after = rows[rows.length - 1][0]; list(); } }, "Next page")));
+  };
+  const showOne = async (mid) => {
+    const reply = await run({ cmd: cmds.show, id: mid });
+    if (!reply) return;
+    detail.replaceChildren(h("h3", { id: "detail-title" }, `Message ${mid}`),
+      h("p", {}, `${reply.len} bytes, delay ${reply.delay}, durability ${reply.durability}`),
+      ...payloadView(reply.msg));
+  };
+  let write = false;
+  (async () => {
+    try {
+      node = await openNode(id);
+    } catch (error) {
+      if (error instanceof ApiFailure && notFound(error)) return;
+      status.textContent = `Cannot open the node: ${error.message}`;
+      return;
+    }
+    write = node.rights === "write";
+    status.textContent = `Connected to ${node.url} as its administrator` + (write ? "." : " (read only: this key cannot change anything).");
+    const refresh = h("button", { type: "button", id: "refresh" }, "Refresh");
+    refresh.addEventListener("click", list);
+    const parts = [refresh, h("span", { class: "spacer" })];
+    if (write && !dlq) {
+      const input = h("input", { id: "test-body", type: "text", value: "A test message from the console" });
+      parts.push(h("label", { for: "test-body" }, "Test message"), input,
+        h("button", { type: "button", id: "send-test", onclick: () =>
+          run({ cmd: "addmsg", body: input.value }, (r) => `Sent ${r.id}.`).then((r) => r && list()) }, "Send"));
+    }
+    if (write && dlq) {
+      parts.push(h("button", { type: "button", id: "redrive-all", onclick: () =>
+        run({ cmd: "redrive" }, (r) => `Redrove ${r.redriven}: back in the queue.`).then((r) => r && list()) }, "Redrive all"));
+    }
+    if (write) {
+      parts.push(confirmButton(dlq ? "Purge the DLQ" : "Purge waiting", "Confirm purge", { id: "purge" },
+        () => run({ cmd: "purge", scope: cmds.scope }, (r) => `Purged ${r.purged}.`).then((r) => r && list())));
+    }
+    toolbar.replaceChildren(...parts);
+    list();
+  })();
+}
+
+/** Settings: the node's getcfg, each writable one with its range; setcfg shows the node's reply. */
+function settings(id, tab, panel, load, notFound) {
+  const status = h("p", { id: "node-status", role: "status", "aria-live": "polite" }, "Connecting to the node…");
+  const outcome = h("p", { id: "node-outcome", "aria-live": "polite" });
+  const body = h("div", { id: "settings" });
+  panel.replaceChildren(status, outcome, body);
+  const say = (text) => { outcome.textContent = text; announce(text); };
+  (async () => {
+    let node;
+    try {
+      node = await openNode(id);
+    } catch (error) {
+      if (error instanceof ApiFailure && notFound(error)) return;
+      status.textContent = `Cannot open the node: ${error.message}`;
+      return;
+    }
+    const write = node.rights === "write";
+    status.textContent = `Connected to ${node.url}` + (write ? "." : " (read only).");
+    const draw = async () => {
+      const reply = await node.request({ cmd: "getcfg" });
+      if (reply.status !== "Success.") { say(nodeFailure(reply)); return; }
+      const rows = csvRows(reply.csv).map(([name, mode, value]) => {
+        const range = SETTING_RANGES[name];
+        let cell = h("code", {}, value);
+        if (mode === "w" && write) {
+          const input = h("input", { id: `setting-${name}`, type: "number", value, "aria-describedby": `range-${name}` });
+          const save = h("button", { type: "button", id: `save-${name}`, "aria-label": `Save ${name}` }, "Save");
+          save.addEventListener("click", async () => {
+            let reply;
+            try {
+              reply = await node.request({ cmd: "setcfg", [name]: Number(input.value) });
+            } catch (error) { say(error.message); return; }
+            if (reply.status === "Success.") { say(`Saved ${name} = ${input.value}.`); draw(); } else say(nodeFailure(reply));
+          });
+          cell = h("span", {}, h("label", { class: "visually-hidden", for: `setting-${name}` }, name), input, " ", save);
+        }
+        return h("tr", { "data-setting": name },
+          h("th", { scope: "row" }, h("code", {}, name)), h("td", {}, mode === "w" ? "changeable" : "read only"),
+          h("td", {}, cell), h("td", { id: `range-${name}` }, range || ""));
+      });
+      body.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Setting", "", "Value", "Range"].map((n) => h("th", { scope: "col" }, n)))),
+        h("tbody", {}, rows)));
+    };
+    draw().catch((error) => say(error.message));
+  })();
+}
+
+/** The manual's ranges of the writable settings (the node checks them; this only says them). */
+const SETTING_RANGES = {
+  "max-ws-msg-len": "1024 to 1048576", "max-subscriber-capacity": "1 to 1024",
+  "saved-session-timeout-secs": "10 to 86400", "no-reply-timeout-secs": "1 to 300",
+  "stats-frequency-secs": "300 to 3600", "stats-retention-period-yrs": "1 to 10",
+  "usage-frequency-secs": "1800 to 86400", "usage-retention-period-yrs": "1 to 20",
+};
 
 // ---- monitoring --------------------------------------------------------------------------
 

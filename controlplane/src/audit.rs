@@ -97,6 +97,7 @@ pub fn action_of(method: &str, route: &str) -> Option<&'static str> {
         ("DELETE", "/v1/queues/{id}") => "queue.delete",
         ("POST", "/v1/queues/{id}/logins/{role}/rotate") => "queue.login.rotate",
         ("POST", "/v1/queues/{id}/node-credential/rotate") => "queue.node-credential.rotate",
+        ("POST", "/v1/queues/{id}/console-token") => CONSOLE_TOKEN,
         ("POST", "/v1/accounts") => "account.create",
         ("PATCH", "/v1/accounts/{id}") => "account.change",
         ("POST", "/v1/accounts/{id}/keys") => "key.create",
@@ -107,6 +108,10 @@ pub fn action_of(method: &str, route: &str) -> Option<&'static str> {
     };
     Some(action)
 }
+
+/// A console token was signed: audited as a change, though a read-only key may ask for one
+/// (its token reads only).
+pub const CONSOLE_TOKEN: &str = "queue.console-token";
 
 /// A certificate was issued: a node's (for its CSR) or the cluster's wildcard (due, or
 /// asked for). No caller's route: recorded where it happens.

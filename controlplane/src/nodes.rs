@@ -7,7 +7,7 @@
 //! working at once.
 
 use crate::queues::{Queue, Status};
-use sha2::{Digest, Sha256};
+use qe_shared::hmac::hmac_sha256;
 use std::path::Path;
 use subtle::ConstantTimeEq;
 
@@ -139,22 +139,6 @@ impl Bootstraps {
             control_plane_ca_pem: self.ca_pem.clone(),
         }
     }
-}
-
-/// RFC 2104 with SHA-256 (a 64-byte block).
-fn hmac_sha256(key: &[u8; 32], message: &[u8]) -> [u8; 32] {
-    let mut block = [0u8; 64];
-    block[..32].copy_from_slice(key);
-    let pad = |byte: u8| block.map(|k| k ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
 }
 
 #[cfg(test)]

@@ -92,7 +92,9 @@ impl OwnCertificate {
         let (cert, _) = paths(&self.data_dir);
         let pem = std::fs::read_to_string(cert).ok()?;
         let due = qe_tls::validity::renewal_due(qe_tls::validity::validity_of_pem(&pem)?);
-        Some(Duration::from_secs(due.saturating_sub(unix_now())))
+        Some(Duration::from_secs(
+            due.saturating_sub(crate::engine::now_ms() / 1000),
+        ))
     }
 
     /// Renews two thirds into each certificate's validity, and retries one the control plane
@@ -178,10 +180,4 @@ impl OwnCertificate {
         write_private(&dir.join("own-generation"), generation.as_bytes())?;
         std::fs::File::open(dir)?.sync_all()
     }
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

@@ -420,6 +420,7 @@ impl NodeApply {
         self.channel
             .take_token(token)
             .map_err(|e| format!("keeping the new credential: {e}"))?;
+        self.node.console.rotate(token);
         if let Some(reporter) = &self.reporter {
             reporter.retarget(self.channel.report_to());
         }

@@ -52,6 +52,8 @@ pub struct Node {
     pub traffic: Arc<Traffic>,
     /// Bytes of the message log.
     pub storage: StorageMeter,
+    /// What the web console's admin logins are checked with.
+    pub console: crate::session::console::ConsoleTokens,
 }
 
 /// Counts of open connections by role. [`Presence::enter`] counts one until dropped.
@@ -158,6 +160,12 @@ impl Node {
             usage_labels: config.usage_labels.clone(),
             traffic: Arc::default(),
             storage,
+            console: crate::session::console::ConsoleTokens::new(
+                config
+                    .report_to
+                    .as_ref()
+                    .map(|to| (to.queue_id.clone(), to.token.clone())),
+            ),
         }))
     }
 

@@ -173,7 +173,7 @@ def run(driver, logs):
         return None
     depth = wait_for("the depth from the node's report", depth_shown)
     assert depth == str(SETUP["published"]), depth
-    assert cell(driver, alpha_queue, "held") == "0" and cell(driver, alpha_queue, "dead_letter") == "0"
+    assert cell(driver, alpha_queue, "held") == "0" and cell(driver, alpha_queue, "dead_letter") == "1"
     check("the depth, in-flight and DLQ numbers appear after the node reports", f"depth {depth}")
 
     # Refresh keeps the numbers on screen (marked stale) while it loads.
@@ -246,10 +246,45 @@ def run(driver, logs):
     find(driver, "#tab-overview").send_keys("\ue014")  # ArrowRight
     wait_for("the Messages tab", lambda: find(driver, "#tab-messages").get_attribute("aria-selected") == "true")
     assert driver.switch_to.active_element.get_attribute("id") == "tab-messages"
-    assert "phase B" in find(driver, "#needs-phase-b").text
-    for tab in ["dlq", "settings"]:
-        find(driver, f"#tab-{tab}").click()
-        wait_for(f"the {tab} tab", lambda: visible(driver, "#needs-phase-b"))
+    # Messages: through a console token and a WebSocket to the node itself.
+    published = SETUP["published"]
+    wait_for("the messages", lambda: len(finds(driver, "#messages-list tbody tr")) == published)
+    find(driver, "#send-test").click()
+    wait_for("the test message", lambda: len(finds(driver, "#messages-list tbody tr")) == published + 1)
+    assert find(driver, "#node-outcome").text.startswith("Sent "), find(driver, "#node-outcome").text
+    sent = find(driver, "#node-outcome").text.split()[1].rstrip(".")
+    find(driver, f'#messages-list tr[data-id="{sent}"] button.show').click()
+    wait_for("its payload", lambda: "A test message" in find(driver, "#payload-text").text)
+    shot(driver, "messages")
+    find(driver, f'#messages-list tr[data-id="{sent}"] button.delete').click()
+    wait_for("it deleted", lambda: len(finds(driver, "#messages-list tbody tr")) == published)
+    check("messages listed, a test message sent, shown and deleted")
+    # DLQ: the dead binary message, shown in hex and base64, then redriven.
+    dead = SETUP["dead"]
+    find(driver, "#tab-dlq").click()
+    wait_for("the dead message", lambda: len(finds(driver, f'#dlq-list tr[data-id="{dead}"]')) == 1)
+    find(driver, f'#dlq-list tr[data-id="{dead}"] button.show').click()
+    wait_for("its payload in hex", lambda: visible(driver, "#payload-hex"))
+    assert find(driver, "#payload-hex").text == "00 01 02 ff", find(driver, "#payload-hex").text
+    assert find(driver, "#payload-base64").text == "AAEC/w==", find(driver, "#payload-base64").text
+    shot(driver, "dlq")
+    find(driver, f'#dlq-list tr[data-id="{dead}"] button.redrive-one').click()
+    wait_for("the DLQ empty after the redrive", lambda: visible(driver, "#dlq-list #empty"))
+    assert find(driver, "#node-outcome").text.startswith(f"Redrove {dead}"), find(driver, "#node-outcome").text
+    find(driver, "#tab-messages").click()
+    wait_for("the redriven message back in the queue",
+             lambda: len(finds(driver, f'#messages-list tr[data-id="{dead}"]')) == 1)
+    check("DLQ: a dead binary message shown as hex and base64, redriven back to the queue")
+    # Settings: a value out of range is refused with the node's code and reason.
+    find(driver, "#tab-settings").click()
+    wait_for("the settings", lambda: visible(driver, "#setting-saved-session-timeout-secs"))
+    field = find(driver, "#setting-saved-session-timeout-secs")
+    field.clear()
+    field.send_keys("5")
+    find(driver, "#save-saved-session-timeout-secs").click()
+    wait_for("the refusal", lambda: find(driver, "#node-outcome").text.startswith("The node refused ("))
+    shot(driver, "settings")
+    check("settings: out of range refused", find(driver, "#node-outcome").text)
     find(driver, "#tab-monitoring").click()
     wait_for("the plots", lambda: len(finds(driver, "#charts svg.chart")) == 3)
     depth_plot = find(driver, "#charts svg.chart")
@@ -289,7 +324,9 @@ def run(driver, logs):
     # The phone-sized screen: nothing wider than the screen.
     driver.set_window_size(390, 844)
     driver.get(BASE + "/console/#/")
-    wait_for("the list", lambda: cell(driver, alpha_queue, "waiting") == depth)
+    # The redriven message waits again beside the published ones.
+    back = str(SETUP["published"] + 1)
+    wait_for("the list", lambda: cell(driver, alpha_queue, "waiting") == back)
     width = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
     assert width[0] <= width[1], width
     assert find(driver, f'tr[data-queue="{alpha_queue}"] a').is_displayed()

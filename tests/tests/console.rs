@@ -122,6 +122,16 @@ async fn the_console_in_a_real_browser() {
             .await;
         assert_eq!(reply["status"], "Success.", "{reply}");
     }
+    // One binary message in the dead letter queue, for the DLQ tab to show in hex and redrive.
+    let dead = publisher
+        .request(json!({"body": "AAEC/w==", "type": 2}))
+        .await;
+    assert_eq!(dead["status"], "Success.", "{dead}");
+    let mut admin = login_with(node, &alpha_queue["logins"]["admin"], "admin", json!({})).await;
+    let moved = admin
+        .request(json!({"cmd": "movetodlq", "id": dead["id"]}))
+        .await;
+    assert_eq!(moved["status"], "Success.", "{moved}");
     // A stats history for the Monitoring tab's plots, sent the way the node sends its records
     // (nodes record at most every 300 s, too slow to wait for).
     let id = alpha_queue["id"].as_str().unwrap();
@@ -136,6 +146,7 @@ async fn the_console_in_a_real_browser() {
         "alpha_queue": alpha_queue["id"],
         "beta_queue": beta_queue["id"],
         "published": PUBLISHED,
+        "dead": dead["id"],
     });
     let driver = workspace().join("tests/console/drive.py");
     let mut command = tokio::process::Command::new(python());
@@ -155,4 +166,127 @@ async fn the_console_in_a_real_browser() {
     );
     assert!(stdout.contains("ok no console errors"), "{stdout}");
     drop(publisher);
+}
+
+/// A console token for queue `id` asked for with `key`: the reply's status and body.
+async fn console_token(cp: &ControlPlane, key: &str, id: &str) -> (u16, Value) {
+    let path = format!("/v1/queues/{id}/console-token");
+    let (status, reply) = http(cp.addr, "POST", &path, Some(key), Some("{}")).await;
+    (status, reply)
+}
+
+/// Logs in to `url` with console token `token`: the login's reply, and the client.
+async fn console_login(url: &str, token: &str) -> (Value, qe_tests::Client) {
+    let mut client = qe_tests::Client::connect_url(url).await;
+    let login = json!({"console_token": token, "role": "admin", "queuetype": "distribute"});
+    let reply = client.request(login).await;
+    (reply, client)
+}
+
+/// Console tokens at the protocol level, no browser: a full key's token changes the queue; a
+/// read-only key's reads but every change is refused (400); a tampered token, one used twice,
+/// one expired and one for another queue fail as a wrong password (107); another account's
+/// queue has no token (404).
+#[tokio::test(flavor = "multi_thread")]
+async fn console_tokens_are_queue_scoped_single_use_and_carry_rights() {
+    let cp = ControlPlane::start_with(CONFIG);
+    let (alpha, full) = account_with_key(&cp, "Alpha", "full").await;
+    let reader = key_for(&cp, &alpha, "read-only").await;
+    let (_, beta_key) = account_with_key(&cp, "Beta", "full").await;
+    let (queue, other) = tokio::join!(queue_of(&cp, &full), queue_of(&cp, &full));
+    let id = queue["id"].as_str().unwrap();
+    let url = queue["url"].as_str().unwrap();
+
+    // A full key: write rights; the admin session changes the queue.
+    let (status, granted) = console_token(&cp, &full, id).await;
+    assert_eq!(status, 200, "{granted}");
+    assert_eq!(granted["rights"], "write");
+    assert_eq!(granted["url"], queue["url"]);
+    let token = granted["token"].as_str().unwrap();
+    let (reply, mut admin) = console_login(url, token).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let added = admin.request(json!({"cmd": "addmsg", "body": "hi"})).await;
+    assert_eq!(added["status"], "Success.", "{added}");
+    let message = added["id"].as_str().unwrap().to_string();
+
+    // The same token again: refused as a wrong password.
+    let (reply, _) = console_login(url, token).await;
+    assert_eq!(reply["code"], 107, "used twice: {reply}");
+
+    // A read-only key: read rights; reads work, every change is refused with 400.
+    let (status, granted) = console_token(&cp, &reader, id).await;
+    assert_eq!(status, 200, "{granted}");
+    assert_eq!(granted["rights"], "read");
+    let (reply, mut viewer) = console_login(url, granted["token"].as_str().unwrap()).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let listed = viewer
+        .request(json!({"cmd": "getmsgs", "after": "", "count": 10}))
+        .await;
+    assert!(
+        listed["csv"].as_str().unwrap().contains(&message),
+        "{listed}"
+    );
+    for change in [
+        json!({"cmd": "delmsg", "id": message}),
+        json!({"cmd": "movetodlq", "id": message}),
+        json!({"cmd": "addmsg", "body": "x"}),
+        json!({"cmd": "purge", "scope": "all"}),
+        json!({"cmd": "redrive"}),
+        json!({"cmd": "setcfg", "saved-session-timeout-secs": 60}),
+    ] {
+        let reply = viewer.request(change.clone()).await;
+        assert_eq!(reply["code"], 400, "{change}: {reply}");
+    }
+    let shown = viewer
+        .request(json!({"cmd": "getmsg", "id": message}))
+        .await;
+    assert_eq!(shown["status"], "Success.", "still there: {shown}");
+
+    // A tampered token (its rights raised, the MAC kept): refused.
+    let (_, granted) = console_token(&cp, &reader, id).await;
+    let (body, mac) = granted["token"].as_str().unwrap().split_once('.').unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut claims: Value = serde_json::from_slice(&b64.decode(body).unwrap()).unwrap();
+    claims["r"] = json!("write");
+    let forged = format!("{}.{mac}", b64.encode(claims.to_string()));
+    let (reply, _) = console_login(url, &forged).await;
+    assert_eq!(reply["code"], 107, "tampered: {reply}");
+
+    // Expired, and for another queue: signed with this node's key, still refused.
+    let node_token = cp.node_config(id)["node_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sign = |q: &str, exp: u64| {
+        let claims = qe_shared::console_token::Claims {
+            q: q.into(),
+            r: qe_shared::console_token::Rights::Write,
+            exp,
+            jti: qe_shared::console_token::new_jti(),
+        };
+        qe_shared::console_token::sign(&node_token, &claims)
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (reply, _) = console_login(url, &sign(id, now - 60)).await;
+    assert_eq!(reply["code"], 107, "expired: {reply}");
+    let other_id = other["id"].as_str().unwrap();
+    let (reply, _) = console_login(url, &sign(other_id, now + 60)).await;
+    assert_eq!(reply["code"], 107, "another queue's: {reply}");
+    let (reply, _) = console_login(url, &sign(id, now + 60)).await;
+    assert_eq!(
+        reply["status"], "Success.",
+        "the same, for this queue: {reply}"
+    );
+    // Another queue's token does not open this one either.
+    let (_, granted) = console_token(&cp, &full, other_id).await;
+    let (reply, _) = console_login(url, granted["token"].as_str().unwrap()).await;
+    assert_eq!(reply["code"], 107, "{reply}");
+
+    // Another account's key: the queue is not found.
+    let (status, reply) = console_token(&cp, &beta_key, id).await;
+    assert_eq!(status, 404, "{reply}");
 }

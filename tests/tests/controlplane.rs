@@ -477,6 +477,7 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/stats",
         "/v1/bills",
         "/v1/invoices",
+        "/v1/queues/{id}/console-token",
         "/v1/audit",
         "/v1/accounts",
         "/v1/accounts/{id}",

@@ -3,7 +3,8 @@
 //!
 //! - An account's key sees only its account's queues: another account's queue is a `404`,
 //!   as if there were none, so a key cannot learn which ids exist.
-//! - A read-only key is refused (`403`) any method but `GET` and `HEAD`, before the handler.
+//! - A read-only key is refused (`403`) any method but `GET` and `HEAD`, before the handler;
+//!   but for a console token, which then has read rights only.
 //! - Routes only the operator may use ([`operator_only`]) refuse an account's key with
 //!   `403` before they read anything, so that answer says nothing of what exists.
 //! - Without a bearer token, the web console's session cookie is taken instead
@@ -122,7 +123,9 @@ pub async fn authenticate(
         }
     );
     let response = match (read_only, action) {
-        (true, Some(_)) => Err(ApiError::Forbidden("this key is read-only".into())),
+        (true, Some(action)) if action != audit::CONSOLE_TOKEN => {
+            Err(ApiError::Forbidden("this key is read-only".into()))
+        }
         _ => {
             request.extensions_mut().insert(caller.clone());
             Ok(next.run(request).await)

@@ -94,6 +94,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/queues", post(queues::create).get(queues::list))
         .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
         .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
+        .route("/v1/queues/{id}/console-token", post(queues::console_token))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/stats", get(usage::stats))
         .route("/v1/bills", get(usage::bills))

@@ -224,6 +224,57 @@ pub async fn get(
     Ok(Json(view(&state, &queue)))
 }
 
+/// `POST /v1/queues/{id}/console-token`: a console token for the queue's node
+/// ([`qe_shared::console_token`]), so the web console's page can open a WebSocket to the node
+/// and log in as its administrator: `"read"` rights for a read-only key (the node then takes
+/// read commands only), `"write"` for a full key or the operator. It lives
+/// [`CONSOLE_TOKEN_SECS`] and opens one login. A queue that does not run yet is a `409`.
+pub async fn console_token(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<(Extension<Target>, Json<Value>), ApiError> {
+    use qe_shared::console_token::{new_jti, sign, Claims, Rights};
+    let queue = seen(&state, &caller, &id).await?;
+    if !queue.status.is_live() || queue.node.is_none() {
+        return Err(ApiError::Conflict(format!(
+            "queue {id} is {:?}: its node does not serve",
+            queue.status
+        )));
+    }
+    let rights = match &caller {
+        Caller::Account {
+            scope: accounts::Scope::ReadOnly,
+            ..
+        } => Rights::Read,
+        _ => Rights::Write,
+    };
+    let expires = crate::unix_now() + CONSOLE_TOKEN_SECS;
+    let claims = Claims {
+        q: queue.id.clone(),
+        r: rights,
+        exp: expires,
+        jti: new_jti(),
+    };
+    // Signed with the credential the node holds now; a rotation voids it.
+    let node_token = state
+        .node_tokens
+        .token_for(&queue.id, queue.node_credential);
+    let token = sign(&node_token, &claims);
+    let shown = view(&state, &queue);
+    let reply = json!({
+        "url": shown["url"],
+        "token": token,
+        "rights": rights,
+        "expires": expires,
+    });
+    Ok((target(&queue), Json(reply)))
+}
+
+/// How long a console token lives: long enough to open a WebSocket, short enough that one
+/// seen by someone else is soon worth nothing.
+const CONSOLE_TOKEN_SECS: u64 = 120;
+
 /// A new password for one of the queue's logins. The reply comes once the node serves it
 /// (open connections go on); if it does not say so within [`CONFIRM_WITHIN`], the reply is
 /// `202` with `"applied":false`, and the queue shows the change pending.

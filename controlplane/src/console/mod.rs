@@ -25,9 +25,17 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// Where everything the page needs comes from: here, and nowhere else.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
-    style-src 'self'; img-src 'self' data:; connect-src 'self'; font-src 'self'; \
+/// Where everything the page needs comes from: here, and nowhere else; but for the
+/// WebSockets to nodes (Messages, DLQ, Settings), which listen on hosts and ports of their
+/// own. Over TLS only `wss:` (a secure page may not open `ws:` anyway); a plaintext control
+/// plane (local nodes, `controlplane dev`) also `ws:`. Naming each node's origin would need
+/// the policy per queue, while the page is one for every queue; the node still takes only a
+/// token the control plane signed, so a wider connect-src lets nothing more in.
+const CONTENT_SECURITY_POLICY_TLS: &str = "default-src 'self'; script-src 'self'; \
+    style-src 'self'; img-src 'self' data:; connect-src 'self' wss:; font-src 'self'; \
+    object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+const CONTENT_SECURITY_POLICY_PLAIN: &str = "default-src 'self'; script-src 'self'; \
+    style-src 'self'; img-src 'self' data:; connect-src 'self' ws: wss:; font-src 'self'; \
     object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// The page and what it loads: (path under `/console/`, media type, contents).
@@ -72,17 +80,23 @@ pub fn router(sessions: Arc<Sessions>) -> Router<Arc<AppState>> {
         };
         router = router.route(&format!("/console/{path}"), get(serve));
     }
+    let policy = match sessions.secure() {
+        true => CONTENT_SECURITY_POLICY_TLS,
+        false => CONTENT_SECURITY_POLICY_PLAIN,
+    };
     router
         .layer(Extension(sessions))
-        .layer(middleware::from_fn(secure_headers))
+        .layer(middleware::from_fn(move |request, next| {
+            secure_headers(policy, request, next)
+        }))
 }
 
 /// What every console response carries.
-async fn secure_headers(request: Request, next: Next) -> Response {
+async fn secure_headers(policy: &'static str, request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
     let fixed = [
-        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::CONTENT_SECURITY_POLICY, policy),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
         (header::REFERRER_POLICY, "no-referrer"),

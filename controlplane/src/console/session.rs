@@ -70,6 +70,11 @@ pub struct Sessions {
 }
 
 impl Sessions {
+    /// Whether the console is served over TLS.
+    pub fn secure(&self) -> bool {
+        self.secure
+    }
+
     pub fn new(secure: bool) -> Sessions {
         Sessions {
             by_hash: Mutex::default(),

@@ -23,6 +23,7 @@ use crate::engine::{Anchor, Frames, Message, MessageId, Queue, Redrive, Refused,
 use crate::history;
 use crate::node::Node;
 use crate::store::Receipt;
+use qe_shared::console_token::Rights;
 use qe_shared::protocol::QueueType;
 use qe_shared::settings::{fixed, ReadOnlySetting, Setting};
 use qe_shared::Code;
@@ -48,7 +49,21 @@ pub struct Admin {
     pub frames: Option<Frames>,
     /// The task that pushes live stats, while a subscription is active.
     pushes: Option<JoinHandle<()>>,
+    /// `Read` for a read-only console login: a change command gets 400, as one it does not know.
+    rights: Rights,
 }
+
+/// What a read-only console login may use: the commands that change nothing.
+const READ_COMMANDS: [&str; 8] = [
+    "getmsgs",
+    "getmsg",
+    "getdlqmsgs",
+    "getdlqmsg",
+    "getcfg",
+    "getlivestats",
+    "getstats",
+    "getusage",
+];
 
 /// Which history a command reads.
 #[derive(Clone, Copy)]
@@ -68,6 +83,11 @@ enum Shelf {
 
 impl Admin {
     pub fn new(node: &Arc<Node>) -> Admin {
+        Admin::with_rights(node, Rights::Write)
+    }
+
+    /// An administrator with `rights` (a console login's; a password login has all).
+    pub fn with_rights(node: &Arc<Node>, rights: Rights) -> Admin {
         let (outbox, frames) = outbox(node.write_limit());
         Admin {
             node: node.clone(),
@@ -75,6 +95,7 @@ impl Admin {
             outbox,
             frames: Some(frames),
             pushes: None,
+            rights,
         }
     }
 
@@ -95,7 +116,9 @@ impl Admin {
             .get("cmd")
             .and_then(Value::as_str)
             .unwrap_or_default();
+        let refused = self.rights == Rights::Read && !READ_COMMANDS.contains(&cmd);
         let response = match cmd {
+            _ if refused => Response::reply(Reply::failure(Code::InvalidCommand)),
             "getlivestats" => Response::reply(self.live_stats(&fields)),
             "getstats" => Response::reply(self.history(&fields, History::Stats)),
             "getusage" => Response::reply(self.history(&fields, History::Usage)),

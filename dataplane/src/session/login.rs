@@ -11,6 +11,7 @@ use super::subscriber::{CopySubscriber, Subscriber};
 use super::{as_str, Data, Reply, Session};
 use crate::engine::SessionId;
 use crate::node::Node;
+use qe_shared::console_token::Rights;
 use qe_shared::protocol::{QueueType, Role, MAX_CREDENTIAL_BYTES};
 use qe_shared::settings::Setting;
 use qe_shared::Code;
@@ -45,6 +46,13 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
     let context = request::context(&fields).map_err(Reply::failure)?;
     let refuse = |code: Code| Reply::failure(code).context(context.clone());
 
+    if fields.contains_key("console_token") {
+        let rights = console_login(&fields, node).map_err(refuse)?;
+        return Ok((
+            Session::Admin(Admin::with_rights(node, rights)),
+            Reply::success().context(context),
+        ));
+    }
     let max_capacity = node.setting(Setting::MaxSubscriberCapacity);
     let form = LoginForm::read(&fields, max_capacity).map_err(refuse)?;
     if !node.verify(form.role, form.username, form.password) {
@@ -93,6 +101,25 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
         )),
         // LoginForm::read refuses this already; answering beats a panic that stops the node.
         (Role::Admin, QueueType::Copy) => Err(refuse(Code::AdminNotOnCopy)),
+    }
+}
+
+/// The rights of a console login (`console_token` instead of username and password;
+/// [`super::console`]): its role and queue type are checked as any login's, then the token.
+fn console_login(fields: &Fields, node: &Node) -> Result<Rights, Code> {
+    let role = text(fields, "role")
+        .and_then(Role::parse)
+        .ok_or(Code::InvalidRole)?;
+    let queue_type = text(fields, "queuetype")
+        .and_then(QueueType::parse)
+        .ok_or(Code::InvalidQueueType)?;
+    match (role, queue_type) {
+        (Role::Admin, QueueType::Copy) => Err(Code::AdminNotOnCopy),
+        (Role::Admin, QueueType::Distribute) => text(fields, "console_token")
+            .and_then(|token| node.console.take(token, crate::engine::now_ms() / 1000))
+            .ok_or(Code::AuthenticationFailed),
+        // A console token is for an administrator only.
+        _ => Err(Code::AuthenticationFailed),
     }
 }
 

@@ -302,7 +302,7 @@ def run(driver, logs):
                     'from "ws"', f"/v1/queues/{alpha_queue}"]:
         assert example in code, example
     shot(driver, "api")
-    check("the queue page: overview numbers, tabs by keyboard, monitoring plots, API examples, phase-B notices")
+    check("the queue page: overview numbers, tabs by keyboard, monitoring plots, API examples")
 
     # CSRF: the cookie alone makes no change; with the session's token it does.
     session_cookie = f"qe_session={cookie['value']}"

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 from selenium import webdriver
+from websockets.sync.client import connect as websocket
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
@@ -176,6 +177,26 @@ def run(driver, logs):
     assert cell(driver, alpha_queue, "held") == "0" and cell(driver, alpha_queue, "dead_letter") == "1"
     check("the depth, in-flight and DLQ numbers appear after the node reports", f"depth {depth}")
 
+    # A publish while the page is open: the depth changes on a refresh after the node reports.
+    with websocket(SETUP["node"]) as node:
+        login = SETUP["publisher"]
+        node.send(json.dumps({"username": login["username"], "password": login["password"],
+                              "role": "publisher", "queuetype": "distribute"}))
+        assert json.loads(node.recv())["status"] == "Success."
+        node.send(json.dumps({"body": "published while the page is open"}))
+        assert json.loads(node.recv())["status"] == "Success."
+    published = SETUP["published"] + 1
+    def depth_grown():
+        if find(driver, "#refresh").get_attribute("disabled"):
+            return None
+        if cell(driver, alpha_queue, "waiting") == str(published):
+            return True
+        find(driver, "#refresh").click()
+        return None
+    wait_for("the new depth after a refresh", depth_grown)
+    depth = str(published)
+    check("a publish shows in the depth on a refresh", f"depth {depth}")
+
     # Refresh keeps the numbers on screen (marked stale) while it loads.
     find(driver, "#refresh").click()
     during = cell(driver, alpha_queue, "waiting")
@@ -247,7 +268,6 @@ def run(driver, logs):
     wait_for("the Messages tab", lambda: find(driver, "#tab-messages").get_attribute("aria-selected") == "true")
     assert driver.switch_to.active_element.get_attribute("id") == "tab-messages"
     # Messages: through a console token and a WebSocket to the node itself.
-    published = SETUP["published"]
     wait_for("the messages", lambda: len(finds(driver, "#messages-list tbody tr")) == published)
     find(driver, "#send-test").click()
     wait_for("the test message", lambda: len(finds(driver, "#messages-list tbody tr")) == published + 1)
@@ -325,7 +345,7 @@ def run(driver, logs):
     driver.set_window_size(390, 844)
     driver.get(BASE + "/console/#/")
     # The redriven message waits again beside the published ones.
-    back = str(SETUP["published"] + 1)
+    back = str(published + 1)
     wait_for("the list", lambda: cell(driver, alpha_queue, "waiting") == back)
     width = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
     assert width[0] <= width[1], width

@@ -116,22 +116,26 @@ async fn the_console_in_a_real_browser() {
     let node = alpha_queue["node"].as_str().unwrap();
     let login = &alpha_queue["logins"]["publisher"];
     let mut publisher = login_with(node, login, "publisher", json!({})).await;
+    // First one binary message that a subscriber rejects (nack): the queue moves it to the
+    // dead letter queue, where the DLQ tab must show it in hex and redrive it.
+    let dead = publisher
+        .request(json!({"body": "AAEC/w==", "type": 2}))
+        .await;
+    assert_eq!(dead["status"], "Success.", "{dead}");
+    let login = &alpha_queue["logins"]["subscriber"];
+    let mut subscriber = login_with(node, login, "subscriber", json!({"capacity": 1})).await;
+    assert_eq!(subscriber.recv().await["id"], dead["id"]);
+    let nacked = subscriber
+        .request(json!({"id": dead["id"], "ack": 0}))
+        .await;
+    assert_eq!(nacked["status"], "Success.", "{nacked}");
+    subscriber.request(json!({"logout": true})).await;
     for n in 0..PUBLISHED {
         let reply = publisher
             .request(json!({ "body": format!("message {n}") }))
             .await;
         assert_eq!(reply["status"], "Success.", "{reply}");
     }
-    // One binary message in the dead letter queue, for the DLQ tab to show in hex and redrive.
-    let dead = publisher
-        .request(json!({"body": "AAEC/w==", "type": 2}))
-        .await;
-    assert_eq!(dead["status"], "Success.", "{dead}");
-    let mut admin = login_with(node, &alpha_queue["logins"]["admin"], "admin", json!({})).await;
-    let moved = admin
-        .request(json!({"cmd": "movetodlq", "id": dead["id"]}))
-        .await;
-    assert_eq!(moved["status"], "Success.", "{moved}");
     // A stats history for the Monitoring tab's plots, sent the way the node sends its records
     // (nodes record at most every 300 s, too slow to wait for).
     let id = alpha_queue["id"].as_str().unwrap();
@@ -147,6 +151,8 @@ async fn the_console_in_a_real_browser() {
         "beta_queue": beta_queue["id"],
         "published": PUBLISHED,
         "dead": dead["id"],
+        "node": node,
+        "publisher": alpha_queue["logins"]["publisher"],
     });
     let driver = workspace().join("tests/console/drive.py");
     let mut command = tokio::process::Command::new(python());

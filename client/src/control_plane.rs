@@ -353,7 +353,8 @@ pub struct UsageRecord {
     pub ipv4: bool,
 }
 
-/// A stats record a node reported: the nine `getlivestats` counters at a time.
+/// A stats record a node reported: the nine `getlivestats` counters at a time, and the
+/// messages published and delivered in the interval it ends.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct StatsRecord {
     /// Whose.
@@ -378,6 +379,13 @@ pub struct StatsRecord {
     pub delayed: u64,
     /// Durable messages.
     pub durable: u64,
+    /// Messages published in the interval this record ends; None from a record that does
+    /// not carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<u64>,
+    /// Messages delivered to subscribers in the interval; None as for `published`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered: Option<u64>,
 }
 
 /// A month's bill: billable lines per queue, each queue's total, and the sum.

@@ -507,6 +507,9 @@ function overview(id, tab, panel, load, notFound) {
           counter("Delayed", formatNumber(live.delayed), "delayed"),
           counter("Dead letter", formatNumber(live.dead_letter), "dead_letter"),
           counter("Durable", formatNumber(live.durable), "durable")),
+        h("h2", {}, "Published and delivered per interval"),
+        chart("Published and delivered", records.filter((r) => r.published !== undefined),
+          [["published", "Published"], ["delivered", "Delivered"]], formatNumber),
         h("h2", {}, "Connections"),
         h("div", { class: "grid" },
           counter("Publishers", formatNumber(live.publishers), "publishers"),
@@ -775,6 +778,7 @@ const SETTING_RANGES = {
   "saved-session-timeout-secs": "10 to 86400", "no-reply-timeout-secs": "1 to 300",
   "stats-frequency-secs": "300 to 3600", "stats-retention-period-yrs": "1 to 10",
   "usage-frequency-secs": "1800 to 86400", "usage-retention-period-yrs": "1 to 20",
+  "max-receive-count": "0 (unlimited) to 1000", "message-retention-secs": "0 (until handled) to 1209600",
 };
 
 // ---- monitoring --------------------------------------------------------------------------
@@ -805,15 +809,19 @@ function monitoring(id, tab, panel, load, notFound) {
         h("h2", {}, "Depth"),
         chart("Depth", records, [["messages", "Messages"], ["unacknowledged", "In flight"],
           ["delayed", "Delayed"], ["dead_letter", "Dead letter"]], formatNumber),
+        h("h2", {}, "Published and delivered per interval"),
+        chart("Published and delivered", records.filter((r) => r.published !== undefined),
+          [["published", "Published"], ["delivered", "Delivered"]], formatNumber),
         h("h2", {}, "Connections"),
         chart("Connections", records, [["publishers", "Publishers"], ["subscribers", "Subscribers"],
           ["administrators", "Administrators"], ["saved_subscribers", "Saved sessions"]], formatNumber),
         h("h2", {}, "Bytes in and out per usage period"),
         chart("Bytes", periods, [["network_received", "Bytes in"], ["network_sent", "Bytes out"]], formatBytes),
         h("p", { class: "muted" },
-          "Depth and connections come from the node's stats records, bytes from its usage records (one per " +
-          "usage period). Published and delivered per interval are not in the stored history yet: the Overview " +
-          "shows their totals since the node started."));
+          "Depth, connections, and the messages published and delivered in each interval come from the " +
+          "node's stats records (one per stats interval: the stats-frequency-secs setting); bytes from its " +
+          "usage records (one per usage period). A delivery counts each time a message is handed to a " +
+          "subscriber, so a returned message delivered again counts twice."));
     } catch (failure) {
       if (notFound(failure)) return;
       charts.replaceChildren(h("p", { class: "error" }, `Could not load the history: ${failure.message}`));

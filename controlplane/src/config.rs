@@ -80,6 +80,10 @@ pub struct Config {
     /// 1 to 1800) instead of at their `usage-frequency-secs` (1800 at least, by the manual),
     /// so that usage and bills show traffic soon after it. Unset in production.
     pub usage_record_secs: Option<u64>,
+    /// For `controlplane dev` and tests only, as `usage_record_secs`: a stats record this
+    /// often (seconds, 1 to 300) instead of at `stats-frequency-secs` (300 at least), so the
+    /// console's plots fill in minutes. Unset in production.
+    pub stats_record_secs: Option<u64>,
     /// Seconds between the reconciler's looks at every queue when nothing wakes it (an
     /// instance that vanished is replaced within this). Default 30.
     #[serde(default = "default_reconcile_every_secs")]
@@ -243,6 +247,12 @@ impl Config {
             .is_some_and(|secs| !(1..=1800).contains(&secs))
         {
             return Err("usage_record_secs is 1 to 1800".into());
+        }
+        if self
+            .stats_record_secs
+            .is_some_and(|secs| !(1..=300).contains(&secs))
+        {
+            return Err("stats_record_secs is 1 to 300".into());
         }
         Ok(())
     }

@@ -74,9 +74,11 @@ struct DevFlags {
 
 /// What `dev` bills with unless `--prices` says otherwise: made-up prices, so that a bill
 /// shows amounts.
-/// How often dev's nodes make a usage record: every minute, so that a newcomer's bill shows
-/// their traffic soon after it (production nodes keep `usage-frequency-secs`, 1800 at least).
-const DEV_USAGE_RECORD_SECS: u64 = 60;
+/// How often dev's nodes make a usage and a stats record: every minute, so that a newcomer's
+/// bill shows their traffic soon after it and the console's plots fill in minutes
+/// (production nodes keep `usage-frequency-secs`, 1800 at least, and
+/// `stats-frequency-secs`, 300 at least).
+const DEV_RECORD_SECS: u64 = 60;
 
 const DEMO_PRICES: &str = "[prices]\ninstance_hour = { \"*\" = 0.02 }\nipv4_hour = 0.005\n\
                            network_out_gb = 0.09\nnetwork_in_gb = 0.01\nstorage_gb_month = 0.1\n";
@@ -440,7 +442,7 @@ async fn dev(flags: DevFlags) -> Result<(), Failure> {
     let mut config = format!(
         "listen = \"{}\"\ndata_dir = {dir:?}\ntoken = \"{token}\"\ncluster = \"dev\"\n\
          dns_listen = \"{dns_listen}\"\n\
-         usage_record_secs = {DEV_USAGE_RECORD_SECS}\n",
+         usage_record_secs = {DEV_RECORD_SECS}\nstats_record_secs = {DEV_RECORD_SECS}\n",
         flags.listen
     );
     let (pebble, without) = match (flags.no_pebble, pebble::installed()) {

@@ -122,6 +122,7 @@ impl Queue {
             node_token: None,
             live_stats_secs: None,
             usage_record_secs: None,
+            stats_record_secs: None,
         }
     }
 }

@@ -200,8 +200,15 @@ mod tests {
             (stats.time, stats.counters()),
             (5, [1, 2, 3, 4, 5, 6, 7, 8, 9])
         );
+        assert_eq!((stats.published, stats.delivered), (None, None));
+        let counted = StatsRecord::from_line("5,1,2,3,4,5,6,7,8,9,40,38").unwrap();
+        assert_eq!(
+            (counted.counters(), counted.published, counted.delivered),
+            ([1, 2, 3, 4, 5, 6, 7, 8, 9], Some(40), Some(38))
+        );
         assert_eq!(StatsRecord::from_line("5,1,2"), None);
         assert_eq!(StatsRecord::from_line("5,1,2,3,4,5,6,7,8,x"), None);
+        assert_eq!(StatsRecord::from_line("5,1,2,3,4,5,6,7,8,9,40"), None);
     }
 
     #[test]

@@ -278,6 +278,7 @@ pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> C
         node_token: Some(to.token.clone()),
         live_stats_secs: desired.live_stats_secs,
         usage_record_secs: desired.usage_record_secs,
+        stats_record_secs: desired.stats_record_secs,
         ..ConfigFile::default()
     }
 }

@@ -3,7 +3,7 @@
 use crate::auth::{Login, Logins, PasswordHash};
 use crate::connection::Keepalive;
 use crate::control_planes::ControlPlanes;
-use crate::history::UsageLabels;
+use crate::history::{RecordEvery, UsageLabels};
 use clap::Parser;
 use qe_shared::node_channel::LIVE_STATS_SECS;
 use qe_shared::settings::{fixed, Tier};
@@ -143,6 +143,9 @@ pub struct ConfigFile {
     /// For `controlplane dev` and tests only: a usage record this often (seconds, 1 to
     /// 1800) instead of at `usage-frequency-secs` (1800 at least, by the manual).
     pub usage_record_secs: Option<u64>,
+    /// For `controlplane dev` and tests only: a stats record this often (seconds, 1 to 300)
+    /// instead of at `stats-frequency-secs` (300 at least, by the manual).
+    pub stats_record_secs: Option<u64>,
 }
 
 /// Where the node reports its history, and as whom.
@@ -239,8 +242,9 @@ pub struct Config {
     pub tls_from_control_plane: bool,
     /// How often live numbers go to the control plane (`report.rs`).
     pub live_stats_every: Duration,
-    /// A usage record this often instead of at `usage-frequency-secs` (dev and tests).
-    pub usage_record_secs: Option<u64>,
+    /// Stats and usage records this often instead of at their frequency settings (dev and
+    /// tests).
+    pub record_every: RecordEvery,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -390,9 +394,18 @@ impl Config {
         {
             return Err(invalid("usage_record_secs is 1 to 1800"));
         }
+        if file
+            .stats_record_secs
+            .is_some_and(|secs| !(1..=300).contains(&secs))
+        {
+            return Err(invalid("stats_record_secs is 1 to 300"));
+        }
         Ok(Config {
             live_stats_every: Duration::from_secs(live_stats_secs),
-            usage_record_secs: file.usage_record_secs,
+            record_every: RecordEvery {
+                stats_secs: file.stats_record_secs,
+                usage_secs: file.usage_record_secs,
+            },
             tls_from_control_plane: file.tls_from_control_plane,
             report_to,
             listen: match (flags.listen, file.listen.map(Listen::addresses)) {

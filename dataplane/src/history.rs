@@ -5,8 +5,10 @@
 //! Everything here takes the time as an argument; [`run`] is the only part that reads the
 //! clock, so the recording, aggregation and pruning rules are tested with a clock in hand.
 
+use crate::engine::Totals as EngineTotals;
 use crate::node::Node;
 use qe_shared::calendar::{civil_from_days, days_from_civil, days_in_month};
+use qe_shared::node_channel::StatsRecord;
 use qe_shared::settings::Setting;
 use qe_shared::Code;
 use std::fmt::Write;
@@ -120,9 +122,16 @@ impl History {
         })
     }
 
-    pub fn record_stats(&self, time: u64, live_stats_csv: &str) -> Result<(), sled::Error> {
-        self.stats
-            .insert(time.to_be_bytes(), live_stats_csv.as_bytes())?;
+    /// Keeps a stats record: the nine `getlivestats` counters, and then the interval's flow
+    /// (two columns `getstats` leaves out; the reports to the control plane carry them).
+    pub fn record_stats(
+        &self,
+        time: u64,
+        live_stats_csv: &str,
+        flow: Flow,
+    ) -> Result<(), sled::Error> {
+        let record = format!("{live_stats_csv},{},{}", flow.published, flow.delivered);
+        self.stats.insert(time.to_be_bytes(), record.as_bytes())?;
         self.recorded.notify_waiters();
         Ok(())
     }
@@ -213,7 +222,10 @@ impl History {
 
     /// `getstats`: every record of the day, or one line of averages (rounded to whole numbers).
     pub fn stats_of(&self, day: Day, average: bool) -> Result<String, sled::Error> {
-        let records = records(&self.stats, day)?;
+        let mut records = records(&self.stats, day)?;
+        for (_, fields) in &mut records {
+            fields.truncate(StatsRecord::COLUMNS.len());
+        }
         if !average {
             return Ok(lines(&records));
         }
@@ -336,24 +348,67 @@ impl UsageMeter {
     }
 }
 
+/// The messages that went through the queue in a stats record's interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flow {
+    pub published: u64,
+    pub delivered: u64,
+}
+
+/// Takes each stats interval's [`Flow`] from the engine's totals, which only grow while the
+/// node runs (the first interval after a start counts from the start).
+#[derive(Debug, Default)]
+pub struct FlowMeter {
+    last: EngineTotals,
+}
+
+impl FlowMeter {
+    pub fn new(start: EngineTotals) -> FlowMeter {
+        FlowMeter { last: start }
+    }
+
+    /// The flow of the interval that ends now.
+    pub fn take(&mut self, now: EngineTotals) -> Flow {
+        let flow = Flow {
+            published: now.published - self.last.published,
+            delivered: now.delivered - self.last.delivered,
+        };
+        self.last = now;
+        flow
+    }
+}
+
 /// The next multiple of `every` seconds after `now`.
 pub fn next_multiple(now: u64, every: u64) -> u64 {
     (now / every + 1) * every
 }
 
+/// For `controlplane dev` and tests only: records this often (seconds) instead of at the
+/// `stats-frequency-secs` and `usage-frequency-secs` settings, whose ranges start at 300 and
+/// 1800 seconds. None: the setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordEvery {
+    pub stats_secs: Option<u64>,
+    pub usage_secs: Option<u64>,
+}
+
 /// Records stats and usage at multiples of their frequencies (read anew each time, so a
 /// `setcfg` applies from the next record) and prunes by retention. When `stopping` turns true
-/// it makes a last, partial usage record (the period so far) and returns. `usage_every_secs`
-/// (dev and tests only) replaces `usage-frequency-secs`.
+/// it makes a last, partial usage record (the period so far) and returns. `every` (dev and
+/// tests only) replaces the frequency settings.
 pub async fn run(
     node: Arc<Node>,
     mut stopping: tokio::sync::watch::Receiver<bool>,
-    usage_every_secs: Option<u64>,
+    every: RecordEvery,
 ) {
     let now = || crate::engine::now_ms() / 1000;
     let mut meter = UsageMeter::new(node.totals());
+    let mut flow = FlowMeter::new(node.queue.snapshot().totals);
     loop {
-        let stats_every = node.setting(Setting::StatsFrequencySecs);
+        let stats_every = every
+            .stats_secs
+            .unwrap_or_else(|| node.setting(Setting::StatsFrequencySecs));
+        let usage_every_secs = every.usage_secs;
         let usage_every =
             usage_every_secs.unwrap_or_else(|| node.setting(Setting::UsageFrequencySecs));
         let start = now();
@@ -375,7 +430,11 @@ pub async fn run(
         }
         meter.sample_held(node.storage_held());
         if next == next_stats {
-            if let Err(error) = history.record_stats(next, &node.live_stats_csv()) {
+            let (counters, flow) = (
+                node.live_stats_csv(),
+                flow.take(node.queue.snapshot().totals),
+            );
+            if let Err(error) = history.record_stats(next, &counters, flow) {
                 tracing::error!(%error, "recording stats failed");
             }
         }

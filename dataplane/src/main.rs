@@ -151,7 +151,7 @@ async fn main() -> ExitCode {
     let history = tokio::spawn(dataplane::history::run(
         node.clone(),
         stopping,
-        config.usage_record_secs,
+        config.record_every,
     ));
     let reporter = config
         .report_to

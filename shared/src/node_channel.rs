@@ -115,6 +115,10 @@ pub struct DesiredConfig {
     /// shows traffic soon after it; taken at start. None (left out) in production.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_record_secs: Option<u64>,
+    /// For `controlplane dev` and tests only, as `usage_record_secs`: a stats record this
+    /// often (seconds, 1 to 300) instead of at `stats-frequency-secs` (300 at least).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats_record_secs: Option<u64>,
 }
 
 impl std::fmt::Debug for DesiredConfig {
@@ -263,7 +267,11 @@ impl UsageRecord {
     }
 }
 
-/// One stats record (the manual's `getstats` line): the counters of `getlivestats` at `time`.
+/// One stats record (the manual's `getstats` line): the counters of `getlivestats` at `time`,
+/// and, from nodes that count them, the messages published and delivered in the interval
+/// the record ends (since the record before it, or since the node started). The interval
+/// counts travel to the control plane as two more columns of the line; `getstats` answers
+/// the manual's nine columns only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatsRecord {
@@ -277,6 +285,13 @@ pub struct StatsRecord {
     pub dead_letter: u64,
     pub delayed: u64,
     pub durable: u64,
+    /// Messages taken in the interval (publishes and `addmsg`s); None from a record that
+    /// does not carry them (made before nodes counted them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<u64>,
+    /// Messages handed to subscribers in the interval (as [`LiveStats::delivered`] counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered: Option<u64>,
 }
 
 impl StatsRecord {
@@ -293,16 +308,25 @@ impl StatsRecord {
         "durable",
     ];
 
-    /// Reads one `getstats` line (the time and nine counters); None if it is not one.
+    /// Reads one stats line: a `getstats` line (the time and nine counters), or a node's
+    /// report of one with the interval's published and delivered after them; None if it is
+    /// neither.
     pub fn from_line(line: &str) -> Option<StatsRecord> {
         let numbers: Vec<u64> = line
             .trim_end()
             .split(',')
             .map(|field| field.parse().ok())
             .collect::<Option<_>>()?;
+        let (counters, interval) = match numbers.len() {
+            10 => (numbers.as_slice(), None),
+            12 => (&numbers[..10], Some((numbers[10], numbers[11]))),
+            _ => return None,
+        };
         let [time, messages, publishers, subscribers, saved_subscribers, administrators, unacknowledged, dead_letter, delayed, durable] =
-            numbers.as_slice().try_into().ok()?;
+            counters.try_into().ok()?;
         Some(StatsRecord {
+            published: interval.map(|(published, _)| published),
+            delivered: interval.map(|(_, delivered)| delivered),
             time,
             messages,
             publishers,
@@ -381,6 +405,7 @@ mod tests {
             node_token: None,
             live_stats_secs: None,
             usage_record_secs: None,
+            stats_record_secs: None,
         };
         let text = serde_json::to_string(&config).unwrap();
         assert!(!text.contains("live_stats_secs"), "left out unless set");

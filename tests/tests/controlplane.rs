@@ -494,6 +494,7 @@ async fn health_metrics_and_the_openapi_document() {
         "/metrics",
         "/healthz",
         "/openapi.json",
+        "/console/session",
     ];
     let documented: Vec<&str> = paths.keys().map(String::as_str).collect();
     assert_eq!(documented.len(), served.len(), "{documented:?}");

@@ -171,6 +171,7 @@ fn desired() -> DesiredConfig {
         node_token: None,
         live_stats_secs: None,
         usage_record_secs: None,
+        stats_record_secs: None,
     }
 }
 

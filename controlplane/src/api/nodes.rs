@@ -74,6 +74,7 @@ pub fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredConfig, 
     let mut desired = queue.desired_config(listen, tls);
     desired.live_stats_secs = state.config.live_stats_secs;
     desired.usage_record_secs = state.config.usage_record_secs;
+    desired.stats_record_secs = state.config.stats_record_secs;
     desired.node_token = queue
         .next_node_credential
         .map(|next| state.node_tokens.token_for(&queue.id, next));

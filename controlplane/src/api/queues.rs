@@ -234,7 +234,7 @@ pub async fn console_token(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<(Extension<Target>, Json<Value>), ApiError> {
-    use qe_shared::console_token::{new_jti, sign, Claims, Rights};
+    use qe_shared::console_token::{new_jti, sign_for_either, Claims, Rights};
     let queue = seen(&state, &caller, &id).await?;
     if !queue.status.is_live() || queue.node.is_none() {
         return Err(ApiError::Conflict(format!(
@@ -256,11 +256,16 @@ pub async fn console_token(
         exp: expires,
         jti: new_jti(),
     };
-    // Signed with the credential the node holds now; a rotation voids it.
-    let node_token = state
-        .node_tokens
-        .token_for(&queue.id, queue.node_credential);
-    let token = sign(&node_token, &claims);
+    // Signed with the credential the node holds; during a rotation the node may hold either
+    // one, so with both. A finished rotation voids tokens of the old one.
+    let credentials = [Some(queue.node_credential), queue.next_node_credential];
+    let node_tokens: Vec<String> = credentials
+        .into_iter()
+        .flatten()
+        .map(|credential| state.node_tokens.token_for(&queue.id, credential))
+        .collect();
+    let node_tokens: Vec<&str> = node_tokens.iter().map(String::as_str).collect();
+    let token = sign_for_either(&node_tokens, &claims);
     let shown = view(&state, &queue);
     let reply = json!({
         "url": shown["url"],

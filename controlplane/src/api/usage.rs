@@ -260,12 +260,19 @@ pub async fn stats(
     let (rows, csv) = records_asked(&state, &caller, query, Report::Stats, read_stats).await?;
     Ok(match csv {
         true => {
-            let columns = ["queue", "time"].into_iter().chain(StatsRecord::COLUMNS);
+            let columns = ["queue", "time"]
+                .into_iter()
+                .chain(StatsRecord::COLUMNS)
+                .chain(["published", "delivered"]);
             let rows = rows.iter().map(|(queue, record)| {
                 let numbers = [record.time].into_iter().chain(record.counters());
+                // Empty where the record does not know (made before nodes counted them).
+                let interval = [record.published, record.delivered]
+                    .map(|count| count.map(|n| n.to_string()).unwrap_or_default());
                 [queue.clone()]
                     .into_iter()
                     .chain(numbers.map(|n| n.to_string()))
+                    .chain(interval)
                     .collect::<Vec<_>>()
             });
             csv_table(columns, rows)

@@ -59,17 +59,23 @@ fn records_are_read_a_utc_day_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
     let (_db, history) = open(dir.path(), NOV_9);
     history
-        .record_stats(NOV_9 - 300, "9,0,0,0,0,0,0,0,0")
-        .unwrap();
-    history.record_stats(NOV_9, "1,1,1,0,1,0,0,0,1").unwrap();
-    history
-        .record_stats(NOV_9 + 300, "2,1,1,0,1,1,0,0,2")
+        .record_stats(NOV_9 - 300, "9,0,0,0,0,0,0,0,0", Flow::default())
         .unwrap();
     history
-        .record_stats(NOV_9 + DAY_SECS - 1, "4,1,1,0,1,1,0,0,3")
+        .record_stats(NOV_9, "1,1,1,0,1,0,0,0,1", Flow::default())
+        .unwrap();
+    let flow = Flow {
+        published: 40,
+        delivered: 38,
+    };
+    history
+        .record_stats(NOV_9 + 300, "2,1,1,0,1,1,0,0,2", flow)
         .unwrap();
     history
-        .record_stats(NOV_9 + DAY_SECS, "8,0,0,0,0,0,0,0,0")
+        .record_stats(NOV_9 + DAY_SECS - 1, "4,1,1,0,1,1,0,0,3", Flow::default())
+        .unwrap();
+    history
+        .record_stats(NOV_9 + DAY_SECS, "8,0,0,0,0,0,0,0,0", Flow::default())
         .unwrap();
     let csv = history.stats_of(day(2026, 11, 9), false).unwrap();
     assert_eq!(
@@ -84,6 +90,61 @@ fn records_are_read_a_utc_day_at_a_time() {
     let average = history.stats_of(day(2026, 11, 9), true).unwrap();
     assert_eq!(average, format!("{NOV_9},2,1,1,0,1,1,0,0,2\n"));
     assert_eq!(history.stats_of(day(2026, 11, 11), true).unwrap(), "");
+    // The interval's flow is not in getstats (the manual's nine columns), but it is in the
+    // lines reported to the control plane.
+    let reported = history.unreported(Kind::Stats, 10).unwrap();
+    assert_eq!(
+        reported[2],
+        (
+            NOV_9 + 300,
+            format!("{},2,1,1,0,1,1,0,0,2,40,38", NOV_9 + 300)
+        )
+    );
+    let read = StatsRecord::from_line(&reported[2].1).unwrap();
+    assert_eq!((read.published, read.delivered), (Some(40), Some(38)));
+}
+
+#[test]
+fn each_stats_interval_counts_what_went_through_it() {
+    let totals = |published, delivered| EngineTotals {
+        published,
+        delivered,
+        ..EngineTotals::default()
+    };
+    let mut meter = FlowMeter::new(totals(5, 3));
+    assert_eq!(
+        meter.take(totals(15, 10)),
+        Flow {
+            published: 10,
+            delivered: 7
+        }
+    );
+    assert_eq!(meter.take(totals(15, 10)), Flow::default());
+    assert_eq!(
+        meter.take(totals(16, 12)),
+        Flow {
+            published: 1,
+            delivered: 2
+        }
+    );
+}
+
+/// A record kept before nodes counted the flow (nine columns) still reads, both ways.
+#[test]
+fn a_record_without_the_flow_still_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, history) = open(dir.path(), NOV_9);
+    history
+        .stats
+        .insert((NOV_9 + 300).to_be_bytes(), "3,0,0,0,0,0,0,0,1".as_bytes())
+        .unwrap();
+    assert_eq!(
+        history.stats_of(day(2026, 11, 9), false).unwrap(),
+        format!("{},3,0,0,0,0,0,0,0,1\n", NOV_9 + 300)
+    );
+    let reported = history.unreported(Kind::Stats, 10).unwrap();
+    let read = StatsRecord::from_line(&reported[0].1).unwrap();
+    assert_eq!((read.messages, read.published), (3, None));
 }
 
 #[test]
@@ -146,10 +207,10 @@ fn records_older_than_their_retention_are_pruned() {
     let now = NOV_9;
     let two_years_ago = now - 2 * YEAR_SECS;
     history
-        .record_stats(two_years_ago - 1, "1,0,0,0,0,0,0,0,0")
+        .record_stats(two_years_ago - 1, "1,0,0,0,0,0,0,0,0", Flow::default())
         .unwrap();
     history
-        .record_stats(two_years_ago + 1, "2,0,0,0,0,0,0,0,0")
+        .record_stats(two_years_ago + 1, "2,0,0,0,0,0,0,0,0", Flow::default())
         .unwrap();
     history
         .record_usage(two_years_ago - 1, &Usage::default(), &usage_labels())
@@ -173,7 +234,7 @@ fn history_survives_a_reopen() {
     {
         let (db, history) = open(dir.path(), NOV_9);
         history
-            .record_stats(NOV_9 + 300, "1,0,0,0,0,0,0,0,0")
+            .record_stats(NOV_9 + 300, "1,0,0,0,0,0,0,0,0", Flow::default())
             .unwrap();
         db.flush().unwrap();
     }

@@ -1,47 +1,39 @@
-"""Drives the web console in headless Chromium (Selenium, with the system's chromedriver given
-explicitly, so Selenium Manager never downloads anything), against the control plane
-tests/tests/console.rs started. The setup comes as JSON in the environment (QE_CONSOLE);
-each check prints one line; any failure raises, and the test fails with this output.
+"""Drives the web console in headless Chromium (Playwright for Python, sync API, launching the
+system's Chromium by its path, so no browser is ever downloaded: `playwright install` is never
+run), against the control plane tests/tests/console.rs started. The setup comes as JSON in the
+environment (QE_CONSOLE); each check prints one line; any failure raises, and the test fails
+with this output. QE_CONSOLE_SCREENSHOTS=DIR saves a screenshot of each page it visits (a
+relative DIR is taken from the workspace's root, so docs/console is the README's folder).
 
-Waits poll the page with a deadline; nothing sleeps for a fixed time.
+Waits are Playwright's own (`expect` and actions that wait until the page is ready), each with
+a deadline; nothing sleeps for a fixed time.
 """
 
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
 import urllib.request
 
-from selenium import webdriver
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import expect, sync_playwright
 from websockets.sync.client import connect as websocket
-from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
 
 SETUP = json.loads(os.environ["QE_CONSOLE"])
 BASE = SETUP["base"]
+WORKSPACE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHOTS = os.environ.get("QE_CONSOLE_SCREENSHOTS")
+if SHOTS:
+    SHOTS = os.path.join(WORKSPACE, SHOTS)  # an absolute SHOTS stays as it is
 WITHIN = 30.0
+WIDE = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
 
 
 def check(name, detail=""):
     print(f"ok {name}{': ' + detail if detail else ''}", flush=True)
-
-
-def wait_for(what, probe, within=WITHIN):
-    """The first truthy value of probe(), polled until the deadline."""
-    deadline = time.monotonic() + within
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-            if value:
-                return value
-        except Exception as error:  # an element replaced while read: try again
-            last_error = error
-        time.sleep(0.05)
-    raise AssertionError(f"never saw {what} (last error: {last_error!r})")
 
 
 def http(method, path, cookie=None, csrf=None, body=None):
@@ -65,37 +57,49 @@ def http(method, path, cookie=None, csrf=None, body=None):
         return error.code, error.headers, (json.loads(text) if text.startswith("{") else text)
 
 
-def shot(driver, name):
+def shot(page, name):
     if SHOTS:
         os.makedirs(SHOTS, exist_ok=True)
-        driver.save_screenshot(os.path.join(SHOTS, f"{name}.png"))
+        page.screenshot(path=os.path.join(SHOTS, f"{name}.png"))
 
 
-def find(driver, css):
-    return driver.find_element(By.CSS_SELECTOR, css)
-
-
-def finds(driver, css):
-    return driver.find_elements(By.CSS_SELECTOR, css)
-
-
-def visible(driver, css):
-    elements = [e for e in finds(driver, css) if e.is_displayed()]
-    return elements[0] if elements else None
-
-
-def cell(driver, queue, key):
+def cell(page, queue, key):
     """A number's text in the list, read in one step (the rows are redrawn on each refresh)."""
-    return driver.execute_script(
-        "const c = document.querySelector(`tr[data-queue=\"${arguments[0]}\"] td[data-key=\"${arguments[1]}\"]`);"
-        " return c ? c.textContent : null", queue, key)
+    return page.evaluate(
+        "([queue, key]) => { const c = document.querySelector("
+        "`tr[data-queue=\"${queue}\"] td[data-key=\"${key}\"]`); return c ? c.textContent : null }",
+        [queue, key])
 
 
-def sign_in(driver, token):
-    box = wait_for("the sign-in form", lambda: visible(driver, "#token"))
-    box.clear()
-    box.send_keys(token)
-    find(driver, "#sign-in").click()
+def row(page, queue):
+    return page.locator(f'tr[data-queue="{queue}"]')
+
+
+def refresh_until(page, what, done, within=WITHIN):
+    """Clicks Refresh, each time after its last load has ended, until done() gives a truthy
+    value (returned) or the deadline passes. The button is disabled while a load runs."""
+    deadline = time.monotonic() + within
+    refresh = page.locator("#refresh")
+    while True:
+        expect(refresh).to_be_enabled(timeout=max(deadline - time.monotonic(), 1) * 1000)
+        value = done()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never saw {what} (last read: {value!r})")
+        refresh.click()
+
+
+def cookie_of(context, name):
+    cookies = [c for c in context.cookies() if c["name"] == name]
+    return cookies[0] if cookies else None
+
+
+def sign_in(page, token):
+    box = page.locator("#token")
+    expect(box).to_be_visible()
+    box.fill(token)
+    page.locator("#sign-in").click()
 
 
 def main():
@@ -112,69 +116,71 @@ def main():
     assert status == 200 and headers.get("Content-Type", "").startswith("text/javascript"), headers
     check("the console is served with a strict CSP, nosniff and no framing")
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = SETUP["chromium"]
-    for argument in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1280,800", "--no-first-run", "--password-store=basic"]:
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=SETUP["chromedriver"]), options=options)
-    logs = []
-    try:
-        run(driver, logs)
-    finally:
-        driver.quit()
+    expect.set_options(timeout=WITHIN * 1000)
+    with sync_playwright() as playwright:
+        # Scrollbars drawn as a desktop browser draws them (Playwright hides them by default),
+        # so the screenshots show what scrolls.
+        browser = playwright.chromium.launch(
+            executable_path=SETUP["chromium"], headless=True,
+            args=["--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"],
+            ignore_default_args=["--hide-scrollbars"])
+        try:
+            context = browser.new_context(viewport=WIDE)
+            context.set_default_timeout(WITHIN * 1000)
+            page = context.new_page()
+            # Everything the browser logs (console calls, CSP violations, failed loads), as
+            # "URL - text" like Chromium's own log, and uncaught exceptions as errors.
+            logs = []
+            page.on("console", lambda message: logs.append(
+                {"level": message.type, "message": f"{message.location.get('url', '')} - {message.text}"}))
+            page.on("pageerror", lambda error: logs.append(
+                {"level": "error", "message": f"uncaught: {error}"}))
+            run(page, context, logs)
+        finally:
+            browser.close()
 
 
-def browser_log(driver, logs):
-    logs.extend(driver.get_log("browser"))
-
-
-def run(driver, logs):
+def run(page, context, logs):
     alpha_key, alpha_queue, beta_queue = SETUP["alpha_key"], SETUP["alpha_queue"], SETUP["beta_queue"]
 
-    driver.get(BASE + "/console/")
-    wait_for("the sign-in form", lambda: visible(driver, "#token"))
-    assert driver.title.startswith("Sign in"), driver.title
-    find(driver, 'label[for="token"]')
-    shot(driver, "sign-in")
+    page.goto(BASE + "/console/")
+    expect(page.locator("#token")).to_be_visible()
+    expect(page).to_have_title(re.compile(r"^Sign in"))
+    expect(page.locator('label[for="token"]')).to_be_attached()
+    shot(page, "sign-in")
 
     # A wrong key is refused, with a message.
-    sign_in(driver, "qek_AAAAAAAAAAAAAAAA_not-the-secret")
-    wait_for("the refusal", lambda: "not accepted" in find(driver, "#signin-error").text)
-    assert not driver.get_cookies(), driver.get_cookies()
+    sign_in(page, "qek_AAAAAAAAAAAAAAAA_not-the-secret")
+    expect(page.locator("#signin-error")).to_contain_text("not accepted")
+    assert not context.cookies(), context.cookies()
     check("a wrong key is refused with a message, and no cookie is set")
 
     # An account's key: its own queues only.
-    sign_in(driver, alpha_key)
-    wait_for("alpha's queue in the list", lambda: finds(driver, f'tr[data-queue="{alpha_queue}"]'))
-    assert driver.title.startswith("Queues"), driver.title
-    assert not finds(driver, f'tr[data-queue="{beta_queue}"]'), "beta's queue is listed"
-    assert beta_queue not in driver.page_source
+    sign_in(page, alpha_key)
+    expect(row(page, alpha_queue)).to_be_attached()
+    expect(page).to_have_title(re.compile(r"^Queues"))
+    expect(row(page, beta_queue)).to_have_count(0)
+    assert beta_queue not in page.content()
     check("an account's key shows its queue and not another account's")
 
     # The token is nowhere in the page.
-    stored = driver.execute_script(
-        "return JSON.stringify([Object.entries(localStorage), Object.entries(sessionStorage), document.cookie,"
+    stored = page.evaluate(
+        "() => JSON.stringify([Object.entries(localStorage), Object.entries(sessionStorage), document.cookie,"
         " [...document.querySelectorAll('input')].map(i => i.value), document.documentElement.outerHTML])")
     secret = alpha_key.split("_", 2)[2]
     assert alpha_key not in stored and secret not in stored, "the token is in the page"
-    assert "qe_session" not in driver.execute_script("return document.cookie")
-    cookie = driver.get_cookie("qe_session")
+    assert "qe_session" not in page.evaluate("() => document.cookie")
+    cookie = cookie_of(context, "qe_session")
     assert cookie and cookie["httpOnly"] and cookie.get("sameSite") == "Strict" and cookie["path"] == "/", cookie
     check("the token is not in storage, cookies or the DOM; the session cookie is HttpOnly, SameSite=Strict")
 
     # The numbers come once the node reports (every second here): Refresh until they show.
     def depth_shown():
-        text = cell(driver, alpha_queue, "waiting")
-        if text not in (None, "no report") and not find(driver, "#refresh").get_attribute("disabled"):
-            return text
-        if not find(driver, "#refresh").get_attribute("disabled"):
-            find(driver, "#refresh").click()
-        return None
-    depth = wait_for("the depth from the node's report", depth_shown)
+        text = cell(page, alpha_queue, "waiting")
+        return text if text not in (None, "no report") else None
+    depth = refresh_until(page, "the depth from the node's report", depth_shown)
     assert depth == str(SETUP["published"]), depth
-    assert cell(driver, alpha_queue, "held") == "0" and cell(driver, alpha_queue, "dead_letter") == "1"
+    assert cell(page, alpha_queue, "held") == "0" and cell(page, alpha_queue, "dead_letter") == "1"
     check("the depth, in-flight and DLQ numbers appear after the node reports", f"depth {depth}")
 
     # A publish while the page is open: the depth changes on a refresh after the node reports.
@@ -186,142 +192,148 @@ def run(driver, logs):
         node.send(json.dumps({"body": "published while the page is open"}))
         assert json.loads(node.recv())["status"] == "Success."
     published = SETUP["published"] + 1
-    def depth_grown():
-        if find(driver, "#refresh").get_attribute("disabled"):
-            return None
-        if cell(driver, alpha_queue, "waiting") == str(published):
-            return True
-        find(driver, "#refresh").click()
-        return None
-    wait_for("the new depth after a refresh", depth_grown)
     depth = str(published)
+    refresh_until(page, "the new depth after a refresh", lambda: cell(page, alpha_queue, "waiting") == depth)
     check("a publish shows in the depth on a refresh", f"depth {depth}")
 
     # Refresh keeps the numbers on screen (marked stale) while it loads.
-    find(driver, "#refresh").click()
-    during = cell(driver, alpha_queue, "waiting")
+    page.locator("#refresh").click()
+    during = cell(page, alpha_queue, "waiting")
     assert during == depth, f"the numbers were blanked during a refresh: {during!r}"
-    wait_for("the refresh to end", lambda: "Updated" in find(driver, "#updated").text
-             and "stale" not in find(driver, "#queues").get_attribute("class"))
-    assert cell(driver, alpha_queue, "waiting") == depth
+    expect(page.locator("#queues")).not_to_have_class(re.compile(r"(^|\s)stale(\s|$)"))
+    expect(page.locator("#updated")).to_contain_text("Updated")
+    assert cell(page, alpha_queue, "waiting") == depth
     check("Refresh keeps the numbers visible while new ones load")
-    shot(driver, "queues")
+    shot(page, "queues")
 
     # Create a queue: its three logins, shown once.
-    find(driver, "#new-queue").click()
-    Select(find(driver, "#new-tier")).select_by_value("devtest")
-    find(driver, "#new-region").send_keys("local")
-    find(driver, "#new-instance-type").send_keys("local")
-    for control in ["#new-tier", "#new-region", "#new-instance-type", "#new-ipv4"]:
-        find(driver, f'label[for="{control[1:]}"]')
-    find(driver, "#create").click()
-    panel = wait_for("the new queue's logins", lambda: visible(driver, "#logins"))
+    page.locator("#new-queue").click()
+    page.locator("#new-tier").select_option("devtest")
+    page.locator("#new-region").fill("local")
+    page.locator("#new-instance-type").fill("local")
+    for control in ["new-tier", "new-region", "new-instance-type", "new-ipv4"]:
+        expect(page.locator(f'label[for="{control}"]')).to_be_attached()
+    page.locator("#create").click()
+    panel = page.locator("#logins")
+    expect(panel).to_be_visible()
     created = panel.get_attribute("data-queue")
-    assert "shown only now" in panel.text, panel.text
-    passwords = [e.text for e in finds(driver, "#logins .login-password")]
-    usernames = [e.text for e in finds(driver, "#logins .login-username")]
+    expect(panel).to_contain_text("shown only now")
+    passwords = page.locator("#logins .login-password").all_inner_texts()
+    usernames = page.locator("#logins .login-username").all_inner_texts()
     assert len(passwords) == 3 and all(len(p) >= 16 for p in passwords), passwords
     assert len(usernames) == 3 and all(usernames), usernames
-    assert len(finds(driver, "#logins button[aria-label^='Copy']")) == 7
-    wait_for("the new queue in the list", lambda: finds(driver, f'tr[data-queue="{created}"]'))
+    expect(page.locator("#logins button[aria-label^='Copy']")).to_have_count(7)
+    expect(row(page, created)).to_be_attached()
     # Listed at once after its create, before its node can have reported: not known, not zero.
-    assert cell(driver, created, "waiting") == "no report", cell(driver, created, "waiting")
-    shot(driver, "created")
+    assert cell(page, created, "waiting") == "no report", cell(page, created, "waiting")
+    shot(page, "created")
     check("a new queue shows its three logins once, with copy buttons", created)
-    driver.refresh()
-    wait_for("the list again", lambda: finds(driver, f'tr[data-queue="{created}"]'))
-    assert not finds(driver, "#logins")
-    assert not any(p in driver.page_source for p in passwords), "a password is shown again"
+    page.reload()
+    expect(row(page, created)).to_be_attached()
+    expect(page.locator("#logins")).to_have_count(0)
+    source = page.content()
+    assert not any(p in source for p in passwords), "a password is shown again"
     check("after a reload the logins are not shown again")
 
     # Delete it, with a confirmation (cancel first: nothing happens).
-    find(driver, f'button[data-delete="{created}"]').click()
-    wait_for("the confirmation", lambda: visible(driver, "dialog[open] #confirm-cancel")).click()
-    assert finds(driver, f'tr[data-queue="{created}"]')
-    find(driver, f'button[data-delete="{created}"]').click()
-    dialog = wait_for("the confirmation", lambda: visible(driver, "dialog[open]"))
-    assert created in dialog.text, dialog.text
-    find(driver, "dialog[open] #confirm-ok").click()
-    wait_for("the deleted queue to leave the list", lambda: not finds(driver, f'tr[data-queue="{created}"]')
-             and "Updated" in find(driver, "#updated").text, within=45)
+    page.locator(f'button[data-delete="{created}"]').click()
+    page.locator("dialog[open] #confirm-cancel").click()
+    expect(page.locator("dialog[open]")).to_have_count(0)
+    expect(row(page, created)).to_be_attached()
+    page.locator(f'button[data-delete="{created}"]').click()
+    dialog = page.locator("dialog[open]")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text(created)
+    dialog.locator("#confirm-ok").click()
+    expect(row(page, created)).to_have_count(0, timeout=45_000)
+    expect(page.locator("#updated")).to_contain_text("Updated", timeout=45_000)
     status, _, queue = http("GET", f"/v1/queues/{created}", cookie=f"qe_session={cookie['value']}")
     assert status == 200 and queue["status"] in ("deleted", "deleting"), (status, queue)
     check("delete asks first, then removes the queue", queue["status"])
 
     # Another account's queue, by its URL: not found.
-    driver.get(f"{BASE}/console/#/queues/{beta_queue}/overview")
-    wait_for("not found", lambda: visible(driver, "#not-found"))
-    assert driver.title.startswith("Not found"), driver.title
+    page.goto(f"{BASE}/console/#/queues/{beta_queue}/overview")
+    expect(page.locator("#not-found")).to_be_visible()
+    expect(page).to_have_title(re.compile(r"^Not found"))
     check("another account's queue is not found by its URL")
 
     # The queue page and its tabs.
-    driver.get(f"{BASE}/console/#/queues/{alpha_queue}/overview")
-    wait_for("the overview's numbers", lambda: visible(driver, '#overview [data-key="waiting"]'))
-    assert find(driver, '#overview [data-key="waiting"] .value').text == depth
-    assert find(driver, "#queue-status").text == "running"
-    assert find(driver, "#queue-url").text.startswith("ws")
-    assert "reported" in find(driver, "#report-age").text
-    assert driver.title.startswith(f"{alpha_queue}: Overview"), driver.title
-    shot(driver, "overview")
+    page.goto(f"{BASE}/console/#/queues/{alpha_queue}/overview")
+    expect(page.locator('#overview [data-key="waiting"]')).to_be_visible()
+    expect(page.locator('#overview [data-key="waiting"] .value')).to_have_text(depth)
+    expect(page.locator("#queue-status")).to_have_text("running")
+    expect(page.locator("#queue-url")).to_have_text(re.compile(r"^ws"))
+    expect(page.locator("#report-age")).to_contain_text("reported")
+    expect(page).to_have_title(re.compile("^" + re.escape(f"{alpha_queue}: Overview")))
+    shot(page, "overview")
     # Keyboard: the arrow keys move between tabs.
-    find(driver, "#tab-overview").send_keys("\ue014")  # ArrowRight
-    wait_for("the Messages tab", lambda: find(driver, "#tab-messages").get_attribute("aria-selected") == "true")
-    assert driver.switch_to.active_element.get_attribute("id") == "tab-messages"
+    page.locator("#tab-overview").press("ArrowRight")
+    expect(page.locator("#tab-messages")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#tab-messages")).to_be_focused()
     # Messages: through a console token and a WebSocket to the node itself.
-    wait_for("the messages", lambda: len(finds(driver, "#messages-list tbody tr")) == published)
-    find(driver, "#send-test").click()
-    wait_for("the test message", lambda: len(finds(driver, "#messages-list tbody tr")) == published + 1)
-    assert find(driver, "#node-outcome").text.startswith("Sent "), find(driver, "#node-outcome").text
-    sent = find(driver, "#node-outcome").text.split()[1].rstrip(".")
-    find(driver, f'#messages-list tr[data-id="{sent}"] button.show').click()
-    wait_for("its payload", lambda: "A test message" in find(driver, "#payload-text").text)
-    shot(driver, "messages")
-    find(driver, f'#messages-list tr[data-id="{sent}"] button.delete').click()
-    wait_for("it deleted", lambda: len(finds(driver, "#messages-list tbody tr")) == published)
+    messages = page.locator("#messages-list tbody tr")
+    expect(messages).to_have_count(published)
+    page.locator("#send-test").click()
+    expect(messages).to_have_count(published + 1)
+    outcome = page.locator("#node-outcome")
+    expect(outcome).to_have_text(re.compile(r"^Sent "))
+    sent = outcome.inner_text().split()[1].rstrip(".")
+    page.locator(f'#messages-list tr[data-id="{sent}"] button.show').click()
+    expect(page.locator("#payload-text")).to_contain_text("A test message")
+    shot(page, "messages")
+    page.locator(f'#messages-list tr[data-id="{sent}"] button.delete').click()
+    expect(messages).to_have_count(published)
     check("messages listed, a test message sent, shown and deleted")
     # DLQ: the dead binary message, shown in hex and base64, then redriven.
     dead = SETUP["dead"]
-    find(driver, "#tab-dlq").click()
-    wait_for("the dead message", lambda: len(finds(driver, f'#dlq-list tr[data-id="{dead}"]')) == 1)
-    find(driver, f'#dlq-list tr[data-id="{dead}"] button.show').click()
-    wait_for("its payload in hex", lambda: visible(driver, "#payload-hex"))
-    assert find(driver, "#payload-hex").text == "00 01 02 ff", find(driver, "#payload-hex").text
-    assert find(driver, "#payload-base64").text == "AAEC/w==", find(driver, "#payload-base64").text
-    shot(driver, "dlq")
-    find(driver, f'#dlq-list tr[data-id="{dead}"] button.redrive-one').click()
-    wait_for("the DLQ empty after the redrive", lambda: visible(driver, "#dlq-list #empty"))
-    assert find(driver, "#node-outcome").text.startswith(f"Redrove {dead}"), find(driver, "#node-outcome").text
-    find(driver, "#tab-messages").click()
-    wait_for("the redriven message back in the queue",
-             lambda: len(finds(driver, f'#messages-list tr[data-id="{dead}"]')) == 1)
+    page.locator("#tab-dlq").click()
+    dead_row = page.locator(f'#dlq-list tr[data-id="{dead}"]')
+    expect(dead_row).to_have_count(1)
+    dead_row.locator("button.show").click()
+    expect(page.locator("#payload-hex")).to_be_visible()
+    expect(page.locator("#payload-hex")).to_have_text("00 01 02 ff")
+    expect(page.locator("#payload-base64")).to_have_text("AAEC/w==")
+    shot(page, "dlq")
+    dead_row.locator("button.redrive-one").click()
+    expect(page.locator("#dlq-list #empty")).to_be_visible()
+    expect(outcome).to_have_text(re.compile("^" + re.escape(f"Redrove {dead}")))
+    page.locator("#tab-messages").click()
+    expect(page.locator(f'#messages-list tr[data-id="{dead}"]')).to_have_count(1)
     check("DLQ: a dead binary message shown as hex and base64, redriven back to the queue")
     # Settings: a value out of range is refused with the node's code and reason.
-    find(driver, "#tab-settings").click()
-    wait_for("the settings", lambda: visible(driver, "#setting-saved-session-timeout-secs"))
-    field = find(driver, "#setting-saved-session-timeout-secs")
-    field.clear()
-    field.send_keys("5")
-    find(driver, "#save-saved-session-timeout-secs").click()
-    wait_for("the refusal", lambda: find(driver, "#node-outcome").text.startswith("The node refused ("))
-    shot(driver, "settings")
-    check("settings: out of range refused", find(driver, "#node-outcome").text)
-    find(driver, "#tab-monitoring").click()
-    wait_for("the plots", lambda: len(finds(driver, "#charts svg.chart")) == 3)
-    depth_plot = find(driver, "#charts svg.chart")
-    assert "3 records" in depth_plot.get_attribute("aria-label"), depth_plot.get_attribute("aria-label")
-    assert len(depth_plot.find_elements(By.TAG_NAME, "polyline")) == 4
-    assert "Messages (latest 2)" in find(driver, "#charts .legend").text
-    Select(find(driver, "#range")).select_by_value("7d")
-    wait_for("the plots again", lambda: len(finds(driver, "#charts svg.chart")) == 3)
-    shot(driver, "monitoring")
-    find(driver, "#tab-api").click()
-    code = wait_for("the examples", lambda: " ".join(e.text for e in finds(driver, "#tab-panel pre")))
+    page.locator("#tab-settings").click()
+    field = page.locator("#setting-saved-session-timeout-secs")
+    expect(field).to_be_visible()
+    field.fill("5")
+    page.locator("#save-saved-session-timeout-secs").click()
+    expect(outcome).to_have_text(re.compile(r"^The node refused \("))
+    shot(page, "settings")
+    check("settings: out of range refused", outcome.inner_text())
+    page.locator("#tab-monitoring").click()
+    charts = page.locator("#charts svg.chart")
+    expect(charts).to_have_count(4)
+    depth_plot = charts.first
+    expect(depth_plot).to_have_attribute("aria-label", re.compile("3 records"))
+    expect(depth_plot.locator("polyline")).to_have_count(4)
+    expect(page.locator("#charts .legend").first).to_contain_text("Messages (latest 2)")
+    # Published and delivered per interval: only the two records that carry them.
+    flow_plot = charts.nth(1)
+    expect(flow_plot).to_have_attribute("aria-label", re.compile("^Published and delivered: 2 records"))
+    expect(page.locator("#charts .legend").nth(1)).to_contain_text("Published (latest 4)")
+    expect(page.locator("#charts .legend").nth(1)).to_contain_text("Delivered (latest 6)")
+    page.locator("#range").select_option("7d")
+    expect(charts).to_have_count(4)
+    shot(page, "monitoring")
+    page.locator("#tab-api").click()
+    examples = page.locator("#tab-panel pre")
+    expect(examples.first).to_be_visible()
+    code = " ".join(examples.all_inner_texts())
     for example in [f"qe send {alpha_queue} --body '{{\"a\":1}}'",
                     f"qe receive {alpha_queue} --max-messages 10 --wait-seconds 5 --delete",
                     f"qe dlq redrive {alpha_queue}", "websocat ", "Publisher::connect", "from websockets",
                     'from "ws"', f"/v1/queues/{alpha_queue}"]:
         assert example in code, example
-    shot(driver, "api")
+    shot(page, "api")
     check("the queue page: overview numbers, tabs by keyboard, monitoring plots, API examples")
 
     # CSRF: the cookie alone makes no change; with the session's token it does.
@@ -342,26 +354,26 @@ def run(driver, logs):
     check("a change with the cookie but without the CSRF token is refused (403)")
 
     # The phone-sized screen: nothing wider than the screen.
-    driver.set_window_size(390, 844)
-    driver.get(BASE + "/console/#/")
+    page.set_viewport_size(PHONE)
+    page.goto(BASE + "/console/#/")
     # The redriven message waits again beside the published ones.
     back = str(published + 1)
-    wait_for("the list", lambda: cell(driver, alpha_queue, "waiting") == back)
-    width = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
-    assert width[0] <= width[1], width
-    assert find(driver, f'tr[data-queue="{alpha_queue}"] a').is_displayed()
-    shot(driver, "phone-queues")
-    driver.get(f"{BASE}/console/#/queues/{alpha_queue}/api")
-    wait_for("the examples", lambda: finds(driver, "#tab-panel pre"))
-    width = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
-    assert width[0] <= width[1], width
-    shot(driver, "phone-api")
-    driver.set_window_size(1280, 800)
+    expect(row(page, alpha_queue).locator('td[data-key="waiting"]')).to_have_text(back)
+    width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1] == PHONE["width"], width
+    expect(row(page, alpha_queue).locator("a")).to_be_visible()
+    shot(page, "phone-queues")
+    page.goto(f"{BASE}/console/#/queues/{alpha_queue}/api")
+    expect(page.locator("#tab-panel pre").first).to_be_visible()
+    width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1] == PHONE["width"], width
+    shot(page, "phone-api")
+    page.set_viewport_size(WIDE)
     check("at 390x844 the list and a queue page do not overflow sideways")
 
     # Sign out: the cookie no longer works.
-    find(driver, "#sign-out").click()
-    wait_for("the sign-in form", lambda: visible(driver, "#token"))
+    page.locator("#sign-out").click()
+    expect(page.locator("#token")).to_be_visible()
     status, _, _ = http("GET", "/v1/queues", cookie=session_cookie)
     assert status == 401, status
     status, _, who = http("GET", "/console/session", cookie=session_cookie)
@@ -369,20 +381,20 @@ def run(driver, logs):
     check("sign-out ends the session: its cookie is refused")
 
     # A read-only key: the console offers no change, and the API refuses one.
-    sign_in(driver, SETUP["reader_key"])
-    wait_for("the list", lambda: finds(driver, f'tr[data-queue="{alpha_queue}"]'))
-    assert not finds(driver, "#new-queue") and not finds(driver, "button[data-delete]")
-    reader_cookie = f"qe_session={driver.get_cookie('qe_session')['value']}"
+    sign_in(page, SETUP["reader_key"])
+    expect(row(page, alpha_queue)).to_be_attached()
+    expect(page.locator("#new-queue")).to_have_count(0)
+    expect(page.locator("button[data-delete]")).to_have_count(0)
+    reader_cookie = f"qe_session={cookie_of(context, 'qe_session')['value']}"
     _, _, who = http("GET", "/console/session", cookie=reader_cookie)
     status, _, reply = http("POST", "/v1/queues", cookie=reader_cookie, csrf=who["csrf"], body=new_queue)
     assert status == 403 and "read-only" in reply["error"]["message"], (status, reply)
     check("a read-only key's session offers no change and is refused one")
 
     # No console errors but the refusals the test asked for.
-    browser_log(driver, logs)
     expected = ["/console/session - Failed to load resource: the server responded with a status of 401",
                 f"/v1/queues/{beta_queue} - Failed to load resource: the server responded with a status of 404"]
-    errors = [entry for entry in logs if entry["level"] == "SEVERE"
+    errors = [entry for entry in logs if entry["level"] == "error"
               and not any(e in entry["message"] for e in expected)]
     assert not errors, errors
     check("no console errors (CSP violations, exceptions, failed loads) but the expected refusals",
@@ -392,7 +404,7 @@ def run(driver, logs):
 if __name__ == "__main__":
     try:
         main()
-    except AssertionError as error:
+    except (AssertionError, PlaywrightError) as error:
         print(f"FAILED: {error}", flush=True)
         raise
     sys.exit(0)

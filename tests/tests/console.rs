@@ -1,13 +1,17 @@
-//! The web console in a real browser: headless Chromium, driven by Selenium from Python
-//! (`tests/console/drive.py`), against the real control plane and a real node. One control
+//! The web console in a real browser: headless Chromium, driven by Playwright for Python (sync
+//! API, `tests/console/drive.py`), against the real control plane and a real node. One control
 //! plane, one browser session: sign-in (a wrong key refused, an account's key seeing only its
 //! queues), the live numbers once the node reports, Refresh keeping them visible, create with
 //! the logins shown once, delete with a confirmation, another account's queue not found, the
 //! queue page's tabs, CSRF (plain HTTP with the browser's cookie), the phone-sized screen,
 //! sign-out, a read-only key, and no console errors.
 //!
-//! Chromium and chromedriver come from Debian (`scripts/test` installs them). A missing
-//! browser fails the test, unless `QE_CONSOLE_SKIP_WITHOUT_BROWSER=1` says to skip then.
+//! Chromium comes from Debian (`scripts/test` installs it) and Playwright launches it by its
+//! path: Playwright's own browser downloads (`playwright install`) are never used. Playwright
+//! is in `.venv` (`scripts/test` installs it too; its wheel brings the driver it talks to the
+//! browser through). A missing browser fails the test, unless
+//! `QE_CONSOLE_SKIP_WITHOUT_BROWSER=1` says to skip then. `QE_CONSOLE_SCREENSHOTS=DIR` (relative
+//! to the workspace's root) saves a screenshot of each page the browser visits.
 
 use qe_tests::{http, login_with, python, workspace, ControlPlane};
 use serde_json::{json, Value};
@@ -58,7 +62,8 @@ async fn queue_of(cp: &ControlPlane, key: &str) -> Value {
 }
 
 /// Records of the last hour for queue `id`, through its node's report route and token: three
-/// stats records (depth 1, 3, 2) and two usage records.
+/// stats records (depth 1, 3, 2; the last two with the messages published and delivered in
+/// their interval, the first as from a node that did not count them) and two usage records.
 async fn report_history(cp: &ControlPlane, id: &str) {
     let config = cp.node_config(id);
     let token = config["node_token"].as_str().unwrap();
@@ -66,12 +71,17 @@ async fn report_history(cp: &ControlPlane, id: &str) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let stats: Vec<Value> = [(1800, 1), (1200, 3), (600, 2)]
+    let stats: Vec<Value> = [(1800, 1, None), (1200, 3, Some((7, 5))), (600, 2, Some((4, 6)))]
         .iter()
-        .map(|(ago, depth)| {
-            json!({"time": now - ago, "messages": depth, "publishers": 1, "subscribers": 0,
-                "saved_subscribers": 0, "administrators": 0, "unacknowledged": 0,
-                "dead_letter": 0, "delayed": 0, "durable": 0})
+        .map(|(ago, depth, flow)| {
+            let mut record = json!({"time": now - ago, "messages": depth, "publishers": 1,
+                "subscribers": 0, "saved_subscribers": 0, "administrators": 0,
+                "unacknowledged": 0, "dead_letter": 0, "delayed": 0, "durable": 0});
+            if let Some((published, delivered)) = flow {
+                record["published"] = json!(published);
+                record["delivered"] = json!(delivered);
+            }
+            record
         })
         .collect();
     let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
@@ -91,19 +101,17 @@ async fn report_history(cp: &ControlPlane, id: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_console_in_a_real_browser() {
-    let browser = on_path(&["chromium", "chromium-browser"]);
-    let driver = on_path(&["chromedriver"]);
-    let (Some(chromium), Some(chromedriver)) = (browser, driver) else {
+    let Some(chromium) = on_path(&["chromium", "chromium-browser"]) else {
         if std::env::var("QE_CONSOLE_SKIP_WITHOUT_BROWSER").is_ok_and(|v| v == "1") {
             eprintln!(
-                "\n!!!!!!!! SKIPPED: the console's browser test did not run: chromium or \
-                 chromedriver is missing (QE_CONSOLE_SKIP_WITHOUT_BROWSER=1) !!!!!!!!\n"
+                "\n!!!!!!!! SKIPPED: the console's browser test did not run: chromium is \
+                 missing (QE_CONSOLE_SKIP_WITHOUT_BROWSER=1) !!!!!!!!\n"
             );
             return;
         }
         panic!(
-            "chromium and chromedriver are needed (Debian: chromium, chromium-driver; \
-             scripts/test installs them), or QE_CONSOLE_SKIP_WITHOUT_BROWSER=1 to skip"
+            "chromium is needed (Debian: chromium; scripts/test installs it), or \
+             QE_CONSOLE_SKIP_WITHOUT_BROWSER=1 to skip"
         );
     };
     let cp = ControlPlane::start_with(CONFIG);
@@ -143,7 +151,6 @@ async fn the_console_in_a_real_browser() {
     let setup = json!({
         "base": format!("http://{}", cp.addr),
         "chromium": chromium,
-        "chromedriver": chromedriver,
         "alpha_account": alpha,
         "alpha_key": alpha_key,
         "reader_key": reader_key,

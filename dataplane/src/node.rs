@@ -128,6 +128,7 @@ impl Node {
             },
         );
         let restored = recovered.messages.len();
+        queue.set_rules(delivery_rules(&settings));
         queue.restore(recovered.messages);
         for region in &recovered.damaged {
             let (id, receipt) = queue.add_damaged(&region.bytes);
@@ -188,6 +189,7 @@ impl Node {
             for &(setting, value) in changes {
                 settings.set(setting, value);
             }
+            self.queue.set_rules(delivery_rules(&settings));
         }
         saved
     }
@@ -277,5 +279,13 @@ impl Node {
             .read()
             .expect("the settings lock is never poisoned")
             .get(setting)
+    }
+}
+
+/// The engine's delivery rules, from the settings that give them.
+fn delivery_rules(settings: &Settings) -> crate::engine::Rules {
+    crate::engine::Rules {
+        max_receive_count: settings.get(Setting::MaxReceiveCount) as u32,
+        retention_secs: settings.get(Setting::MessageRetentionSecs),
     }
 }

@@ -31,11 +31,18 @@ pub enum Setting {
     StatsRetentionPeriodYrs,
     UsageFrequencySecs,
     UsageRetentionPeriodYrs,
+    /// Beyond the manual (README, "Delivery rules"): deliveries a message may have before
+    /// the last failed one sends it to the dead letter queue; 0, the default, is unlimited.
+    MaxReceiveCount,
+    /// Beyond the manual: how long a message may stay in the queue, in seconds, before it is
+    /// deleted; 0, the default, keeps it until it is handled.
+    MessageRetentionSecs,
 }
 
 impl Setting {
-    /// Every writable setting, in the Reference's order (also `getcfg`'s order).
-    pub const ALL: [Setting; 8] = [
+    /// Every writable setting, in the Reference's order (also `getcfg`'s order), then the
+    /// ones beyond the manual.
+    pub const ALL: [Setting; 10] = [
         Setting::MaxWsMsgLen,
         Setting::MaxSubscriberCapacity,
         Setting::SavedSessionTimeoutSecs,
@@ -44,7 +51,12 @@ impl Setting {
         Setting::StatsRetentionPeriodYrs,
         Setting::UsageFrequencySecs,
         Setting::UsageRetentionPeriodYrs,
+        Setting::MaxReceiveCount,
+        Setting::MessageRetentionSecs,
     ];
+
+    /// How many of [`Setting::ALL`] the manual's Reference lists (the first ones).
+    pub const IN_MANUAL: usize = 8;
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -56,6 +68,8 @@ impl Setting {
             Setting::StatsRetentionPeriodYrs => "stats-retention-period-yrs",
             Setting::UsageFrequencySecs => "usage-frequency-secs",
             Setting::UsageRetentionPeriodYrs => "usage-retention-period-yrs",
+            Setting::MaxReceiveCount => "max-receive-count",
+            Setting::MessageRetentionSecs => "message-retention-secs",
         }
     }
 
@@ -74,6 +88,9 @@ impl Setting {
             Setting::StatsRetentionPeriodYrs => (1, 10),
             Setting::UsageFrequencySecs => (1800, 86_400),
             Setting::UsageRetentionPeriodYrs => (1, 20),
+            Setting::MaxReceiveCount => (0, 1000),
+            // 14 days, Amazon SQS's longest retention.
+            Setting::MessageRetentionSecs => (0, 1_209_600),
         }
     }
 
@@ -91,6 +108,8 @@ impl Setting {
             (Setting::StatsRetentionPeriodYrs, Tier::Devtest) => 1,
             (Setting::UsageFrequencySecs, _) => 1800,
             (Setting::UsageRetentionPeriodYrs, _) => 5,
+            (Setting::MaxReceiveCount, _) => 0,
+            (Setting::MessageRetentionSecs, _) => 0,
         }
     }
 
@@ -226,7 +245,15 @@ mod tests {
                 )
             })
             .collect();
-        assert_eq!(ours, manual_settings());
+        assert_eq!(ours[..Setting::IN_MANUAL], manual_settings());
+        // Beyond the manual, both off by default: the manual's behaviour is unchanged.
+        assert_eq!(
+            ours[Setting::IN_MANUAL..],
+            [
+                ("max-receive-count".to_string(), 0, 0, 1000),
+                ("message-retention-secs".to_string(), 0, 0, 1_209_600)
+            ]
+        );
     }
 
     #[test]

@@ -372,6 +372,8 @@ async fn getcfg_and_setcfg_all_or_nothing_and_kept_across_a_kill() {
             "stats-retention-period-yrs",
             "usage-frequency-secs",
             "usage-retention-period-yrs",
+            "max-receive-count",
+            "message-retention-secs",
             "max-tasks",
             "max-messages",
             "max-messages-memory",
@@ -383,7 +385,9 @@ async fn getcfg_and_setcfg_all_or_nothing_and_kept_across_a_kill() {
     );
     assert_eq!(lines[0], "max-ws-msg-len,w,65536");
     assert_eq!(lines[2], "saved-session-timeout-secs,w,10");
-    assert_eq!(lines[12], "max-write-queue-bytes,r,4194304");
+    assert_eq!(lines[8], "max-receive-count,w,0");
+    assert_eq!(lines[9], "message-retention-secs,w,0");
+    assert_eq!(lines[14], "max-write-queue-bytes,r,4194304");
 
     let cases = [
         (json!({"cmd": "setcfg", "max-subscriber-capacity": 0}), 414),

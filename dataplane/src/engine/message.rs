@@ -32,6 +32,36 @@ impl Durability {
 }
 
 /// The manual's message `type`.
+/// Why a message is in the dead letter queue (`getdlqmsg`'s `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeadReason {
+    /// A subscriber's nack, or an administrator's `movetodlq` (a restart cannot tell them
+    /// apart: both are the same log mark).
+    #[default]
+    Rejected = 0,
+    /// Its last allowed delivery failed (`max-receive-count`): its holder's session ended, or
+    /// its visibility timeout passed, without an ack.
+    MaxReceives = 1,
+}
+
+impl DeadReason {
+    pub fn from_byte(byte: u8) -> Option<DeadReason> {
+        match byte {
+            0 => Some(DeadReason::Rejected),
+            1 => Some(DeadReason::MaxReceives),
+            _ => None,
+        }
+    }
+
+    /// What `getdlqmsg` says.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeadReason::Rejected => "rejected",
+            DeadReason::MaxReceives => "max-receive-count",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BodyType {
     #[default]
@@ -50,6 +80,9 @@ pub struct NewMessage<'a> {
     pub publisher_key: Option<Cow<'a, str>>,
     pub delay_secs: u64,
     pub durability: Durability,
+    /// Seconds after its publish when the message is deleted if it is still in the queue; 0:
+    /// only the queue's `message-retention-secs` applies.
+    pub expires_secs: u64,
 }
 
 /// A message the queue holds: waiting, held, delayed or dead-lettered.

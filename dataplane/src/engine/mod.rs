@@ -19,9 +19,11 @@ pub mod queue;
 
 pub use copy::{CopyQueue, CopySubscription};
 pub use ids::{IdMap, MessageId, SessionId};
-pub use message::{BodyType, Durability, Message, NewMessage};
+pub use message::{BodyType, DeadReason, Durability, Message, NewMessage};
 pub use outbox::{Frames, Outbound};
-pub use queue::{Anchor, Counts, Limits, QueueState, Redrive, Refused, Scope, Totals};
+pub use queue::{
+    Anchor, Counts, Limits, Pulled, QueueState, Redrive, Refused, Rules, Scope, Totals,
+};
 
 use crate::store::{Receipt, Store};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -78,11 +80,56 @@ impl Queue {
     }
 
     pub fn publish(&self, new: &NewMessage<'_>) -> Result<(MessageId, Receipt), Refused> {
-        let published = self.lock().publish(new, now_ms());
-        if published.is_ok() && new.delay_secs > 0 {
+        let (published, expiring) = {
+            let mut state = self.lock();
+            let published = state.publish(new, now_ms());
+            (published, state.next_expiring())
+        };
+        if published.is_ok() && (new.delay_secs > 0 || expiring.is_some()) {
             self.shared.timers_changed.notify_one();
         }
         published
+    }
+
+    /// New delivery rules (`max-receive-count`, `message-retention-secs`), from now on.
+    pub fn set_rules(&self, rules: Rules) {
+        self.lock().set_rules(rules);
+    }
+
+    /// A pull receiver takes up to `max` waiting messages, invisible for `visibility`.
+    pub fn receive(&self, max: usize, visibility: Duration) -> Vec<Pulled> {
+        let pulled = self
+            .lock()
+            .receive(max, visibility.as_millis() as u64, now_ms());
+        if !pulled.is_empty() {
+            self.shared.timers_changed.notify_one();
+        }
+        pulled
+    }
+
+    /// A pull receiver deletes a message it received (receive number `receives`).
+    pub fn delete_received(&self, id: MessageId, receives: u32) -> Result<Receipt, Refused> {
+        self.lock().delete_received(id, receives)
+    }
+
+    /// A pull receiver changes a received message's visibility timeout, from now.
+    pub fn change_visibility(
+        &self,
+        id: MessageId,
+        receives: u32,
+        visibility: Duration,
+    ) -> Result<(), Refused> {
+        let visibility_ms = visibility.as_millis() as u64;
+        let changed = self
+            .lock()
+            .change_visibility(id, receives, visibility_ms, now_ms());
+        self.shared.timers_changed.notify_one();
+        changed
+    }
+
+    /// Why a dead-lettered message is there.
+    pub fn dead_reason(&self, id: MessageId) -> Option<DeadReason> {
+        self.lock().dead_reason(id)
     }
 
     /// The live counters (`getlivestats`) that the queue keeps.
@@ -202,16 +249,20 @@ impl Queue {
         }
     }
 
-    /// Releases delayed messages when they fall due and ends saved sessions whose time runs
-    /// out. Runs for the life of the node.
+    /// Releases delayed messages when they fall due, ends saved sessions whose time runs out,
+    /// makes received messages visible again when their timeout passes and deletes expired
+    /// ones. Runs for the life of the node.
     pub async fn run_timers(self) {
         loop {
             let next = {
                 let state = self.lock();
-                [state.next_due(), state.next_expiry()]
-                    .into_iter()
-                    .flatten()
-                    .min()
+                let timers = [
+                    state.next_due(),
+                    state.next_expiry(),
+                    state.next_visible(),
+                    state.next_expiring(),
+                ];
+                timers.into_iter().flatten().min()
             };
             let now = now_ms();
             match next {
@@ -219,6 +270,8 @@ impl Queue {
                     let mut state = self.lock();
                     state.release_due(now);
                     state.expire_sessions(now);
+                    state.release_invisible(now);
+                    state.expire_messages(now);
                 }
                 Some(at) => {
                     let wait = Duration::from_millis(at - now);

@@ -1,17 +1,25 @@
 //! The distribute queue's rules, as plain synchronous code with the clock passed in.
 //!
 //! Every message is in exactly one place: waiting (in `waiting`, in delivery order), held by one
-//! subscriber (in the line), delayed (in `delayed`, by due time) or dead-lettered (in `dead`).
-//! After every operation, `dispatch` restores the invariant that no message waits while a
-//! subscriber has room. Each step costs O(log n) in what is stored; nothing walks all messages
-//! or all subscribers.
+//! subscriber (in the line), received by a pull receiver and invisible until its visibility
+//! timeout (in `invisible`, by time), delayed (in `delayed`, by due time) or dead-lettered (in
+//! `dead`). After every operation, `dispatch` restores the invariant that no message waits
+//! while a subscriber has room. Each step costs O(log n) in what is stored; nothing walks all
+//! messages or all subscribers.
+//!
+//! The delivery rules beyond the manual (README, "Delivery rules"), all off by default: each
+//! message counts its deliveries, and with `max-receive-count` set, a message whose last
+//! allowed delivery fails (its holder's session ends, or its visibility timeout passes,
+//! without an ack) goes to the dead letter queue instead of back; with an expiry (the
+//! message's own, or `message-retention-secs`) a message still in the queue then is deleted.
+//! Timeouts and expiries are kept by time, so each fires in O(log n) without a scan.
 
 use super::ids::{IdGenerator, IdMap, MessageId, SessionId};
 use super::line::Line;
-use super::message::{frame_body_type, notice_frame, Durability, Message, NewMessage};
+use super::message::{frame_body_type, notice_frame, DeadReason, Durability, Message, NewMessage};
 use super::outbox::Outbox;
 use crate::store::log::RecoveredMessage;
-use crate::store::{Change, Receipt, Store};
+use crate::store::{Change, Life, Receipt, Store};
 use qe_shared::Code;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -133,6 +141,8 @@ enum Place {
     /// Waiting for a subscriber with room, in `waiting`.
     Waiting,
     Held(SessionId),
+    /// Received by a pull receiver, invisible until this time (ms since 1970), in `invisible`.
+    Received(u64),
     /// Waiting for its delay to end, at this time (ms since 1970).
     Delayed(u64),
 }
@@ -140,6 +150,30 @@ enum Place {
 struct Entry {
     message: Message,
     place: Place,
+    /// Deliveries so far, pushed and pulled.
+    receives: u32,
+    /// When it is deleted unhandled (ms since 1970); 0: never. In `expiring` when set.
+    expires_ms: u64,
+}
+
+/// The delivery rules' settings (`max-receive-count`, `message-retention-secs`); zero is off.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// Deliveries a message may have; 0: unlimited.
+    pub max_receive_count: u32,
+    /// How long a new message may stay, in seconds; 0: until it is handled.
+    pub retention_secs: u64,
+}
+
+/// A message a pull receiver received: invisible to others until its timeout, deleted with
+/// its id and `receives` (the receipt handle names both, so a handle from an earlier receive
+/// of the same message no longer acts on it).
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    pub id: MessageId,
+    pub message: Message,
+    /// Deliveries so far, this one included (SQS's ApproximateReceiveCount).
+    pub receives: u32,
 }
 
 pub struct QueueState {
@@ -174,6 +208,13 @@ pub struct QueueState {
     durable_count: usize,
     /// Publishes, deliveries, acks and nacks since start.
     totals: Totals,
+    /// Received messages by (visibility timeout in ms, id): the first entry reappears first.
+    invisible: BTreeSet<(u64, MessageId)>,
+    /// Messages with an expiry by (expiry in ms, id): the first entry expires first.
+    expiring: BTreeSet<(u64, MessageId)>,
+    /// Why each dead-lettered message is there, for those not simply rejected.
+    dead_reasons: IdMap<MessageId, DeadReason>,
+    rules: Rules,
     store: Box<dyn Store>,
 }
 
@@ -194,7 +235,36 @@ impl QueueState {
             memory_used: 0,
             durable_count: 0,
             totals: Totals::default(),
+            invisible: BTreeSet::new(),
+            expiring: BTreeSet::new(),
+            dead_reasons: IdMap::default(),
+            rules: Rules::default(),
             store,
+        }
+    }
+
+    /// New delivery rules, from now on: a new retention applies to messages published after
+    /// it (each message's expiry is fixed when it is published, and kept with it); a new
+    /// `max-receive-count` to every delivery that fails after it.
+    pub fn set_rules(&mut self, rules: Rules) {
+        self.rules = rules;
+    }
+
+    /// Whether a delivery that fails now was the message's last allowed one.
+    fn exhausted(&self, receives: u32) -> bool {
+        self.rules.max_receive_count > 0 && receives >= self.rules.max_receive_count
+    }
+
+    /// What the record of a message in the queue says beyond the message.
+    fn life_of(entry: &Entry) -> Life {
+        Life {
+            due_ms: match entry.place {
+                Place::Delayed(due_ms) => Some(due_ms),
+                _ => None,
+            },
+            expires_ms: (entry.expires_ms != 0).then_some(entry.expires_ms),
+            receives: entry.receives,
+            dead: None,
         }
     }
 
@@ -218,10 +288,20 @@ impl QueueState {
             return Err(Refused::MemoryFull);
         }
         let due_ms = (new.delay_secs > 0).then(|| now_ms + new.delay_secs * 1000);
+        // The message's own lifetime or the queue's retention, whichever ends first.
+        let lifetime_secs = [new.expires_secs, self.rules.retention_secs]
+            .into_iter()
+            .filter(|&secs| secs > 0)
+            .min();
+        let expires_ms = lifetime_secs.map(|secs| now_ms + secs * 1000);
+        let life = Life {
+            expires_ms,
+            ..Life::due(due_ms)
+        };
         let receipt = self.store.record(Change::Published {
             id,
             message: &message,
-            due_ms,
+            life,
         });
         self.memory_used += cost;
         self.durable_count += (new.durability != Durability::None) as usize;
@@ -232,15 +312,26 @@ impl QueueState {
             }
             None => self.enqueue(id),
         };
-        self.messages.insert(id, Box::new(Entry { message, place }));
+        if let Some(expires_ms) = expires_ms {
+            self.expiring.insert((expires_ms, id));
+        }
+        let entry = Entry {
+            message,
+            place,
+            receives: 0,
+            expires_ms: expires_ms.unwrap_or(0),
+        };
+        self.messages.insert(id, Box::new(entry));
         self.totals.published += 1;
         self.dispatch();
         Ok((id, receipt))
     }
 
-    /// Loads what the store kept, at start. Messages that were held wait again, in id order; a
-    /// delay that ended while the node was down ends now. Nothing is recorded: the store
-    /// already has it all. The limits are not applied: nothing kept is ever dropped.
+    /// Loads what the store kept, at start. Messages that were held (or received, and
+    /// invisible) wait again, in id order, with their receive counts; a delay that ended while
+    /// the node was down ends now, and so does a message that expired meanwhile (its removal
+    /// is recorded then). Otherwise nothing is recorded: the store already has it all. The
+    /// limits are not applied: nothing kept is ever dropped.
     pub fn restore(&mut self, messages: Vec<RecoveredMessage>, now_ms: u64) {
         for recovered in messages {
             let id = recovered.id;
@@ -255,6 +346,9 @@ impl QueueState {
             self.memory_used += memory_cost(&message);
             self.durable_count += 1;
             if recovered.dead {
+                if recovered.dead_reason != DeadReason::Rejected {
+                    self.dead_reasons.insert(id, recovered.dead_reason);
+                }
                 self.dead.insert(id, message);
                 continue;
             }
@@ -265,8 +359,19 @@ impl QueueState {
                 }
                 _ => self.enqueue(id),
             };
-            self.messages.insert(id, Box::new(Entry { message, place }));
+            let expires_ms = recovered.expires_ms.unwrap_or(0);
+            if expires_ms != 0 {
+                self.expiring.insert((expires_ms, id));
+            }
+            let entry = Entry {
+                message,
+                place,
+                receives: recovered.receives,
+                expires_ms,
+            };
+            self.messages.insert(id, Box::new(entry));
         }
+        self.expire_messages(now_ms);
         self.dispatch();
     }
 
@@ -280,7 +385,7 @@ impl QueueState {
         let _ = self.store.record(Change::Published {
             id,
             message: &message,
-            due_ms: None,
+            life: Life::default(),
         });
         let receipt = self.store.record(Change::DeadLettered(id));
         self.dead.insert(id, message);
@@ -311,6 +416,7 @@ impl QueueState {
             .messages
             .remove(&id)
             .expect("a held message is in the queue");
+        self.unexpire(id, &entry);
         self.forget(&entry.message);
         let receipt = self.store.record(Change::Acked(id));
         self.totals.acked += 1;
@@ -332,29 +438,229 @@ impl QueueState {
             .messages
             .remove(&id)
             .expect("a held message is in the queue");
-        let receipt = self.store.record(Change::DeadLettered(id));
-        self.dead.insert(id, entry.message);
+        self.unexpire(id, &entry);
+        let receipt = self.dead_letter(id, *entry, DeadReason::Rejected);
         self.totals.nacked += 1;
         self.dispatch();
         Ok(receipt)
     }
 
     /// A session ends (logout, or a drop without resume): what it held goes to the first
-    /// subscriber with room, else to the back of the queue, in id order.
+    /// subscriber with room, else to the back of the queue, in id order; a message whose last
+    /// allowed delivery this was goes to the dead letter queue instead.
     pub fn leave(&mut self, session: SessionId) {
         if let Some(expires_ms) = self.saved.remove(&session) {
             self.expiries.remove(&(expires_ms, session));
         }
         for id in self.line.leave(session) {
-            let place = self.enqueue(id);
-            let entry = self
-                .messages
-                .get_mut(&id)
-                .expect("a held message is in the queue");
-            entry.place = place;
-            let _ = self.store.record(Change::Returned(id));
+            self.delivery_failed(id);
         }
         self.dispatch();
+    }
+
+    /// A delivery of `id` (held or received) ended without an ack: the message waits again at
+    /// the back, or, if that was its last allowed delivery, goes to the dead letter queue (a
+    /// durability-0 message, which cannot go there, is deleted).
+    fn delivery_failed(&mut self, id: MessageId) {
+        let receives = self.messages[&id].receives;
+        if !self.exhausted(receives) {
+            let place = self.enqueue(id);
+            self.messages
+                .get_mut(&id)
+                .expect("a delivered message is in the queue")
+                .place = place;
+            let _ = self.store.record(Change::Returned(id));
+            return;
+        }
+        let entry = self
+            .messages
+            .remove(&id)
+            .expect("a delivered message is in the queue");
+        self.unexpire(id, &entry);
+        match entry.message.durability {
+            Durability::None => self.forget(&entry.message),
+            _ => {
+                let _ = self.dead_letter(id, *entry, DeadReason::MaxReceives);
+            }
+        }
+    }
+
+    /// Puts a message taken out of the queue in the dead letter queue, recording why: a
+    /// rejection as a mark, another reason in a new record of the whole message (the mark
+    /// has no room for one).
+    fn dead_letter(&mut self, id: MessageId, entry: Entry, reason: DeadReason) -> Receipt {
+        let receipt = match reason {
+            DeadReason::Rejected => self.store.record(Change::DeadLettered(id)),
+            _ => {
+                let life = Life {
+                    dead: Some(reason),
+                    ..QueueState::life_of(&entry)
+                };
+                self.dead_reasons.insert(id, reason);
+                let message = &entry.message;
+                self.store.record(Change::Published { id, message, life })
+            }
+        };
+        self.dead.insert(id, entry.message);
+        receipt
+    }
+
+    /// Why a dead-lettered message is there; None if it is not in the dead letter queue.
+    pub fn dead_reason(&self, id: MessageId) -> Option<DeadReason> {
+        self.dead.contains_key(&id).then(|| {
+            self.dead_reasons
+                .get(&id)
+                .copied()
+                .unwrap_or(DeadReason::Rejected)
+        })
+    }
+
+    /// A message left the queue (not for the dead letter queue's keeping): its expiry goes.
+    fn unexpire(&mut self, id: MessageId, entry: &Entry) {
+        if entry.expires_ms != 0 {
+            self.expiring.remove(&(entry.expires_ms, id));
+        }
+    }
+
+    /// A pull receiver takes up to `max` waiting messages, front first: each is invisible to
+    /// every other receiver and subscriber for `visibility_ms`, then waits again unless it was
+    /// deleted ([`QueueState::delete_received`]) or its visibility changed. Each receive
+    /// counts as a delivery; a durable message's count is written at once.
+    pub fn receive(&mut self, max: usize, visibility_ms: u64, now_ms: u64) -> Vec<Pulled> {
+        self.release_due(now_ms);
+        let mut pulled = Vec::new();
+        while pulled.len() < max {
+            let Some(id) = self.waiting.pop_front() else {
+                break;
+            };
+            if self.skip(id) {
+                continue;
+            }
+            let Some(entry) = self.messages.get_mut(&id) else {
+                continue;
+            };
+            if entry.place != Place::Waiting {
+                continue;
+            }
+            self.waiting_count -= 1;
+            let until_ms = now_ms + visibility_ms;
+            entry.place = Place::Received(until_ms);
+            entry.receives += 1;
+            self.invisible.insert((until_ms, id));
+            self.totals.delivered += 1;
+            pulled.push(Pulled {
+                id,
+                message: entry.message.clone(),
+                receives: entry.receives,
+            });
+            self.record_receives(id);
+        }
+        pulled
+    }
+
+    /// Writes a durable message's receive count (a new record of it), so that a restart
+    /// keeps it. Not waited on: a crash in between loses at most the count of this delivery.
+    fn record_receives(&mut self, id: MessageId) {
+        let entry = &self.messages[&id];
+        if entry.message.durability == Durability::None {
+            return;
+        }
+        let life = QueueState::life_of(entry);
+        let message = &entry.message;
+        let _ = self.store.record(Change::Published { id, message, life });
+    }
+
+    /// The entry of a message a pull receiver holds from its receive number `receives`.
+    fn received(&self, id: MessageId, receives: u32) -> Option<&Entry> {
+        let entry = self.messages.get(&id)?;
+        (matches!(entry.place, Place::Received(_)) && entry.receives == receives)
+            .then_some(&**entry)
+    }
+
+    /// A pull receiver deletes a message it received (its receive number `receives`): done,
+    /// as an ack. `NotHeld` if the message is not received under that number any more (its
+    /// visibility ran out, and perhaps it was received again).
+    pub fn delete_received(&mut self, id: MessageId, receives: u32) -> Result<Receipt, Refused> {
+        let Some(entry) = self.received(id, receives) else {
+            return Err(Refused::NotHeld);
+        };
+        let Place::Received(until_ms) = entry.place else {
+            unreachable!("received() checked the place");
+        };
+        self.invisible.remove(&(until_ms, id));
+        let entry = self.messages.remove(&id).expect("just found");
+        self.unexpire(id, &entry);
+        self.forget(&entry.message);
+        self.totals.acked += 1;
+        let receipt = self.store.record(Change::Acked(id));
+        self.dispatch();
+        Ok(receipt)
+    }
+
+    /// A pull receiver changes how long a message it received stays invisible: from now,
+    /// `visibility_ms` more (0: it waits again at once, at the back, as a failed delivery).
+    pub fn change_visibility(
+        &mut self,
+        id: MessageId,
+        receives: u32,
+        visibility_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), Refused> {
+        let Some(entry) = self.received(id, receives) else {
+            return Err(Refused::NotHeld);
+        };
+        let Place::Received(until_ms) = entry.place else {
+            unreachable!("received() checked the place");
+        };
+        self.invisible.remove(&(until_ms, id));
+        if visibility_ms == 0 {
+            self.delivery_failed(id);
+            self.dispatch();
+            return Ok(());
+        }
+        let until_ms = now_ms + visibility_ms;
+        self.invisible.insert((until_ms, id));
+        self.messages.get_mut(&id).expect("just found").place = Place::Received(until_ms);
+        Ok(())
+    }
+
+    /// Every received message whose visibility timeout has passed waits again (or goes to the
+    /// dead letter queue, if that was its last allowed delivery).
+    pub fn release_invisible(&mut self, now_ms: u64) {
+        while let Some(&(until_ms, id)) = self.invisible.first() {
+            if until_ms > now_ms {
+                break;
+            }
+            self.invisible.pop_first();
+            self.delivery_failed(id);
+        }
+        self.dispatch();
+    }
+
+    /// When the next received message becomes visible again (ms since 1970).
+    pub fn next_visible(&self) -> Option<u64> {
+        self.invisible.first().map(|&(until_ms, _)| until_ms)
+    }
+
+    /// Deletes every message in the queue whose expiry has passed, wherever it is (a holder
+    /// is told, as for `delmsg`). The dead letter queue keeps what it has.
+    pub fn expire_messages(&mut self, now_ms: u64) {
+        while let Some(&(expires_ms, id)) = self.expiring.first() {
+            if expires_ms > now_ms {
+                break;
+            }
+            let entry = self
+                .take(id, "deleted")
+                .expect("an expiring message is queued");
+            self.forget(&entry.message);
+            let _ = self.store.record(Change::Acked(id));
+        }
+        self.dispatch();
+    }
+
+    /// When the next message expires (ms since 1970).
+    pub fn next_expiring(&self) -> Option<u64> {
+        self.expiring.first().map(|&(expires_ms, _)| expires_ms)
     }
 
     /// The connection of `session` dropped without a logout. The session is saved for
@@ -532,8 +838,7 @@ impl QueueState {
             return Err(Refused::MoveNotDurable);
         }
         let entry = self.take(id, "movedtodlq").expect("just found");
-        let receipt = self.store.record(Change::DeadLettered(id));
-        self.dead.insert(id, entry.message);
+        let receipt = self.dead_letter(id, entry, DeadReason::Rejected);
         self.dispatch();
         Ok(receipt)
     }
@@ -541,6 +846,7 @@ impl QueueState {
     /// An administrator deletes a message from the dead letter queue.
     pub fn delete_dead_letter(&mut self, id: MessageId) -> Result<Receipt, Refused> {
         let message = self.dead.remove(&id).ok_or(Refused::NotFound)?;
+        self.dead_reasons.remove(&id);
         self.forget(&message);
         Ok(self.store.record(Change::Acked(id)))
     }
@@ -568,6 +874,9 @@ impl QueueState {
                     .remove(&id)
                     .expect("a waiting message is queued");
                 debug_assert_eq!(entry.place, Place::Waiting);
+                if entry.expires_ms != 0 {
+                    self.expiring.remove(&(entry.expires_ms, id));
+                }
                 forget(&entry.message);
                 gone.push(id);
             }
@@ -580,6 +889,9 @@ impl QueueState {
                     .messages
                     .remove(&id)
                     .expect("a delayed message is queued");
+                if entry.expires_ms != 0 {
+                    self.expiring.remove(&(entry.expires_ms, id));
+                }
                 forget(&entry.message);
                 gone.push(id);
             }
@@ -589,6 +901,8 @@ impl QueueState {
             self.skipped.clear();
             self.waiting_count = 0;
             self.delayed.clear();
+            self.invisible.clear();
+            self.expiring.clear();
             for (id, entry) in std::mem::take(&mut self.messages) {
                 if let Place::Held(session) = entry.place {
                     self.line.release(session, id);
@@ -603,6 +917,7 @@ impl QueueState {
                 forget(&message);
                 gone.push(id);
             }
+            self.dead_reasons.clear();
         }
         self.memory_used -= forgotten.0;
         self.durable_count -= forgotten.1;
@@ -656,8 +971,16 @@ impl QueueState {
             let Some(message) = self.dead.remove(&id) else {
                 continue;
             };
+            self.dead_reasons.remove(&id);
+            // A redriven message starts again: no receives counted, no expiry.
             let place = self.enqueue(id);
-            self.messages.insert(id, Box::new(Entry { message, place }));
+            let entry = Entry {
+                message,
+                place,
+                receives: 0,
+                expires_ms: 0,
+            };
+            self.messages.insert(id, Box::new(entry));
             receipt = receipt.and(self.store.record(Change::Redriven(id)));
             moved += 1;
         }
@@ -668,7 +991,12 @@ impl QueueState {
     /// Takes `id` out of the queue, wherever it is; a holder gets a `notice` and its slot back.
     fn take(&mut self, id: MessageId, notice: &str) -> Option<Entry> {
         let entry = *self.messages.remove(&id)?;
+        self.unexpire(id, &entry);
         match entry.place {
+            // Its receiver learns at its delete or visibility change, which then fails.
+            Place::Received(until_ms) => {
+                self.invisible.remove(&(until_ms, id));
+            }
             // Its id stays in `waiting` and is skipped when it comes up.
             Place::Waiting => {
                 self.waiting_count -= 1;
@@ -795,10 +1123,16 @@ impl QueueState {
             }
             self.waiting_count -= 1;
             entry.place = Place::Held(session);
+            entry.receives = entry.receives.saturating_add(1);
             let frame = entry.message.frame_for_delivery();
             let _ = self.store.record(Change::Delivered { id, session });
             self.line.hold(session, id, frame);
             self.totals.delivered += 1;
+            // Written only when the count can decide something: without max-receive-count,
+            // a pushed delivery writes nothing, as before the rules.
+            if self.rules.max_receive_count > 0 {
+                self.record_receives(id);
+            }
         }
     }
 }

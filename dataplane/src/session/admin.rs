@@ -19,7 +19,9 @@ use super::publisher::Publisher;
 use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response};
 use crate::engine::outbox::{outbox, Outbox};
-use crate::engine::{Anchor, Frames, Message, MessageId, Queue, Redrive, Refused, Scope};
+use crate::engine::{
+    Anchor, DeadReason, Frames, Message, MessageId, Queue, Redrive, Refused, Scope,
+};
 use crate::history;
 use crate::node::Node;
 use crate::store::Receipt;
@@ -244,9 +246,18 @@ impl Admin {
         let Some(id) = message_id(fields) else {
             return Reply::failure(Code::InvalidMessageId);
         };
-        match self.node.queue.get(id, matches!(shelf, Shelf::DeadLetter)) {
-            Some(message) => shown(id, &message),
-            None => Reply::failure(Code::InvalidMessageId),
+        let dead = matches!(shelf, Shelf::DeadLetter);
+        let Some(message) = self.node.queue.get(id, dead) else {
+            return Reply::failure(Code::InvalidMessageId);
+        };
+        let reply = shown(id, &message);
+        // Beyond the manual (README, "Delivery rules"): why it is dead-lettered, when it is
+        // not a nack or a movetodlq (what the manual's replies never needed to say).
+        match self.node.queue.dead_reason(id).filter(|_| dead) {
+            Some(reason) if reason != DeadReason::Rejected => {
+                reply.with("dlqreason", reason.name())
+            }
+            _ => reply,
         }
     }
 

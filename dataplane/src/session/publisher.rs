@@ -186,6 +186,8 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         publisher_key,
         delay_secs: delay.unwrap_or(0),
         durability: durability.unwrap_or_default(),
+        // The WebSocket publish has no expiration field yet: `message-retention-secs` applies.
+        expires_secs: 0,
     })
 }
 

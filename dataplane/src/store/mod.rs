@@ -13,16 +13,42 @@ pub use log::{LogOptions, LogStore, StorageMeter};
 pub use memory::MemoryStore;
 pub use meta::Meta;
 
-use crate::engine::{Message, MessageId, SessionId};
+use crate::engine::{DeadReason, Message, MessageId, SessionId};
+
+/// What a message's record says of it beyond the message itself (README, "Delivery rules").
+/// The default is a new message that waits: what every record said before these rules.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Life {
+    /// When a delayed message falls due (ms since 1970).
+    pub due_ms: Option<u64>,
+    /// When the message leaves the queue unhandled (ms since 1970).
+    pub expires_ms: Option<u64>,
+    /// Deliveries so far (WebSocket and SQS).
+    pub receives: u32,
+    /// In the dead letter queue, and why.
+    pub dead: Option<DeadReason>,
+}
+
+impl Life {
+    /// A new message due at `due_ms` (None: it waits at once).
+    pub fn due(due_ms: Option<u64>) -> Life {
+        Life {
+            due_ms,
+            ..Life::default()
+        }
+    }
+}
 
 /// One change to the queue's messages.
 #[derive(Debug)]
 pub enum Change<'a> {
-    /// A new message entered the queue; `due_ms` is when a delayed one falls due.
+    /// A new message entered the queue, or a message's record is written again because what
+    /// `life` says changed (a receive counted, a move to the dead letter queue with its
+    /// reason): the latest record of a message replaces the ones before.
     Published {
         id: MessageId,
         message: &'a Message,
-        due_ms: Option<u64>,
+        life: Life,
     },
     /// A subscriber was given a message to hold.
     Delivered { id: MessageId, session: SessionId },

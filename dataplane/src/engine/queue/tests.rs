@@ -405,6 +405,9 @@ struct RecordingStore(Arc<Mutex<Vec<String>>>);
 impl Store for RecordingStore {
     fn record(&mut self, change: Change<'_>) -> Receipt {
         let line = match change {
+            Change::Published { id, life, .. } if life.receives > 0 || life.dead.is_some() => {
+                format!("rewritten {id} receives {}", life.receives)
+            }
             Change::Published { id, .. } => format!("published {id}"),
             Change::Delivered { id, .. } => format!("delivered {id}"),
             Change::Acked(id) => format!("acked {id}"),
@@ -968,4 +971,299 @@ fn ids_taken_from_the_waiting_line_do_not_pile_up_in_it_with_nobody_subscribed()
     let ids: Vec<MessageId> = sub.received().into_iter().map(|(_, id)| id).collect();
     assert_eq!(ids, [&kept[..], &dead[..3]].concat());
     assert_eq!(q.waiting_count(), 0);
+}
+
+// ---- the delivery rules (README, "Delivery rules") ------------------------------------------
+
+const VISIBILITY_MS: u64 = 30_000;
+
+fn rules(max_receive_count: u32, retention_secs: u64) -> Rules {
+    Rules {
+        max_receive_count,
+        retention_secs,
+    }
+}
+
+/// The ids of what a pull receiver got.
+fn pulled_ids(pulled: &[Pulled]) -> Vec<MessageId> {
+    pulled.iter().map(|p| p.id).collect()
+}
+
+#[test]
+fn a_received_message_is_invisible_until_its_timeout_then_waits_again_counted() {
+    let mut q = queue();
+    let m1 = publish(&mut q, "m1");
+    let m2 = publish(&mut q, "m2");
+    let first = q.receive(10, VISIBILITY_MS, T0);
+    assert_eq!(pulled_ids(&first), [m1, m2]);
+    assert_eq!(first[0].receives, 1);
+    assert!(q.receive(10, VISIBILITY_MS, T0 + 1).is_empty(), "invisible");
+    assert_eq!(q.counts().unacknowledged, 2, "in flight");
+    assert_eq!(q.next_visible(), Some(T0 + VISIBILITY_MS));
+    // A subscriber joining meanwhile gets nothing either.
+    let mut sub = Sub::join(&mut q, 5);
+    assert!(sub.bodies().is_empty());
+    // Just before the timeout nothing changes; at it, both wait again and go to the
+    // subscriber with room, each now received twice.
+    q.release_invisible(T0 + VISIBILITY_MS - 1);
+    assert!(sub.bodies().is_empty());
+    q.release_invisible(T0 + VISIBILITY_MS);
+    assert_eq!(sub.bodies(), ["m1", "m2"]);
+    assert_eq!(q.messages[&m1].receives, 2);
+    assert_eq!(q.next_visible(), None);
+}
+
+#[test]
+fn a_receive_takes_at_most_max_and_a_delete_needs_the_latest_receive() {
+    let mut q = queue();
+    let ids: Vec<MessageId> = (0..5).map(|n| publish(&mut q, &format!("m{n}"))).collect();
+    let pulled = q.receive(3, VISIBILITY_MS, T0);
+    assert_eq!(pulled_ids(&pulled), ids[..3]);
+    // The receive count names the receive: after a timeout and a second receive, the first
+    // receive's handle no longer deletes it.
+    q.release_invisible(T0 + VISIBILITY_MS);
+    let again = q.receive(5, VISIBILITY_MS, T0 + VISIBILITY_MS);
+    assert_eq!(pulled_ids(&again), [ids[3], ids[4], ids[0], ids[1], ids[2]]);
+    assert_eq!(q.delete_received(ids[0], 1).unwrap_err(), Refused::NotHeld);
+    let _ = q.delete_received(ids[0], 2).unwrap();
+    assert_eq!(q.delete_received(ids[0], 2).unwrap_err(), Refused::NotHeld);
+    assert_eq!(q.message_count(), 4);
+    assert_eq!(q.totals().acked, 1);
+    assert_eq!(q.totals().delivered, 8);
+}
+
+#[test]
+fn a_visibility_change_moves_the_timeout_and_zero_makes_it_wait_at_once() {
+    let mut q = queue();
+    let m1 = publish(&mut q, "m1");
+    let m2 = publish(&mut q, "m2");
+    let _ = q.receive(2, VISIBILITY_MS, T0);
+    q.change_visibility(m1, 1, 120_000, T0 + 10_000).unwrap();
+    assert_eq!(q.next_visible(), Some(T0 + VISIBILITY_MS), "m2's");
+    q.release_invisible(T0 + VISIBILITY_MS);
+    assert_eq!(
+        pulled_ids(&q.receive(10, VISIBILITY_MS, T0 + VISIBILITY_MS)),
+        [m2]
+    );
+    assert_eq!(
+        q.next_visible(),
+        Some(T0 + 2 * VISIBILITY_MS),
+        "m2's second"
+    );
+    q.change_visibility(m1, 1, 0, T0 + 40_000).unwrap();
+    assert_eq!(pulled_ids(&q.receive(10, VISIBILITY_MS, T0 + 40_000)), [m1]);
+    assert_eq!(
+        q.change_visibility(m1, 1, 1000, T0 + 40_000).unwrap_err(),
+        Refused::NotHeld,
+        "an old receive's handle"
+    );
+}
+
+#[test]
+fn without_max_receive_count_a_message_comes_back_however_often_it_fails() {
+    let mut q = queue();
+    let m = publish(&mut q, "poison");
+    for round in 1..=20u64 {
+        let pulled = q.receive(1, VISIBILITY_MS, T0 + round * VISIBILITY_MS);
+        assert_eq!(pulled_ids(&pulled), [m]);
+        q.release_invisible(T0 + (round + 1) * VISIBILITY_MS);
+    }
+    assert_eq!(q.messages[&m].receives, 20);
+    assert_eq!(q.dead_letter_count(), 0);
+}
+
+#[test]
+fn the_last_allowed_receive_that_times_out_sends_the_message_to_the_dead_letter_queue() {
+    let mut q = queue();
+    q.set_rules(rules(3, 0));
+    let m = publish(&mut q, "poison");
+    for round in 0..3u64 {
+        let at = T0 + round * VISIBILITY_MS;
+        let pulled = q.receive(1, VISIBILITY_MS, at);
+        assert_eq!(pulled_ids(&pulled), [m]);
+        assert_eq!(pulled[0].receives as u64, round + 1);
+        assert_eq!(q.dead_letter_count(), 0, "round {round}");
+        q.release_invisible(at + VISIBILITY_MS);
+    }
+    // The third receive timed out: no fourth.
+    assert_eq!(q.dead_letter_count(), 1);
+    assert_eq!(q.dead_reason(m), Some(DeadReason::MaxReceives));
+    assert!(q
+        .receive(10, VISIBILITY_MS, T0 + 10 * VISIBILITY_MS)
+        .is_empty());
+}
+
+#[test]
+fn a_poison_message_that_ends_its_subscribers_sessions_is_capped_too() {
+    let mut q = queue();
+    q.set_rules(rules(2, 0));
+    let m = publish(&mut q, "poison");
+    let mut first = Sub::join(&mut q, 1);
+    assert_eq!(first.bodies(), ["poison"]);
+    q.leave(first.session);
+    let mut second = Sub::join(&mut q, 1);
+    assert_eq!(second.bodies(), ["poison"]);
+    assert_eq!(q.dead_letter_count(), 0);
+    q.leave(second.session);
+    assert_eq!(q.dead_letter_count(), 1);
+    assert_eq!(q.dead_reason(m), Some(DeadReason::MaxReceives));
+    // A nack is a rejection, whatever the count.
+    let n = publish(&mut q, "rejected");
+    let third = Sub::join(&mut q, 1);
+    let _ = q.nack(third.session, n).unwrap();
+    assert_eq!(q.dead_reason(n), Some(DeadReason::Rejected));
+    // A redrive starts the count again.
+    let (moved, _) = q.redrive(&[m]);
+    assert_eq!(moved, 1);
+    assert_eq!(q.dead_reason(m), None);
+    assert_eq!(q.messages[&m].receives, 1, "delivered to the third at once");
+}
+
+#[test]
+fn a_durability_0_message_past_its_last_receive_is_deleted_as_it_cannot_be_dead_lettered() {
+    let mut q = queue();
+    q.set_rules(rules(1, 0));
+    let new = NewMessage {
+        durability: Durability::None,
+        ..text("volatile")
+    };
+    let _ = q.publish(&new, T0).unwrap();
+    let _ = q.receive(1, VISIBILITY_MS, T0);
+    q.release_invisible(T0 + VISIBILITY_MS);
+    assert_eq!(q.message_count(), 0);
+    assert_eq!(q.memory_used(), 0);
+}
+
+#[test]
+fn retention_deletes_a_message_still_in_the_queue_wherever_it_is_and_a_holder_is_told() {
+    let mut q = queue();
+    q.set_rules(rules(0, 60));
+    let waiting = publish(&mut q, "waiting");
+    let held = publish(&mut q, "held");
+    let received = publish(&mut q, "received");
+    let delayed_one = delayed(&mut q, "delayed");
+    let dead_one = dead(&mut q, "dead");
+    // Published before the retention: kept until handled.
+    q.set_rules(rules(0, 0));
+    let kept = publish(&mut q, "kept");
+    q.set_rules(rules(0, 60));
+    let _ = q.delete(waiting); // out of the way, so the subscriber takes `held`
+    let waiting = publish(&mut q, "waiting");
+    let mut sub = Sub::join(&mut q, 1);
+    assert_eq!(sub.bodies(), ["held"]);
+    // `received` is at the front now, then `kept`, then `waiting`.
+    let pulled = q.receive(1, 600_000, T0);
+    assert_eq!(pulled_ids(&pulled), [received]);
+    assert_eq!(q.next_expiring(), Some(T0 + 60_000));
+    q.expire_messages(T0 + 59_999);
+    assert_eq!(q.message_count(), 6);
+    q.expire_messages(T0 + 60_000);
+    // The holder is told, and its slot is free again at once: `kept` follows.
+    let frames = frames_of(&mut sub);
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert_eq!(frames[0]["deleted"], true, "{frames:?}");
+    assert_eq!(frames[0]["id"], held.to_string());
+    assert_eq!(frames[1]["body"], "kept");
+    for gone in [held, received, delayed_one, waiting] {
+        assert!(q.get(gone, false).is_none(), "{gone}");
+    }
+    assert!(q.get(kept, false).is_some());
+    assert!(
+        q.get(dead_one, true).is_some(),
+        "the dead letter queue keeps its messages"
+    );
+    assert_eq!(q.message_count(), 2);
+    assert_eq!(q.next_expiring(), None);
+    assert!(q.invisible.is_empty());
+}
+
+#[test]
+fn a_messages_own_expiry_counts_when_it_is_sooner_than_the_retention() {
+    let mut q = queue();
+    q.set_rules(rules(0, 3600));
+    let soon = NewMessage {
+        expires_secs: 10,
+        ..text("soon")
+    };
+    let late = NewMessage {
+        expires_secs: 7200,
+        ..text("late")
+    };
+    let (soon, _) = q.publish(&soon, T0).unwrap();
+    let (late, _) = q.publish(&late, T0).unwrap();
+    q.expire_messages(T0 + 10_000);
+    assert!(q.get(soon, false).is_none());
+    q.expire_messages(T0 + 3_599_999);
+    assert!(q.get(late, false).is_some());
+    q.expire_messages(T0 + 3_600_000);
+    assert!(q.get(late, false).is_none(), "the retention came first");
+}
+
+#[test]
+fn a_restart_makes_received_messages_visible_with_their_counts_and_ends_the_expired() {
+    let mut q = queue();
+    let recovered = |n: u128, receives, expires_ms| RecoveredMessage {
+        id: MessageId(uuid::Uuid::from_u128(n)),
+        durability: Durability::Eventual,
+        dead: false,
+        delay_secs: 0,
+        due_ms: None,
+        recdat: T0 / 1000,
+        receives,
+        expires_ms,
+        dead_reason: DeadReason::Rejected,
+        frame: Arc::from(format!(r#"{{"id":"x","type":1,"body":"b{n}","recdat":1}}"#).as_bytes()),
+    };
+    q.restore(
+        vec![
+            recovered(1, 4, None),
+            recovered(2, 0, Some(T0 - 1)),
+            recovered(3, 1, Some(T0 + 1000)),
+        ],
+        T0,
+    );
+    let pulled = q.receive(10, VISIBILITY_MS, T0);
+    let counts: Vec<(u128, u32)> = pulled
+        .iter()
+        .map(|p| (p.id.0.as_u128(), p.receives))
+        .collect();
+    assert_eq!(counts, [(1, 5), (3, 2)], "the expired one is gone");
+    assert_eq!(q.next_expiring(), Some(T0 + 1000));
+}
+
+#[test]
+fn the_rules_write_receive_counts_only_where_they_decide_something() {
+    let store = RecordingStore::default();
+    let mut q = QueueState::new(Box::new(store.clone()), roomy());
+    let m1 = publish(&mut q, "m1");
+    let a = Sub::join(&mut q, 1);
+    let _ = q.ack(a.session, m1).unwrap();
+    // A push writes nothing; a pull receive writes the count at once; with
+    // max-receive-count, so does a push.
+    let m2 = publish(&mut q, "m2");
+    q.leave(a.session);
+    let m3 = publish(&mut q, "m3");
+    let _ = q.receive(2, VISIBILITY_MS, T0);
+    q.set_rules(rules(5, 0));
+    let b = Sub::join(&mut q, 1);
+    let m4 = publish(&mut q, "m4");
+    let _ = b;
+    let log = store.0.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            format!("published {m1}"),
+            format!("delivered {m1}"),
+            format!("acked {m1}"),
+            format!("published {m2}"),
+            format!("delivered {m2}"),
+            format!("returned {m2}"),
+            format!("published {m3}"),
+            format!("rewritten {m2} receives 2"),
+            format!("rewritten {m3} receives 1"),
+            format!("published {m4}"),
+            format!("delivered {m4}"),
+            format!("rewritten {m4} receives 1"),
+        ]
+    );
 }

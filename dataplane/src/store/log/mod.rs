@@ -396,22 +396,22 @@ impl Store for LogStore {
         let mut state = self.shared.lock();
         let compaction_was_due = state.compaction_due;
         let (lsn, durability) = match change {
-            Change::Published {
-                id,
-                message,
-                due_ms,
-            } => {
+            Change::Published { id, message, life } => {
                 let record = MessageRecord {
                     id,
                     durability: message.durability as u8,
-                    dead: false,
+                    dead: life.dead.is_some(),
                     delay_secs: message.delay_secs,
-                    due_ms: due_ms.unwrap_or(0),
+                    due_ms: life.due_ms.unwrap_or(0),
                     recdat: message.recdat as u64,
+                    receives: life.receives,
+                    expires_ms: life.expires_ms.unwrap_or(0),
+                    dead_reason: life.dead.unwrap_or_default() as u8,
                     frame: &message.frame,
                 };
                 let (segment, lsn, len) = state.append(|out| encode_message(out, &record));
-                let live = Live::new(segment, len, false, message.durability);
+                // The record says it all: whatever marks came before, this replaces them.
+                let live = Live::new(segment, len, record.dead, message.durability);
                 state.index.remember(id, live);
                 (lsn, message.durability)
             }

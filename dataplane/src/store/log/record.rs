@@ -26,6 +26,9 @@ pub const HEADER_LEN: usize = 8;
 pub const MAX_RECORD_LEN: usize = 64 << 20;
 /// Fixed bytes of a message record's payload before its frame.
 const MESSAGE_FIXED_LEN: usize = 16 + 1 + 1 + 4 + 8 + 8;
+/// What a [`Kind::MessageLife`] record adds before its frame: the receive count, the
+/// expiry, and the dead letter reason.
+const LIFE_LEN: usize = 4 + 8 + 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -45,6 +48,11 @@ pub enum Kind {
     Purged = 5,
     /// The message moved from the dead letter queue back to the queue (a redrive).
     Redriven = 6,
+    /// A message, in full, with what the delivery rules keep of it (README, "Delivery
+    /// rules"): a [`Kind::Message`] record's fields, then `[receives: u32][expires_ms: u64]
+    /// [dead reason: u8]`, then the frame. Written only when one of them is not zero, so a
+    /// queue that uses none of the rules writes what it always did.
+    MessageLife = 7,
 }
 
 impl Kind {
@@ -57,6 +65,7 @@ impl Kind {
             4 => Some(Kind::RemovedFrom),
             5 => Some(Kind::Purged),
             6 => Some(Kind::Redriven),
+            7 => Some(Kind::MessageLife),
             _ => None,
         }
     }
@@ -72,19 +81,41 @@ pub struct MessageRecord<'a> {
     /// When a delayed message falls due (ms since 1970); 0 when it is not delayed.
     pub due_ms: u64,
     pub recdat: u64,
+    /// Deliveries so far.
+    pub receives: u32,
+    /// When the message expires (ms since 1970); 0 when it does not.
+    pub expires_ms: u64,
+    /// Why it is dead-lettered ([`crate::engine::DeadReason`]); 0 when it is not, or rejected.
+    pub dead_reason: u8,
     /// The frame a subscriber receives.
     pub frame: &'a [u8],
 }
 
+impl MessageRecord<'_> {
+    /// Whether the record needs [`Kind::MessageLife`] to say everything (and so is one).
+    pub fn has_life(&self) -> bool {
+        self.receives != 0 || self.expires_ms != 0 || self.dead_reason != 0
+    }
+}
+
 /// Appends a message record to `out`; returns its length.
 pub fn encode_message(out: &mut Vec<u8>, record: &MessageRecord<'_>) -> usize {
-    let start = begin(out, Kind::Message);
+    let kind = match record.has_life() {
+        true => Kind::MessageLife,
+        false => Kind::Message,
+    };
+    let start = begin(out, kind);
     out.extend_from_slice(record.id.0.as_bytes());
     out.push(record.durability);
     out.push(record.dead as u8);
     out.extend_from_slice(&record.delay_secs.to_le_bytes());
     out.extend_from_slice(&record.due_ms.to_le_bytes());
     out.extend_from_slice(&record.recdat.to_le_bytes());
+    if kind == Kind::MessageLife {
+        out.extend_from_slice(&record.receives.to_le_bytes());
+        out.extend_from_slice(&record.expires_ms.to_le_bytes());
+        out.push(record.dead_reason);
+    }
     out.extend_from_slice(record.frame);
     finish(out, start)
 }
@@ -300,18 +331,30 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
                 held_in: HeldIn(segments),
             })
         }
-        Kind::Message => {
-            // Durability 1 or 2 (0 is never written), a flag, and a frame that is a JSON
-            // object.
-            let well_formed = payload.len() > MESSAGE_FIXED_LEN
+        kind @ (Kind::Message | Kind::MessageLife) => {
+            let frame_at = match kind {
+                Kind::MessageLife => MESSAGE_FIXED_LEN + LIFE_LEN,
+                _ => MESSAGE_FIXED_LEN,
+            };
+            // Durability 1 or 2 (0 is never written), a flag, a known dead letter reason,
+            // and a frame that is a JSON object.
+            let well_formed = payload.len() > frame_at
                 && matches!(payload[16], 1 | 2)
                 && payload[17] <= 1
-                && payload[MESSAGE_FIXED_LEN] == b'{';
+                && payload[frame_at] == b'{';
             if !well_formed {
                 return None;
             }
             let u32_at = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().unwrap());
             let u64_at = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap());
+            let (receives, expires_ms, dead_reason) = match kind {
+                Kind::MessageLife => {
+                    let at = MESSAGE_FIXED_LEN;
+                    (u32_at(at), u64_at(at + 4), payload[at + 12])
+                }
+                _ => (0, 0, 0),
+            };
+            crate::engine::DeadReason::from_byte(dead_reason)?;
             Some(Record::Message(MessageRecord {
                 id: id_of(payload)?,
                 durability: payload[16],
@@ -319,7 +362,10 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
                 delay_secs: u32_at(18),
                 due_ms: u64_at(22),
                 recdat: u64_at(30),
-                frame: &payload[MESSAGE_FIXED_LEN..],
+                receives,
+                expires_ms,
+                dead_reason,
+                frame: &payload[frame_at..],
             }))
         }
     }
@@ -346,8 +392,49 @@ mod tests {
             delay_secs: 60,
             due_ms: 1_794_233_093_000,
             recdat: 1_794_233_033,
+            receives: 0,
+            expires_ms: 0,
+            dead_reason: 0,
             frame,
         }
+    }
+
+    #[test]
+    fn a_message_with_life_reads_back_whole_and_one_without_is_written_as_before() {
+        let plain = message(1, b"{\"body\":\"a\"}");
+        let mut out = Vec::new();
+        let len = encode_message(&mut out, &plain);
+        assert_eq!(
+            out[HEADER_LEN],
+            Kind::Message as u8,
+            "no life: the old kind"
+        );
+        assert_eq!(len, HEADER_LEN + 1 + MESSAGE_FIXED_LEN + 12);
+        let lived = MessageRecord {
+            dead: true,
+            receives: 3,
+            expires_ms: 1_794_233_999_000,
+            dead_reason: 1,
+            ..message(2, b"{\"body\":\"b\"}")
+        };
+        let at = out.len();
+        encode_message(&mut out, &lived);
+        assert_eq!(out[at + HEADER_LEN], Kind::MessageLife as u8);
+        match read_at(&out, 0) {
+            Read::Sound { record, .. } => assert_eq!(record, Record::Message(plain)),
+            other => panic!("{other:?}"),
+        }
+        match read_at(&out, at) {
+            Read::Sound { record, .. } => assert_eq!(record, Record::Message(lived)),
+            other => panic!("{other:?}"),
+        }
+        // An unknown dead letter reason is no record.
+        let mut bad = out[at..].to_vec();
+        let reason_at = HEADER_LEN + 1 + MESSAGE_FIXED_LEN + 12;
+        bad[reason_at] = 9;
+        let body = bad[HEADER_LEN..].to_vec();
+        bad[4..8].copy_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        assert!(!matches!(read_at(&bad, 0), Read::Sound { .. }));
     }
 
     /// Three records: a message, a removal, a dead-lettering; with their offsets.

@@ -3,7 +3,7 @@
 use super::index::{Index, Live};
 use super::record::{all_zeros, read_at, Read, Record};
 use super::segment_path;
-use crate::engine::{Durability, IdMap, MessageId};
+use crate::engine::{DeadReason, Durability, IdMap, MessageId};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
@@ -19,6 +19,12 @@ pub struct RecoveredMessage {
     /// When a delayed message falls due (ms since 1970).
     pub due_ms: Option<u64>,
     pub recdat: u64,
+    /// Deliveries so far (kept by the delivery rules; 0 in a record without them).
+    pub receives: u32,
+    /// When it expires (ms since 1970).
+    pub expires_ms: Option<u64>,
+    /// Why it is dead-lettered, when it is.
+    pub dead_reason: DeadReason,
     pub frame: Arc<[u8]>,
 }
 
@@ -161,6 +167,9 @@ fn apply(
                     delay_secs: record.delay_secs as u64,
                     due_ms: (record.due_ms != 0).then_some(record.due_ms),
                     recdat: record.recdat,
+                    receives: record.receives,
+                    expires_ms: (record.expires_ms != 0).then_some(record.expires_ms),
+                    dead_reason: DeadReason::from_byte(record.dead_reason).unwrap_or_default(),
                     frame: Arc::from(record.frame),
                 },
             );
@@ -184,6 +193,8 @@ fn apply(
             if let Some(message) = messages.get_mut(&id) {
                 message.dead = false;
                 message.due_ms = None;
+                message.receives = 0;
+                message.dead_reason = DeadReason::Rejected;
             }
             if let Some(live) = index.live.get_mut(&id) {
                 live.mark_redriven();
@@ -194,6 +205,7 @@ fn apply(
         Record::DeadLettered(id) => {
             if let Some(message) = messages.get_mut(&id) {
                 message.dead = true;
+                message.dead_reason = DeadReason::Rejected;
             }
             if let Some(live) = index.live.get_mut(&id) {
                 live.mark_dead();

@@ -7,7 +7,7 @@ use super::record::{
     Record,
 };
 use super::{segment_path, Shared, State};
-use crate::engine::MessageId;
+use crate::engine::{IdMap, MessageId};
 use std::fs::File;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -234,12 +234,19 @@ fn copy_live(shared: &Shared, segment: u32) -> std::io::Result<()> {
     shared
         .bytes_read
         .fetch_add(read, std::sync::atomic::Ordering::Relaxed);
+    let rewritten = last_rewrites(&bytes);
     let mut offset = 0;
     while offset < bytes.len() {
         let mut state = shared.lock();
         let mut step = 0;
         while offset < bytes.len() && step < COMPACTION_STEP_BYTES {
             let len = match read_at(&bytes, offset) {
+                // An earlier record of a message written again further on in this segment
+                // (the delivery rules' rewrites): the later one is its latest.
+                Read::Sound {
+                    record: Record::Message(message),
+                    len,
+                } if rewritten.get(&message.id).is_some_and(|&at| at > offset) => len,
                 Read::Sound { record, len } => {
                     step += carry(&mut state, segment, record);
                     len
@@ -253,6 +260,31 @@ fn copy_live(shared: &Shared, segment: u32) -> std::io::Result<()> {
         shared.write_pending();
     }
     Ok(())
+}
+
+/// Where in `bytes` (a segment) each message written again by the delivery rules has its last
+/// record: the index knows a message's latest record by segment only, and only a rewrite (a
+/// [`Kind::MessageLife`] record) puts two records of one message in one segment. (A
+/// compaction copy goes to another segment than the one it copies from, and a publish is a
+/// message's first record.)
+fn last_rewrites(bytes: &[u8]) -> IdMap<MessageId, usize> {
+    let mut last = IdMap::default();
+    let mut offset = 0;
+    while offset < bytes.len() {
+        offset += match read_at(bytes, offset) {
+            Read::Sound { record, len } => {
+                if let Record::Message(message) = record {
+                    if message.has_life() {
+                        last.insert(message.id, offset);
+                    }
+                }
+                len
+            }
+            Read::Damaged { len } => len,
+            Read::Unfinished | Read::End => bytes.len() - offset,
+        };
+    }
+    last
 }
 
 /// Appends `record` of `segment` again if it still matters when `segment` goes; returns the
@@ -312,12 +344,23 @@ fn copy_if_live(state: &mut State, segment: u32, record: &MessageRecord<'_>) -> 
     if live.segment != segment {
         return 0;
     }
+    // Marks since the record (a dead-letter mark, a redrive) changed what it says: a
+    // redriven message waits, whatever its old due time said, and starts its receives again;
+    // a mark puts a message in the dead letter queue as rejected.
+    let marked = live.undelayed() || live.dead() != record.dead;
     let copy = MessageRecord {
         dead: live.dead(),
-        // A redriven message waits, whatever its old due time said.
         due_ms: match live.undelayed() {
             true => 0,
             false => record.due_ms,
+        },
+        receives: match live.undelayed() {
+            true => 0,
+            false => record.receives,
+        },
+        dead_reason: match marked || !live.dead() {
+            true => 0,
+            false => record.dead_reason,
         },
         ..record.clone()
     };

@@ -4,6 +4,7 @@
 use super::*;
 use crate::engine::ids::IdGenerator;
 use crate::engine::{Message, MessageId, NewMessage};
+use crate::store::Life;
 use std::fs::OpenOptions;
 use std::time::Duration;
 
@@ -48,7 +49,7 @@ fn publish(store: &mut LogStore, m: &Msg) -> Receipt {
     store.record(Change::Published {
         id: m.id,
         message: &m.message,
-        due_ms: None,
+        life: Life::default(),
     })
 }
 
@@ -108,7 +109,7 @@ async fn what_is_recorded_comes_back_after_a_reopen() {
         let receipt = store.record(Change::Published {
             id: delayed.id,
             message: &delayed.message,
-            due_ms: Some(NOW_MS + 5000),
+            life: Life::due(Some(NOW_MS + 5000)),
         });
         assert!(matches!(receipt, Receipt::Written(_)));
         receipt.wait().await.unwrap();
@@ -587,7 +588,7 @@ async fn a_redriven_message_comes_back_waiting_through_compaction() {
         let published = store.record(Change::Published {
             id: m.id,
             message: &m.message,
-            due_ms: Some(NOW_MS + 3_600_000),
+            life: Life::due(Some(NOW_MS + 3_600_000)),
         });
         published.wait().await.unwrap();
         while keepers && store.shared.lock().active == 1 {
@@ -645,4 +646,101 @@ fn a_redrive_clears_the_dead_flag_and_keeps_the_rest() {
         (44, true, false)
     );
     assert!(!Live::new(3, 40, false, Durability::Eventual).undelayed());
+}
+
+/// What the delivery rules keep of a message (README, "Delivery rules"): its receive count,
+/// its expiry and why it is dead-lettered come back after a restart, and after compaction has
+/// copied its record; a redrive starts its count again.
+#[tokio::test]
+async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_compaction() {
+    use crate::engine::DeadReason;
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let segment_bytes = 4 << 10;
+    let (mut store, _) = open(dir.path(), segment_bytes);
+    let counted = message(&mut ids, "counted", Durability::Eventual);
+    let capped = message(&mut ids, "capped", Durability::Immediate);
+    let redriven = message(&mut ids, "redriven", Durability::Eventual);
+    let expires_ms = Some(NOW_MS + 60_000);
+    for m in [&counted, &capped, &redriven] {
+        let life = Life {
+            expires_ms,
+            ..Life::default()
+        };
+        let published = Change::Published {
+            id: m.id,
+            message: &m.message,
+            life,
+        };
+        store.record(published).wait().await.unwrap();
+    }
+    fn rewrite(
+        m: &Msg,
+        expires_ms: Option<u64>,
+        receives: u32,
+        dead: Option<DeadReason>,
+    ) -> Change<'_> {
+        Change::Published {
+            id: m.id,
+            message: &m.message,
+            life: Life {
+                expires_ms,
+                receives,
+                dead,
+                ..Life::default()
+            },
+        }
+    }
+    let counted_change = rewrite(&counted, expires_ms, 3, None);
+    store.record(counted_change).wait().await.unwrap();
+    let capped_change = rewrite(&capped, expires_ms, 5, Some(DeadReason::MaxReceives));
+    store.record(capped_change).wait().await.unwrap();
+    let redriven_change = rewrite(&redriven, expires_ms, 2, Some(DeadReason::MaxReceives));
+    store.record(redriven_change).wait().await.unwrap();
+    store
+        .record(Change::Redriven(redriven.id))
+        .wait()
+        .await
+        .unwrap();
+    let check = |recovered: &Recovered| {
+        let by_body = |body: &str| {
+            recovered
+                .messages
+                .iter()
+                .find(|m| String::from_utf8_lossy(&m.frame).contains(body))
+                .unwrap_or_else(|| panic!("{body} recovered"))
+                .clone()
+        };
+        let counted = by_body("\"counted\"");
+        assert_eq!((counted.receives, counted.dead), (3, false));
+        assert_eq!(counted.expires_ms, expires_ms);
+        let capped = by_body("\"capped\"");
+        assert_eq!((capped.receives, capped.dead), (5, true));
+        assert_eq!(capped.dead_reason, DeadReason::MaxReceives);
+        let redriven = by_body("\"redriven\"");
+        assert_eq!((redriven.receives, redriven.dead), (0, false));
+        assert_eq!(redriven.dead_reason, DeadReason::Rejected);
+    };
+    drop(store);
+    let (mut store, recovered) = open(dir.path(), segment_bytes);
+    check(&recovered);
+    // Enough traffic to compact the segment the three live in: their records are copied.
+    for i in 0..400 {
+        let m = message(
+            &mut ids,
+            &format!("churn {i} {}", "x".repeat(100)),
+            Durability::Eventual,
+        );
+        publish(&mut store, &m).wait().await.unwrap();
+        store.record(Change::Acked(m.id)).wait().await.unwrap();
+    }
+    settles_below(&store, dir.path(), 4 * segment_bytes).await;
+    assert!(
+        !segment_path(dir.path(), 1).exists(),
+        "the first segment was compacted away"
+    );
+    drop(store);
+    let (_store, recovered) = open(dir.path(), segment_bytes);
+    assert_eq!(recovered.messages.len(), 3);
+    check(&recovered);
 }

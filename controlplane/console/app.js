@@ -776,6 +776,7 @@ const SETTING_RANGES = {
   "stats-frequency-secs": "300 to 3600", "stats-retention-period-yrs": "1 to 10",
   "usage-frequency-secs": "1800 to 86400", "usage-retention-period-yrs": "1 to 20",
   "max-receive-count": "0 (unlimited) to 1000", "message-retention-secs": "0 (until handled) to 1209600",
+  "visibility-timeout-secs": "0 to 43200",
 };
 
 // ---- monitoring --------------------------------------------------------------------------

@@ -76,6 +76,13 @@ pub struct Flags {
     /// taking a byte before its client counts as not reading (default 30).
     #[arg(long, hide = true)]
     pub write_stall_secs: Option<u64>,
+    /// Serve the SQS face (docs/sqs.md) on this address too; port 0 picks a free one.
+    #[arg(long)]
+    pub sqs_listen: Option<SocketAddr>,
+    /// An SQS access key, ROLE:ACCESS_KEY_ID:SECRET, repeatable (a lone node's; the control
+    /// plane's nodes get theirs from it).
+    #[arg(long, value_name = "ROLE:ACCESS_KEY_ID:SECRET")]
+    pub sqs_key: Vec<String>,
 }
 
 /// The TOML file. Every field is optional here; the flags may supply what it lacks.
@@ -245,6 +252,15 @@ pub struct Config {
     /// Stats and usage records this often instead of at their frequency settings (dev and
     /// tests).
     pub record_every: RecordEvery,
+    /// Where the SQS face listens, and its keys; None: not served.
+    pub sqs: Option<SqsConfig>,
+}
+
+/// The SQS face's listener and access keys.
+#[derive(Debug, Clone)]
+pub struct SqsConfig {
+    pub listen: SocketAddr,
+    pub keys: Vec<crate::sqs::SqsKey>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -400,7 +416,24 @@ impl Config {
         {
             return Err(invalid("stats_record_secs is 1 to 300"));
         }
+        let sqs_keys = flags
+            .sqs_key
+            .iter()
+            .map(|text| {
+                crate::sqs::SqsKey::parse(text)
+                    .ok_or_else(|| invalid("--sqs-key takes ROLE:ACCESS_KEY_ID:SECRET"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let sqs = match flags.sqs_listen {
+            Some(listen) => Some(SqsConfig {
+                listen,
+                keys: sqs_keys,
+            }),
+            None if sqs_keys.is_empty() => None,
+            None => return Err(invalid("--sqs-key needs --sqs-listen")),
+        };
         Ok(Config {
+            sqs,
             live_stats_every: Duration::from_secs(live_stats_secs),
             record_every: RecordEvery {
                 stats_secs: file.stats_record_secs,

@@ -36,5 +36,6 @@ pub mod node;
 pub mod report;
 pub mod server;
 pub mod session;
+pub mod sqs;
 pub mod store;
 pub mod traffic;

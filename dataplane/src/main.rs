@@ -7,6 +7,7 @@ use dataplane::config::{Config, ConfigError, Flags, Transport};
 use dataplane::node::Node;
 use dataplane::report::{self, Reporter};
 use dataplane::server::Server;
+use dataplane::sqs::Sqs;
 use qe_shared::node_channel::{DesiredConfig, NodeTls};
 use qe_tls::Certificate;
 use std::io::{IsTerminal, Write};
@@ -129,6 +130,20 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let sqs_listener = match &config.sqs {
+        Some(sqs) => match dataplane::sqs::bind(sqs.listen).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                eprintln!(
+                    "dataplane: cannot listen on {} for SQS: {error}",
+                    sqs.listen
+                );
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let sqs_acceptor = acceptor.clone();
     let server = match Server::bind(&config.listen, node.clone(), acceptor).await {
         Ok(server) => server,
         Err(error) => {
@@ -188,6 +203,24 @@ async fn main() -> ExitCode {
             desired.version,
             Arc::new(apply),
         ));
+    }
+    if let (Some(sqs), Some(listener)) = (&config.sqs, sqs_listener) {
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
+        let queue_name = config
+            .report_to
+            .as_ref()
+            .map_or("queue".to_string(), |to| to.queue_id.clone());
+        let face = Sqs::new(
+            node.clone(),
+            sqs.keys.clone(),
+            queue_name,
+            sqs_acceptor.is_some(),
+        );
+        tokio::spawn(face.run(listener, sqs_acceptor));
+        say(&format!("sqs: serving on {addr}"));
+        tracing::info!("sqs: serving on {addr}");
     }
     // Harnesses read the real address from this line.
     say(&format!("listening on {}", addrs[0]));

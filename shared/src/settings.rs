@@ -37,12 +37,15 @@ pub enum Setting {
     /// Beyond the manual: how long a message may stay in the queue, in seconds, before it is
     /// deleted; 0, the default, keeps it until it is handled.
     MessageRetentionSecs,
+    /// Beyond the manual: how long a message received through the SQS face stays invisible
+    /// when the receive names no timeout (SQS's `VisibilityTimeout` queue attribute).
+    VisibilityTimeoutSecs,
 }
 
 impl Setting {
     /// Every writable setting, in the Reference's order (also `getcfg`'s order), then the
     /// ones beyond the manual.
-    pub const ALL: [Setting; 10] = [
+    pub const ALL: [Setting; 11] = [
         Setting::MaxWsMsgLen,
         Setting::MaxSubscriberCapacity,
         Setting::SavedSessionTimeoutSecs,
@@ -53,6 +56,7 @@ impl Setting {
         Setting::UsageRetentionPeriodYrs,
         Setting::MaxReceiveCount,
         Setting::MessageRetentionSecs,
+        Setting::VisibilityTimeoutSecs,
     ];
 
     /// How many of [`Setting::ALL`] the manual's Reference lists (the first ones).
@@ -70,6 +74,7 @@ impl Setting {
             Setting::UsageRetentionPeriodYrs => "usage-retention-period-yrs",
             Setting::MaxReceiveCount => "max-receive-count",
             Setting::MessageRetentionSecs => "message-retention-secs",
+            Setting::VisibilityTimeoutSecs => "visibility-timeout-secs",
         }
     }
 
@@ -91,6 +96,8 @@ impl Setting {
             Setting::MaxReceiveCount => (0, 1000),
             // 14 days, Amazon SQS's longest retention.
             Setting::MessageRetentionSecs => (0, 1_209_600),
+            // 12 hours, as SQS.
+            Setting::VisibilityTimeoutSecs => (0, 43_200),
         }
     }
 
@@ -110,6 +117,7 @@ impl Setting {
             (Setting::UsageRetentionPeriodYrs, _) => 5,
             (Setting::MaxReceiveCount, _) => 0,
             (Setting::MessageRetentionSecs, _) => 0,
+            (Setting::VisibilityTimeoutSecs, _) => 30,
         }
     }
 
@@ -251,7 +259,8 @@ mod tests {
             ours[Setting::IN_MANUAL..],
             [
                 ("max-receive-count".to_string(), 0, 0, 1000),
-                ("message-retention-secs".to_string(), 0, 0, 1_209_600)
+                ("message-retention-secs".to_string(), 0, 0, 1_209_600),
+                ("visibility-timeout-secs".to_string(), 30, 0, 43_200)
             ]
         );
     }

@@ -374,6 +374,7 @@ async fn getcfg_and_setcfg_all_or_nothing_and_kept_across_a_kill() {
             "usage-retention-period-yrs",
             "max-receive-count",
             "message-retention-secs",
+            "visibility-timeout-secs",
             "max-tasks",
             "max-messages",
             "max-messages-memory",
@@ -387,7 +388,8 @@ async fn getcfg_and_setcfg_all_or_nothing_and_kept_across_a_kill() {
     assert_eq!(lines[2], "saved-session-timeout-secs,w,10");
     assert_eq!(lines[8], "max-receive-count,w,0");
     assert_eq!(lines[9], "message-retention-secs,w,0");
-    assert_eq!(lines[14], "max-write-queue-bytes,r,4194304");
+    assert_eq!(lines[10], "visibility-timeout-secs,w,30");
+    assert_eq!(lines[15], "max-write-queue-bytes,r,4194304");
 
     let cases = [
         (json!({"cmd": "setcfg", "max-subscriber-capacity": 0}), 414),

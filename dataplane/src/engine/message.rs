@@ -83,6 +83,9 @@ pub struct NewMessage<'a> {
     /// Seconds after its publish when the message is deleted if it is still in the queue; 0:
     /// only the queue's `message-retention-secs` applies.
     pub expires_secs: u64,
+    /// SQS message attributes (the SQS face's SendMessage), a JSON object kept in the frame
+    /// as `"attributes"` after the body, so a WebSocket subscriber receives them too.
+    pub attributes: Option<Cow<'a, str>>,
 }
 
 /// A message the queue holds: waiting, held, delayed or dead-lettered.
@@ -134,6 +137,10 @@ impl Message {
             };
             out.write_all(body_type)?;
             serde_json::to_writer(&mut *out, &new.body)?;
+            if let Some(attributes) = &new.attributes {
+                out.write_all(br#","attributes":"#)?;
+                out.write_all(attributes.as_bytes())?;
+            }
             write!(out, r#","recdat":{recdat}}}"#)
         };
         Message {

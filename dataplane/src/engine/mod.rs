@@ -26,6 +26,7 @@ pub use queue::{
 };
 
 use crate::store::{Receipt, Store};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
@@ -58,6 +59,11 @@ struct Shared {
     /// Wakes the timer task when a delayed message or a saved session may have become the
     /// next thing due.
     timers_changed: Notify,
+    /// Wakes long-polling pull receivers ([`Queue::receive_within`]) when messages may have
+    /// started to wait; only while there are any (`pullers`), so a publish with nobody
+    /// polling costs one atomic load.
+    arrivals: Notify,
+    pullers: AtomicUsize,
 }
 
 impl Queue {
@@ -66,6 +72,8 @@ impl Queue {
             shared: Arc::new(Shared {
                 state: Mutex::new(QueueState::new(store, limits)),
                 timers_changed: Notify::new(),
+                arrivals: Notify::new(),
+                pullers: AtomicUsize::new(0),
             }),
         }
     }
@@ -88,7 +96,49 @@ impl Queue {
         if published.is_ok() && (new.delay_secs > 0 || expiring.is_some()) {
             self.shared.timers_changed.notify_one();
         }
+        self.wake_pullers();
         published
+    }
+
+    /// Messages may have started to wait: long-polling receivers look again.
+    fn wake_pullers(&self) {
+        if self.shared.pullers.load(Ordering::SeqCst) > 0 {
+            self.shared.arrivals.notify_waiters();
+        }
+    }
+
+    /// A long-polling pull receive: up to `max` messages as soon as any wait, or none once
+    /// `wait` has passed.
+    pub async fn receive_within(
+        &self,
+        max: usize,
+        visibility: Duration,
+        wait: Duration,
+    ) -> Vec<Pulled> {
+        let deadline = tokio::time::Instant::now() + wait;
+        /// Counts this receiver among the pullers while it lives (also when its request is
+        /// dropped half-way).
+        struct Polling<'a>(&'a AtomicUsize);
+        impl Drop for Polling<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.shared.pullers.fetch_add(1, Ordering::SeqCst);
+        let _polling = Polling(&self.shared.pullers);
+        loop {
+            // Listening before looking: a publish between the look and the wait still wakes.
+            let arrived = self.shared.arrivals.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let pulled = self.receive(max, visibility);
+            if !pulled.is_empty() || tokio::time::Instant::now() >= deadline {
+                return pulled;
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return self.receive(max, visibility);
+            }
+        }
     }
 
     /// New delivery rules (`max-receive-count`, `message-retention-secs`), from now on.
@@ -124,6 +174,7 @@ impl Queue {
             .lock()
             .change_visibility(id, receives, visibility_ms, now_ms());
         self.shared.timers_changed.notify_one();
+        self.wake_pullers();
         changed
     }
 
@@ -205,6 +256,7 @@ impl Queue {
             moved += count;
             receipt = receipt.and(step_receipt);
         }
+        self.wake_pullers();
         Ok((moved, receipt))
     }
 
@@ -272,6 +324,8 @@ impl Queue {
                     state.expire_sessions(now);
                     state.release_invisible(now);
                     state.expire_messages(now);
+                    drop(state);
+                    self.wake_pullers();
                 }
                 Some(at) => {
                     let wait = Duration::from_millis(at - now);
@@ -322,6 +376,7 @@ impl Subscription {
     pub fn logout(mut self) {
         self.ended = true;
         self.queue.lock().leave(self.session);
+        self.queue.wake_pullers();
     }
 
     /// The connection dropped: the session is saved for `timeout` or ends, by the manual's
@@ -335,6 +390,7 @@ impl Subscription {
         let saved = state.disconnect(self.session, unsent, timeout_ms, max_saved, now_ms());
         drop(state);
         self.queue.shared.timers_changed.notify_one();
+        self.queue.wake_pullers();
         tracing::info!(session = %self.session, saved, "a subscriber's connection dropped");
     }
 }
@@ -343,6 +399,7 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         if !self.ended {
             self.queue.lock().leave(self.session);
+            self.queue.wake_pullers();
         }
     }
 }

@@ -188,6 +188,7 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         durability: durability.unwrap_or_default(),
         // The WebSocket publish has no expiration field yet: `message-retention-secs` applies.
         expires_secs: 0,
+        attributes: None,
     })
 }
 

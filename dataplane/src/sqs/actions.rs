@@ -1,0 +1,811 @@
+//! The SQS actions, each on the node's own queue: what it reads from the request, what it
+//! does to the engine, what it answers. docs/sqs.md has the table of what matches AWS.
+
+use super::attributes::{self, Attributes};
+use super::SqsError;
+use crate::engine::{BodyType, Durability, MessageId, NewMessage, Pulled, Refused, Scope};
+use crate::node::Node;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use qe_shared::protocol::Role;
+use qe_shared::settings::Setting;
+use serde_json::{json, Map, Value};
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The most entries a batch takes, and a receive returns.
+const MAX_BATCH: usize = 10;
+/// SQS's longest delay, wait and visibility timeout.
+const MAX_DELAY_SECS: u64 = 900;
+const MAX_WAIT_SECS: u64 = 20;
+const MAX_VISIBILITY_SECS: u64 = 43_200;
+
+/// The actions served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    SendMessage,
+    SendMessageBatch,
+    ReceiveMessage,
+    DeleteMessage,
+    DeleteMessageBatch,
+    ChangeMessageVisibility,
+    ChangeMessageVisibilityBatch,
+    GetQueueUrl,
+    GetQueueAttributes,
+    SetQueueAttributes,
+    PurgeQueue,
+    ListQueues,
+}
+
+impl Action {
+    const ALL: [Action; 12] = [
+        Action::SendMessage,
+        Action::SendMessageBatch,
+        Action::ReceiveMessage,
+        Action::DeleteMessage,
+        Action::DeleteMessageBatch,
+        Action::ChangeMessageVisibility,
+        Action::ChangeMessageVisibilityBatch,
+        Action::GetQueueUrl,
+        Action::GetQueueAttributes,
+        Action::SetQueueAttributes,
+        Action::PurgeQueue,
+        Action::ListQueues,
+    ];
+
+    pub fn parse(name: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|action| action.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::SendMessage => "SendMessage",
+            Action::SendMessageBatch => "SendMessageBatch",
+            Action::ReceiveMessage => "ReceiveMessage",
+            Action::DeleteMessage => "DeleteMessage",
+            Action::DeleteMessageBatch => "DeleteMessageBatch",
+            Action::ChangeMessageVisibility => "ChangeMessageVisibility",
+            Action::ChangeMessageVisibilityBatch => "ChangeMessageVisibilityBatch",
+            Action::GetQueueUrl => "GetQueueUrl",
+            Action::GetQueueAttributes => "GetQueueAttributes",
+            Action::SetQueueAttributes => "SetQueueAttributes",
+            Action::PurgeQueue => "PurgeQueue",
+            Action::ListQueues => "ListQueues",
+        }
+    }
+
+    /// What each role's keys may do, as the WebSocket roles: a publisher sends, a subscriber
+    /// receives and deletes, an administrator does everything. Finding and describing the
+    /// queue is every role's.
+    pub fn allowed_for(self, role: Role) -> bool {
+        match self {
+            Action::GetQueueUrl | Action::GetQueueAttributes | Action::ListQueues => true,
+            Action::SendMessage | Action::SendMessageBatch => {
+                matches!(role, Role::Publisher | Role::Admin)
+            }
+            Action::ReceiveMessage
+            | Action::DeleteMessage
+            | Action::DeleteMessageBatch
+            | Action::ChangeMessageVisibility
+            | Action::ChangeMessageVisibilityBatch => {
+                matches!(role, Role::Subscriber | Role::Admin)
+            }
+            Action::SetQueueAttributes | Action::PurgeQueue => role == Role::Admin,
+        }
+    }
+}
+
+/// What an action runs with.
+pub struct Context<'a> {
+    pub node: &'a Arc<Node>,
+    pub queue_name: &'a str,
+    /// The queue's URL as this request's client reaches it.
+    pub queue_url: &'a str,
+}
+
+/// Runs `action` on `input` (a JSON object).
+pub async fn run(action: Action, context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    match action {
+        Action::GetQueueUrl => get_queue_url(context, input),
+        Action::ListQueues => Ok(list_queues(context, input)),
+        _ => {
+            check_queue_url(context, input)?;
+            match action {
+                Action::SendMessage => send_message(context, input).await,
+                Action::SendMessageBatch => send_message_batch(context, input).await,
+                Action::ReceiveMessage => receive_message(context, input).await,
+                Action::DeleteMessage => delete_message(context, input).await,
+                Action::DeleteMessageBatch => delete_message_batch(context, input).await,
+                Action::ChangeMessageVisibility => change_visibility(context, input),
+                Action::ChangeMessageVisibilityBatch => change_visibility_batch(context, input),
+                Action::GetQueueAttributes => get_queue_attributes(context, input),
+                Action::SetQueueAttributes => set_queue_attributes(context, input),
+                Action::PurgeQueue => purge_queue(context).await,
+                Action::GetQueueUrl | Action::ListQueues => unreachable!("answered above"),
+            }
+        }
+    }
+}
+
+// ---- the queue ---------------------------------------------------------------------------
+
+fn get_queue_url(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    let name = string(input, "QueueName")?.ok_or(SqsError::missing_parameter("QueueName"))?;
+    if name != context.queue_name {
+        return Err(SqsError::queue_does_not_exist());
+    }
+    Ok(json!({ "QueueUrl": context.queue_url }))
+}
+
+fn list_queues(context: &Context<'_>, input: &Value) -> Value {
+    let prefix = input["QueueNamePrefix"].as_str().unwrap_or("");
+    let urls: Vec<&str> = match context.queue_name.starts_with(prefix) {
+        true => vec![context.queue_url],
+        false => vec![],
+    };
+    json!({ "QueueUrls": urls })
+}
+
+/// The request's `QueueUrl` names this queue: its last path segment is the queue's name
+/// (the host may be any of the queue's names or addresses).
+fn check_queue_url(context: &Context<'_>, input: &Value) -> Result<(), SqsError> {
+    let url = string(input, "QueueUrl")?.ok_or(SqsError::missing_parameter("QueueUrl"))?;
+    let path = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let name = path
+        .split_once('/')
+        .map(|(_, path)| path.trim_end_matches('/'));
+    match name {
+        Some(name) if name == context.queue_name => Ok(()),
+        _ => Err(SqsError::queue_does_not_exist()),
+    }
+}
+
+const ATTRIBUTE_NAMES: [&str; 10] = [
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+    "VisibilityTimeout",
+    "MaximumMessageSize",
+    "MessageRetentionPeriod",
+    "DelaySeconds",
+    "ReceiveMessageWaitTimeSeconds",
+    "RedrivePolicy",
+    "QueueArn",
+];
+
+fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    let asked = string_list(input, "AttributeNames")?;
+    let all = asked.iter().any(|name| name == "All");
+    for name in &asked {
+        if name != "All" && !ATTRIBUTE_NAMES.contains(&name.as_str()) {
+            return Err(SqsError::batch(
+                "InvalidAttributeName",
+                "InvalidAttributeName",
+                &format!("Unknown Attribute {name}."),
+            ));
+        }
+    }
+    let node = context.node;
+    let counts = node.queue.counts();
+    let setting = |setting: Setting| node.setting(setting).to_string();
+    let mut attributes = Map::new();
+    for name in ATTRIBUTE_NAMES {
+        if !all && !asked.iter().any(|asked| asked == name) {
+            continue;
+        }
+        let value = match name {
+            "ApproximateNumberOfMessages" => counts.waiting.to_string(),
+            "ApproximateNumberOfMessagesNotVisible" => counts.unacknowledged.to_string(),
+            "ApproximateNumberOfMessagesDelayed" => counts.delayed.to_string(),
+            "VisibilityTimeout" => setting(Setting::VisibilityTimeoutSecs),
+            "MaximumMessageSize" => setting(Setting::MaxWsMsgLen),
+            "MessageRetentionPeriod" => setting(Setting::MessageRetentionSecs),
+            "DelaySeconds" | "ReceiveMessageWaitTimeSeconds" => "0".to_string(),
+            "RedrivePolicy" => match node.setting(Setting::MaxReceiveCount) {
+                0 => continue,
+                count => json!({
+                    "deadLetterTargetArn": format!("{}-dlq", queue_arn(context)),
+                    "maxReceiveCount": count,
+                })
+                .to_string(),
+            },
+            "QueueArn" => queue_arn(context),
+            _ => unreachable!("every name is above"),
+        };
+        attributes.insert(name.to_string(), Value::String(value));
+    }
+    Ok(json!({ "Attributes": attributes }))
+}
+
+fn queue_arn(context: &Context<'_>) -> String {
+    let region = &context.node.usage_labels.region;
+    format!("arn:aws:sqs:{region}:000000000000:{}", context.queue_name)
+}
+
+/// The attributes that are our settings, all or nothing, as `setcfg`.
+fn set_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    let Some(given) = input["Attributes"].as_object() else {
+        return Err(SqsError::missing_parameter("Attributes"));
+    };
+    let invalid_value = |name: &str| {
+        SqsError::batch(
+            "InvalidAttributeValue",
+            "InvalidAttributeValue",
+            &format!("Invalid value for the parameter {name}."),
+        )
+    };
+    let mut changes = Vec::new();
+    for (name, value) in given {
+        let text = value.as_str().ok_or_else(|| invalid_value(name))?;
+        let (setting, number) = match name.as_str() {
+            "VisibilityTimeout" => (Setting::VisibilityTimeoutSecs, text.parse().ok()),
+            "MaximumMessageSize" => (Setting::MaxWsMsgLen, text.parse().ok()),
+            "MessageRetentionPeriod" => (Setting::MessageRetentionSecs, text.parse().ok()),
+            "RedrivePolicy" => {
+                let policy: Value = serde_json::from_str(text).map_err(|_| invalid_value(name))?;
+                let count = match &policy["maxReceiveCount"] {
+                    Value::Number(n) => n.as_u64(),
+                    Value::String(s) => s.parse().ok(),
+                    _ => None,
+                };
+                (Setting::MaxReceiveCount, count)
+            }
+            "DelaySeconds" | "ReceiveMessageWaitTimeSeconds" => match text {
+                "0" => continue,
+                _ => return Err(invalid_value(name)),
+            },
+            _ => {
+                return Err(SqsError::batch(
+                    "InvalidAttributeName",
+                    "InvalidAttributeName",
+                    &format!("Unknown Attribute {name}."),
+                ))
+            }
+        };
+        match number.filter(|n| setting.accepts(*n)) {
+            Some(number) => changes.push((setting, number)),
+            None => return Err(invalid_value(name)),
+        }
+    }
+    match context.node.change_settings(&changes) {
+        Err(crate::store::meta::SaveError::NotSaved) => {
+            Err(SqsError::unavailable("The settings could not be saved."))
+        }
+        _ => Ok(json!({})),
+    }
+}
+
+/// What a purge takes here: the queue's waiting and delayed messages (not the dead letter
+/// queue, which SQS keeps as a queue of its own; not what receivers hold).
+async fn purge_queue(context: &Context<'_>) -> Result<Value, SqsError> {
+    for scope in [Scope::Waiting, Scope::Delayed] {
+        let (_, receipt) = context.node.queue.purge(scope);
+        let _ = receipt.wait().await;
+    }
+    Ok(json!({}))
+}
+
+// ---- sending -----------------------------------------------------------------------------
+
+/// A message to send, checked.
+struct Outgoing {
+    new: NewMessage<'static>,
+    body_md5: String,
+    attributes_md5: Option<String>,
+}
+
+fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> {
+    let body = string(entry, "MessageBody")?.ok_or(SqsError::missing_parameter("MessageBody"))?;
+    if body.is_empty() {
+        return Err(SqsError::invalid_parameter(
+            "The request must contain a non-empty message body.",
+        ));
+    }
+    if !body.chars().all(allowed_in_body) {
+        return Err(SqsError::batch(
+            "InvalidMessageContents",
+            "InvalidMessageContents",
+            "Invalid binary character in the message body: only #x9 | #xA | #xD | #x20 to \
+             #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF are allowed.",
+        ));
+    }
+    for fifo_only in ["MessageGroupId", "MessageDeduplicationId"] {
+        if !entry[fifo_only].is_null() {
+            return Err(SqsError::invalid_parameter(format!(
+                "The request includes a parameter that is not valid for this queue type: \
+                 {fifo_only}."
+            )));
+        }
+    }
+    let delay = number(entry, "DelaySeconds", 0..=MAX_DELAY_SECS)?.unwrap_or(0);
+    let attributes: Attributes = match &entry["MessageAttributes"] {
+        Value::Null => Attributes::new(),
+        given => serde_json::from_value(given.clone()).map_err(|_| {
+            SqsError::invalid_parameter("The message attributes do not read as SQS's.")
+        })?,
+    };
+    attributes::check(&attributes).map_err(SqsError::invalid_parameter)?;
+    let size = body.len() + attributes_size(&attributes);
+    let largest = context.node.setting(Setting::MaxWsMsgLen) as usize;
+    if size > largest {
+        return Err(SqsError::invalid_parameter(format!(
+            "One or more parameters are invalid. Reason: Message must be shorter than \
+             {largest} bytes."
+        )));
+    }
+    let attributes_md5 = (!attributes.is_empty()).then(|| attributes::digest(&attributes));
+    let attributes_json = (!attributes.is_empty())
+        .then(|| serde_json::to_string(&attributes).expect("attributes serialize"));
+    Ok(Outgoing {
+        body_md5: attributes::body_digest(body),
+        attributes_md5,
+        new: NewMessage {
+            body_type: BodyType::Text,
+            body: Cow::Owned(body.to_string()),
+            publisher_key: None,
+            delay_secs: delay,
+            // SQS keeps what it accepted: the node's default, which a process kill does not
+            // lose.
+            durability: Durability::Eventual,
+            expires_secs: 0,
+            attributes: attributes_json.map(Cow::Owned),
+        },
+    })
+}
+
+/// What counts against the size limit as AWS counts it: names, types and values.
+fn attributes_size(attributes: &Attributes) -> usize {
+    attributes
+        .iter()
+        .map(|(name, attribute)| {
+            let value = attribute.string_value.as_ref().map_or_else(
+                || {
+                    let binary = attribute.binary_value.as_deref().unwrap_or("");
+                    base64::engine::general_purpose::STANDARD
+                        .decode(binary)
+                        .map_or(0, |bytes| bytes.len())
+                },
+                String::len,
+            );
+            name.len() + attribute.data_type.len() + value
+        })
+        .sum()
+}
+
+fn allowed_in_body(c: char) -> bool {
+    matches!(c, '\u{9}' | '\u{a}' | '\u{d}' | '\u{20}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}')
+        || c >= '\u{10000}'
+}
+
+/// Publishes a checked message; its id.
+async fn publish(context: &Context<'_>, outgoing: &Outgoing) -> Result<MessageId, SqsError> {
+    match context.node.queue.publish(&outgoing.new) {
+        Ok((id, receipt)) => {
+            // A write that failed is kept in memory and written later, a sync that failed
+            // leaves the message written: it is in the queue either way, so the send
+            // succeeded (a retry would publish it twice).
+            if let Err(error) = receipt.wait().await {
+                tracing::warn!(%id, %error, "an SQS send is not as durable as promised");
+            }
+            Ok(id)
+        }
+        Err(refused) => Err(publish_refused(refused)),
+    }
+}
+
+fn publish_refused(refused: Refused) -> SqsError {
+    match refused {
+        Refused::QueueFull => SqsError::over_limit("The queue holds max-messages messages."),
+        Refused::MemoryFull => SqsError::over_limit("The queue's messages use all its memory."),
+        _ => SqsError::unavailable("The queue cannot take messages now."),
+    }
+}
+
+fn sent(id: MessageId, outgoing: &Outgoing) -> Map<String, Value> {
+    let mut reply = Map::new();
+    reply.insert("MessageId".into(), id.to_string().into());
+    reply.insert("MD5OfMessageBody".into(), outgoing.body_md5.clone().into());
+    if let Some(md5) = &outgoing.attributes_md5 {
+        reply.insert("MD5OfMessageAttributes".into(), md5.clone().into());
+    }
+    reply
+}
+
+async fn send_message(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    let outgoing = outgoing(context, input)?;
+    let id = publish(context, &outgoing).await?;
+    Ok(Value::Object(sent(id, &outgoing)))
+}
+
+async fn send_message_batch(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    let entries = batch_entries(input)?;
+    let total: usize = entries
+        .iter()
+        .map(|entry| entry["MessageBody"].as_str().map_or(0, str::len))
+        .sum();
+    let largest = context.node.setting(Setting::MaxWsMsgLen) as usize;
+    if total > largest {
+        return Err(SqsError::batch(
+            "BatchRequestTooLong",
+            "AWS.SimpleQueueService.BatchRequestTooLong",
+            &format!("Batch requests cannot be longer than {largest} bytes."),
+        ));
+    }
+    let mut results = Results::default();
+    for entry in entries {
+        let id = entry_id(entry);
+        let sent_one = match outgoing(context, entry) {
+            Ok(outgoing) => publish(context, &outgoing)
+                .await
+                .map(|message_id| sent(message_id, &outgoing)),
+            Err(error) => Err(error),
+        };
+        match sent_one {
+            Ok(mut reply) => {
+                reply.insert("Id".into(), id.into());
+                results.successful.push(Value::Object(reply));
+            }
+            Err(error) => results.fail(id, &error),
+        }
+    }
+    Ok(results.into_reply())
+}
+
+// ---- receiving ---------------------------------------------------------------------------
+
+async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    let max = number(input, "MaxNumberOfMessages", 1..=MAX_BATCH as u64)?.unwrap_or(1);
+    let wait = number(input, "WaitTimeSeconds", 0..=MAX_WAIT_SECS)?.unwrap_or(0);
+    let default_visibility = context.node.setting(Setting::VisibilityTimeoutSecs);
+    let visibility =
+        number(input, "VisibilityTimeout", 0..=MAX_VISIBILITY_SECS)?.unwrap_or(default_visibility);
+    let mut system = string_list(input, "AttributeNames")?;
+    system.extend(string_list(input, "MessageSystemAttributeNames")?);
+    let wanted = string_list(input, "MessageAttributeNames")?;
+    let queue = &context.node.queue;
+    let visibility = Duration::from_secs(visibility);
+    let pulled = match wait {
+        0 => queue.receive(max as usize, visibility),
+        wait => {
+            let wait = Duration::from_secs(wait);
+            queue.receive_within(max as usize, visibility, wait).await
+        }
+    };
+    let messages: Vec<Value> = pulled
+        .iter()
+        .map(|pulled| received(pulled, &system, &wanted))
+        .collect();
+    Ok(match messages.is_empty() {
+        true => json!({}),
+        false => json!({ "Messages": messages }),
+    })
+}
+
+/// What a receive answers for one message.
+fn received(pulled: &Pulled, system: &[String], wanted: &[String]) -> Value {
+    #[derive(serde::Deserialize)]
+    struct Frame {
+        body: String,
+        #[serde(default)]
+        attributes: Attributes,
+    }
+    let frame: Frame = serde_json::from_slice(&pulled.message.frame).unwrap_or(Frame {
+        body: String::from_utf8_lossy(&pulled.message.frame).into_owned(),
+        attributes: Attributes::new(),
+    });
+    let mut reply = Map::new();
+    reply.insert("MessageId".into(), pulled.id.to_string().into());
+    reply.insert(
+        "ReceiptHandle".into(),
+        receipt_handle(pulled.id, pulled.receives).into(),
+    );
+    reply.insert(
+        "MD5OfBody".into(),
+        attributes::body_digest(&frame.body).into(),
+    );
+    let wants = |name: &str| system.iter().any(|n| n == "All" || n == name);
+    let mut shown = Map::new();
+    if wants("ApproximateReceiveCount") {
+        shown.insert(
+            "ApproximateReceiveCount".into(),
+            pulled.receives.to_string().into(),
+        );
+    }
+    if wants("SentTimestamp") {
+        let sent_ms = pulled
+            .id
+            .0
+            .get_timestamp()
+            .map(|t| {
+                let (secs, nanos) = t.to_unix();
+                secs * 1000 + u64::from(nanos) / 1_000_000
+            })
+            .unwrap_or(u64::from(pulled.message.recdat) * 1000);
+        shown.insert("SentTimestamp".into(), sent_ms.to_string().into());
+    }
+    if !shown.is_empty() {
+        reply.insert("Attributes".into(), Value::Object(shown));
+    }
+    let chosen: Attributes = frame
+        .attributes
+        .into_iter()
+        .filter(|(name, _)| wanted.iter().any(|w| attribute_matches(w, name)))
+        .collect();
+    if !chosen.is_empty() {
+        reply.insert(
+            "MD5OfMessageAttributes".into(),
+            attributes::digest(&chosen).into(),
+        );
+        let chosen = serde_json::to_value(&chosen).expect("attributes serialize");
+        reply.insert("MessageAttributes".into(), chosen);
+    }
+    reply.insert("Body".into(), frame.body.into());
+    Value::Object(reply)
+}
+
+/// `All`, `.*`, a name, or a prefix ending in `.*`.
+fn attribute_matches(wanted: &str, name: &str) -> bool {
+    match wanted {
+        "All" | ".*" => true,
+        _ => match wanted.strip_suffix(".*") {
+            Some(prefix) => name.starts_with(prefix) && name[prefix.len()..].starts_with('.'),
+            None => wanted == name,
+        },
+    }
+}
+
+/// A receipt handle names the message and its receive: one from an earlier receive of the
+/// same message no longer acts on it.
+fn receipt_handle(id: MessageId, receives: u32) -> String {
+    URL_SAFE_NO_PAD.encode(format!("qe1:{id}:{receives}"))
+}
+
+fn read_receipt_handle(handle: &str) -> Option<(MessageId, u32)> {
+    let text = String::from_utf8(URL_SAFE_NO_PAD.decode(handle).ok()?).ok()?;
+    let mut parts = text.split(':');
+    if parts.next()? != "qe1" {
+        return None;
+    }
+    let id = MessageId::parse(parts.next()?)?;
+    let receives = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((id, receives))
+}
+
+fn handle_of(entry: &Value) -> Result<(MessageId, u32), SqsError> {
+    let handle =
+        string(entry, "ReceiptHandle")?.ok_or(SqsError::missing_parameter("ReceiptHandle"))?;
+    read_receipt_handle(handle).ok_or_else(|| SqsError::receipt_handle_invalid(handle))
+}
+
+/// Deletes a received message. A handle of a message that is gone, or that was received
+/// again since, succeeds without deleting (as AWS's standard queues do).
+async fn delete_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
+    let (id, receives) = handle_of(entry)?;
+    if let Ok(receipt) = context.node.queue.delete_received(id, receives) {
+        let _ = receipt.wait().await;
+    }
+    Ok(())
+}
+
+async fn delete_message(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    delete_one(context, input).await?;
+    Ok(json!({}))
+}
+
+async fn delete_message_batch(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    let mut results = Results::default();
+    for entry in batch_entries(input)? {
+        let id = entry_id(entry);
+        match delete_one(context, entry).await {
+            Ok(()) => results.successful.push(json!({ "Id": id })),
+            Err(error) => results.fail(id, &error),
+        }
+    }
+    Ok(results.into_reply())
+}
+
+fn change_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
+    let (id, receives) = handle_of(entry)?;
+    let timeout = number(entry, "VisibilityTimeout", 0..=MAX_VISIBILITY_SECS)?
+        .ok_or(SqsError::missing_parameter("VisibilityTimeout"))?;
+    context
+        .node
+        .queue
+        .change_visibility(id, receives, Duration::from_secs(timeout))
+        .map_err(|_| SqsError::message_not_inflight())
+}
+
+fn change_visibility(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    change_one(context, input)?;
+    Ok(json!({}))
+}
+
+fn change_visibility_batch(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    let mut results = Results::default();
+    for entry in batch_entries(input)? {
+        let id = entry_id(entry);
+        match change_one(context, entry) {
+            Ok(()) => results.successful.push(json!({ "Id": id })),
+            Err(error) => results.fail(id, &error),
+        }
+    }
+    Ok(results.into_reply())
+}
+
+// ---- reading requests --------------------------------------------------------------------
+
+/// A batch's entries: 1 to 10, each with a distinct, well-formed `Id`.
+fn batch_entries(input: &Value) -> Result<&Vec<Value>, SqsError> {
+    let entries = match &input["Entries"] {
+        Value::Array(entries) => entries,
+        Value::Null => return Err(SqsError::missing_parameter("Entries")),
+        _ => return Err(SqsError::invalid_parameter("Entries is not a list.")),
+    };
+    if entries.is_empty() {
+        return Err(SqsError::batch(
+            "EmptyBatchRequest",
+            "AWS.SimpleQueueService.EmptyBatchRequest",
+            "There should be at least one SendMessageBatchRequestEntry in the request.",
+        ));
+    }
+    if entries.len() > MAX_BATCH {
+        return Err(SqsError::batch(
+            "TooManyEntriesInBatchRequest",
+            "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+            &format!(
+                "Maximum number of entries per request are {MAX_BATCH}. You have sent {}.",
+                entries.len()
+            ),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for entry in entries {
+        let id = entry["Id"].as_str().unwrap_or("");
+        let well_formed = (1..=80).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !well_formed {
+            return Err(SqsError::batch(
+                "InvalidBatchEntryId",
+                "AWS.SimpleQueueService.InvalidBatchEntryId",
+                "A batch entry id can only contain alphanumeric characters, hyphens and \
+                 underscores. It can be at most 80 letters long.",
+            ));
+        }
+        if !seen.insert(id) {
+            return Err(SqsError::batch(
+                "BatchEntryIdsNotDistinct",
+                "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+                &format!("Id {id} repeated."),
+            ));
+        }
+    }
+    Ok(entries)
+}
+
+fn entry_id(entry: &Value) -> String {
+    entry["Id"].as_str().unwrap_or_default().to_string()
+}
+
+/// A batch's answer: what succeeded and what failed, each by entry id.
+#[derive(Default)]
+struct Results {
+    successful: Vec<Value>,
+    failed: Vec<Value>,
+}
+
+impl Results {
+    fn fail(&mut self, id: String, error: &SqsError) {
+        self.failed.push(json!({
+            "Id": id,
+            "SenderFault": error.status.is_client_error(),
+            "Code": error.code,
+            "Message": error.message,
+        }));
+    }
+
+    fn into_reply(self) -> Value {
+        json!({ "Successful": self.successful, "Failed": self.failed })
+    }
+}
+
+/// A string parameter: None if absent, InvalidParameterValue if not a string.
+fn string<'a>(input: &'a Value, name: &str) -> Result<Option<&'a str>, SqsError> {
+    match &input[name] {
+        Value::Null => Ok(None),
+        Value::String(text) => Ok(Some(text)),
+        _ => Err(SqsError::invalid_parameter(format!(
+            "Value for parameter {name} is invalid. Reason: it must be a string."
+        ))),
+    }
+}
+
+/// A list of strings: empty if absent.
+fn string_list(input: &Value, name: &str) -> Result<Vec<String>, SqsError> {
+    match &input[name] {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| {
+                item.as_str().map(str::to_string).ok_or_else(|| {
+                    SqsError::invalid_parameter(format!("{name} must be a list of strings."))
+                })
+            })
+            .collect(),
+        _ => Err(SqsError::invalid_parameter(format!(
+            "{name} must be a list of strings."
+        ))),
+    }
+}
+
+/// A whole number in `range`: None if absent.
+fn number(
+    input: &Value,
+    name: &str,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<Option<u64>, SqsError> {
+    let value = &input[name];
+    if value.is_null() {
+        return Ok(None);
+    }
+    let number = match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    match number.filter(|n| range.contains(n)) {
+        Some(number) => Ok(Some(number)),
+        None => Err(SqsError::invalid_parameter(format!(
+            "Value {value} for parameter {name} is invalid. Reason: Must be between {} and {}.",
+            range.start(),
+            range.end()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receipt_handle_reads_back_and_nothing_else_does() {
+        let id = MessageId::parse("01a1c09f-62da-7000-a30b-0817c9a42e3f").unwrap();
+        let handle = receipt_handle(id, 3);
+        assert_eq!(read_receipt_handle(&handle), Some((id, 3)));
+        for bad in [
+            "",
+            "x",
+            &URL_SAFE_NO_PAD.encode("qe1:nope:1"),
+            &URL_SAFE_NO_PAD.encode(format!("qe2:{id}:1")),
+        ] {
+            assert_eq!(read_receipt_handle(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn message_attribute_names_select_as_sqs_selects() {
+        assert!(attribute_matches("All", "a"));
+        assert!(attribute_matches(".*", "a"));
+        assert!(attribute_matches("trace.*", "trace.id"));
+        assert!(!attribute_matches("trace.*", "tracer"));
+        assert!(attribute_matches("a", "a"));
+        assert!(!attribute_matches("a", "b"));
+    }
+
+    #[test]
+    fn each_role_does_what_its_websocket_role_does() {
+        use Action::*;
+        assert!(SendMessage.allowed_for(Role::Publisher));
+        assert!(!ReceiveMessage.allowed_for(Role::Publisher));
+        assert!(ReceiveMessage.allowed_for(Role::Subscriber));
+        assert!(!SendMessage.allowed_for(Role::Subscriber));
+        assert!(!PurgeQueue.allowed_for(Role::Subscriber));
+        assert!(Action::ALL.iter().all(|a| a.allowed_for(Role::Admin)));
+        assert!(Action::ALL
+            .iter()
+            .all(|a| Action::parse(a.name()) == Some(*a)));
+    }
+}

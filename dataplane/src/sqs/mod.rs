@@ -1,0 +1,394 @@
+//! The SQS face (docs/sqs.md): each node serves its queue to Amazon SQS's SDKs on a port of
+//! its own, HTTPS with the queue's certificate (plain HTTP with `--plaintext`), in the AWS
+//! JSON 1.0 protocol (`X-Amz-Target: AmazonSQS.*`). Every request is signed (SigV4, `sigv4`)
+//! with one of the queue's SQS access keys, whose role decides what it may do, as the
+//! WebSocket logins' roles do. Messages are the queue's own: one sent here reaches a
+//! WebSocket subscriber, and a receive here takes what no subscriber holds (`actions`).
+//!
+//! A request's path: [`serve`] reads it (bounded), [`handle`] checks its signature and role
+//! and picks the action, `actions` runs it on the engine, and an [`SqsError`] becomes AWS's
+//! error shape, with the `x-amzn-query-error` header that carries the legacy code SDKs
+//! report.
+
+mod actions;
+mod attributes;
+pub mod sigv4;
+
+use crate::node::Node;
+use crate::traffic::Counted;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use qe_shared::protocol::Role;
+use qe_shared::settings::Setting;
+use serde_json::Value;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+/// An SQS access key of this queue: what signs requests, and the role it acts as.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SqsKey {
+    pub access_key_id: String,
+    pub secret: String,
+    pub role: Role,
+}
+
+impl std::fmt::Debug for SqsKey {
+    /// Never the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SqsKey({} as {:?})", self.access_key_id, self.role)
+    }
+}
+
+impl SqsKey {
+    /// Reads `ROLE:ACCESS_KEY_ID:SECRET` (the `--sqs-key` flag).
+    pub fn parse(text: &str) -> Option<SqsKey> {
+        let (role, rest) = text.split_once(':')?;
+        let (access_key_id, secret) = rest.split_once(':')?;
+        let valid_id = !access_key_id.is_empty()
+            && access_key_id.len() <= 128
+            && access_key_id.bytes().all(|b| b.is_ascii_alphanumeric());
+        let role = Role::parse(role)?;
+        (valid_id && !secret.is_empty()).then(|| SqsKey {
+            access_key_id: access_key_id.to_string(),
+            secret: secret.to_string(),
+            role,
+        })
+    }
+}
+
+/// An SQS error in AWS's terms: its HTTP status, its JSON `__type`, and the legacy
+/// (query-protocol) code the SDKs report, which goes in `x-amzn-query-error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqsError {
+    pub status: StatusCode,
+    /// The shape's name after `#` in `__type`.
+    pub shape: &'static str,
+    /// The code boto3 and the other SDKs show (`Error.Code`).
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl SqsError {
+    fn new(status: StatusCode, shape: &'static str, code: &'static str, message: String) -> Self {
+        SqsError {
+            status,
+            shape,
+            code,
+            message,
+        }
+    }
+
+    pub fn invalid_parameter(message: impl Into<String>) -> SqsError {
+        let message = message.into();
+        let (shape, code) = ("InvalidParameterValue", "InvalidParameterValue");
+        SqsError::new(StatusCode::BAD_REQUEST, shape, code, message)
+    }
+
+    pub fn missing_parameter(name: &str) -> SqsError {
+        let message = format!("The request must contain the parameter {name}.");
+        let (shape, code) = ("MissingParameter", "MissingParameter");
+        SqsError::new(StatusCode::BAD_REQUEST, shape, code, message)
+    }
+
+    pub fn queue_does_not_exist() -> SqsError {
+        SqsError::new(
+            StatusCode::BAD_REQUEST,
+            "QueueDoesNotExist",
+            "AWS.SimpleQueueService.NonExistentQueue",
+            "The specified queue does not exist.".into(),
+        )
+    }
+
+    pub fn receipt_handle_invalid(handle: &str) -> SqsError {
+        let shown: String = handle.chars().take(64).collect();
+        SqsError::new(
+            StatusCode::BAD_REQUEST,
+            "ReceiptHandleIsInvalid",
+            "ReceiptHandleIsInvalid",
+            format!("The input receipt handle \"{shown}\" is not a valid receipt handle."),
+        )
+    }
+
+    pub fn message_not_inflight() -> SqsError {
+        SqsError::new(
+            StatusCode::BAD_REQUEST,
+            "MessageNotInflight",
+            "AWS.SimpleQueueService.MessageNotInflight",
+            "The message referred to isn't in flight.".into(),
+        )
+    }
+
+    /// A batch's own faults: `shape` is also the name after `AWS.SimpleQueueService.`.
+    pub fn batch(shape: &'static str, code: &'static str, message: &str) -> SqsError {
+        SqsError::new(StatusCode::BAD_REQUEST, shape, code, message.into())
+    }
+
+    fn access_denied(action: &str, role: Role) -> SqsError {
+        SqsError::new(
+            StatusCode::FORBIDDEN,
+            "AccessDeniedException",
+            "AccessDenied",
+            format!("An access key of the {role:?} role may not call {action}."),
+        )
+    }
+
+    fn signature(refused: sigv4::Refused) -> SqsError {
+        let (shape, code) = match refused {
+            sigv4::Refused::Missing => (
+                "MissingAuthenticationTokenException",
+                "MissingAuthenticationToken",
+            ),
+            sigv4::Refused::Incomplete(_) => {
+                ("IncompleteSignatureException", "IncompleteSignature")
+            }
+            sigv4::Refused::UnknownKey => ("InvalidClientTokenId", "InvalidClientTokenId"),
+            sigv4::Refused::Expired => ("RequestExpired", "RequestExpired"),
+            sigv4::Refused::Mismatch => ("InvalidSignatureException", "SignatureDoesNotMatch"),
+        };
+        SqsError::new(StatusCode::FORBIDDEN, shape, code, refused.to_string())
+    }
+
+    pub fn unavailable(message: &str) -> SqsError {
+        SqsError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "ServiceUnavailable",
+            message.into(),
+        )
+    }
+
+    pub fn over_limit(message: &str) -> SqsError {
+        SqsError::new(
+            StatusCode::FORBIDDEN,
+            "OverLimit",
+            "OverLimit",
+            message.into(),
+        )
+    }
+
+    fn unknown_operation(target: &str) -> SqsError {
+        SqsError::new(
+            StatusCode::BAD_REQUEST,
+            "UnknownOperationException",
+            "InvalidAction",
+            format!("The action {target} is not valid for this endpoint."),
+        )
+    }
+
+    fn not_json() -> SqsError {
+        SqsError::new(
+            StatusCode::BAD_REQUEST,
+            "SerializationException",
+            "InvalidParameterValue",
+            "The request body is not a JSON object.".into(),
+        )
+    }
+
+    fn too_big() -> SqsError {
+        SqsError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestTooLarge",
+            "AWS.SimpleQueueService.BatchRequestTooLong",
+            "The request is too large.".into(),
+        )
+    }
+
+    /// The error as AWS's JSON protocol sends it.
+    fn response(&self) -> Response<Full<Bytes>> {
+        let body = serde_json::json!({
+            "__type": format!("com.amazonaws.sqs#{}", self.shape),
+            "message": self.message,
+        });
+        let mut response = json_response(self.status, &body);
+        let query_error = format!("{};Sender", self.code);
+        if let Ok(value) = query_error.parse() {
+            response.headers_mut().insert("x-amzn-query-error", value);
+        }
+        response
+    }
+}
+
+/// The SQS face of one node: its keys and what it serves them.
+pub struct Sqs {
+    node: Arc<Node>,
+    keys: RwLock<Vec<SqsKey>>,
+    /// The queue's name in its URL (`/NAME`): the queue id, or `queue` on a lone node.
+    queue_name: String,
+    /// Served over TLS (URLs are `https://`).
+    tls: bool,
+}
+
+impl Sqs {
+    pub fn new(node: Arc<Node>, keys: Vec<SqsKey>, queue_name: String, tls: bool) -> Arc<Sqs> {
+        Arc::new(Sqs {
+            node,
+            keys: RwLock::new(keys),
+            queue_name,
+            tls,
+        })
+    }
+
+    /// New keys, from the next request on (a rotation or revocation).
+    pub fn replace_keys(&self, keys: Vec<SqsKey>) {
+        *self.keys.write().expect("never poisoned") = keys;
+    }
+
+    fn key(&self, access_key_id: &str) -> Option<SqsKey> {
+        let keys = self.keys.read().expect("never poisoned");
+        keys.iter()
+            .find(|key| key.access_key_id == access_key_id)
+            .cloned()
+    }
+
+    /// Accepts connections on `listener` for the life of the process.
+    pub async fn run(self: Arc<Sqs>, listener: TcpListener, tls: Option<TlsAcceptor>) {
+        loop {
+            let Ok((tcp, _peer)) = listener.accept().await else {
+                continue;
+            };
+            let (sqs, tls) = (self.clone(), tls.clone());
+            tokio::spawn(async move { sqs.serve(tcp, tls).await });
+        }
+    }
+
+    /// One connection: HTTP/1.1 requests, kept alive, its bytes counted as the WebSocket
+    /// port's are (usage records bill both).
+    async fn serve(self: Arc<Sqs>, tcp: tokio::net::TcpStream, tls: Option<TlsAcceptor>) {
+        let _ = tcp.set_nodelay(true);
+        let (counted, _writes) = Counted::new(tcp, self.node.traffic.clone());
+        let service = service_fn(|request: Request<Incoming>| {
+            let sqs = self.clone();
+            async move { Ok::<_, Infallible>(sqs.answer(request).await) }
+        });
+        let builder = http1::Builder::new();
+        match tls {
+            None => {
+                let _ = builder
+                    .serve_connection(TokioIo::new(counted), service)
+                    .await;
+            }
+            Some(acceptor) => {
+                let handshake = tokio::time::timeout(HANDSHAKE_TIME, acceptor.accept(counted));
+                if let Ok(Ok(stream)) = handshake.await {
+                    let _ = builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                }
+            }
+        }
+    }
+
+    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        match self.read_and_handle(request).await {
+            Ok(body) => json_response(StatusCode::OK, &body),
+            Err(error) => {
+                tracing::debug!(code = error.code, message = %error.message, "an SQS request was refused");
+                error.response()
+            }
+        }
+    }
+
+    async fn read_and_handle(&self, request: Request<Incoming>) -> Result<Value, SqsError> {
+        let (parts, body) = request.into_parts();
+        let limit = self.body_limit();
+        let body = Limited::new(body, limit)
+            .collect()
+            .await
+            .map_err(|_| SqsError::too_big())?
+            .to_bytes();
+        let headers: Vec<(String, String)> = parts
+            .headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_string())))
+            .collect();
+        let signed = sigv4::Signed {
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            query: parts.uri.query().unwrap_or(""),
+            headers: &headers,
+            body: &body,
+        };
+        let key = self.authenticate(&signed)?;
+        let target = header(&headers, "x-amz-target").unwrap_or_default();
+        let action = target
+            .strip_prefix("AmazonSQS.")
+            .and_then(actions::Action::parse)
+            .ok_or_else(|| SqsError::unknown_operation(target))?;
+        if !action.allowed_for(key.role) {
+            return Err(SqsError::access_denied(action.name(), key.role));
+        }
+        let input: Value = match body.is_empty() {
+            true => Value::Object(Default::default()),
+            false => serde_json::from_slice(&body).map_err(|_| SqsError::not_json())?,
+        };
+        if !input.is_object() {
+            return Err(SqsError::not_json());
+        }
+        let host = header(&headers, "host").unwrap_or("localhost");
+        let queue_url = format!(
+            "{}://{host}/{}",
+            if self.tls { "https" } else { "http" },
+            self.queue_name
+        );
+        let context = actions::Context {
+            node: &self.node,
+            queue_name: &self.queue_name,
+            queue_url: &queue_url,
+        };
+        actions::run(action, &context, &input).await
+    }
+
+    /// The request's key, if its signature is right.
+    fn authenticate(&self, signed: &sigv4::Signed<'_>) -> Result<SqsKey, SqsError> {
+        let authorization = header(signed.headers, "authorization")
+            .ok_or(SqsError::signature(sigv4::Refused::Missing))?;
+        let authorization =
+            sigv4::parse_authorization(authorization).map_err(SqsError::signature)?;
+        let key = self
+            .key(authorization.access_key_id)
+            .ok_or(SqsError::signature(sigv4::Refused::UnknownKey))?;
+        let now = crate::engine::now_ms() / 1000;
+        sigv4::verify(signed, &authorization, &key.secret, now).map_err(SqsError::signature)?;
+        Ok(key)
+    }
+
+    /// The longest request body read: ten messages of the largest size, and their JSON.
+    fn body_limit(&self) -> usize {
+        let largest = self.node.setting(Setting::MaxWsMsgLen) as usize;
+        10 * 2 * largest + (64 << 10)
+    }
+}
+
+/// How long a client has for its TLS handshake.
+const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/x-amz-json-1.0"),
+    );
+    response
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// Listens for the SQS face on `addr`.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}

@@ -1,0 +1,402 @@
+//! AWS Signature Version 4, checked on every request of the SQS face: the request's own
+//! signature is computed again from the secret of the access key it names and compared in
+//! constant time. Only what the SDKs send is taken: the `Authorization` header form (not a
+//! presigned URL), service `sqs`, any region (the one the client signed for), and a request
+//! time within [`MAX_SKEW_SECS`] of the node's clock.
+
+use qe_shared::hmac::hmac_sha256;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// How far a request's `X-Amz-Date` may be from the node's clock (AWS allows 15 minutes).
+pub const MAX_SKEW_SECS: u64 = 15 * 60;
+
+/// Why a request's signature is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// No `Authorization` header, or one that is not SigV4 (`MissingAuthenticationToken`).
+    #[error("the request is not signed with AWS Signature Version 4")]
+    Missing,
+    /// The header does not read (`IncompleteSignature`).
+    #[error("the signature is incomplete: {0}")]
+    Incomplete(&'static str),
+    /// The access key is not one of this queue's (`InvalidClientTokenId`).
+    #[error("the access key id is not known here")]
+    UnknownKey,
+    /// The request time is too far from now (`RequestExpired`).
+    #[error("the request time is more than 15 minutes from the node's clock")]
+    Expired,
+    /// The signature is not the one the key gives (`SignatureDoesNotMatch`).
+    #[error("the request signature does not match the one the key gives")]
+    Mismatch,
+}
+
+/// What the `Authorization` header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorization<'a> {
+    pub access_key_id: &'a str,
+    /// `YYYYMMDD`, as signed.
+    pub date: &'a str,
+    pub region: &'a str,
+    pub service: &'a str,
+    /// Lowercase, `;`-separated, sorted, as signed.
+    pub signed_headers: &'a str,
+    /// 64 hex digits.
+    pub signature: &'a str,
+}
+
+/// Reads `AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/SERVICE/aws4_request,
+/// SignedHeaders=a;b, Signature=HEX`.
+pub fn parse_authorization(header: &str) -> Result<Authorization<'_>, Refused> {
+    let rest = header
+        .strip_prefix("AWS4-HMAC-SHA256 ")
+        .ok_or(Refused::Missing)?;
+    let (mut credential, mut signed_headers, mut signature) = (None, None, None);
+    for part in rest.split(',') {
+        let (name, value) = part
+            .trim()
+            .split_once('=')
+            .ok_or(Refused::Incomplete("a part without ="))?;
+        match name {
+            "Credential" => credential = Some(value),
+            "SignedHeaders" => signed_headers = Some(value),
+            "Signature" => signature = Some(value),
+            _ => return Err(Refused::Incomplete("an unknown part")),
+        }
+    }
+    let credential = credential.ok_or(Refused::Incomplete("no Credential"))?;
+    let mut scope = credential.split('/');
+    let mut next = || scope.next().filter(|part| !part.is_empty());
+    let access_key_id = next().ok_or(Refused::Incomplete("no access key id"))?;
+    let date = next().ok_or(Refused::Incomplete("no date in the scope"))?;
+    let region = next().ok_or(Refused::Incomplete("no region in the scope"))?;
+    let service = next().ok_or(Refused::Incomplete("no service in the scope"))?;
+    if next() != Some("aws4_request") || next().is_some() {
+        return Err(Refused::Incomplete(
+            "the scope does not end in aws4_request",
+        ));
+    }
+    let signature = signature.ok_or(Refused::Incomplete("no Signature"))?;
+    if signature.len() != 64 || !signature.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Refused::Incomplete("the signature is not 64 hex digits"));
+    }
+    Ok(Authorization {
+        access_key_id,
+        date,
+        region,
+        service,
+        signed_headers: signed_headers.ok_or(Refused::Incomplete("no SignedHeaders"))?,
+        signature,
+    })
+}
+
+/// A request as SigV4 reads it.
+pub struct Signed<'a> {
+    pub method: &'a str,
+    /// The path as sent (already URI-encoded by the client).
+    pub path: &'a str,
+    /// The query string as sent, without `?` ("" for none).
+    pub query: &'a str,
+    /// Every header, names in any case.
+    pub headers: &'a [(String, String)],
+    pub body: &'a [u8],
+}
+
+/// Checks `request`'s signature with `secret`, the secret of the key its `Authorization`
+/// names, at `now_secs`.
+pub fn verify(
+    request: &Signed<'_>,
+    authorization: &Authorization<'_>,
+    secret: &str,
+    now_secs: u64,
+) -> Result<(), Refused> {
+    if authorization.service != "sqs" {
+        return Err(Refused::Incomplete("the service in the scope is not sqs"));
+    }
+    let amz_date = header(request.headers, "x-amz-date").ok_or(Refused::Incomplete(
+        "no X-Amz-Date header (a Date header is not taken)",
+    ))?;
+    let time = parse_amz_date(amz_date).ok_or(Refused::Incomplete("X-Amz-Date does not read"))?;
+    if !amz_date.starts_with(authorization.date) || authorization.date.len() != 8 {
+        return Err(Refused::Mismatch);
+    }
+    if time.abs_diff(now_secs) > MAX_SKEW_SECS {
+        return Err(Refused::Expired);
+    }
+    let canonical = canonical_request(request, authorization.signed_headers)?;
+    let scope = format!(
+        "{}/{}/{}/aws4_request",
+        authorization.date, authorization.region, authorization.service
+    );
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+        hex::encode(Sha256::digest(canonical.as_bytes()))
+    );
+    let key = signing_key(
+        secret,
+        authorization.date,
+        authorization.region,
+        authorization.service,
+    );
+    let expected = hex::encode(hmac_sha256(&key, to_sign.as_bytes()));
+    match bool::from(
+        expected
+            .as_bytes()
+            .ct_eq(authorization.signature.to_ascii_lowercase().as_bytes()),
+    ) {
+        true => Ok(()),
+        false => Err(Refused::Mismatch),
+    }
+}
+
+/// The key a day's requests to one region's service are signed with.
+pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8; 32] {
+    let date_key = hmac_sha256(format!("AWS4{secret}").as_bytes(), date.as_bytes());
+    let region_key = hmac_sha256(&date_key, region.as_bytes());
+    let service_key = hmac_sha256(&region_key, service.as_bytes());
+    hmac_sha256(&service_key, b"aws4_request")
+}
+
+/// The canonical request: method, path, sorted query, the signed headers' lines, their
+/// names, and the body's SHA-256 (or `X-Amz-Content-Sha256` when the client sent it).
+fn canonical_request(request: &Signed<'_>, signed_headers: &str) -> Result<String, Refused> {
+    let mut lines = String::new();
+    let names: Vec<&str> = signed_headers.split(';').collect();
+    if names.iter().any(|name| name.is_empty())
+        || names.windows(2).any(|pair| pair[0] >= pair[1])
+        || !names.contains(&"host")
+    {
+        return Err(Refused::Incomplete(
+            "SignedHeaders are not sorted lowercase names with host",
+        ));
+    }
+    for name in &names {
+        let values: Vec<&str> = request
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        if values.is_empty() {
+            return Err(Refused::Incomplete("a signed header is missing"));
+        }
+        let joined: Vec<String> = values.iter().map(|v| collapse_spaces(v)).collect();
+        lines.push_str(&format!("{name}:{}\n", joined.join(",")));
+    }
+    let payload_hash = match header(request.headers, "x-amz-content-sha256") {
+        Some(hash) if hash != "UNSIGNED-PAYLOAD" => {
+            if *hash != hex::encode(Sha256::digest(request.body)) {
+                return Err(Refused::Mismatch);
+            }
+            hash.to_string()
+        }
+        _ => hex::encode(Sha256::digest(request.body)),
+    };
+    let path = match request.path {
+        "" => "/",
+        path => path,
+    };
+    Ok(format!(
+        "{}\n{}\n{}\n{lines}\n{signed_headers}\n{payload_hash}",
+        request.method,
+        path,
+        canonical_query(request.query)
+    ))
+}
+
+/// The query's pairs, each name and value URI-encoded as SigV4 says, sorted.
+fn canonical_query(query: &str) -> String {
+    let mut pairs: Vec<(String, String)> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (reencode(name), reencode(value))
+        })
+        .collect();
+    pairs.sort();
+    let pairs: Vec<String> = pairs
+        .into_iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    pairs.join("&")
+}
+
+/// A query part decoded and encoded again the SigV4 way (unreserved characters as they are,
+/// everything else `%XX` in capitals), so that clients that encode differently agree.
+fn reencode(part: &str) -> String {
+    const SIGV4: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(part).collect();
+    percent_encoding::percent_encode(&decoded, SIGV4).to_string()
+}
+
+fn collapse_spaces(value: &str) -> String {
+    value.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim())
+}
+
+/// `YYYYMMDDTHHMMSSZ` as seconds since 1970.
+fn parse_amz_date(text: &str) -> Option<u64> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 16 || bytes[8] != b'T' || bytes[15] != b'Z' {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<u64>().ok();
+    let (year, month, day) = (number(0..4)?, number(4..6)?, number(6..8)?);
+    let (hour, minute, second) = (number(9..11)?, number(11..13)?, number(13..15)?);
+    if !(1..=12).contains(&month)
+        || !(1..=qe_shared::calendar::days_in_month(year, month)).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let days = qe_shared::calendar::days_from_civil(year, month, day);
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// AWS's own worked example (the Signature Version 4 documentation's IAM `ListUsers`
+    /// GET request), with the service set to sqs in the scope where it must be.
+    fn example_headers() -> Vec<(String, String)> {
+        vec![
+            (
+                "Content-Type".into(),
+                "application/x-www-form-urlencoded; charset=utf-8".into(),
+            ),
+            ("Host".into(), "iam.amazonaws.com".into()),
+            ("X-Amz-Date".into(), "20150830T123600Z".into()),
+        ]
+    }
+
+    const SECRET: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
+    /// 2015-08-30 12:36:00 UTC.
+    const THEN: u64 = 1_440_938_160;
+
+    #[test]
+    fn the_canonical_request_and_signing_key_are_the_documentations() {
+        let headers = example_headers();
+        let request = Signed {
+            method: "GET",
+            path: "/",
+            query: "Action=ListUsers&Version=2010-05-08",
+            headers: &headers,
+            body: b"",
+        };
+        let canonical = canonical_request(&request, "content-type;host;x-amz-date").unwrap();
+        assert_eq!(
+            hex::encode(Sha256::digest(canonical.as_bytes())),
+            "f536975d06c0309214f805bb90ccff089219ecd68b2577efef23edd43b7e1a59"
+        );
+        let key = signing_key(SECRET, "20150830", "us-east-1", "iam");
+        let to_sign = format!(
+            "AWS4-HMAC-SHA256\n20150830T123600Z\n20150830/us-east-1/iam/aws4_request\n{}",
+            "f536975d06c0309214f805bb90ccff089219ecd68b2577efef23edd43b7e1a59"
+        );
+        assert_eq!(
+            hex::encode(hmac_sha256(&key, to_sign.as_bytes())),
+            "5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7"
+        );
+    }
+
+    fn signed_for(secret: &str, body: &[u8], headers: &[(String, String)]) -> String {
+        let request = Signed {
+            method: "POST",
+            path: "/",
+            query: "",
+            headers,
+            body,
+        };
+        let canonical = canonical_request(&request, "host;x-amz-date").unwrap();
+        let to_sign = format!(
+            "AWS4-HMAC-SHA256\n20150830T123600Z\n20150830/eu-west-1/sqs/aws4_request\n{}",
+            hex::encode(Sha256::digest(canonical.as_bytes()))
+        );
+        let key = signing_key(secret, "20150830", "eu-west-1", "sqs");
+        format!(
+            "AWS4-HMAC-SHA256 Credential=AKID/20150830/eu-west-1/sqs/aws4_request, \
+             SignedHeaders=host;x-amz-date, Signature={}",
+            hex::encode(hmac_sha256(&key, to_sign.as_bytes()))
+        )
+    }
+
+    #[test]
+    fn a_request_verifies_with_its_keys_secret_only_and_untampered_and_in_time() {
+        let headers = example_headers();
+        let body = br#"{"QueueUrl":"q"}"#;
+        let header = signed_for(SECRET, body, &headers);
+        let authorization = parse_authorization(&header).unwrap();
+        assert_eq!(authorization.access_key_id, "AKID");
+        assert_eq!(authorization.region, "eu-west-1");
+        let request = |body: &'static [u8]| Signed {
+            method: "POST",
+            path: "/",
+            query: "",
+            headers: &headers,
+            body,
+        };
+        assert_eq!(verify(&request(body), &authorization, SECRET, THEN), Ok(()));
+        assert_eq!(
+            verify(&request(body), &authorization, "another secret", THEN),
+            Err(Refused::Mismatch)
+        );
+        assert_eq!(
+            verify(
+                &request(br#"{"QueueUrl":"r"}"#),
+                &authorization,
+                SECRET,
+                THEN
+            ),
+            Err(Refused::Mismatch)
+        );
+        assert_eq!(
+            verify(&request(body), &authorization, SECRET, THEN + 16 * 60),
+            Err(Refused::Expired)
+        );
+        assert_eq!(
+            verify(&request(body), &authorization, SECRET, THEN - 14 * 60),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn headers_that_do_not_read_are_refused_as_incomplete_or_missing() {
+        assert_eq!(parse_authorization("Bearer x"), Err(Refused::Missing));
+        for bad in [
+            "AWS4-HMAC-SHA256 Credential=AKID/20150830/eu-west-1/sqs, SignedHeaders=host, \
+             Signature=00",
+            "AWS4-HMAC-SHA256 SignedHeaders=host, Signature=00",
+            "AWS4-HMAC-SHA256 Credential=AKID/20150830/eu-west-1/sqs/aws4_request, \
+             SignedHeaders=host, Signature=zz",
+        ] {
+            assert!(
+                matches!(parse_authorization(bad), Err(Refused::Incomplete(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse_amz_date("20150830T123600Z"), Some(THEN));
+        assert_eq!(parse_amz_date("20150230T123600Z"), None);
+        assert_eq!(parse_amz_date("2015-08-30T12:36:00Z"), None);
+    }
+
+    #[test]
+    fn query_strings_are_sorted_and_encoded_the_sigv4_way() {
+        assert_eq!(canonical_query("b=2&a=1"), "a=1&b=2");
+        assert_eq!(canonical_query("a=x%2fy&c= "), "a=x%2Fy&c=%20");
+        assert_eq!(canonical_query(""), "");
+    }
+}

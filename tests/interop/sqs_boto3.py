@@ -1,0 +1,445 @@
+"""The SQS face with real AWS clients: boto3 for every action, and the AWS CLI for a round trip,
+against the node tests/tests/sqs.rs started. The setup comes as JSON in QE_SQS: the SQS
+endpoint, the three roles' access keys, and the node's WebSocket URL and logins (for the checks
+that one queue serves both faces). Each check prints one `ok` line; any failure raises.
+
+`python sqs_boto3.py all` runs every check; `inflight` and `after-restart` are the two halves
+of the kill -9 test (messages received, the node killed, then visible again with their counts).
+"""
+
+import base64
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import boto3
+import botocore.config
+from botocore.exceptions import ClientError
+from websockets.sync.client import connect as websocket
+
+SETUP = json.loads(os.environ["QE_SQS"])
+ENDPOINT = SETUP["endpoint"]
+REGION = "eu-west-1"
+
+
+def check(name, detail=""):
+    print(f"ok {name}{': ' + detail if detail else ''}", flush=True)
+
+
+def client(role, secret=None, key_id=None):
+    key = SETUP["keys"][role]
+    return boto3.client(
+        "sqs",
+        endpoint_url=ENDPOINT,
+        region_name=REGION,
+        aws_access_key_id=key_id or key[0],
+        aws_secret_access_key=secret or key[1],
+        config=botocore.config.Config(retries={"max_attempts": 0}, read_timeout=30),
+    )
+
+
+ADMIN = client("admin")
+PUBLISHER = client("publisher")
+SUBSCRIBER = client("subscriber")
+URL = ADMIN.get_queue_url(QueueName="queue")["QueueUrl"]
+
+
+def error_code(call):
+    try:
+        call()
+    except ClientError as error:
+        return error.response["Error"]["Code"]
+    raise AssertionError("the call succeeded")
+
+
+def md5(data):
+    return hashlib.md5(data).hexdigest()
+
+
+def attributes_md5(attributes):
+    """MD5OfMessageAttributes, computed here the way AWS documents it."""
+    def part(data):
+        return struct.pack(">I", len(data)) + data
+    out = b""
+    for name in sorted(attributes):
+        attribute = attributes[name]
+        out += part(name.encode()) + part(attribute["DataType"].encode())
+        if "StringValue" in attribute:
+            out += b"\x01" + part(attribute["StringValue"].encode())
+        else:
+            out += b"\x02" + part(attribute["BinaryValue"])
+    return md5(out)
+
+
+def receive(sqs=SUBSCRIBER, **arguments):
+    arguments.setdefault("MaxNumberOfMessages", 10)
+    return sqs.receive_message(QueueUrl=URL, **arguments).get("Messages", [])
+
+
+def drain():
+    """Receives and deletes whatever is visible now."""
+    while True:
+        messages = receive(VisibilityTimeout=60)
+        if not messages:
+            return
+        for message in messages:
+            SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=message["ReceiptHandle"])
+
+
+def ws_login(role, extra=None):
+    name, password = SETUP["logins"][role]
+    socket = websocket(SETUP["ws"], open_timeout=10)
+    request = {"username": name, "password": password, "role": role, "queuetype": "distribute"}
+    request.update(extra or {})
+    socket.send(json.dumps(request))
+    reply = json.loads(socket.recv(timeout=10))
+    assert reply["status"] == "Success.", reply
+    return socket
+
+
+def ws_request(socket, request):
+    socket.send(json.dumps(request))
+    return json.loads(socket.recv(timeout=10))
+
+
+def the_queue_is_found_and_listed():
+    assert URL.endswith("/queue"), URL
+    assert ADMIN.list_queues()["QueueUrls"] == [URL]
+    assert "QueueUrls" not in ADMIN.list_queues(QueueNamePrefix="other") or \
+        ADMIN.list_queues(QueueNamePrefix="other")["QueueUrls"] == []
+    assert error_code(lambda: ADMIN.get_queue_url(QueueName="other")) == \
+        "AWS.SimpleQueueService.NonExistentQueue"
+    try:
+        ADMIN.get_queue_attributes(QueueUrl=URL + "x", AttributeNames=["All"])
+        raise AssertionError("another queue's URL worked")
+    except ADMIN.exceptions.QueueDoesNotExist:
+        pass
+    check("GetQueueUrl, ListQueues; another queue is QueueDoesNotExist", URL)
+
+
+def send_receive_delete_with_attributes_and_digests():
+    drain()
+    attributes = {
+        "trace": {"DataType": "String", "StringValue": "abc-123"},
+        "count": {"DataType": "Number", "StringValue": "42"},
+        "blob": {"DataType": "Binary", "BinaryValue": b"\x00\x01\xfe\xff"},
+        "kind": {"DataType": "String.custom", "StringValue": "é ünïcode"},
+    }
+    body = "Hello from boto3 — ünïcode and \"quotes\""
+    before_ms = int(time.time() * 1000)
+    sent = PUBLISHER.send_message(QueueUrl=URL, MessageBody=body, MessageAttributes=attributes)
+    assert sent["MD5OfMessageBody"] == md5(body.encode()), sent
+    assert sent["MD5OfMessageAttributes"] == attributes_md5(attributes), sent
+    messages = receive(AttributeNames=["All"], MessageAttributeNames=["All"])
+    assert len(messages) == 1, messages
+    message = messages[0]
+    assert message["MessageId"] == sent["MessageId"]
+    assert message["Body"] == body
+    assert message["MD5OfBody"] == md5(body.encode())
+    assert message["MessageAttributes"] == attributes, message["MessageAttributes"]
+    assert message["MD5OfMessageAttributes"] == attributes_md5(attributes)
+    assert message["Attributes"]["ApproximateReceiveCount"] == "1", message
+    sent_ms = int(message["Attributes"]["SentTimestamp"])
+    assert before_ms - 1000 <= sent_ms <= int(time.time() * 1000) + 1000, (before_ms, sent_ms)
+    # Only the attributes asked for, and their digest.
+    PUBLISHER.send_message(QueueUrl=URL, MessageBody="some", MessageAttributes=attributes)
+    some = receive(MessageAttributeNames=["trace", "count"])[0]
+    chosen = {k: attributes[k] for k in ["trace", "count"]}
+    assert some["MessageAttributes"] == chosen and "Attributes" not in some, some
+    assert some["MD5OfMessageAttributes"] == attributes_md5(chosen)
+    for done in [message, some]:
+        SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=done["ReceiptHandle"])
+    assert receive() == []
+    assert error_code(lambda: SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle="nonsense")) \
+        == "ReceiptHandleIsInvalid"
+    check("SendMessage/ReceiveMessage/DeleteMessage: attributes round-trip, MD5s as computed here")
+
+
+def long_polling_returns_when_a_message_arrives_or_after_its_wait():
+    drain()
+    started = time.monotonic()
+    assert receive(WaitTimeSeconds=1) == []
+    waited = time.monotonic() - started
+    assert 0.9 <= waited < 5, waited
+    got = {}
+
+    def poll():
+        got["messages"] = receive(WaitTimeSeconds=15)
+        got["at"] = time.monotonic()
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(0.5)  # the receive is waiting by now; the send must wake it
+    sent_at = time.monotonic()
+    PUBLISHER.send_message(QueueUrl=URL, MessageBody="wake up")
+    poller.join(20)
+    assert [m["Body"] for m in got["messages"]] == ["wake up"], got
+    latency = got["at"] - sent_at
+    assert latency < 10, latency  # well before the 15 s wait ended
+    SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=got["messages"][0]["ReceiptHandle"])
+    check("long polling: empty after its wait, and woken by a send",
+          f"empty wait {waited:.2f} s, woken {latency * 1000:.0f} ms after the send")
+
+
+def visibility_expires_and_changes():
+    drain()
+    PUBLISHER.send_message(QueueUrl=URL, MessageBody="visible again")
+    first = receive(VisibilityTimeout=1, AttributeNames=["ApproximateReceiveCount"])
+    assert len(first) == 1
+    assert receive() == [], "invisible while received"
+    again = receive(WaitTimeSeconds=5, VisibilityTimeout=30, AttributeNames=["All"])
+    assert [m["Body"] for m in again] == ["visible again"], again
+    assert again[0]["Attributes"]["ApproximateReceiveCount"] == "2"
+    # The first receive's handle no longer acts on it.
+    assert error_code(lambda: SUBSCRIBER.change_message_visibility(
+        QueueUrl=URL, ReceiptHandle=first[0]["ReceiptHandle"], VisibilityTimeout=5)) == \
+        "AWS.SimpleQueueService.MessageNotInflight"
+    SUBSCRIBER.change_message_visibility(
+        QueueUrl=URL, ReceiptHandle=again[0]["ReceiptHandle"], VisibilityTimeout=0)
+    third = receive(AttributeNames=["All"])
+    assert third[0]["Attributes"]["ApproximateReceiveCount"] == "3", third
+    batch = SUBSCRIBER.change_message_visibility_batch(QueueUrl=URL, Entries=[
+        {"Id": "good", "ReceiptHandle": third[0]["ReceiptHandle"], "VisibilityTimeout": 60},
+        {"Id": "stale", "ReceiptHandle": first[0]["ReceiptHandle"], "VisibilityTimeout": 60},
+    ])
+    assert [s["Id"] for s in batch["Successful"]] == ["good"], batch
+    assert batch["Failed"][0]["Id"] == "stale"
+    assert batch["Failed"][0]["Code"] == "AWS.SimpleQueueService.MessageNotInflight"
+    SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=third[0]["ReceiptHandle"])
+    assert error_code(lambda: receive(VisibilityTimeout=43201)) == "InvalidParameterValue"
+    check("visibility: expires, changes (0 = at once), stale handles refused; receive counts")
+
+
+def delays_hold_a_message_back():
+    drain()
+    PUBLISHER.send_message(QueueUrl=URL, MessageBody="later", DelaySeconds=1)
+    assert receive() == []
+    later = receive(WaitTimeSeconds=5)
+    assert [m["Body"] for m in later] == ["later"], later
+    SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=later[0]["ReceiptHandle"])
+    assert error_code(lambda: PUBLISHER.send_message(
+        QueueUrl=URL, MessageBody="x", DelaySeconds=901)) == "InvalidParameterValue"
+    check("DelaySeconds: held back, then received; 901 refused")
+
+
+def max_receive_count_moves_the_message_to_the_dead_letter_queue():
+    drain()
+    ADMIN.set_queue_attributes(QueueUrl=URL, Attributes={
+        "RedrivePolicy": json.dumps({"maxReceiveCount": 2, "deadLetterTargetArn": "ignored"})})
+    policy = ADMIN.get_queue_attributes(QueueUrl=URL, AttributeNames=["RedrivePolicy"])
+    assert json.loads(policy["Attributes"]["RedrivePolicy"])["maxReceiveCount"] == 2, policy
+    sent = PUBLISHER.send_message(QueueUrl=URL, MessageBody="poison")
+    for attempt in [1, 2]:
+        got = receive(WaitTimeSeconds=5, VisibilityTimeout=1)
+        assert [m["MessageId"] for m in got] == [sent["MessageId"]], (attempt, got)
+    # The second visibility timeout passes: the message goes to the dead letter queue, not
+    # back (no third receive needed).
+    admin = ws_login("admin")
+    deadline = time.monotonic() + 10
+    while True:
+        page = ws_request(admin, {"cmd": "getdlqmsgs", "after": "", "count": 10})
+        if sent["MessageId"] in page["csv"]:
+            break
+        assert time.monotonic() < deadline, page
+        time.sleep(0.1)
+    shown = ws_request(admin, {"cmd": "getdlqmsg", "id": sent["MessageId"]})
+    assert shown["dlqreason"] == "max-receive-count", shown
+    assert receive() == []
+    ws_request(admin, {"cmd": "deldlqmsg", "id": sent["MessageId"]})
+    admin.close()
+    ADMIN.set_queue_attributes(QueueUrl=URL, Attributes={
+        "RedrivePolicy": json.dumps({"maxReceiveCount": 0})})
+    check("max receive count: after the last visibility timeout, into the DLQ with its reason")
+
+
+def batches_succeed_and_fail_entry_by_entry():
+    drain()
+    result = PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
+        {"Id": "a", "MessageBody": "first",
+         "MessageAttributes": {"n": {"DataType": "Number", "StringValue": "1"}}},
+        {"Id": "b", "MessageBody": "too late", "DelaySeconds": 901},
+        {"Id": "c", "MessageBody": "third"},
+    ])
+    assert sorted(s["Id"] for s in result["Successful"]) == ["a", "c"], result
+    a = next(s for s in result["Successful"] if s["Id"] == "a")
+    assert a["MD5OfMessageBody"] == md5(b"first")
+    assert a["MD5OfMessageAttributes"] == attributes_md5({"n": {"DataType": "Number", "StringValue": "1"}})
+    assert result["Failed"] == [{"Id": "b", "SenderFault": True, "Code": "InvalidParameterValue",
+                                 "Message": result["Failed"][0]["Message"]}], result
+    assert error_code(lambda: PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
+        {"Id": "same", "MessageBody": "x"}, {"Id": "same", "MessageBody": "y"}])) == \
+        "AWS.SimpleQueueService.BatchEntryIdsNotDistinct"
+    assert error_code(lambda: PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
+        {"Id": f"e{n}", "MessageBody": "x"} for n in range(11)])) == \
+        "AWS.SimpleQueueService.TooManyEntriesInBatchRequest"
+    assert error_code(lambda: PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
+        {"Id": "no spaces", "MessageBody": "x"}])) == "AWS.SimpleQueueService.InvalidBatchEntryId"
+    got = receive()
+    assert sorted(m["Body"] for m in got) == ["first", "third"], got
+    deleted = SUBSCRIBER.delete_message_batch(QueueUrl=URL, Entries=[
+        {"Id": f"d{n}", "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(got)
+    ] + [{"Id": "bad", "ReceiptHandle": "nonsense"}])
+    assert len(deleted["Successful"]) == 2, deleted
+    assert deleted["Failed"][0]["Id"] == "bad"
+    assert deleted["Failed"][0]["Code"] == "ReceiptHandleIsInvalid"
+    assert receive() == []
+    check("SendMessageBatch/DeleteMessageBatch: partial failures by entry; batch faults refused")
+
+
+def signatures_and_roles_are_checked():
+    assert error_code(lambda: client("admin", secret="not the secret").list_queues()) == \
+        "SignatureDoesNotMatch"
+    assert error_code(lambda: client("admin", key_id="AKIANOBODY").list_queues()) == \
+        "InvalidClientTokenId"
+    assert error_code(lambda: receive(PUBLISHER)) == "AccessDenied"
+    assert error_code(lambda: SUBSCRIBER.send_message(QueueUrl=URL, MessageBody="x")) == \
+        "AccessDenied"
+    assert error_code(lambda: SUBSCRIBER.purge_queue(QueueUrl=URL)) == "AccessDenied"
+    assert error_code(lambda: PUBLISHER.set_queue_attributes(
+        QueueUrl=URL, Attributes={"VisibilityTimeout": "5"})) == "AccessDenied"
+    check("SigV4: a wrong secret, an unknown key and each role's limits refused")
+
+
+def attributes_map_to_settings():
+    drain()
+    ADMIN.set_queue_attributes(QueueUrl=URL, Attributes={"VisibilityTimeout": "45",
+                                                         "MaximumMessageSize": "1024"})
+    shown = ADMIN.get_queue_attributes(QueueUrl=URL, AttributeNames=["All"])["Attributes"]
+    assert shown["VisibilityTimeout"] == "45" and shown["MaximumMessageSize"] == "1024", shown
+    assert error_code(lambda: PUBLISHER.send_message(QueueUrl=URL, MessageBody="x" * 2000)) == \
+        "InvalidParameterValue"
+    assert error_code(lambda: ADMIN.set_queue_attributes(
+        QueueUrl=URL, Attributes={"VisibilityTimeout": "43201"})) == "InvalidAttributeValue"
+    assert error_code(lambda: ADMIN.set_queue_attributes(
+        QueueUrl=URL, Attributes={"FifoQueue": "true"})) == "InvalidAttributeName"
+    ADMIN.set_queue_attributes(QueueUrl=URL, Attributes={"VisibilityTimeout": "30",
+                                                         "MaximumMessageSize": "65536"})
+    admin = ws_login("admin")
+    config = ws_request(admin, {"cmd": "getcfg"})["csv"]
+    assert "visibility-timeout-secs,w,30\n" in config and "max-ws-msg-len,w,65536\n" in config
+    admin.close()
+    for n in range(3):
+        PUBLISHER.send_message(QueueUrl=URL, MessageBody=f"counted {n}")
+    PUBLISHER.send_message(QueueUrl=URL, MessageBody="delayed", DelaySeconds=600)
+    receive(MaxNumberOfMessages=1, VisibilityTimeout=600)
+    shown = ADMIN.get_queue_attributes(QueueUrl=URL, AttributeNames=["All"])["Attributes"]
+    counts = [shown[k] for k in ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                                 "ApproximateNumberOfMessagesDelayed"]]
+    assert counts == ["2", "1", "1"], shown
+    ADMIN.purge_queue(QueueUrl=URL)
+    shown = ADMIN.get_queue_attributes(QueueUrl=URL, AttributeNames=["ApproximateNumberOfMessages",
+                                                                    "ApproximateNumberOfMessagesDelayed"])
+    assert shown["Attributes"] == {"ApproximateNumberOfMessages": "0",
+                                   "ApproximateNumberOfMessagesDelayed": "0"}, shown
+    check("Get/SetQueueAttributes are the node's settings; counts; PurgeQueue")
+
+
+def one_queue_two_faces():
+    drain()
+    publisher = ws_login("publisher")
+    reply = ws_request(publisher, {"body": "from the WebSocket"})
+    assert reply["status"] == "Success.", reply
+    got = receive(AttributeNames=["All"])
+    assert [(m["Body"], m["MessageId"]) for m in got] == [("from the WebSocket", reply["id"])], got
+    SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=got[0]["ReceiptHandle"])
+    subscriber = ws_login("subscriber", {"capacity": 1})
+    sent = PUBLISHER.send_message(QueueUrl=URL, MessageBody="from SQS", MessageAttributes={
+        "k": {"DataType": "String", "StringValue": "v"}})
+    frame = json.loads(subscriber.recv(timeout=10))
+    assert frame["id"] == sent["MessageId"] and frame["body"] == "from SQS", frame
+    assert frame["attributes"] == {"k": {"DataType": "String", "StringValue": "v"}}, frame
+    # Held by the WebSocket subscriber: invisible to an SQS receive.
+    assert receive() == []
+    ack = ws_request(subscriber, {"id": frame["id"], "ack": 1})
+    assert ack["status"] == "Success.", ack
+    for socket in [publisher, subscriber]:
+        socket.close()
+    check("one queue, two faces: WebSocket to SQS, SQS to WebSocket, held is invisible")
+
+
+def the_aws_cli_round_trip():
+    drain()
+    key = SETUP["keys"]["admin"]
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=key[0], AWS_SECRET_ACCESS_KEY=key[1],
+               AWS_DEFAULT_REGION=REGION, AWS_PAGER="")
+    aws = os.path.join(os.path.dirname(sys.executable), "aws")
+
+    def cli(*arguments):
+        output = subprocess.run([aws, "sqs", *arguments, "--endpoint-url", ENDPOINT, "--output", "json"],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert output.returncode == 0, output.stderr
+        return json.loads(output.stdout) if output.stdout.strip() else {}
+
+    sent = cli("send-message", "--queue-url", URL, "--message-body", "from the aws cli")
+    assert sent["MD5OfMessageBody"] == md5(b"from the aws cli"), sent
+    got = cli("receive-message", "--queue-url", URL, "--wait-time-seconds", "5")
+    assert got["Messages"][0]["Body"] == "from the aws cli", got
+    cli("delete-message", "--queue-url", URL, "--receipt-handle", got["Messages"][0]["ReceiptHandle"])
+    assert cli("receive-message", "--queue-url", URL).get("Messages", []) == []
+    check("the AWS CLI: send-message, receive-message, delete-message")
+
+
+def over_https():
+    """The node serves TLS: the SQS face too, with the same certificate (AWS_CA_BUNDLE trusts
+    its CA)."""
+    assert ENDPOINT.startswith("https://") and URL.startswith("https://"), (ENDPOINT, URL)
+    sent = PUBLISHER.send_message(QueueUrl=URL, MessageBody="over https")
+    got = receive(WaitTimeSeconds=5)
+    assert [(m["Body"], m["MessageId"]) for m in got] == [("over https", sent["MessageId"])], got
+    SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=got[0]["ReceiptHandle"])
+    check("over HTTPS with the queue's certificate: send, receive, delete", URL)
+
+
+def inflight():
+    """Before a kill -9: three messages, two of them received (invisible, counted once)."""
+    drain()
+    for body in ["one", "two", "three"]:
+        PUBLISHER.send_message(QueueUrl=URL, MessageBody=body)
+    got = receive(MaxNumberOfMessages=2, VisibilityTimeout=600)
+    assert len(got) == 2, got
+    print(json.dumps(sorted(m["Body"] for m in got)), flush=True)
+    check("in flight before the kill", ", ".join(m["Body"] for m in got))
+
+
+def after_restart():
+    """After the kill: every message visible at once, receive counts kept."""
+    held = json.loads(os.environ["QE_SQS_HELD"])
+    got = receive(AttributeNames=["ApproximateReceiveCount"])
+    counts = {m["Body"]: m["Attributes"]["ApproximateReceiveCount"] for m in got}
+    expected = {body: ("2" if body in held else "1") for body in ["one", "two", "three"]}
+    assert counts == expected, (counts, expected)
+    check("after kill -9: invisible messages visible again, receive counts kept", json.dumps(counts))
+
+
+CHECKS = [
+    the_queue_is_found_and_listed,
+    send_receive_delete_with_attributes_and_digests,
+    long_polling_returns_when_a_message_arrives_or_after_its_wait,
+    visibility_expires_and_changes,
+    delays_hold_a_message_back,
+    max_receive_count_moves_the_message_to_the_dead_letter_queue,
+    batches_succeed_and_fail_entry_by_entry,
+    signatures_and_roles_are_checked,
+    attributes_map_to_settings,
+    one_queue_two_faces,
+    the_aws_cli_round_trip,
+]
+
+if __name__ == "__main__":
+    phase = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if phase == "all":
+        for run in CHECKS:
+            run()
+    elif phase == "inflight":
+        inflight()
+    elif phase == "https":
+        over_https()
+    elif phase == "after-restart":
+        after_restart()
+    else:
+        raise SystemExit(f"unknown phase {phase}")

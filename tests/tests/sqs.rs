@@ -1,0 +1,144 @@
+//! The SQS face (docs/sqs.md) with real AWS clients against the real node: boto3 for every
+//! action and the AWS CLI for a round trip (tests/interop/sqs_boto3.py), both faces of one
+//! queue, and a kill -9 with messages in flight.
+
+use qe_tests::{python, workspace, Node, ADMIN, PUBLISHER, SUBSCRIBER};
+use serde_json::{json, Value};
+
+/// The three roles' SQS keys the node is started with.
+const KEYS: [(&str, &str, &str); 3] = [
+    ("publisher", "AKIAQEPUBLISHER", "publisher-secret/+x"),
+    ("subscriber", "AKIAQESUBSCRIBER", "subscriber-secret"),
+    ("admin", "AKIAQEADMIN", "admin-secret"),
+];
+
+fn sqs_flags() -> Vec<String> {
+    let mut flags = vec!["--sqs-listen".to_string(), "127.0.0.1:0".to_string()];
+    for (role, id, secret) in KEYS {
+        flags.push("--sqs-key".into());
+        flags.push(format!("{role}:{id}:{secret}"));
+    }
+    flags
+}
+
+fn start(node: Option<Node>) -> Node {
+    start_with(node, &[])
+}
+
+fn start_with(node: Option<Node>, extra: &[&str]) -> Node {
+    let mut flags = sqs_flags();
+    flags.extend(extra.iter().map(|flag| flag.to_string()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    match node {
+        None => Node::start_with(&flags),
+        Some(node) => node.restart(&flags),
+    }
+}
+
+/// What the script needs: the SQS endpoint (from the node's log; by name over TLS, which
+/// the test certificate is for), the keys, the WebSocket URL and logins.
+fn setup(node: &Node, tls: bool) -> Value {
+    let log = node.wait_for_log("sqs: serving on ");
+    let addr = log
+        .split("sqs: serving on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the SQS address in the log")
+        .trim_matches('"');
+    let keys: serde_json::Map<String, Value> = KEYS
+        .iter()
+        .map(|(role, id, secret)| (role.to_string(), json!([id, secret])))
+        .collect();
+    let port = addr.rsplit(':').next().unwrap();
+    let endpoint = match tls {
+        true => format!("https://localhost:{port}"),
+        false => format!("http://{addr}"),
+    };
+    json!({
+        "endpoint": endpoint,
+        "keys": keys,
+        "ws": node.url(),
+        "logins": {
+            "publisher": [PUBLISHER.0, PUBLISHER.1],
+            "subscriber": [SUBSCRIBER.0, SUBSCRIBER.1],
+            "admin": [ADMIN.0, ADMIN.1],
+        },
+    })
+}
+
+/// Runs the script's `phase`; its output, or a panic with it.
+async fn run(node: &Node, phase: &str, extra_env: &[(&str, &str)]) -> String {
+    let tls = extra_env.iter().any(|(name, _)| *name == "AWS_CA_BUNDLE");
+    let script = workspace().join("tests/interop/sqs_boto3.py");
+    let mut command = tokio::process::Command::new(python());
+    command
+        .arg(&script)
+        .arg(phase)
+        .env("QE_SQS", setup(node, tls).to_string());
+    for (name, value) in extra_env {
+        command.env(name, value);
+    }
+    let output = tokio::time::timeout(std::time::Duration::from_secs(240), command.output())
+        .await
+        .expect("the script finishes")
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    print!("{stdout}");
+    assert!(
+        output.status.success(),
+        "{phase} failed:\n{stdout}\n{stderr}\n--- node log ---\n{}",
+        node.log()
+    );
+    stdout
+}
+
+#[tokio::test]
+async fn boto3_and_the_aws_cli_drive_every_action() {
+    let node = start(None);
+    let output = run(&node, "all", &[]).await;
+    assert_eq!(output.lines().filter(|l| l.starts_with("ok ")).count(), 11);
+}
+
+#[tokio::test]
+async fn after_a_kill_messages_in_flight_are_visible_again_with_their_receive_counts() {
+    let node = start(None);
+    let output = run(&node, "inflight", &[]).await;
+    let held = output
+        .lines()
+        .find(|line| line.starts_with('['))
+        .expect("the held bodies")
+        .to_string();
+    let node = start(Some(node));
+    run(&node, "after-restart", &[("QE_SQS_HELD", &held)]).await;
+}
+
+#[tokio::test]
+async fn over_tls_the_sqs_face_serves_https_with_the_nodes_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = qe_tests::test_ca("SQS test CA");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let leaf = params.signed_by(&key, &ca).unwrap();
+    let (cert_path, key_path, ca_path) = (
+        dir.path().join("cert.pem"),
+        dir.path().join("key.pem"),
+        dir.path().join("ca.pem"),
+    );
+    std::fs::write(&cert_path, leaf.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    let tls = [
+        "--tls-cert",
+        cert_path.to_str().unwrap(),
+        "--tls-key",
+        key_path.to_str().unwrap(),
+    ];
+    let node = start_with(None, &tls);
+    run(
+        &node,
+        "https",
+        &[("AWS_CA_BUNDLE", ca_path.to_str().unwrap())],
+    )
+    .await;
+}

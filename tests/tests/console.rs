@@ -71,19 +71,23 @@ async fn report_history(cp: &ControlPlane, id: &str) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let stats: Vec<Value> = [(1800, 1, None), (1200, 3, Some((7, 5))), (600, 2, Some((4, 6)))]
-        .iter()
-        .map(|(ago, depth, flow)| {
-            let mut record = json!({"time": now - ago, "messages": depth, "publishers": 1,
+    let stats: Vec<Value> = [
+        (1800, 1, None),
+        (1200, 3, Some((7, 5))),
+        (600, 2, Some((4, 6))),
+    ]
+    .iter()
+    .map(|(ago, depth, flow)| {
+        let mut record = json!({"time": now - ago, "messages": depth, "publishers": 1,
                 "subscribers": 0, "saved_subscribers": 0, "administrators": 0,
                 "unacknowledged": 0, "dead_letter": 0, "delayed": 0, "durable": 0});
-            if let Some((published, delivered)) = flow {
-                record["published"] = json!(published);
-                record["delivered"] = json!(delivered);
-            }
-            record
-        })
-        .collect();
+        if let Some((published, delivered)) = flow {
+            record["published"] = json!(published);
+            record["delivered"] = json!(delivered);
+        }
+        record
+    })
+    .collect();
     let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
     let usage: Vec<Value> = [(1500, 1000), (900, 4000)]
         .iter()

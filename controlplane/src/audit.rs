@@ -98,6 +98,8 @@ pub fn action_of(method: &str, route: &str) -> Option<&'static str> {
         ("POST", "/v1/queues/{id}/logins/{role}/rotate") => "queue.login.rotate",
         ("POST", "/v1/queues/{id}/node-credential/rotate") => "queue.node-credential.rotate",
         ("POST", "/v1/queues/{id}/console-token") => CONSOLE_TOKEN,
+        ("POST", "/v1/queues/{id}/sqs-keys") => "queue.sqs-key.create",
+        ("DELETE", "/v1/queues/{id}/sqs-keys/{key}") => "queue.sqs-key.revoke",
         ("POST", "/v1/accounts") => "account.create",
         ("PATCH", "/v1/accounts/{id}") => "account.change",
         ("POST", "/v1/accounts/{id}/keys") => "key.create",

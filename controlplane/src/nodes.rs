@@ -80,6 +80,17 @@ impl NodeTokens {
         Ok(NodeTokens { secret })
     }
 
+    /// The secret of SQS access key `access_key_id` of queue `queue_id`: derived, never kept,
+    /// so it can be shown once and given to the node without resting in the store.
+    pub fn sqs_secret(&self, queue_id: &str, access_key_id: &str) -> String {
+        use base64::Engine;
+        let mac = hmac_sha256(
+            &self.secret,
+            format!("sqs-key/{queue_id}/{access_key_id}").as_bytes(),
+        );
+        base64::engine::general_purpose::STANDARD.encode(&mac[..30])
+    }
+
     /// The token of credential number `credential` of queue `queue_id`.
     pub fn token_for(&self, queue_id: &str, credential: u64) -> String {
         qe_shared::hex(&hmac_sha256(

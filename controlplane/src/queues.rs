@@ -85,7 +85,27 @@ pub struct Queue {
     /// made for no account (and for every queue made before there were accounts).
     #[serde(default)]
     pub account: Option<String>,
+    /// Its SQS access keys (docs/sqs.md), revoked ones too (they are not used again). Their
+    /// secrets are not kept: each is derived from the cluster's node secret when needed
+    /// ([`crate::nodes::NodeTokens::sqs_secret`]).
+    #[serde(default)]
+    pub sqs_keys: Vec<SqsKeyRecord>,
 }
+
+/// One SQS access key of a queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SqsKeyRecord {
+    pub access_key_id: String,
+    /// `publisher`, `subscriber` or `admin`.
+    pub role: String,
+    /// When it was made, in seconds since 1970.
+    pub created: u64,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
+/// The most SQS keys a queue holds, revoked ones included.
+pub const MAX_SQS_KEYS: usize = 32;
 
 fn first_version() -> u64 {
     1
@@ -123,6 +143,7 @@ impl Queue {
             live_stats_secs: None,
             usage_record_secs: None,
             stats_record_secs: None,
+            sqs: None,
         }
     }
 }
@@ -231,6 +252,7 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
         resources: Default::default(),
         last_report: None,
         account: new.account,
+        sqs_keys: Vec::new(),
     };
     let logins = IssuedLogins {
         publisher,

@@ -279,6 +279,20 @@ pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> C
         live_stats_secs: desired.live_stats_secs,
         usage_record_secs: desired.usage_record_secs,
         stats_record_secs: desired.stats_record_secs,
+        sqs_listen: desired
+            .sqs
+            .as_ref()
+            .and_then(|sqs| sqs.listen.first().copied()),
+        sqs_keys: desired
+            .sqs
+            .as_ref()
+            .map(|sqs| {
+                sqs.keys
+                    .iter()
+                    .map(crate::config::SqsKeyFile::from)
+                    .collect()
+            })
+            .unwrap_or_default(),
         ..ConfigFile::default()
     }
 }
@@ -337,6 +351,19 @@ pub async fn watch(channel: Channel, data_dir: PathBuf, started: u64, apply: Arc
 }
 
 /// The logins of a desired config, as the node checks them.
+/// The SQS keys a desired config gives, checked.
+pub fn sqs_keys(
+    keys: &[qe_shared::node_channel::SqsKeySecret],
+) -> Result<Vec<crate::sqs::SqsKey>, String> {
+    keys.iter()
+        .map(|key| {
+            let text = format!("{}:{}:{}", key.role, key.access_key_id, key.secret);
+            crate::sqs::SqsKey::parse(&text)
+                .ok_or_else(|| format!("SQS key {} does not read", key.access_key_id))
+        })
+        .collect()
+}
+
 pub fn logins(desired: &DesiredConfig) -> Result<crate::auth::Logins, String> {
     let login = |login: &LoginHash, role: &str| {
         let password = crate::auth::PasswordHash::parse(&login.password_hash)
@@ -442,6 +469,9 @@ impl Apply for NodeApply {
                 self.take_token(token)?;
             }
             self.node.replace_logins(logins);
+            if let Some(sqs) = &desired.sqs {
+                self.node.replace_sqs_keys(sqs_keys(&sqs.keys)?);
+            }
             match (&self.own_certificate, &desired.tls) {
                 (Some(own), NodeTls::Queue { generation, .. }) => {
                     own.renew_if_asked(*generation).await

@@ -153,6 +153,30 @@ pub struct ConfigFile {
     /// For `controlplane dev` and tests only: a stats record this often (seconds, 1 to 300)
     /// instead of at `stats-frequency-secs` (300 at least, by the manual).
     pub stats_record_secs: Option<u64>,
+    /// Where the SQS face listens (docs/sqs.md). None: not served.
+    pub sqs_listen: Option<SocketAddr>,
+    /// The SQS face's access keys (from the control plane's desired config).
+    #[serde(default)]
+    pub sqs_keys: Vec<SqsKeyFile>,
+}
+
+/// An SQS access key as the config holds it (SigV4 needs the secret itself).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SqsKeyFile {
+    pub access_key_id: String,
+    pub role: String,
+    pub secret: String,
+}
+
+impl From<&qe_shared::node_channel::SqsKeySecret> for SqsKeyFile {
+    fn from(key: &qe_shared::node_channel::SqsKeySecret) -> SqsKeyFile {
+        SqsKeyFile {
+            access_key_id: key.access_key_id.clone(),
+            role: key.role.clone(),
+            secret: key.secret.clone(),
+        }
+    }
 }
 
 /// Where the node reports its history, and as whom.
@@ -416,15 +440,21 @@ impl Config {
         {
             return Err(invalid("stats_record_secs is 1 to 300"));
         }
+        let from_file = file
+            .sqs_keys
+            .iter()
+            .map(|key| format!("{}:{}:{}", key.role, key.access_key_id, key.secret));
         let sqs_keys = flags
             .sqs_key
             .iter()
+            .cloned()
+            .chain(from_file)
             .map(|text| {
-                crate::sqs::SqsKey::parse(text)
-                    .ok_or_else(|| invalid("--sqs-key takes ROLE:ACCESS_KEY_ID:SECRET"))
+                crate::sqs::SqsKey::parse(&text)
+                    .ok_or_else(|| invalid("an SQS key is not ROLE:ACCESS_KEY_ID:SECRET"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let sqs = match flags.sqs_listen {
+        let sqs = match flags.sqs_listen.or(file.sqs_listen) {
             Some(listen) => Some(SqsConfig {
                 listen,
                 keys: sqs_keys,

@@ -204,7 +204,7 @@ async fn main() -> ExitCode {
             Arc::new(apply),
         ));
     }
-    if let (Some(sqs), Some(listener)) = (&config.sqs, sqs_listener) {
+    if let Some(listener) = sqs_listener {
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
@@ -212,12 +212,7 @@ async fn main() -> ExitCode {
             .report_to
             .as_ref()
             .map_or("queue".to_string(), |to| to.queue_id.clone());
-        let face = Sqs::new(
-            node.clone(),
-            sqs.keys.clone(),
-            queue_name,
-            sqs_acceptor.is_some(),
-        );
+        let face = Sqs::new(node.clone(), queue_name, sqs_acceptor.is_some());
         tokio::spawn(face.run(listener, sqs_acceptor));
         say(&format!("sqs: serving on {addr}"));
         tracing::info!("sqs: serving on {addr}");

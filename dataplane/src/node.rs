@@ -30,6 +30,8 @@ pub struct Node {
     pub copy: Arc<CopyQueue>,
     /// The three logins; a rotation replaces them while connections go on.
     logins: RwLock<Logins>,
+    /// The SQS face's access keys (docs/sqs.md): its logins.
+    sqs_keys: RwLock<Vec<crate::sqs::SqsKey>>,
     pub tier: Tier,
     pub limits: NodeLimits,
     /// Where the settings are kept across restarts.
@@ -149,6 +151,13 @@ impl Node {
             queue,
             copy: Arc::default(),
             logins: RwLock::new(config.logins.clone()),
+            sqs_keys: RwLock::new(
+                config
+                    .sqs
+                    .as_ref()
+                    .map(|sqs| sqs.keys.clone())
+                    .unwrap_or_default(),
+            ),
             tier: config.tier,
             limits,
             meta,
@@ -203,6 +212,19 @@ impl Node {
     /// New logins, for new logins from now on; open connections go on.
     pub fn replace_logins(&self, logins: Logins) {
         *self.logins.write().expect("never poisoned") = logins;
+    }
+
+    /// New SQS keys, from the next SQS request on (a key made, or one revoked).
+    pub fn replace_sqs_keys(&self, keys: Vec<crate::sqs::SqsKey>) {
+        *self.sqs_keys.write().expect("never poisoned") = keys;
+    }
+
+    /// The SQS key with this access key id, if the queue has it.
+    pub fn sqs_key(&self, access_key_id: &str) -> Option<crate::sqs::SqsKey> {
+        let keys = self.sqs_keys.read().expect("never poisoned");
+        keys.iter()
+            .find(|key| key.access_key_id == access_key_id)
+            .cloned()
     }
 
     /// The nine columns of `getlivestats`: messages, publishers, subscribers, saved

@@ -119,6 +119,45 @@ pub struct DesiredConfig {
     /// often (seconds, 1 to 300) instead of at `stats-frequency-secs` (300 at least).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats_record_secs: Option<u64>,
+    /// The SQS face (docs/sqs.md): where it listens (taken at start) and its access keys
+    /// (applied at once). None: not served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs: Option<DesiredSqs>,
+}
+
+/// A node's SQS face, as the control plane wants it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredSqs {
+    pub listen: Vec<SocketAddr>,
+    /// The keys not revoked. SigV4 needs the secret itself to check a signature, so the node
+    /// holds it (as it holds its credential: in memory, and in its 0600 kept config).
+    pub keys: Vec<SqsKeySecret>,
+}
+
+/// One SQS access key as the node checks it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqsKeySecret {
+    pub access_key_id: String,
+    /// `publisher`, `subscriber` or `admin`.
+    pub role: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for DesiredSqs {
+    /// Never the secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<(&str, &str)> = self
+            .keys
+            .iter()
+            .map(|key| (key.access_key_id.as_str(), key.role.as_str()))
+            .collect();
+        f.debug_struct("DesiredSqs")
+            .field("listen", &self.listen)
+            .field("keys", &keys)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for DesiredConfig {
@@ -131,6 +170,7 @@ impl std::fmt::Debug for DesiredConfig {
             .field("tls", &self.tls)
             .field("logins", &self.logins)
             .field("rotating_credential", &self.node_token.is_some())
+            .field("sqs", &self.sqs)
             .finish_non_exhaustive()
     }
 }
@@ -406,6 +446,7 @@ mod tests {
             live_stats_secs: None,
             usage_record_secs: None,
             stats_record_secs: None,
+            sqs: None,
         };
         let text = serde_json::to_string(&config).unwrap();
         assert!(!text.contains("live_stats_secs"), "left out unless set");

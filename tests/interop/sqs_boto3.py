@@ -46,7 +46,8 @@ def client(role, secret=None, key_id=None):
 ADMIN = client("admin")
 PUBLISHER = client("publisher")
 SUBSCRIBER = client("subscriber")
-URL = ADMIN.get_queue_url(QueueName="queue")["QueueUrl"]
+QUEUE = SETUP.get("queue", "queue")
+URL = ADMIN.get_queue_url(QueueName=QUEUE)["QueueUrl"]
 
 
 def error_code(call):
@@ -108,7 +109,7 @@ def ws_request(socket, request):
 
 
 def the_queue_is_found_and_listed():
-    assert URL.endswith("/queue"), URL
+    assert URL.endswith(f"/{QUEUE}"), URL
     assert ADMIN.list_queues()["QueueUrls"] == [URL]
     assert "QueueUrls" not in ADMIN.list_queues(QueueNamePrefix="other") or \
         ADMIN.list_queues(QueueNamePrefix="other")["QueueUrls"] == []
@@ -395,6 +396,24 @@ def over_https():
     check("over HTTPS with the queue's certificate: send, receive, delete", URL)
 
 
+def keys_from_the_control_plane():
+    """A queue of the control plane, with keys it issued: each role's key works as its role."""
+    assert URL.endswith("/" + QUEUE), URL
+    sent = PUBLISHER.send_message(QueueUrl=URL, MessageBody="with the control plane's keys")
+    got = receive(WaitTimeSeconds=5)
+    assert [m["MessageId"] for m in got] == [sent["MessageId"]], got
+    SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=got[0]["ReceiptHandle"])
+    assert error_code(lambda: receive(PUBLISHER)) == "AccessDenied"
+    check("keys the control plane issued: send, receive, delete, each as its role", URL)
+
+
+def revoked():
+    """After the subscriber's key was revoked: refused as unknown; the others still work."""
+    assert error_code(lambda: receive()) == "InvalidClientTokenId"
+    PUBLISHER.send_message(QueueUrl=URL, MessageBody="still works")
+    check("a revoked key is refused; the others go on")
+
+
 def inflight():
     """Before a kill -9: three messages, two of them received (invisible, counted once)."""
     drain()
@@ -439,6 +458,10 @@ if __name__ == "__main__":
         inflight()
     elif phase == "https":
         over_https()
+    elif phase == "control-plane":
+        keys_from_the_control_plane()
+    elif phase == "revoked":
+        revoked()
     elif phase == "after-restart":
         after_restart()
     else:

@@ -478,6 +478,8 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/bills",
         "/v1/invoices",
         "/v1/queues/{id}/console-token",
+        "/v1/queues/{id}/sqs-keys",
+        "/v1/queues/{id}/sqs-keys/{key}",
         "/v1/audit",
         "/v1/accounts",
         "/v1/accounts/{id}",

@@ -172,6 +172,7 @@ fn desired() -> DesiredConfig {
         live_stats_secs: None,
         usage_record_secs: None,
         stats_record_secs: None,
+        sqs: None,
     }
 }
 

@@ -2,7 +2,7 @@
 //! action and the AWS CLI for a round trip (tests/interop/sqs_boto3.py), both faces of one
 //! queue, and a kill -9 with messages in flight.
 
-use qe_tests::{python, workspace, Node, ADMIN, PUBLISHER, SUBSCRIBER};
+use qe_tests::{python, workspace, ControlPlane, Node, ADMIN, PUBLISHER, SUBSCRIBER};
 use serde_json::{json, Value};
 
 /// The three roles' SQS keys the node is started with.
@@ -66,15 +66,19 @@ fn setup(node: &Node, tls: bool) -> Value {
     })
 }
 
-/// Runs the script's `phase`; its output, or a panic with it.
+/// Runs the script's `phase` against `node`; its output, or a panic with it.
 async fn run(node: &Node, phase: &str, extra_env: &[(&str, &str)]) -> String {
     let tls = extra_env.iter().any(|(name, _)| *name == "AWS_CA_BUNDLE");
+    run_with(&setup(node, tls), phase, extra_env, &node.log()).await
+}
+
+async fn run_with(setup: &Value, phase: &str, extra_env: &[(&str, &str)], log: &str) -> String {
     let script = workspace().join("tests/interop/sqs_boto3.py");
     let mut command = tokio::process::Command::new(python());
     command
         .arg(&script)
         .arg(phase)
-        .env("QE_SQS", setup(node, tls).to_string());
+        .env("QE_SQS", setup.to_string());
     for (name, value) in extra_env {
         command.env(name, value);
     }
@@ -87,8 +91,7 @@ async fn run(node: &Node, phase: &str, extra_env: &[(&str, &str)]) -> String {
     print!("{stdout}");
     assert!(
         output.status.success(),
-        "{phase} failed:\n{stdout}\n{stderr}\n--- node log ---\n{}",
-        node.log()
+        "{phase} failed:\n{stdout}\n{stderr}\n--- log ---\n{log}"
     );
     stdout
 }
@@ -141,4 +144,68 @@ async fn over_tls_the_sqs_face_serves_https_with_the_nodes_certificate() {
         &[("AWS_CA_BUNDLE", ca_path.to_str().unwrap())],
     )
     .await;
+}
+
+/// Keys from the control plane: made per role (the secret shown once, never listed), given
+/// to the node with its config, audited; a revoked one is refused by the node.
+#[tokio::test]
+async fn the_control_plane_issues_and_revokes_a_queues_sqs_keys() {
+    let cp = ControlPlane::start();
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let id = queue["id"].as_str().unwrap();
+    let path = format!("/v1/queues/{id}/sqs-keys");
+    let mut keys = serde_json::Map::new();
+    let mut endpoint = String::new();
+    for role in ["publisher", "subscriber", "admin"] {
+        let body = json!({ "role": role }).to_string();
+        let (status, made) = cp.call("POST", &path, Some(&body)).await;
+        assert_eq!(status, 201, "{made}");
+        assert_eq!(made["role"], role);
+        assert_eq!(made["applied"], true, "{made}");
+        let key_id = made["access_key_id"].as_str().unwrap();
+        assert!(key_id.starts_with("QE") && key_id.len() == 20, "{key_id}");
+        keys.insert(role.into(), json!([key_id, made["secret"]]));
+        endpoint = made["endpoint"].as_str().unwrap().to_string();
+        assert_eq!(made["queue_url"], format!("{endpoint}/{id}"));
+    }
+    let (status, refused) = cp.call("POST", &path, Some(r#"{"role":"root"}"#)).await;
+    assert_eq!(status, 400, "{refused}");
+    let (status, listed) = cp.call("GET", &path, None).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["keys"].as_array().unwrap().len(), 3);
+    assert!(!listed.to_string().contains("secret"), "{listed}");
+    let setup = json!({ "endpoint": endpoint, "keys": keys, "queue": id });
+    run_with(&setup, "control-plane", &[], "").await;
+
+    let subscriber = keys["subscriber"][0].as_str().unwrap();
+    let (status, revoked) = cp
+        .call("DELETE", &format!("{path}/{subscriber}"), None)
+        .await;
+    assert_eq!(
+        (status, revoked["applied"].as_bool()),
+        (200, Some(true)),
+        "{revoked}"
+    );
+    run_with(&setup, "revoked", &[], "").await;
+    let (status, again) = cp
+        .call("DELETE", &format!("{path}/{subscriber}"), None)
+        .await;
+    assert_eq!(status, 404, "{again}");
+    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|entry| entry["action"].as_str())
+        .collect();
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| **a == "queue.sqs-key.create")
+            .count(),
+        4,
+        "three made and one refused: {actions:?}"
+    );
+    assert!(actions.contains(&"queue.sqs-key.revoke"), "{actions:?}");
 }

@@ -95,6 +95,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/queues/{id}", get(queues::get).delete(queues::delete))
         .route("/v1/queues/{id}/logins/{role}/rotate", post(queues::rotate))
         .route("/v1/queues/{id}/console-token", post(queues::console_token))
+        .route(
+            "/v1/queues/{id}/sqs-keys",
+            post(queues::create_sqs_key).get(queues::list_sqs_keys),
+        )
+        .route(
+            "/v1/queues/{id}/sqs-keys/{key}",
+            axum::routing::delete(queues::revoke_sqs_key),
+        )
         .route("/v1/usage", get(usage::usage))
         .route("/v1/stats", get(usage::stats))
         .route("/v1/bills", get(usage::bills))

@@ -55,6 +55,31 @@ pub async fn require_node_token(
     Ok(next.run(request).await)
 }
 
+/// `queue`'s SQS face, where its provider runs one: the listener and the keys not revoked,
+/// with their secrets (derived here, never stored).
+fn sqs_of(
+    state: &AppState,
+    queue: &Queue,
+) -> Result<Option<qe_shared::node_channel::DesiredSqs>, ApiError> {
+    let listen = state
+        .fleet
+        .sqs_listen(queue)
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(listen.map(|listen| qe_shared::node_channel::DesiredSqs {
+        listen: vec![listen],
+        keys: queue
+            .sqs_keys
+            .iter()
+            .filter(|key| !key.revoked)
+            .map(|key| qe_shared::node_channel::SqsKeySecret {
+                access_key_id: key.access_key_id.clone(),
+                role: key.role.clone(),
+                secret: state.node_tokens.sqs_secret(&queue.id, &key.access_key_id),
+            })
+            .collect(),
+    }))
+}
+
 /// What `queue`'s node should be now.
 pub fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredConfig, ApiError> {
     let listen = state
@@ -75,6 +100,7 @@ pub fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredConfig, 
     desired.live_stats_secs = state.config.live_stats_secs;
     desired.usage_record_secs = state.config.usage_record_secs;
     desired.stats_record_secs = state.config.stats_record_secs;
+    desired.sqs = sqs_of(state, queue)?;
     desired.node_token = queue
         .next_node_credential
         .map(|next| state.node_tokens.token_for(&queue.id, next));

@@ -276,6 +276,161 @@ pub async fn console_token(
     Ok((target(&queue), Json(reply)))
 }
 
+/// `POST /v1/queues/{id}/sqs-keys {"role"}`: a new SQS access key of that role (docs/sqs.md),
+/// its secret shown only now; sent to the node with the next config (`applied` says whether
+/// the node serves it already, as for a login rotation).
+pub async fn create_sqs_key(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Json(asked): Json<NewSqsKey>,
+) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
+    let target = target(&seen(&state, &caller, &id).await?);
+    let role = Role::parse(&asked.role)
+        .ok_or_else(|| ApiError::BadRequest("role is publisher, subscriber or admin".into()))?;
+    let access_key_id = new_access_key_id();
+    let made = state.store.update(&id, |queue| {
+        if !queue.status.is_live() {
+            return Err(ApiError::Conflict(format!(
+                "queue {id} is {:?}",
+                queue.status
+            )));
+        }
+        if queue.sqs_keys.len() >= queues::MAX_SQS_KEYS {
+            return Err(ApiError::Conflict(format!(
+                "queue {id} has {} SQS keys, the most it may",
+                queues::MAX_SQS_KEYS
+            )));
+        }
+        queue.sqs_keys.push(queues::SqsKeyRecord {
+            access_key_id: access_key_id.clone(),
+            role: role.name().to_string(),
+            created: crate::unix_now(),
+            revoked: false,
+        });
+        queue.config_version += 1;
+        Ok::<(), ApiError>(())
+    });
+    let (queue, ()) = made.await?.ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    let applied = wait_applied(&state, &queue).await?;
+    let reply = json!({
+        "access_key_id": access_key_id,
+        "secret": state.node_tokens.sqs_secret(&queue.id, &access_key_id),
+        "role": role.name(),
+        "endpoint": sqs_endpoint(&state, &queue)?,
+        "queue_url": sqs_endpoint(&state, &queue)?.map(|e| format!("{e}/{}", queue.id)),
+        "applied": applied,
+    });
+    Ok((StatusCode::CREATED, target, Json(reply)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewSqsKey {
+    role: String,
+}
+
+/// `GET /v1/queues/{id}/sqs-keys`: the queue's SQS keys (never their secrets) and its SQS
+/// endpoint.
+pub async fn list_sqs_keys(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let queue = seen(&state, &caller, &id).await?;
+    let keys: Vec<Value> = queue
+        .sqs_keys
+        .iter()
+        .map(|key| {
+            json!({
+                "access_key_id": key.access_key_id,
+                "role": key.role,
+                "created": key.created,
+                "revoked": key.revoked,
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "endpoint": sqs_endpoint(&state, &queue)?,
+        "keys": keys,
+    })))
+}
+
+/// `DELETE /v1/queues/{id}/sqs-keys/{key}`: revokes a key; the node refuses it once it
+/// serves the next config (`applied`).
+pub async fn revoke_sqs_key(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path((id, key)): Path<(String, String)>,
+) -> Result<(Extension<Target>, Json<Value>), ApiError> {
+    let target = target(&seen(&state, &caller, &id).await?);
+    let revoked = state.store.update(&id, |queue| {
+        let found = queue
+            .sqs_keys
+            .iter_mut()
+            .find(|record| record.access_key_id == key && !record.revoked)
+            .ok_or_else(|| ApiError::NotFound(format!("{id} SQS key {key}")))?;
+        found.revoked = true;
+        queue.config_version += 1;
+        Ok::<(), ApiError>(())
+    });
+    let (queue, ()) = revoked
+        .await?
+        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
+    let applied = wait_applied(&state, &queue).await?;
+    Ok((target, Json(json!({ "revoked": key, "applied": applied }))))
+}
+
+/// Whether `queue`'s node serves its config version (or a later one) within
+/// [`CONFIRM_WITHIN`].
+async fn wait_applied(state: &AppState, queue: &Queue) -> Result<bool, ApiError> {
+    let version = queue.config_version;
+    let served =
+        |queue: &Queue| queue.applied_version >= version || queue.status == Status::Deleted;
+    Ok(state
+        .store
+        .wait_for(&queue.id, CONFIRM_WITHIN, served)
+        .await?
+        .is_some_and(|queue| queue.applied_version >= version))
+}
+
+/// Where `queue`'s SQS face answers: its node's address with the SQS port (https where the
+/// node serves wss); None where its provider runs no SQS face, or before it has a node.
+fn sqs_endpoint(state: &AppState, queue: &Queue) -> Result<Option<String>, ApiError> {
+    let Some(listen) = state
+        .fleet
+        .sqs_listen(queue)
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+    else {
+        return Ok(None);
+    };
+    let Some(node) = &queue.node else {
+        return Ok(None);
+    };
+    let (scheme, rest) = match node.split_once("://") {
+        Some(("wss", rest)) => ("https", rest),
+        Some((_, rest)) => ("http", rest),
+        None => return Ok(None),
+    };
+    let host_port = rest.trim_end_matches('/');
+    let host = host_port
+        .rsplit_once(':')
+        .map_or(host_port, |(host, _)| host);
+    Ok(Some(format!("{scheme}://{host}:{}", listen.port())))
+}
+
+/// An access key id as AWS's look: 20 capitals and digits, here starting `QE`.
+fn new_access_key_id() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut bytes = [0u8; 18];
+    getrandom::fill(&mut bytes).expect("the OS random source");
+    let tail: String = bytes
+        .iter()
+        .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
+        .collect();
+    format!("QE{tail}")
+}
+
 /// How long a console token lives: long enough to open a WebSocket, short enough that one
 /// seen by someone else is soon worth nothing.
 const CONSOLE_TOKEN_SECS: u64 = 120;

@@ -66,8 +66,14 @@ impl LocalProvider {
     /// The queue's port: chosen once, free on both loopback addresses, kept in its directory
     /// (a restart keeps its address).
     fn port(&self, queue_id: &str) -> std::io::Result<u16> {
+        self.port_in(queue_id, "port")
+    }
+
+    /// A free loopback port for queue `queue_id`'s node, kept in its directory's `file` so
+    /// that a restarted node gets the same one.
+    fn port_in(&self, queue_id: &str, file: &str) -> std::io::Result<u16> {
         let dir = self.node_dir(queue_id);
-        let path = dir.join("port");
+        let path = dir.join(file);
         if let Some(port) = std::fs::read_to_string(&path)
             .ok()
             .and_then(|text| text.trim().parse().ok())
@@ -263,6 +269,14 @@ impl Provider for LocalProvider {
             SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
             SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
         ])
+    }
+
+    /// A port of its own on 127.0.0.1 (where the node's name resolves first).
+    fn sqs_listen(&self, queue: &Queue) -> Result<Option<SocketAddr>, FleetError> {
+        let port = self
+            .port_in(&queue.id, "sqs-port")
+            .map_err(|e| FleetError::Start(e.to_string()))?;
+        Ok(Some(SocketAddr::from((Ipv4Addr::LOCALHOST, port))))
     }
 
     fn ensure<'a>(

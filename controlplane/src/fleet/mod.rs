@@ -34,6 +34,13 @@ pub trait Provider: Send + Sync {
     /// Where `queue`'s node is to listen (the node takes it at start, from its config).
     fn listen(&self, queue: &Queue) -> Result<Vec<SocketAddr>, FleetError>;
 
+    /// Where `queue`'s node serves its SQS face (docs/sqs.md), taken at start; None where
+    /// the provider runs none (its instances' network does not open a port for it yet).
+    fn sqs_listen(&self, queue: &Queue) -> Result<Option<SocketAddr>, FleetError> {
+        let _ = queue;
+        Ok(None)
+    }
+
     /// Makes sure `queue`'s node runs from `bootstrap`: finds it, or launches it, or replaces
     /// one that is gone (its data comes back with it). Safe to call again at any time;
     /// returns where the node is.

@@ -157,22 +157,22 @@ impl Queue {
         pulled
     }
 
-    /// A pull receiver deletes a message it received (receive number `receives`).
-    pub fn delete_received(&self, id: MessageId, receives: u32) -> Result<Receipt, Refused> {
-        self.lock().delete_received(id, receives)
+    /// A pull receiver deletes a message it received (receive number `receipt`).
+    pub fn delete_received(&self, id: MessageId, receipt: u64) -> Result<Receipt, Refused> {
+        self.lock().delete_received(id, receipt)
     }
 
     /// A pull receiver changes a received message's visibility timeout, from now.
     pub fn change_visibility(
         &self,
         id: MessageId,
-        receives: u32,
+        receipt: u64,
         visibility: Duration,
     ) -> Result<(), Refused> {
         let visibility_ms = visibility.as_millis() as u64;
         let changed = self
             .lock()
-            .change_visibility(id, receives, visibility_ms, now_ms());
+            .change_visibility(id, receipt, visibility_ms, now_ms());
         self.shared.timers_changed.notify_one();
         self.wake_pullers();
         changed

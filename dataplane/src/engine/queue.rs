@@ -141,8 +141,12 @@ enum Place {
     /// Waiting for a subscriber with room, in `waiting`.
     Waiting,
     Held(SessionId),
-    /// Received by a pull receiver, invisible until this time (ms since 1970), in `invisible`.
-    Received(u64),
+    /// Received by a pull receiver, invisible until `until_ms` (ms since 1970), in
+    /// `invisible`, under the receive's own number (its receipt handle names it).
+    Received {
+        until_ms: u64,
+        receipt: u64,
+    },
     /// Waiting for its delay to end, at this time (ms since 1970).
     Delayed(u64),
 }
@@ -166,7 +170,7 @@ pub struct Rules {
 }
 
 /// A message a pull receiver received: invisible to others until its timeout, deleted with
-/// its id and `receives` (the receipt handle names both, so a handle from an earlier receive
+/// its id and `receipt` (the receipt handle names both, so a handle from an earlier receive
 /// of the same message no longer acts on it).
 #[derive(Debug, Clone)]
 pub struct Pulled {
@@ -174,6 +178,10 @@ pub struct Pulled {
     pub message: Message,
     /// Deliveries so far, this one included (SQS's ApproximateReceiveCount).
     pub receives: u32,
+    /// This receive's number: never given twice by one run of the node, and started at
+    /// random, so a handle from before a restart (when every received message waits again)
+    /// names no receive after it.
+    pub receipt: u64,
 }
 
 pub struct QueueState {
@@ -215,6 +223,8 @@ pub struct QueueState {
     /// Why each dead-lettered message is there, for those not simply rejected.
     dead_reasons: IdMap<MessageId, DeadReason>,
     rules: Rules,
+    /// The next pull receive's number ([`Pulled::receipt`]).
+    next_receipt: u64,
     store: Box<dyn Store>,
 }
 
@@ -239,6 +249,7 @@ impl QueueState {
             expiring: BTreeSet::new(),
             dead_reasons: IdMap::default(),
             rules: Rules::default(),
+            next_receipt: random_start(),
             store,
         }
     }
@@ -372,7 +383,33 @@ impl QueueState {
             self.messages.insert(id, Box::new(entry));
         }
         self.expire_messages(now_ms);
+        self.dead_letter_exhausted();
         self.dispatch();
+    }
+
+    /// At start: a message whose last allowed delivery was under way when the node stopped
+    /// (held or received, then the stop) goes to the dead letter queue, as if that delivery
+    /// had failed, since it did. Without this, a message that kills the node at each
+    /// delivery would come back for ever.
+    fn dead_letter_exhausted(&mut self) {
+        if self.rules.max_receive_count == 0 {
+            return;
+        }
+        let exhausted: Vec<MessageId> = self
+            .messages
+            .iter()
+            .filter(|(_, entry)| self.exhausted(entry.receives))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in exhausted {
+            let entry = self.take(id, "movedtodlq").expect("just found");
+            match entry.message.durability {
+                Durability::None => self.forget(&entry.message),
+                _ => {
+                    let _ = self.dead_letter(id, entry, DeadReason::MaxReceives);
+                }
+            }
+        }
     }
 
     /// Puts bytes of the store that failed their checksum in the dead letter queue, as the
@@ -544,14 +581,17 @@ impl QueueState {
             }
             self.waiting_count -= 1;
             let until_ms = now_ms + visibility_ms;
-            entry.place = Place::Received(until_ms);
-            entry.receives += 1;
+            let receipt = self.next_receipt;
+            self.next_receipt = self.next_receipt.wrapping_add(1);
+            entry.place = Place::Received { until_ms, receipt };
+            entry.receives = entry.receives.saturating_add(1);
             self.invisible.insert((until_ms, id));
             self.totals.delivered += 1;
             pulled.push(Pulled {
                 id,
                 message: entry.message.clone(),
                 receives: entry.receives,
+                receipt,
             });
             self.record_receives(id);
         }
@@ -570,22 +610,24 @@ impl QueueState {
         let _ = self.store.record(Change::Published { id, message, life });
     }
 
-    /// The entry of a message a pull receiver holds from its receive number `receives`.
-    fn received(&self, id: MessageId, receives: u32) -> Option<&Entry> {
-        let entry = self.messages.get(&id)?;
-        (matches!(entry.place, Place::Received(_)) && entry.receives == receives)
-            .then_some(&**entry)
+    /// When a message received under receive number `receipt` stops being invisible; None
+    /// if it is not received under that number (any more).
+    fn received(&self, id: MessageId, receipt: u64) -> Option<u64> {
+        match self.messages.get(&id)?.place {
+            Place::Received {
+                until_ms,
+                receipt: current,
+            } if current == receipt => Some(until_ms),
+            _ => None,
+        }
     }
 
-    /// A pull receiver deletes a message it received (its receive number `receives`): done,
-    /// as an ack. `NotHeld` if the message is not received under that number any more (its
+    /// A pull receiver deletes a message it received (receive number `receipt`): done, as an
+    /// ack. `NotHeld` if the message is not received under that number any more (its
     /// visibility ran out, and perhaps it was received again).
-    pub fn delete_received(&mut self, id: MessageId, receives: u32) -> Result<Receipt, Refused> {
-        let Some(entry) = self.received(id, receives) else {
+    pub fn delete_received(&mut self, id: MessageId, receipt: u64) -> Result<Receipt, Refused> {
+        let Some(until_ms) = self.received(id, receipt) else {
             return Err(Refused::NotHeld);
-        };
-        let Place::Received(until_ms) = entry.place else {
-            unreachable!("received() checked the place");
         };
         self.invisible.remove(&(until_ms, id));
         let entry = self.messages.remove(&id).expect("just found");
@@ -602,15 +644,12 @@ impl QueueState {
     pub fn change_visibility(
         &mut self,
         id: MessageId,
-        receives: u32,
+        receipt: u64,
         visibility_ms: u64,
         now_ms: u64,
     ) -> Result<(), Refused> {
-        let Some(entry) = self.received(id, receives) else {
+        let Some(until_ms) = self.received(id, receipt) else {
             return Err(Refused::NotHeld);
-        };
-        let Place::Received(until_ms) = entry.place else {
-            unreachable!("received() checked the place");
         };
         self.invisible.remove(&(until_ms, id));
         if visibility_ms == 0 {
@@ -620,7 +659,8 @@ impl QueueState {
         }
         let until_ms = now_ms + visibility_ms;
         self.invisible.insert((until_ms, id));
-        self.messages.get_mut(&id).expect("just found").place = Place::Received(until_ms);
+        self.messages.get_mut(&id).expect("just found").place =
+            Place::Received { until_ms, receipt };
         Ok(())
     }
 
@@ -994,7 +1034,7 @@ impl QueueState {
         self.unexpire(id, &entry);
         match entry.place {
             // Its receiver learns at its delete or visibility change, which then fails.
-            Place::Received(until_ms) => {
+            Place::Received { until_ms, .. } => {
                 self.invisible.remove(&(until_ms, id));
             }
             // Its id stays in `waiting` and is skipped when it comes up.
@@ -1135,6 +1175,13 @@ impl QueueState {
             }
         }
     }
+}
+
+/// Where receive numbers start: at random, so those of one run are not those of the last.
+fn random_start() -> u64 {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the OS random source");
+    u64::from_le_bytes(bytes)
 }
 
 /// A page's row from the queue's map.

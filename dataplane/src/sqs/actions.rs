@@ -499,7 +499,7 @@ fn received(pulled: &Pulled, system: &[String], wanted: &[String]) -> Value {
     reply.insert("MessageId".into(), pulled.id.to_string().into());
     reply.insert(
         "ReceiptHandle".into(),
-        receipt_handle(pulled.id, pulled.receives).into(),
+        receipt_handle(pulled.id, pulled.receipt).into(),
     );
     reply.insert(
         "MD5OfBody".into(),
@@ -556,24 +556,24 @@ fn attribute_matches(wanted: &str, name: &str) -> bool {
     }
 }
 
-/// A receipt handle names the message and its receive: one from an earlier receive of the
-/// same message no longer acts on it.
-fn receipt_handle(id: MessageId, receives: u32) -> String {
-    URL_SAFE_NO_PAD.encode(format!("qe1:{id}:{receives}"))
+/// A receipt handle names the message and its receive's number: one from an earlier
+/// receive of the same message no longer acts on it.
+fn receipt_handle(id: MessageId, receipt: u64) -> String {
+    URL_SAFE_NO_PAD.encode(format!("qe1:{id}:{receipt}"))
 }
 
-fn read_receipt_handle(handle: &str) -> Option<(MessageId, u32)> {
+fn read_receipt_handle(handle: &str) -> Option<(MessageId, u64)> {
     let text = String::from_utf8(URL_SAFE_NO_PAD.decode(handle).ok()?).ok()?;
     let mut parts = text.split(':');
     if parts.next()? != "qe1" {
         return None;
     }
     let id = MessageId::parse(parts.next()?)?;
-    let receives = parts.next()?.parse().ok()?;
-    parts.next().is_none().then_some((id, receives))
+    let receipt = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((id, receipt))
 }
 
-fn handle_of(entry: &Value) -> Result<(MessageId, u32), SqsError> {
+fn handle_of(entry: &Value) -> Result<(MessageId, u64), SqsError> {
     let handle =
         string(entry, "ReceiptHandle")?.ok_or(SqsError::missing_parameter("ReceiptHandle"))?;
     read_receipt_handle(handle).ok_or_else(|| SqsError::receipt_handle_invalid(handle))
@@ -582,8 +582,8 @@ fn handle_of(entry: &Value) -> Result<(MessageId, u32), SqsError> {
 /// Deletes a received message. A handle of a message that is gone, or that was received
 /// again since, succeeds without deleting (as AWS's standard queues do).
 async fn delete_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
-    let (id, receives) = handle_of(entry)?;
-    if let Ok(receipt) = context.node.queue.delete_received(id, receives) {
+    let (id, number) = handle_of(entry)?;
+    if let Ok(receipt) = context.node.queue.delete_received(id, number) {
         let _ = receipt.wait().await;
     }
     Ok(())
@@ -607,13 +607,13 @@ async fn delete_message_batch(context: &Context<'_>, input: &Value) -> Result<Va
 }
 
 fn change_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
-    let (id, receives) = handle_of(entry)?;
+    let (id, receipt) = handle_of(entry)?;
     let timeout = number(entry, "VisibilityTimeout", 0..=MAX_VISIBILITY_SECS)?
         .ok_or(SqsError::missing_parameter("VisibilityTimeout"))?;
     context
         .node
         .queue
-        .change_visibility(id, receives, Duration::from_secs(timeout))
+        .change_visibility(id, receipt, Duration::from_secs(timeout))
         .map_err(|_| SqsError::message_not_inflight())
 }
 
@@ -773,8 +773,8 @@ mod tests {
     #[test]
     fn a_receipt_handle_reads_back_and_nothing_else_does() {
         let id = MessageId::parse("01a1c09f-62da-7000-a30b-0817c9a42e3f").unwrap();
-        let handle = receipt_handle(id, 3);
-        assert_eq!(read_receipt_handle(&handle), Some((id, 3)));
+        let handle = receipt_handle(id, u64::MAX);
+        assert_eq!(read_receipt_handle(&handle), Some((id, u64::MAX)));
         for bad in [
             "",
             "x",

@@ -28,7 +28,7 @@ use qe_shared::settings::Setting;
 use serde_json::Value;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -217,10 +217,9 @@ impl SqsError {
     }
 }
 
-/// The SQS face of one node: its keys and what it serves them.
+/// The SQS face of one node. Its keys are the node's (beside its logins).
 pub struct Sqs {
     node: Arc<Node>,
-    keys: RwLock<Vec<SqsKey>>,
     /// The queue's name in its URL (`/NAME`): the queue id, or `queue` on a lone node.
     queue_name: String,
     /// Served over TLS (URLs are `https://`).
@@ -228,35 +227,32 @@ pub struct Sqs {
 }
 
 impl Sqs {
-    pub fn new(node: Arc<Node>, keys: Vec<SqsKey>, queue_name: String, tls: bool) -> Arc<Sqs> {
+    pub fn new(node: Arc<Node>, queue_name: String, tls: bool) -> Arc<Sqs> {
         Arc::new(Sqs {
             node,
-            keys: RwLock::new(keys),
             queue_name,
             tls,
         })
     }
 
-    /// New keys, from the next request on (a rotation or revocation).
-    pub fn replace_keys(&self, keys: Vec<SqsKey>) {
-        *self.keys.write().expect("never poisoned") = keys;
-    }
-
-    fn key(&self, access_key_id: &str) -> Option<SqsKey> {
-        let keys = self.keys.read().expect("never poisoned");
-        keys.iter()
-            .find(|key| key.access_key_id == access_key_id)
-            .cloned()
-    }
-
-    /// Accepts connections on `listener` for the life of the process.
+    /// Accepts connections on `listener` for the life of the process, at most
+    /// [`MAX_CONNECTIONS`] at once (one past it is closed at once: the WebSocket port's
+    /// `max-tasks` does not count these).
     pub async fn run(self: Arc<Sqs>, listener: TcpListener, tls: Option<TlsAcceptor>) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
             let Ok((tcp, _peer)) = listener.accept().await else {
                 continue;
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                drop(tcp);
+                continue;
+            };
             let (sqs, tls) = (self.clone(), tls.clone());
-            tokio::spawn(async move { sqs.serve(tcp, tls).await });
+            tokio::spawn(async move {
+                sqs.serve(tcp, tls).await;
+                drop(slot);
+            });
         }
     }
 
@@ -299,6 +295,9 @@ impl Sqs {
 
     async fn read_and_handle(&self, request: Request<Incoming>) -> Result<Value, SqsError> {
         let (parts, body) = request.into_parts();
+        // Nothing is read for a caller that could not be let in: a signature by a key of
+        // this queue, made about now. (Whether it is right needs the body.)
+        self.admissible(&parts.headers)?;
         let limit = self.body_limit();
         let body = Limited::new(body, limit)
             .collect()
@@ -347,6 +346,20 @@ impl Sqs {
         actions::run(action, &context, &input).await
     }
 
+    /// Whether a request's headers name one of this queue's keys and a time within the skew.
+    fn admissible(&self, headers: &hyper::HeaderMap) -> Result<(), SqsError> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let authorization =
+            text("authorization").ok_or(SqsError::signature(sigv4::Refused::Missing))?;
+        let authorization =
+            sigv4::parse_authorization(authorization).map_err(SqsError::signature)?;
+        if self.node.sqs_key(authorization.access_key_id).is_none() {
+            return Err(SqsError::signature(sigv4::Refused::UnknownKey));
+        }
+        let now = crate::engine::now_ms() / 1000;
+        sigv4::check_time(text("x-amz-date"), now).map_err(SqsError::signature)
+    }
+
     /// The request's key, if its signature is right.
     fn authenticate(&self, signed: &sigv4::Signed<'_>) -> Result<SqsKey, SqsError> {
         let authorization = header(signed.headers, "authorization")
@@ -354,7 +367,8 @@ impl Sqs {
         let authorization =
             sigv4::parse_authorization(authorization).map_err(SqsError::signature)?;
         let key = self
-            .key(authorization.access_key_id)
+            .node
+            .sqs_key(authorization.access_key_id)
             .ok_or(SqsError::signature(sigv4::Refused::UnknownKey))?;
         let now = crate::engine::now_ms() / 1000;
         sigv4::verify(signed, &authorization, &key.secret, now).map_err(SqsError::signature)?;
@@ -367,6 +381,9 @@ impl Sqs {
         10 * 2 * largest + (64 << 10)
     }
 }
+
+/// The most SQS connections served at once.
+pub const MAX_CONNECTIONS: usize = 512;
 
 /// How long a client has for its TLS handshake.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(10);

@@ -113,15 +113,11 @@ pub fn verify(
     if authorization.service != "sqs" {
         return Err(Refused::Incomplete("the service in the scope is not sqs"));
     }
-    let amz_date = header(request.headers, "x-amz-date").ok_or(Refused::Incomplete(
-        "no X-Amz-Date header (a Date header is not taken)",
-    ))?;
-    let time = parse_amz_date(amz_date).ok_or(Refused::Incomplete("X-Amz-Date does not read"))?;
+    let amz_date = header(request.headers, "x-amz-date");
+    check_time(amz_date, now_secs)?;
+    let amz_date = amz_date.unwrap_or_default().trim();
     if !amz_date.starts_with(authorization.date) || authorization.date.len() != 8 {
         return Err(Refused::Mismatch);
-    }
-    if time.abs_diff(now_secs) > MAX_SKEW_SECS {
-        return Err(Refused::Expired);
     }
     let canonical = canonical_request(request, authorization.signed_headers)?;
     let scope = format!(
@@ -146,6 +142,19 @@ pub fn verify(
     ) {
         true => Ok(()),
         false => Err(Refused::Mismatch),
+    }
+}
+
+/// Whether `X-Amz-Date` (its value, if sent) reads and is within the skew of `now_secs`.
+pub fn check_time(amz_date: Option<&str>, now_secs: u64) -> Result<(), Refused> {
+    let amz_date = amz_date.ok_or(Refused::Incomplete(
+        "no X-Amz-Date header (a Date header is not taken)",
+    ))?;
+    let time =
+        parse_amz_date(amz_date.trim()).ok_or(Refused::Incomplete("X-Amz-Date does not read"))?;
+    match time.abs_diff(now_secs) > MAX_SKEW_SECS {
+        true => Err(Refused::Expired),
+        false => Ok(()),
     }
 }
 
@@ -183,14 +192,13 @@ fn canonical_request(request: &Signed<'_>, signed_headers: &str) -> Result<Strin
         let joined: Vec<String> = values.iter().map(|v| collapse_spaces(v)).collect();
         lines.push_str(&format!("{name}:{}\n", joined.join(",")));
     }
+    // The payload's hash as the client signed it: the body's, or the literal
+    // UNSIGNED-PAYLOAD when it chose not to sign the body (TLS still protects it).
+    let body_hash = hex::encode(Sha256::digest(request.body));
     let payload_hash = match header(request.headers, "x-amz-content-sha256") {
-        Some(hash) if hash != "UNSIGNED-PAYLOAD" => {
-            if *hash != hex::encode(Sha256::digest(request.body)) {
-                return Err(Refused::Mismatch);
-            }
-            hash.to_string()
-        }
-        _ => hex::encode(Sha256::digest(request.body)),
+        Some("UNSIGNED-PAYLOAD") => "UNSIGNED-PAYLOAD".to_string(),
+        Some(hash) if !hash.eq_ignore_ascii_case(&body_hash) => return Err(Refused::Mismatch),
+        _ => body_hash,
     };
     let path = match request.path {
         "" => "/",
@@ -254,7 +262,8 @@ fn parse_amz_date(text: &str) -> Option<u64> {
     let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<u64>().ok();
     let (year, month, day) = (number(0..4)?, number(4..6)?, number(6..8)?);
     let (hour, minute, second) = (number(9..11)?, number(11..13)?, number(13..15)?);
-    if !(1..=12).contains(&month)
+    if !(1970..=9999).contains(&year)
+        || !(1..=12).contains(&month)
         || !(1..=qe_shared::calendar::days_in_month(year, month)).contains(&day)
         || hour > 23
         || minute > 59
@@ -390,6 +399,7 @@ mod tests {
         }
         assert_eq!(parse_amz_date("20150830T123600Z"), Some(THEN));
         assert_eq!(parse_amz_date("20150230T123600Z"), None);
+        assert_eq!(parse_amz_date("19691231T235959Z"), None, "before 1970");
         assert_eq!(parse_amz_date("2015-08-30T12:36:00Z"), None);
     }
 

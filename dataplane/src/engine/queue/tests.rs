@@ -1019,14 +1019,23 @@ fn a_receive_takes_at_most_max_and_a_delete_needs_the_latest_receive() {
     let ids: Vec<MessageId> = (0..5).map(|n| publish(&mut q, &format!("m{n}"))).collect();
     let pulled = q.receive(3, VISIBILITY_MS, T0);
     assert_eq!(pulled_ids(&pulled), ids[..3]);
-    // The receive count names the receive: after a timeout and a second receive, the first
+    // Each receive has its own number: after a timeout and a second receive, the first
     // receive's handle no longer deletes it.
     q.release_invisible(T0 + VISIBILITY_MS);
     let again = q.receive(5, VISIBILITY_MS, T0 + VISIBILITY_MS);
     assert_eq!(pulled_ids(&again), [ids[3], ids[4], ids[0], ids[1], ids[2]]);
-    assert_eq!(q.delete_received(ids[0], 1).unwrap_err(), Refused::NotHeld);
-    let _ = q.delete_received(ids[0], 2).unwrap();
-    assert_eq!(q.delete_received(ids[0], 2).unwrap_err(), Refused::NotHeld);
+    let (first, second) = (pulled[0].receipt, again[2].receipt);
+    assert_ne!(first, second);
+    assert_eq!(again[2].receives, 2);
+    assert_eq!(
+        q.delete_received(ids[0], first).unwrap_err(),
+        Refused::NotHeld
+    );
+    let _ = q.delete_received(ids[0], second).unwrap();
+    assert_eq!(
+        q.delete_received(ids[0], second).unwrap_err(),
+        Refused::NotHeld
+    );
     assert_eq!(q.message_count(), 4);
     assert_eq!(q.totals().acked, 1);
     assert_eq!(q.totals().delivered, 8);
@@ -1037,8 +1046,10 @@ fn a_visibility_change_moves_the_timeout_and_zero_makes_it_wait_at_once() {
     let mut q = queue();
     let m1 = publish(&mut q, "m1");
     let m2 = publish(&mut q, "m2");
-    let _ = q.receive(2, VISIBILITY_MS, T0);
-    q.change_visibility(m1, 1, 120_000, T0 + 10_000).unwrap();
+    let first = q.receive(2, VISIBILITY_MS, T0);
+    let m1_receipt = first[0].receipt;
+    q.change_visibility(m1, m1_receipt, 120_000, T0 + 10_000)
+        .unwrap();
     assert_eq!(q.next_visible(), Some(T0 + VISIBILITY_MS), "m2's");
     q.release_invisible(T0 + VISIBILITY_MS);
     assert_eq!(
@@ -1050,10 +1061,11 @@ fn a_visibility_change_moves_the_timeout_and_zero_makes_it_wait_at_once() {
         Some(T0 + 2 * VISIBILITY_MS),
         "m2's second"
     );
-    q.change_visibility(m1, 1, 0, T0 + 40_000).unwrap();
+    q.change_visibility(m1, m1_receipt, 0, T0 + 40_000).unwrap();
     assert_eq!(pulled_ids(&q.receive(10, VISIBILITY_MS, T0 + 40_000)), [m1]);
     assert_eq!(
-        q.change_visibility(m1, 1, 1000, T0 + 40_000).unwrap_err(),
+        q.change_visibility(m1, m1_receipt, 1000, T0 + 40_000)
+            .unwrap_err(),
         Refused::NotHeld,
         "an old receive's handle"
     );
@@ -1266,4 +1278,28 @@ fn the_rules_write_receive_counts_only_where_they_decide_something() {
             format!("rewritten {m4} receives 1"),
         ]
     );
+}
+
+#[test]
+fn a_restart_during_the_last_allowed_delivery_counts_it_as_failed() {
+    let mut q = queue();
+    q.set_rules(rules(2, 0));
+    let recovered = |n: u128, receives| RecoveredMessage {
+        id: MessageId(uuid::Uuid::from_u128(n)),
+        durability: Durability::Eventual,
+        dead: false,
+        delay_secs: 0,
+        due_ms: None,
+        recdat: T0 / 1000,
+        receives,
+        expires_ms: None,
+        dead_reason: DeadReason::Rejected,
+        frame: Arc::from(format!(r#"{{"id":"x","type":1,"body":"b{n}","recdat":1}}"#).as_bytes()),
+    };
+    q.restore(vec![recovered(1, 2), recovered(2, 1)], T0);
+    let poison = MessageId(uuid::Uuid::from_u128(1));
+    assert_eq!(q.dead_reason(poison), Some(DeadReason::MaxReceives));
+    let pulled = q.receive(10, VISIBILITY_MS, T0);
+    assert_eq!(pulled.len(), 1, "only the one with a delivery left");
+    assert_eq!(pulled[0].receives, 2);
 }

@@ -413,7 +413,14 @@ impl Store for LogStore {
                 // The record says it all: whatever marks came before, this replaces them.
                 let live = Live::new(segment, len, record.dead, message.durability);
                 state.index.remember(id, live);
-                (lsn, message.durability)
+                // A rewrite for the delivery rules (a receive counted) is not waited on and
+                // does not ask for a sync of its own: a sync per delivery would halve a
+                // durability-2 queue's rate for a count (README, "Delivery rules").
+                let rewrite = life.receives > 0 && life.dead.is_none();
+                match rewrite {
+                    true => (lsn, Durability::Eventual),
+                    false => (lsn, message.durability),
+                }
             }
             Change::Acked(id) => {
                 let Some((live, held_in)) = state.index.remove(id) else {

@@ -194,6 +194,7 @@ fn apply(
                 message.dead = false;
                 message.due_ms = None;
                 message.receives = 0;
+                message.expires_ms = None;
                 message.dead_reason = DeadReason::Rejected;
             }
             if let Some(live) = index.live.get_mut(&id) {

@@ -345,8 +345,9 @@ fn copy_if_live(state: &mut State, segment: u32, record: &MessageRecord<'_>) -> 
         return 0;
     }
     // Marks since the record (a dead-letter mark, a redrive) changed what it says: a
-    // redriven message waits, whatever its old due time said, and starts its receives again;
-    // a mark puts a message in the dead letter queue as rejected.
+    // redriven message waits, whatever its old due time said, and starts again, with no
+    // receives and no expiry (as the engine redrives it); a mark puts a message in the dead
+    // letter queue as rejected.
     let marked = live.undelayed() || live.dead() != record.dead;
     let copy = MessageRecord {
         dead: live.dead(),
@@ -357,6 +358,10 @@ fn copy_if_live(state: &mut State, segment: u32, record: &MessageRecord<'_>) -> 
         receives: match live.undelayed() {
             true => 0,
             false => record.receives,
+        },
+        expires_ms: match live.undelayed() {
+            true => 0,
+            false => record.expires_ms,
         },
         dead_reason: match marked || !live.dead() {
             true => 0,

@@ -720,6 +720,10 @@ async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_co
         let redriven = by_body("\"redriven\"");
         assert_eq!((redriven.receives, redriven.dead), (0, false));
         assert_eq!(redriven.dead_reason, DeadReason::Rejected);
+        assert_eq!(
+            redriven.expires_ms, None,
+            "a redrive starts a message again"
+        );
     };
     drop(store);
     let (mut store, recovered) = open(dir.path(), segment_bytes);

@@ -161,9 +161,10 @@ impl From<serde_json::Error> for Error {
 /// This crate's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The code with this number, if the manual has one.
+/// The code with this number, if the manual (or the README's additions to it) has one.
 pub(crate) fn code_of(number: u64) -> Option<Code> {
     Code::ALL
         .into_iter()
+        .chain(Code::BEYOND_MANUAL)
         .find(|code| u64::from(code.number()) == number)
 }

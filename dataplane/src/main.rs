@@ -133,6 +133,13 @@ async fn main() -> ExitCode {
     let sqs_listener = match &config.sqs {
         Some(sqs) => match dataplane::sqs::bind(sqs.listen).await {
             Ok(listener) => Some(listener),
+            // The control plane's port for it is taken (another process has it): the queue
+            // is still served over WebSocket, and the error says why SQS is not.
+            Err(error) if bootstrapped.is_some() => {
+                let listen = sqs.listen;
+                tracing::error!(%error, %listen, "cannot listen for SQS: serving without the SQS face");
+                None
+            }
             Err(error) => {
                 eprintln!(
                     "dataplane: cannot listen on {} for SQS: {error}",

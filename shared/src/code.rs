@@ -32,6 +32,9 @@ pub enum Code {
     PublisherKeyOnCopy = 209,
     MessageCountExceeded = 210,
     MessageMemoryExceeded = 211,
+    /// Beyond the manual (README, "Delivery rules"): a publish's `expires`.
+    InvalidExpiration = 212,
+    ExpirationOnCopy = 213,
     // Subscribers
     InvalidCapacity = 300,
     InvalidMessageId = 301,
@@ -70,7 +73,10 @@ pub enum Code {
 }
 
 impl Code {
-    /// Every code, in the Reference's order.
+    /// The codes beyond the manual's table, for what is beyond the manual (README).
+    pub const BEYOND_MANUAL: [Code; 2] = [Code::InvalidExpiration, Code::ExpirationOnCopy];
+
+    /// Every code of the manual, in the Reference's order.
     pub const ALL: [Code; 55] = [
         Code::InvalidJson,
         Code::InvalidContext,
@@ -166,6 +172,10 @@ impl Code {
             Code::PublisherKeyOnCopy => "Publisher key is only allowed for distribute type queue.",
             Code::MessageCountExceeded => "Max allowed message count exceeded.",
             Code::MessageMemoryExceeded => "Max allowed message memory exceeded.",
+            Code::InvalidExpiration => {
+                "Invalid expiration. Must be a whole number of seconds from 1 to 1209600."
+            }
+            Code::ExpirationOnCopy => "Expiration is only allowed for distribute type queue.",
             Code::InvalidCapacity => "Invalid capacity.",
             Code::InvalidMessageId => "Invalid message id.",
             Code::InvalidAck => "Invalid ack.",

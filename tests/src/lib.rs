@@ -377,6 +377,13 @@ impl Node {
     }
 
     /// Connects and logs in; panics unless the login succeeds.
+    /// An administrator logged in with the test login.
+    pub async fn admin(&self) -> Client {
+        self.login("admin", "distribute", serde_json::json!({}))
+            .await
+            .0
+    }
+
     pub async fn login(&self, role: &str, queue_type: &str, extra: Value) -> (Client, Value) {
         let mut client = Client::connect(self).await;
         let reply = client.request(login_request(role, queue_type, extra)).await;
@@ -575,6 +582,13 @@ impl Client {
     /// The raw stream, for tests that need frames this client does not offer.
     pub fn socket(&mut self) -> &mut WebSocketStream<MaybeTlsStream<TcpStream>> {
         &mut self.socket
+    }
+
+    /// Sends `request` and asserts its reply is a success; the reply.
+    pub async fn success(&mut self, request: Value) -> Value {
+        let reply = self.request(request).await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+        reply
     }
 }
 

@@ -7,16 +7,6 @@
 use qe_tests::{Client, Node};
 use serde_json::{json, Value};
 
-async fn admin(node: &Node) -> Client {
-    node.login("admin", "distribute", json!({})).await.0
-}
-
-async fn success(client: &mut Client, request: Value) -> Value {
-    let reply = client.request(request).await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
-    reply
-}
-
 /// A subscriber of capacity 1 takes the next message and logs out without an ack: one
 /// failed delivery. Returns the id it got.
 async fn deliver_and_leave(node: &Node) -> String {
@@ -31,11 +21,9 @@ async fn deliver_and_leave(node: &Node) -> String {
 }
 
 async fn dlq_ids(admin: &mut Client) -> Vec<String> {
-    let reply = success(
-        admin,
-        json!({"cmd": "getdlqmsgs", "after": "", "count": 100}),
-    )
-    .await;
+    let reply = admin
+        .success(json!({"cmd": "getdlqmsgs", "after": "", "count": 100}))
+        .await;
     let csv = reply["csv"].as_str().unwrap();
     csv.lines()
         .map(|l| l.split(',').next().unwrap().to_string())
@@ -45,48 +33,54 @@ async fn dlq_ids(admin: &mut Client) -> Vec<String> {
 #[tokio::test]
 async fn max_receive_count_dead_letters_after_the_last_failed_delivery_and_a_restart_keeps_it() {
     let node = Node::start();
-    let mut admin_client = admin(&node).await;
+    let mut admin_client = node.admin().await;
     let reply = admin_client
         .request(json!({"cmd": "setcfg", "max-receive-count": 1001}))
         .await;
     assert_eq!(reply["code"], 414, "{reply}");
-    success(
-        &mut admin_client,
-        json!({"cmd": "setcfg", "max-receive-count": 3}),
-    )
-    .await;
+    admin_client
+        .success(json!({"cmd": "setcfg", "max-receive-count": 3}))
+        .await;
     let (mut publisher, _) = node.login("publisher", "distribute", json!({})).await;
-    let published = success(&mut publisher, json!({"body": "poison", "durability": 2})).await;
+    let published = publisher
+        .success(json!({"body": "poison", "durability": 2}))
+        .await;
     let id = published["id"].as_str().unwrap().to_string();
     for attempt in 1..=3 {
         assert_eq!(deliver_and_leave(&node).await, id, "attempt {attempt}");
         let in_dlq = dlq_ids(&mut admin_client).await.contains(&id);
         assert_eq!(in_dlq, attempt == 3, "attempt {attempt}");
     }
-    let shown = success(&mut admin_client, json!({"cmd": "getdlqmsg", "id": id})).await;
+    let shown = admin_client
+        .success(json!({"cmd": "getdlqmsg", "id": id}))
+        .await;
     assert_eq!(shown["dlqreason"], "max-receive-count", "{shown}");
     assert_eq!(shown["msg"]["body"], "poison");
     // A nack is a rejection: no dlqreason, as the manual's reply.
-    let nacked = success(&mut publisher, json!({"body": "bad", "durability": 1})).await;
+    let nacked = publisher
+        .success(json!({"body": "bad", "durability": 1}))
+        .await;
     let (mut subscriber, _) = node
         .login("subscriber", "distribute", json!({"capacity": 1}))
         .await;
     let message = subscriber.recv().await;
     assert_eq!(message["id"], nacked["id"]);
-    success(&mut subscriber, json!({"id": message["id"], "ack": 0})).await;
-    let shown = success(
-        &mut admin_client,
-        json!({"cmd": "getdlqmsg", "id": nacked["id"]}),
-    )
-    .await;
+    subscriber
+        .success(json!({"id": message["id"], "ack": 0}))
+        .await;
+    let shown = admin_client
+        .success(json!({"cmd": "getdlqmsg", "id": nacked["id"]}))
+        .await;
     assert!(shown.get("dlqreason").is_none(), "{shown}");
     drop((subscriber, publisher, admin_client));
 
     let node = node.restart(&[]);
-    let mut admin_client = admin(&node).await;
-    let shown = success(&mut admin_client, json!({"cmd": "getdlqmsg", "id": id})).await;
+    let mut admin_client = node.admin().await;
+    let shown = admin_client
+        .success(json!({"cmd": "getdlqmsg", "id": id}))
+        .await;
     assert_eq!(shown["dlqreason"], "max-receive-count", "kept: {shown}");
-    let config = success(&mut admin_client, json!({"cmd": "getcfg"})).await;
+    let config = admin_client.success(json!({"cmd": "getcfg"})).await;
     assert!(config["csv"]
         .as_str()
         .unwrap()
@@ -96,14 +90,14 @@ async fn max_receive_count_dead_letters_after_the_last_failed_delivery_and_a_res
 #[tokio::test]
 async fn receive_counts_survive_a_kill_and_count_on_from_there() {
     let node = Node::start();
-    let mut admin_client = admin(&node).await;
-    success(
-        &mut admin_client,
-        json!({"cmd": "setcfg", "max-receive-count": 3}),
-    )
-    .await;
+    let mut admin_client = node.admin().await;
+    admin_client
+        .success(json!({"cmd": "setcfg", "max-receive-count": 3}))
+        .await;
     let (mut publisher, _) = node.login("publisher", "distribute", json!({})).await;
-    let published = success(&mut publisher, json!({"body": "thrice", "durability": 2})).await;
+    let published = publisher
+        .success(json!({"body": "thrice", "durability": 2}))
+        .await;
     let id = published["id"].as_str().unwrap().to_string();
     assert_eq!(deliver_and_leave(&node).await, id);
     // Held by a subscriber when the node is killed: its second delivery, counted.
@@ -113,12 +107,14 @@ async fn receive_counts_survive_a_kill_and_count_on_from_there() {
     assert_eq!(holder.recv().await["id"], id.as_str());
     // A second publish behind it, durability 2: once its reply is in, every earlier record
     // (the count's) is on the disk too.
-    success(&mut publisher, json!({"body": "marker", "durability": 2})).await;
+    publisher
+        .success(json!({"body": "marker", "durability": 2}))
+        .await;
     drop((holder, publisher, admin_client));
     let node = node.restart(&[]);
     // The restart ended the holder's session: the message waits again, with 2 deliveries
     // counted (the one held at the kill too), so the next failed one is its third and last.
-    let mut admin_client = admin(&node).await;
+    let mut admin_client = node.admin().await;
     assert!(dlq_ids(&mut admin_client).await.is_empty());
     assert_eq!(deliver_and_leave(&node).await, id);
     let dead = dlq_ids(&mut admin_client).await;
@@ -133,31 +129,31 @@ async fn receive_counts_survive_a_kill_and_count_on_from_there() {
 async fn without_the_settings_a_message_comes_back_however_often_its_holders_leave() {
     let node = Node::start();
     let (mut publisher, _) = node.login("publisher", "distribute", json!({})).await;
-    let published = success(&mut publisher, json!({"body": "again", "durability": 1})).await;
+    let published = publisher
+        .success(json!({"body": "again", "durability": 1}))
+        .await;
     for _ in 0..5 {
         assert_eq!(
             deliver_and_leave(&node).await,
             published["id"].as_str().unwrap()
         );
     }
-    let mut admin_client = admin(&node).await;
+    let mut admin_client = node.admin().await;
     assert!(dlq_ids(&mut admin_client).await.is_empty());
 }
 
 #[tokio::test]
 async fn retention_deletes_a_message_held_too_long_and_its_holder_is_told() {
     let node = Node::start();
-    let mut admin_client = admin(&node).await;
-    success(
-        &mut admin_client,
-        json!({"cmd": "setcfg", "message-retention-secs": 1}),
-    )
-    .await;
+    let mut admin_client = node.admin().await;
+    admin_client
+        .success(json!({"cmd": "setcfg", "message-retention-secs": 1}))
+        .await;
     let (mut subscriber, _) = node
         .login("subscriber", "distribute", json!({"capacity": 1}))
         .await;
     let (mut publisher, _) = node.login("publisher", "distribute", json!({})).await;
-    let published = success(&mut publisher, json!({"body": "short-lived"})).await;
+    let published = publisher.success(json!({"body": "short-lived"})).await;
     let message = subscriber.recv().await;
     assert_eq!(message["id"], published["id"]);
     // Held, not acked: a second later it expires, and the holder gets the delmsg notice.
@@ -167,6 +163,29 @@ async fn retention_deletes_a_message_held_too_long_and_its_holder_is_told() {
         .request(json!({"id": published["id"], "ack": 1}))
         .await;
     assert_eq!(ack["code"], 301, "{ack}");
-    let stats = success(&mut admin_client, json!({"cmd": "getlivestats"})).await;
+    let stats = admin_client.success(json!({"cmd": "getlivestats"})).await;
     assert!(stats["csv"].as_str().unwrap().starts_with("0,"), "{stats}");
+}
+
+#[tokio::test]
+async fn a_publish_may_give_its_own_expiration_and_a_bad_one_gets_its_code() {
+    let node = Node::start();
+    let (mut subscriber, _) = node
+        .login("subscriber", "distribute", json!({"capacity": 1}))
+        .await;
+    let (mut publisher, _) = node.login("publisher", "distribute", json!({})).await;
+    let reply = publisher
+        .request(json!({"body": "x", "expires": 0, "context": 3}))
+        .await;
+    qe_tests::assert_failure(&reply, 212);
+    assert_eq!(reply["context"], 3);
+    let published = publisher
+        .success(json!({"body": "brief", "expires": 1}))
+        .await;
+    assert_eq!(subscriber.recv().await["id"], published["id"]);
+    let notice = subscriber.recv().await;
+    assert_eq!(notice, json!({"deleted": true, "id": published["id"]}));
+    let (mut copy, _) = node.login("publisher", "copy", json!({})).await;
+    let reply = copy.request(json!({"body": "x", "expires": 5})).await;
+    qe_tests::assert_failure(&reply, 213);
 }

@@ -18,28 +18,18 @@ const REMOVED_FROM: u8 = 4;
 const PURGED: u8 = 5;
 const REDRIVEN: u8 = 6;
 
-async fn admin(node: &Node) -> Client {
-    node.login("admin", "distribute", json!({})).await.0
-}
-
-async fn success(client: &mut Client, request: Value) -> Value {
-    let reply = client.request(request).await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
-    reply
-}
-
 async fn live_stats(admin: &mut Client) -> String {
-    let reply = success(admin, json!({"cmd": "getlivestats"})).await;
+    let reply = admin.success(json!({"cmd": "getlivestats"})).await;
     reply["csv"].as_str().unwrap().to_string()
 }
 
 async fn publish(publisher: &mut Client, request: Value) -> String {
-    let reply = success(publisher, request).await;
+    let reply = publisher.success(request).await;
     reply["id"].as_str().unwrap().to_string()
 }
 
 async fn memory_used(admin: &mut Client) -> u64 {
-    let reply = success(admin, json!({"cmd": "getcfg"})).await;
+    let reply = admin.success(json!({"cmd": "getcfg"})).await;
     let csv = reply["csv"].as_str().unwrap();
     let line = csv
         .lines()
@@ -72,7 +62,9 @@ async fn all_ids(admin: &mut Client, cmd: &str) -> Vec<String> {
     let mut ids = Vec::new();
     let mut after = String::new();
     loop {
-        let reply = success(admin, json!({"cmd": cmd, "after": after, "count": 1600})).await;
+        let reply = admin
+            .success(json!({"cmd": cmd, "after": after, "count": 1600}))
+            .await;
         let csv = reply["csv"].as_str().unwrap();
         let page: Vec<String> = csv
             .lines()
@@ -125,7 +117,7 @@ fn count(records: &[(u8, usize)], kind: u8) -> usize {
 #[tokio::test]
 async fn a_purge_counts_each_scope_and_tells_holders_of_what_it_takes() {
     let node = Node::start();
-    let mut admin = admin(&node).await;
+    let mut admin = node.admin().await;
     let mut publisher = node.publisher().await;
     let (mut subscriber, _) = node.subscriber(2).await;
     let held = [
@@ -144,7 +136,7 @@ async fn a_purge_counts_each_scope_and_tells_holders_of_what_it_takes() {
     }
     for body in ["x1", "x2"] {
         let id = publish(&mut publisher, json!({ "body": body })).await;
-        success(&mut admin, json!({"cmd": "movetodlq", "id": id})).await;
+        admin.success(json!({"cmd": "movetodlq", "id": id})).await;
     }
     // messages, publishers, subscribers, saved, administrators, unacked, dead, delayed, durable
     assert_eq!(live_stats(&mut admin).await, "9,1,1,0,1,2,2,2,8");
@@ -155,11 +147,9 @@ async fn a_purge_counts_each_scope_and_tells_holders_of_what_it_takes() {
         ("delayed", 2, "4,1,1,0,1,2,2,0,4"),
         ("dlq", 2, "2,1,1,0,1,2,0,0,2"),
     ] {
-        let reply = success(
-            &mut admin,
-            json!({"cmd": "purge", "scope": scope, "context": 7}),
-        )
-        .await;
+        let reply = admin
+            .success(json!({"cmd": "purge", "scope": scope, "context": 7}))
+            .await;
         assert_eq!(
             reply,
             json!({"status": "Success.", "purged": purged, "context": 7})
@@ -167,7 +157,7 @@ async fn a_purge_counts_each_scope_and_tells_holders_of_what_it_takes() {
         assert_eq!(live_stats(&mut admin).await, stats, "after {scope}");
     }
     publish(&mut publisher, json!({"body": "w3"})).await;
-    let reply = success(&mut admin, json!({"cmd": "purge", "scope": "all"})).await;
+    let reply = admin.success(json!({"cmd": "purge", "scope": "all"})).await;
     assert_eq!(reply["purged"], 3, "all takes the held messages too");
     let mut told: Vec<Value> = vec![subscriber.recv().await, subscriber.recv().await];
     told.sort_by_key(|n| n["id"].as_str().unwrap().to_string());
@@ -200,15 +190,17 @@ async fn a_purge_counts_each_scope_and_tells_holders_of_what_it_takes() {
 #[tokio::test]
 async fn a_purge_is_one_record_and_what_it_took_stays_gone_after_a_kill() {
     let node = Node::start();
-    let mut admin = admin(&node).await;
+    let mut admin = node.admin().await;
     let mut publisher = node.publisher().await;
     let requests = (0..40).map(|n| json!({"body": format!("m{n}"), "durability": 2}));
     pipelined(&mut publisher, requests).await;
     for body in ["x1", "x2"] {
         let id = publish(&mut publisher, json!({ "body": body })).await;
-        success(&mut admin, json!({"cmd": "movetodlq", "id": id})).await;
+        admin.success(json!({"cmd": "movetodlq", "id": id})).await;
     }
-    let reply = success(&mut admin, json!({"cmd": "purge", "scope": "waiting"})).await;
+    let reply = admin
+        .success(json!({"cmd": "purge", "scope": "waiting"}))
+        .await;
     assert_eq!(reply["purged"], 40);
     let mut node = node;
     node.kill();
@@ -226,21 +218,21 @@ async fn a_purge_is_one_record_and_what_it_took_stays_gone_after_a_kill() {
     assert_eq!(written.len(), 45);
 
     let node = node.restart(&[]);
-    let mut admin = self::admin(&node).await;
+    let mut admin = node.admin().await;
     assert_eq!(live_stats(&mut admin).await, "2,0,0,0,1,0,2,0,2");
     assert!(all_ids(&mut admin, "getmsgs").await.is_empty());
     // And purged again after the restart: once is enough.
-    let reply = success(&mut admin, json!({"cmd": "purge", "scope": "all"})).await;
+    let reply = admin.success(json!({"cmd": "purge", "scope": "all"})).await;
     assert_eq!(reply["purged"], 2);
     let node = node.restart(&[]);
-    let mut admin = self::admin(&node).await;
+    let mut admin = node.admin().await;
     assert_eq!(live_stats(&mut admin).await, "0,0,0,0,1,0,0,0,0");
 }
 
 #[tokio::test]
 async fn a_redrive_keeps_each_message_and_puts_it_at_the_back() {
     let node = Node::start();
-    let mut admin = admin(&node).await;
+    let mut admin = node.admin().await;
     let mut publisher = node.publisher().await;
     let requests = [
         json!({"body": "text", "publisherkey": "k-1"}),
@@ -251,8 +243,8 @@ async fn a_redrive_keeps_each_message_and_puts_it_at_the_back() {
     let mut dead = Vec::new();
     for request in requests {
         let id = publish(&mut publisher, request).await;
-        success(&mut admin, json!({"cmd": "movetodlq", "id": id})).await;
-        let shown = success(&mut admin, json!({"cmd": "getdlqmsg", "id": id})).await;
+        admin.success(json!({"cmd": "movetodlq", "id": id})).await;
+        let shown = admin.success(json!({"cmd": "getdlqmsg", "id": id})).await;
         dead.push((id, shown["msg"].clone()));
     }
     let waiting = publish(&mut publisher, json!({"body": "waiting"})).await;
@@ -284,20 +276,22 @@ async fn a_redrive_keeps_each_message_and_puts_it_at_the_back() {
         assert_failure(&reply, code);
         assert!(reply.get("redriven").is_none(), "{request}: {reply}");
     }
-    success(&mut admin, json!({"cmd": "delmsg", "id": fleeting})).await;
+    admin
+        .success(json!({"cmd": "delmsg", "id": fleeting}))
+        .await;
     assert_eq!(live_stats(&mut admin).await, "5,1,0,0,1,0,4,0,5");
 
     let by_ids = json!({"cmd": "redrive", "ids": [dead[1].0, dead[1].0], "context": "c"});
-    let reply = success(&mut admin, by_ids).await;
+    let reply = admin.success(by_ids).await;
     assert_eq!(
         reply,
         json!({"status": "Success.", "redriven": 1, "context": "c"})
     );
-    let reply = success(&mut admin, json!({"cmd": "redrive", "count": 2})).await;
+    let reply = admin.success(json!({"cmd": "redrive", "count": 2})).await;
     assert_eq!(reply["redriven"], 2, "the two oldest left: text and third");
-    let reply = success(&mut admin, json!({"cmd": "redrive"})).await;
+    let reply = admin.success(json!({"cmd": "redrive"})).await;
     assert_eq!(reply["redriven"], 1);
-    let reply = success(&mut admin, json!({"cmd": "redrive"})).await;
+    let reply = admin.success(json!({"cmd": "redrive"})).await;
     assert_eq!(reply["redriven"], 0, "nothing left");
     assert_eq!(live_stats(&mut admin).await, "5,1,0,0,1,0,0,0,5");
     assert_eq!(
@@ -328,7 +322,7 @@ async fn a_redrive_keeps_each_message_and_puts_it_at_the_back() {
 async fn a_kill_in_the_middle_of_a_large_redrive_leaves_each_message_in_exactly_one_place() {
     const MESSAGES: usize = 20_000;
     let node = Node::start();
-    let mut admin = admin(&node).await;
+    let mut admin = node.admin().await;
     let mut publisher = node.publisher().await;
     let requests = (0..MESSAGES).map(|n| json!({ "body": n.to_string() }));
     let published = pipelined(&mut publisher, requests).await;
@@ -345,7 +339,7 @@ async fn a_kill_in_the_middle_of_a_large_redrive_leaves_each_message_in_exactly_
     // A restart first, so the redrive's records start a segment of their own.
     drop((admin, publisher));
     let mut node = node.restart(&[]);
-    let mut admin = self::admin(&node).await;
+    let mut admin = node.admin().await;
     let old = segments(&node);
     let new_segments = |node: &Node| -> Vec<PathBuf> {
         let all = segments(node);
@@ -379,7 +373,7 @@ async fn a_kill_in_the_middle_of_a_large_redrive_leaves_each_message_in_exactly_
     assert!(redriven_at_kill <= MESSAGES);
 
     let node = node.restart(&[]);
-    let mut admin = self::admin(&node).await;
+    let mut admin = node.admin().await;
     let queued = all_ids(&mut admin, "getmsgs").await;
     let dead = all_ids(&mut admin, "getdlqmsgs").await;
     let queued_set: BTreeSet<&String> = queued.iter().collect();
@@ -399,7 +393,7 @@ async fn a_kill_in_the_middle_of_a_large_redrive_leaves_each_message_in_exactly_
     assert_eq!(all, ids.iter().collect());
 
     // The rest follows, and a subscriber gets a redriven message as published.
-    let reply = success(&mut admin, json!({"cmd": "redrive"})).await;
+    let reply = admin.success(json!({"cmd": "redrive"})).await;
     assert_eq!(reply["redriven"], MESSAGES - redriven_at_kill);
     assert_eq!(
         live_stats(&mut admin).await,

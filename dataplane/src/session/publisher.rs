@@ -116,7 +116,13 @@ struct PublishFields<'a> {
     durability: Field<u64>,
     #[serde(borrow)]
     publisherkey: Field<Text<'a>>,
+    /// Beyond the manual (README, "Delivery rules"): seconds after the publish when the
+    /// message is deleted if it is still in the queue.
+    expires: Field<u64>,
 }
+
+/// The longest a message's own expiration may be: 14 days, as `message-retention-secs`.
+const MAX_EXPIRES_SECS: u64 = 1_209_600;
 
 /// A publish request read typed (see `request`), if it can be: its message or failure, and
 /// the context to copy into the reply.
@@ -140,6 +146,7 @@ pub fn read_message(
         body_type: number_field(&fields, "type"),
         delay: number_field(&fields, "delay"),
         durability: number_field(&fields, "durability"),
+        expires: number_field(&fields, "expires"),
         publisherkey: text_field(&mut fields, "publisherkey"),
     };
     check(fields, queue_type)
@@ -169,6 +176,11 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         _ => return Err(Code::InvalidPublisherKey),
     };
     let body = body.ok_or(Code::MissingBody)?;
+    let expires = number_in(
+        fields.expires,
+        1..=MAX_EXPIRES_SECS,
+        Code::InvalidExpiration,
+    )?;
     if queue_type == QueueType::Copy {
         if delay.is_some() {
             return Err(Code::DelayOnCopy);
@@ -179,6 +191,9 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         if publisher_key.is_some() {
             return Err(Code::PublisherKeyOnCopy);
         }
+        if expires.is_some() {
+            return Err(Code::ExpirationOnCopy);
+        }
     }
     Ok(NewMessage {
         body_type,
@@ -186,8 +201,7 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         publisher_key,
         delay_secs: delay.unwrap_or(0),
         durability: durability.unwrap_or_default(),
-        // The WebSocket publish has no expiration field yet: `message-retention-secs` applies.
-        expires_secs: 0,
+        expires_secs: expires.unwrap_or(0),
         attributes: None,
     })
 }
@@ -216,6 +230,42 @@ mod tests {
         assert_eq!(message.durability, Durability::Immediate);
         assert_eq!(message.publisher_key.as_deref(), Some("order-1234"));
         assert_eq!(message.body_type, BodyType::Text);
+    }
+
+    #[test]
+    fn an_expiration_beyond_the_manual_is_checked_and_kept() {
+        let typed = |text: &str| read_typed(text, QueueType::Distribute).unwrap().0;
+        assert_eq!(
+            typed(r#"{"body":"x","expires":60}"#).unwrap().expires_secs,
+            60
+        );
+        assert_eq!(typed(r#"{"body":"x"}"#).unwrap().expires_secs, 0);
+        let read = |value| read(value, QueueType::Distribute);
+        assert_eq!(
+            read(json!({"body": "x", "expires": 1_209_600}))
+                .unwrap()
+                .expires_secs,
+            1_209_600
+        );
+        for bad in [
+            json!(0),
+            json!(1_209_601),
+            json!(1.5),
+            json!("60"),
+            json!(-1),
+        ] {
+            assert_eq!(
+                code(json!({"body": "x", "expires": bad})),
+                Code::InvalidExpiration,
+                "{bad}"
+            );
+            let text = json!({"body": "x", "expires": bad}).to_string();
+            assert_eq!(typed(&text).unwrap_err(), Code::InvalidExpiration, "{text}");
+        }
+        let copy = read_typed(r#"{"body":"x","expires":60}"#, QueueType::Copy)
+            .unwrap()
+            .0;
+        assert_eq!(copy.unwrap_err(), Code::ExpirationOnCopy);
     }
 
     #[test]

@@ -1211,10 +1211,10 @@ fn a_messages_own_expiry_counts_when_it_is_sooner_than_the_retention() {
     assert!(q.get(late, false).is_none(), "the retention came first");
 }
 
-#[test]
-fn a_restart_makes_received_messages_visible_with_their_counts_and_ends_the_expired() {
-    let mut q = queue();
-    let recovered = |n: u128, receives, expires_ms| RecoveredMessage {
+/// Message `n` as the log gives it back at start: waiting, durability 1, with its receive
+/// count and expiry.
+fn recovered(n: u128, receives: u32, expires_ms: Option<u64>) -> RecoveredMessage {
+    RecoveredMessage {
         id: MessageId(uuid::Uuid::from_u128(n)),
         durability: Durability::Eventual,
         dead: false,
@@ -1225,7 +1225,12 @@ fn a_restart_makes_received_messages_visible_with_their_counts_and_ends_the_expi
         expires_ms,
         dead_reason: DeadReason::Rejected,
         frame: Arc::from(format!(r#"{{"id":"x","type":1,"body":"b{n}","recdat":1}}"#).as_bytes()),
-    };
+    }
+}
+
+#[test]
+fn a_restart_makes_received_messages_visible_with_their_counts_and_ends_the_expired() {
+    let mut q = queue();
     q.restore(
         vec![
             recovered(1, 4, None),
@@ -1284,19 +1289,7 @@ fn the_rules_write_receive_counts_only_where_they_decide_something() {
 fn a_restart_during_the_last_allowed_delivery_counts_it_as_failed() {
     let mut q = queue();
     q.set_rules(rules(2, 0));
-    let recovered = |n: u128, receives| RecoveredMessage {
-        id: MessageId(uuid::Uuid::from_u128(n)),
-        durability: Durability::Eventual,
-        dead: false,
-        delay_secs: 0,
-        due_ms: None,
-        recdat: T0 / 1000,
-        receives,
-        expires_ms: None,
-        dead_reason: DeadReason::Rejected,
-        frame: Arc::from(format!(r#"{{"id":"x","type":1,"body":"b{n}","recdat":1}}"#).as_bytes()),
-    };
-    q.restore(vec![recovered(1, 2), recovered(2, 1)], T0);
+    q.restore(vec![recovered(1, 2, None), recovered(2, 1, None)], T0);
     let poison = MessageId(uuid::Uuid::from_u128(1));
     assert_eq!(q.dead_reason(poison), Some(DeadReason::MaxReceives));
     let pulled = q.receive(10, VISIBILITY_MS, T0);

@@ -65,7 +65,7 @@ async fn max_receive_count_dead_letters_after_the_last_failed_delivery_and_a_res
     assert!(dlq_ids(&mut admin_client).await.is_empty(), "two failed");
     // The third: the session ends as its connection does, just after the logout's reply.
     assert_eq!(deliver_and_leave(&node).await, id, "attempt 3");
-    assert_eq!(dlq_soon(&mut admin_client).await, [id.clone()]);
+    assert_eq!(dlq_soon(&mut admin_client).await, std::slice::from_ref(&id));
     let shown = admin_client
         .success(json!({"cmd": "getdlqmsg", "id": id}))
         .await;

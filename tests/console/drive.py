@@ -19,7 +19,6 @@ import urllib.request
 
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect, sync_playwright
-from websockets.sync.client import connect as websocket
 
 SETUP = json.loads(os.environ["QE_CONSOLE"])
 BASE = SETUP["base"]
@@ -93,6 +92,28 @@ def refresh_until(page, what, done, within=WITHIN):
 def cookie_of(context, name):
     cookies = [c for c in context.cookies() if c["name"] == name]
     return cookies[0] if cookies else None
+
+
+def qe_send(queue, body):
+    """`qe send` with a profile of its own: the account's key, then the queue's publisher."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as home:
+        env = dict(os.environ, QE_CONFIG=os.path.join(home, "config.toml"))
+        env.pop("QE_PROFILE", None)
+        env.pop("QE_TOKEN", None)
+
+        def qe(*arguments, stdin=""):
+            done = subprocess.run([SETUP["qe"], *arguments], input=stdin, env=env,
+                                  capture_output=True, text=True, timeout=WITHIN)
+            assert done.returncode == 0, (arguments, done.stdout, done.stderr)
+            return done.stdout
+
+        qe("login", "--api", BASE, "--token-stdin", stdin=SETUP["alpha_key"] + "\n")
+        login = SETUP["publisher"]
+        qe("queues", "login", queue, "--role", "publisher", "--username", login["username"],
+           "--password-stdin", "--url", SETUP["node"], stdin=login["password"] + "\n")
+        return qe("send", queue, "--body", body)
 
 
 def sign_in(page, token):
@@ -183,18 +204,13 @@ def run(page, context, logs):
     assert cell(page, alpha_queue, "held") == "0" and cell(page, alpha_queue, "dead_letter") == "1"
     check("the depth, in-flight and DLQ numbers appear after the node reports", f"depth {depth}")
 
-    # A publish while the page is open: the depth changes on a refresh after the node reports.
-    with websocket(SETUP["node"]) as node:
-        login = SETUP["publisher"]
-        node.send(json.dumps({"username": login["username"], "password": login["password"],
-                              "role": "publisher", "queuetype": "distribute"}))
-        assert json.loads(node.recv())["status"] == "Success."
-        node.send(json.dumps({"body": "published while the page is open"}))
-        assert json.loads(node.recv())["status"] == "Success."
+    # A publish with `qe` while the page is open: the depth changes on a refresh after the
+    # node reports.
+    qe_send(alpha_queue, "published while the page is open")
     published = SETUP["published"] + 1
     depth = str(published)
     refresh_until(page, "the new depth after a refresh", lambda: cell(page, alpha_queue, "waiting") == depth)
-    check("a publish shows in the depth on a refresh", f"depth {depth}")
+    check("a `qe send` shows in the depth on a refresh", f"depth {depth}")
 
     # Refresh keeps the numbers on screen (marked stale) while it loads.
     page.locator("#refresh").click()

@@ -163,6 +163,7 @@ async fn the_console_in_a_real_browser() {
         "published": PUBLISHED,
         "dead": dead["id"],
         "node": node,
+        "qe": qe_tests::qe_binary(),
         "publisher": alpha_queue["logins"]["publisher"],
     });
     let driver = workspace().join("tests/console/drive.py");

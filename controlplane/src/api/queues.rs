@@ -313,12 +313,13 @@ pub async fn create_sqs_key(
     });
     let (queue, ()) = made.await?.ok_or_else(|| ApiError::NotFound(id.clone()))?;
     let applied = wait_applied(&state, &queue).await?;
+    let endpoint = sqs_endpoint(&state, &queue)?;
     let reply = json!({
         "access_key_id": access_key_id,
         "secret": state.node_tokens.sqs_secret(&queue.id, &access_key_id),
         "role": role.name(),
-        "endpoint": sqs_endpoint(&state, &queue)?,
-        "queue_url": sqs_endpoint(&state, &queue)?.map(|e| format!("{e}/{}", queue.id)),
+        "queue_url": endpoint.as_ref().map(|e| format!("{e}/{}", queue.id)),
+        "endpoint": endpoint,
         "applied": applied,
     });
     Ok((StatusCode::CREATED, target, Json(reply)))
@@ -457,14 +458,7 @@ pub async fn rotate(
     });
     let rotated = rotated.await?;
     let (queue, credentials) = rotated.ok_or_else(|| ApiError::NotFound(id.clone()))?;
-    let version = queue.config_version;
-    let served =
-        |queue: &Queue| queue.applied_version >= version || queue.status == Status::Deleted;
-    let confirmed = state
-        .store
-        .wait_for(&id, CONFIRM_WITHIN, served)
-        .await?
-        .is_some_and(|queue| queue.applied_version >= version);
+    let confirmed = wait_applied(&state, &queue).await?;
     let mut reply = serde_json::to_value(credentials).expect("strings serialize");
     reply["applied"] = json!(confirmed);
     let status = match confirmed {

@@ -403,12 +403,7 @@ impl QueueState {
             .collect();
         for id in exhausted {
             let entry = self.take(id, "movedtodlq").expect("just found");
-            match entry.message.durability {
-                Durability::None => self.forget(&entry.message),
-                _ => {
-                    let _ = self.dead_letter(id, entry, DeadReason::MaxReceives);
-                }
-            }
+            self.retire_exhausted(id, entry);
         }
     }
 
@@ -514,10 +509,16 @@ impl QueueState {
             .remove(&id)
             .expect("a delivered message is in the queue");
         self.unexpire(id, &entry);
+        self.retire_exhausted(id, *entry);
+    }
+
+    /// A message out of the queue whose deliveries are used up: to the dead letter queue, or,
+    /// at durability 0, which cannot go there, deleted.
+    fn retire_exhausted(&mut self, id: MessageId, entry: Entry) {
         match entry.message.durability {
             Durability::None => self.forget(&entry.message),
             _ => {
-                let _ = self.dead_letter(id, *entry, DeadReason::MaxReceives);
+                let _ = self.dead_letter(id, entry, DeadReason::MaxReceives);
             }
         }
     }

@@ -26,6 +26,7 @@ use hyper_util::rt::TokioIo;
 use qe_shared::protocol::Role;
 use qe_shared::settings::Setting;
 use serde_json::Value;
+use sigv4::header;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -396,13 +397,6 @@ fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
         hyper::header::HeaderValue::from_static("application/x-amz-json-1.0"),
     );
     response
-}
-
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
 }
 
 /// Listens for the SQS face on `addr`.

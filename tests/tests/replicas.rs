@@ -398,6 +398,12 @@ async fn one_etcd_member_lost_changes_nothing_and_a_majority_lost_answers_503() 
     let first = cp.create_queue(QUEUE).await;
     // A member down, whichever it is: the API answers, reads and writes.
     etcd.kill(etcd.leader().unwrap_or(0));
+    // Every read answers, through the election too: a request that finds the dead member goes
+    // on to the next, and one that finds no leader waits for the new one.
+    for _ in 0..20 {
+        let (status, listed) = cp.call("GET", "/v1/queues", None).await;
+        assert_eq!(status, 200, "{listed}");
+    }
     let started = Instant::now();
     let second = replicas.at(1).create_queue(QUEUE).await;
     eprintln!(

@@ -6,31 +6,43 @@
 //! ([`crate::leadership`]). Every key is under one prefix (default `/qe/CLUSTER/`).
 //!
 //! Without a majority etcd answers neither writes nor (linearizable) reads: every request
-//! then fails after `timeout_secs` as [`StoreError::Unavailable`], which the API answers
-//! `503 unavailable`. Nothing stale is served.
+//! then fails after `timeout_secs` (tried on every member meanwhile) as
+//! [`StoreError::Unavailable`], which the API answers `503 unavailable`. Nothing stale is
+//! served.
 
 use super::{Backend, EtcdConfig, Fence, Listed, StoreError, Stored, Version};
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Records put in one transaction: etcd refuses one of more operations than its
 /// `--max-txn-ops` (default 128), counting those of nested transactions (three each here).
 const TXN_OPS_AT_MOST: usize = 32;
 /// Keys read per request: well under gRPC's 4 MiB message at a few KiB per record.
 const PAGE: i64 = 500;
-/// How many times a request is sent before its error is answered.
-const ATTEMPTS: usize = 3;
-/// The wait before the second try; the third waits twice as long (an etcd election with
-/// its default timings takes about a second).
-const RETRY_AFTER: Duration = Duration::from_millis(250);
+/// The wait after every member failed a request, before it goes round them again; each wait
+/// is twice the one before, up to [`LONGEST_WAIT`] (an etcd election with its default
+/// timings takes a second or two).
+const FIRST_WAIT: Duration = Duration::from_millis(100);
+const LONGEST_WAIT: Duration = Duration::from_secs(1);
 /// The wait before a broken watch is made again.
 const REWATCH_AFTER: Duration = Duration::from_millis(200);
 
 pub struct EtcdBackend {
+    /// Balanced over every member, for the watches and the leader's lease, which are made
+    /// again when they break.
     client: Client,
+    /// One client per member, for reads and writes: a request that fails is sent to the
+    /// next member. (tonic's balance picks a member at random for each request, and keeps a
+    /// dead one in its pick: a few tries in a row could all reach it.)
+    members: Vec<Client>,
+    /// The member reads and writes go to, until one fails there.
+    current: AtomicUsize,
+    /// Stop trying again after this (`timeout_secs`): a majority is lost, not a member.
+    give_up_after: Duration,
     prefix: String,
 }
 
@@ -49,7 +61,12 @@ impl EtcdBackend {
             .with_keep_alive(Duration::from_secs(2), timeout)
             // A member cut off from the majority refuses at once rather than waiting.
             .with_require_leader(true);
-        let client = Client::connect(&config.endpoints, Some(options)).await?;
+        let client = Client::connect(&config.endpoints, Some(options.clone())).await?;
+        let mut members = Vec::with_capacity(config.endpoints.len());
+        for endpoint in &config.endpoints {
+            // (Connected on first use: a member down now is no error yet.)
+            members.push(Client::connect([endpoint], Some(options.clone())).await?);
+        }
         let prefix = config
             .prefix
             .clone()
@@ -60,7 +77,13 @@ impl EtcdBackend {
                 "[store] prefix {prefix:?}: ASCII, ending in /"
             )));
         }
-        Ok(EtcdBackend { client, prefix })
+        Ok(EtcdBackend {
+            client,
+            members,
+            current: AtomicUsize::new(0),
+            give_up_after: timeout,
+            prefix,
+        })
     }
 
     fn key(&self, key: &str) -> String {
@@ -68,7 +91,7 @@ impl EtcdBackend {
     }
 
     fn kv(&self) -> etcd_client::KvClient {
-        self.client.kv_client()
+        self.members[self.current.load(Ordering::Relaxed)].kv_client()
     }
 
     /// Every key from `start` to `end` (excluded), read in pages of [`PAGE`] (a gRPC message
@@ -110,45 +133,64 @@ impl EtcdBackend {
         }
     }
 
-    /// Runs `txn`, [`retried`].
+    /// Runs `txn`, [`Self::retried`].
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
-        retried(|| {
-            let (mut kv, txn) = (self.kv(), txn.clone());
+        self.retried(|mut kv| {
+            let txn = txn.clone();
             async move { kv.txn(txn).await }
         })
         .await
     }
 
-    /// Reads `key` (with `options`), [`retried`].
+    /// Reads `key` (with `options`), [`Self::retried`].
     async fn read(
         &self,
         key: String,
         options: Option<GetOptions>,
     ) -> Result<etcd_client::GetResponse, StoreError> {
-        retried(|| {
-            let (mut kv, key, options) = (self.kv(), key.clone(), options.clone());
+        self.retried(|mut kv| {
+            let (key, options) = (key.clone(), options.clone());
             async move { kv.get(key, options).await }
         })
         .await
     }
-}
 
-/// Runs `request` again if it fails: a member that just died, or an election under way
-/// (a request sent to a follower whose leader just died times out), costs one retry, not an
-/// error. A transaction retried after a timeout may have committed the first time: every
-/// caller's comparison then fails and it reads again, so nothing is applied twice.
-async fn retried<T, F: std::future::Future<Output = Result<T, etcd_client::Error>>>(
-    request: impl Fn() -> F,
-) -> Result<T, StoreError> {
-    for attempt in 1..ATTEMPTS {
-        match request().await {
-            Ok(answer) => return Ok(answer),
-            Err(error) => tracing::info!(%error, "an etcd request is tried again"),
+    /// Runs `request` on the current member and, if it fails there, on the next one, which
+    /// then stays current: a member that died, or one cut off from the majority, costs one
+    /// request, not an error. Once every member has failed it, it waits (longer each time)
+    /// for an election under way to end (a follower whose leader just died answers "no
+    /// leader" or times out) and goes round again, until `give_up_after`: a majority lost.
+    /// A transaction tried again after a timeout may have committed the first time: every
+    /// caller's comparison then fails and it reads again, so nothing is applied twice.
+    async fn retried<T, F: std::future::Future<Output = Result<T, etcd_client::Error>>>(
+        &self,
+        request: impl Fn(etcd_client::KvClient) -> F,
+    ) -> Result<T, StoreError> {
+        let deadline = Instant::now() + self.give_up_after;
+        let (mut wait, mut failed_in_round) = (FIRST_WAIT, 0);
+        loop {
+            let member = self.current.load(Ordering::Relaxed);
+            let error = match request(self.members[member].kv_client()).await {
+                Ok(answer) => return Ok(answer),
+                Err(error) => error,
+            };
+            // The next member is current (unless another request moved on already).
+            let next = (member + 1) % self.members.len();
+            let _ =
+                self.current
+                    .compare_exchange(member, next, Ordering::Relaxed, Ordering::Relaxed);
+            failed_in_round += 1;
+            let round_over = failed_in_round == self.members.len();
+            if round_over && Instant::now() + wait >= deadline {
+                return Err(error.into());
+            }
+            tracing::info!(%error, member, "an etcd request is tried on the next member");
+            if round_over {
+                tokio::time::sleep(wait).await;
+                (wait, failed_in_round) = ((wait * 2).min(LONGEST_WAIT), 0);
+            }
         }
-        // An election answers "no leader" at once: the next try waits for it to end.
-        tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
     }
-    Ok(request().await?)
 }
 
 /// A key's value, with the revision that last changed it.

@@ -26,6 +26,8 @@
 //! - `bench live-metrics`: a control plane holding 1,000 queues (restored from a generated
 //!   backup) and the live reports of their nodes: its CPU per report and the `/metrics`
 //!   scrape's size and cost.
+//! - `bench sqs-sdk`: SQS throughput through Amazon's Rust SDK against a node's SQS face
+//!   (scripts/bench-sqs runs it beside boto3's). See docs/sqs.md.
 
 mod bulk;
 mod client;
@@ -34,6 +36,7 @@ mod controlplane_load;
 mod live_metrics;
 mod node;
 mod peers;
+mod sqs_sdk;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -161,6 +164,9 @@ enum Command {
     /// What nodes' live reports and `/metrics` cost a control plane with many queues
     /// (a restored backup of queue records; the bench plays the nodes).
     LiveMetrics(live_metrics::Settings),
+    /// SQS throughput through Amazon's Rust SDK against a node's SQS face (QE_SQS names it;
+    /// scripts/bench-sqs starts the node).
+    SqsSdk(sqs_sdk::Settings),
     /// The WebSocket echo server of `bench peers`' echo limit (started by it).
     #[command(hide = true)]
     EchoServer {
@@ -179,6 +185,9 @@ async fn main() {
     std::fs::create_dir_all(&data_root).expect("the data root");
     if let Command::LiveMetrics(settings) = &args.command {
         return live_metrics::live_metrics(settings, &data_root).await;
+    }
+    if let Command::SqsSdk(settings) = &args.command {
+        return sqs_sdk::sqs_sdk(settings).await;
     }
     if let Command::ControlplaneLoad {
         controlplane,
@@ -277,7 +286,10 @@ async fn main() {
             };
             peers::peers(&config, &choice).await
         }
-        Command::EchoServer { .. } | Command::ControlplaneLoad { .. } | Command::LiveMetrics(_) => {
+        Command::EchoServer { .. }
+        | Command::ControlplaneLoad { .. }
+        | Command::LiveMetrics(_)
+        | Command::SqsSdk(_) => {
             unreachable!("run above")
         }
         Command::Recovery { messages } => workload::recovery(&config, messages).await,

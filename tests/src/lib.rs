@@ -23,6 +23,7 @@ pub mod instance;
 pub mod knot;
 pub mod moto;
 pub mod raw;
+pub mod sqs;
 
 pub use control_plane::*;
 

@@ -208,6 +208,12 @@ async fn an_ec2_queue_is_launched_as_asked_and_its_volume_outlives_its_instance(
         (200, &json!(["[::]:443"])),
         "{desired}"
     );
+    // And its SQS face on 9443 (no keys yet).
+    assert_eq!(
+        desired["sqs"],
+        json!({"listen": ["[::]:9443"], "keys": []}),
+        "{desired}"
+    );
     // And fetches the binary the script checks.
     let (status, binary) = download(cp.addr, &format!("/v1/nodes/{id}/dataplane"), &token).await;
     assert_eq!(status, 200);

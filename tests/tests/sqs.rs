@@ -1,7 +1,9 @@
 //! The SQS face (docs/sqs.md) with real AWS clients against the real node: boto3 for every
 //! action and the AWS CLI for a round trip (tests/interop/sqs_boto3.py), both faces of one
-//! queue, and a kill -9 with messages in flight.
+//! queue, and a kill -9 with messages in flight. Amazon's Rust SDK has tests/sqs_rust_sdk.rs,
+//! and a round trip over HTTPS here.
 
+use qe_tests::sqs::{aws_sdk_sqs, SqsEndpoint};
 use qe_tests::{python, workspace, ControlPlane, Node, ADMIN, PUBLISHER, SUBSCRIBER};
 use serde_json::{json, Value};
 
@@ -144,6 +146,62 @@ async fn over_tls_the_sqs_face_serves_https_with_the_nodes_certificate() {
         &[("AWS_CA_BUNDLE", ca_path.to_str().unwrap())],
     )
     .await;
+    // And Amazon's Rust SDK, trusting only the test's CA: a round trip.
+    let url = setup(&node, true)["endpoint"].as_str().unwrap().to_string();
+    let ca_pem = ca.pem();
+    let endpoint = SqsEndpoint {
+        url: &url,
+        ca_pem: Some(&ca_pem),
+        resolve_to: None,
+    };
+    let (_, id, secret) = KEYS[2];
+    let sqs = qe_tests::sqs::client(&endpoint, id, secret);
+    let queue = sqs
+        .get_queue_url()
+        .queue_name("queue")
+        .send()
+        .await
+        .unwrap();
+    let queue = queue.queue_url().unwrap();
+    assert!(queue.starts_with("https://localhost:"), "{queue}");
+    let sent = sqs
+        .send_message()
+        .queue_url(queue)
+        .message_body("over TLS")
+        .send()
+        .await
+        .unwrap();
+    let got = sqs
+        .receive_message()
+        .queue_url(queue)
+        .wait_time_seconds(5)
+        .send()
+        .await
+        .unwrap();
+    let [message] = got.messages() else {
+        panic!("the message: {got:?}");
+    };
+    assert_eq!(message.message_id(), sent.message_id());
+    let handle = message.receipt_handle().unwrap();
+    sqs.delete_message()
+        .queue_url(queue)
+        .receipt_handle(handle)
+        .send()
+        .await
+        .unwrap();
+    // A client that trusts another CA is refused the connection.
+    let stranger = qe_tests::test_ca("another CA").pem();
+    let untrusting = SqsEndpoint {
+        url: &url,
+        ca_pem: Some(&stranger),
+        resolve_to: None,
+    };
+    let sqs = qe_tests::sqs::client(&untrusting, id, secret);
+    let refused = sqs.list_queues().send().await.unwrap_err();
+    assert!(
+        matches!(refused, aws_sdk_sqs::error::SdkError::DispatchFailure(_)),
+        "{refused:?}"
+    );
 }
 
 /// Keys from the control plane: made per role (the secret shown once, never listed), given

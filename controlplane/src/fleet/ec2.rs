@@ -17,6 +17,10 @@ use std::time::Duration;
 
 /// Where a node listens on its own instance: HTTPS's port, every address.
 const LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V6(Ipv6Addr::UNSPECIFIED), 443);
+/// Where it serves its SQS face (docs/sqs.md), HTTPS with the same certificate: a port of its
+/// own (443 is the WebSocket's, which answers anything but an upgrade with 400), every
+/// address. The nodes' security group opens it (docs/deploy.md).
+const SQS_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V6(Ipv6Addr::UNSPECIFIED), 9443);
 /// The device name the queue's volume is attached as (the first-boot script finds it).
 const VOLUME_DEVICE: &str = "/dev/sdf";
 /// How long to wait for a launched instance to run, and for a terminated one to be gone.
@@ -213,6 +217,10 @@ impl Provider for Ec2Provider {
 
     fn listen(&self, _queue: &Queue) -> Result<Vec<SocketAddr>, FleetError> {
         Ok(vec![LISTEN])
+    }
+
+    fn sqs_listen(&self, _queue: &Queue) -> Result<Option<SocketAddr>, FleetError> {
+        Ok(Some(SQS_LISTEN))
     }
 
     fn ensure<'a>(

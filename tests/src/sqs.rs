@@ -1,0 +1,62 @@
+//! Amazon's own Rust SDK (`aws-sdk-sqs`) pointed at a node's SQS face, as a user holding
+//! code written against AWS would point it: an endpoint URL, a region, static keys.
+//!
+//! The HTTP client is aws-smithy-http-client on the workspace's ring-only rustls (the SDK's
+//! default one would bring aws-lc-rs), trusting only the CA the test gives; a name may be
+//! resolved to an address the test gives (a node in a network namespace, by its queue's name).
+
+use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode, TlsContext, TrustStore};
+use aws_smithy_runtime_api::client::dns::{DnsFuture, ResolveDns};
+use std::net::IpAddr;
+
+pub use aws_sdk_sqs;
+
+/// Where the client connects and what it trusts.
+pub struct SqsEndpoint<'a> {
+    /// `https://NAME:PORT` or `http://ADDR`.
+    pub url: &'a str,
+    /// The CA the node's certificate is from (PEM), for `https://`.
+    pub ca_pem: Option<&'a str>,
+    /// The address the endpoint's name resolves to, instead of the system's resolver.
+    pub resolve_to: Option<IpAddr>,
+}
+
+/// A client of the SDK signing with `key_id` and `secret`, with no retries (a refusal is
+/// seen as it comes).
+pub fn client(endpoint: &SqsEndpoint, key_id: &str, secret: &str) -> aws_sdk_sqs::Client {
+    let trust = match endpoint.ca_pem {
+        Some(pem) => TrustStore::empty().with_pem_certificate(pem.as_bytes()),
+        None => TrustStore::empty(),
+    };
+    let context = TlsContext::builder()
+        .with_trust_store(trust)
+        .build()
+        .expect("a TLS context");
+    let builder = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .tls_context(context);
+    let http = match endpoint.resolve_to {
+        Some(ip) => builder.build_with_resolver(FixedAddress(ip)),
+        None => builder.build_https(),
+    };
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("eu-west-1"))
+        .credentials_provider(Credentials::new(key_id, secret, None, None, "test"))
+        .endpoint_url(endpoint.url)
+        .http_client(http)
+        .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled())
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+/// Every name resolves to one address.
+#[derive(Clone, Debug)]
+struct FixedAddress(IpAddr);
+
+impl ResolveDns for FixedAddress {
+    fn resolve_dns<'a>(&'a self, _name: &'a str) -> DnsFuture<'a> {
+        DnsFuture::ready(Ok(vec![self.0]))
+    }
+}

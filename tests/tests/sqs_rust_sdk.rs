@@ -1,0 +1,549 @@
+//! The SQS face with Amazon's Rust SDK (`aws-sdk-sqs`, through qe_tests::sqs) against the real
+//! node: every action the boto3 test drives, the SDK's typed errors, the MD5s it returns
+//! checked against this test's own, and both faces of one queue.
+
+use aws_sdk_sqs::error::ProvideErrorMetadata;
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName, SendMessageBatchRequestEntry,
+};
+use md5::{Digest, Md5};
+use qe_tests::sqs::{aws_sdk_sqs, client, SqsEndpoint};
+use qe_tests::{login_with, node_of, today, ControlPlane, Node};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The three roles' keys the node is started with.
+const PUBLISHER: (&str, &str) = ("AKIARUSTPUBLISHER", "publisher-secret");
+const SUBSCRIBER: (&str, &str) = ("AKIARUSTSUBSCRIBER", "subscriber-secret");
+const ADMIN: (&str, &str) = ("AKIARUSTADMIN", "admin-secret");
+
+fn started() -> Node {
+    let keys = [
+        format!("publisher:{}:{}", PUBLISHER.0, PUBLISHER.1),
+        format!("subscriber:{}:{}", SUBSCRIBER.0, SUBSCRIBER.1),
+        format!("admin:{}:{}", ADMIN.0, ADMIN.1),
+    ];
+    let mut flags = vec!["--sqs-listen", "127.0.0.1:0"];
+    for key in &keys {
+        flags.extend(["--sqs-key", key.as_str()]);
+    }
+    Node::start_with(&flags)
+}
+
+/// The node's SQS address, from its log.
+fn sqs_addr(node: &Node) -> String {
+    let line = node.wait_for_log("sqs: serving on ");
+    let rest = line.split("sqs: serving on ").nth(1).unwrap();
+    rest.split_whitespace()
+        .next()
+        .unwrap()
+        .trim_matches('"')
+        .to_string()
+}
+
+fn md5_hex(data: &[u8]) -> String {
+    qe_shared::hex(&Md5::digest(data))
+}
+
+/// MD5OfMessageAttributes, computed here as AWS documents it: for each name in order, the
+/// name, the type and the value, each after its length (4 bytes, big-endian), the value
+/// after a 1 (string) or a 2 (binary).
+fn attributes_md5(attributes: &BTreeMap<String, MessageAttributeValue>) -> String {
+    fn sized(bytes: &mut Vec<u8>, data: &[u8]) {
+        bytes.extend((data.len() as u32).to_be_bytes());
+        bytes.extend(data);
+    }
+    let mut bytes = Vec::new();
+    for (name, value) in attributes {
+        sized(&mut bytes, name.as_bytes());
+        sized(&mut bytes, value.data_type().as_bytes());
+        match (value.string_value(), value.binary_value()) {
+            (Some(text), _) => {
+                bytes.push(1);
+                sized(&mut bytes, text.as_bytes());
+            }
+            (None, Some(blob)) => {
+                bytes.push(2);
+                sized(&mut bytes, blob.as_ref());
+            }
+            (None, None) => panic!("an attribute without a value"),
+        }
+    }
+    md5_hex(&bytes)
+}
+
+fn attribute(data_type: &str, text: Option<&str>, binary: Option<&[u8]>) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type(data_type)
+        .set_string_value(text.map(str::to_string))
+        .set_binary_value(binary.map(Blob::new))
+        .build()
+        .unwrap()
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test]
+async fn the_rust_sdk_drives_every_action() {
+    let node = started();
+    let url = format!("http://{}", sqs_addr(&node));
+    let endpoint = SqsEndpoint {
+        url: &url,
+        ca_pem: None,
+        resolve_to: None,
+    };
+    let admin = client(&endpoint, ADMIN.0, ADMIN.1);
+    let publisher = client(&endpoint, PUBLISHER.0, PUBLISHER.1);
+    let subscriber = client(&endpoint, SUBSCRIBER.0, SUBSCRIBER.1);
+
+    // GetQueueUrl and ListQueues; another queue's name is the SDK's QueueDoesNotExist.
+    let got = admin
+        .get_queue_url()
+        .queue_name("queue")
+        .send()
+        .await
+        .unwrap();
+    let queue = got.queue_url().unwrap().to_string();
+    assert!(queue.ends_with("/queue"), "{queue}");
+    let listed = admin.list_queues().send().await.unwrap();
+    assert_eq!(listed.queue_urls(), std::slice::from_ref(&queue));
+    let missing = admin
+        .get_queue_url()
+        .queue_name("other")
+        .send()
+        .await
+        .unwrap_err();
+    let missing = missing.into_service_error();
+    assert!(missing.is_queue_does_not_exist(), "{missing:?}");
+
+    // SendMessage with attributes of every type: the digests are AWS's.
+    let attributes: BTreeMap<String, MessageAttributeValue> = [
+        ("trace", attribute("String", Some("abc-123"), None)),
+        ("count", attribute("Number", Some("42"), None)),
+        ("blob", attribute("Binary", None, Some(&[0, 1, 0xfe, 0xff]))),
+        ("kind", attribute("String.custom", Some("é ünïcode"), None)),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_string(), value))
+    .collect();
+    let body = "Hello from the Rust SDK — ünïcode and \"quotes\"";
+    let before_ms = unix_ms();
+    let sent = publisher
+        .send_message()
+        .queue_url(&queue)
+        .message_body(body)
+        .set_message_attributes(Some(attributes.clone().into_iter().collect()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        sent.md5_of_message_body(),
+        Some(md5_hex(body.as_bytes()).as_str())
+    );
+    assert_eq!(
+        sent.md5_of_message_attributes(),
+        Some(attributes_md5(&attributes).as_str())
+    );
+
+    // ReceiveMessage: the body, every attribute back as sent, the system attributes.
+    let received = subscriber
+        .receive_message()
+        .queue_url(&queue)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .visibility_timeout(60)
+        .send()
+        .await
+        .unwrap();
+    let [message] = received.messages() else {
+        panic!("one message: {received:?}");
+    };
+    assert_eq!(message.body(), Some(body));
+    assert_eq!(message.message_id(), sent.message_id());
+    assert_eq!(
+        message.md5_of_body(),
+        Some(md5_hex(body.as_bytes()).as_str())
+    );
+    let back: BTreeMap<String, MessageAttributeValue> = message
+        .message_attributes()
+        .unwrap()
+        .iter()
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    assert_eq!(back, attributes);
+    assert_eq!(
+        message.md5_of_message_attributes(),
+        Some(attributes_md5(&attributes).as_str())
+    );
+    let system = message.attributes().unwrap();
+    assert_eq!(
+        system
+            .get(&MessageSystemAttributeName::ApproximateReceiveCount)
+            .map(String::as_str),
+        Some("1")
+    );
+    let sent_at: u64 = system[&MessageSystemAttributeName::SentTimestamp]
+        .parse()
+        .unwrap();
+    assert!(
+        sent_at + 1 >= before_ms && sent_at <= unix_ms(),
+        "{sent_at}"
+    );
+
+    // Invisible while held; ChangeMessageVisibility to 0 brings it back, counted twice.
+    let again = subscriber
+        .receive_message()
+        .queue_url(&queue)
+        .send()
+        .await
+        .unwrap();
+    assert!(again.messages().is_empty(), "{again:?}");
+    let handle = message.receipt_handle().unwrap();
+    subscriber
+        .change_message_visibility()
+        .queue_url(&queue)
+        .receipt_handle(handle)
+        .visibility_timeout(0)
+        .send()
+        .await
+        .unwrap();
+    let again = subscriber
+        .receive_message()
+        .queue_url(&queue)
+        .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+        .wait_time_seconds(5)
+        .send()
+        .await
+        .unwrap();
+    let [message] = again.messages() else {
+        panic!("the message again: {again:?}");
+    };
+    let count =
+        &message.attributes().unwrap()[&MessageSystemAttributeName::ApproximateReceiveCount];
+    assert_eq!(count, "2");
+    // The earlier receive's handle is no longer the message's: its visibility is refused.
+    let stale = subscriber
+        .change_message_visibility()
+        .queue_url(&queue)
+        .receipt_handle(handle)
+        .visibility_timeout(10)
+        .send()
+        .await
+        .unwrap_err()
+        .into_service_error();
+    assert!(stale.is_message_not_inflight(), "{stale:?}");
+    subscriber
+        .delete_message()
+        .queue_url(&queue)
+        .receipt_handle(message.receipt_handle().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let bad = subscriber
+        .delete_message()
+        .queue_url(&queue)
+        .receipt_handle("nonsense")
+        .send()
+        .await
+        .unwrap_err()
+        .into_service_error();
+    assert!(bad.is_receipt_handle_is_invalid(), "{bad:?}");
+
+    // SendMessageBatch: an entry that fails does not stop the others.
+    let entry = |id: &str, body: &str, delay: i32| {
+        SendMessageBatchRequestEntry::builder()
+            .id(id)
+            .message_body(body)
+            .delay_seconds(delay)
+            .build()
+            .unwrap()
+    };
+    let batch = publisher
+        .send_message_batch()
+        .queue_url(&queue)
+        .entries(entry("a", "first", 0))
+        .entries(entry("b", "too late", 901))
+        .entries(entry("c", "third", 0))
+        .send()
+        .await
+        .unwrap();
+    let mut succeeded: Vec<&str> = batch.successful().iter().map(|s| s.id()).collect();
+    succeeded.sort();
+    assert_eq!(succeeded, ["a", "c"]);
+    assert_eq!(batch.failed().len(), 1, "{batch:?}");
+    assert_eq!(
+        (
+            batch.failed()[0].id(),
+            batch.failed()[0].code(),
+            batch.failed()[0].sender_fault()
+        ),
+        ("b", "InvalidParameterValue", true)
+    );
+    for success in batch.successful() {
+        let body = if success.id() == "a" {
+            "first"
+        } else {
+            "third"
+        };
+        assert_eq!(success.md5_of_message_body(), md5_hex(body.as_bytes()));
+    }
+    let twice = publisher
+        .send_message_batch()
+        .queue_url(&queue)
+        .entries(entry("same", "x", 0))
+        .entries(entry("same", "y", 0))
+        .send()
+        .await
+        .unwrap_err()
+        .into_service_error();
+    assert!(twice.is_batch_entry_ids_not_distinct(), "{twice:?}");
+
+    // DeleteMessageBatch, with a handle that does not read.
+    let both = subscriber
+        .receive_message()
+        .queue_url(&queue)
+        .max_number_of_messages(10)
+        .wait_time_seconds(5)
+        .send()
+        .await
+        .unwrap();
+    let mut bodies: Vec<&str> = both.messages().iter().filter_map(|m| m.body()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["first", "third"]);
+    let mut deletes = subscriber.delete_message_batch().queue_url(&queue);
+    for (n, message) in both.messages().iter().enumerate() {
+        deletes = deletes.entries(
+            DeleteMessageBatchRequestEntry::builder()
+                .id(format!("d{n}"))
+                .receipt_handle(message.receipt_handle().unwrap())
+                .build()
+                .unwrap(),
+        );
+    }
+    let bad_entry = DeleteMessageBatchRequestEntry::builder()
+        .id("bad")
+        .receipt_handle("nonsense")
+        .build()
+        .unwrap();
+    let deleted = deletes.entries(bad_entry).send().await.unwrap();
+    assert_eq!(deleted.successful().len(), 2, "{deleted:?}");
+    assert_eq!(
+        (deleted.failed()[0].id(), deleted.failed()[0].code()),
+        ("bad", "ReceiptHandleIsInvalid")
+    );
+
+    // Get/SetQueueAttributes: the node's settings; a value out of range is refused.
+    admin
+        .set_queue_attributes()
+        .queue_url(&queue)
+        .attributes(QueueAttributeName::VisibilityTimeout, "40")
+        .send()
+        .await
+        .unwrap();
+    let shown = admin
+        .get_queue_attributes()
+        .queue_url(&queue)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap();
+    let shown = shown.attributes().unwrap();
+    assert_eq!(shown[&QueueAttributeName::VisibilityTimeout], "40");
+    assert_eq!(shown[&QueueAttributeName::ApproximateNumberOfMessages], "0");
+    let refused = admin
+        .set_queue_attributes()
+        .queue_url(&queue)
+        .attributes(QueueAttributeName::VisibilityTimeout, "43201")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Some("InvalidAttributeValue"), "{refused:?}");
+
+    // PurgeQueue empties it.
+    publisher
+        .send_message()
+        .queue_url(&queue)
+        .message_body("to purge")
+        .send()
+        .await
+        .unwrap();
+    admin.purge_queue().queue_url(&queue).send().await.unwrap();
+    let empty = subscriber
+        .receive_message()
+        .queue_url(&queue)
+        .send()
+        .await
+        .unwrap();
+    assert!(empty.messages().is_empty(), "{empty:?}");
+
+    // Signatures and roles: a wrong secret and a publisher's receive are refused.
+    let forger = client(&endpoint, ADMIN.0, "not-the-secret");
+    let forged = forger.list_queues().send().await.unwrap_err();
+    assert_eq!(forged.code(), Some("SignatureDoesNotMatch"), "{forged:?}");
+    let denied = publisher
+        .receive_message()
+        .queue_url(&queue)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Some("AccessDenied"), "{denied:?}");
+
+    // One queue, two faces: a WebSocket publish is received over SQS; an SQS send is pushed
+    // to a WebSocket subscriber, and while it holds it, an SQS receive does not see it.
+    let mut websocket_publisher = node.publisher().await;
+    let published = websocket_publisher
+        .success(json!({"body": "from the WebSocket"}))
+        .await;
+    let got = subscriber
+        .receive_message()
+        .queue_url(&queue)
+        .wait_time_seconds(5)
+        .send()
+        .await
+        .unwrap();
+    let [message] = got.messages() else {
+        panic!("the WebSocket's message: {got:?}");
+    };
+    assert_eq!(
+        (message.body(), message.message_id()),
+        (Some("from the WebSocket"), published["id"].as_str())
+    );
+    subscriber
+        .delete_message()
+        .queue_url(&queue)
+        .receipt_handle(message.receipt_handle().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let (mut websocket_subscriber, _) = node.subscriber(1).await;
+    let sent = publisher
+        .send_message()
+        .queue_url(&queue)
+        .message_body("from the Rust SDK")
+        .send()
+        .await
+        .unwrap();
+    let pushed = websocket_subscriber
+        .recv_within(Duration::from_secs(10))
+        .await;
+    let pushed = pushed.expect("the SQS message pushed");
+    assert_eq!(
+        (pushed["id"].as_str(), pushed["body"].as_str()),
+        (sent.message_id(), Some("from the Rust SDK"))
+    );
+    let held = subscriber
+        .receive_message()
+        .queue_url(&queue)
+        .send()
+        .await
+        .unwrap();
+    assert!(held.messages().is_empty(), "{held:?}");
+    let acked = websocket_subscriber
+        .success(json!({"id": pushed["id"], "ack": 1}))
+        .await;
+    assert_eq!(acked["status"], "Success.");
+}
+
+/// What the SQS face does is counted as the WebSocket's is: the live counters, the stats
+/// history (published, delivered) and the usage records the bills are made of (the SQS
+/// port's bytes, both ways). Nothing but SQS moves messages here.
+#[tokio::test]
+async fn sqs_traffic_is_counted_in_live_stats_history_and_billed_usage() {
+    let cp = ControlPlane::start_with("usage_record_secs = 1\nstats_record_secs = 1\n");
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let id = queue["id"].as_str().unwrap();
+    let path = format!("/v1/queues/{id}/sqs-keys");
+    let (status, key) = cp.call("POST", &path, Some(r#"{"role":"admin"}"#)).await;
+    assert_eq!(status, 201, "{key}");
+    let endpoint = SqsEndpoint {
+        url: key["endpoint"].as_str().unwrap(),
+        ca_pem: None,
+        resolve_to: None,
+    };
+    let sqs = client(
+        &endpoint,
+        key["access_key_id"].as_str().unwrap(),
+        key["secret"].as_str().unwrap(),
+    );
+    let url = key["queue_url"].as_str().unwrap();
+    let text = "z".repeat(10_000);
+    for _ in 0..3 {
+        sqs.send_message()
+            .queue_url(url)
+            .message_body(&text)
+            .send()
+            .await
+            .unwrap();
+    }
+    let mut received = 0;
+    while received < 2 {
+        let got = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(2 - received)
+            .wait_time_seconds(5)
+            .send()
+            .await
+            .unwrap();
+        for message in got.messages() {
+            let handle = message.receipt_handle().unwrap();
+            sqs.delete_message()
+                .queue_url(url)
+                .receipt_handle(handle)
+                .send()
+                .await
+                .unwrap();
+            received += 1;
+        }
+    }
+
+    // The usage records: at least the three bodies in, the two out.
+    let today = today();
+    let usage_path = format!("/v1/usage?from={today}&to={today}&queue={id}");
+    let stats_path = format!("/v1/stats?from={today}&to={today}&queue={id}");
+    let sum = |answer: &serde_json::Value, list: &str, key: &str| -> u64 {
+        let records = answer[list].as_array().unwrap();
+        records.iter().filter_map(|r| r[key].as_u64()).sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, usage) = cp.call("GET", &usage_path, None).await;
+        let (_, stats) = cp.call("GET", &stats_path, None).await;
+        let billed = sum(&usage, "usage", "network_received") > 30_000
+            && sum(&usage, "usage", "network_sent") > 20_000;
+        let flow = (
+            sum(&stats, "stats", "published"),
+            sum(&stats, "stats", "delivered"),
+        );
+        assert!(flow.0 <= 3 && flow.1 <= 2, "counted twice: {stats}");
+        if billed && flow == (3, 2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the SQS traffic is not counted:\n{usage}\n{stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The live counters: the one message left, of three.
+    let mut admin = login_with(
+        node_of(&queue),
+        &queue["logins"]["admin"],
+        "admin",
+        json!({}),
+    )
+    .await;
+    let live = admin.success(json!({"cmd": "getlivestats"})).await;
+    let messages = live["csv"].as_str().unwrap().split(',').next().unwrap();
+    assert_eq!(messages, "1", "{live}");
+}

@@ -368,15 +368,36 @@ async fn the_rust_sdk_drives_every_action() {
         .unwrap_err();
     assert_eq!(refused.code(), Some("InvalidAttributeValue"), "{refused:?}");
 
-    // PurgeQueue empties it.
-    publisher
-        .send_message()
+    // PurgeQueue empties it, as AWS's does: what waits and what is in flight.
+    for body in ["to purge", "in flight"] {
+        let sent = publisher
+            .send_message()
+            .queue_url(&queue)
+            .message_body(body);
+        sent.send().await.unwrap();
+    }
+    let in_flight = subscriber
+        .receive_message()
         .queue_url(&queue)
-        .message_body("to purge")
         .send()
         .await
         .unwrap();
+    assert_eq!(in_flight.messages().len(), 1, "{in_flight:?}");
     admin.purge_queue().queue_url(&queue).send().await.unwrap();
+    let shown = admin
+        .get_queue_attributes()
+        .queue_url(&queue)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap();
+    let shown = shown.attributes().unwrap();
+    for counted in [
+        QueueAttributeName::ApproximateNumberOfMessages,
+        QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+    ] {
+        assert_eq!(shown[&counted], "0", "{counted:?}: {shown:?}");
+    }
     let empty = subscriber
         .receive_message()
         .queue_url(&queue)

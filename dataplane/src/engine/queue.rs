@@ -71,6 +71,8 @@ pub enum Scope {
     Delayed,
     /// The dead letter queue.
     DeadLetter,
+    /// Messages pull receivers (the SQS face) received, invisible until their timeout.
+    Received,
     /// Everything: waiting, held (their holders are told), delayed and dead-lettered.
     All,
 }
@@ -930,6 +932,20 @@ impl QueueState {
                     .messages
                     .remove(&id)
                     .expect("a delayed message is queued");
+                if entry.expires_ms != 0 {
+                    self.expiring.remove(&(entry.expires_ms, id));
+                }
+                forget(&entry.message);
+                gone.push(id);
+            }
+        }
+        if scope == Scope::Received {
+            for (_, id) in std::mem::take(&mut self.invisible) {
+                let entry = self
+                    .messages
+                    .remove(&id)
+                    .expect("a received message is queued");
+                debug_assert!(matches!(entry.place, Place::Received { .. }));
                 if entry.expires_ms != 0 {
                     self.expiring.remove(&(entry.expires_ms, id));
                 }

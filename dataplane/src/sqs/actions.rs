@@ -277,10 +277,11 @@ fn set_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
     }
 }
 
-/// What a purge takes here: the queue's waiting and delayed messages (not the dead letter
-/// queue, which SQS keeps as a queue of its own; not what receivers hold).
+/// What a purge takes here, as on AWS: the queue's waiting and delayed messages, and those
+/// in flight to SQS receivers. Not the dead letter queue, which SQS keeps as a queue of its
+/// own, nor what WebSocket subscribers hold (their sessions hold it until they answer).
 async fn purge_queue(context: &Context<'_>) -> Result<Value, SqsError> {
-    for scope in [Scope::Waiting, Scope::Delayed] {
+    for scope in [Scope::Waiting, Scope::Delayed, Scope::Received] {
         let (_, receipt) = context.node.queue.purge(scope);
         let _ = receipt.wait().await;
     }

@@ -1042,6 +1042,30 @@ fn a_receive_takes_at_most_max_and_a_delete_needs_the_latest_receive() {
 }
 
 #[test]
+fn a_purge_of_the_received_takes_what_pull_receivers_hold_and_nothing_else() {
+    let mut q = queue();
+    let ids: Vec<MessageId> = (0..3).map(|n| publish(&mut q, &format!("m{n}"))).collect();
+    let mut sub = Sub::join(&mut q, 1);
+    assert_eq!(sub.bodies(), ["m0"], "held by a subscriber");
+    let pulled = q.receive(1, VISIBILITY_MS, T0);
+    assert_eq!(pulled_ids(&pulled), [ids[1]]);
+    let (purged, _) = q.purge(Scope::Received, T0);
+    assert_eq!(purged, 1);
+    assert_eq!(
+        q.delete_received(ids[1], pulled[0].receipt).unwrap_err(),
+        Refused::NotHeld
+    );
+    assert_eq!(q.next_visible(), None, "no timeout left to fire");
+    assert_eq!(
+        q.message_count(),
+        2,
+        "the held one and the waiting one stay"
+    );
+    assert_eq!(q.counts().unacknowledged, 1);
+    assert_eq!(q.purge(Scope::Received, T0).0, 0);
+}
+
+#[test]
 fn a_visibility_change_moves_the_timeout_and_zero_makes_it_wait_at_once() {
     let mut q = queue();
     let m1 = publish(&mut q, "m1");

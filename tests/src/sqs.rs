@@ -6,8 +6,12 @@
 //! resolved to an address the test gives (a node in a network namespace, by its queue's name).
 
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_sqs::operation::send_message::SendMessageOutput;
+use aws_sdk_sqs::types::{Message, QueueAttributeName};
+use aws_sdk_sqs::Client;
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode, TlsContext, TrustStore};
 use aws_smithy_runtime_api::client::dns::{DnsFuture, ResolveDns};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 pub use aws_sdk_sqs;
@@ -24,7 +28,7 @@ pub struct SqsEndpoint<'a> {
 
 /// A client of the SDK signing with `key_id` and `secret`, with no retries (a refusal is
 /// seen as it comes).
-pub fn client(endpoint: &SqsEndpoint, key_id: &str, secret: &str) -> aws_sdk_sqs::Client {
+pub fn client(endpoint: &SqsEndpoint, key_id: &str, secret: &str) -> Client {
     let trust = match endpoint.ca_pem {
         Some(pem) => TrustStore::empty().with_pem_certificate(pem.as_bytes()),
         None => TrustStore::empty(),
@@ -48,7 +52,32 @@ pub fn client(endpoint: &SqsEndpoint, key_id: &str, secret: &str) -> aws_sdk_sqs
         .http_client(http)
         .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled())
         .build();
-    aws_sdk_sqs::Client::from_conf(config)
+    Client::from_conf(config)
+}
+
+/// What a receive of up to `max` messages, waiting up to `wait` seconds, got.
+pub async fn receive(sqs: &Client, queue: &str, max: i32, wait: i32) -> Vec<Message> {
+    let asked = sqs.receive_message().queue_url(queue);
+    let got = asked.max_number_of_messages(max).wait_time_seconds(wait);
+    got.send().await.unwrap().messages().to_vec()
+}
+
+pub async fn send(sqs: &Client, queue: &str, body: &str) -> SendMessageOutput {
+    let sent = sqs.send_message().queue_url(queue).message_body(body);
+    sent.send().await.unwrap()
+}
+
+pub async fn delete(sqs: &Client, queue: &str, message: &Message) {
+    let handle = message.receipt_handle().unwrap();
+    let deleted = sqs.delete_message().queue_url(queue).receipt_handle(handle);
+    deleted.send().await.unwrap();
+}
+
+/// Every attribute of the queue.
+pub async fn queue_attributes(sqs: &Client, queue: &str) -> HashMap<QueueAttributeName, String> {
+    let asked = sqs.get_queue_attributes().queue_url(queue);
+    let shown = asked.attribute_names(QueueAttributeName::All).send().await;
+    shown.unwrap().attributes().unwrap().clone()
 }
 
 /// Every name resolves to one address.

@@ -11,7 +11,7 @@ use qe_ec2::aws_sdk_ec2::types::InstanceStateName;
 use qe_ec2::Ec2;
 use qe_tests::instance::Instance;
 use qe_tests::moto::{self, describe_instance, describe_volume, Moto};
-use qe_tests::sqs::SqsEndpoint;
+use qe_tests::sqs::{self, SqsEndpoint};
 use qe_tests::{dig, https, roots_from_pem, Client, ControlPlane};
 use serde_json::{json, Value};
 use std::net::{Ipv6Addr, SocketAddr};
@@ -223,7 +223,7 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
     assert_eq!((status, &key["applied"]), (201, &json!(true)), "{key}");
     let endpoint = key["endpoint"].as_str().unwrap();
     assert_eq!(endpoint, format!("https://{host}:9443"));
-    let sqs = qe_tests::sqs::client(
+    let sdk = sqs::client(
         &SqsEndpoint {
             url: endpoint,
             ca_pem: Some(&root),
@@ -233,30 +233,13 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
         key["secret"].as_str().unwrap(),
     );
     let queue_url = key["queue_url"].as_str().unwrap();
-    let sent = sqs
-        .send_message()
-        .queue_url(queue_url)
-        .message_body("over SQS")
-        .send()
-        .await
-        .unwrap();
-    let got = sqs
-        .receive_message()
-        .queue_url(queue_url)
-        .wait_time_seconds(10)
-        .send()
-        .await
-        .unwrap();
-    let [message] = got.messages() else {
+    let sent = sqs::send(&sdk, queue_url, "over SQS").await;
+    let got = sqs::receive(&sdk, queue_url, 1, 10).await;
+    let [message] = got.as_slice() else {
         panic!("the SQS message: {got:?}");
     };
     assert_eq!(message.message_id(), sent.message_id());
-    sqs.delete_message()
-        .queue_url(queue_url)
-        .receipt_handle(message.receipt_handle().unwrap())
-        .send()
-        .await
-        .unwrap();
+    sqs::delete(&sdk, queue_url, message).await;
 
     // One that waits on the volume.
     let reply = publisher

@@ -3,7 +3,7 @@
 //! queue, and a kill -9 with messages in flight. Amazon's Rust SDK has tests/sqs_rust_sdk.rs,
 //! and a round trip over HTTPS here.
 
-use qe_tests::sqs::{aws_sdk_sqs, SqsEndpoint};
+use qe_tests::sqs::{aws_sdk_sqs, client, delete, receive, send, SqsEndpoint};
 use qe_tests::{python, workspace, ControlPlane, Node, ADMIN, PUBLISHER, SUBSCRIBER};
 use serde_json::{json, Value};
 
@@ -155,7 +155,7 @@ async fn over_tls_the_sqs_face_serves_https_with_the_nodes_certificate() {
         resolve_to: None,
     };
     let (_, id, secret) = KEYS[2];
-    let sqs = qe_tests::sqs::client(&endpoint, id, secret);
+    let sqs = client(&endpoint, id, secret);
     let queue = sqs
         .get_queue_url()
         .queue_name("queue")
@@ -164,31 +164,13 @@ async fn over_tls_the_sqs_face_serves_https_with_the_nodes_certificate() {
         .unwrap();
     let queue = queue.queue_url().unwrap();
     assert!(queue.starts_with("https://localhost:"), "{queue}");
-    let sent = sqs
-        .send_message()
-        .queue_url(queue)
-        .message_body("over TLS")
-        .send()
-        .await
-        .unwrap();
-    let got = sqs
-        .receive_message()
-        .queue_url(queue)
-        .wait_time_seconds(5)
-        .send()
-        .await
-        .unwrap();
-    let [message] = got.messages() else {
+    let sent = send(&sqs, queue, "over TLS").await;
+    let got = receive(&sqs, queue, 1, 5).await;
+    let [message] = got.as_slice() else {
         panic!("the message: {got:?}");
     };
     assert_eq!(message.message_id(), sent.message_id());
-    let handle = message.receipt_handle().unwrap();
-    sqs.delete_message()
-        .queue_url(queue)
-        .receipt_handle(handle)
-        .send()
-        .await
-        .unwrap();
+    delete(&sqs, queue, message).await;
     // A client that trusts another CA is refused the connection.
     let stranger = qe_tests::test_ca("another CA").pem();
     let untrusting = SqsEndpoint {
@@ -196,7 +178,7 @@ async fn over_tls_the_sqs_face_serves_https_with_the_nodes_certificate() {
         ca_pem: Some(&stranger),
         resolve_to: None,
     };
-    let sqs = qe_tests::sqs::client(&untrusting, id, secret);
+    let sqs = client(&untrusting, id, secret);
     let refused = sqs.list_queues().send().await.unwrap_err();
     assert!(
         matches!(refused, aws_sdk_sqs::error::SdkError::DispatchFailure(_)),

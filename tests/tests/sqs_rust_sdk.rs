@@ -9,7 +9,7 @@ use aws_sdk_sqs::types::{
     QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use md5::{Digest, Md5};
-use qe_tests::sqs::{aws_sdk_sqs, client, SqsEndpoint};
+use qe_tests::sqs::{client, delete, queue_attributes, receive, send, SqsEndpoint};
 use qe_tests::{login_with, node_of, today, ControlPlane, Node};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -200,13 +200,8 @@ async fn the_rust_sdk_drives_every_action() {
     );
 
     // Invisible while held; ChangeMessageVisibility to 0 brings it back, counted twice.
-    let again = subscriber
-        .receive_message()
-        .queue_url(&queue)
-        .send()
-        .await
-        .unwrap();
-    assert!(again.messages().is_empty(), "{again:?}");
+    let again = receive(&subscriber, &queue, 1, 0).await;
+    assert!(again.is_empty(), "{again:?}");
     let handle = message.receipt_handle().unwrap();
     subscriber
         .change_message_visibility()
@@ -241,13 +236,7 @@ async fn the_rust_sdk_drives_every_action() {
         .unwrap_err()
         .into_service_error();
     assert!(stale.is_message_not_inflight(), "{stale:?}");
-    subscriber
-        .delete_message()
-        .queue_url(&queue)
-        .receipt_handle(message.receipt_handle().unwrap())
-        .send()
-        .await
-        .unwrap();
+    delete(&subscriber, &queue, message).await;
     let bad = subscriber
         .delete_message()
         .queue_url(&queue)
@@ -308,19 +297,12 @@ async fn the_rust_sdk_drives_every_action() {
     assert!(twice.is_batch_entry_ids_not_distinct(), "{twice:?}");
 
     // DeleteMessageBatch, with a handle that does not read.
-    let both = subscriber
-        .receive_message()
-        .queue_url(&queue)
-        .max_number_of_messages(10)
-        .wait_time_seconds(5)
-        .send()
-        .await
-        .unwrap();
-    let mut bodies: Vec<&str> = both.messages().iter().filter_map(|m| m.body()).collect();
+    let both = receive(&subscriber, &queue, 10, 5).await;
+    let mut bodies: Vec<&str> = both.iter().filter_map(|m| m.body()).collect();
     bodies.sort();
     assert_eq!(bodies, ["first", "third"]);
     let mut deletes = subscriber.delete_message_batch().queue_url(&queue);
-    for (n, message) in both.messages().iter().enumerate() {
+    for (n, message) in both.iter().enumerate() {
         deletes = deletes.entries(
             DeleteMessageBatchRequestEntry::builder()
                 .id(format!("d{n}"))
@@ -349,14 +331,7 @@ async fn the_rust_sdk_drives_every_action() {
         .send()
         .await
         .unwrap();
-    let shown = admin
-        .get_queue_attributes()
-        .queue_url(&queue)
-        .attribute_names(QueueAttributeName::All)
-        .send()
-        .await
-        .unwrap();
-    let shown = shown.attributes().unwrap();
+    let shown = queue_attributes(&admin, &queue).await;
     assert_eq!(shown[&QueueAttributeName::VisibilityTimeout], "40");
     assert_eq!(shown[&QueueAttributeName::ApproximateNumberOfMessages], "0");
     let refused = admin
@@ -370,41 +345,20 @@ async fn the_rust_sdk_drives_every_action() {
 
     // PurgeQueue empties it, as AWS's does: what waits and what is in flight.
     for body in ["to purge", "in flight"] {
-        let sent = publisher
-            .send_message()
-            .queue_url(&queue)
-            .message_body(body);
-        sent.send().await.unwrap();
+        send(&publisher, &queue, body).await;
     }
-    let in_flight = subscriber
-        .receive_message()
-        .queue_url(&queue)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(in_flight.messages().len(), 1, "{in_flight:?}");
+    let in_flight = receive(&subscriber, &queue, 1, 0).await;
+    assert_eq!(in_flight.len(), 1, "{in_flight:?}");
     admin.purge_queue().queue_url(&queue).send().await.unwrap();
-    let shown = admin
-        .get_queue_attributes()
-        .queue_url(&queue)
-        .attribute_names(QueueAttributeName::All)
-        .send()
-        .await
-        .unwrap();
-    let shown = shown.attributes().unwrap();
+    let shown = queue_attributes(&admin, &queue).await;
     for counted in [
         QueueAttributeName::ApproximateNumberOfMessages,
         QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
     ] {
         assert_eq!(shown[&counted], "0", "{counted:?}: {shown:?}");
     }
-    let empty = subscriber
-        .receive_message()
-        .queue_url(&queue)
-        .send()
-        .await
-        .unwrap();
-    assert!(empty.messages().is_empty(), "{empty:?}");
+    let empty = receive(&subscriber, &queue, 10, 0).await;
+    assert!(empty.is_empty(), "{empty:?}");
 
     // Signatures and roles: a wrong secret and a publisher's receive are refused.
     let forger = client(&endpoint, ADMIN.0, "not-the-secret");
@@ -424,35 +378,17 @@ async fn the_rust_sdk_drives_every_action() {
     let published = websocket_publisher
         .success(json!({"body": "from the WebSocket"}))
         .await;
-    let got = subscriber
-        .receive_message()
-        .queue_url(&queue)
-        .wait_time_seconds(5)
-        .send()
-        .await
-        .unwrap();
-    let [message] = got.messages() else {
+    let got = receive(&subscriber, &queue, 1, 5).await;
+    let [message] = got.as_slice() else {
         panic!("the WebSocket's message: {got:?}");
     };
     assert_eq!(
         (message.body(), message.message_id()),
         (Some("from the WebSocket"), published["id"].as_str())
     );
-    subscriber
-        .delete_message()
-        .queue_url(&queue)
-        .receipt_handle(message.receipt_handle().unwrap())
-        .send()
-        .await
-        .unwrap();
+    delete(&subscriber, &queue, message).await;
     let (mut websocket_subscriber, _) = node.subscriber(1).await;
-    let sent = publisher
-        .send_message()
-        .queue_url(&queue)
-        .message_body("from the Rust SDK")
-        .send()
-        .await
-        .unwrap();
+    let sent = send(&publisher, &queue, "from the Rust SDK").await;
     let pushed = websocket_subscriber
         .recv_within(Duration::from_secs(10))
         .await;
@@ -461,13 +397,8 @@ async fn the_rust_sdk_drives_every_action() {
         (pushed["id"].as_str(), pushed["body"].as_str()),
         (sent.message_id(), Some("from the Rust SDK"))
     );
-    let held = subscriber
-        .receive_message()
-        .queue_url(&queue)
-        .send()
-        .await
-        .unwrap();
-    assert!(held.messages().is_empty(), "{held:?}");
+    let held = receive(&subscriber, &queue, 10, 0).await;
+    assert!(held.is_empty(), "{held:?}");
     let acked = websocket_subscriber
         .success(json!({"id": pushed["id"], "ack": 1}))
         .await;
@@ -499,31 +430,12 @@ async fn sqs_traffic_is_counted_in_live_stats_history_and_billed_usage() {
     let url = key["queue_url"].as_str().unwrap();
     let text = "z".repeat(10_000);
     for _ in 0..3 {
-        sqs.send_message()
-            .queue_url(url)
-            .message_body(&text)
-            .send()
-            .await
-            .unwrap();
+        send(&sqs, url, &text).await;
     }
     let mut received = 0;
     while received < 2 {
-        let got = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(2 - received)
-            .wait_time_seconds(5)
-            .send()
-            .await
-            .unwrap();
-        for message in got.messages() {
-            let handle = message.receipt_handle().unwrap();
-            sqs.delete_message()
-                .queue_url(url)
-                .receipt_handle(handle)
-                .send()
-                .await
-                .unwrap();
+        for message in receive(&sqs, url, 2 - received, 5).await {
+            delete(&sqs, url, &message).await;
             received += 1;
         }
     }

@@ -7,10 +7,10 @@
 "use strict";
 
 const REFRESH_EVERY_MS = 30_000;
-const TABS = ["overview", "messages", "dlq", "monitoring", "settings", "api"];
+const TABS = ["overview", "messages", "dlq", "monitoring", "settings", "api", "sqs"];
 const TAB_NAMES = {
   overview: "Overview", messages: "Messages", dlq: "DLQ",
-  monitoring: "Monitoring", settings: "Settings", api: "API",
+  monitoring: "Monitoring", settings: "Settings", api: "API", sqs: "SQS",
 };
 
 /** Who is signed in ({kind, account?, key?, scope?}) and the session's CSRF token. */
@@ -468,7 +468,7 @@ function renderQueue(id, tab) {
     }
     return failure.status === 401;
   };
-  const view = { overview, messages: shelf, dlq: shelf, monitoring, settings, api: apiExamples }[tab];
+  const view = { overview, messages: shelf, dlq: shelf, monitoring, settings, api: apiExamples, sqs: sqsKeys }[tab];
   view(id, tab, panel, load, notFound);
 }
 
@@ -941,13 +941,292 @@ function apiExamples(id, tab, panel, load, notFound) {
     panel.replaceChildren(
       h("p", {}, "PUBLISHER-NAME and PUBLISHER-PASSWORD stand for the publisher login shown when the queue " +
         "was made (subscriber and admin logins work the same way with their roles)."),
-      ...examples.map(([title, code], i) => h("section", { class: "example", "aria-labelledby": `example-${i}` },
-        h("div", { class: "example-head" }, h("h2", { id: `example-${i}` }, title),
-          copyButton(`Copy the ${title} example`, () => code)),
-        h("pre", {}, h("code", {}, code)))));
+      ...examples.map(([title, code], i) => codeExample(`example-${i}`, "h2", title, code)));
   }).catch((failure) => {
     if (!notFound(failure)) panel.replaceChildren(h("p", { class: "error" }, failure.message));
   });
+}
+
+/** One example: its title (a `heading` element with id `id`), a copy button, the code. */
+function codeExample(id, heading, title, code) {
+  return h("section", { class: "example", "aria-labelledby": id },
+    h("div", { class: "example-head" }, h(heading, { id }, title),
+      copyButton(`Copy the ${title} example`, () => code)),
+    h("pre", {}, h("code", {}, code)));
+}
+
+// ---- SQS keys ----------------------------------------------------------------------------
+
+/** The roles an SQS key may have, with what each may call (docs/sqs.md). */
+const SQS_ROLES = [
+  ["publisher", "publisher: sends"],
+  ["subscriber", "subscriber: receives, deletes, changes visibility"],
+  ["admin", "admin: everything, purge and queue attributes too"],
+];
+
+/** The calls the examples make for a key of each role: [boto3 lines, `aws sqs` line]. */
+const SQS_CALLS = {
+  publisher: [[`sqs.send_message(QueueUrl=url, MessageBody="Hello from boto3")`],
+    (url) => `aws sqs send-message --queue-url ${url} --message-body "Hello from the AWS CLI"`],
+  subscriber: [[`for message in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5).get("Messages", []):`,
+    `    print(message["Body"])`,
+    `    sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])`],
+    (url) => `aws sqs receive-message --queue-url ${url} --wait-time-seconds 5`],
+  admin: [[`print(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"])`],
+    (url) => `aws sqs get-queue-attributes --queue-url ${url} --attribute-names All`],
+};
+
+/** Any region is taken (the node checks the one the client signed for); the SDKs need one. */
+const SQS_REGION = "us-east-1";
+
+function utcTime(secs) {
+  return new Date(secs * 1000).toISOString().replace(".000Z", "Z");
+}
+
+/** A key change's `applied`: whether the node served it within the control plane's wait. */
+function appliedState(applied, servedText) {
+  const state = applied ? "applied" : "pending";
+  return [h("span", { class: `status status-${state}`, "data-applied": String(applied) }, state), " ",
+    applied ? servedText : "the node has not confirmed yet"];
+}
+
+/**
+ * boto3 and `aws sqs` for the key `keyId` of `role` (null: a publisher's and a subscriber's
+ * calls). The secret stays a placeholder, as the API tab's passwords do: an example gets
+ * pasted and shared more freely than a secret should be.
+ */
+function sqsExamples(prefix, endpoint, queueUrl, keyId, role) {
+  const calls = role ? [SQS_CALLS[role]] : [SQS_CALLS.publisher, SQS_CALLS.subscriber];
+  const python = [
+    "import boto3",
+    "",
+    `sqs = boto3.client("sqs", endpoint_url="${endpoint}", region_name="${SQS_REGION}",`,
+    `                   aws_access_key_id="${keyId}", aws_secret_access_key="SECRET-ACCESS-KEY")`,
+    `url = "${queueUrl}"`,
+    ...calls.flatMap(([lines]) => lines),
+  ].join("\n");
+  const cli = [
+    `export AWS_ACCESS_KEY_ID=${keyId} AWS_SECRET_ACCESS_KEY=SECRET-ACCESS-KEY AWS_DEFAULT_REGION=${SQS_REGION}`,
+    ...calls.map(([, line]) => `${line(queueUrl)} --endpoint-url ${endpoint}`),
+  ].join("\n");
+  return [codeExample(`${prefix}-python`, "h3", "Python (boto3)", python),
+    codeExample(`${prefix}-cli`, "h3", "The AWS CLI (aws sqs)", cli)];
+}
+
+/** A key just made: its id and secret shown this once, with copy buttons and examples. */
+function newSqsKeyPanel(made, dismiss) {
+  const exports = `export AWS_ACCESS_KEY_ID=${made.access_key_id} AWS_SECRET_ACCESS_KEY=${made.secret}`;
+  return h("section", { class: "notice logins", id: "sqs-new-key", "data-key-id": made.access_key_id,
+    "aria-labelledby": "sqs-new-key-title" },
+    h("h2", { id: "sqs-new-key-title", tabindex: "-1" }, `New ${made.role} key: its secret, shown only now`),
+    h("p", {}, h("strong", {}, "Copy it now. "),
+      "The secret is not kept: it cannot be shown again (for a lost one, make a new key and revoke this one)."),
+    h("table", { class: "cards stack" },
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Role"), h("th", { scope: "col" }, "Access key id"),
+        h("th", { scope: "col" }, "Secret"), h("th", { scope: "col" }, "Copy"))),
+      h("tbody", {}, h("tr", { "data-role": made.role },
+        h("th", { scope: "row", "data-label": "Role" }, made.role),
+        h("td", { "data-label": "Access key id" }, h("code", { id: "sqs-new-key-id" }, made.access_key_id)),
+        h("td", { "data-label": "Secret" }, h("code", { id: "sqs-new-secret" }, made.secret)),
+        h("td", { "data-label": "Copy" },
+          copyButton("Copy the access key id", () => made.access_key_id, "Copy id"),
+          " ",
+          copyButton("Copy the secret", () => made.secret, "Copy secret"),
+          " ",
+          copyButton("Copy both as shell exports", () => exports, "Copy as exports"))))),
+    h("p", { id: "sqs-new-applied" }, "On the node: ", appliedState(made.applied, "the node serves it")),
+    made.endpoint
+      ? [h("p", {}, "SECRET-ACCESS-KEY stands for the secret above."),
+        ...sqsExamples("sqs-new", made.endpoint, made.queue_url, made.access_key_id, made.role)]
+      : h("p", { class: "muted" }, "No examples: this queue has no SQS endpoint."),
+    h("div", { class: "actions" },
+      h("button", { type: "button", id: "sqs-new-key-done", onclick: dismiss }, "I have saved it")));
+}
+
+/** The form that makes a key; `done(reply)` gets the reply with its secret. */
+function sqsKeyForm(id, done) {
+  const role = h("select", { id: "sqs-role", name: "role", "aria-describedby": "sqs-role-hint" },
+    SQS_ROLES.map(([value]) => h("option", { value }, value)));
+  const error = h("p", { class: "error", role: "alert", id: "sqs-error" });
+  const submit = h("button", { type: "submit", class: "primary", id: "make-sqs-key" }, "Make key");
+  const form = h("form", { class: "panel", id: "sqs-key-form", "aria-labelledby": "sqs-key-form-title" },
+    h("h2", { id: "sqs-key-form-title" }, "New SQS key"),
+    h("div", { class: "field" },
+      h("label", { for: "sqs-role" }, "Role"),
+      h("div", { class: "field inline" }, role, submit),
+      h("span", { class: "hint", id: "sqs-role-hint" }, SQS_ROLES.map(([, what]) => what).join("; ") +
+        ". Every role may read the queue's URL and attributes.")),
+    error);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    submit.disabled = true;
+    error.textContent = "";
+    try {
+      done(await api("POST", `/v1/queues/${encodeURIComponent(id)}/sqs-keys`, { role: role.value }));
+    } catch (failure) {
+      if (failure.status === 401) return;
+      error.textContent = `Not made: ${failure.message}`;
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  return form;
+}
+
+/** SQS: the queue's SQS endpoint and keys; make a key (its secret shown once), revoke one. */
+function sqsKeys(id, tab, panel, load, notFound) {
+  const path = `/v1/queues/${encodeURIComponent(id)}/sqs-keys`;
+  let loadedAt = null;
+  const refreshButton = h("button", { type: "button", id: "refresh" }, "Refresh");
+  const updated = h("span", { class: "stale-note", id: "updated", "aria-live": "polite" });
+  const facts = h("div", { id: "sqs-facts" });
+  const keySlot = h("div", { id: "sqs-key-slot" });
+  const outcome = h("p", { id: "sqs-outcome", tabindex: "-1", "aria-live": "polite" });
+  const body = h("tbody", { id: "sqs-key-rows" });
+  const table = h("table", { class: "cards sqs-keys", id: "sqs-keys", "aria-describedby": "updated" },
+    h("caption", { class: "visually-hidden" }, "The queue's SQS keys"),
+    h("thead", {}, h("tr", {},
+      h("th", { scope: "col" }, "Access key id"), h("th", { scope: "col" }, "Role"),
+      h("th", { scope: "col" }, "Created (UTC)"), h("th", { scope: "col" }, "State"),
+      h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")))),
+    body);
+  const empty = h("p", { id: "no-sqs-keys", class: "muted", hidden: true }, "No SQS keys yet.");
+  const examples = h("div", { id: "sqs-examples" });
+  const newButton = canChange()
+    ? h("button", { type: "button", class: "primary", id: "new-sqs-key", "aria-expanded": "false",
+      "aria-controls": "sqs-key-slot" }, "New key")
+    : null;
+  if (newButton) {
+    newButton.addEventListener("click", () => {
+      const open = newButton.getAttribute("aria-expanded") === "true";
+      newButton.setAttribute("aria-expanded", String(!open));
+      keySlot.replaceChildren(...(open ? [] : [sqsKeyForm(id, made)]));
+      if (!open) keySlot.querySelector("select").focus();
+    });
+  }
+  const say = (parts, failed) => {
+    outcome.replaceChildren(...[parts].flat(Infinity));
+    outcome.classList.toggle("error", Boolean(failed));
+    announce(outcome.textContent);
+  };
+
+  function drawFacts(queue, endpoint) {
+    const config = `version ${queue.config.version}, node serves ${queue.config.applied}` +
+      (queue.config.pending ? " (a change is pending: a key made or revoked since may not apply yet)" : "");
+    const rows = endpoint
+      ? [["Endpoint", h("code", { id: "sqs-endpoint" }, endpoint)],
+        ["Queue URL", h("code", { id: "sqs-queue-url" }, `${endpoint}/${queue.id}`)]]
+      : [["Endpoint", h("span", { id: "sqs-endpoint" }, "none")]];
+    rows.push(["Config", h("span", { id: "sqs-config" }, config)]);
+    const list = h("dl", { class: "facts" }, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    facts.replaceChildren(list, ...(endpoint ? [] : [h("p", { class: "notice", id: "no-sqs-endpoint" },
+      "No SQS endpoint: this queue's provider runs no SQS face (or its node has no address yet). " +
+      "Keys can be made, but no SQS client can reach the queue until it has one.")]));
+  }
+
+  function row(key) {
+    const state = key.revoked ? "revoked" : "active";
+    const actions = h("td", { "data-label": "Actions" });
+    if (canChange() && !key.revoked) {
+      actions.append(h("button", {
+        type: "button", class: "danger", "aria-label": `Revoke SQS key ${key.access_key_id}`,
+        "data-revoke": key.access_key_id, onclick: () => revoke(key.access_key_id),
+      }, "Revoke"));
+    }
+    return h("tr", { "data-key-id": key.access_key_id, "data-state": state },
+      h("th", { scope: "row", "data-label": "Access key id" }, h("code", {}, key.access_key_id)),
+      h("td", { "data-label": "Role" }, key.role),
+      h("td", { "data-label": "Created (UTC)" }, utcTime(key.created)),
+      h("td", { "data-label": "State" }, h("span", { class: `status status-${state}` }, state)),
+      actions);
+  }
+
+  function drawExamples(queue, endpoint) {
+    examples.replaceChildren(...(endpoint ? [h("h2", {}, "Examples"),
+      h("p", {}, "ACCESS-KEY-ID and SECRET-ACCESS-KEY stand for a key made here, shown when it was made; " +
+        "each call needs a key of a role that may make it."),
+      ...sqsExamples("sqs-example", endpoint, `${endpoint}/${queue.id}`, "ACCESS-KEY-ID", null)] : []));
+  }
+
+  async function refresh() {
+    // The keys shown stay while new ones load, marked stale.
+    table.classList.add("stale");
+    table.setAttribute("aria-busy", "true");
+    refreshButton.disabled = true;
+    if (loadedAt) updated.textContent = `Refreshing… (keys from ${timeOf(loadedAt)})`;
+    try {
+      const [queue, listed] = await Promise.all([load(), api("GET", path)]);
+      loadedAt = new Date();
+      drawFacts(queue, listed.endpoint);
+      body.replaceChildren(...listed.keys.map(row));
+      empty.hidden = listed.keys.length > 0;
+      drawExamples(queue, listed.endpoint);
+      table.classList.remove("stale");
+      updated.textContent = `Updated ${timeOf(loadedAt)}; refreshes every 30 s`;
+    } catch (failure) {
+      if (notFound(failure)) { stopTimer(); return; }
+      if (loadedAt) {
+        updated.textContent = `Could not refresh (${failure.message}); keys from ${timeOf(loadedAt)}`;
+      } else {
+        updated.textContent = "Not loaded";
+        say(`Could not load the SQS keys: ${failure.message}`, true);
+      }
+    } finally {
+      table.removeAttribute("aria-busy");
+      refreshButton.disabled = false;
+    }
+  }
+
+  // The new key's panel takes the form's place; no other key is made until it is dismissed,
+  // so that none replaces a secret not saved yet.
+  function made(reply) {
+    newButton.setAttribute("aria-expanded", "false");
+    newButton.disabled = true;
+    keySlot.replaceChildren(newSqsKeyPanel(reply, () => {
+      keySlot.replaceChildren();
+      newButton.disabled = false;
+      newButton.focus();
+    }));
+    keySlot.querySelector("h2").focus();
+    keySlot.scrollIntoView({ block: "start" });
+    refresh();
+  }
+
+  async function revoke(keyId) {
+    const sure = await confirmDialog(`Revoke SQS key ${keyId}?`,
+      "Clients signing with it are refused once the node serves the change. This cannot be undone " +
+      "(a new key can be made).", "Revoke key");
+    if (!sure) return;
+    say(`Revoking ${keyId}…`);
+    try {
+      // A 404 here is the key (revoked already, say in another tab), not the queue.
+      const reply = await api("DELETE", `${path}/${encodeURIComponent(keyId)}`);
+      say([`Revoked ${reply.revoked}. On the node: `, appliedState(reply.applied, "the node refuses it now")]);
+    } catch (failure) {
+      if (failure.status === 401) return;
+      say(`Could not revoke ${keyId}: ${failure.message}`, true);
+    }
+    outcome.focus();
+    refresh();
+  }
+
+  refreshButton.addEventListener("click", refresh);
+  // Without the controls a read-only key does not get (null).
+  panel.replaceChildren(...[
+    h("div", { class: "toolbar" }, updated, h("span", { class: "spacer" }), newButton, refreshButton),
+    h("p", {}, "Code written against Amazon SQS (boto3, the AWS SDKs, the AWS CLI) reaches this queue at its " +
+      "SQS endpoint, signing with a key made here. A key's role decides what it may call."),
+    facts,
+    canChange() ? null : h("p", { class: "notice" }, "This key is read-only: the console shows, and changes nothing."),
+    keySlot,
+    h("h2", {}, "Keys"),
+    outcome,
+    table,
+    empty,
+    examples,
+  ].filter((part) => part !== null));
+  refresh();
+  timer = setInterval(refresh, REFRESH_EVERY_MS);
 }
 
 // ---- routing and start -------------------------------------------------------------------

@@ -17,6 +17,9 @@ import time
 import urllib.error
 import urllib.request
 
+import boto3
+import botocore.config
+from botocore.exceptions import ClientError
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect, sync_playwright
 
@@ -114,6 +117,159 @@ def qe_send(queue, body):
         qe("queues", "login", queue, "--role", "publisher", "--username", login["username"],
            "--password-stdin", "--url", SETUP["node"], stdin=login["password"] + "\n")
         return qe("send", queue, "--body", body)
+
+
+def sqs_client(endpoint, key_id, secret):
+    """boto3 for the node's SQS face, with a key the page showed (no retries: a refusal is
+    the answer)."""
+    return boto3.client("sqs", endpoint_url=endpoint, region_name="eu-west-1",
+                        aws_access_key_id=key_id, aws_secret_access_key=secret,
+                        config=botocore.config.Config(retries={"max_attempts": 0}, read_timeout=WITHIN))
+
+
+def sqs_refusal(call):
+    """The SQS error code `call` fails with."""
+    try:
+        call()
+    except ClientError as error:
+        return error.response["Error"]["Code"]
+    raise AssertionError("the SQS call succeeded")
+
+
+def no_overflow(page):
+    width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1], width
+
+
+def sqs_tab(page, session_cookie, queue):
+    """The SQS tab: a subscriber key made, its secret shown once and served by the node, then
+    revoked (asked first); a key revoked behind the page's back shows the API's error."""
+    expect(page).to_have_title(re.compile("^" + re.escape(f"{queue}: SQS")))
+    endpoint = page.locator("#sqs-endpoint")
+    expect(endpoint).to_have_text(re.compile(r"^http://127\.0\.0\.1:\d+$"))
+    endpoint = endpoint.inner_text()
+    expect(page.locator("#sqs-queue-url")).to_have_text(f"{endpoint}/{queue}")
+    expect(page.locator("#no-sqs-keys")).to_be_visible()
+
+    new_key = page.locator("#new-sqs-key")
+    new_key.click()
+    expect(new_key).to_have_attribute("aria-expanded", "true")
+    expect(page.locator("#sqs-role")).to_be_focused()
+    expect(page.locator('label[for="sqs-role"]')).to_be_attached()
+    page.locator("#sqs-role").select_option("subscriber")
+    page.locator("#make-sqs-key").click()
+    made = page.locator("#sqs-new-key")
+    expect(made).to_be_visible()
+    expect(made).to_contain_text("shown only now")
+    expect(page.locator("#sqs-new-key-title")).to_be_focused()
+    # Until it is saved, no other key can replace it.
+    expect(page.locator("#make-sqs-key")).to_have_count(0)
+    expect(new_key).to_be_disabled()
+    key_id = page.locator("#sqs-new-key-id").inner_text()
+    secret = page.locator("#sqs-new-secret").inner_text()
+    assert re.fullmatch(r"QE[A-Z2-7]{18}", key_id) and made.get_attribute("data-key-id") == key_id, key_id
+    assert len(secret) >= 20, secret
+    expect(page.locator("#sqs-new-applied [data-applied]")).to_have_text("applied")
+    expect(page.locator("#sqs-new-applied")).to_contain_text("the node serves it")
+    expect(made.locator("button[aria-label^='Copy']")).to_have_count(5)  # id, secret, exports, 2 examples
+    python, cli = made.locator("pre").all_inner_texts()
+    compile(python, "the boto3 example", "exec")
+    code = f"{python}\n{cli}"
+    for example in [f'aws_access_key_id="{key_id}"', f'url = "{endpoint}/{queue}"', "sqs.receive_message(",
+                    f"AWS_ACCESS_KEY_ID={key_id}",
+                    f"aws sqs receive-message --queue-url {endpoint}/{queue} --wait-time-seconds 5 "
+                    f"--endpoint-url {endpoint}"]:
+        assert example in code, (example, code)
+    assert secret not in code, "the examples hold the secret"
+    listed = page.locator(f'#sqs-keys tr[data-key-id="{key_id}"]')
+    expect(listed).to_have_attribute("data-state", "active")
+    expect(listed).to_contain_text("subscriber")
+    # What the page showed is a real key: the node takes its signature.
+    client = sqs_client(endpoint, key_id, secret)
+    assert client.get_queue_url(QueueName=queue)["QueueUrl"] == f"{endpoint}/{queue}"
+    check("SQS: a subscriber key made, its secret shown once, and the node takes it", key_id)
+    shot(page, "sqs-key")
+    page.set_viewport_size(PHONE)
+    expect(made).to_be_visible()
+    no_overflow(page)
+    shot(page, "phone-sqs")
+    page.set_viewport_size(WIDE)
+
+    # Saved: the secret leaves the page; focus goes back to the button.
+    page.locator("#sqs-new-key-done").click()
+    expect(made).to_have_count(0)
+    expect(new_key).to_be_focused()
+    assert secret not in page.content(), "the secret is still in the page"
+
+    # Revoke: cancel first (nothing happens), then confirm.
+    listed.locator("button[data-revoke]").click()
+    page.locator("dialog[open] #confirm-cancel").click()
+    expect(page.locator("dialog[open]")).to_have_count(0)
+    expect(listed).to_have_attribute("data-state", "active")
+    listed.locator("button[data-revoke]").click()
+    dialog = page.locator("dialog[open]")
+    expect(dialog).to_contain_text(key_id)
+    dialog.locator("#confirm-ok").click()
+    outcome = page.locator("#sqs-outcome")
+    expect(outcome).to_contain_text(f"Revoked {key_id}.")
+    expect(outcome.locator("[data-applied]")).to_have_text("applied")
+    expect(listed).to_have_attribute("data-state", "revoked")
+    expect(listed.locator("button[data-revoke]")).to_have_count(0)
+    shot(page, "sqs")
+    # The API lists it revoked, without its secret; the node refuses it.
+    path = f"/v1/queues/{queue}/sqs-keys"
+    status, _, keys = http("GET", path, cookie=session_cookie)
+    assert status == 200, (status, keys)
+    assert [(k["role"], k["revoked"]) for k in keys["keys"] if k["access_key_id"] == key_id] == \
+        [("subscriber", True)], keys
+    assert keys["endpoint"] == endpoint and secret not in json.dumps(keys), keys
+    assert sqs_refusal(lambda: client.get_queue_url(QueueName=queue)) == "InvalidClientTokenId"
+    check("SQS: revoke asks first; the key is listed revoked and the node refuses it")
+
+    # A key revoked elsewhere (the API, another tab): the page's Revoke shows the API's error.
+    _, _, who = http("GET", "/console/session", cookie=session_cookie)
+    status, _, other = http("POST", path, cookie=session_cookie, csrf=who["csrf"], body={"role": "publisher"})
+    assert status == 201, (status, other)
+    other_id = other["access_key_id"]
+    page.locator("#refresh").click()
+    other_row = page.locator(f'#sqs-keys tr[data-key-id="{other_id}"]')
+    expect(other_row).to_have_attribute("data-state", "active")
+    status, _, reply = http("DELETE", f"{path}/{other_id}", cookie=session_cookie, csrf=who["csrf"])
+    assert status == 200, (status, reply)
+    other_row.locator("button[data-revoke]").click()
+    page.locator("dialog[open] #confirm-ok").click()
+    message = f"no SQS key {other_id} on queue {queue}"
+    expect(outcome).to_have_text(f"Could not revoke {other_id}: {message}")
+    expect(outcome).to_have_class(re.compile(r"(^|\s)error(\s|$)"))
+    expect(other_row).to_have_attribute("data-state", "revoked")
+    expect(page.locator("#queue-title")).to_be_visible()  # the key's 404, not the queue's
+    check("SQS: an API error is shown in the page", message)
+
+    # A provider without an SQS face answers endpoint null; the local one always has one, so
+    # the reply is stood in for here.
+    page.route("**/v1/queues/*/sqs-keys", lambda route: route.fulfill(json={"endpoint": None, "keys": []}))
+    page.locator("#refresh").click()
+    expect(page.locator("#no-sqs-endpoint")).to_contain_text("runs no SQS face")
+    expect(page.locator("#sqs-endpoint")).to_have_text("none")
+    expect(page.locator("#sqs-examples pre")).to_have_count(0)
+    page.unroute("**/v1/queues/*/sqs-keys")
+    page.locator("#refresh").click()
+    expect(page.locator("#sqs-endpoint")).to_have_text(endpoint)
+    expect(page.locator("#no-sqs-endpoint")).to_have_count(0)
+    check("SQS: no endpoint is said plainly")
+
+    # A list that fails to load (the store out of reach, say) says why, in the page.
+    failure = {"error": {"code": "unavailable", "message": "the store is out of reach"}}
+    page.route("**/v1/queues/*/sqs-keys", lambda route: route.fulfill(status=503, json=failure))
+    page.reload()
+    expect(outcome).to_have_text("Could not load the SQS keys: the store is out of reach")
+    expect(outcome).to_have_class(re.compile(r"(^|\s)error(\s|$)"))
+    page.unroute("**/v1/queues/*/sqs-keys")
+    page.reload()
+    expect(page.locator("#sqs-keys tbody tr")).to_have_count(2)
+    expect(outcome).to_have_text("")
+    check("SQS: a list that fails to load says why")
+    return other_id
 
 
 def sign_in(page, token):
@@ -352,8 +508,14 @@ def run(page, context, logs):
     shot(page, "api")
     check("the queue page: overview numbers, tabs by keyboard, monitoring plots, API examples")
 
-    # CSRF: the cookie alone makes no change; with the session's token it does.
+    # SQS, by keyboard from the API tab.
     session_cookie = f"qe_session={cookie['value']}"
+    page.locator("#tab-api").press("ArrowRight")
+    expect(page.locator("#tab-sqs")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#tab-sqs")).to_be_focused()
+    revoked_elsewhere = sqs_tab(page, session_cookie, alpha_queue)
+
+    # CSRF: the cookie alone makes no change; with the session's token it does.
     status, _, _ = http("GET", "/v1/queues", cookie=session_cookie)
     assert status == 200, status
     new_queue = {"tier": "devtest", "region": "local", "instance_type": "local"}
@@ -403,6 +565,10 @@ def run(page, context, logs):
     expect(row(page, alpha_queue)).to_be_attached()
     expect(page.locator("#new-queue")).to_have_count(0)
     expect(page.locator("button[data-delete]")).to_have_count(0)
+    page.goto(f"{BASE}/console/#/queues/{alpha_queue}/sqs")
+    expect(page.locator("#sqs-keys tbody tr")).to_have_count(2)
+    expect(page.locator("#new-sqs-key")).to_have_count(0)
+    expect(page.locator("button[data-revoke]")).to_have_count(0)
     reader_cookie = f"qe_session={cookie_of(context, 'qe_session')['value']}"
     _, _, who = http("GET", "/console/session", cookie=reader_cookie)
     status, _, reply = http("POST", "/v1/queues", cookie=reader_cookie, csrf=who["csrf"], body=new_queue)
@@ -411,7 +577,11 @@ def run(page, context, logs):
 
     # No console errors but the refusals the test asked for.
     expected = ["/console/session - Failed to load resource: the server responded with a status of 401",
-                f"/v1/queues/{beta_queue} - Failed to load resource: the server responded with a status of 404"]
+                f"/v1/queues/{beta_queue} - Failed to load resource: the server responded with a status of 404",
+                f"/v1/queues/{alpha_queue}/sqs-keys/{revoked_elsewhere} - Failed to load resource: "
+                "the server responded with a status of 404",
+                f"/v1/queues/{alpha_queue}/sqs-keys - Failed to load resource: "
+                "the server responded with a status of 503"]
     errors = [entry for entry in logs if entry["level"] == "error"
               and not any(e in entry["message"] for e in expected)]
     assert not errors, errors

@@ -3,8 +3,10 @@
 //! plane, one browser session: sign-in (a wrong key refused, an account's key seeing only its
 //! queues), the live numbers once the node reports, Refresh keeping them visible, create with
 //! the logins shown once, delete with a confirmation, another account's queue not found, the
-//! queue page's tabs, CSRF (plain HTTP with the browser's cookie), the phone-sized screen,
-//! sign-out, a read-only key, and no console errors.
+//! queue page's tabs, the SQS tab (a key made with its secret shown once, taken by the node
+//! through boto3, revoked with a confirmation and then refused, an API error shown), CSRF
+//! (plain HTTP with the browser's cookie), the phone-sized screen, sign-out, a read-only key,
+//! and no console errors.
 //!
 //! Chromium comes from Debian (`scripts/test` installs it) and Playwright launches it by its
 //! path: Playwright's own browser downloads (`playwright install`) are never used. Playwright

@@ -370,7 +370,7 @@ pub async fn revoke_sqs_key(
             .sqs_keys
             .iter_mut()
             .find(|record| record.access_key_id == key && !record.revoked)
-            .ok_or_else(|| ApiError::NotFound(format!("{id} SQS key {key}")))?;
+            .ok_or_else(|| ApiError::NoSuch(format!("no SQS key {key} on queue {id}")))?;
         found.revoked = true;
         queue.config_version += 1;
         Ok::<(), ApiError>(())

@@ -75,8 +75,20 @@ async fn run(node: &Node, phase: &str, extra_env: &[(&str, &str)]) -> String {
 }
 
 async fn run_with(setup: &Value, phase: &str, extra_env: &[(&str, &str)], log: &str) -> String {
-    let script = workspace().join("tests/interop/sqs_boto3.py");
-    let mut command = tokio::process::Command::new(python());
+    let script = ("sqs_boto3.py", phase);
+    run_script(&python(), script, setup, extra_env, log).await
+}
+
+/// Runs `tests/interop/SCRIPT PHASE` with `python` and the setup; its output, or a panic.
+async fn run_script(
+    python: &std::path::Path,
+    (script, phase): (&str, &str),
+    setup: &Value,
+    extra_env: &[(&str, &str)],
+    log: &str,
+) -> String {
+    let script = workspace().join("tests/interop").join(script);
+    let mut command = tokio::process::Command::new(python);
     command
         .arg(&script)
         .arg(phase)
@@ -103,6 +115,29 @@ async fn boto3_and_the_aws_cli_drive_every_action() {
     let node = start(None);
     let output = run(&node, "all", &[]).await;
     assert_eq!(output.lines().filter(|l| l.starts_with("ok ")).count(), 11);
+}
+
+/// An SDK from before AWS moved SQS to its JSON protocol (boto3 1.26, in the venv the
+/// README's test command makes for it) is answered in the query protocol it speaks.
+#[tokio::test]
+async fn an_sdk_of_the_query_protocol_drives_the_actions_in_it() {
+    let python = workspace().join(".venv-sqs-query/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: the README's test command installs it",
+        python.display()
+    );
+    let node = start(None);
+    let output = run_script(
+        &python,
+        ("sqs_query.py", "all"),
+        &setup(&node, false),
+        &[],
+        &node.log(),
+    )
+    .await;
+    assert!(output.contains("protocol query"), "{output}");
+    assert_eq!(output.lines().filter(|l| l.starts_with("ok ")).count(), 6);
 }
 
 #[tokio::test]

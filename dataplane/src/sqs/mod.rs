@@ -1,17 +1,20 @@
 //! The SQS face (docs/sqs.md): each node serves its queue to Amazon SQS's SDKs on a port of
 //! its own, HTTPS with the queue's certificate (plain HTTP with `--plaintext`), in the AWS
-//! JSON 1.0 protocol (`X-Amz-Target: AmazonSQS.*`). Every request is signed (SigV4, `sigv4`)
+//! JSON 1.0 protocol (`X-Amz-Target: AmazonSQS.*`) and the query protocol older SDKs speak
+//! (`query`). Every request is signed (SigV4, `sigv4`)
 //! with one of the queue's SQS access keys, whose role decides what it may do, as the
 //! WebSocket logins' roles do. Messages are the queue's own: one sent here reaches a
 //! WebSocket subscriber, and a receive here takes what no subscriber holds (`actions`).
 //!
-//! A request's path: [`serve`] reads it (bounded), [`handle`] checks its signature and role
-//! and picks the action, `actions` runs it on the engine, and an [`SqsError`] becomes AWS's
-//! error shape, with the `x-amzn-query-error` header that carries the legacy code SDKs
-//! report.
+//! A request's path: [`Sqs::serve`] reads it (bounded), [`Sqs::read_and_handle`] checks its
+//! signature and role and picks the action, `actions` runs it on the engine, and the answer
+//! or an [`SqsError`] goes back in the request's protocol: AWS's JSON error shape, with the
+//! `x-amzn-query-error` header that carries the legacy code SDKs report, or the query
+//! protocol's XML with that code.
 
 mod actions;
 mod attributes;
+mod query;
 pub mod sigv4;
 
 use crate::node::Node;
@@ -284,17 +287,29 @@ impl Sqs {
         }
     }
 
+    /// The answer in the protocol the request speaks (its errors too).
     async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
-        match self.read_and_handle(request).await {
-            Ok(body) => json_response(StatusCode::OK, &body),
-            Err(error) => {
-                tracing::debug!(code = error.code, message = %error.message, "an SQS request was refused");
-                error.response()
+        let query = query::is_query(request.headers());
+        let outcome = self.read_and_handle(request, query).await;
+        if let Err(error) = &outcome {
+            tracing::debug!(code = error.code, message = %error.message, "an SQS request was refused");
+        }
+        match (query, outcome) {
+            (false, Ok((_, answer))) => json_response(StatusCode::OK, &answer),
+            (false, Err(error)) => error.response(),
+            (true, Ok((action, answer))) => {
+                xml_response(StatusCode::OK, query::reply(action.name(), &answer))
             }
+            (true, Err(error)) => xml_response(error.status, query::error(&error)),
         }
     }
 
-    async fn read_and_handle(&self, request: Request<Incoming>) -> Result<Value, SqsError> {
+    /// The action a request asks for, and its answer.
+    async fn read_and_handle(
+        &self,
+        request: Request<Incoming>,
+        query: bool,
+    ) -> Result<(actions::Action, Value), SqsError> {
         let (parts, body) = request.into_parts();
         // Nothing is read for a caller that could not be let in: a signature by a key of
         // this queue, made about now. (Whether it is right needs the body.)
@@ -318,33 +333,28 @@ impl Sqs {
             body: &body,
         };
         let key = self.authenticate(&signed)?;
-        let target = header(&headers, "x-amz-target").unwrap_or_default();
-        let action = target
-            .strip_prefix("AmazonSQS.")
-            .and_then(actions::Action::parse)
-            .ok_or_else(|| SqsError::unknown_operation(target))?;
+        let (action, mut input) = match query {
+            false => json_request(header(&headers, "x-amz-target"), &body)?,
+            true => query_request(&body)?,
+        };
         if !action.allowed_for(key.role) {
             return Err(SqsError::access_denied(action.name(), key.role));
         }
-        let input: Value = match body.is_empty() {
-            true => Value::Object(Default::default()),
-            false => serde_json::from_slice(&body).map_err(|_| SqsError::not_json())?,
-        };
-        if !input.is_object() {
-            return Err(SqsError::not_json());
-        }
+        let scheme = if self.tls { "https" } else { "http" };
         let host = header(&headers, "host").unwrap_or("localhost");
-        let queue_url = format!(
-            "{}://{host}/{}",
-            if self.tls { "https" } else { "http" },
-            self.queue_name
-        );
+        // Older SDKs post to the queue's URL and may leave the parameter out.
+        if query && input.get("QueueUrl").is_none() && parts.uri.path() != "/" {
+            let url = format!("{scheme}://{host}{}", parts.uri.path());
+            input["QueueUrl"] = Value::String(url);
+        }
+        let queue_url = format!("{scheme}://{host}/{}", self.queue_name);
         let context = actions::Context {
             node: &self.node,
             queue_name: &self.queue_name,
             queue_url: &queue_url,
         };
-        actions::run(action, &context, &input).await
+        let answer = actions::run(action, &context, &input).await?;
+        Ok((action, answer))
     }
 
     /// Whether a request's headers name one of this queue's keys and a time within the skew.
@@ -383,6 +393,31 @@ impl Sqs {
     }
 }
 
+/// The JSON protocol's request: the action its target names, and its body (an object).
+fn json_request(target: Option<&str>, body: &[u8]) -> Result<(actions::Action, Value), SqsError> {
+    let target = target.unwrap_or_default();
+    let action = target
+        .strip_prefix("AmazonSQS.")
+        .and_then(actions::Action::parse)
+        .ok_or_else(|| SqsError::unknown_operation(target))?;
+    let input: Value = match body.is_empty() {
+        true => Value::Object(Default::default()),
+        false => serde_json::from_slice(body).map_err(|_| SqsError::not_json())?,
+    };
+    match input.is_object() {
+        true => Ok((action, input)),
+        false => Err(SqsError::not_json()),
+    }
+}
+
+/// The query protocol's request: the action its `Action` names, and its parameters in the
+/// JSON protocol's shape.
+fn query_request(body: &[u8]) -> Result<(actions::Action, Value), SqsError> {
+    let (name, input) = query::input(body)?;
+    let action = actions::Action::parse(&name).ok_or_else(|| SqsError::unknown_operation(&name))?;
+    Ok((action, input))
+}
+
 /// The most SQS connections served at once.
 pub const MAX_CONNECTIONS: usize = 512;
 
@@ -395,6 +430,16 @@ fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/x-amz-json-1.0"),
+    );
+    response
+}
+
+fn xml_response(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/xml"),
     );
     response
 }

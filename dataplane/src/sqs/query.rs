@@ -1,0 +1,348 @@
+//! The query protocol: what SDKs released before AWS moved SQS to its JSON protocol (late
+//! 2023) speak. A request is a form (`Action=SendMessage&QueueUrl=...&MessageBody=...`),
+//! lists and maps flattened into numbered parameters (`AttributeName.1`,
+//! `MessageAttribute.1.Name`, `MessageAttribute.1.Value.StringValue`); the reply is XML.
+//!
+//! Nothing here runs an action. [`input`] turns the form into the JSON protocol's input, which
+//! `actions` reads; [`reply`] and [`error`] turn its answer into the XML those SDKs parse.
+//! Both follow SQS's model (2012-11-05): the flattened member names below are its own.
+
+use super::SqsError;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// AWS's namespace for SQS's XML.
+const XMLNS: &str = "http://queue.amazonaws.com/doc/2012-11-05/";
+
+/// A flattened list's member name, and the JSON protocol's name for the list.
+const LISTS: [(&str, &str); 6] = [
+    ("AttributeName", "AttributeNames"),
+    ("MessageAttributeName", "MessageAttributeNames"),
+    ("MessageSystemAttributeName", "MessageSystemAttributeNames"),
+    ("SendMessageBatchRequestEntry", "Entries"),
+    ("DeleteMessageBatchRequestEntry", "Entries"),
+    ("ChangeMessageVisibilityBatchRequestEntry", "Entries"),
+];
+
+/// A flattened map's entry name (each with `.Name` and `.Value`), and the JSON name for it.
+const MAPS: [(&str, &str); 3] = [
+    ("Attribute", "Attributes"),
+    ("MessageAttribute", "MessageAttributes"),
+    ("MessageSystemAttribute", "MessageSystemAttributes"),
+];
+
+/// The actions whose reply carries nothing but its request id.
+const NO_OUTPUT: [&str; 4] = [
+    "DeleteMessage",
+    "ChangeMessageVisibility",
+    "SetQueueAttributes",
+    "PurgeQueue",
+];
+
+/// Whether a request speaks the query protocol: a form, without the JSON protocol's target.
+pub fn is_query(headers: &hyper::HeaderMap) -> bool {
+    let form = headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"));
+    form && !headers.contains_key("x-amz-target")
+}
+
+/// The action a form names, and its parameters in the JSON protocol's shape.
+pub fn input(form: &[u8]) -> Result<(String, Value), SqsError> {
+    let mut action = None;
+    let mut tree = Tree::default();
+    for (name, value) in form_urlencoded::parse(form) {
+        match name.as_ref() {
+            "Action" => action = Some(value.into_owned()),
+            "Version" => {}
+            _ => tree.insert(&name, value.into_owned())?,
+        }
+    }
+    let action = action.ok_or(SqsError::missing_parameter("Action"))?;
+    Ok((action, Value::Object(tree.into_json()?)))
+}
+
+/// The parameters as a tree: `A.1.B=x` is A → 1 → B → x.
+#[derive(Default)]
+struct Tree(BTreeMap<String, Node>);
+
+enum Node {
+    Leaf(String),
+    Branch(Tree),
+}
+
+impl Tree {
+    fn insert(&mut self, name: &str, value: String) -> Result<(), SqsError> {
+        let malformed =
+            || SqsError::invalid_parameter(format!("The parameter {name} is malformed."));
+        let mut tree = self;
+        let mut parts = name.split('.').peekable();
+        while let Some(part) = parts.next() {
+            if part.is_empty() {
+                return Err(malformed());
+            }
+            if parts.peek().is_none() {
+                return match tree.0.insert(part.to_string(), Node::Leaf(value)) {
+                    None => Ok(()),
+                    Some(_) => Err(malformed()),
+                };
+            }
+            let node = tree
+                .0
+                .entry(part.to_string())
+                .or_insert_with(|| Node::Branch(Tree::default()));
+            tree = match node {
+                Node::Branch(inner) => inner,
+                Node::Leaf(_) => return Err(malformed()),
+            };
+        }
+        Err(malformed())
+    }
+
+    /// The JSON protocol's object for this tree: flattened lists and maps by SQS's names,
+    /// every value a string (the actions read numbers from strings too).
+    fn into_json(self) -> Result<Map<String, Value>, SqsError> {
+        let mut object = Map::new();
+        for (name, node) in self.0 {
+            let list = LISTS.iter().find(|(member, _)| *member == name);
+            let map = MAPS.iter().find(|(entry, _)| *entry == name);
+            let (key, value) = match (node, list, map) {
+                (Node::Leaf(text), None, None) => (name, Value::String(text)),
+                (Node::Branch(items), Some((_, json)), _) => {
+                    (json.to_string(), Value::Array(items.numbered(&name)?))
+                }
+                (Node::Branch(entries), _, Some((_, json))) => {
+                    (json.to_string(), Value::Object(entries.entries(&name)?))
+                }
+                (Node::Branch(inner), None, None) => (name, Value::Object(inner.into_json()?)),
+                (Node::Leaf(_), _, _) => {
+                    return Err(SqsError::invalid_parameter(format!(
+                        "The parameter {name} needs a number after it."
+                    )))
+                }
+            };
+            object.insert(key, value);
+        }
+        Ok(object)
+    }
+
+    /// A flattened list's items (`NAME.1`, `NAME.2`, ...) in their order.
+    fn numbered(self, name: &str) -> Result<Vec<Value>, SqsError> {
+        let mut items = Vec::with_capacity(self.0.len());
+        for (index, node) in self.0 {
+            let index: u32 = index.parse().map_err(|_| {
+                SqsError::invalid_parameter(format!("{name}.{index} is not a numbered {name}."))
+            })?;
+            let value = match node {
+                Node::Leaf(text) => Value::String(text),
+                Node::Branch(inner) => Value::Object(inner.into_json()?),
+            };
+            items.push((index, value));
+        }
+        items.sort_by_key(|(index, _)| *index);
+        Ok(items.into_iter().map(|(_, value)| value).collect())
+    }
+
+    /// A flattened map's entries (`NAME.N.Name`, `NAME.N.Value`) as one object.
+    fn entries(self, name: &str) -> Result<Map<String, Value>, SqsError> {
+        let mut object = Map::new();
+        for entry in self.numbered(name)? {
+            let key = entry["Name"].as_str().map(str::to_string);
+            let key = key.ok_or_else(|| SqsError::missing_parameter(&format!("{name}.N.Name")))?;
+            let value = entry.get("Value").cloned();
+            let value =
+                value.ok_or_else(|| SqsError::missing_parameter(&format!("{name}.N.Value")))?;
+            object.insert(key, value);
+        }
+        Ok(object)
+    }
+}
+
+/// `answer` (the JSON protocol's reply to `action`) as the query protocol's XML.
+pub fn reply(action: &str, answer: &Value) -> String {
+    let mut result = String::new();
+    if let Value::Object(fields) = answer {
+        for (name, value) in fields {
+            element(action, name, value, &mut result);
+        }
+    }
+    // An action with an output has its result element even when it is empty (a receive
+    // that found nothing): the SDKs look for it.
+    let result = match NO_OUTPUT.contains(&action) {
+        true => String::new(),
+        false => format!("<{action}Result>{result}</{action}Result>"),
+    };
+    format!(
+        "<?xml version=\"1.0\"?><{action}Response xmlns=\"{XMLNS}\">{result}\
+         <ResponseMetadata><RequestId>{}</RequestId></ResponseMetadata></{action}Response>",
+        request_id()
+    )
+}
+
+/// One field of a reply: lists flattened under their member's name, maps as `Name`/`Value`
+/// entries, as SQS's model names them.
+fn element(action: &str, name: &str, value: &Value, out: &mut String) {
+    match (name, value) {
+        ("Messages", Value::Array(items)) => each("Message", items, action, out),
+        ("QueueUrls", Value::Array(items)) => each("QueueUrl", items, action, out),
+        ("Successful", Value::Array(items)) => {
+            each(&format!("{action}ResultEntry"), items, action, out)
+        }
+        ("Failed", Value::Array(items)) => each("BatchResultErrorEntry", items, action, out),
+        ("Attributes" | "MessageAttributes", Value::Object(entries)) => {
+            let entry = name.trim_end_matches('s');
+            for (key, value) in entries {
+                out.push_str(&format!("<{entry}><Name>{}</Name>", escaped(key)));
+                element(action, "Value", value, out);
+                out.push_str(&format!("</{entry}>"));
+            }
+        }
+        (_, Value::Object(fields)) => {
+            out.push_str(&format!("<{name}>"));
+            for (inner, value) in fields {
+                element(action, inner, value, out);
+            }
+            out.push_str(&format!("</{name}>"));
+        }
+        (_, Value::Array(items)) => each(name, items, action, out),
+        (_, Value::Null) => {}
+        (_, Value::String(text)) => out.push_str(&format!("<{name}>{}</{name}>", escaped(text))),
+        (_, scalar) => out.push_str(&format!("<{name}>{scalar}</{name}>")),
+    }
+}
+
+fn each(member: &str, items: &[Value], action: &str, out: &mut String) {
+    for item in items {
+        element(action, member, item, out);
+    }
+}
+
+/// `error` as the query protocol's XML error.
+pub fn error(error: &SqsError) -> String {
+    let kind = match error.status.is_server_error() {
+        true => "Receiver",
+        false => "Sender",
+    };
+    format!(
+        "<?xml version=\"1.0\"?><ErrorResponse xmlns=\"{XMLNS}\"><Error><Type>{kind}</Type>\
+         <Code>{}</Code><Message>{}</Message><Detail/></Error><RequestId>{}</RequestId>\
+         </ErrorResponse>",
+        escaped(error.code),
+        escaped(&error.message),
+        request_id()
+    )
+}
+
+/// Text as XML character data. A carriage return is written as a reference: a parser turns
+/// a bare one into a newline, and bodies must come back as they were sent.
+fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\r' => out.push_str("&#xD;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A request id as AWS's look (a UUID).
+fn request_id() -> uuid::Uuid {
+    uuid::Uuid::now_v7()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::StatusCode;
+    use serde_json::json;
+
+    #[test]
+    fn a_form_becomes_the_json_protocols_input() {
+        let form = "Action=SendMessageBatch&Version=2012-11-05&QueueUrl=http%3A%2F%2Fh%2Fqueue\
+            &SendMessageBatchRequestEntry.2.Id=b&SendMessageBatchRequestEntry.2.MessageBody=two\
+            &SendMessageBatchRequestEntry.1.Id=a&SendMessageBatchRequestEntry.1.MessageBody=one+%26\
+            &SendMessageBatchRequestEntry.1.DelaySeconds=5\
+            &SendMessageBatchRequestEntry.1.MessageAttribute.1.Name=k\
+            &SendMessageBatchRequestEntry.1.MessageAttribute.1.Value.DataType=String\
+            &SendMessageBatchRequestEntry.1.MessageAttribute.1.Value.StringValue=v";
+        let (action, input) = super::input(form.as_bytes()).unwrap();
+        assert_eq!(action, "SendMessageBatch");
+        assert_eq!(
+            input,
+            json!({
+                "QueueUrl": "http://h/queue",
+                "Entries": [
+                    {"Id": "a", "MessageBody": "one &", "DelaySeconds": "5",
+                     "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}}},
+                    {"Id": "b", "MessageBody": "two"},
+                ],
+            })
+        );
+        let form = "Action=ReceiveMessage&AttributeName.1=All&AttributeName.10=B&AttributeName.2=A";
+        let (_, input) = super::input(form.as_bytes()).unwrap();
+        assert_eq!(input["AttributeNames"], json!(["All", "A", "B"]));
+        let form =
+            "Action=SetQueueAttributes&Attribute.1.Name=VisibilityTimeout&Attribute.1.Value=40";
+        let (_, input) = super::input(form.as_bytes()).unwrap();
+        assert_eq!(input["Attributes"], json!({"VisibilityTimeout": "40"}));
+    }
+
+    #[test]
+    fn a_malformed_form_is_refused_with_the_parameters_name() {
+        for form in [
+            "QueueUrl=x",
+            "Action=SendMessage&A=1&A.1=2",
+            "Action=SendMessage&A.1=2&A=1",
+            "Action=ReceiveMessage&AttributeName=All",
+            "Action=ReceiveMessage&AttributeName.x=All",
+            "Action=SendMessage&MessageAttribute.1.Value.StringValue=v",
+            "Action=SendMessage&a..b=1",
+        ] {
+            let refused = super::input(form.as_bytes()).unwrap_err();
+            assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{form}");
+        }
+    }
+
+    #[test]
+    fn a_reply_is_the_query_protocols_xml() {
+        let answer = json!({
+            "Messages": [{
+                "MessageId": "m1", "Body": "a <b> & \"c\"\r\n",
+                "Attributes": {"ApproximateReceiveCount": "1"},
+                "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}},
+            }],
+        });
+        let xml = reply("ReceiveMessage", &answer);
+        let start = "<?xml version=\"1.0\"?><ReceiveMessageResponse xmlns=\"http://queue.amazonaws.com/doc/2012-11-05/\"><ReceiveMessageResult>";
+        assert!(xml.starts_with(start), "{xml}");
+        assert!(xml.contains("<Message><Attribute><Name>ApproximateReceiveCount</Name><Value>1</Value></Attribute>\
+            <Body>a &lt;b&gt; &amp; &quot;c&quot;&#xD;\n</Body>\
+            <MessageAttribute><Name>k</Name><Value><DataType>String</DataType><StringValue>v</StringValue></Value></MessageAttribute>\
+            <MessageId>m1</MessageId></Message></ReceiveMessageResult>"), "{xml}");
+        let batch =
+            json!({"Successful": [{"Id": "a"}], "Failed": [{"Id": "b", "SenderFault": true}]});
+        let xml = reply("DeleteMessageBatch", &batch);
+        assert!(xml.contains("<BatchResultErrorEntry><Id>b</Id><SenderFault>true</SenderFault></BatchResultErrorEntry>\
+            <DeleteMessageBatchResultEntry><Id>a</Id></DeleteMessageBatchResultEntry>"), "{xml}");
+        let xml = reply("ReceiveMessage", &json!({}));
+        assert!(
+            xml.contains("<ReceiveMessageResult></ReceiveMessageResult>"),
+            "{xml}"
+        );
+        let xml = reply("PurgeQueue", &json!({}));
+        assert!(xml.contains("<PurgeQueueResponse xmlns=\"http://queue.amazonaws.com/doc/2012-11-05/\"><ResponseMetadata>"), "{xml}");
+        let xml = error(&SqsError::queue_does_not_exist());
+        assert!(
+            xml.contains(
+                "<Error><Type>Sender</Type><Code>AWS.SimpleQueueService.NonExistentQueue</Code>"
+            ),
+            "{xml}"
+        );
+    }
+}

@@ -31,6 +31,10 @@ const MAPS: [(&str, &str); 3] = [
     ("MessageSystemAttribute", "MessageSystemAttributes"),
 ];
 
+/// The most parts a parameter's name has: SQS's deepest is six
+/// (`SendMessageBatchRequestEntry.1.MessageAttribute.1.Value.StringValue`).
+const MOST_PARTS: usize = 8;
+
 /// The actions whose reply carries nothing but its request id.
 const NO_OUTPUT: [&str; 4] = [
     "DeleteMessage",
@@ -74,8 +78,13 @@ enum Node {
 
 impl Tree {
     fn insert(&mut self, name: &str, value: String) -> Result<(), SqsError> {
+        let shown: String = name.chars().take(64).collect();
         let malformed =
-            || SqsError::invalid_parameter(format!("The parameter {name} is malformed."));
+            || SqsError::invalid_parameter(format!("The parameter {shown} is malformed."));
+        // (The tree is walked by recursion: its depth is bounded before it is built.)
+        if name.split('.').count() > MOST_PARTS {
+            return Err(malformed());
+        }
         let mut tree = self;
         let mut parts = name.split('.').peekable();
         while let Some(part) = parts.next() {
@@ -303,6 +312,7 @@ mod tests {
             "Action=ReceiveMessage&AttributeName.x=All",
             "Action=SendMessage&MessageAttribute.1.Value.StringValue=v",
             "Action=SendMessage&a..b=1",
+            &format!("Action=SendMessage&{}=1", vec!["a"; 100_000].join(".")),
         ] {
             let refused = super::input(form.as_bytes()).unwrap_err();
             assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{form}");

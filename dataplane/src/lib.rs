@@ -32,6 +32,7 @@ pub mod engine;
 pub mod fragments;
 pub mod history;
 pub mod limits;
+pub mod message;
 pub mod node;
 pub mod report;
 pub mod server;

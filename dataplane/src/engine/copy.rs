@@ -1,8 +1,8 @@
 //! The copy queue type: each message goes to every copy subscriber connected at that moment.
 //! Nothing is stored, so there is no id, no ack and no line.
 
-use super::message::{copy_frame, BodyType};
 use super::outbox::{outbox, Frames, Outbox};
+use crate::message::{copy_frame, BodyType};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

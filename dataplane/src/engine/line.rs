@@ -12,8 +12,8 @@
 //! not be queued yet (a replay bigger than the outbox, say) wait in `unsent` and go out as
 //! the connection writes ([`Line::next_to_send`]).
 
-use super::ids::{IdMap, MessageId, SessionId};
 use super::outbox::Outbox;
+use crate::message::ids::{IdMap, MessageId, SessionId};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 

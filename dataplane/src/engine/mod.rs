@@ -11,15 +11,13 @@
 //! [`Queue::run_timers`].
 
 pub mod copy;
-pub mod ids;
 pub mod line;
-pub mod message;
 pub mod outbox;
 pub mod queue;
 
+pub use crate::message::ids::{IdMap, MessageId, SessionId};
+pub use crate::message::{BodyType, DeadReason, Durability, Message, NewMessage};
 pub use copy::{CopyQueue, CopySubscription};
-pub use ids::{IdMap, MessageId, SessionId};
-pub use message::{BodyType, DeadReason, Durability, Message, NewMessage};
 pub use outbox::{Frames, Outbound};
 pub use queue::{
     Anchor, Counts, Limits, Pulled, QueueState, Redrive, Refused, Rules, Scope, Totals,
@@ -261,7 +259,7 @@ impl Queue {
     }
 
     /// Loads what the store kept, at start.
-    pub fn restore(&self, messages: Vec<crate::store::log::RecoveredMessage>) {
+    pub fn restore(&self, messages: Vec<crate::message::RecoveredMessage>) {
         self.lock().restore(messages, now_ms());
         self.shared.timers_changed.notify_one();
     }

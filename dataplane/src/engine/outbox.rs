@@ -20,7 +20,7 @@
 //! the socket, so a connection that ends knows exactly which deliveries it never wrote
 //! ([`Frames::unsent`]).
 
-use super::ids::MessageId;
+use crate::message::ids::MessageId;
 use bytes::Bytes;
 use futures::task::AtomicWaker;
 use std::collections::VecDeque;

@@ -14,11 +14,12 @@
 //! message's own, or `message-retention-secs`) a message still in the queue then is deleted.
 //! Timeouts and expiries are kept by time, so each fires in O(log n) without a scan.
 
-use super::ids::{IdGenerator, IdMap, MessageId, SessionId};
 use super::line::Line;
-use super::message::{frame_body_type, notice_frame, DeadReason, Durability, Message, NewMessage};
 use super::outbox::Outbox;
-use crate::store::log::RecoveredMessage;
+use crate::message::ids::{IdGenerator, IdMap, MessageId, SessionId};
+use crate::message::{
+    frame_body_type, notice_frame, DeadReason, Durability, Message, NewMessage, RecoveredMessage,
+};
 use crate::store::{Change, Life, Receipt, Store};
 use qe_shared::Code;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

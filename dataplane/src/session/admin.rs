@@ -67,15 +67,6 @@ const READ_COMMANDS: [&str; 8] = [
     "getusage",
 ];
 
-/// Which history a command reads.
-#[derive(Clone, Copy)]
-enum History {
-    /// `getstats`, with `average`.
-    Stats,
-    /// `getusage`, with `totals`.
-    Usage,
-}
-
 /// Which of the two queues a command looks at.
 #[derive(Clone, Copy)]
 enum Shelf {
@@ -122,8 +113,8 @@ impl Admin {
         let response = match cmd {
             _ if refused => Response::reply(Reply::failure(Code::InvalidCommand)),
             "getlivestats" => Response::reply(self.live_stats(&fields)),
-            "getstats" => Response::reply(self.history(&fields, History::Stats)),
-            "getusage" => Response::reply(self.history(&fields, History::Usage)),
+            "getstats" => Response::reply(self.history(&fields, history::Kind::Stats)),
+            "getusage" => Response::reply(self.history(&fields, history::Kind::Usage)),
             "getmsgs" => Response::reply(self.list(&fields, Shelf::Queue)),
             "getdlqmsgs" => Response::reply(self.list(&fields, Shelf::DeadLetter)),
             "getmsg" => Response::reply(self.show(&fields, Shelf::Queue)),
@@ -168,16 +159,17 @@ impl Admin {
         }
     }
 
-    /// `getstats` / `getusage`: one UTC day of records, or its one-line summary.
-    fn history(&self, fields: &Fields, which: History) -> Reply {
+    /// `getstats` (stats, with `average`) / `getusage` (usage, with `totals`): one UTC day of
+    /// records, or its one-line summary.
+    fn history(&self, fields: &Fields, which: history::Kind) -> Reply {
         let day =
             match history::parse_day(fields.get("year"), fields.get("month"), fields.get("day")) {
                 Ok(day) => day,
                 Err(code) => return Reply::failure(code),
             };
         let flag = match which {
-            History::Stats => "average",
-            History::Usage => "totals",
+            history::Kind::Stats => "average",
+            history::Kind::Usage => "totals",
         };
         let Some(summary) = fields.get(flag).and_then(Value::as_bool) else {
             return Reply::failure(Code::InvalidAverage);
@@ -190,8 +182,8 @@ impl Admin {
             return Reply::failure_because(refused.code, reason);
         }
         let csv = match which {
-            History::Stats => history.stats_of(day, summary),
-            History::Usage => history.usage_of(day, summary),
+            history::Kind::Stats => history.stats_of(day, summary),
+            history::Kind::Usage => history.usage_of(day, summary),
         };
         match csv {
             Ok(csv) => Reply::success().with("csv", csv),

@@ -1,7 +1,7 @@
 //! Replies: every one has a `status`; a failure also has a `code` and a `reason`.
 
-use crate::engine::message::written;
 use crate::engine::MessageId;
+use crate::message::written;
 use bytes::Bytes;
 use qe_shared::Code;
 use serde_json::{Map, Value};

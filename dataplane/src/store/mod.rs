@@ -13,7 +13,8 @@ pub use log::{LogOptions, LogStore, StorageMeter};
 pub use memory::MemoryStore;
 pub use meta::Meta;
 
-use crate::engine::{DeadReason, Message, MessageId, SessionId};
+use crate::message::ids::{MessageId, SessionId};
+use crate::message::{DeadReason, Message};
 
 /// What a message's record says of it beyond the message itself (README, "Delivery rules").
 /// The default is a new message that waits: what every record said before these rules.

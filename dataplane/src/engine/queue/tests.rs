@@ -1,8 +1,8 @@
 //! The queue's rules, fed publishes, acks, capacity changes and leaves, with the clock in hand.
 
 use super::*;
-use crate::engine::message::BodyType;
 use crate::engine::outbox::{outbox, Frames};
+use crate::message::BodyType;
 use crate::store::MemoryStore;
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};

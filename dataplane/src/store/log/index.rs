@@ -20,7 +20,8 @@
 //! segment a compaction did not finish removing). Those are its `stale` records; a removal
 //! lists them with the latest.
 
-use crate::engine::{Durability, IdMap, MessageId};
+use crate::message::ids::{IdMap, MessageId};
+use crate::message::Durability;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Where a live durable message's latest record is. There is one per stored message, so it

@@ -37,10 +37,10 @@ mod spare;
 mod syncer;
 mod writer;
 
-pub use recovery::{repair, DamagedRegion, Recovered, RecoveredMessage};
+pub use recovery::{repair, DamagedRegion, Recovered};
 
 use super::{Change, Receipt, Store};
-use crate::engine::Durability;
+use crate::message::Durability;
 use index::{Index, Live};
 use record::{encode_id, encode_message, encode_purged, encode_removed, Kind, MessageRecord};
 use std::collections::BTreeSet;

@@ -17,7 +17,7 @@
 //! Segment files are made full of zeros ahead of use (see `spare`), so the written part of a
 //! segment ends where only zeros follow: no record is all zeros (its length is never 0).
 
-use crate::engine::MessageId;
+use crate::message::ids::MessageId;
 use uuid::Uuid;
 
 /// Bytes before the kind: the length and the checksum.
@@ -85,7 +85,7 @@ pub struct MessageRecord<'a> {
     pub receives: u32,
     /// When the message expires (ms since 1970); 0 when it does not.
     pub expires_ms: u64,
-    /// Why it is dead-lettered ([`crate::engine::DeadReason`]); 0 when it is not, or rejected.
+    /// Why it is dead-lettered ([`crate::message::DeadReason`]); 0 when it is not, or rejected.
     pub dead_reason: u8,
     /// The frame a subscriber receives.
     pub frame: &'a [u8],
@@ -354,7 +354,7 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
                 }
                 _ => (0, 0, 0),
             };
-            crate::engine::DeadReason::from_byte(dead_reason)?;
+            crate::message::DeadReason::from_byte(dead_reason)?;
             Some(Record::Message(MessageRecord {
                 id: id_of(payload)?,
                 durability: payload[16],

@@ -3,30 +3,12 @@
 use super::index::{Index, Live};
 use super::record::{all_zeros, read_at, Read, Record};
 use super::segment_path;
-use crate::engine::{DeadReason, Durability, IdMap, MessageId};
+use crate::message::ids::{IdMap, MessageId};
+use crate::message::{DeadReason, Durability, RecoveredMessage};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::Arc;
-
-/// A message read back from the log.
-#[derive(Debug, Clone)]
-pub struct RecoveredMessage {
-    pub id: MessageId,
-    pub durability: Durability,
-    pub dead: bool,
-    pub delay_secs: u64,
-    /// When a delayed message falls due (ms since 1970).
-    pub due_ms: Option<u64>,
-    pub recdat: u64,
-    /// Deliveries so far (kept by the delivery rules; 0 in a record without them).
-    pub receives: u32,
-    /// When it expires (ms since 1970).
-    pub expires_ms: Option<u64>,
-    /// Why it is dead-lettered, when it is.
-    pub dead_reason: DeadReason,
-    pub frame: Arc<[u8]>,
-}
 
 /// Bytes that failed their checksum, to be shown in the dead letter queue.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use super::record::{
     Record,
 };
 use super::{segment_path, Shared, State};
-use crate::engine::{IdMap, MessageId};
+use crate::message::ids::{IdMap, MessageId};
 use std::fs::File;
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -2,8 +2,9 @@
 //! bounded.
 
 use super::*;
-use crate::engine::ids::IdGenerator;
-use crate::engine::{Message, MessageId, NewMessage};
+use crate::message::ids::IdGenerator;
+use crate::message::ids::MessageId;
+use crate::message::{Message, NewMessage};
 use crate::store::Life;
 use std::fs::OpenOptions;
 use std::time::Duration;
@@ -653,7 +654,7 @@ fn a_redrive_clears_the_dead_flag_and_keeps_the_rest() {
 /// copied its record; a redrive starts its count again.
 #[tokio::test]
 async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_compaction() {
-    use crate::engine::DeadReason;
+    use crate::message::DeadReason;
     let dir = tempfile::tempdir().unwrap();
     let mut ids = IdGenerator::new();
     let segment_bytes = 4 << 10;

@@ -1,7 +1,12 @@
-//! A message as the queue keeps it, and the frames subscribers receive.
+//! What a message is, below both the engine that moves it and the store that keeps it: its
+//! ids ([`ids`]), its durability, why it is dead-lettered, the message as the queue keeps it,
+//! the frames subscribers receive, and a message as the log reads it back
+//! ([`RecoveredMessage`]).
 
-use super::ids::MessageId;
+pub mod ids;
+
 use bytes::Bytes;
+use ids::MessageId;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::io::Write;
@@ -280,4 +285,23 @@ mod tests {
             r#"{"id":"01a1c09f-62e2-7000-b616-7c246d151566","publisherkey":"order-1234","type":1,"body":"Order 1234 is ready","recdat":1794233033}"#
         );
     }
+}
+
+/// A message as the store reads it back at start, for the engine to restore.
+#[derive(Debug, Clone)]
+pub struct RecoveredMessage {
+    pub id: MessageId,
+    pub durability: Durability,
+    pub dead: bool,
+    pub delay_secs: u64,
+    /// When a delayed message falls due (ms since 1970).
+    pub due_ms: Option<u64>,
+    pub recdat: u64,
+    /// Deliveries so far (kept by the delivery rules; 0 in a record without them).
+    pub receives: u32,
+    /// When it expires (ms since 1970).
+    pub expires_ms: Option<u64>,
+    /// Why it is dead-lettered, when it is.
+    pub dead_reason: DeadReason,
+    pub frame: Arc<[u8]>,
 }

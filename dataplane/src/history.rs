@@ -103,6 +103,11 @@ impl Kind {
 }
 
 impl History {
+    /// When the queue's history began (seconds since 1970): its node's first start.
+    pub fn created(&self) -> u64 {
+        self.created
+    }
+
     /// Opens the history in `db`; `now` becomes the queue's first day if it has none yet.
     pub fn open(db: &sled::Db, now: u64) -> Result<History, sled::Error> {
         let meta = db.open_tree("history")?;

@@ -189,7 +189,7 @@ impl Node {
     /// Saves `changes` and applies them to every connection at once. A save that failed
     /// changes nothing; one that was not synced still applies (the manual's 506).
     pub fn change_settings(&self, changes: &[(Setting, u64)]) -> Result<(), SaveError> {
-        let saved = self.meta.save(changes);
+        let saved = self.meta.save(changes, crate::engine::now_ms() / 1000);
         if saved != Err(SaveError::NotSaved) {
             let mut settings = self
                 .settings

@@ -12,7 +12,7 @@ use md5::{Digest, Md5};
 use qe_tests::sqs::{client, delete, queue_attributes, receive, send, SqsEndpoint};
 use qe_tests::{login_with, node_of, today, ControlPlane, Node};
 use serde_json::json;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The three roles' keys the node is started with.
@@ -323,7 +323,23 @@ async fn the_rust_sdk_drives_every_action() {
         ("bad", "ReceiptHandleIsInvalid")
     );
 
-    // Get/SetQueueAttributes: the node's settings; a value out of range is refused.
+    // Get/SetQueueAttributes: the node's settings; a value out of range is refused. The queue
+    // was made when its node first started, and changed when its settings last were.
+    let timestamp = |shown: &HashMap<QueueAttributeName, String>, name| -> u64 {
+        shown[&name].parse().unwrap()
+    };
+    let before = queue_attributes(&admin, &queue).await;
+    let created = timestamp(&before, QueueAttributeName::CreatedTimestamp);
+    assert!(
+        created <= unix_ms() / 1000 && created + 600 > unix_ms() / 1000,
+        "{created}"
+    );
+    assert_eq!(
+        timestamp(&before, QueueAttributeName::LastModifiedTimestamp),
+        created,
+        "never changed"
+    );
+    let changed_at = unix_ms() / 1000;
     admin
         .set_queue_attributes()
         .queue_url(&queue)
@@ -334,6 +350,15 @@ async fn the_rust_sdk_drives_every_action() {
     let shown = queue_attributes(&admin, &queue).await;
     assert_eq!(shown[&QueueAttributeName::VisibilityTimeout], "40");
     assert_eq!(shown[&QueueAttributeName::ApproximateNumberOfMessages], "0");
+    let modified = timestamp(&shown, QueueAttributeName::LastModifiedTimestamp);
+    assert!(
+        modified >= changed_at && modified <= unix_ms() / 1000,
+        "{modified}"
+    );
+    assert_eq!(
+        timestamp(&shown, QueueAttributeName::CreatedTimestamp),
+        created
+    );
     let refused = admin
         .set_queue_attributes()
         .queue_url(&queue)

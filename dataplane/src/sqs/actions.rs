@@ -162,7 +162,7 @@ fn check_queue_url(context: &Context<'_>, input: &Value) -> Result<(), SqsError>
     }
 }
 
-const ATTRIBUTE_NAMES: [&str; 10] = [
+const ATTRIBUTE_NAMES: [&str; 12] = [
     "ApproximateNumberOfMessages",
     "ApproximateNumberOfMessagesNotVisible",
     "ApproximateNumberOfMessagesDelayed",
@@ -173,6 +173,8 @@ const ATTRIBUTE_NAMES: [&str; 10] = [
     "ReceiveMessageWaitTimeSeconds",
     "RedrivePolicy",
     "QueueArn",
+    "CreatedTimestamp",
+    "LastModifiedTimestamp",
 ];
 
 fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
@@ -212,6 +214,12 @@ fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
                 .to_string(),
             },
             "QueueArn" => queue_arn(context),
+            "CreatedTimestamp" => node.history.created().to_string(),
+            "LastModifiedTimestamp" => node
+                .meta
+                .settings_changed_at()
+                .unwrap_or(node.history.created())
+                .to_string(),
             _ => unreachable!("every name is above"),
         };
         attributes.insert(name.to_string(), Value::String(value));

@@ -29,6 +29,9 @@ impl SaveError {
     }
 }
 
+/// The key, beside the settings' own, of when they last changed (no setting has this name).
+const CHANGED_AT: &str = "changed-at";
+
 impl Meta {
     pub fn open(dir: &Path) -> Result<Meta, sled::Error> {
         let db = sled::Config::new()
@@ -41,6 +44,12 @@ impl Meta {
             .open()?;
         let settings = db.open_tree("settings")?;
         Ok(Meta { db, settings })
+    }
+
+    /// When a setting was last saved (seconds since 1970); None if none ever was.
+    pub fn settings_changed_at(&self) -> Option<u64> {
+        let saved = self.settings.get(CHANGED_AT).ok().flatten()?;
+        Some(u64::from_be_bytes(saved.as_ref().try_into().ok()?))
     }
 
     /// The database, for other small state (the history).
@@ -62,12 +71,14 @@ impl Meta {
         settings
     }
 
-    /// Saves `changes` all together, and syncs.
-    pub fn save(&self, changes: &[(Setting, u64)]) -> Result<(), SaveError> {
+    /// Saves `changes` all together, with `now_secs` as when the settings last changed, and
+    /// syncs.
+    pub fn save(&self, changes: &[(Setting, u64)], now_secs: u64) -> Result<(), SaveError> {
         let mut batch = sled::Batch::default();
         for (setting, value) in changes {
             batch.insert(setting.name(), &value.to_be_bytes());
         }
+        batch.insert(CHANGED_AT, &now_secs.to_be_bytes());
         self.settings
             .apply_batch(batch)
             .map_err(|_| SaveError::NotSaved)?;
@@ -105,7 +116,8 @@ mod tests {
                 (Setting::SavedSessionTimeoutSecs, 60),
                 (Setting::MaxWsMsgLen, 2048),
             ];
-            meta.save(&changes).unwrap();
+            assert_eq!(meta.settings_changed_at(), None);
+            meta.save(&changes, 1_790_000_000).unwrap();
         }
         let meta = reopen(dir.path());
         let settings = meta.settings(Tier::Devtest);
@@ -116,6 +128,7 @@ mod tests {
             3600,
             "devtest default kept"
         );
+        assert_eq!(meta.settings_changed_at(), Some(1_790_000_000));
         assert_eq!(SaveError::NotSynced.code().number(), 506);
     }
 }

@@ -189,6 +189,11 @@ impl Node {
     /// Saves `changes` and applies them to every connection at once. A save that failed
     /// changes nothing; one that was not synced still applies (the manual's 506).
     pub fn change_settings(&self, changes: &[(Setting, u64)]) -> Result<(), SaveError> {
+        // Nothing to change (SetQueueAttributes of only what is fixed): no write, and the
+        // time they last changed stays.
+        if changes.is_empty() {
+            return Ok(());
+        }
         let saved = self.meta.save(changes, crate::engine::now_ms() / 1000);
         if saved != Err(SaveError::NotSaved) {
             let mut settings = self

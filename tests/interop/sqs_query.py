@@ -143,6 +143,11 @@ ADMIN.purge_queue(QueueUrl=URL)
 assert receive() == []
 check("Get/SetQueueAttributes, PurgeQueue")
 
+# What XML could not carry is refused on the way in, in the body as in an attribute.
+assert error_code(lambda: PUBLISHER.send_message(QueueUrl=URL, MessageBody="a\x01b")) == \
+    "InvalidMessageContents"
+assert error_code(lambda: PUBLISHER.send_message(QueueUrl=URL, MessageBody="x", MessageAttributes={
+    "bad": {"DataType": "String", "StringValue": "a\x01b"}})) == "InvalidParameterValue"
 assert error_code(lambda: client("admin", secret="wrong").list_queues()) == "SignatureDoesNotMatch"
 assert error_code(lambda: PUBLISHER.receive_message(QueueUrl=URL)) == "AccessDenied"
-check("a wrong signature and a publisher's receive are refused, in XML")
+check("control characters, a wrong signature and a publisher's receive are refused, in XML")

@@ -43,7 +43,7 @@ impl Replicas {
             format!(
                 "dns_listen = \"{dns}\"\nlocal_nodes_dir = {:?}\nnode_urls = [{}]\n\
                  reconcile_every_secs = 1\n{extra}\n\
-                 [store]\nkind = \"etcd\"\nendpoints = [{}]\ntimeout_secs = 2\nlease_secs = 2\n",
+                 [store]\nkind = \"etcd\"\nendpoints = [{}]\ntimeout_secs = 3\nlease_secs = 2\n",
                 nodes_dir,
                 urls.join(", "),
                 endpoints.join(", ")

@@ -134,7 +134,7 @@ impl EtcdBackend {
     }
 
     /// Runs `txn`, [`Self::retried`].
-    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+    async fn txn(&self, txn: Txn) -> Result<Attempted<etcd_client::TxnResponse>, StoreError> {
         self.retried(|mut kv| {
             let txn = txn.clone();
             async move { kv.txn(txn).await }
@@ -148,45 +148,55 @@ impl EtcdBackend {
         key: String,
         options: Option<GetOptions>,
     ) -> Result<etcd_client::GetResponse, StoreError> {
-        self.retried(|mut kv| {
+        let attempted = self.retried(|mut kv| {
             let (key, options) = (key.clone(), options.clone());
             async move { kv.get(key, options).await }
-        })
-        .await
+        });
+        Ok(attempted.await?.answer)
     }
 
     /// Runs `request` on the current member and, if it fails there, on the next one, which
     /// then stays current: a member that died, or one cut off from the majority, costs one
     /// request, not an error. Once every member has failed it, it waits (longer each time)
     /// for an election under way to end (a follower whose leader just died answers "no
-    /// leader" or times out) and goes round again, until `give_up_after`: a majority lost.
-    /// A transaction tried again after a timeout may have committed the first time: every
-    /// caller's comparison then fails and it reads again, so nothing is applied twice.
+    /// leader" or times out) and goes round again, until `give_up_after` from the start,
+    /// each try included: a majority lost. An error no retry can mend (a request etcd
+    /// refuses as such) is answered at once.
     async fn retried<T, F: std::future::Future<Output = Result<T, etcd_client::Error>>>(
         &self,
         request: impl Fn(etcd_client::KvClient) -> F,
-    ) -> Result<T, StoreError> {
+    ) -> Result<Attempted<T>, StoreError> {
         let deadline = Instant::now() + self.give_up_after;
-        let (mut wait, mut failed_in_round) = (FIRST_WAIT, 0);
+        let (mut wait, mut failed_in_round, mut after_failure) = (FIRST_WAIT, 0, false);
         loop {
             let member = self.current.load(Ordering::Relaxed);
-            let error = match request(self.members[member].kv_client()).await {
-                Ok(answer) => return Ok(answer),
-                Err(error) => error,
+            let left = deadline.saturating_duration_since(Instant::now());
+            let tried = tokio::time::timeout(left, request(self.members[member].kv_client()));
+            let error = match tried.await {
+                Ok(Ok(answer)) => {
+                    return Ok(Attempted {
+                        answer,
+                        after_failure,
+                    })
+                }
+                Ok(Err(error)) if !worth_retrying(&error) => return Err(error.into()),
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => format!("no answer within {:?}", self.give_up_after),
             };
+            after_failure = true;
             // The next member is current (unless another request moved on already).
             let next = (member + 1) % self.members.len();
             let _ =
                 self.current
                     .compare_exchange(member, next, Ordering::Relaxed, Ordering::Relaxed);
-            failed_in_round += 1;
-            let round_over = failed_in_round == self.members.len();
-            if round_over && Instant::now() + wait >= deadline {
-                return Err(error.into());
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(StoreError::Unavailable(error));
             }
             tracing::info!(%error, member, "an etcd request is tried on the next member");
-            if round_over {
-                tokio::time::sleep(wait).await;
+            failed_in_round += 1;
+            if failed_in_round == self.members.len() {
+                tokio::time::sleep(wait.min(left)).await;
                 (wait, failed_in_round) = ((wait * 2).min(LONGEST_WAIT), 0);
             }
         }
@@ -208,6 +218,35 @@ fn listed(kvs: Vec<etcd_client::KeyValue>) -> Listed {
     Listed {
         values: kvs.into_iter().map(|kv| kv.into_key_value().1).collect(),
         revision: Some(revision as u64),
+    }
+}
+
+/// An answer from etcd, and whether a try before it failed. A write whose try failed (timed
+/// out, or its member lost before it answered) may have been applied all the same: a retry
+/// whose comparison then fails must look whether the first did it, or it would be done twice.
+struct Attempted<T> {
+    answer: T,
+    after_failure: bool,
+}
+
+/// Whether another try, maybe on another member, can succeed where `error` failed: the
+/// member or its leader out of reach, or no answer in time. Not a request etcd refuses as
+/// such (too many operations, a revision compacted away).
+fn worth_retrying(error: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match error {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Unknown
+                | Code::Aborted
+                | Code::Cancelled
+                | Code::Internal
+                | Code::ResourceExhausted
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
     }
 }
 
@@ -273,10 +312,21 @@ impl Backend for EtcdBackend {
         let compares: Vec<Compare> = std::iter::once(unchanged)
             .chain(fence_holds(fence))
             .collect();
-        let txn = Txn::new()
-            .when(compares)
-            .and_then([TxnOp::put(key, value, None)]);
-        let response = self.txn(txn).await?;
+        let txn =
+            Txn::new()
+                .when(compares)
+                .and_then([TxnOp::put(key.clone(), value.clone(), None)]);
+        let Attempted {
+            answer: response,
+            after_failure,
+        } = self.txn(txn).await?;
+        if !response.succeeded() && after_failure {
+            // A failed try may have made the change that now fails the comparison.
+            let now = self.read(key, None).await?;
+            if now.kvs().first().is_some_and(|kv| kv.value() == value) {
+                return Ok(true);
+            }
+        }
         if let (false, Some(fence)) = (response.succeeded(), fence) {
             // Lost the race, or the lease: which one decides whether to try again.
             let leader = self.read(fence.key.clone(), None).await?;
@@ -308,14 +358,15 @@ impl Backend for EtcdBackend {
                         .or_else([TxnOp::get(key, None)]),
                 )
             });
-            let response = self
+            let attempted = self
                 .txn(Txn::new().and_then(nested.collect::<Vec<_>>()))
                 .await?;
-            for answer in response.op_responses() {
+            let answers = attempted.answer.op_responses();
+            for ((_, value), answer) in chunk.iter().zip(answers) {
                 let TxnOpResponse::Txn(inner) = answer else {
                     unreachable!("every operation is a transaction");
                 };
-                kept.push(match inner.succeeded() {
+                let found = match inner.succeeded() {
                     true => None,
                     false => Some(match inner.op_responses().first() {
                         Some(TxnOpResponse::Get(get)) => get
@@ -325,7 +376,10 @@ impl Backend for EtcdBackend {
                             .unwrap_or_default(),
                         _ => Vec::new(),
                     }),
-                });
+                };
+                // What a failed try put (it may have been applied) is this put's, not another's.
+                let ours = attempted.after_failure && found.as_ref() == Some(value);
+                kept.push(if ours { None } else { found });
             }
         }
         Ok(kept)

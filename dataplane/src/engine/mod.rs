@@ -238,7 +238,21 @@ impl Queue {
     /// `purge`; see [`QueueState::purge`]. It takes the lock once, for time proportional to
     /// what it removes: one record must say what went.
     pub fn purge(&self, scope: Scope) -> (usize, Receipt) {
-        self.lock().purge(scope, now_ms())
+        self.purge_each(&[scope])
+    }
+
+    /// Purges each of `scopes` under one hold of the lock, so that nothing moves from one to
+    /// another in between (a delay that ends, a visibility that passes) and escapes.
+    pub fn purge_each(&self, scopes: &[Scope]) -> (usize, Receipt) {
+        let now = now_ms();
+        let mut state = self.lock();
+        let (mut purged, mut receipt) = (0, Receipt::Done);
+        for &scope in scopes {
+            let (count, written) = state.purge(scope, now);
+            purged += count;
+            receipt = receipt.and(written);
+        }
+        (purged, receipt)
     }
 
     /// `redrive`: chooses what moves (see [`QueueState::redrive_selection`]), then moves it

@@ -289,10 +289,9 @@ fn set_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
 /// in flight to SQS receivers. Not the dead letter queue, which SQS keeps as a queue of its
 /// own, nor what WebSocket subscribers hold (their sessions hold it until they answer).
 async fn purge_queue(context: &Context<'_>) -> Result<Value, SqsError> {
-    for scope in [Scope::Waiting, Scope::Delayed, Scope::Received] {
-        let (_, receipt) = context.node.queue.purge(scope);
-        let _ = receipt.wait().await;
-    }
+    let scopes = [Scope::Waiting, Scope::Delayed, Scope::Received];
+    let (_, receipt) = context.node.queue.purge_each(&scopes);
+    let _ = receipt.wait().await;
     Ok(json!({}))
 }
 
@@ -312,7 +311,7 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
             "The request must contain a non-empty message body.",
         ));
     }
-    if !body.chars().all(allowed_in_body) {
+    if !body.chars().all(attributes::allowed_in_text) {
         return Err(SqsError::batch(
             "InvalidMessageContents",
             "InvalidMessageContents",
@@ -381,11 +380,6 @@ fn attributes_size(attributes: &Attributes) -> usize {
             name.len() + attribute.data_type.len() + value
         })
         .sum()
-}
-
-fn allowed_in_body(c: char) -> bool {
-    matches!(c, '\u{9}' | '\u{a}' | '\u{d}' | '\u{20}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}')
-        || c >= '\u{10000}'
 }
 
 /// Publishes a checked message; its id.

@@ -63,6 +63,16 @@ pub fn check(attributes: &Attributes) -> Result<(), String> {
                 "The message attribute '{name}' has an invalid type."
             ));
         }
+        let texts = [Some(&attribute.data_type), attribute.string_value.as_ref()];
+        if texts
+            .into_iter()
+            .flatten()
+            .any(|text| !text.chars().all(allowed_in_text))
+        {
+            return Err(format!(
+                "The message attribute '{name}' has characters outside those SQS allows."
+            ));
+        }
         if attribute.string_list_values.is_some() || attribute.binary_list_values.is_some() {
             return Err(format!(
                 "The message attribute '{name}' uses list values, which are reserved."
@@ -87,6 +97,13 @@ pub fn check(attributes: &Attributes) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The characters SQS allows in a message's body and in its attributes' text (those XML 1.0
+/// can carry): #x9, #xA, #xD, #x20–#xD7FF, #xE000–#xFFFD, #x10000–#x10FFFF.
+pub fn allowed_in_text(c: char) -> bool {
+    matches!(c, '\u{9}' | '\u{a}' | '\u{d}' | '\u{20}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}')
+        || c >= '\u{10000}'
 }
 
 /// AWS's rules for a name: up to 256 of `A-Za-z0-9_-.`, not starting or ending with `.`,

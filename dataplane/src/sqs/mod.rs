@@ -180,11 +180,12 @@ impl SqsError {
     }
 
     fn unknown_operation(target: &str) -> SqsError {
+        let shown: String = target.chars().take(64).collect();
         SqsError::new(
             StatusCode::BAD_REQUEST,
             "UnknownOperationException",
             "InvalidAction",
-            format!("The action {target} is not valid for this endpoint."),
+            format!("The action {shown} is not valid for this endpoint."),
         )
     }
 

@@ -31,6 +31,10 @@ const MAPS: [(&str, &str); 3] = [
     ("MessageSystemAttribute", "MessageSystemAttributes"),
 ];
 
+/// The most parameters a form has: a batch of ten messages with ten attributes each needs
+/// about 400.
+const MOST_PARAMETERS: usize = 1000;
+
 /// The most parts a parameter's name has: SQS's deepest is six
 /// (`SendMessageBatchRequestEntry.1.MessageAttribute.1.Value.StringValue`).
 const MOST_PARTS: usize = 8;
@@ -56,15 +60,47 @@ pub fn is_query(headers: &hyper::HeaderMap) -> bool {
 pub fn input(form: &[u8]) -> Result<(String, Value), SqsError> {
     let mut action = None;
     let mut tree = Tree::default();
-    for (name, value) in form_urlencoded::parse(form) {
-        match name.as_ref() {
-            "Action" => action = Some(value.into_owned()),
+    let pairs = form.split(|b| *b == b'&').filter(|pair| !pair.is_empty());
+    for (n, pair) in pairs.enumerate() {
+        // (Counted before anything is kept: a form of many tiny parameters would otherwise
+        // cost far more memory than its own size.)
+        if n == MOST_PARAMETERS {
+            return Err(SqsError::invalid_parameter(format!(
+                "A request has at most {MOST_PARAMETERS} parameters."
+            )));
+        }
+        let (name, value) = match pair.iter().position(|b| *b == b'=') {
+            Some(at) => (decoded(&pair[..at])?, decoded(&pair[at + 1..])?),
+            None => (decoded(pair)?, String::new()),
+        };
+        match name.as_str() {
+            "Action" if action.is_some() => return Err(malformed(&name)),
+            "Action" => action = Some(value),
             "Version" => {}
-            _ => tree.insert(&name, value.into_owned())?,
+            _ => tree.insert(&name, value)?,
         }
     }
     let action = action.ok_or(SqsError::missing_parameter("Action"))?;
     Ok((action, Value::Object(tree.into_json()?)))
+}
+
+/// A form's name or value: `+` is a space, `%XX` a byte, and the bytes must be UTF-8 (SQS
+/// refuses what is not, rather than replace it).
+fn decoded(encoded: &[u8]) -> Result<String, SqsError> {
+    let spaced: Vec<u8> = encoded
+        .iter()
+        .map(|b| if *b == b'+' { b' ' } else { *b })
+        .collect();
+    let bytes: Vec<u8> = percent_encoding::percent_decode(&spaced).collect();
+    String::from_utf8(bytes).map_err(|_| {
+        SqsError::invalid_parameter("A parameter's name or value is not UTF-8.".to_string())
+    })
+}
+
+/// A name that cannot be read as SQS's, shown at most 64 characters long.
+fn malformed(name: &str) -> SqsError {
+    let shown: String = name.chars().take(64).collect();
+    SqsError::invalid_parameter(format!("The parameter {shown} is malformed."))
 }
 
 /// The parameters as a tree: `A.1.B=x` is A → 1 → B → x.
@@ -78,9 +114,7 @@ enum Node {
 
 impl Tree {
     fn insert(&mut self, name: &str, value: String) -> Result<(), SqsError> {
-        let shown: String = name.chars().take(64).collect();
-        let malformed =
-            || SqsError::invalid_parameter(format!("The parameter {shown} is malformed."));
+        let malformed = || malformed(name);
         // (The tree is walked by recursion: its depth is bounded before it is built.)
         if name.split('.').count() > MOST_PARTS {
             return Err(malformed());
@@ -125,12 +159,13 @@ impl Tree {
                     (json.to_string(), Value::Object(entries.entries(&name)?))
                 }
                 (Node::Branch(inner), None, None) => (name, Value::Object(inner.into_json()?)),
-                (Node::Leaf(_), _, _) => {
-                    return Err(SqsError::invalid_parameter(format!(
-                        "The parameter {name} needs a number after it."
-                    )))
-                }
+                (Node::Leaf(_), _, _) => return Err(malformed(&name)),
             };
+            // Two names for one key (`AttributeName.1` and `AttributeNames`, or two kinds
+            // of batch entry) are refused, not one dropped.
+            if object.contains_key(&key) {
+                return Err(malformed(&key));
+            }
             object.insert(key, value);
         }
         Ok(object)
@@ -140,9 +175,9 @@ impl Tree {
     fn numbered(self, name: &str) -> Result<Vec<Value>, SqsError> {
         let mut items = Vec::with_capacity(self.0.len());
         for (index, node) in self.0 {
-            let index: u32 = index.parse().map_err(|_| {
-                SqsError::invalid_parameter(format!("{name}.{index} is not a numbered {name}."))
-            })?;
+            let index: u32 = index
+                .parse()
+                .map_err(|_| malformed(&format!("{name}.{index}")))?;
             let value = match node {
                 Node::Leaf(text) => Value::String(text),
                 Node::Branch(inner) => Value::Object(inner.into_json()?),
@@ -244,11 +279,15 @@ pub fn error(error: &SqsError) -> String {
 }
 
 /// Text as XML character data. A carriage return is written as a reference: a parser turns
-/// a bare one into a newline, and bodies must come back as they were sent.
+/// a bare one into a newline, and bodies must come back as they were sent. A character XML
+/// cannot carry at all (a control character in a message published over WebSocket, where
+/// the manual allows any) is written as U+FFFD: the reply stays readable, and its MD5OfBody,
+/// of the message as it is, tells an SDK that checks it that the body is not.
 fn escaped(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
+            c if !super::attributes::allowed_in_text(c) => out.push('\u{fffd}'),
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
@@ -303,6 +342,21 @@ mod tests {
     }
 
     #[test]
+    fn a_form_has_at_most_a_thousand_parameters() {
+        let form = |count: usize| {
+            let named = (1..count).map(|n| format!("&x{n}=1")).collect::<String>();
+            format!("Action=SendMessage{named}")
+        };
+        assert!(super::input(form(1000).as_bytes()).is_ok());
+        let refused = super::input(form(1001).as_bytes()).unwrap_err();
+        assert!(
+            refused.message.contains("at most 1000"),
+            "{}",
+            refused.message
+        );
+    }
+
+    #[test]
     fn a_malformed_form_is_refused_with_the_parameters_name() {
         for form in [
             "QueueUrl=x",
@@ -313,6 +367,14 @@ mod tests {
             "Action=SendMessage&MessageAttribute.1.Value.StringValue=v",
             "Action=SendMessage&a..b=1",
             &format!("Action=SendMessage&{}=1", vec!["a"; 100_000].join(".")),
+            &(0..1000).fold("Action=SendMessage".to_string(), |form, n| {
+                form + &format!("&x{n}=1")
+            }),
+            "Action=SendMessage&Action=GetQueueUrl",
+            "Action=SendMessage&MessageBody=%FF%FE",
+            "Action=ReceiveMessage&AttributeName.1=All&AttributeNames=All",
+            "Action=DeleteMessageBatch&DeleteMessageBatchRequestEntry.1.Id=a\
+             &SendMessageBatchRequestEntry.1.Id=b",
         ] {
             let refused = super::input(form.as_bytes()).unwrap_err();
             assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{form}");
@@ -340,6 +402,11 @@ mod tests {
         let xml = reply("DeleteMessageBatch", &batch);
         assert!(xml.contains("<BatchResultErrorEntry><Id>b</Id><SenderFault>true</SenderFault></BatchResultErrorEntry>\
             <DeleteMessageBatchResultEntry><Id>a</Id></DeleteMessageBatchResultEntry>"), "{xml}");
+        let xml = reply(
+            "ReceiveMessage",
+            &json!({"Messages": [{"Body": "a\u{1}b\u{0}"}]}),
+        );
+        assert!(xml.contains("<Body>a\u{fffd}b\u{fffd}</Body>"), "{xml}");
         let xml = reply("ReceiveMessage", &json!({}));
         assert!(
             xml.contains("<ReceiveMessageResult></ReceiveMessageResult>"),

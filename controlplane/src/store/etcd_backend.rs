@@ -463,6 +463,32 @@ async fn follow(client: Client, prefix: String, ours: String, changed: super::On
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_member_out_of_reach_is_worth_a_retry_and_a_refused_request_is_not() {
+        let status = |code, text| etcd_client::Error::GRpcStatus(tonic::Status::new(code, text));
+        use tonic::Code;
+        assert!(super::worth_retrying(&status(
+            Code::Unavailable,
+            "etcdserver: no leader"
+        )));
+        assert!(super::worth_retrying(&status(
+            Code::DeadlineExceeded,
+            "timed out"
+        )));
+        for refused in [
+            Code::InvalidArgument,
+            Code::OutOfRange,
+            Code::PermissionDenied,
+        ] {
+            assert!(
+                !super::worth_retrying(&status(refused, "refused")),
+                "{refused:?}"
+            );
+        }
+        let bad_arguments = etcd_client::Error::InvalidArgs("too many operations".into());
+        assert!(!super::worth_retrying(&bad_arguments));
+    }
+
+    #[test]
     fn a_key_twice_or_too_many_operations_start_a_new_transaction() {
         let entry = |key: &str| (key.to_string(), Vec::new());
         let entries = [entry("a"), entry("b"), entry("a"), entry("c")];

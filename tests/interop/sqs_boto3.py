@@ -7,11 +7,8 @@ that one queue serves both faces). Each check prints one `ok` line; any failure 
 of the kill -9 test (messages received, the node killed, then visible again with their counts).
 """
 
-import base64
-import hashlib
 import json
 import os
-import struct
 import subprocess
 import sys
 import threading
@@ -19,7 +16,8 @@ import time
 
 import boto3
 import botocore.config
-from botocore.exceptions import ClientError
+
+from sqs_common import attributes_md5, error_code, md5
 from websockets.sync.client import connect as websocket
 
 SETUP = json.loads(os.environ["QE_SQS"])
@@ -48,33 +46,6 @@ PUBLISHER = client("publisher")
 SUBSCRIBER = client("subscriber")
 QUEUE = SETUP.get("queue", "queue")
 URL = ADMIN.get_queue_url(QueueName=QUEUE)["QueueUrl"]
-
-
-def error_code(call):
-    try:
-        call()
-    except ClientError as error:
-        return error.response["Error"]["Code"]
-    raise AssertionError("the call succeeded")
-
-
-def md5(data):
-    return hashlib.md5(data).hexdigest()
-
-
-def attributes_md5(attributes):
-    """MD5OfMessageAttributes, computed here the way AWS documents it."""
-    def part(data):
-        return struct.pack(">I", len(data)) + data
-    out = b""
-    for name in sorted(attributes):
-        attribute = attributes[name]
-        out += part(name.encode()) + part(attribute["DataType"].encode())
-        if "StringValue" in attribute:
-            out += b"\x01" + part(attribute["StringValue"].encode())
-        else:
-            out += b"\x02" + part(attribute["BinaryValue"])
-    return md5(out)
 
 
 def receive(sqs=SUBSCRIBER, **arguments):

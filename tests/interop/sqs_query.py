@@ -5,15 +5,14 @@ started; the setup comes as JSON in QE_SQS, as for sqs_boto3.py. Each check prin
 line; any failure raises.
 """
 
-import hashlib
 import json
 import os
-import struct
 
 import boto3
 import botocore
 import botocore.config
-from botocore.exceptions import ClientError
+
+from sqs_common import attributes_md5, error_code, md5
 
 SETUP = json.loads(os.environ["QE_SQS"])
 
@@ -30,33 +29,6 @@ ADMIN, PUBLISHER, SUBSCRIBER = client("admin"), client("publisher"), client("sub
 
 def check(name):
     print(f"ok {name}", flush=True)
-
-
-def error_code(call):
-    try:
-        call()
-    except ClientError as error:
-        return error.response["Error"]["Code"]
-    raise AssertionError("the call succeeded")
-
-
-def md5(data):
-    return hashlib.md5(data).hexdigest()
-
-
-def attributes_md5(attributes):
-    """MD5OfMessageAttributes, computed here the way AWS documents it."""
-    def part(data):
-        return struct.pack(">I", len(data)) + data
-    out = b""
-    for name in sorted(attributes):
-        attribute = attributes[name]
-        out += part(name.encode()) + part(attribute["DataType"].encode())
-        if "StringValue" in attribute:
-            out += b"\x01" + part(attribute["StringValue"].encode())
-        else:
-            out += b"\x02" + part(attribute["BinaryValue"])
-    return md5(out)
 
 
 def receive(**arguments):

@@ -57,14 +57,19 @@ async fn admin_of(node: &Node) -> (Client, String) {
         resolve_to: None,
     };
     let admin = client(&endpoint, ADMIN.0, ADMIN.1);
-    let got = admin
+    let queue = queue_url(&admin).await;
+    (admin, queue)
+}
+
+/// The queue's URL, by GetQueueUrl.
+async fn queue_url(sqs: &Client) -> String {
+    let got = sqs
         .get_queue_url()
         .queue_name("queue")
         .send()
         .await
         .unwrap();
-    let queue = got.queue_url().unwrap().to_string();
-    (admin, queue)
+    got.queue_url().unwrap().to_string()
 }
 
 /// The node's SQS address, from its log.
@@ -139,13 +144,7 @@ async fn the_rust_sdk_drives_every_action() {
     let subscriber = client(&endpoint, SUBSCRIBER.0, SUBSCRIBER.1);
 
     // GetQueueUrl and ListQueues; another queue's name is the SDK's QueueDoesNotExist.
-    let got = admin
-        .get_queue_url()
-        .queue_name("queue")
-        .send()
-        .await
-        .unwrap();
-    let queue = got.queue_url().unwrap().to_string();
+    let queue = queue_url(&admin).await;
     assert!(queue.ends_with("/queue"), "{queue}");
     let listed = admin.list_queues().send().await.unwrap();
     assert_eq!(listed.queue_urls(), std::slice::from_ref(&queue));

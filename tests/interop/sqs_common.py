@@ -1,0 +1,36 @@
+"""What the SQS scripts (sqs_boto3.py, sqs_query.py) share: an error's code, and the digests
+AWS documents, computed here to check the node's. Standard library and botocore only: the
+query protocol's script runs in a venv of an old boto3 without the other test packages."""
+
+import hashlib
+import struct
+
+from botocore.exceptions import ClientError
+
+
+def error_code(call):
+    """The code of the error `call` raises (it must raise one)."""
+    try:
+        call()
+    except ClientError as error:
+        return error.response["Error"]["Code"]
+    raise AssertionError("the call succeeded")
+
+
+def md5(data):
+    return hashlib.md5(data).hexdigest()
+
+
+def attributes_md5(attributes):
+    """MD5OfMessageAttributes, computed here the way AWS documents it."""
+    def part(data):
+        return struct.pack(">I", len(data)) + data
+    out = b""
+    for name in sorted(attributes):
+        attribute = attributes[name]
+        out += part(name.encode()) + part(attribute["DataType"].encode())
+        if "StringValue" in attribute:
+            out += b"\x01" + part(attribute["StringValue"].encode())
+        else:
+            out += b"\x02" + part(attribute["BinaryValue"])
+    return md5(out)

@@ -927,32 +927,22 @@ impl QueueState {
             debug_assert!(self.skipped.is_empty());
             self.waiting_count = 0;
         }
-        if scope == Scope::Delayed {
-            for (_, id) in std::mem::take(&mut self.delayed) {
-                let entry = self
-                    .messages
-                    .remove(&id)
-                    .expect("a delayed message is queued");
-                if entry.expires_ms != 0 {
-                    self.expiring.remove(&(entry.expires_ms, id));
-                }
-                forget(&entry.message);
-                gone.push(id);
+        // Delayed and received messages are both kept by time: each scope empties its set.
+        let timed = match scope {
+            Scope::Delayed => std::mem::take(&mut self.delayed),
+            Scope::Received => std::mem::take(&mut self.invisible),
+            _ => BTreeSet::new(),
+        };
+        for (_, id) in timed {
+            let entry = self
+                .messages
+                .remove(&id)
+                .expect("a delayed or received message is queued");
+            if entry.expires_ms != 0 {
+                self.expiring.remove(&(entry.expires_ms, id));
             }
-        }
-        if scope == Scope::Received {
-            for (_, id) in std::mem::take(&mut self.invisible) {
-                let entry = self
-                    .messages
-                    .remove(&id)
-                    .expect("a received message is queued");
-                debug_assert!(matches!(entry.place, Place::Received { .. }));
-                if entry.expires_ms != 0 {
-                    self.expiring.remove(&(entry.expires_ms, id));
-                }
-                forget(&entry.message);
-                gone.push(id);
-            }
+            forget(&entry.message);
+            gone.push(id);
         }
         if scope == Scope::All {
             self.waiting.clear();

@@ -1,9 +1,8 @@
 //! The SQS face (docs/sqs.md): each node serves its queue to Amazon SQS's SDKs on a port of
 //! its own, HTTPS with the queue's certificate (plain HTTP with `--plaintext`), in the AWS
 //! JSON 1.0 protocol (`X-Amz-Target: AmazonSQS.*`) and the query protocol older SDKs speak
-//! (`query`). Every request is signed (SigV4, `sigv4`)
-//! with one of the queue's SQS access keys, whose role decides what it may do, as the
-//! WebSocket logins' roles do. Messages are the queue's own: one sent here reaches a
+//! (`query`). Every request is signed (SigV4, `sigv4`) with one of the queue's SQS access
+//! keys, whose role decides what it may do, as the WebSocket logins' roles do. Messages are the queue's own: one sent here reaches a
 //! WebSocket subscriber, and a receive here takes what no subscriber holds (`actions`).
 //!
 //! A request's path: [`Sqs::serve`] reads it (bounded), [`Sqs::read_and_handle`] checks its
@@ -113,12 +112,12 @@ impl SqsError {
     }
 
     pub fn receipt_handle_invalid(handle: &str) -> SqsError {
-        let shown: String = handle.chars().take(64).collect();
+        let handle = shown(handle);
         SqsError::new(
             StatusCode::BAD_REQUEST,
             "ReceiptHandleIsInvalid",
             "ReceiptHandleIsInvalid",
-            format!("The input receipt handle \"{shown}\" is not a valid receipt handle."),
+            format!("The input receipt handle \"{handle}\" is not a valid receipt handle."),
         )
     }
 
@@ -180,12 +179,14 @@ impl SqsError {
     }
 
     fn unknown_operation(target: &str) -> SqsError {
-        let shown: String = target.chars().take(64).collect();
         SqsError::new(
             StatusCode::BAD_REQUEST,
             "UnknownOperationException",
             "InvalidAction",
-            format!("The action {shown} is not valid for this endpoint."),
+            format!(
+                "The action {} is not valid for this endpoint.",
+                shown(target)
+            ),
         )
     }
 
@@ -220,6 +221,12 @@ impl SqsError {
         }
         response
     }
+}
+
+/// What a client sent, as an error quotes it: at most 64 characters (a refusal is no echo
+/// of a whole request).
+fn shown(text: &str) -> String {
+    text.chars().take(64).collect()
 }
 
 /// The SQS face of one node. Its keys are the node's (beside its logins).

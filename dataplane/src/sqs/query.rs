@@ -10,6 +10,7 @@
 use super::SqsError;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
+use std::fmt::Write;
 
 /// AWS's namespace for SQS's XML.
 const XMLNS: &str = "http://queue.amazonaws.com/doc/2012-11-05/";
@@ -97,10 +98,10 @@ fn decoded(encoded: &[u8]) -> Result<String, SqsError> {
     })
 }
 
-/// A name that cannot be read as SQS's, shown at most 64 characters long.
+/// A name that cannot be read as SQS's.
 fn malformed(name: &str) -> SqsError {
-    let shown: String = name.chars().take(64).collect();
-    SqsError::invalid_parameter(format!("The parameter {shown} is malformed."))
+    let name = super::shown(name);
+    SqsError::invalid_parameter(format!("The parameter {name} is malformed."))
 }
 
 /// The parameters as a tree: `A.1.B=x` is A → 1 → B → x.
@@ -237,22 +238,30 @@ fn element(action: &str, name: &str, value: &Value, out: &mut String) {
         ("Attributes" | "MessageAttributes", Value::Object(entries)) => {
             let entry = name.trim_end_matches('s');
             for (key, value) in entries {
-                out.push_str(&format!("<{entry}><Name>{}</Name>", escaped(key)));
+                let _ = write!(out, "<{entry}><Name>");
+                push_escaped(out, key);
+                out.push_str("</Name>");
                 element(action, "Value", value, out);
-                out.push_str(&format!("</{entry}>"));
+                let _ = write!(out, "</{entry}>");
             }
         }
         (_, Value::Object(fields)) => {
-            out.push_str(&format!("<{name}>"));
+            let _ = write!(out, "<{name}>");
             for (inner, value) in fields {
                 element(action, inner, value, out);
             }
-            out.push_str(&format!("</{name}>"));
+            let _ = write!(out, "</{name}>");
         }
         (_, Value::Array(items)) => each(name, items, action, out),
         (_, Value::Null) => {}
-        (_, Value::String(text)) => out.push_str(&format!("<{name}>{}</{name}>", escaped(text))),
-        (_, scalar) => out.push_str(&format!("<{name}>{scalar}</{name}>")),
+        (_, Value::String(text)) => {
+            let _ = write!(out, "<{name}>");
+            push_escaped(out, text);
+            let _ = write!(out, "</{name}>");
+        }
+        (_, scalar) => {
+            let _ = write!(out, "<{name}>{scalar}</{name}>");
+        }
     }
 }
 
@@ -268,23 +277,26 @@ pub fn error(error: &SqsError) -> String {
         true => "Receiver",
         false => "Sender",
     };
-    format!(
-        "<?xml version=\"1.0\"?><ErrorResponse xmlns=\"{XMLNS}\"><Error><Type>{kind}</Type>\
-         <Code>{}</Code><Message>{}</Message><Detail/></Error><RequestId>{}</RequestId>\
-         </ErrorResponse>",
-        escaped(error.code),
-        escaped(&error.message),
+    let mut out = format!(
+        "<?xml version=\"1.0\"?><ErrorResponse xmlns=\"{XMLNS}\"><Error><Type>{kind}</Type><Code>"
+    );
+    push_escaped(&mut out, error.code);
+    out.push_str("</Code><Message>");
+    push_escaped(&mut out, &error.message);
+    let _ = write!(
+        out,
+        "</Message><Detail/></Error><RequestId>{}</RequestId></ErrorResponse>",
         request_id()
-    )
+    );
+    out
 }
 
-/// Text as XML character data. A carriage return is written as a reference: a parser turns
+/// Appends text as XML character data. A carriage return is written as a reference: a parser turns
 /// a bare one into a newline, and bodies must come back as they were sent. A character XML
 /// cannot carry at all (a control character in a message published over WebSocket, where
 /// the manual allows any) is written as U+FFFD: the reply stays readable, and its MD5OfBody,
 /// of the message as it is, tells an SDK that checks it that the body is not.
-fn escaped(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
+fn push_escaped(out: &mut String, text: &str) {
     for c in text.chars() {
         match c {
             c if !super::attributes::allowed_in_text(c) => out.push('\u{fffd}'),
@@ -296,7 +308,6 @@ fn escaped(text: &str) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 /// A request id as AWS's look (a UUID).

@@ -118,6 +118,20 @@ function copyButton(label, text, shown = "Copy") {
   return button;
 }
 
+/** A button (`id`, `label`) that opens the form `makeForm()` in `slot`, focused on its first
+ * select, and closes it again. */
+function formToggle(id, label, slot, makeForm) {
+  const button = h("button", { type: "button", class: "primary", id, "aria-expanded": "false",
+    "aria-controls": slot.id }, label);
+  button.addEventListener("click", () => {
+    const open = button.getAttribute("aria-expanded") === "true";
+    button.setAttribute("aria-expanded", String(!open));
+    slot.replaceChildren(...(open ? [] : [makeForm()]));
+    if (!open) slot.querySelector("select").focus();
+  });
+  return button;
+}
+
 /** A modal question; resolves true when confirmed. */
 function confirmDialog(title, text, confirmLabel) {
   return new Promise((resolve) => {
@@ -249,17 +263,8 @@ function renderList() {
   const logins = h("div", { id: "logins-slot" });
   const createSlot = h("div", { id: "create-slot" });
   const newButton = canChange()
-    ? h("button", { type: "button", class: "primary", id: "new-queue", "aria-expanded": "false",
-      "aria-controls": "create-slot" }, "New queue")
+    ? formToggle("new-queue", "New queue", createSlot, () => createForm(created))
     : null;
-  if (newButton) {
-    newButton.addEventListener("click", () => {
-      const open = newButton.getAttribute("aria-expanded") === "true";
-      newButton.setAttribute("aria-expanded", String(!open));
-      createSlot.replaceChildren(...(open ? [] : [createForm(created)]));
-      if (!open) createSlot.querySelector("select").focus();
-    });
-  }
 
   function cell(queue, key, label) {
     const live = queue.live;
@@ -1093,17 +1098,8 @@ function sqsKeys(id, tab, panel, load, notFound) {
   const empty = h("p", { id: "no-sqs-keys", class: "muted", hidden: true }, "No SQS keys yet.");
   const examples = h("div", { id: "sqs-examples" });
   const newButton = canChange()
-    ? h("button", { type: "button", class: "primary", id: "new-sqs-key", "aria-expanded": "false",
-      "aria-controls": "sqs-key-slot" }, "New key")
+    ? formToggle("new-sqs-key", "New key", keySlot, () => sqsKeyForm(id, made))
     : null;
-  if (newButton) {
-    newButton.addEventListener("click", () => {
-      const open = newButton.getAttribute("aria-expanded") === "true";
-      newButton.setAttribute("aria-expanded", String(!open));
-      keySlot.replaceChildren(...(open ? [] : [sqsKeyForm(id, made)]));
-      if (!open) keySlot.querySelector("select").focus();
-    });
-  }
   const say = (parts, failed) => {
     outcome.replaceChildren(...[parts].flat(Infinity));
     outcome.classList.toggle("error", Boolean(failed));

@@ -17,7 +17,7 @@ import time
 import boto3
 import botocore.config
 
-from sqs_common import attributes_md5, error_code, md5
+from sqs_common import attributes_md5, error_code, md5, send_partial_batch
 from websockets.sync.client import connect as websocket
 
 SETUP = json.loads(os.environ["QE_SQS"])
@@ -231,21 +231,7 @@ def max_receive_count_moves_the_message_to_the_dead_letter_queue():
 
 def batches_succeed_and_fail_entry_by_entry():
     drain()
-    result = PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
-        {"Id": "a", "MessageBody": "first",
-         "MessageAttributes": {"n": {"DataType": "Number", "StringValue": "1"}}},
-        {"Id": "b", "MessageBody": "too late", "DelaySeconds": 901},
-        {"Id": "c", "MessageBody": "third"},
-    ])
-    assert sorted(s["Id"] for s in result["Successful"]) == ["a", "c"], result
-    a = next(s for s in result["Successful"] if s["Id"] == "a")
-    assert a["MD5OfMessageBody"] == md5(b"first")
-    assert a["MD5OfMessageAttributes"] == attributes_md5({"n": {"DataType": "Number", "StringValue": "1"}})
-    assert result["Failed"] == [{"Id": "b", "SenderFault": True, "Code": "InvalidParameterValue",
-                                 "Message": result["Failed"][0]["Message"]}], result
-    assert error_code(lambda: PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
-        {"Id": "same", "MessageBody": "x"}, {"Id": "same", "MessageBody": "y"}])) == \
-        "AWS.SimpleQueueService.BatchEntryIdsNotDistinct"
+    send_partial_batch(PUBLISHER, URL)
     assert error_code(lambda: PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
         {"Id": f"e{n}", "MessageBody": "x"} for n in range(11)])) == \
         "AWS.SimpleQueueService.TooManyEntriesInBatchRequest"

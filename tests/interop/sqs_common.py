@@ -34,3 +34,23 @@ def attributes_md5(attributes):
         else:
             out += b"\x02" + part(attribute["BinaryValue"])
     return md5(out)
+
+
+def send_partial_batch(publisher, url):
+    """A batch of three whose middle entry fails (DelaySeconds past 900): the other two are
+    sent, with AWS's digests, and the failure says why; a batch with an id twice is refused."""
+    result = publisher.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": "a", "MessageBody": "first",
+         "MessageAttributes": {"n": {"DataType": "Number", "StringValue": "1"}}},
+        {"Id": "b", "MessageBody": "too late", "DelaySeconds": 901},
+        {"Id": "c", "MessageBody": "third"},
+    ])
+    assert sorted(s["Id"] for s in result["Successful"]) == ["a", "c"], result
+    a = next(s for s in result["Successful"] if s["Id"] == "a")
+    assert a["MD5OfMessageBody"] == md5(b"first")
+    assert a["MD5OfMessageAttributes"] == attributes_md5({"n": {"DataType": "Number", "StringValue": "1"}})
+    assert result["Failed"] == [{"Id": "b", "SenderFault": True, "Code": "InvalidParameterValue",
+                                 "Message": result["Failed"][0]["Message"]}], result
+    assert error_code(lambda: publisher.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": "same", "MessageBody": "x"}, {"Id": "same", "MessageBody": "y"}])) == \
+        "AWS.SimpleQueueService.BatchEntryIdsNotDistinct"

@@ -12,7 +12,7 @@ import boto3
 import botocore
 import botocore.config
 
-from sqs_common import attributes_md5, error_code, md5
+from sqs_common import attributes_md5, error_code, md5, send_partial_batch
 
 SETUP = json.loads(os.environ["QE_SQS"])
 
@@ -81,21 +81,7 @@ assert error_code(lambda: SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=
     "ReceiptHandleIsInvalid"
 check("ChangeMessageVisibility, DeleteMessage, and their refusals")
 
-batch = PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
-    {"Id": "a", "MessageBody": "first",
-     "MessageAttributes": {"n": {"DataType": "Number", "StringValue": "1"}}},
-    {"Id": "b", "MessageBody": "too late", "DelaySeconds": 901},
-    {"Id": "c", "MessageBody": "third"},
-])
-assert sorted(s["Id"] for s in batch["Successful"]) == ["a", "c"], batch
-a = next(s for s in batch["Successful"] if s["Id"] == "a")
-assert a["MD5OfMessageBody"] == md5(b"first")
-assert a["MD5OfMessageAttributes"] == attributes_md5({"n": {"DataType": "Number", "StringValue": "1"}})
-[failed] = batch["Failed"]
-assert (failed["Id"], failed["SenderFault"], failed["Code"]) == ("b", True, "InvalidParameterValue"), failed
-assert error_code(lambda: PUBLISHER.send_message_batch(QueueUrl=URL, Entries=[
-    {"Id": "same", "MessageBody": "x"}, {"Id": "same", "MessageBody": "y"}])) == \
-    "AWS.SimpleQueueService.BatchEntryIdsNotDistinct"
+send_partial_batch(PUBLISHER, URL)
 got = receive(WaitTimeSeconds=5)
 assert sorted(m["Body"] for m in got) == ["first", "third"], got
 deleted = SUBSCRIBER.delete_message_batch(QueueUrl=URL, Entries=[

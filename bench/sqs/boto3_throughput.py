@@ -64,7 +64,9 @@ def receive_and_delete(sqs, count):
     seen = []
     idle = 0
     while len(seen) < count and idle < 3:
-        messages = sqs.receive_message(QueueUrl=URL, MaxNumberOfMessages=10,
+        # No more than its share: a thread that took another's would leave that one
+        # long-polling an empty queue inside the timing.
+        messages = sqs.receive_message(QueueUrl=URL, MaxNumberOfMessages=min(10, count - len(seen)),
                                        VisibilityTimeout=300, WaitTimeSeconds=1).get("Messages", [])
         if not messages:
             idle += 1

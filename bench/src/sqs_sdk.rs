@@ -129,7 +129,9 @@ async fn receive_and_delete(client: &Client, url: &str, count: usize) -> Vec<Str
         let received = client
             .receive_message()
             .queue_url(url)
-            .max_number_of_messages(10)
+            // No more than its share: a task that took another's would leave that one
+            // long-polling an empty queue inside the timing.
+            .max_number_of_messages((count - seen.len()).min(10) as i32)
             .visibility_timeout(300)
             .wait_time_seconds(1)
             .send()

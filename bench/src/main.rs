@@ -26,6 +26,9 @@
 //! - `bench live-metrics`: a control plane holding 1,000 queues (restored from a generated
 //!   backup) and the live reports of their nodes: its CPU per report and the `/metrics`
 //!   scrape's size and cost.
+//! - `bench stalls`: many 5-second runs of 16 publishers with one durability-2 (then 1)
+//!   publish in flight each, on one long-lived node, new connections each run: rates against
+//!   their median, the worst publish reply, the log's writer and syncer latencies.
 //! - `bench sqs-sdk`: SQS throughput through Amazon's Rust SDK against a node's SQS face
 //!   (scripts/bench-sqs runs it beside boto3's). See docs/sqs.md.
 
@@ -37,6 +40,7 @@ mod live_metrics;
 mod node;
 mod peers;
 mod sqs_sdk;
+mod stalls;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -167,6 +171,10 @@ enum Command {
     /// SQS throughput through Amazon's Rust SDK against a node's SQS face (QE_SQS names it;
     /// scripts/bench-sqs starts the node).
     SqsSdk(sqs_sdk::Settings),
+    /// Many short runs of publishers with one durable publish in flight each against one
+    /// long-lived node: each run's rate, worst publish reply and the log's writer and syncer
+    /// latencies (a lost wake-up shows as a collapsed run).
+    Stalls(stalls::Settings),
     /// The WebSocket echo server of `bench peers`' echo limit (started by it).
     #[command(hide = true)]
     EchoServer {
@@ -292,6 +300,7 @@ async fn main() {
         | Command::SqsSdk(_) => {
             unreachable!("run above")
         }
+        Command::Stalls(settings) => stalls::stalls(&config, &settings).await,
         Command::Recovery { messages } => workload::recovery(&config, messages).await,
         Command::Bulk { messages } => bulk::bulk(&config, messages).await,
         Command::Connections {

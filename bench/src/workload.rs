@@ -252,13 +252,13 @@ async fn publisher(plan: PublishPlan, until: Until, in_flight_budget: Arc<Semaph
 
 /// What a subscriber received.
 #[derive(Default)]
-struct Received {
-    ids: Vec<String>,
+pub(crate) struct Received {
+    pub(crate) ids: Vec<String>,
     /// Publish → delivery, in ns.
     delivery_ns: Vec<u64>,
 }
 
-async fn subscriber(
+pub(crate) async fn subscriber(
     wire: Wire,
     url: String,
     epoch: Instant,
@@ -487,6 +487,34 @@ pub(crate) fn check_exactly_once<Id: Ord>(published: &mut [Id], received: &mut [
         "published {} ids, received {}",
         published.len(),
         received.len()
+    );
+}
+
+/// Every id a publisher was given reached a subscriber exactly once, and at most `unanswered`
+/// more ids (publishes whose reply never came) reached one.
+pub(crate) fn check_contains_once(
+    published: &mut [String],
+    received: &mut [String],
+    unanswered: usize,
+) {
+    published.sort_unstable();
+    received.sort_unstable();
+    assert!(
+        received.windows(2).all(|w| w[0] != w[1]),
+        "a message was delivered twice"
+    );
+    let missing = published
+        .iter()
+        .filter(|id| received.binary_search(id).is_err())
+        .count();
+    assert_eq!(
+        missing, 0,
+        "{missing} answered publishes were never delivered"
+    );
+    let extra = received.len() - published.len();
+    assert!(
+        extra <= unanswered,
+        "{extra} deliveries of messages nobody published"
     );
 }
 

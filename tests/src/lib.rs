@@ -304,6 +304,17 @@ impl Node {
 
     /// A node on an existing data directory.
     pub fn start_in(data_dir: tempfile::TempDir, extra: &[&str]) -> Node {
+        Node::launch(data_dir, extra, None)
+    }
+
+    /// A node whose every thread runs on CPU `cpu` (`taskset`), as on a one-core machine:
+    /// its runtime has one worker, and the log's threads take turns with it, so the kernel
+    /// switches between them at every lock they share.
+    pub fn start_on_cpu(cpu: usize) -> Node {
+        Node::launch(tempfile::tempdir().unwrap(), &[], Some(cpu))
+    }
+
+    fn launch(data_dir: tempfile::TempDir, extra: &[&str], cpu: Option<usize>) -> Node {
         let login = |(name, password): (&str, &str)| format!("{name}:{password}");
         // Plain ws:// unless the test gives a certificate.
         let transport = match extra.contains(&"--tls-cert") {
@@ -314,7 +325,17 @@ impl Node {
             true => None,
             false => Some(["--listen", "127.0.0.1:0"]),
         };
-        let mut child = Command::new(dataplane_binary())
+        let mut command = match cpu {
+            Some(cpu) => {
+                let mut taskset = Command::new("taskset");
+                taskset
+                    .args(["-c", &cpu.to_string()])
+                    .arg(dataplane_binary());
+                taskset
+            }
+            None => Command::new(dataplane_binary()),
+        };
+        let mut child = command
             .args(listen.into_iter().flatten())
             .arg("--data-dir")
             .arg(data_dir.path())

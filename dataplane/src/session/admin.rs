@@ -14,6 +14,10 @@
 //!
 //! Both wait for the durability their messages need, as `delmsg` does: 507 (with the count)
 //! if it cannot be reached; the change was made.
+//!
+//! `{"cmd":"getlogrounds"}` tells how long the message log's writes and syncs have taken
+//! since start, for the bench: `{"status":"Success.","write":[..],"sync":[..]}`, where the
+//! k-th count is of rounds under 2^k microseconds (the last also counts longer ones).
 
 use super::publisher::Publisher;
 use super::request::{self, whole_number, Fields, Parsed};
@@ -56,7 +60,8 @@ pub struct Admin {
 }
 
 /// What a read-only console login may use: the commands that change nothing.
-const READ_COMMANDS: [&str; 8] = [
+const READ_COMMANDS: [&str; 9] = [
+    "getlogrounds",
     "getmsgs",
     "getmsg",
     "getdlqmsgs",
@@ -126,10 +131,19 @@ impl Admin {
             "purge" => self.purge(&fields),
             "redrive" => self.redrive(&fields),
             "getcfg" => Response::reply(self.config()),
+            "getlogrounds" => Response::reply(self.log_rounds()),
             "setcfg" => Response::reply(self.set_config(&fields)),
             _ => Response::reply(Reply::failure(Code::InvalidCommand)),
         };
         response.context(context)
+    }
+
+    /// `getlogrounds`: the log's writes and syncs by how long they took.
+    fn log_rounds(&self) -> Reply {
+        let rounds = self.node.storage.rounds();
+        Reply::success()
+            .with("write", rounds.write.counts().to_vec())
+            .with("sync", rounds.sync.counts().to_vec())
     }
 
     /// `getlivestats`, and `subscribe` to have it pushed.

@@ -26,6 +26,10 @@ pub(super) struct Files {
     directory_unsynced: bool,
     /// When the oldest written-but-unsynced data was written.
     pub unsynced_since: Option<Instant>,
+    /// Every record ending at or before this LSN is written to a file in `unsynced`, or is
+    /// synced already. It moves with `unsynced`, under this lock, in the same hold as the
+    /// write: a sync that takes `unsynced` answers exactly up to here (see the log's notes).
+    written: u64,
     /// Chunks whose write failed, written before anything newer.
     retry: Vec<Chunk>,
     /// When to retry `retry` if no new record comes first.
@@ -40,12 +44,15 @@ pub(super) struct Current {
 }
 
 impl Files {
-    /// Takes the files to sync, and whether the directory must be synced too; the caller
-    /// syncs them and reports up to what it synced.
-    pub fn take_unsynced(&mut self) -> (Vec<Arc<File>>, bool) {
+    /// Takes what a sync must make safe: once its files (and the directory, if asked) are
+    /// synced, every record up to its `written` is.
+    pub fn take_unsynced(&mut self) -> Unsynced {
         self.unsynced_since = None;
-        let directory = std::mem::take(&mut self.directory_unsynced);
-        (std::mem::take(&mut self.unsynced), directory)
+        Unsynced {
+            files: std::mem::take(&mut self.unsynced),
+            directory: std::mem::take(&mut self.directory_unsynced),
+            written: self.written,
+        }
     }
 
     pub fn has_failed_writes(&self) -> bool {
@@ -55,6 +62,23 @@ impl Files {
     /// Bytes of the chunks kept for a retry.
     fn retry_bytes(&self) -> u64 {
         self.retry.iter().map(|c| c.bytes.len() as u64).sum()
+    }
+}
+
+/// What one sync must make safe, taken from [`Files`] in one hold of its lock.
+pub(super) struct Unsynced {
+    pub files: Vec<Arc<File>>,
+    /// A segment file was made: its name is synced too.
+    pub directory: bool,
+    /// The LSN up to which everything is safe once these are synced. With no file and no
+    /// directory to sync, everything up to it is safe already: an earlier sync (on the same
+    /// thread, finished) took its files.
+    pub written: u64,
+}
+
+impl Unsynced {
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && !self.directory
     }
 }
 
@@ -69,7 +93,7 @@ impl Shared {
     /// durability-2 change asks for a sync once it is written.
     pub(super) fn write_pending(&self) {
         let mut files = self.files.lock().expect("never poisoned");
-        let (mut chunks, end, wants_sync) = {
+        let (mut chunks, end, wants_sync, since) = {
             let mut state = self.lock();
             if self.is_broken() {
                 // After a failed sync nothing more is written; the records are not needed
@@ -85,6 +109,7 @@ impl Shared {
                 chunks,
                 state.appended,
                 std::mem::take(&mut state.sync_wanted),
+                state.pending_since.take(),
             )
         };
         let mut batch = std::mem::take(&mut files.retry);
@@ -108,6 +133,9 @@ impl Shared {
             }
         }
         self.reuse(written);
+        if let Some(since) = since {
+            self.rounds.write.add(since.elapsed());
+        }
         files.retry_at = None;
         self.unwritten.store(0, Ordering::Relaxed);
         if retrying {
@@ -115,7 +143,14 @@ impl Shared {
         }
         let unsynced_began = files.unsynced_since.is_none();
         files.unsynced_since.get_or_insert_with(Instant::now);
+        // With the files it is written to, under the same hold: whichever sync takes them
+        // answers these records, even one that runs before the write is announced below.
+        files.written = files.written.max(end);
         drop(files);
+        #[cfg(test)]
+        if let Some(hook) = &*self.after_write.lock().expect("never poisoned") {
+            hook();
+        }
         self.progress
             .send_modify(|p| p.written = p.written.max(end));
         if wants_sync {

@@ -18,6 +18,29 @@
 //! the oldest segment are dropped with it: what they removed was in that segment or in an
 //! older one, already gone, since a segment is only ever removed after every older one.
 //!
+//! Why no wake-up is lost between the queue, the writer, the syncer and a waiting reply (each
+//! handoff is a flag or a position changed under the lock its waiter checks before sleeping):
+//! - Records → writer: `record` appends under the state lock and wakes the writer if it
+//!   found `writer_idle`; the writer sets `writer_idle` and waits on `records` in the same
+//!   hold of that lock in which it found nothing pending (a condvar's wait lets the lock go
+//!   only once it is waiting), so a record appended after its look finds the flag and wakes it.
+//! - Writer → syncer: `sync_requested` (and `unsynced_began`, `compaction_due`) are set under
+//!   the state lock before the syncer is woken, and the syncer looks at them under that lock
+//!   before it waits.
+//! - What a sync answers: the LSN up to which records are written is kept with the list of
+//!   files written since the last sync, under the files' lock, and moves in the same hold as
+//!   the write (`Files::written`); a sync takes both in one hold (`take_unsynced`). So a sync
+//!   answers every record in the files it synced, and a sync that finds no file answers
+//!   everything written (an earlier sync on the same thread took, and synced, its files).
+//!   Issue 27 was this handoff: the syncer read how far the log was written from the
+//!   *announced* progress, which the writer sends after it lets go of the files; a sync that
+//!   ran in between synced a batch's file but answered only up to the batch before, and the
+//!   batch's own sync request then found no file and answered nothing, so its durability-2
+//!   publishes waited for the next unrelated write (seconds, or for ever on a quiet queue).
+//! - Log → reply: a [`Ticket`] waits on the `progress` watch, whose `wait_for` looks at the
+//!   current value before it sleeps, and every move of `written`, `synced`,
+//!   `failed_through` and `broken` is sent through it, which wakes every waiter.
+//!
 //! When the disk fails:
 //! - A failed `write` keeps its records in memory and tries them again (every 200 ms, or with
 //!   the next records); their receipts answer 507 meanwhile. The bytes kept count against
@@ -33,6 +56,7 @@ mod files;
 mod index;
 pub mod record;
 mod recovery;
+pub mod rounds;
 mod spare;
 mod syncer;
 mod writer;
@@ -48,6 +72,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Instant;
 use tokio::sync::watch;
 
 /// How far the writer has got, in LSNs (bytes appended since start).
@@ -100,14 +125,16 @@ struct State {
     /// Buffers of written chunks, for new chunks: a fresh 64 KiB buffer for every write cost
     /// a page fault per 4 KiB once the allocator had given the last one back.
     free_buffers: Vec<Vec<u8>>,
+    /// When the first record of `pending` was appended (the write round's start).
+    pending_since: Option<Instant>,
     /// The LSN at the end of `pending`.
     appended: u64,
     /// `pending` holds a durability-2 change: the write that takes it asks for a sync.
     sync_wanted: bool,
     /// The writer thread waits for records (and wants to be woken for them).
     writer_idle: bool,
-    /// A sync is asked for.
-    sync_requested: bool,
+    /// A sync is asked for, since when (the sync round's start).
+    sync_requested: Option<Instant>,
     /// A segment filled up since the syncer last looked: time to consider compacting.
     compaction_due: bool,
     /// Written data became unsynced, maybe while the syncer slept with no sync due: it looks
@@ -139,6 +166,7 @@ impl State {
             self.index.grew(self.active, 0);
         }
         let segment = self.active;
+        self.pending_since.get_or_insert_with(Instant::now);
         if self
             .pending
             .last()
@@ -181,6 +209,12 @@ struct Shared {
     /// Bytes written to and read from segment files since start (usage records).
     bytes_written: AtomicU64,
     bytes_read: AtomicU64,
+    /// How long writes and syncs take.
+    rounds: rounds::Rounds,
+    /// Tests only: run by a write of records once it has let go of the files and before it
+    /// says how far it wrote, so a test can put a sync in between (see `files`).
+    #[cfg(test)]
+    after_write: Mutex<Option<Box<dyn Fn() + Send>>>,
 }
 
 impl Shared {
@@ -203,8 +237,8 @@ impl Shared {
     /// Asks for a sync of everything written so far; one wake however many ask.
     fn request_sync(&self) {
         let mut state = self.lock();
-        if !state.sync_requested {
-            state.sync_requested = true;
+        if state.sync_requested.is_none() {
+            state.sync_requested = Some(Instant::now());
             drop(state);
             self.wake_syncer();
         }
@@ -288,6 +322,11 @@ impl StorageMeter {
         let state = self.shared.lock();
         state.index.segments.values().map(|s| s.bytes).sum()
     }
+
+    /// Writes and syncs since start, by how long they took (see [`rounds`]).
+    pub fn rounds(&self) -> &rounds::Rounds {
+        &self.shared.rounds
+    }
 }
 
 /// The log, as the queue's [`Store`].
@@ -310,10 +349,11 @@ impl LogStore {
         let state = State {
             pending: Vec::new(),
             free_buffers: Vec::new(),
+            pending_since: None,
             appended: 0,
             sync_wanted: false,
             writer_idle: false,
-            sync_requested: false,
+            sync_requested: None,
             compaction_due: false,
             unsynced_began: false,
             index,
@@ -334,6 +374,9 @@ impl LogStore {
             spares,
             bytes_written: AtomicU64::new(0),
             bytes_read: AtomicU64::new(scan.bytes_read),
+            rounds: rounds::Rounds::default(),
+            #[cfg(test)]
+            after_write: Mutex::new(None),
         });
         let writer = writer::spawn(shared.clone())?;
         let syncer = syncer::spawn(shared.clone())?;

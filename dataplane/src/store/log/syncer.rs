@@ -25,8 +25,14 @@ pub(super) fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
 fn run(shared: &Shared) {
     let mut compaction = Compaction::default();
     loop {
-        let stopping = wait_for_work(shared);
-        sync(shared);
+        let Work {
+            stopping,
+            sync_requested,
+        } = wait_for_work(shared);
+        let synced = sync(shared);
+        if let Some(since) = sync_requested.filter(|_| synced) {
+            shared.rounds.sync.add(since.elapsed());
+        }
         if stopping {
             let files = shared.files.lock().expect("never poisoned");
             if files.has_failed_writes() {
@@ -38,19 +44,29 @@ fn run(shared: &Shared) {
     }
 }
 
+/// What woke the syncer.
+struct Work {
+    /// The store stops. (The writer has stopped before it does, so the last sync covers
+    /// every write.)
+    stopping: bool,
+    /// A sync was asked for, at this time.
+    sync_requested: Option<Instant>,
+}
+
 /// Sleeps until a sync is asked for, the 1-second sync is due, compaction may be worth it, or
-/// the store stops; returns whether it stops. (The writer has stopped before it does, so
-/// the last sync covers every write.)
-fn wait_for_work(shared: &Shared) -> bool {
+/// the store stops.
+fn wait_for_work(shared: &Shared) -> Work {
     loop {
         // Read before the state's lock is taken: the writer takes the files' lock first.
         let unsynced_since = shared.files.lock().expect("never poisoned").unsynced_since;
         let due = unsynced_since.map(|t| t + SYNC_WITHIN);
         let mut state = shared.lock();
-        if state.sync_requested || state.compaction_due || state.stopping {
-            state.sync_requested = false;
+        if state.sync_requested.is_some() || state.compaction_due || state.stopping {
             state.compaction_due = false;
-            return state.stopping;
+            return Work {
+                stopping: state.stopping,
+                sync_requested: state.sync_requested.take(),
+            };
         }
         if state.unsynced_began {
             // Written data has a sync due now: look again at when.
@@ -59,7 +75,12 @@ fn wait_for_work(shared: &Shared) -> bool {
         }
         let now = Instant::now();
         match due {
-            Some(at) if at <= now => return false,
+            Some(at) if at <= now => {
+                return Work {
+                    stopping: false,
+                    sync_requested: None,
+                }
+            }
             Some(at) => drop(
                 shared
                     .work
@@ -71,28 +92,37 @@ fn wait_for_work(shared: &Shared) -> bool {
     }
 }
 
-/// Syncs every file written since the last sync; everything written before it started is then
-/// on the disk. A failure is final: the log is broken (see the module's notes).
-fn sync(shared: &Shared) {
-    let ((files, directory), written) = {
-        let mut files = shared.files.lock().expect("never poisoned");
-        (files.take_unsynced(), shared.progress.borrow().written)
-    };
-    if (files.is_empty() && !directory) || shared.is_broken() {
-        return;
+/// Syncs every file written since the last sync, and answers every record written to them
+/// (the written position is taken with the files, not from the announced progress: see the
+/// log's notes on lost wake-ups); returns whether there was anything to sync. A failure is
+/// final: the log is broken (see the module's notes).
+fn sync(shared: &Shared) -> bool {
+    let unsynced = shared.files.lock().expect("never poisoned").take_unsynced();
+    if shared.is_broken() {
+        return false;
     }
-    let synced = files.iter().try_for_each(|file| file.sync_data());
+    let synced = unsynced.files.iter().try_for_each(|file| file.sync_data());
     // A new segment's name, with its first records.
-    let synced = synced.and_then(|()| match directory {
+    let synced = synced.and_then(|()| match unsynced.directory {
         true => File::open(&shared.dir).and_then(|dir| dir.sync_all()),
         false => Ok(()),
     });
     match synced {
-        Ok(()) => shared.progress.send_modify(|p| {
-            p.synced = p.synced.max(written);
-            p.syncs += 1;
-        }),
-        Err(error) => shared.break_down(&error),
+        Ok(()) => {
+            shared.progress.send_if_modified(|p| {
+                let answers = unsynced.written > p.synced;
+                p.synced = p.synced.max(unsynced.written);
+                if !unsynced.is_empty() {
+                    p.syncs += 1;
+                }
+                answers || !unsynced.is_empty()
+            });
+            !unsynced.is_empty()
+        }
+        Err(error) => {
+            shared.break_down(&error);
+            false
+        }
     }
 }
 

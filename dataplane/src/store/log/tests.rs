@@ -230,6 +230,49 @@ async fn a_durability_1_write_after_a_quiet_spell_is_synced_within_a_second() {
     }
 }
 
+/// A sync that runs between a write and its announcement (the writer has let go of the
+/// files and not yet said how far it wrote) answers the durability-2 record it synced. When
+/// the syncer read how far the log was written from the announced progress, this sync
+/// covered the record's file but answered only what was announced before it; the record's
+/// own sync request then found no file to sync and answered nothing, and the publish waited
+/// for the next unrelated write (issue 27: seconds, or for ever on an idle queue).
+#[tokio::test]
+async fn a_sync_between_a_write_and_its_announcement_answers_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let (mut store, _) = open(dir.path(), 1 << 20);
+    let (paused, writer_paused) = std::sync::mpsc::channel();
+    let (go, writer_goes) = std::sync::mpsc::channel::<()>();
+    let writer_goes = std::sync::Mutex::new(writer_goes);
+    *store.shared.after_write.lock().unwrap() = Some(Box::new(move || {
+        let _ = paused.send(());
+        let _ = writer_goes.lock().unwrap().recv();
+    }));
+    let m = message(&mut ids, "synced in between", Durability::Immediate);
+    let receipt = publish(&mut store, &m);
+    writer_paused
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the writer writes the record");
+    // The writer is between its write and its announcement: a sync runs now.
+    let syncs = store.shared.progress.borrow().syncs;
+    store.shared.request_sync();
+    let mut progress = store.shared.progress.subscribe();
+    let synced = progress.wait_for(|p| p.syncs > syncs);
+    tokio::time::timeout(Duration::from_secs(10), synced)
+        .await
+        .expect("the sync runs while the writer waits")
+        .unwrap();
+    drop(progress);
+    // Gone, the sender lets every later write through at once.
+    drop(go);
+    let answered = tokio::time::timeout(Duration::from_secs(5), receipt.wait()).await;
+    assert_eq!(
+        answered,
+        Ok(Ok(())),
+        "the durability-2 record synced in between is answered"
+    );
+}
+
 /// Waits (10 s at most: durability 1 promises a sync within one) until `lsn` is synced.
 async fn wait_until_synced(store: &LogStore, lsn: u64) {
     let mut progress = store.shared.progress.subscribe();

@@ -195,7 +195,9 @@ fn keep(data_dir: &Path, desired: &DesiredConfig) -> std::io::Result<()> {
     )
 }
 
-/// Writes `path` whole or not at all: readable by the node alone, synced, then renamed.
+/// Writes `path` whole or not at all: readable by the node alone, synced, renamed, and the
+/// rename synced too (its directory): a rotated credential is used, and the old one retired,
+/// only once it would outlast a power loss (issue 28).
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -208,7 +210,12 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .open(&side)?;
     file.write_all(bytes)?;
     file.sync_all()?;
-    std::fs::rename(side, path)
+    std::fs::rename(side, path)?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
 }
 
 fn kept(data_dir: &Path) -> Option<DesiredConfig> {

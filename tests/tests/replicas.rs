@@ -39,18 +39,21 @@ impl Replicas {
             .collect();
         let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
         let nodes_dir = nodes.path().to_path_buf();
-        let config = |dns: SocketAddr| {
+        // As infra/controlplane-replica.example.toml says: the same file on every replica but
+        // for `node_urls`, which lists this replica's own URL first.
+        let config = |i: usize| {
+            let own_first = [&urls[i..], &urls[..i]].concat();
             format!(
-                "dns_listen = \"{dns}\"\nlocal_nodes_dir = {:?}\nnode_urls = [{}]\n\
+                "dns_listen = \"{}\"\nlocal_nodes_dir = {:?}\nnode_urls = [{}]\n\
                  reconcile_every_secs = 1\n{extra}\n\
                  [store]\nkind = \"etcd\"\nendpoints = [{}]\ntimeout_secs = 3\nlease_secs = 2\n",
+                dns[i],
                 nodes_dir,
-                urls.join(", "),
+                own_first.join(", "),
                 endpoints.join(", ")
             )
         };
-        let start =
-            |i: usize| ControlPlane::start_listening(&listen[i].to_string(), &config(dns[i]));
+        let start = |i: usize| ControlPlane::start_listening(&listen[i].to_string(), &config(i));
         let mut replicas = Replicas {
             replicas: vec![Some(start(0))],
             nodes,
@@ -276,6 +279,56 @@ async fn replicas_share_queues_logins_and_zone_and_race_safely() {
     assert_eq!(status, 201, "{created_after}");
     let id_after = created_after["id"].as_str().unwrap();
     replicas.at(1).wait_for_status(id_after, "running").await;
+}
+
+/// A leader change on the documented per-replica config (each replica's own URL first in
+/// `node_urls`) keeps every node's process and connections: the new leader adopts the node it
+/// finds serving. (It restarted every node, cutting every connection, because the bootstraps'
+/// orders differed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_leaves_every_node_and_its_connections_serving() {
+    let etcd = EtcdCluster::start(3);
+    let mut replicas = Replicas::start(&etcd, 3, "");
+    let leader = replicas.leader();
+    let created = replicas.at(leader).create_queue(QUEUE).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let queue = replicas.at(leader).wait_for_status(&id, "running").await;
+    let node = queue["node"].as_str().unwrap().to_string();
+    let bootstrap = replicas.node_dir(&id).join("bootstrap.toml");
+    let pid = process_naming(&bootstrap).expect("the queue's node runs");
+    let capacity = serde_json::json!({"capacity": 1});
+    let subscriber = &created["logins"]["subscriber"];
+    let mut subscriber = login_with(&node, subscriber, "subscriber", capacity).await;
+
+    replicas.kill(leader);
+    let new_leader = replicas.leader();
+    // The new leader has taken the queue's node on: adopted it, or (before) restarted it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        let log = replicas.at(new_leader).log_text();
+        if log.contains("adopted a running node") || log.contains("started a node") {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "no node taken on:\n{log}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        !log.contains("restarting a node"),
+        "the new leader restarted the node:\n{log}"
+    );
+    assert_eq!(
+        process_naming(&bootstrap),
+        Some(pid),
+        "the same node process"
+    );
+    let publisher = &created["logins"]["publisher"];
+    let mut publisher = login_with(&node, publisher, "publisher", serde_json::json!({})).await;
+    let published = publisher
+        .request(serde_json::json!({"body": "after the failover", "durability": 2}))
+        .await;
+    assert_eq!(published["status"], "Success.", "{published}");
+    let delivered = subscriber.recv().await;
+    assert_eq!(delivered["body"], "after the failover", "{delivered}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

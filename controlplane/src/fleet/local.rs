@@ -448,13 +448,22 @@ async fn supervise(
     }
 }
 
-/// Whether two bootstraps reach the control plane alike (the same replicas too). The token
-/// does not count: a node whose credential was rotated took the new one over the channel and
-/// keeps it.
+/// Whether two bootstraps reach the control plane alike: the same replicas, in whatever order,
+/// and the same root. Each replica lists itself first (docs/deploy.md, "Three replicas"), and
+/// a node fails over between all of them whichever it prefers, so a new leader's own order
+/// is no reason to restart a node that serves (issue 28: it cut every connection at every
+/// failover). The token does not count either: a node whose credential was rotated took the
+/// new one over the channel and keeps it.
 fn reaches_alike(a: &Bootstrap, b: &Bootstrap) -> bool {
-    a.control_plane == b.control_plane
-        && a.control_planes == b.control_planes
-        && a.control_plane_ca_pem == b.control_plane_ca_pem
+    replicas(a) == replicas(b) && a.control_plane_ca_pem == b.control_plane_ca_pem
+}
+
+/// Every control-plane URL a bootstrap names.
+fn replicas(bootstrap: &Bootstrap) -> std::collections::BTreeSet<&str> {
+    let listed = bootstrap.control_planes.iter().map(String::as_str);
+    std::iter::once(bootstrap.control_plane.as_str())
+        .chain(listed)
+        .collect()
 }
 
 /// A port free on both loopback addresses now, to give a node for good (a restart keeps its

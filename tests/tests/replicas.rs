@@ -493,6 +493,51 @@ async fn one_etcd_member_lost_changes_nothing_and_a_majority_lost_answers_503() 
     assert!(after.len() == 2 || after.len() == 3, "{after:?}");
 }
 
+/// Writes sent from just before to a second and a half after the etcd leader is killed are
+/// all answered: a try stuck at the dead leader, or at a follower waiting for it, takes only a
+/// share of `timeout_secs`, and the write is sent again to the next member once the election
+/// is over. (Each try could take all of `timeout_secs`, and several writes answered 503
+/// exactly `timeout_secs` after they were sent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_in_flight_when_the_etcd_leader_dies_are_all_answered() {
+    let mut etcd = EtcdCluster::start(3);
+    let replicas = Replicas::start(&etcd, 1, "");
+    let cp = replicas.at(0);
+    let until = Instant::now() + Duration::from_millis(1800);
+    let writer = |n: usize| async move {
+        let mut answers = Vec::new();
+        let mut i = 0;
+        while Instant::now() < until {
+            let body = serde_json::json!({ "name": format!("writer {n} account {i}") });
+            let sent = Instant::now();
+            let (status, reply) = cp
+                .call("POST", "/v1/accounts", Some(&body.to_string()))
+                .await;
+            answers.push((status, sent.elapsed(), reply));
+            i += 1;
+        }
+        answers
+    };
+    let killer = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let leader = etcd.leader().expect("an etcd leader");
+        etcd.kill(leader);
+    };
+    let (_, a, b, c, d) = tokio::join!(killer, writer(0), writer(1), writer(2), writer(3));
+    let answers: Vec<_> = [a, b, c, d].into_iter().flatten().collect();
+    let slowest = answers.iter().map(|(_, took, _)| *took).max().unwrap();
+    let failed: Vec<_> = answers
+        .iter()
+        .filter(|(status, ..)| *status != 201)
+        .collect();
+    eprintln!(
+        "etcd leader killed under writes: {} writes, {} failed, the slowest answered in {slowest:?}",
+        answers.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
     // A one-host control plane on sled: a queue, a backup, then a rotation and a second queue

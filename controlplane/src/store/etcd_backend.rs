@@ -30,6 +30,13 @@ const FIRST_WAIT: Duration = Duration::from_millis(100);
 const LONGEST_WAIT: Duration = Duration::from_secs(1);
 /// The wait before a broken watch is made again.
 const REWATCH_AFTER: Duration = Duration::from_millis(200);
+/// One try of a read or write takes at most this share of `timeout_secs`, and never less than
+/// [`SHORTEST_TRY`]: a write in flight when the etcd leader dies is held by the member it went
+/// to until its deadline (the proposal is lost with the leader), and must leave time to be
+/// sent again once the election is over (about a second with etcd's default timings). With
+/// the whole budget for one try, such writes answered 503 (issue 28).
+const TRIES_IN_BUDGET: u32 = 3;
+const SHORTEST_TRY: Duration = Duration::from_millis(500);
 
 pub struct EtcdBackend {
     /// Balanced over every member, for the watches and the leader's lease, which are made
@@ -43,6 +50,8 @@ pub struct EtcdBackend {
     current: AtomicUsize,
     /// Stop trying again after this (`timeout_secs`): a majority is lost, not a member.
     give_up_after: Duration,
+    /// How long one try may take (a share of `give_up_after`).
+    try_within: Duration,
     prefix: String,
 }
 
@@ -55,6 +64,7 @@ impl From<etcd_client::Error> for StoreError {
 impl EtcdBackend {
     pub async fn connect(config: &EtcdConfig, cluster: &str) -> Result<EtcdBackend, StoreError> {
         let timeout = Duration::from_secs(config.timeout_secs.max(1));
+        let try_within = (timeout / TRIES_IN_BUDGET).max(SHORTEST_TRY).min(timeout);
         let options = ConnectOptions::new()
             .with_timeout(timeout)
             .with_connect_timeout(timeout)
@@ -62,10 +72,14 @@ impl EtcdBackend {
             // A member cut off from the majority refuses at once rather than waiting.
             .with_require_leader(true);
         let client = Client::connect(&config.endpoints, Some(options.clone())).await?;
+        // A member's request gives up (on its own deadline too) after one try's share.
+        let member_options = options
+            .with_timeout(try_within)
+            .with_connect_timeout(try_within);
         let mut members = Vec::with_capacity(config.endpoints.len());
         for endpoint in &config.endpoints {
             // (Connected on first use: a member down now is no error yet.)
-            members.push(Client::connect([endpoint], Some(options.clone())).await?);
+            members.push(Client::connect([endpoint], Some(member_options.clone())).await?);
         }
         let prefix = config
             .prefix
@@ -82,6 +96,7 @@ impl EtcdBackend {
             members,
             current: AtomicUsize::new(0),
             give_up_after: timeout,
+            try_within,
             prefix,
         })
     }
@@ -155,9 +170,9 @@ impl EtcdBackend {
         Ok(attempted.await?.answer)
     }
 
-    /// Runs `request` on the current member and, if it fails there, on the next one, which
-    /// then stays current: a member that died, or one cut off from the majority, costs one
-    /// request, not an error. Once every member has failed it, it waits (longer each time)
+    /// Runs `request` on the current member and, if it fails there (or does not answer
+    /// within `try_within`), on the next one, which then stays current: a member that died,
+    /// or one cut off from the majority, costs one request, not an error. Once every member has failed it, it waits (longer each time)
     /// for an election under way to end (a follower whose leader just died answers "no
     /// leader" or times out) and goes round again, until `give_up_after` from the start,
     /// each try included: a majority lost. An error no retry can mend (a request etcd
@@ -171,7 +186,8 @@ impl EtcdBackend {
         loop {
             let member = self.current.load(Ordering::Relaxed);
             let left = deadline.saturating_duration_since(Instant::now());
-            let tried = tokio::time::timeout(left, request(self.members[member].kv_client()));
+            let this_try = left.min(self.try_within);
+            let tried = tokio::time::timeout(this_try, request(self.members[member].kv_client()));
             let error = match tried.await {
                 Ok(Ok(answer)) => {
                     return Ok(Attempted {
@@ -181,7 +197,7 @@ impl EtcdBackend {
                 }
                 Ok(Err(error)) if !worth_retrying(&error) => return Err(error.into()),
                 Ok(Err(error)) => error.to_string(),
-                Err(_) => format!("no answer within {:?}", self.give_up_after),
+                Err(_) => format!("no answer within {this_try:?}"),
             };
             after_failure = true;
             // The next member is current (unless another request moved on already).

@@ -638,3 +638,44 @@ async fn a_control_plane_back_at_another_address_restarts_its_nodes_to_report_th
     let log = std::fs::read_to_string(cp.node_dir(&id).join("node.log")).unwrap();
     assert!(log.contains("the last usage record was reported"), "{log}");
 }
+
+/// The zone's SOA serial never goes back, across a kill -9 and a restart. With one control
+/// plane the serial is the clock's seconds, or one more than the last when that is not ahead:
+/// a burst of changes puts it ahead of the clock, and a restart that began from the clock
+/// again served a lower serial (a secondary holding the higher one then ignores every change
+/// until the clock catches up). With etcd it is the store's revision (and its base).
+#[tokio::test]
+async fn the_zone_serial_never_goes_back_across_a_restart() {
+    let cp = ControlPlane::start_with("dns_listen = \"127.0.0.1:0\"\n");
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":true}"#;
+    // A burst of zone changes: queues created and deleted one after another.
+    for _ in 0..8 {
+        let (status, created) = cp.call("POST", "/v1/queues", Some(body)).await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap();
+        cp.wait_for_status(id, "running").await;
+        let (status, deleting) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+        assert_eq!(status, 200, "{deleting}");
+        cp.wait_for_status(id, "deleted").await;
+    }
+    let before = zone_serial(cp.dns.unwrap());
+    let cp = cp.restart();
+    let after = zone_serial(cp.dns.unwrap());
+    eprintln!("zone serial {before} before the kill, {after} after the restart");
+    assert!(
+        after >= before,
+        "the serial went back from {before} to {after}"
+    );
+}
+
+/// The SOA serial of the control plane's zone (`cluster = "test"`, the default domain).
+fn zone_serial(dns: std::net::SocketAddr) -> u32 {
+    let soa = qe_tests::dig(dns, "q.test.thequeueexpert.com", "SOA", false);
+    assert_eq!(soa.status, "NOERROR", "{soa:?}");
+    soa.answers[0]
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap()
+}

@@ -19,6 +19,9 @@ use std::sync::{Arc, RwLock};
 
 /// How long resolvers may keep an answer: short, since queues come and go.
 const TTL: u32 = 60;
+/// Serials of its own a zone reserves in the store at a time, so that it writes the store once
+/// in this many changes or seconds, not at each.
+const SERIALS_RESERVED_AT_ONCE: u32 = 3600;
 
 /// Who the zone says serves it (its NS record, and its SOA's primary).
 #[derive(Debug, Clone)]
@@ -75,6 +78,17 @@ struct Contents {
     challenges: Vec<(String, String)>,
     /// The store's revision of the above, when it has revisions: the serial then.
     revision: Option<u32>,
+    /// Without revisions: the serials up to this are reserved in the store (`None` before
+    /// the store was read), so none served can be lower than one served before a restart.
+    reserved: Option<u32>,
+}
+
+impl Contents {
+    /// The serial of its own the zone's next build takes (if anything changed): seconds since
+    /// 1970, or one more than the last if that is not ahead.
+    fn next_own_serial(&self) -> u32 {
+        (crate::unix_now() as u32).max(self.serial + 1)
+    }
 }
 
 impl Zone {
@@ -124,12 +138,51 @@ impl Zone {
     ) -> Result<(), crate::store::StoreError> {
         let _one_at_a_time = self.refreshing.lock().await;
         let inputs = store.zone_inputs().await?;
+        if inputs.serial.is_none() {
+            self.reserve_own_serials(store).await?;
+        }
         self.rebuild(|contents| {
             contents.queues = inputs.queues;
             contents.challenges = inputs.challenges;
             // RFC 1982 serials wrap: the low 32 bits move forward with the whole.
             contents.revision = inputs.serial.map(|serial| serial as u32);
         });
+        Ok(())
+    }
+
+    /// One control plane (no revisions): makes sure the next build's serial is reserved in
+    /// the store before it is served. The first time, it starts past what the store says was
+    /// reserved: a restart after a burst of changes (serials ahead of the clock) would
+    /// otherwise serve a lower serial than before, and a secondary holding the higher one
+    /// would ignore every change until the clock caught up (issue 28). Called by a refresh,
+    /// which holds `refreshing`: no other build runs between this and its own.
+    async fn reserve_own_serials(
+        &self,
+        store: &crate::store::Store,
+    ) -> Result<(), crate::store::StoreError> {
+        let reserved = self.contents.lock().expect("never poisoned").reserved;
+        let reserved = match reserved {
+            Some(reserved) => reserved,
+            None => {
+                let kept = store.zone_serial_reserved().await?;
+                let mut contents = self.contents.lock().expect("never poisoned");
+                // Served before the restart, maybe: the next build goes past it.
+                contents.serial = contents.serial.max(kept);
+                contents.reserved = Some(kept);
+                kept
+            }
+        };
+        let next = self
+            .contents
+            .lock()
+            .expect("never poisoned")
+            .next_own_serial();
+        if next > reserved {
+            // A second may pass before the build: reserve ahead of it.
+            let up_to = next.saturating_add(SERIALS_RESERVED_AT_ONCE);
+            store.reserve_zone_serial(up_to).await?;
+            self.contents.lock().expect("never poisoned").reserved = Some(up_to);
+        }
         Ok(())
     }
 
@@ -167,14 +220,15 @@ impl Zone {
         change(&mut contents);
         let others = self.others(&contents);
         let unchanged = || *self.published.borrow().others() == others[..];
+        let served = self.published.borrow().serial;
         contents.serial = match contents.revision {
             Some(revision) => revision,
             // One control plane (no revisions): the records as they were (a queue's record
             // changed in nothing the zone shows) keep their serial, so secondaries are not
-            // sent for a zone they have.
-            None if contents.serial != 0 && unchanged() => return,
-            // Seconds since 1970, or one more than last time if that is not ahead.
-            None => (crate::unix_now() as u32).max(contents.serial + 1),
+            // sent for a zone they have. (Not when the serial was raised past the one served,
+            // as a restart does: see `reserve_own_serials`.)
+            None if contents.serial != 0 && contents.serial == served && unchanged() => return,
+            None => contents.next_own_serial(),
         };
         let serial = contents.serial;
         let mut handler = InMemoryZoneHandler::<TokioRuntimeProvider>::empty(

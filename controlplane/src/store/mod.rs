@@ -203,6 +203,10 @@ const RESTORED: &str = "restored";
 /// install served before it), or by a restore past the serial the backup's zone had. A
 /// store's revisions start again at 1, a zone's serial must never go back.
 const SERIAL_BASE: &str = "zone-serial-base";
+/// One control plane (sled), whose serials are its own (seconds since 1970, or one more than
+/// the last): every serial its zone has served is at most this. It is raised before a serial
+/// past it is served, so a restart starts above it (see `dns::zone`).
+const SERIAL_RESERVED: &str = "zone-serial-reserved";
 
 /// The queues' records and the DNS-01 values: what the zone and the node watches follow.
 fn followed() -> Vec<String> {
@@ -371,6 +375,32 @@ impl Store {
             Ok::<_, StoreError>(String::from_utf8_lossy(&text).parse().unwrap_or_default())
         });
         Ok(*base.await?)
+    }
+
+    /// The highest serial a zone with serials of its own may have served (0 for none yet).
+    pub async fn zone_serial_reserved(&self) -> Result<u32, StoreError> {
+        let kept = self.kv.get(SERIAL_RESERVED).await?;
+        let text = kept.map(|stored| String::from_utf8_lossy(&stored.value).to_string());
+        Ok(text.and_then(|text| text.parse().ok()).unwrap_or(0))
+    }
+
+    /// Raises [`Self::zone_serial_reserved`] to `serial` (never lowers it), durably, before a
+    /// serial up to it is served.
+    pub async fn reserve_zone_serial(&self, serial: u32) -> Result<(), StoreError> {
+        loop {
+            let old = self.kv.get(SERIAL_RESERVED).await?;
+            let kept = old
+                .as_ref()
+                .and_then(|stored| String::from_utf8_lossy(&stored.value).parse::<u32>().ok());
+            if kept.is_some_and(|kept| kept >= serial) {
+                return Ok(());
+            }
+            let expected = old.as_ref().map(|stored| &stored.version);
+            let new = serial.to_string().into_bytes();
+            if self.kv.swap(SERIAL_RESERVED, expected, new, None).await? {
+                return Ok(());
+            }
+        }
     }
 
     /// Changes the pending DNS-01 values (name ordered, value) with `change`, as one

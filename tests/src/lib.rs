@@ -56,6 +56,14 @@ pub struct Dig {
     pub answers: Vec<String>,
 }
 
+impl Dig {
+    /// The serial of an SOA answer (its third field), if this is one.
+    pub fn soa_serial(&self) -> Option<u32> {
+        let soa = self.answers.first().filter(|_| self.status == "NOERROR")?;
+        soa.split_whitespace().nth(2)?.parse().ok()
+    }
+}
+
 /// Asks the DNS server at `server` for `name`'s `kind` records with `dig`, over UDP or TCP.
 pub fn dig(server: SocketAddr, name: &str, kind: &str, tcp: bool) -> Dig {
     let output = Command::new("dig")

@@ -45,12 +45,7 @@ async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_d
     assert_eq!(outside.status, "REFUSED", "not our zone: {outside:?}");
     let serial = |tcp: bool| -> u32 {
         let soa = dig(dns, "q.test.thequeueexpert.com", "SOA", tcp);
-        soa.answers[0]
-            .split_whitespace()
-            .nth(2)
-            .unwrap()
-            .parse()
-            .unwrap()
+        soa.soa_serial().unwrap()
     };
     let serial_before = serial(false);
 

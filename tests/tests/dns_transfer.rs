@@ -170,9 +170,7 @@ fn kdig(args: &[&str], server: SocketAddr) -> (String, String) {
 
 /// The zone's SOA serial as `server` answers it, if it does.
 fn serial(server: SocketAddr) -> Option<u32> {
-    let soa = dig(server, ZONE, "SOA", false);
-    let soa = soa.answers.first().filter(|_| soa.status == "NOERROR")?;
-    soa.split_whitespace().nth(2)?.parse().ok()
+    dig(server, ZONE, "SOA", false).soa_serial()
 }
 
 /// Asks `done` every 50 ms until it holds, failing after [`CATCH_UP`].

@@ -99,7 +99,8 @@ async fn run(config: &NodeConfig, url: &str, settings: &Settings, durability: u8
     let epoch = Instant::now();
     let delivered = Arc::new((AtomicUsize::new(0), Notify::new()));
     let (stop, stopped) = watch::channel(false);
-    // The publishers are closed-loop already (one in flight each): no budget is needed.
+    // The publishers are closed-loop already (one in flight each): the subscribers' budget
+    // is never taken from, only given back to, so it starts at half the most it may hold.
     let budget = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS >> 1));
     let subscribers: Vec<_> = (0..settings.publishers)
         .map(|_| {

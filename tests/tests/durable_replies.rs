@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// Publishers per round, one publish in flight each, and as many subscribers.
 const CLIENTS: usize = 12;
@@ -85,7 +86,7 @@ async fn rounds(durability: u8) {
 }
 
 async fn one_round(node: &Arc<Node>, durability: u8, round: usize) -> Seen {
-    let delivered = Arc::new(AtomicUsize::new(0));
+    let delivered = Arc::new((AtomicUsize::new(0), Notify::new()));
     let publishing = Arc::new(AtomicBool::new(true));
     let mut subscribers = Vec::new();
     for _ in 0..CLIENTS {
@@ -108,11 +109,16 @@ async fn one_round(node: &Arc<Node>, durability: u8, round: usize) -> Seen {
         seen.add(publisher.await.unwrap());
     }
     // Every answered publish reaches a subscriber before the subscribers may stop.
-    let deadline = Instant::now() + STALL;
-    while delivered.load(Ordering::Relaxed) < seen.publishes && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let deadline = tokio::time::Instant::now() + STALL;
+    while delivered.0.load(Ordering::Relaxed) < seen.publishes {
+        if tokio::time::timeout_at(deadline, delivered.1.notified())
+            .await
+            .is_err()
+        {
+            break;
+        }
     }
-    let delivered_now = delivered.load(Ordering::Relaxed);
+    let delivered_now = delivered.0.load(Ordering::Relaxed);
     if delivered_now < seen.publishes {
         let missing = seen.publishes - delivered_now;
         seen.stalls.push(format!(
@@ -149,7 +155,7 @@ async fn publish(mut client: Client, durability: u8, until: Instant, round: usiz
 /// Acks every delivery; once the publishers are done and every ack is answered, leaves.
 async fn subscribe(
     mut client: Client,
-    delivered: Arc<AtomicUsize>,
+    delivered: Arc<(AtomicUsize, Notify)>,
     publishing: Arc<AtomicBool>,
     round: usize,
 ) -> Seen {
@@ -170,7 +176,8 @@ async fn subscribe(
             continue;
         };
         if let Some(id) = frame["id"].as_str().filter(|_| frame.get("body").is_some()) {
-            delivered.fetch_add(1, Ordering::Relaxed);
+            delivered.0.fetch_add(1, Ordering::Relaxed);
+            delivered.1.notify_one();
             client.send_json(&json!({"id": id, "ack": 1})).await;
             acks.push_back(Instant::now());
         } else {

@@ -172,10 +172,10 @@ impl EtcdBackend {
 
     /// Runs `request` on the current member and, if it fails there (or does not answer
     /// within `try_within`), on the next one, which then stays current: a member that died,
-    /// or one cut off from the majority, costs one request, not an error. Once every member has failed it, it waits (longer each time)
-    /// for an election under way to end (a follower whose leader just died answers "no
-    /// leader" or times out) and goes round again, until `give_up_after` from the start,
-    /// each try included: a majority lost. An error no retry can mend (a request etcd
+    /// or one cut off from the majority, costs one request, not an error. Once every member
+    /// has failed it, it waits (longer each time) for an election under way to end (a
+    /// follower whose leader just died answers "no leader" or times out) and goes round
+    /// again, until `give_up_after` from the start, each try included: a majority lost. An error no retry can mend (a request etcd
     /// refuses as such) is answered at once.
     async fn retried<T, F: std::future::Future<Output = Result<T, etcd_client::Error>>>(
         &self,

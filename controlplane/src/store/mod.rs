@@ -379,20 +379,15 @@ impl Store {
 
     /// The highest serial a zone with serials of its own may have served (0 for none yet).
     pub async fn zone_serial_reserved(&self) -> Result<u32, StoreError> {
-        let kept = self.kv.get(SERIAL_RESERVED).await?;
-        let text = kept.map(|stored| String::from_utf8_lossy(&stored.value).to_string());
-        Ok(text.and_then(|text| text.parse().ok()).unwrap_or(0))
+        Ok(self.serial_reserve().await?.1)
     }
 
     /// Raises [`Self::zone_serial_reserved`] to `serial` (never lowers it), durably, before a
     /// serial up to it is served.
     pub async fn reserve_zone_serial(&self, serial: u32) -> Result<(), StoreError> {
         loop {
-            let old = self.kv.get(SERIAL_RESERVED).await?;
-            let kept = old
-                .as_ref()
-                .and_then(|stored| String::from_utf8_lossy(&stored.value).parse::<u32>().ok());
-            if kept.is_some_and(|kept| kept >= serial) {
+            let (old, kept) = self.serial_reserve().await?;
+            if kept >= serial {
                 return Ok(());
             }
             let expected = old.as_ref().map(|stored| &stored.version);
@@ -401,6 +396,16 @@ impl Store {
                 return Ok(());
             }
         }
+    }
+
+    /// [`SERIAL_RESERVED`] as kept (for a swap) and as a number (0 for none).
+    async fn serial_reserve(&self) -> Result<(Option<Stored>, u32), StoreError> {
+        let kept = self.kv.get(SERIAL_RESERVED).await?;
+        let serial = kept
+            .as_ref()
+            .and_then(|stored| String::from_utf8_lossy(&stored.value).parse().ok())
+            .unwrap_or(0);
+        Ok((kept, serial))
     }
 
     /// Changes the pending DNS-01 values (name ordered, value) with `change`, as one
@@ -557,14 +562,15 @@ impl Store {
     /// (restored, it would outlive every lease and no replica would ever lead again).
     pub async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let mut entries = self.kv.dump().await?;
-        // The leader's goes with its lease; the serial base with this store's revisions.
-        entries.retain(|(key, _)| key != LEADER && key != SERIAL_BASE);
+        // The leader's goes with its lease; the serial base with this store's revisions, and
+        // the reserve with the serials this store's zone served: a restore sets both anew.
+        entries.retain(|(key, _)| ![LEADER, SERIAL_BASE, SERIAL_RESERVED].contains(&key.as_str()));
         Ok(entries)
     }
 
     /// Puts a backup's entries into this store, which must be empty, and marks it
     /// [`Store::restored`] (when the backup was made); its zone's serials go on past
-    /// `zone_serial`, the backup's zone's.
+    /// `zone_serial`, the backup's zone's, and past now.
     pub async fn restore(
         &self,
         mut entries: Vec<(String, Vec<u8>)>,
@@ -574,14 +580,18 @@ impl Store {
         if !self.is_empty().await? {
             return Err(StoreError::NotEmpty);
         }
-        entries.retain(|(key, _)| ![LEADER, RESTORED, SERIAL_BASE].contains(&key.as_str()));
+        let set_anew = [LEADER, RESTORED, SERIAL_BASE, SERIAL_RESERVED];
+        entries.retain(|(key, _)| !set_anew.contains(&key.as_str()));
         let count = entries.len();
         // The mark first: a restore cut short leaves a store that is marked, so no control
         // plane started on it takes the nodes of queues it lacks for leftovers.
         let base = crate::unix_now().max(zone_serial + 1).to_string();
+        // Both kinds of zone serial go on past the backup's zone's: on revisions (etcd) from
+        // the base, on a zone's own serials (sled) past the reserve.
         let marker = vec![
             (RESTORED.into(), made_at.to_string().into_bytes()),
-            (SERIAL_BASE.into(), base.into_bytes()),
+            (SERIAL_BASE.into(), base.clone().into_bytes()),
+            (SERIAL_RESERVED.into(), base.into_bytes()),
         ];
         self.kv.put_absent(marker).await?;
         self.kv.put_absent(entries).await?;

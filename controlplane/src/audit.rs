@@ -22,7 +22,7 @@ pub enum Actor {
     Node {
         queue: String,
     },
-    /// The control plane on its own (a renewal falling due).
+    /// The control plane on its own (a renewal falling due, a silent node replaced).
     #[serde(rename = "control-plane")]
     ControlPlane,
 }
@@ -118,6 +118,13 @@ pub const CONSOLE_TOKEN: &str = "queue.console-token";
 /// A certificate was issued: a node's (for its CSR) or the cluster's wildcard (due, or
 /// asked for). No caller's route: recorded where it happens.
 pub const CERTIFICATE_ISSUE: &str = "certificate.issue";
+
+/// A silent node was fenced and replaced by the control plane (`silence.rs`).
+pub const NODE_REPLACE: &str = "node.replace";
+
+/// A serving node was restarted by the control plane because it had to be: it reaches the
+/// control plane otherwise (the log says why).
+pub const NODE_RESTART: &str = "node.restart";
 
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

@@ -88,6 +88,11 @@ pub struct Config {
     /// instance that vanished is replaced within this). Default 30.
     #[serde(default = "default_reconcile_every_secs")]
     pub reconcile_every_secs: u64,
+    /// A node not heard from for this many live-report intervals (`live_stats_secs`) is
+    /// fenced and replaced on its data (a hung process or instance, a lost network); 0 never
+    /// replaces one. Default 6: a minute with the default interval.
+    #[serde(default = "default_replace_silent_after_intervals")]
+    pub replace_silent_after_intervals: u64,
     /// What runs the nodes. Default: processes on this machine (`kind = "local"`).
     #[serde(default)]
     pub provider: ProviderConfig,
@@ -132,6 +137,14 @@ pub struct Ec2Config {
     pub volume_type: String,
     /// Where instances go, by AWS region name: a queue's `region` must be one of these.
     pub regions: std::collections::BTreeMap<String, Ec2Region>,
+    /// Seconds a new instance has to boot and report before its silence counts
+    /// (`replace_silent_after_intervals`). Default 300.
+    #[serde(default = "default_boot_within_secs")]
+    pub boot_within_secs: u64,
+}
+
+fn default_boot_within_secs() -> u64 {
+    300
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -144,6 +157,10 @@ pub struct Ec2Region {
 
 fn default_reconcile_every_secs() -> u64 {
     30
+}
+
+fn default_replace_silent_after_intervals() -> u64 {
+    6
 }
 
 fn default_volume_size_gib() -> i32 {
@@ -255,6 +272,11 @@ impl Config {
             return Err("stats_record_secs is 1 to 300".into());
         }
         Ok(())
+    }
+
+    /// How long a node may go unheard before it is replaced; `None`: never.
+    pub fn silent_after(&self) -> Option<std::time::Duration> {
+        crate::silence::silent_after(self.replace_silent_after_intervals, self.live_stats_secs())
     }
 
     /// Seconds between each node's live reports: what nodes are told, or their default.

@@ -30,6 +30,7 @@ pub mod nodes;
 pub mod pebble;
 pub mod queues;
 pub mod reconciler;
+pub mod silence;
 pub mod store;
 pub mod usage;
 

@@ -78,6 +78,18 @@ impl LiveNumbers {
     pub fn received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
     }
+
+    /// When this replica last heard each queue's node, in milliseconds since 1970, for the
+    /// nodes heard since `since_ms`; older ones are dropped for good (a queue deleted long
+    /// ago, a node that reports to another replica now), so what is held stays bounded
+    /// whether or not `/metrics` is scraped.
+    pub fn heard_since(&self, since_ms: u64) -> std::collections::BTreeMap<String, u64> {
+        let mut all = self.latest.lock().expect("never poisoned");
+        all.retain(|_, latest| latest.at_ms >= since_ms);
+        all.iter()
+            .map(|(queue_id, latest)| (queue_id.clone(), latest.at_ms))
+            .collect()
+    }
 }
 
 /// How long numbers received are shown: three report intervals (two reports may be late or
@@ -122,6 +134,19 @@ mod tests {
             !again.contains_key("gone"),
             "dropped for good, not only hidden"
         );
+    }
+
+    #[test]
+    fn what_was_heard_long_ago_is_dropped() {
+        let numbers = LiveNumbers::default();
+        numbers.keep_at("old", LiveStats::default(), 1_000);
+        numbers.keep_at("new", LiveStats::default(), 5_000);
+        let heard = numbers.heard_since(2_000);
+        assert_eq!(
+            heard.into_iter().collect::<Vec<_>>(),
+            [("new".into(), 5_000)]
+        );
+        assert!(!numbers.latest_of_live(|_| true).contains_key("old"));
     }
 
     #[test]

@@ -288,11 +288,28 @@ async fn start(config: Config) -> Result<Running, Failure> {
         }
     };
     let reconcile = Arc::new(tokio::sync::Notify::new());
+    let metrics = controlplane::api::Metrics::default();
+    // What this replica hears from the nodes, shared with the leader, which replaces the
+    // silent ones; kept for twice the limit (or a minute), never longer than it matters.
+    let live_every = std::time::Duration::from_secs(config.live_stats_secs());
+    let silence = controlplane::silence::Rules {
+        limit: config.silent_after(),
+        replaced: metrics.nodes_replaced.clone(),
+    };
+    let keep_heard_for = silence.limit.unwrap_or_default().max(live_every) * 2;
+    tokio::spawn(controlplane::silence::share(
+        store.clone(),
+        metrics.live.clone(),
+        // Its host and API address: the same across its restarts, so a replica keeps one key.
+        format!("{} {scheme}://{bound}", host.trim()),
+        live_every,
+        keep_heard_for,
+    ));
     let state = Arc::new(AppState {
         config,
         store: store.clone(),
         fleet: fleet.clone(),
-        metrics: Default::default(),
+        metrics,
         node_tokens,
         zone: zone.clone(),
         node_certificates,
@@ -315,7 +332,15 @@ async fn start(config: Config) -> Result<Running, Failure> {
         None => tokio::spawn(api::server::serve(listener, router, stopped)),
     };
     let recheck_every = std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1));
-    let reconciler = Reconciler::new(store, fleet, zone, bootstraps, reconcile, recheck_every);
+    let reconciler = Reconciler::new(
+        store,
+        fleet,
+        zone,
+        bootstraps,
+        reconcile,
+        recheck_every,
+        silence,
+    );
     // Its first pass takes on every queue's node: adopted, or started again.
     tokio::spawn(Arc::new(reconciler).run(leadership));
     println!("listening on {bound}");
@@ -366,6 +391,7 @@ async fn ec2_provider(
         qe_ec2::Ec2::new(settings).await,
         boot,
         zone,
+        std::time::Duration::from_secs(ec2.boot_within_secs),
     ))
 }
 

@@ -164,6 +164,9 @@ pub struct Placement {
     pub addresses: Addresses,
     /// What the provider made for it, by kind (`instance`, `volume`, `process` ...).
     pub resources: std::collections::BTreeMap<String, String>,
+    /// Why its provider had to restart a node that served (logged and audited); not part of
+    /// the record.
+    pub restarted_because: Option<&'static str>,
 }
 
 impl Placement {

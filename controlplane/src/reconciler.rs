@@ -7,16 +7,23 @@
 //! where it was after a restart; at start it also removes what the provider holds for no
 //! live queue (a crash between "launched" and "recorded").
 //!
+//! A node that runs but is not heard from is fenced and replaced on its data ([`crate::silence`]):
+//! at each look at every queue, the leader reads when each node was last heard.
+//!
 //! Only the leading replica reconciles ([`crate::leadership`]): each leadership is a term
 //! with its own fenced store; when it ends, every drive of the term is aborted before
 //! another replica can lead, and the next leader's first pass carries on from the store.
 
+use crate::audit::{self, Actor, Entry, Target};
 use crate::dns::Zone;
 use crate::fleet::Provider;
 use crate::leadership::Leadership;
 use crate::nodes::Bootstraps;
 use crate::queues::{Queue, Status};
+use crate::silence::{self, Rules};
 use crate::store::{Store, StoreError};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -33,6 +40,10 @@ pub struct Reconciler {
     wake: Arc<Notify>,
     /// How often every queue is checked even when nothing asks (an instance that vanished).
     recheck_every: Duration,
+    /// When a node that is not heard from is replaced.
+    silence: Rules,
+    /// This term's view of the nodes' silence.
+    watch: std::sync::Mutex<silence::Watch>,
     /// The queues being driven now: a pass leaves them to the drive under way.
     driving: std::sync::Mutex<std::collections::HashSet<String>>,
     /// This term's drives: aborted together when the term ends.
@@ -40,7 +51,8 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    /// Drives `store`'s queues through `fleet`, woken by `wake` and every `recheck_every`.
+    /// Drives `store`'s queues through `fleet`, woken by `wake` and every `recheck_every`,
+    /// replacing silent nodes by `silence`.
     pub fn new(
         store: Store,
         fleet: Arc<dyn Provider>,
@@ -48,6 +60,7 @@ impl Reconciler {
         bootstraps: Arc<Bootstraps>,
         wake: Arc<Notify>,
         recheck_every: Duration,
+        silence: Rules,
     ) -> Reconciler {
         Reconciler {
             store,
@@ -56,6 +69,8 @@ impl Reconciler {
             bootstraps,
             wake,
             recheck_every,
+            silence,
+            watch: Default::default(),
             driving: Default::default(),
             drives: Default::default(),
         }
@@ -72,6 +87,7 @@ impl Reconciler {
                 self.bootstraps.clone(),
                 self.wake.clone(),
                 self.recheck_every,
+                self.silence.clone(),
             ));
             tokio::select! {
                 _ = term.clone().reconcile() => {}
@@ -119,6 +135,10 @@ impl Reconciler {
     /// instance booting, a last report awaited) holds up no other, and none twice at once.
     async fn pass(self: &Arc<Self>, every_queue: bool) -> Result<(), StoreError> {
         let queues = self.store.list().await?;
+        let silent = match every_queue {
+            true => self.silent(&queues).await,
+            false => HashSet::new(),
+        };
         let mut drives = self.drives.lock().expect("never poisoned");
         while drives.try_join_next().is_some() {}
         for queue in queues {
@@ -137,8 +157,9 @@ impl Reconciler {
                 continue;
             }
             let reconciler = self.clone();
+            let silent = silent.contains(&queue.id);
             drives.spawn(async move {
-                reconciler.drive(&queue).await;
+                reconciler.drive(&queue, silent).await;
                 let now = reconciler.store.get(&queue.id).await.ok().flatten();
                 let mut driving = reconciler.driving.lock().expect("never poisoned");
                 driving.remove(&queue.id);
@@ -152,8 +173,32 @@ impl Reconciler {
         Ok(())
     }
 
-    async fn drive(&self, queue: &Queue) {
+    /// The queues whose node has not been heard from for longer than the silence limit
+    /// (none when there is none, or when what was heard cannot be read: a store that cannot
+    /// be read is no news about nodes).
+    async fn silent(&self, queues: &[Queue]) -> HashSet<String> {
+        let Some(limit) = self.silence.limit else {
+            return HashSet::new();
+        };
+        let heard = match self.store.heard().await {
+            Ok(heard) => heard,
+            Err(error) => {
+                tracing::warn!(%error, "when the nodes were last heard could not be read");
+                return HashSet::new();
+            }
+        };
+        let now = crate::live::now_ms();
+        let boot = self.fleet.boot_within();
+        let mut watch = self.watch.lock().expect("never poisoned");
+        watch
+            .silent(queues, &heard, now, limit, boot)
+            .into_iter()
+            .collect()
+    }
+
+    async fn drive(&self, queue: &Queue, silent: bool) {
         let result = match queue.status {
+            Status::Provisioning | Status::Running if silent => self.replace_silent(queue).await,
             Status::Provisioning | Status::Running => self.keep_running(queue).await,
             Status::Deleting => self.finish_deleting(queue).await,
             Status::Failed | Status::Deleted => Ok(()),
@@ -163,13 +208,47 @@ impl Reconciler {
         }
     }
 
+    /// Fences its node, which has gone silent, and starts another on its data (placed anew,
+    /// it is given the provider's boot time before it is judged).
+    async fn replace_silent(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
+        let limit = self.silence.limit.unwrap_or_default();
+        tracing::warn!(queue = %queue.id, silent_for_more_than_secs = limit.as_secs(), "its node is not heard from: replacing it");
+        self.fleet.fence(queue).await?;
+        self.silence.replaced.fetch_add(1, Ordering::Relaxed);
+        self.audit(audit::NODE_REPLACE, queue).await;
+        self.keep_running(queue).await?;
+        tracing::info!(queue = %queue.id, "a silent node was replaced");
+        Ok(())
+    }
+
+    /// Keeps an audit entry of what the control plane did on its own to `queue`'s node.
+    async fn audit(&self, action: &str, queue: &Queue) {
+        let target = Target {
+            id: queue.id.clone(),
+            account: queue.account.clone(),
+        };
+        let entry = Entry::new(Actor::ControlPlane, action, target, 200);
+        audit::record(&self.store, entry).await;
+    }
+
     /// Makes sure its node runs, and records where (the zone follows).
     async fn keep_running(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
         let bootstrap = self.bootstraps.for_queue(queue);
         let placement = self.fleet.ensure(queue, &bootstrap).await?;
+        if let Some(reason) = placement.restarted_because {
+            tracing::warn!(queue = %queue.id, reason, "its node was restarted");
+            self.audit(audit::NODE_RESTART, queue).await;
+        }
         if placement.recorded_in(queue) {
             return Ok(());
         }
+        // A node placed anew (a replacement, a restart) is judged for silence only once it
+        // has been heard, or has had its time to boot.
+        let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
+        self.watch
+            .lock()
+            .expect("never poisoned")
+            .placed(&queue.id, now, boot);
         let recorded = self.store.update(&queue.id, |queue| {
             // Only while it is still to run: a delete meanwhile wins.
             if queue.status.is_live() {

@@ -38,13 +38,22 @@ impl Ec2 {
     /// The queue's data volume in a region: the one already made, or a new one. If two exist (two callers raced),
     /// the oldest is the queue's, so every caller agrees; the other shows up in [`Ec2::volumes`].
     pub async fn volume_for(&self, region: &str, queue_id: &str) -> Result<Volume, Ec2Error> {
+        match self.volumes_of(region, queue_id).await?.into_iter().next() {
+            Some(oldest) => Ok(oldest),
+            None => self.create_volume(region, queue_id).await,
+        }
+    }
+
+    /// Every data volume of one queue in a region, oldest first: one filtered call. More than one
+    /// are twins (two callers raced, one made by hand), all but one of which must go.
+    pub async fn volumes_of(&self, region: &str, queue_id: &str) -> Result<Vec<Volume>, Ec2Error> {
         let queue = tags::has_tag(QUEUE_TAG, queue_id);
         let mut found = self.describe_volumes(region, vec![queue]).await?;
         found.sort_by_key(|volume| volume.create_time().copied());
-        match found.first() {
-            Some(oldest) => Volume::from_sdk("DescribeVolumes", region, oldest),
-            None => self.create_volume(region, queue_id).await,
-        }
+        found
+            .iter()
+            .map(|volume| Volume::from_sdk("DescribeVolumes", region, volume))
+            .collect()
     }
 
     /// Every data volume of this cluster in every configured region, attached or not: what the control plane
@@ -95,14 +104,8 @@ impl Ec2 {
     /// Deletes a data volume of this cluster, forcing it off its instance first. A volume already gone (or
     /// another cluster's) is not an error: the caller wants it gone.
     pub async fn delete_volume(&self, region: &str, volume_id: &str) -> Result<(), Ec2Error> {
-        let Some(volume) = self.volume(region, volume_id).await? else {
+        if !self.free_volume(region, volume_id).await? {
             return Ok(());
-        };
-        if let Some((instance, _)) = holder(&volume) {
-            let device = volume.attachments().iter().find_map(|a| a.device());
-            self.force_detach(region, volume_id, instance, device)
-                .await?;
-            self.wait_available(region, volume_id).await?;
         }
         let deleted = self
             .client(region)?
@@ -115,6 +118,22 @@ impl Ec2 {
             Err(err) if err.code() == Some("InvalidVolume.NotFound") => Ok(()),
             other => other.map(|_| tracing::info!(region, volume = volume_id, "deleted volume")),
         }
+    }
+
+    /// Takes a data volume off whatever instance holds it, forcing it (that instance is
+    /// being fenced or removed: it may be hung and never let go), and waits until it is free
+    /// to attach. `false` if EC2 does not know it (or it is not this cluster's data volume).
+    pub async fn free_volume(&self, region: &str, volume_id: &str) -> Result<bool, Ec2Error> {
+        let Some(volume) = self.volume(region, volume_id).await? else {
+            return Ok(false);
+        };
+        if let Some((instance, _)) = holder(&volume) {
+            let device = volume.attachments().iter().find_map(|a| a.device());
+            self.force_detach(region, volume_id, instance, device)
+                .await?;
+            self.wait_available(region, volume_id).await?;
+        }
+        Ok(true)
     }
 
     async fn create_volume(&self, region: &str, queue_id: &str) -> Result<Volume, Ec2Error> {

@@ -221,6 +221,26 @@ impl ControlPlane {
             .wait_until(&what, |text| text.matches(needle).count() >= times)
     }
 
+    /// The live reports it received from nodes so far (`qe_live_reports_total`).
+    pub async fn live_reports(&self) -> u64 {
+        let token = Some(self.token.as_str());
+        let (_, metrics) = http_text(self.addr, "GET", "/metrics", token, None).await;
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("qe_live_reports_total "))
+            .and_then(|count| count.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until it has received `count` live reports from nodes (60 s at most).
+    pub async fn wait_for_live_reports(&self, count: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.live_reports().await < count {
+            assert!(std::time::Instant::now() < deadline, "{count} live reports");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// An API request with the operator's token; returns the status and the JSON body.
     pub async fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
         let token = self.token.clone();

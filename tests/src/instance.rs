@@ -96,6 +96,17 @@ impl Instance {
         }
     }
 
+    /// Cuts its network as a lost link would: the host end of its veth pair goes down, and
+    /// the instance runs on reaching nobody (nor reached by anyone).
+    pub fn lose_network(&self) {
+        let link = format!("qeh-{}", self.name);
+        let status = Command::new("ip")
+            .args(["link", "set", "dev", &link, "down"])
+            .status()
+            .expect("ip");
+        assert!(status.success(), "ip link set dev {link} down");
+    }
+
     fn next_line(&mut self, within: Duration) -> String {
         match self.lines.recv_timeout(within) {
             Ok(line) => line,

@@ -625,6 +625,18 @@ async fn a_control_plane_back_at_another_address_restarts_its_nodes_to_report_th
         bootstrap["control_plane"].as_str(),
         Some(format!("http://{}", cp.addr).as_str())
     );
+    // A restart the control plane made on its own says why, in the log and the audit.
+    cp.wait_for_log("its node was restarted", 1);
+    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
+    let restarts: Vec<_> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|entry| entry["action"] == "node.restart")
+        .collect();
+    assert_eq!(restarts.len(), 1, "{audit}");
+    assert_eq!(restarts[0]["target"], id.as_str());
+    assert_eq!(restarts[0]["actor"], json!({"kind": "control-plane"}));
 
     // Deleting the queue stops the node. Its records reach this address: the one made when
     // it stopped for the restart (the old address was gone; it kept it and reported it from
@@ -673,4 +685,64 @@ fn zone_serial(dns: std::net::SocketAddr) -> u32 {
     let soa = qe_tests::dig(dns, "q.test.thequeueexpert.com", "SOA", false);
     soa.soa_serial()
         .unwrap_or_else(|| panic!("no SOA: {soa:?}"))
+}
+
+/// A node that runs but is not heard from (here SIGSTOPped: a hung process) is fenced and
+/// replaced on its data once it has been silent for `replace_silent_after_intervals` live
+/// reports; one that reports is never replaced. The replacement is logged, audited and
+/// counted. Before issue 28 a silent node stayed `running` for good, and so did its outage.
+#[tokio::test]
+async fn a_silent_node_is_replaced_and_serves_its_durable_messages() {
+    let cp = ControlPlane::start_with(
+        "live_stats_secs = 1\nreplace_silent_after_intervals = 3\nreconcile_every_secs = 1\n",
+    );
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
+    let logins = &queue["logins"];
+    let mut publisher = login_with(node, &logins["publisher"], "publisher", json!({})).await;
+    let reply = publisher
+        .request(json!({"body": "outlives the silence", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+
+    // Heard for longer than the limit (3 s) with the reconciler looking every second: left be.
+    cp.wait_for_live_reports(6).await;
+    assert!(!cp.log_text().contains("replacing it"), "{}", cp.log_text());
+
+    let bootstrap = cp.node_bootstrap(id);
+    let pid = process_naming(&bootstrap).expect("the node runs");
+    signal(pid, libc::SIGSTOP);
+    cp.wait_for_log("a silent node was replaced", 1);
+    let replacement = process_naming(&bootstrap).expect("a node runs");
+    assert_ne!(replacement, pid, "a new process; the silent one is gone");
+
+    let mut subscriber = login_with(
+        node,
+        &logins["subscriber"],
+        "subscriber",
+        json!({"capacity": 1}),
+    )
+    .await;
+    assert_eq!(subscriber.recv().await["body"], "outlives the silence");
+    let (_, listed) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(listed["status"], "running", "{listed}");
+    assert_eq!(listed["resources"]["process"], replacement.to_string());
+
+    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
+    let replaced: Vec<_> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|entry| entry["action"] == "node.replace")
+        .collect();
+    assert_eq!(replaced.len(), 1, "{audit}");
+    assert_eq!(replaced[0]["target"], id);
+    assert_eq!(replaced[0]["actor"], json!({"kind": "control-plane"}));
+    let token = Some(cp.token.as_str());
+    let (_, metrics) = http_text(cp.addr, "GET", "/metrics", token, None).await;
+    assert!(
+        metrics.contains("\nqe_nodes_replaced_total 1\n"),
+        "{metrics}"
+    );
 }

@@ -5,7 +5,7 @@
 
 use base64::Engine;
 use qe_ec2::aws_sdk_ec2::types::InstanceStateName;
-use qe_ec2::{Ec2, Launch, CLUSTER_TAG, QUEUE_TAG};
+use qe_ec2::{Ec2, Launch, CLUSTER_TAG, DATA_VOLUME, PURPOSE_TAG, QUEUE_TAG};
 use qe_shared::node_channel::Bootstrap;
 use qe_tests::moto::{self, describe_instance, describe_volume, Moto};
 use qe_tests::{dig, http, ControlPlane};
@@ -377,5 +377,87 @@ async fn killed_while_launching_or_deleting_the_control_plane_leaves_no_orphan_o
         usage["usage"].as_array().unwrap().len(),
         1,
         "the last record is kept"
+    );
+}
+
+/// A second instance and a second data volume of a live queue (made by hand here, as a launch
+/// that lost its token or a race would) are removed within a reconcile pass: the twin instance
+/// terminated, the twin volume deleted, the queue's own left as they were. (The provider kept
+/// whichever instance EC2 listed last and never looked at a second volume; a twin holding the
+/// volume blocked every attach.)
+#[tokio::test]
+async fn a_twin_instance_and_a_twin_volume_of_a_live_queue_are_removed() {
+    use qe_ec2::aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
+    let (_moto, ec2, config) = cloud().await;
+    let client = ec2.client(REGION).unwrap().clone();
+    let cp = ControlPlane::start_with(&config);
+    let body = format!(
+        r#"{{"tier":"devtest","region":"{REGION}","instance_type":"t3.small","ipv4":false}}"#
+    );
+    let (_, created) = cp.call("POST", "/v1/queues", Some(&body)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let queue = placed(&cp, &id, None).await;
+    let instance = queue["resources"]["instance"].as_str().unwrap().to_string();
+    let volume = queue["resources"]["volume"].as_str().unwrap().to_string();
+
+    let twin = ec2
+        .launch(&Launch {
+            queue_id: &id,
+            region: REGION,
+            instance_type: "t3.small",
+            ipv4: false,
+            user_data: "#cloud-config\n",
+            client_token: &format!("{id}-by-hand"),
+        })
+        .await
+        .unwrap();
+    let zone = describe_volume(&client, &volume)
+        .await
+        .unwrap()
+        .availability_zone()
+        .unwrap()
+        .to_string();
+    let tags = [
+        (CLUSTER_TAG, "test"),
+        (QUEUE_TAG, &id),
+        (PURPOSE_TAG, DATA_VOLUME),
+    ]
+    .map(|(key, value)| Tag::builder().key(key).value(value).build());
+    let twin_volume = client
+        .create_volume()
+        .availability_zone(zone)
+        .size(1)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Volume)
+                .set_tags(Some(tags.to_vec()))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .volume_id()
+        .unwrap()
+        .to_string();
+
+    terminated(&ec2, &twin.id).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while describe_volume(&client, &twin_volume).await.is_some() {
+        assert!(Instant::now() < deadline, "the twin volume is still there");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        state_of(&ec2, &instance).await,
+        InstanceStateName::Running,
+        "the queue's own instance stays"
+    );
+    assert!(describe_volume(&client, &volume).await.is_some());
+    let (_, now) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(now["resources"], queue["resources"], "{now}");
+    let log = cp.log_text();
+    assert!(log.contains("a second instance of a live queue"), "{log}");
+    assert!(
+        log.contains("a second data volume of a live queue"),
+        "{log}"
     );
 }

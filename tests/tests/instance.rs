@@ -71,9 +71,11 @@ fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path) -> Api {
     let region = &ec2.settings().regions[REGION];
     let config = format!(
         "node_url = \"https://[{host}]:{port}\"\nreconcile_every_secs = 1\nlocal_ca = true\n\
+         live_stats_secs = 1\nreplace_silent_after_intervals = 3\n\
          dns_listen = \"127.0.0.1:0\"\n\
          [api_tls]\ncert = {:?}\nkey = {:?}\nca = {:?}\n\
-         [provider]\nkind = \"ec2\"\nendpoint = \"{}\"\n[provider.regions.{REGION}]\n\
+         [provider]\nkind = \"ec2\"\nendpoint = \"{}\"\n\
+         [provider.regions.{REGION}]\n\
          image_id = {:?}\nsubnet_id = {:?}\nsecurity_group_ids = [{:?}]\n",
         dir.join("api.pem"),
         dir.join("api-key.pem"),
@@ -294,6 +296,48 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
         .request(json!({"id": delivered["id"], "ack": 1}))
         .await;
     subscriber.request(json!({"logout": true})).await;
+
+    // The instance goes silent: its network is lost, and it runs on reaching nobody. Once
+    // it has not been heard from for three live-report intervals, the control plane
+    // terminates it, forces its volume off, and launches a replacement, which serves what
+    // the silent one acknowledged.
+    let mut logins = logins;
+    logins["publisher"] = rotated.clone();
+    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
+    let reply = publisher
+        .request(json!({"body": "kept through the silence", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let silent = replaced["resources"]["instance"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    second.lose_network();
+    let replaced = api.placed(&id, Some(&silent)).await;
+    let described = describe_instance(client, &silent).await;
+    assert_eq!(
+        described.state().unwrap().name(),
+        Some(&InstanceStateName::Terminated),
+        "fenced before it was replaced"
+    );
+    drop(second);
+    let second = boot(&ec2, &replaced, "qe3", files.path()).await;
+    second.wait_for_node_log("listening on");
+    let mut subscriber = logged_in(dns, &host, &root, &logins, "subscriber").await;
+    let delivered = subscriber.recv().await;
+    assert_eq!(delivered["body"], "kept through the silence");
+    subscriber
+        .request(json!({"id": delivered["id"], "ack": 1}))
+        .await;
+    subscriber.request(json!({"logout": true})).await;
+    let (_, audit) = api.call("GET", "/v1/audit", None).await;
+    let replacements = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|entry| entry["action"] == "node.replace" && entry["target"] == id.as_str())
+        .count();
+    assert_eq!(replacements, 1, "{audit}");
 
     // Deleted: EC2 terminates the instance, which shuts down: its node reports its last
     // records, then the volume is deleted.

@@ -30,6 +30,29 @@ impl Replicas {
     /// A replica per address in `dns`, its DNS server there; the first one leads (the others
     /// start once it does).
     fn start_with_dns(etcd: &EtcdCluster, dns: &[SocketAddr], extra: &str) -> Replicas {
+        Replicas::start_listing_first(etcd, dns, extra, None)
+    }
+
+    /// `count` replicas on `etcd` that all list replica `preferred` first in `node_urls`, so
+    /// every node reports to it, whichever leads.
+    fn start_preferring(
+        etcd: &EtcdCluster,
+        count: usize,
+        extra: &str,
+        preferred: usize,
+    ) -> Replicas {
+        let dns = vec!["127.0.0.1:0".parse().unwrap(); count];
+        Replicas::start_listing_first(etcd, &dns, extra, Some(preferred))
+    }
+
+    /// Replicas as [`Replicas::start_with_dns`], each listing `preferred` first in its
+    /// `node_urls`, or its own URL (as documented) for `None`.
+    fn start_listing_first(
+        etcd: &EtcdCluster,
+        dns: &[SocketAddr],
+        extra: &str,
+        preferred: Option<usize>,
+    ) -> Replicas {
         let count = dns.len();
         let nodes = tempfile::tempdir().unwrap();
         let listen: Vec<SocketAddr> = (0..count).map(|_| free_addr()).collect();
@@ -42,7 +65,8 @@ impl Replicas {
         // As infra/controlplane-replica.example.toml says: the same file on every replica but
         // for `node_urls`, which lists this replica's own URL first.
         let config = |i: usize| {
-            let own_first = [&urls[i..], &urls[..i]].concat();
+            let first = preferred.unwrap_or(i);
+            let own_first = [&urls[first..], &urls[..first]].concat();
             format!(
                 "dns_listen = \"{}\"\nlocal_nodes_dir = {:?}\nnode_urls = [{}]\n\
                  reconcile_every_secs = 1\n{extra}\n\
@@ -325,6 +349,43 @@ async fn a_leader_killed_leaves_every_node_and_its_connections_serving() {
     assert_eq!(published["status"], "Success.", "{published}");
     let delivered = subscriber.recv().await;
     assert_eq!(delivered["body"], "after the failover", "{delivered}");
+}
+
+/// A node heard by a replica that does not lead is not taken for silent: every replica shares
+/// what it hears, and the leader judges from all of it. Here every replica lists replica 1
+/// first, so the node reports to it while replica 0 leads; stopped, it is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_heard_by_a_replica_that_does_not_lead_is_kept_and_replaced_once_silent() {
+    let etcd = EtcdCluster::start(1);
+    let silence = "live_stats_secs = 1\nreplace_silent_after_intervals = 3\n";
+    let replicas = Replicas::start_preferring(&etcd, 2, silence, 1);
+    assert_eq!(replicas.leader(), 0);
+    let created = replicas.at(0).create_queue(QUEUE).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let bootstrap = replicas.node_dir(&id).join("bootstrap.toml");
+    let pid = process_naming(&bootstrap).expect("the queue's node runs");
+
+    // Heard by replica 1 only, for twice the limit, while replica 0 looks every second.
+    replicas.at(1).wait_for_live_reports(7).await;
+    assert_eq!(
+        replicas.at(0).live_reports().await,
+        0,
+        "the leader hears nothing itself"
+    );
+    let log = replicas.at(0).log_text();
+    assert!(!log.contains("replacing it"), "{log}");
+    assert_eq!(process_naming(&bootstrap), Some(pid), "the same node");
+
+    signal(pid, libc::SIGSTOP);
+    replicas.at(0).wait_for_log("a silent node was replaced", 1);
+    let replacement = process_naming(&bootstrap).expect("a node runs");
+    assert_ne!(replacement, pid);
+    let publisher = &created["logins"]["publisher"];
+    let node = replicas.at(0).wait_for_status(&id, "running").await["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(logs_in(&node, publisher, "publisher").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,7 +30,9 @@ pub struct Metrics {
     /// Reports received from nodes and kept.
     pub node_reports: AtomicU64,
     /// Each queue's latest live numbers, as its node reported them to this replica.
-    pub live: LiveNumbers,
+    pub live: Arc<LiveNumbers>,
+    /// Silent nodes this replica replaced while leading ([`crate::silence`]).
+    pub nodes_replaced: Arc<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -141,6 +143,12 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         "qe_live_reports_total",
         "Live reports this replica received from nodes.",
         state.metrics.live.received(),
+    );
+    render_counter(
+        &mut out,
+        "qe_nodes_replaced_total",
+        "Silent nodes this replica fenced and replaced while it led.",
+        state.metrics.nodes_replaced.load(Ordering::Relaxed),
     );
     // Described in every mode, so the alert on it names a metric this serves; a value only
     // in wildcard mode, once the certificate is issued.

@@ -9,7 +9,7 @@ use super::{FleetError, Provider};
 use crate::queues::{Addresses, NewQueue, Placement, Queue};
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use qe_ec2::{Ec2, Ec2Error, Instance, Launch};
+use qe_ec2::{Ec2, Ec2Error, Instance, Launch, Volume};
 use qe_shared::node_channel::Bootstrap;
 use std::collections::BTreeMap;
 use std::net::{Ipv6Addr, SocketAddr};
@@ -33,17 +33,53 @@ pub struct Ec2Provider {
     boot: NodeBoot,
     /// `q.CLUSTER.DOMAIN`: a node is reached by its queue's name there.
     zone: String,
+    /// How long a new instance has to boot and report before its silence counts.
+    boot_within: Duration,
 }
 
 impl Ec2Provider {
-    pub fn new(ec2: Ec2, boot: NodeBoot, zone: String) -> Ec2Provider {
-        Ec2Provider { ec2, boot, zone }
+    pub fn new(ec2: Ec2, boot: NodeBoot, zone: String, boot_within: Duration) -> Ec2Provider {
+        Ec2Provider {
+            ec2,
+            boot,
+            zone,
+            boot_within,
+        }
     }
 
-    /// The queue's live instance, if it has one (the last listed, were there two). One that
-    /// is stopping or stopped (retired by AWS, stopped by hand) holds the volume but serves
-    /// nothing: it is terminated, to be replaced.
-    async fn instance_of(&self, queue: &Queue) -> Result<Option<Instance>, Ec2Error> {
+    /// The queue's data volume: the one its record names, else the one a live instance holds,
+    /// else the oldest (or a new one, for a queue that has none yet). Every other is a twin (a
+    /// race, a volume made by hand): forced off its instance and deleted, so that no two
+    /// nodes ever hold one queue's data and no attach waits on a twin.
+    async fn volume_of(&self, queue: &Queue) -> Result<Volume, Ec2Error> {
+        let mut volumes = self.ec2.volumes_of(&queue.region, &queue.id).await?;
+        if volumes.is_empty() {
+            return self.ec2.volume_for(&queue.region, &queue.id).await;
+        }
+        let recorded = queue.resources.get("volume");
+        let keep = volumes
+            .iter()
+            .position(|volume| Some(&volume.id) == recorded)
+            .or_else(|| volumes.iter().position(|v| v.attached_to.is_some()))
+            .unwrap_or(0);
+        let volume = volumes.swap_remove(keep);
+        for twin in volumes {
+            tracing::warn!(queue = %queue.id, volume = %twin.id, kept = %volume.id, "a second data volume of a live queue: deleted");
+            self.ec2.delete_volume(&twin.region, &twin.id).await?;
+        }
+        Ok(volume)
+    }
+
+    /// The queue's live instance, if it has one. One that is stopping or stopped (retired by
+    /// AWS, stopped by hand) holds the volume but serves nothing: it is terminated, to be
+    /// replaced. Of twins (two live instances of one queue: one made by hand, a launch that
+    /// lost its token), the one holding `volume` is kept, else the one the record names, else
+    /// the newest; every other is terminated.
+    async fn instance_of(
+        &self,
+        queue: &Queue,
+        volume: &Volume,
+    ) -> Result<Option<Instance>, Ec2Error> {
         let mut live = Vec::new();
         for instance in self.ec2.instances_of(&queue.region, &queue.id).await? {
             match instance.state.as_str() {
@@ -55,7 +91,35 @@ impl Ec2Provider {
                 _ => {}
             }
         }
-        Ok(live.pop())
+        let recorded = queue.resources.get("instance");
+        let keep = live
+            .iter()
+            .position(|instance| volume.attached_to.as_ref() == Some(&instance.id))
+            .or_else(|| {
+                live.iter()
+                    .position(|instance| Some(&instance.id) == recorded)
+            })
+            .or(live.len().checked_sub(1));
+        let Some(keep) = keep else {
+            return Ok(None);
+        };
+        let instance = live.swap_remove(keep);
+        for twin in live {
+            tracing::warn!(queue = %queue.id, instance = %twin.id, kept = %instance.id, "a second instance of a live queue: terminated");
+            self.ec2.terminate(&twin.region, &twin.id).await?;
+        }
+        Ok(Some(instance))
+    }
+
+    /// Fences a silent node: its instances terminated and waited for, its data volume then
+    /// forced off whatever still holds it (a hung instance can take long to let go).
+    async fn fence_node(&self, queue: &Queue) -> Result<(), Ec2Error> {
+        tracing::warn!(queue = %queue.id, "terminating a silent node's instance");
+        self.terminate_all(&queue.id).await?;
+        for volume in self.ec2.volumes_of(&queue.region, &queue.id).await? {
+            self.ec2.free_volume(&volume.region, &volume.id).await?;
+        }
+        Ok(())
     }
 
     /// Launches the queue's instance. If EC2 answers with one that is already gone (a token
@@ -94,8 +158,8 @@ impl Ec2Provider {
         queue: &Queue,
         bootstrap: &Bootstrap,
     ) -> Result<Placement, Ec2Error> {
-        let volume = self.ec2.volume_for(&queue.region, &queue.id).await?;
-        let instance = match self.instance_of(queue).await? {
+        let volume = self.volume_of(queue).await?;
+        let instance = match self.instance_of(queue, &volume).await? {
             Some(instance) => instance,
             // The client token is new for each replacement (the instance it follows) and the
             // same for a retry of one launch: a launch whose answer was lost makes no twin.
@@ -126,6 +190,7 @@ impl Ec2Provider {
                 ("volume".to_string(), volume.id),
                 ("region".to_string(), queue.region.clone()),
             ]),
+            restarted_because: None,
         })
     }
 
@@ -234,6 +299,20 @@ impl Provider for Ec2Provider {
                 .map_err(|e| FleetError::Start(e.to_string()))
         }
         .boxed()
+    }
+
+    fn fence<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
+        async move {
+            self.fence_node(queue)
+                .await
+                .map_err(|e| FleetError::Remove(e.to_string()))
+        }
+        .boxed()
+    }
+
+    /// An instance boots, mounts its volume and fetches the node before it reports.
+    fn boot_within(&self) -> Duration {
+        self.boot_within
     }
 
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {

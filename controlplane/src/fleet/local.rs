@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::process::Command;
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The wait before starting a node that exited; it doubles while starts fail.
@@ -26,6 +26,9 @@ const RESTART_AFTER: Duration = Duration::from_millis(200);
 const RESTART_AFTER_AT_MOST: Duration = Duration::from_secs(30);
 /// How long a stopping node has to make and report its last record before it is killed.
 const STOP_WITHIN: Duration = Duration::from_secs(10);
+/// Why a serving node is restarted: it was started for replicas that are not the control
+/// plane's now (a node reads its bootstrap once).
+const MOVED: &str = "the control plane's replicas or root changed";
 
 pub struct LocalProvider {
     dataplane: PathBuf,
@@ -44,8 +47,8 @@ struct RunningNode {
     bootstrap: Bootstrap,
     /// Its process id now (a restart changes it).
     pid: Arc<std::sync::atomic::AtomicU32>,
-    /// Ends the supervision and the node.
-    stop: Arc<Notify>,
+    /// Ends the supervision and the node, giving it this long to stop by itself.
+    stop: oneshot::Sender<Duration>,
     supervisor: JoinHandle<()>,
 }
 
@@ -108,6 +111,7 @@ impl LocalProvider {
             node,
             addresses,
             resources,
+            restarted_because: None,
         }
     }
 
@@ -124,13 +128,18 @@ impl LocalProvider {
                 .get(&queue.id)
                 .map(|node| (reaches_alike(&node.bootstrap, bootstrap), node.pid.clone()))
         };
+        let mut restarted_because = None;
         match running {
             Some((true, pid)) => {
                 let pid = pid.load(std::sync::atomic::Ordering::Relaxed);
                 return Ok(self.placement(queue, port, pid));
             }
             // Started for a control plane elsewhere: again, from the new bootstrap.
-            Some((false, _)) => self.stop_node(&queue.id).await,
+            Some((false, _)) => {
+                tracing::info!(queue = %queue.id, "restarting a node for the control plane's new address");
+                restarted_because = Some(MOVED);
+                self.stop_node(&queue.id, STOP_WITHIN).await;
+            }
             None => {}
         }
         let (launcher, changed) = self
@@ -146,6 +155,7 @@ impl LocalProvider {
             // from there).
             (Some(mut child), true) => {
                 tracing::info!(queue = %queue.id, "restarting a node for the control plane's new address");
+                restarted_because = Some(MOVED);
                 child.stop(STOP_WITHIN).await;
                 launcher.launch().await?
             }
@@ -156,7 +166,10 @@ impl LocalProvider {
             tracing::info!(queue = %queue.id, pid, "started a node");
         }
         self.keep_running(&queue.id, bootstrap.clone(), child, launcher);
-        Ok(self.placement(queue, port, pid))
+        Ok(Placement {
+            restarted_because,
+            ..self.placement(queue, port, pid)
+        })
     }
 
     /// A launcher for queue `queue_id`'s node, its bootstrap written; and whether the control
@@ -189,8 +202,8 @@ impl LocalProvider {
         launcher: Launcher,
     ) {
         let pid = Arc::new(std::sync::atomic::AtomicU32::new(child.id()));
-        let stop = Arc::new(Notify::new());
-        let supervisor = tokio::spawn(supervise(child, launcher, pid.clone(), stop.clone()));
+        let (stop, stopping) = oneshot::channel();
+        let supervisor = tokio::spawn(supervise(child, launcher, pid.clone(), stopping));
         let node = RunningNode {
             bootstrap,
             pid,
@@ -213,11 +226,12 @@ impl LocalProvider {
             .cloned()
             .collect();
         for id in ids {
-            self.stop_node(&id).await;
+            self.stop_node(&id, STOP_WITHIN).await;
         }
     }
 
-    async fn stop_node(&self, queue_id: &str) {
+    /// Stops queue `queue_id`'s node, giving it `grace` to stop by itself (none: killed).
+    async fn stop_node(&self, queue_id: &str, grace: Duration) {
         let node = self
             .running
             .lock()
@@ -225,7 +239,7 @@ impl LocalProvider {
             .remove(queue_id);
         match node {
             Some(node) => {
-                node.stop.notify_one();
+                let _ = node.stop.send(grace);
                 let _ = node.supervisor.await;
             }
             // One a previous control plane left running, not taken on since.
@@ -235,7 +249,7 @@ impl LocalProvider {
                     dir: self.node_dir(queue_id),
                 };
                 if let Some(mut child) = launcher.adopt() {
-                    child.stop(STOP_WITHIN).await;
+                    child.stop(grace).await;
                 }
             }
         }
@@ -289,7 +303,17 @@ impl Provider for LocalProvider {
 
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
-            self.stop_node(queue_id).await;
+            self.stop_node(queue_id, STOP_WITHIN).await;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    /// Kills its process at once (a stopped or hung one answers no SIGTERM) and waits until
+    /// it is gone: only then may another take its port and data.
+    fn fence<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
+        async move {
+            self.stop_node(&queue.id, Duration::ZERO).await;
             Ok(())
         }
         .boxed()
@@ -413,18 +437,21 @@ async fn copy_lines(
     }
 }
 
-/// Keeps a node running until `stop`: a node that exits is started again, backing off while
-/// starts fail.
+/// Keeps a node running until `stop` says how long it has to stop: a node that exits is
+/// started again, backing off while starts fail.
 async fn supervise(
     mut child: NodeProcess,
     launcher: Launcher,
     pid: Arc<std::sync::atomic::AtomicU32>,
-    stop: Arc<Notify>,
+    mut stop: oneshot::Receiver<Duration>,
 ) {
     loop {
         tokio::select! {
-            _ = stop.notified() => {
-                child.stop(STOP_WITHIN).await;
+            grace = &mut stop => {
+                // A sender dropped unsent is a provider letting go: the node runs on.
+                if let Ok(grace) = grace {
+                    child.stop(grace).await;
+                }
                 return;
             }
             _ = child.exited() => {}
@@ -432,7 +459,7 @@ async fn supervise(
         let mut wait = RESTART_AFTER;
         child = loop {
             tokio::select! {
-                _ = stop.notified() => return,
+                _ = &mut stop => return,
                 _ = tokio::time::sleep(wait) => {}
             }
             match launcher.launch().await {

@@ -50,6 +50,18 @@ pub trait Provider: Send + Sync {
         bootstrap: &'a Bootstrap,
     ) -> BoxFuture<'a, Result<Placement, FleetError>>;
 
+    /// Makes sure `queue`'s node, which has gone silent (`silence.rs`), serves nothing and
+    /// holds nothing any more (a process killed, an instance terminated and its volume
+    /// freed), so that [`Provider::ensure`] then starts its replacement on the same data and
+    /// no two nodes ever hold one queue's data or name. Safe to call again.
+    fn fence<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>>;
+
+    /// How long a node it starts may take to boot and report for the first time: a
+    /// replacement is not judged silent before.
+    fn boot_within(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Stops queue `queue_id`'s node and removes what it runs on (a process, an instance),
     /// keeping its data; a stopping node makes and reports its last usage record. Safe to
     /// call again, and for a queue it holds nothing for.

@@ -60,8 +60,13 @@ impl NodeProcess {
     }
 
     /// SIGTERM (the node makes and reports its last usage record), then SIGKILL if it is
-    /// still there after `grace`.
+    /// still there after `grace`; no grace, SIGKILL at once.
     pub async fn stop(&mut self, grace: Duration) {
+        if grace.is_zero() {
+            self.signal(libc::SIGKILL);
+            self.exited().await;
+            return;
+        }
         self.signal(libc::SIGTERM);
         if tokio::time::timeout(grace, self.exited()).await.is_err() {
             tracing::warn!(pid = self.id(), "a node ignored SIGTERM; killing it");

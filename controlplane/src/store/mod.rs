@@ -208,6 +208,10 @@ const SERIAL_BASE: &str = "zone-serial-base";
 /// past it is served, so a restart starts above it (see `dns::zone`).
 const SERIAL_RESERVED: &str = "zone-serial-reserved";
 
+/// When each replica last heard each queue's node (`heard/REPLICA`, [`crate::silence`]):
+/// rewritten every few seconds, worth nothing in a backup.
+const HEARD: &str = "heard/";
+
 /// The queues' records and the DNS-01 values: what the zone and the node watches follow.
 fn followed() -> Vec<String> {
     vec![QUEUES.to_string(), CHALLENGES.to_string()]
@@ -519,6 +523,31 @@ impl Store {
         Ok(kept.into_iter().next().flatten().unwrap_or(made))
     }
 
+    /// Keeps what replica `replica` heard: when it last heard each queue's node, in
+    /// milliseconds since 1970 by its clock.
+    pub async fn put_heard(
+        &self,
+        replica: &str,
+        heard: &std::collections::BTreeMap<String, u64>,
+    ) -> Result<(), StoreError> {
+        let key = format!("{HEARD}{replica}");
+        self.put_value(&key, serde_json::to_vec(heard)?).await
+    }
+
+    /// When any replica last heard each queue's node: the latest of what each kept.
+    pub async fn heard(&self) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+        let kept = self.kv.range(HEARD, &end_of(HEARD)).await?;
+        let mut latest = std::collections::HashMap::new();
+        for value in kept.values {
+            let heard: std::collections::BTreeMap<String, u64> = serde_json::from_slice(&value)?;
+            for (queue_id, at_ms) in heard {
+                let kept: &mut u64 = latest.entry(queue_id).or_default();
+                *kept = (*kept).max(at_ms);
+            }
+        }
+        Ok(latest)
+    }
+
     /// Puts `value` at `key` whatever was there.
     async fn put_value(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
         loop {
@@ -564,7 +593,11 @@ impl Store {
         let mut entries = self.kv.dump().await?;
         // The leader's goes with its lease; the serial base with this store's revisions, and
         // the reserve with the serials this store's zone served: a restore sets both anew.
-        entries.retain(|(key, _)| ![LEADER, SERIAL_BASE, SERIAL_RESERVED].contains(&key.as_str()));
+        // What replicas heard is news only for seconds.
+        entries.retain(|(key, _)| {
+            ![LEADER, SERIAL_BASE, SERIAL_RESERVED].contains(&key.as_str())
+                && !key.starts_with(HEARD)
+        });
         Ok(entries)
     }
 

@@ -1,0 +1,240 @@
+//! Silent nodes: a node that runs but is not heard from (a hung process or kernel, a lost
+//! network, a node that cannot start) serves nobody, and nothing else notices; its queue is
+//! down until it is replaced.
+//!
+//! A node is heard from every `live_stats_secs` (its live report, `live.rs`) by whichever
+//! replica it reaches. Each replica shares what it heard ([`share`]): every interval it writes,
+//! under `heard/REPLICA`, when it last heard each node, one store write per replica per
+//! interval whatever the number of queues. The leader's reconciler reads them all at each look
+//! at every queue and takes the latest per queue ([`Watch::silent`]); one not heard from for
+//! [`silent_after`] is fenced and replaced (`reconciler.rs`).
+//!
+//! A queue is judged only from when this leader could have heard it: from the start of its
+//! term, or from when a replacement was placed plus the time the provider's nodes take to
+//! boot, whichever is later. So a new leader, or a fresh instance, is never judged on
+//! silence that came before it.
+
+use crate::live::LiveNumbers;
+use crate::queues::{Queue, Status};
+use crate::store::Store;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the reconciler replaces silent nodes by.
+#[derive(Clone)]
+pub struct Rules {
+    /// How long a node may go unheard ([`silent_after`]); `None`: never replaced for it.
+    pub limit: Option<Duration>,
+    /// Nodes this replica replaced since it started, for `/metrics`.
+    pub replaced: Arc<AtomicU64>,
+}
+
+/// How long a node may go unheard before it is replaced: `intervals` live-report intervals
+/// of `live_stats_secs`; `None` (never) for 0.
+pub fn silent_after(intervals: u64, live_stats_secs: u64) -> Option<Duration> {
+    (intervals > 0).then(|| Duration::from_secs(intervals * live_stats_secs))
+}
+
+/// Every `every`, keeps in the store when this replica last heard each node, for the leader
+/// (this one too). What is older than `keep_for` is dropped: a node heard that long ago by
+/// this replica is either silent or reporting elsewhere, and either way this replica's word
+/// on it adds nothing.
+pub async fn share(
+    store: Store,
+    live: Arc<LiveNumbers>,
+    replica: String,
+    every: Duration,
+    keep_for: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let since = crate::live::now_ms().saturating_sub(keep_for.as_millis() as u64);
+        let heard = live.heard_since(since);
+        if let Err(error) = store.put_heard(&replica, &heard).await {
+            tracing::warn!(%error, "what this replica heard from the nodes could not be shared");
+        }
+    }
+}
+
+/// One leadership term's view of the nodes' silence: since when it watches each queue.
+#[derive(Default)]
+pub struct Watch {
+    watched: HashMap<String, Watched>,
+}
+
+/// Since when one queue's node is watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Watched {
+    /// When this term first looked at it, or when its node was last placed.
+    since_ms: u64,
+    /// Until when it may stay unheard while it boots: its silence counts from here until it
+    /// is first heard after `since_ms`.
+    boot_until_ms: u64,
+}
+
+impl Watched {
+    /// When its node was last heard, or could have been: a node heard since it was placed
+    /// has booted, and counts from then; one not heard since, from the end of its boot time.
+    fn last(&self, heard_ms: Option<u64>) -> u64 {
+        match heard_ms {
+            Some(heard) if heard >= self.since_ms => heard,
+            _ => self.boot_until_ms,
+        }
+    }
+}
+
+impl Watch {
+    /// The ids of those of `queues` whose node is placed and has not been heard from for
+    /// longer than `limit`, judged at `now_ms` with `heard` (the latest time any replica
+    /// heard each node). A queue seen for the first time is watched from `now_ms`, with
+    /// `boot` more if its node has never reported (it may be booting still); queues no
+    /// longer listed are forgotten.
+    pub fn silent(
+        &mut self,
+        queues: &[Queue],
+        heard: &HashMap<String, u64>,
+        now_ms: u64,
+        limit: Duration,
+        boot: Duration,
+    ) -> Vec<String> {
+        let placed: Vec<&Queue> = queues
+            .iter()
+            .filter(|queue| queue.status.is_live() && queue.node.is_some())
+            .collect();
+        self.watched
+            .retain(|id, _| placed.iter().any(|queue| &queue.id == id));
+        let mut silent = Vec::new();
+        for queue in placed {
+            let booting = match queue.status == Status::Provisioning {
+                true => boot,
+                false => Duration::ZERO,
+            };
+            let watched = *self
+                .watched
+                .entry(queue.id.clone())
+                .or_insert_with(|| Watched::from(now_ms, booting));
+            let last = watched.last(heard.get(&queue.id).copied());
+            if now_ms.saturating_sub(last) > limit.as_millis() as u64 {
+                silent.push(queue.id.clone());
+            }
+        }
+        silent
+    }
+
+    /// Watches queue `queue_id` anew from `now_ms`: its node was placed anew, and may take
+    /// `boot` to be heard.
+    pub fn placed(&mut self, queue_id: &str, now_ms: u64, boot: Duration) {
+        self.watched
+            .insert(queue_id.to_string(), Watched::from(now_ms, boot));
+    }
+}
+
+impl Watched {
+    fn from(now_ms: u64, boot: Duration) -> Watched {
+        Watched {
+            since_ms: now_ms,
+            boot_until_ms: now_ms + boot.as_millis() as u64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(id: &str, status: Status, placed: bool) -> Queue {
+        let (mut queue, _) = crate::queues::create(crate::queues::NewQueue {
+            tier: crate::queues::Tier::Devtest,
+            region: "local".into(),
+            instance_type: "local".into(),
+            ipv4: false,
+            account: None,
+        });
+        queue.id = id.to_string();
+        queue.status = status;
+        queue.node = placed.then(|| "ws://127.0.0.1:1/".to_string());
+        queue
+    }
+
+    const LIMIT: Duration = Duration::from_secs(60);
+    const BOOT: Duration = Duration::from_secs(300);
+
+    #[test]
+    fn a_node_unheard_past_the_limit_is_silent_and_only_then() {
+        let queues = [
+            queue("heard", Status::Running, true),
+            queue("quiet", Status::Running, true),
+            queue("unplaced", Status::Provisioning, false),
+            queue("deleting", Status::Deleting, true),
+        ];
+        let mut watch = Watch::default();
+        let start = 1_000_000;
+        // A new term judges nobody on what came before it.
+        let nothing = HashMap::new();
+        assert!(watch
+            .silent(&queues, &nothing, start, LIMIT, BOOT)
+            .is_empty());
+        let heard = HashMap::from([("heard".to_string(), start + 50_000)]);
+        let at_limit = start + 60_000;
+        assert!(watch
+            .silent(&queues, &heard, at_limit, LIMIT, BOOT)
+            .is_empty());
+        let past = start + 60_001;
+        assert_eq!(watch.silent(&queues, &heard, past, LIMIT, BOOT), ["quiet"]);
+    }
+
+    #[test]
+    fn a_node_placed_anew_has_its_boot_time_until_it_is_first_heard() {
+        let queues = [queue("q", Status::Running, true)];
+        let mut watch = Watch::default();
+        // Heard last before it was placed: the old node, not this one.
+        watch.placed("q", 1_000, BOOT);
+        let before = HashMap::from([("q".to_string(), 0)]);
+        assert!(watch
+            .silent(&queues, &before, 361_000, LIMIT, BOOT)
+            .is_empty());
+        assert_eq!(watch.silent(&queues, &before, 361_001, LIMIT, BOOT), ["q"]);
+        // Heard at 10 s: it has booted, and its silence counts from then.
+        watch.placed("q", 1_000, BOOT);
+        let booted = HashMap::from([("q".to_string(), 10_000)]);
+        assert!(watch
+            .silent(&queues, &booted, 70_000, LIMIT, BOOT)
+            .is_empty());
+        assert_eq!(watch.silent(&queues, &booted, 70_001, LIMIT, BOOT), ["q"]);
+    }
+
+    #[test]
+    fn a_node_that_never_reported_is_given_its_boot_time() {
+        let queues = [queue("booting", Status::Provisioning, true)];
+        let mut watch = Watch::default();
+        let nothing = HashMap::new();
+        assert!(watch.silent(&queues, &nothing, 0, LIMIT, BOOT).is_empty());
+        assert!(watch
+            .silent(&queues, &nothing, 360_000, LIMIT, BOOT)
+            .is_empty());
+        assert_eq!(
+            watch.silent(&queues, &nothing, 360_001, LIMIT, BOOT),
+            ["booting"]
+        );
+    }
+
+    #[test]
+    fn a_queue_no_longer_listed_is_forgotten() {
+        let mut watch = Watch::default();
+        let queues = [queue("a", Status::Running, true)];
+        watch.silent(&queues, &HashMap::new(), 5, LIMIT, BOOT);
+        assert!(watch.watched.contains_key("a"));
+        watch.silent(&[], &HashMap::new(), 6, LIMIT, BOOT);
+        assert!(!watch.watched.contains_key("a"));
+    }
+
+    #[test]
+    fn zero_intervals_never_replaces() {
+        assert_eq!(silent_after(0, 10), None);
+        assert_eq!(silent_after(6, 10), Some(Duration::from_secs(60)));
+    }
+}

@@ -93,6 +93,11 @@ pub struct Config {
     /// replaces one. Default 6: a minute with the default interval.
     #[serde(default = "default_replace_silent_after_intervals")]
     pub replace_silent_after_intervals: u64,
+    /// Seconds a deleted queue's data is kept, at most, for the last report of its node (its
+    /// last usage record, billed): a node that could not report as it stopped (its control
+    /// plane was down) has its records handed over from its data. Default 86400, a day.
+    #[serde(default = "default_delete_keeps_data_secs")]
+    pub delete_keeps_data_secs: u64,
     /// What runs the nodes. Default: processes on this machine (`kind = "local"`).
     #[serde(default)]
     pub provider: ProviderConfig,
@@ -161,6 +166,10 @@ fn default_reconcile_every_secs() -> u64 {
 
 fn default_replace_silent_after_intervals() -> u64 {
     6
+}
+
+fn default_delete_keeps_data_secs() -> u64 {
+    86400
 }
 
 fn default_volume_size_gib() -> i32 {

@@ -331,16 +331,12 @@ async fn start(config: Config) -> Result<Running, Failure> {
         )),
         None => tokio::spawn(api::server::serve(listener, router, stopped)),
     };
-    let recheck_every = std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1));
-    let reconciler = Reconciler::new(
-        store,
-        fleet,
-        zone,
-        bootstraps,
-        reconcile,
-        recheck_every,
+    let settings = controlplane::reconciler::Settings {
+        recheck_every: std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1)),
         silence,
-    );
+        keep_data_for: std::time::Duration::from_secs(state.config.delete_keeps_data_secs),
+    };
+    let reconciler = Reconciler::new(store, fleet, zone, bootstraps, reconcile, settings);
     // Its first pass takes on every queue's node: adopted, or started again.
     tokio::spawn(Arc::new(reconciler).run(leadership));
     println!("listening on {bound}");

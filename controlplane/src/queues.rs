@@ -81,6 +81,10 @@ pub struct Queue {
     /// When its node said, stopping, that it had reported its last records.
     #[serde(default)]
     pub last_report: Option<u64>,
+    /// When it was asked to be deleted, in seconds since 1970: its data is kept for its last
+    /// report from then for at most `delete_keeps_data_secs` (`reconciler.rs`).
+    #[serde(default)]
+    pub deleting_since: Option<u64>,
     /// The account it belongs to ([`crate::accounts`]); `None` for a queue the operator
     /// made for no account (and for every queue made before there were accounts).
     #[serde(default)]
@@ -254,6 +258,7 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
         certificate_issued: None,
         resources: Default::default(),
         last_report: None,
+        deleting_since: None,
         account: new.account,
         sqs_keys: Vec::new(),
     };

@@ -28,8 +28,23 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 
-/// How long a deleted queue's data is kept for its node's last report.
-const LAST_REPORT_WITHIN: Duration = Duration::from_secs(120);
+/// How long a deleted queue's last report is waited for once its node has stopped, before
+/// its records are handed over from its data: a node reports as it stops (its last try
+/// ends before it exits), so only a report still on its way from another replica is awaited.
+const LAST_REPORT_SOON: Duration = Duration::from_secs(5);
+/// The longest wait between two tries to hand a deleted queue's records over from its data.
+const HAND_OVER_AGAIN_AT_MOST: Duration = Duration::from_secs(60);
+
+/// How the reconciler paces itself (from the control plane's config).
+#[derive(Clone)]
+pub struct Settings {
+    /// How often every queue is checked even when nothing asks (an instance that vanished).
+    pub recheck_every: Duration,
+    /// When a node that is not heard from is replaced.
+    pub silence: Rules,
+    /// How long a deleted queue's data is kept, at most, for its node's last report.
+    pub keep_data_for: Duration,
+}
 
 pub struct Reconciler {
     store: Store,
@@ -38,10 +53,7 @@ pub struct Reconciler {
     bootstraps: Arc<Bootstraps>,
     /// Wakes it for a pass now (a queue created or deleted).
     wake: Arc<Notify>,
-    /// How often every queue is checked even when nothing asks (an instance that vanished).
-    recheck_every: Duration,
-    /// When a node that is not heard from is replaced.
-    silence: Rules,
+    settings: Settings,
     /// This term's view of the nodes' silence.
     watch: std::sync::Mutex<silence::Watch>,
     /// The queues being driven now: a pass leaves them to the drive under way.
@@ -51,16 +63,14 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    /// Drives `store`'s queues through `fleet`, woken by `wake` and every `recheck_every`,
-    /// replacing silent nodes by `silence`.
+    /// Drives `store`'s queues through `fleet`, woken by `wake` and as `settings` say.
     pub fn new(
         store: Store,
         fleet: Arc<dyn Provider>,
         zone: Arc<Zone>,
         bootstraps: Arc<Bootstraps>,
         wake: Arc<Notify>,
-        recheck_every: Duration,
-        silence: Rules,
+        settings: Settings,
     ) -> Reconciler {
         Reconciler {
             store,
@@ -68,8 +78,7 @@ impl Reconciler {
             zone,
             bootstraps,
             wake,
-            recheck_every,
-            silence,
+            settings,
             watch: Default::default(),
             driving: Default::default(),
             drives: Default::default(),
@@ -86,8 +95,7 @@ impl Reconciler {
                 self.zone.clone(),
                 self.bootstraps.clone(),
                 self.wake.clone(),
-                self.recheck_every,
-                self.silence.clone(),
+                self.settings.clone(),
             ));
             tokio::select! {
                 _ = term.clone().reconcile() => {}
@@ -117,7 +125,7 @@ impl Reconciler {
         loop {
             changes.borrow_and_update();
             if every_queue {
-                next_full = tokio::time::Instant::now() + self.recheck_every;
+                next_full = tokio::time::Instant::now() + self.settings.recheck_every;
             }
             if let Err(error) = self.pass(every_queue).await {
                 tracing::error!(%error, "a reconciler pass failed");
@@ -177,7 +185,7 @@ impl Reconciler {
     /// (none when there is none, or when what was heard cannot be read: a store that cannot
     /// be read is no news about nodes).
     async fn silent(&self, queues: &[Queue]) -> HashSet<String> {
-        let Some(limit) = self.silence.limit else {
+        let Some(limit) = self.settings.silence.limit else {
             return HashSet::new();
         };
         let heard = match self.store.heard().await {
@@ -211,10 +219,13 @@ impl Reconciler {
     /// Fences its node, which has gone silent, and starts another on its data (placed anew,
     /// it is given the provider's boot time before it is judged).
     async fn replace_silent(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
-        let limit = self.silence.limit.unwrap_or_default();
+        let limit = self.settings.silence.limit.unwrap_or_default();
         tracing::warn!(queue = %queue.id, silent_for_more_than_secs = limit.as_secs(), "its node is not heard from: replacing it");
         self.fleet.fence(queue).await?;
-        self.silence.replaced.fetch_add(1, Ordering::Relaxed);
+        self.settings
+            .silence
+            .replaced
+            .fetch_add(1, Ordering::Relaxed);
         self.audit(audit::NODE_REPLACE, queue).await;
         self.keep_running(queue).await?;
         tracing::info!(queue = %queue.id, "a silent node was replaced");
@@ -266,16 +277,37 @@ impl Reconciler {
     }
 
     /// Stops its node (which reports its last records as it stops), removes its data once
-    /// they are in (or [`LAST_REPORT_WITHIN`] has passed: a node that died says nothing),
-    /// then records it deleted.
+    /// they are in, then records it deleted. A node that could not report as it stopped (its
+    /// control plane was down, or it had died) still holds them in its data: they are handed
+    /// over from there, tried again until they are in or the data has been kept for
+    /// `keep_data_for` since the delete (a restart of the control plane carries on).
     async fn finish_deleting(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
         self.fleet.stop(&queue.id).await?;
-        let reported = |queue: &Queue| queue.last_report.is_some();
-        let waited = self
-            .store
-            .wait_for(&queue.id, LAST_REPORT_WITHIN, reported)
-            .await?;
-        if !waited.as_ref().is_some_and(reported) {
+        let since = queue.deleting_since.unwrap_or_else(crate::unix_now);
+        let keep_until = since + self.settings.keep_data_for.as_secs();
+        let left = || Duration::from_secs(keep_until.saturating_sub(crate::unix_now()));
+        let mut reported = self.last_report_within(queue, LAST_REPORT_SOON).await?;
+        let mut again_after = Duration::from_secs(1);
+        while !reported && !left().is_zero() {
+            tracing::warn!(queue = %queue.id, "its node's last report has not come: handing its records over from its data");
+            let bootstrap = self.bootstraps.for_queue(queue);
+            match self.fleet.report_last(queue, &bootstrap, left()).await {
+                Ok(true) => {}
+                // Nothing can hand them over: waiting keeps the data for nobody.
+                Ok(false) => break,
+                Err(error) => {
+                    tracing::warn!(queue = %queue.id, %error, "its records could not be handed over yet")
+                }
+            }
+            reported = self
+                .last_report_within(queue, LAST_REPORT_SOON.min(left()))
+                .await?;
+            if !reported {
+                tokio::time::sleep(again_after.min(left())).await;
+                again_after = (again_after * 2).min(HAND_OVER_AGAIN_AT_MOST);
+            }
+        }
+        if !reported {
             tracing::warn!(queue = %queue.id, "its node's last report never came: deleting its data without it");
         }
         self.fleet.remove_data(&queue.id).await?;
@@ -288,6 +320,17 @@ impl Reconciler {
         deleted.await?;
         tracing::info!(queue = %queue.id, "deleted");
         Ok(())
+    }
+
+    /// Whether `queue`'s node has made its last report, waiting up to `within` for it.
+    async fn last_report_within(
+        &self,
+        queue: &Queue,
+        within: Duration,
+    ) -> Result<bool, StoreError> {
+        let reported = |queue: &Queue| queue.last_report.is_some();
+        let waited = self.store.wait_for(&queue.id, within, reported).await?;
+        Ok(waited.as_ref().is_some_and(reported))
     }
 
     /// Removes what the provider holds for queues that are not to run. After a restore from a

@@ -57,6 +57,12 @@ pub struct Flags {
     /// everything else from the control plane. Not with --config.
     #[arg(long, conflicts_with = "config")]
     pub bootstrap: Option<PathBuf>,
+    /// Serve nothing: hand the control plane every record the data directory holds that was
+    /// never reported, with the last report, then exit (0 once received). The control plane
+    /// runs this for a deleted queue whose node could not report as it stopped. Needs
+    /// --bootstrap.
+    #[arg(long, requires = "bootstrap")]
+    pub report_last: bool,
     /// Size at which the message log starts a new segment file (tuning and tests).
     #[arg(long, hide = true)]
     pub log_segment_bytes: Option<u64>,

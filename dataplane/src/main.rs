@@ -36,6 +36,7 @@ async fn main() -> ExitCode {
         .init();
 
     let mut flags = Flags::parse();
+    let report_last = flags.report_last;
     let bootstrapped = match &flags.bootstrap {
         Some(path) => match channel::read_bootstrap(path) {
             Ok(bootstrap) => {
@@ -70,6 +71,9 @@ async fn main() -> ExitCode {
             }
         },
     };
+    if report_last {
+        return report_last_and_exit(&config, &mut terminate).await;
+    }
     if config.tls_from_control_plane
         && until_terminated(wait_for_certificate(&config), &mut terminate)
             .await
@@ -296,6 +300,54 @@ async fn wait_for_certificate(config: &Config) {
                 wait = (wait * 2).min(std::time::Duration::from_secs(30));
             }
         }
+    }
+}
+
+/// `--report-last`: the node's queue was deleted while it could not report (its control plane
+/// was down as it stopped, or it had died), so its records wait in its data. Opens the data,
+/// hands every unreported record over with the last report, and exits, having served nothing;
+/// tried again, backing off, until received or SIGTERM.
+async fn report_last_and_exit(
+    config: &Config,
+    terminate: &mut tokio::signal::unix::Signal,
+) -> ExitCode {
+    let Some(to) = config.report_to.clone() else {
+        eprintln!("dataplane: --report-last reports to the control plane of --bootstrap");
+        return ExitCode::from(2);
+    };
+    let node = match Node::open(config).await {
+        Ok(node) => node,
+        Err(error) => {
+            eprintln!(
+                "dataplane: cannot open {}: {error}",
+                config.data_dir.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let reporter = Reporter::new(node, to);
+    let mut wait = std::time::Duration::from_secs(1);
+    loop {
+        match until_terminated(reporter.push_last(), terminate).await {
+            Some(Ok(())) => {
+                tracing::info!("the last usage record was reported");
+                return ExitCode::SUCCESS;
+            }
+            Some(Err(error)) => {
+                tracing::warn!(%error, retry_in = ?wait, "the last usage record could not be reported yet");
+            }
+            None => {
+                tracing::warn!("stopped on SIGTERM before the last usage record was reported");
+                return ExitCode::FAILURE;
+            }
+        }
+        if until_terminated(tokio::time::sleep(wait), terminate)
+            .await
+            .is_none()
+        {
+            return ExitCode::FAILURE;
+        }
+        wait = (wait * 2).min(std::time::Duration::from_secs(30));
     }
 }
 

@@ -19,6 +19,7 @@
 mod control_plane;
 pub mod disks;
 pub mod etcd;
+pub mod gate;
 pub mod instance;
 pub mod knot;
 pub mod moto;

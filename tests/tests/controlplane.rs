@@ -3,6 +3,7 @@
 //! are restarted and adopted; the API's metrics and document, and HTTPS. Usage and bills are
 //! in controlplane_usage.rs, DNS and certificates in controlplane_certificates.rs.
 
+use qe_tests::gate::Gate;
 use qe_tests::{
     http, http_response, http_text, https, login_with, node_of, process_naming, roots_from_pem,
     signal, today, wait_until_applied, Client, ControlPlane, PROMPT,
@@ -745,4 +746,84 @@ async fn a_silent_node_is_replaced_and_serves_its_durable_messages() {
         metrics.contains("\nqe_nodes_replaced_total 1\n"),
         "{metrics}"
     );
+}
+
+/// A queue deleted while its node cannot reach the control plane (here a gate in front of the
+/// control plane, shut for the nodes only): the node cannot make its last report as it stops,
+/// so its records wait in its data, which is kept. They are handed over from there once the
+/// control plane can be reached again; only then is the data removed and the queue deleted,
+/// its last usage record kept. (The data was removed 120 s later without it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_deleted_while_its_node_cannot_report_keeps_its_data_until_its_records_are_in() {
+    let mut gate = Gate::open_new().await;
+    let cp = ControlPlane::start_with(&format!("node_url = \"http://{}\"\n", gate.addr));
+    gate.forward_to(cp.addr);
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let id = queue["id"].as_str().unwrap().to_string();
+    let mut publisher = login_with(
+        node_of(&queue),
+        &queue["logins"]["publisher"],
+        "publisher",
+        json!({}),
+    )
+    .await;
+    let reply = publisher.request(json!({"body": "billed"})).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+
+    gate.shut();
+    let deleting = {
+        let (addr, token, path) = (cp.addr, cp.token.clone(), format!("/v1/queues/{id}"));
+        tokio::spawn(async move { http(addr, "DELETE", &path, Some(&token), None).await })
+    };
+    cp.wait_for_log("handing its records over from its data", 1);
+    let node_log = std::fs::read_to_string(cp.node_dir(&id).join("node.log")).unwrap();
+    assert!(
+        node_log.contains("the last usage record could not be reported now"),
+        "{node_log}"
+    );
+    assert!(cp.node_dir(&id).join("data").exists(), "the data is kept");
+    let (_, now) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(now["status"], "deleting", "{now}");
+
+    gate.reopen().await;
+    let deleted = cp.wait_for_status(&id, "deleted").await;
+    assert!(deleted["resources"].as_object().unwrap().is_empty());
+    assert!(!cp.node_dir(&id).join("data").exists(), "then removed");
+    let node_log = std::fs::read_to_string(cp.node_dir(&id).join("node.log")).unwrap();
+    assert!(
+        node_log.contains("the last usage record was reported"),
+        "{node_log}"
+    );
+    let (_, usage) = cp.call("GET", &qe_tests::all_usage_of(&id), None).await;
+    assert!(
+        !usage["usage"].as_array().unwrap().is_empty(),
+        "the last usage record is kept: {usage}"
+    );
+    let _ = deleting.await;
+    assert!(!cp.log_text().contains("deleting its data without it"));
+}
+
+/// The data of a deleted queue whose records cannot be handed over is kept for at most
+/// `delete_keeps_data_secs`, then removed without them (and the log says so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_queue_s_data_is_kept_for_its_records_at_most_delete_keeps_data_secs() {
+    let mut gate = Gate::open_new().await;
+    let cp = ControlPlane::start_with(&format!(
+        "node_url = \"http://{}\"\ndelete_keeps_data_secs = 8\n",
+        gate.addr
+    ));
+    gate.forward_to(cp.addr);
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let id = queue["id"].as_str().unwrap().to_string();
+    gate.shut();
+    let (status, _) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert!(status == 200 || status == 202, "{status}");
+    cp.wait_for_status(&id, "deleted").await;
+    cp.wait_for_log(
+        "its node's last report never came: deleting its data without it",
+        1,
+    );
+    assert!(!cp.node_dir(&id).join("data").exists());
 }

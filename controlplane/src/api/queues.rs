@@ -518,6 +518,7 @@ pub async fn delete(
     let marked = state.store.update(&id, |queue| {
         if !matches!(queue.status, Status::Deleting | Status::Deleted) {
             queue.status = Status::Deleting;
+            queue.deleting_since = Some(crate::unix_now());
             // Only a last report made from now on counts (a node restarted earlier made one).
             queue.last_report = None;
         }

@@ -319,6 +319,27 @@ impl Provider for LocalProvider {
         .boxed()
     }
 
+    /// `dataplane --report-last` on the node's directory (no node of it runs: `stop` came
+    /// first), its output in `node.log`; killed if it takes longer than `within`.
+    fn report_last<'a>(
+        &'a self,
+        queue: &'a Queue,
+        bootstrap: &'a Bootstrap,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<bool, FleetError>> {
+        async move {
+            if !self.node_dir(&queue.id).join("data").exists() {
+                return Ok(false);
+            }
+            let (launcher, _) = self
+                .launcher(&queue.id, bootstrap)
+                .map_err(|e| FleetError::Start(e.to_string()))?;
+            launcher.report_last(within).await?;
+            Ok(true)
+        }
+        .boxed()
+    }
+
     /// The node's `data/` (its messages); its directory stays, with its log.
     fn remove_data<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
@@ -391,6 +412,36 @@ impl Launcher {
         std::fs::write(self.dir.join("node.pid"), pid.to_string())
             .map_err(|e| fail(e.to_string()))?;
         Ok(NodeProcess::Child(child))
+    }
+
+    /// Runs the node only to hand over its unreported records with its last report, and
+    /// waits for it to exit (at most `within`, then it is killed).
+    async fn report_last(&self, within: Duration) -> Result<(), FleetError> {
+        let fail = |what: String| FleetError::Start(what);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("node.log"))
+            .map_err(|e| fail(e.to_string()))?;
+        let mut child = Command::new(&self.dataplane)
+            .arg("--bootstrap")
+            .arg(self.bootstrap())
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .arg("--report-last")
+            .stdout(log.try_clone().map_err(|e| fail(e.to_string()))?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
+        match tokio::time::timeout(within, child.wait()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(status) => Err(fail(format!("reporting the last records: {status:?}"))),
+            Err(_) => Err(fail(format!(
+                "reporting the last records took over {within:?}"
+            ))),
+        }
     }
 
     /// The node a previous control plane left running here, if there is one.

@@ -67,6 +67,21 @@ pub trait Provider: Send + Sync {
     /// call again, and for a queue it holds nothing for.
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>>;
 
+    /// Runs `queue`'s node once more from `bootstrap`, serving nothing, only to hand over the
+    /// records its data holds that were never reported, with its last report (a deleted
+    /// queue whose node could not report as it stopped), for at most `within`. `false` when
+    /// it cannot (the provider runs no such thing, or there is no data to run it on): the
+    /// records are then lost with the data.
+    fn report_last<'a>(
+        &'a self,
+        queue: &'a Queue,
+        bootstrap: &'a Bootstrap,
+        within: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool, FleetError>> {
+        let _ = (queue, bootstrap, within);
+        Box::pin(async { Ok(false) })
+    }
+
     /// Removes queue `queue_id`'s data (its volume), once its node has stopped for good and
     /// reported its last records. Safe to call again.
     fn remove_data<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>>;

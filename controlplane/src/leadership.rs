@@ -59,6 +59,11 @@ impl Leadership {
         self.now.borrow().is_some()
     }
 
+    /// The fence of this replica's leadership now, if it leads.
+    pub fn fence(&self) -> Option<Fence> {
+        self.now.borrow().clone()
+    }
+
     /// Waits until this replica leads; the fence of its leadership.
     pub async fn lead(&mut self) -> Fence {
         loop {

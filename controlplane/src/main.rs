@@ -289,6 +289,9 @@ async fn start(config: Config) -> Result<Running, Failure> {
     };
     let reconcile = Arc::new(tokio::sync::Notify::new());
     let metrics = controlplane::api::Metrics::default();
+    // Its host and API address: the same across its restarts, so a replica keeps its keys
+    // (what it heard, what its DNS serves).
+    let replica_key = format!("{} {scheme}://{bound}", host.trim());
     // What this replica hears from the nodes, shared with the leader, which replaces the
     // silent ones; kept for twice the limit (or a minute), never longer than it matters.
     let live_every = std::time::Duration::from_secs(config.live_stats_secs());
@@ -300,10 +303,15 @@ async fn start(config: Config) -> Result<Running, Failure> {
     tokio::spawn(controlplane::silence::share(
         store.clone(),
         metrics.live.clone(),
-        // Its host and API address: the same across its restarts, so a replica keeps one key.
-        format!("{} {scheme}://{bound}", host.trim()),
+        replica_key.clone(),
         live_every,
         keep_heard_for,
+    ));
+    // The CA is told to validate a DNS-01 value once every replica's DNS serves it.
+    tokio::spawn(controlplane::dns::served::tell(
+        zone.clone(),
+        store.clone(),
+        replica_key.clone(),
     ));
     let state = Arc::new(AppState {
         config,

@@ -470,6 +470,15 @@ async fn a_leader_killed_mid_certificate_order_is_replaced_and_the_certificate_i
         .map(|i| replicas.at(*i).log_text().matches(issued).count())
         .sum();
     assert_eq!(by_survivors, 1);
+    // The CA was told to look only once both live replicas' DNS served the value (the dead
+    // one's word had lapsed); before the kill, all three were waited for.
+    let new_log = replicas.at(new_leader).log_text();
+    assert!(
+        new_log.contains(
+            "the DNS-01 values are served by every replica: the CA may validate replicas=2"
+        ),
+        "{new_log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

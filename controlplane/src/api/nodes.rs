@@ -188,12 +188,16 @@ pub async fn certificate_for_csr(
         ));
     };
     // One replica orders at a time, so the CA sees one order per certificate: the node
-    // asks another replica (its channel moves on after a 503).
-    if !state.leadership.leading() {
-        return Err(ApiError::Unavailable(
+    // asks another replica (its channel moves on after a 503). The order's writes are fenced
+    // by this leadership, and the order is dropped if it ends meanwhile.
+    let not_leading = || {
+        ApiError::Unavailable(
             "certificates are ordered by the leading control plane: ask another replica".into(),
-        ));
-    }
+        )
+    };
+    let fence = state.leadership.fence().ok_or_else(not_leading)?;
+    let store = state.store.fenced(fence.clone());
+    let mut leadership = state.leadership.clone();
     let host = state.zone.host_of(&queue.id);
     let refused = |error| match error {
         crate::certificates::CertificateError::Request(reason) => ApiError::BadRequest(reason),
@@ -209,18 +213,20 @@ pub async fn certificate_for_csr(
         }
     }
     tracing::info!(queue = %queue.id, "ordering a node's certificate");
-    let chain_pem = crate::certificates::issue_for_node(
+    let order = crate::certificates::issue_for_node(
         issuer,
         &state.zone,
-        &state.store,
+        &store,
         &host,
         &request.csr_pem,
         csr,
-    )
-    .await
-    .map_err(refused)?;
+    );
+    let chain_pem = tokio::select! {
+        issued = order => issued.map_err(refused)?,
+        _ = leadership.lost(&fence) => return Err(not_leading()),
+    };
     let issued = (queue.certificate_generation, crate::unix_now());
-    let recorded = state.store.update(&queue.id, |queue| {
+    let recorded = store.update(&queue.id, |queue| {
         queue.certificate_issuer = Some(issuer.name());
         queue.certificate_issued = Some(issued);
         Ok::<_, StoreError>(())

@@ -1,9 +1,10 @@
 //! Certificates from a CA reached by ACME (instant-acme), DNS-01: the challenge values are
-//! published as TXT records by our own DNS server (`dns.rs`) while the order is pending. The
+//! published as TXT records by our own DNS server (`dns.rs`), on every replica, while the order
+//! is pending; the CA is told to validate once every replica serves them (`dns/served.rs`). The
 //! ACME account is kept in the store.
 
 use super::{CertificateError, Issued};
-use crate::dns::Zone;
+use crate::dns::{served, Zone};
 use crate::store::Store;
 use crate::unix_now as now;
 use instant_acme::{
@@ -12,6 +13,10 @@ use instant_acme::{
 };
 use serde::Deserialize;
 use std::path::PathBuf;
+
+/// How long every replica's DNS has to serve an order's DNS-01 values (each follows the
+/// store within milliseconds; a replica that stopped saying what it serves is not waited for).
+const SERVED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `[acme]` in the config.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -153,7 +158,14 @@ async fn ready_order(
             ready.push(challenge.url.clone());
         }
     }
-    let published = Published::publish(store, zone, values).await?;
+    let published = Published::publish(store, zone, values.clone()).await?;
+    // The CA may ask any replica's DNS: every one must answer with the values before it is
+    // told to look, or it may find none and fail the order.
+    let replicas = served::until_served_everywhere(store, &values, SERVED_WITHIN).await?;
+    tracing::info!(
+        replicas,
+        "the DNS-01 values are served by every replica: the CA may validate"
+    );
     {
         let mut authorizations = order.authorizations();
         while let Some(authorization) = authorizations.next().await {

@@ -56,6 +56,9 @@ pub enum CertificateError {
     Store(#[from] crate::store::StoreError),
     #[error("{0}")]
     Request(String),
+    /// A DNS-01 value a replica's DNS did not serve in time: the CA was not told to look.
+    #[error("{0}")]
+    NotServed(#[from] crate::dns::served::NotServed),
 }
 
 /// How this cluster's nodes get their certificates.

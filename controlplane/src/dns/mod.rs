@@ -14,6 +14,8 @@
 //! - [`transfer`]: zone transfers (AXFR, and IXFR as AXFR) over TCP to the secondaries in
 //!   `dns_transfer_allow`, in messages under 64 KiB.
 //! - [`notify`]: tells the secondaries in `dns_notify` each time the serial moves (NOTIFY).
+//! - [`served`]: which DNS-01 values each replica serves, so that a CA is told to validate
+//!   only once all do.
 //!
 //! hickory's own `Server` is not used: its TCP listener has no connection cap, its UDP one
 //! answers everything, and it logs every request.
@@ -21,6 +23,7 @@
 mod answer;
 mod limits;
 mod notify;
+pub mod served;
 mod tally;
 mod tcp;
 mod transfer;

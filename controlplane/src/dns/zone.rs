@@ -186,6 +186,20 @@ impl Zone {
         Ok(())
     }
 
+    /// The DNS-01 values it serves now (the name ordered, the value).
+    pub fn challenges(&self) -> Vec<(String, String)> {
+        self.contents
+            .lock()
+            .expect("never poisoned")
+            .challenges
+            .clone()
+    }
+
+    /// Changes at every build of the zone.
+    pub(super) fn builds(&self) -> tokio::sync::watch::Receiver<Snapshot> {
+        self.published.subscribe()
+    }
+
     /// Refreshes the zone at every change to what it is built from, here or on another
     /// replica, for the life of the process.
     pub async fn follow(self: Arc<Zone>, store: crate::store::Store) {

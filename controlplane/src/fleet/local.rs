@@ -398,6 +398,12 @@ impl Launcher {
             .process_group(0)
             .spawn()
             .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
+        // Named at once, before it listens (it may wait long for its config or certificate):
+        // a control plane that dies meanwhile leaves a node the next one adopts, not one it
+        // knows nothing of and starts a twin beside.
+        let pid = child.id().unwrap_or(0);
+        std::fs::write(self.dir.join("node.pid"), pid.to_string())
+            .map_err(|e| fail(e.to_string()))?;
         let stdout = child.stdout.take().expect("piped");
         let (listening, heard) = tokio::sync::oneshot::channel();
         tokio::spawn(copy_lines(stdout, log, listening));
@@ -408,9 +414,6 @@ impl Launcher {
                 return Err(fail(format!("the node exited; see {}", log.display())));
             }
         }
-        let pid = child.id().unwrap_or(0);
-        std::fs::write(self.dir.join("node.pid"), pid.to_string())
-            .map_err(|e| fail(e.to_string()))?;
         Ok(NodeProcess::Child(child))
     }
 

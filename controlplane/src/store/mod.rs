@@ -212,6 +212,10 @@ const SERIAL_RESERVED: &str = "zone-serial-reserved";
 /// rewritten every few seconds, worth nothing in a backup.
 const HEARD: &str = "heard/";
 
+/// What each replica's DNS serves of the DNS-01 values (`served/REPLICA`,
+/// [`crate::dns::served`]): rewritten every few seconds, worth nothing in a backup.
+const SERVED: &str = "served/";
+
 /// The queues' records and the DNS-01 values: what the zone and the node watches follow.
 fn followed() -> Vec<String> {
     vec![QUEUES.to_string(), CHALLENGES.to_string()]
@@ -427,7 +431,9 @@ impl Store {
             change(&mut values);
             let new = serde_json::to_vec(&values)?;
             let expected = old.as_ref().map(|stored| &stored.version);
-            if self.kv.swap(CHALLENGES, expected, new, None).await? {
+            // Fenced while leading: a leader that lost its lease publishes nothing more.
+            let fence = self.fence.as_ref();
+            if self.kv.swap(CHALLENGES, expected, new, fence).await? {
                 self.changed.changed();
                 return Ok(());
             }
@@ -548,6 +554,22 @@ impl Store {
         Ok(latest)
     }
 
+    /// Keeps what a replica says its DNS serves.
+    pub async fn put_served(&self, served: &crate::dns::served::Served) -> Result<(), StoreError> {
+        let key = format!("{SERVED}{}", served.replica);
+        self.put_value(&key, serde_json::to_vec(served)?).await
+    }
+
+    /// What each replica said its DNS serves.
+    pub async fn served(&self) -> Result<Vec<crate::dns::served::Served>, StoreError> {
+        let kept = self.kv.range(SERVED, &end_of(SERVED)).await?;
+        let read = kept
+            .values
+            .iter()
+            .map(|value| serde_json::from_slice(value));
+        Ok(read.collect::<Result<_, _>>()?)
+    }
+
     /// Puts `value` at `key` whatever was there.
     async fn put_value(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
         loop {
@@ -593,10 +615,11 @@ impl Store {
         let mut entries = self.kv.dump().await?;
         // The leader's goes with its lease; the serial base with this store's revisions, and
         // the reserve with the serials this store's zone served: a restore sets both anew.
-        // What replicas heard is news only for seconds.
+        // What replicas heard, and what their DNS serves, is news only for seconds.
         entries.retain(|(key, _)| {
             ![LEADER, SERIAL_BASE, SERIAL_RESERVED].contains(&key.as_str())
                 && !key.starts_with(HEARD)
+                && !key.starts_with(SERVED)
         });
         Ok(entries)
     }

@@ -105,6 +105,7 @@ pub fn action_of(method: &str, route: &str) -> Option<&'static str> {
         ("POST", "/v1/accounts/{id}/keys") => "key.create",
         ("DELETE", "/v1/accounts/{id}/keys/{key}") => "key.revoke",
         ("POST", "/v1/certificate/renew") => "certificate.renew",
+        ("POST", "/v1/strays/{id}/adopt") => "queue.adopt",
         // A method a route does not take, or no route: still an attempt worth knowing of.
         _ => "other",
     };

@@ -120,6 +120,41 @@ impl NodeTokens {
     }
 }
 
+/// The most credentials of one queue tried when a node's credential is looked for: a queue
+/// is rotated far fewer times than this in its life.
+pub const CREDENTIALS_TRIED: u64 = 4096;
+/// After a restore, how many credentials past the one its record knows a known queue's node
+/// may present (rotations made after the backup): few, as each refused token costs this many
+/// HMACs.
+pub const ROTATIONS_AFTER_A_BACKUP: u64 = 64;
+
+impl NodeTokens {
+    /// Which credential of queue `queue_id` `presented` is, among the first
+    /// [`CREDENTIALS_TRIED`]: a node whose queue the store does not know (it was made after
+    /// the backup the store was restored from) presents one of them. Every candidate is
+    /// computed and compared in full.
+    pub fn credential_of(&self, queue_id: &str, presented: &str) -> Option<u64> {
+        self.credential_among(queue_id, presented, 0..CREDENTIALS_TRIED)
+    }
+
+    /// Which of the credentials `among` of queue `queue_id` `presented` is, if any.
+    pub fn credential_among(
+        &self,
+        queue_id: &str,
+        presented: &str,
+        among: std::ops::Range<u64>,
+    ) -> Option<u64> {
+        let mut found = None;
+        for credential in among {
+            let expected = self.token_for(queue_id, credential);
+            if bool::from(expected.as_bytes().ct_eq(presented.as_bytes())) {
+                found = Some(credential);
+            }
+        }
+        found
+    }
+}
+
 /// What nodes are told to start from: the control plane's addresses as nodes reach it, the
 /// root they trust for it, and their credentials.
 pub struct Bootstraps {

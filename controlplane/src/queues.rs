@@ -152,6 +152,58 @@ impl Queue {
     }
 }
 
+impl Queue {
+    /// Queue `id`'s record rebuilt from the config its node last took (`desired`, version
+    /// V): a queue made after the backup the store was restored from, adopted. Its node
+    /// presents credential `credential`; the record rotates it (the node takes the next one
+    /// with version V + 1). What the node never had is not known: the queue belongs to no
+    /// account and its SQS keys' creation times are now.
+    pub fn adopted(id: &str, desired: &DesiredConfig, credential: u64) -> Queue {
+        let login = |login: &LoginHash| StoredLogin {
+            username: login.username.clone(),
+            password_hash: login.password_hash.clone(),
+        };
+        let now = crate::unix_now();
+        let sqs_keys = desired
+            .sqs
+            .iter()
+            .flat_map(|sqs| &sqs.keys)
+            .map(|key| SqsKeyRecord {
+                access_key_id: key.access_key_id.clone(),
+                role: key.role.clone(),
+                created: now,
+                revoked: false,
+            })
+            .collect();
+        Queue {
+            id: id.to_string(),
+            tier: desired.tier,
+            region: desired.region.clone(),
+            instance_type: desired.instance_type.clone(),
+            ipv4: desired.ipv4,
+            status: Status::Provisioning,
+            node: None,
+            addresses: None,
+            created: now,
+            publisher: login(&desired.logins.publisher),
+            subscriber: login(&desired.logins.subscriber),
+            admin: login(&desired.logins.admin),
+            config_version: desired.version + 1,
+            applied_version: desired.version,
+            node_credential: credential,
+            next_node_credential: Some(credential + 1),
+            certificate_generation: 0,
+            certificate_issuer: None,
+            certificate_issued: None,
+            resources: Default::default(),
+            last_report: None,
+            deleting_since: None,
+            account: None,
+            sqs_keys,
+        }
+    }
+}
+
 /// A queue's IP addresses: IPv6 always, IPv4 only when it has IPv4 (the manual's *The
 /// address*).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -494,6 +494,8 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/nodes/{id}/certificate",
         "/v1/certificate/renew",
         "/v1/backup",
+        "/v1/strays",
+        "/v1/strays/{id}/adopt",
         "/metrics",
         "/healthz",
         "/openapi.json",

@@ -4,7 +4,7 @@
 
 use qe_tests::etcd::EtcdCluster;
 use qe_tests::{
-    dig, http_text, login_with, process_naming, signal, wait_until_applied, ControlPlane,
+    dig, http_text, login_with, node_of, process_naming, signal, wait_until_applied, ControlPlane,
 };
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -618,8 +618,28 @@ async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
     let rotate = format!("/v1/queues/{id}/logins/publisher/rotate");
     let (status, rotated_after_backup) = single.call("POST", &rotate, None).await;
     assert_eq!(status, 200, "{rotated_after_backup}");
+    // Its node's credential too: the restored record knows only the one before.
+    let path = format!("/v1/queues/{id}/node-credential/rotate");
+    let (status, rotation) = single.call("POST", &path, None).await;
+    assert_eq!(status, 200, "{rotation}");
     let newer = single.create_queue(QUEUE).await;
     let newer_id = newer["id"].as_str().unwrap().to_string();
+    // Its node's credential rotated once, and a message it holds durably.
+    let path = format!("/v1/queues/{newer_id}/node-credential/rotate");
+    let (status, rotation) = single.call("POST", &path, None).await;
+    assert_eq!(status, 200, "{rotation}");
+    let newer_node = node_of(&newer).to_string();
+    let mut publisher = login_with(
+        &newer_node,
+        &newer["logins"]["publisher"],
+        "publisher",
+        serde_json::json!({}),
+    )
+    .await;
+    let reply = publisher
+        .request(serde_json::json!({"body": "made after the backup", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
     // The host is lost; its nodes go on running.
     single.kill();
     let nodes_dir = single.dir.path().join("data");
@@ -671,8 +691,55 @@ async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
             .exists(),
         "with its data"
     );
+    // It is listed as a stray, and adopted: its record comes back from what its node kept,
+    // the same process serves it (with its logins and its message), and its node takes a
+    // fresh credential.
+    let (status, strays) = cp.call("GET", "/v1/strays", None).await;
+    assert_eq!(status, 200, "{strays}");
+    assert_eq!(
+        strays["strays"],
+        serde_json::json!([{"id": newer_id, "adoptable": true}])
+    );
+    let newer_pid = process_naming(&newer_bootstrap).unwrap();
+    let (status, adopted) = cp
+        .call("POST", &format!("/v1/strays/{newer_id}/adopt"), None)
+        .await;
+    assert_eq!(status, 201, "{adopted}");
+    let adopted = cp.wait_for_status(&newer_id, "running").await;
+    assert_eq!(adopted["tier"], newer["tier"]);
+    wait_until_applied(&cp, &newer_id).await;
+    assert_eq!(
+        process_naming(&newer_bootstrap),
+        Some(newer_pid),
+        "not restarted"
+    );
+    let mut subscriber = login_with(
+        &newer_node,
+        &newer["logins"]["subscriber"],
+        "subscriber",
+        serde_json::json!({"capacity": 1}),
+    )
+    .await;
+    assert_eq!(subscriber.recv().await["body"], "made after the backup");
+    let (status, again) = cp
+        .call("POST", &format!("/v1/strays/{newer_id}/adopt"), None)
+        .await;
+    assert_eq!(status, 409, "{again}");
+    let (_, strays) = cp.call("GET", "/v1/strays", None).await;
+    assert_eq!(strays["strays"], serde_json::json!([]));
+    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|entry| entry["action"] == "queue.adopt" && entry["target"] == newer_id.as_str()),
+        "{audit}"
+    );
+
     // The known one is taken on, and changes reach its node again (though it served a
-    // config version the backup never had): exactly the new password works.
+    // config version the backup never had, and presents a credential rotated after the
+    // backup): exactly the new password works.
     cp.wait_for_status(&id, "running").await;
     let (status, rotated) = cp.call("POST", &rotate, None).await;
     assert_eq!(status, 200, "applied: {rotated}");

@@ -17,6 +17,7 @@ mod metrics;
 pub mod nodes;
 pub mod queues;
 pub mod server;
+mod strays;
 pub mod tls;
 mod usage;
 
@@ -87,6 +88,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/certificate/renew", post(renew_certificates))
         .route("/v1/backup", get(backup))
+        .route("/v1/strays", get(strays::list))
+        .route("/v1/strays/{id}/adopt", post(strays::adopt))
         .route("/metrics", get(metrics::render))
         .route_layer(middleware::from_fn(auth::operator_only));
     // The operator's and the accounts': each account sees its own.

@@ -45,14 +45,47 @@ pub async fn require_node_token(
         .get(&id)
         .await?
         .ok_or(super::unauthorized(presented))?;
-    let credential = state
-        .node_tokens
-        .check(&queue, presented)
-        .ok_or(super::unauthorized(presented))?;
+    let credential = match state.node_tokens.check(&queue, presented) {
+        Some(credential) => credential,
+        None => rotated_after_the_backup(&state, &queue, presented)
+            .await?
+            .ok_or(super::unauthorized(presented))?,
+    };
     request
         .extensions_mut()
         .insert(NodeCaller { queue, credential });
     Ok(next.run(request).await)
+}
+
+/// On a store restored from a backup, a node may present a credential its queue took after
+/// the backup: a later one than its record knows (an earlier one stays retired). It is the
+/// queue's credential from then on. Only someone holding the node secret can make one.
+async fn rotated_after_the_backup(
+    state: &AppState,
+    queue: &Queue,
+    presented: &str,
+) -> Result<Option<u64>, ApiError> {
+    if presented.is_empty() || state.store.restored().await?.is_none() {
+        return Ok(None);
+    }
+    let later = queue.node_credential + 1
+        ..queue.node_credential + 1 + crate::nodes::ROTATIONS_AFTER_A_BACKUP;
+    let Some(credential) = state
+        .node_tokens
+        .credential_among(&queue.id, presented, later)
+    else {
+        return Ok(None);
+    };
+    let taken = state.store.update(&queue.id, |queue| {
+        if queue.node_credential < credential {
+            queue.node_credential = credential;
+            queue.next_node_credential = None;
+        }
+        Ok::<_, StoreError>(())
+    });
+    taken.await?;
+    tracing::warn!(queue = %queue.id, credential, "a node presented a credential rotated after the backup the store was restored from: it is the queue's now");
+    Ok(Some(credential))
 }
 
 /// `queue`'s SQS face, where its provider runs one: the listener and the keys not revoked,

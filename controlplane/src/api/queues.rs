@@ -26,7 +26,7 @@ const DELETE_WITHIN: Duration = Duration::from_secs(20);
 const WAIT_AT_MOST: Duration = Duration::from_secs(120);
 
 /// A queue as the API shows it (never a password).
-fn view(state: &AppState, queue: &Queue) -> Value {
+pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
     let host = state.zone.host_of(&queue.id);
     // The address to connect to: where its node serves (a local node listens on a port of
     // its own, not 443), or, until it runs, the one it will have.

@@ -353,6 +353,22 @@ impl Provider for LocalProvider {
         .boxed()
     }
 
+    /// From its directory: the bootstrap it started from, the credential it took since
+    /// (`data/node-token`), and the config it kept (`data/desired-config.json`).
+    fn stray(&self, queue_id: &str) -> Option<super::Stray> {
+        let dir = self.node_dir(queue_id);
+        let bootstrap = std::fs::read_to_string(dir.join("bootstrap.toml")).ok()?;
+        let bootstrap: Bootstrap = toml::from_str(&bootstrap).ok()?;
+        let kept = std::fs::read(dir.join("data/desired-config.json")).ok()?;
+        let desired = serde_json::from_slice(&kept).ok()?;
+        let rotated = std::fs::read_to_string(dir.join("data/node-token")).ok();
+        let node_tokens = rotated.into_iter().chain([bootstrap.node_token]).collect();
+        Some(super::Stray {
+            node_tokens,
+            desired,
+        })
+    }
+
     /// Ends every supervision, leaving the nodes running: a former leader that went on
     /// restarting nodes would start one its successor stopped.
     fn let_go(&self) {

@@ -23,6 +23,16 @@ pub enum FleetError {
     List(String),
 }
 
+/// What a provider can tell of a queue's node when the store does not know the queue (made
+/// after the backup the store was restored from): enough to adopt it (`api/strays.rs`).
+pub struct Stray {
+    /// The credentials its node may present now: the one it started with, and one it took
+    /// in a rotation since.
+    pub node_tokens: Vec<String>,
+    /// The config its node last took: its tier, logins, labels and SQS keys.
+    pub desired: qe_shared::node_channel::DesiredConfig,
+}
+
 pub trait Provider: Send + Sync {
     /// Refuses, up front, a queue it could never run (a region it has no network in), so
     /// that it is not left `provisioning` for good.
@@ -89,6 +99,14 @@ pub trait Provider: Send + Sync {
     /// The ids of the queues it holds anything for, so that what belongs to no live queue
     /// (a crash between "launched" and "recorded") can be removed.
     fn holdings(&self) -> BoxFuture<'_, Result<Vec<String>, FleetError>>;
+
+    /// What it can tell of queue `queue_id`'s node, which the store does not know; `None`
+    /// when it can tell nothing (it holds nothing for it, or cannot read its node's config:
+    /// an instance's is on its volume).
+    fn stray(&self, queue_id: &str) -> Option<Stray> {
+        let _ = queue_id;
+        None
+    }
 
     /// Stops looking after what it runs, leaving it running: this replica no longer leads,
     /// and the next leader takes it on (a provider that looks after nothing between calls

@@ -163,43 +163,60 @@ impl Queue {
             username: login.username.clone(),
             password_hash: login.password_hash.clone(),
         };
-        let now = crate::unix_now();
-        let sqs_keys = desired
-            .sqs
-            .iter()
-            .flat_map(|sqs| &sqs.keys)
-            .map(|key| SqsKeyRecord {
-                access_key_id: key.access_key_id.clone(),
-                role: key.role.clone(),
-                created: now,
-                revoked: false,
-            })
-            .collect();
-        Queue {
-            id: id.to_string(),
+        let logins = &desired.logins;
+        let asked = NewQueue {
             tier: desired.tier,
             region: desired.region.clone(),
             instance_type: desired.instance_type.clone(),
             ipv4: desired.ipv4,
+            account: None,
+        };
+        let logins = [&logins.publisher, &logins.subscriber, &logins.admin].map(login);
+        let mut queue = Queue::new(id.to_string(), asked, logins);
+        queue.config_version = desired.version + 1;
+        queue.applied_version = desired.version;
+        queue.node_credential = credential;
+        queue.next_node_credential = Some(credential + 1);
+        let keys = desired.sqs.iter().flat_map(|sqs| &sqs.keys);
+        queue.sqs_keys = keys
+            .map(|key| SqsKeyRecord {
+                access_key_id: key.access_key_id.clone(),
+                role: key.role.clone(),
+                created: queue.created,
+                revoked: false,
+            })
+            .collect();
+        queue
+    }
+
+    /// A new record of queue `id` as `new` asks, with its logins (publisher, subscriber,
+    /// admin), made now: provisioning, at its first config version, its first credential.
+    fn new(id: String, new: NewQueue, [publisher, subscriber, admin]: [StoredLogin; 3]) -> Queue {
+        Queue {
+            id,
+            tier: new.tier,
+            region: new.region,
+            instance_type: new.instance_type,
+            ipv4: new.ipv4,
             status: Status::Provisioning,
             node: None,
             addresses: None,
-            created: now,
-            publisher: login(&desired.logins.publisher),
-            subscriber: login(&desired.logins.subscriber),
-            admin: login(&desired.logins.admin),
-            config_version: desired.version + 1,
-            applied_version: desired.version,
-            node_credential: credential,
-            next_node_credential: Some(credential + 1),
+            created: crate::unix_now(),
+            publisher,
+            subscriber,
+            admin,
+            config_version: first_version(),
+            applied_version: 0,
+            node_credential: 0,
+            next_node_credential: None,
             certificate_generation: 0,
             certificate_issuer: None,
             certificate_issued: None,
             resources: Default::default(),
             last_report: None,
             deleting_since: None,
-            account: None,
-            sqs_keys,
+            account: new.account,
+            sqs_keys: Vec::new(),
         }
     }
 }
@@ -288,32 +305,7 @@ pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
     let (publisher, stored_publisher) = issue(Role::Publisher);
     let (subscriber, stored_subscriber) = issue(Role::Subscriber);
     let (admin, stored_admin) = issue(Role::Admin);
-    let queue = Queue {
-        id,
-        tier: new.tier,
-        region: new.region,
-        instance_type: new.instance_type,
-        ipv4: new.ipv4,
-        status: Status::Provisioning,
-        node: None,
-        addresses: None,
-        created: crate::unix_now(),
-        publisher: stored_publisher,
-        subscriber: stored_subscriber,
-        admin: stored_admin,
-        config_version: first_version(),
-        applied_version: 0,
-        node_credential: 0,
-        next_node_credential: None,
-        certificate_generation: 0,
-        certificate_issuer: None,
-        certificate_issued: None,
-        resources: Default::default(),
-        last_report: None,
-        deleting_since: None,
-        account: new.account,
-        sqs_keys: Vec::new(),
-    };
+    let queue = Queue::new(id, new, [stored_publisher, stored_subscriber, stored_admin]);
     let logins = IssuedLogins {
         publisher,
         subscriber,

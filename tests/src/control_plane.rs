@@ -221,6 +221,17 @@ impl ControlPlane {
             .wait_until(&what, |text| text.matches(needle).count() >= times)
     }
 
+    /// The audit entries of `action`, oldest first (the first page: up to 100).
+    pub async fn audited(&self, action: &str) -> Vec<Value> {
+        let (status, audit) = self.call("GET", "/v1/audit", None).await;
+        assert_eq!(status, 200, "{audit}");
+        let entries = audit["entries"].as_array().unwrap().iter();
+        entries
+            .filter(|entry| entry["action"] == action)
+            .cloned()
+            .collect()
+    }
+
     /// The live reports it received from nodes so far (`qe_live_reports_total`).
     pub async fn live_reports(&self) -> u64 {
         let token = Some(self.token.as_str());

@@ -630,14 +630,8 @@ async fn a_control_plane_back_at_another_address_restarts_its_nodes_to_report_th
     );
     // A restart the control plane made on its own says why, in the log and the audit.
     cp.wait_for_log("its node was restarted", 1);
-    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
-    let restarts: Vec<_> = audit["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|entry| entry["action"] == "node.restart")
-        .collect();
-    assert_eq!(restarts.len(), 1, "{audit}");
+    let restarts = cp.audited("node.restart").await;
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
     assert_eq!(restarts[0]["target"], id.as_str());
     assert_eq!(restarts[0]["actor"], json!({"kind": "control-plane"}));
 
@@ -732,14 +726,8 @@ async fn a_silent_node_is_replaced_and_serves_its_durable_messages() {
     assert_eq!(listed["status"], "running", "{listed}");
     assert_eq!(listed["resources"]["process"], replacement.to_string());
 
-    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
-    let replaced: Vec<_> = audit["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|entry| entry["action"] == "node.replace")
-        .collect();
-    assert_eq!(replaced.len(), 1, "{audit}");
+    let replaced = cp.audited("node.replace").await;
+    assert_eq!(replaced.len(), 1, "{replaced:?}");
     assert_eq!(replaced[0]["target"], id);
     assert_eq!(replaced[0]["actor"], json!({"kind": "control-plane"}));
     let token = Some(cp.token.as_str());

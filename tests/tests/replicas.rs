@@ -727,15 +727,11 @@ async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
     assert_eq!(status, 409, "{again}");
     let (_, strays) = cp.call("GET", "/v1/strays", None).await;
     assert_eq!(strays["strays"], serde_json::json!([]));
-    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
-    assert!(
-        audit["entries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|entry| entry["action"] == "queue.adopt" && entry["target"] == newer_id.as_str()),
-        "{audit}"
-    );
+    // Audited: the adoption, and the one refused.
+    let adoptions = cp.audited("queue.adopt").await;
+    let results: Vec<_> = adoptions.iter().map(|entry| &entry["result"]).collect();
+    assert_eq!(results, ["ok", "refused"], "{adoptions:?}");
+    assert_eq!(adoptions[0]["target"], newer_id.as_str());
 
     // The known one is taken on, and changes reach its node again (though it served a
     // config version the backup never had, and presents a credential rotated after the

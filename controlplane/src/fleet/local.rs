@@ -393,25 +393,35 @@ impl Launcher {
         self.dir.join("bootstrap.toml")
     }
 
+    /// The node's command on its directory, its stderr appended to `node.log`; and the log,
+    /// for what it prints.
+    fn command(&self) -> Result<(Command, std::fs::File), FleetError> {
+        let fail = |error: std::io::Error| FleetError::Start(error.to_string());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("node.log"))
+            .map_err(fail)?;
+        let mut command = Command::new(&self.dataplane);
+        command
+            .arg("--bootstrap")
+            .arg(self.bootstrap())
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .stderr(log.try_clone().map_err(fail)?)
+            // Its own process group: a Ctrl-C meant for the control plane does not reach it.
+            .process_group(0);
+        Ok((command, log))
+    }
+
     /// Starts the node and waits until it listens (it pulls its config first, and says so
     /// to the control plane, which is how the queue comes to run). Its stdout and stderr go
     /// to `node.log`.
     async fn launch(&self) -> Result<NodeProcess, FleetError> {
         let fail = |what: String| FleetError::Start(what);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("node.log"))
-            .map_err(|e| fail(e.to_string()))?;
-        let mut child = Command::new(&self.dataplane)
-            .arg("--bootstrap")
-            .arg(self.bootstrap())
-            .arg("--data-dir")
-            .arg(self.dir.join("data"))
+        let (mut command, log) = self.command()?;
+        let mut child = command
             .stdout(std::process::Stdio::piped())
-            .stderr(log.try_clone().map_err(|e| fail(e.to_string()))?)
-            // Its own process group: a Ctrl-C meant for the control plane does not reach it.
-            .process_group(0)
             .spawn()
             .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
         // Named at once, before it listens (it may wait long for its config or certificate):
@@ -437,20 +447,10 @@ impl Launcher {
     /// waits for it to exit (at most `within`, then it is killed).
     async fn report_last(&self, within: Duration) -> Result<(), FleetError> {
         let fail = |what: String| FleetError::Start(what);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("node.log"))
-            .map_err(|e| fail(e.to_string()))?;
-        let mut child = Command::new(&self.dataplane)
-            .arg("--bootstrap")
-            .arg(self.bootstrap())
-            .arg("--data-dir")
-            .arg(self.dir.join("data"))
+        let (mut command, log) = self.command()?;
+        let mut child = command
             .arg("--report-last")
-            .stdout(log.try_clone().map_err(|e| fail(e.to_string()))?)
-            .stderr(log)
-            .process_group(0)
+            .stdout(log)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;

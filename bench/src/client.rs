@@ -61,28 +61,44 @@ impl Wire {
 
     /// The node listens on 127.0.0.1; a `wss://localhost` URL names it for TLS.
     async fn open(&self, url: &str, source: Option<Ipv4Addr>) -> Socket {
-        let url: url::Url = url.parse().expect("a URL");
-        let port = url.port_or_known_default().expect("a port");
-        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        self.try_open(url, source)
+            .await
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Connects as [`Wire::connect`] does, saying what failed instead of panicking (a client
+    /// that reconnects to a node that may be down).
+    pub async fn try_connect(&self, url: &str) -> Result<Socket, String> {
+        self.try_open(url, None).await
+    }
+
+    async fn try_open(&self, url: &str, source: Option<Ipv4Addr>) -> Result<Socket, String> {
+        let url: url::Url = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let port = url.port_or_known_default().ok_or("a URL without a port")?;
+        let socket = tokio::net::TcpSocket::new_v4().map_err(|e| format!("a socket: {e}"))?;
         if let Some(source) = source {
-            socket.bind((source, 0).into()).expect("a loopback source");
+            socket
+                .bind((source, 0).into())
+                .map_err(|e| format!("a loopback source: {e}"))?;
         }
         let tcp = socket
             .connect((Ipv4Addr::LOCALHOST, port).into())
             .await
-            .expect("connect");
-        tcp.set_nodelay(true).expect("no delay");
+            .map_err(|e| format!("connect: {e}"))?;
+        tcp.set_nodelay(true)
+            .map_err(|e| format!("no delay: {e}"))?;
         let io: MaybeTlsStream<TcpStream> = match &self.tls {
             Some(connector) => {
                 let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-                connector.connect(name, tcp).await.expect("TLS").into()
+                let tls = connector.connect(name, tcp).await;
+                tls.map_err(|e| format!("TLS: {e}"))?.into()
             }
             None => tcp.into(),
         };
         let io = BufReader::with_capacity(READ_BUFFER_BYTES, io);
         yawc::WebSocket::handshake(url, io, self.options())
             .await
-            .expect("upgrade")
+            .map_err(|e| format!("upgrade: {e}"))
     }
 
     fn options(&self) -> Options {

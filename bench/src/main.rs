@@ -31,8 +31,14 @@
 //!   their median, the worst publish reply, the log's writer and syncer latencies.
 //! - `bench sqs-sdk`: SQS throughput through Amazon's Rust SDK against a node's SQS face
 //!   (scripts/bench-sqs runs it beside boto3's). See docs/sqs.md.
+//! - `bench chaos`: a three-member etcd, three control-plane replicas and their local nodes,
+//!   with clients publishing (durability 2) and consuming on every queue, while it kills the
+//!   control-plane leader, kills the etcd leader, SIGSTOPs a node past the silence limit and
+//!   restarts a replica: connections cut, publish gaps, API 503s, and acknowledged messages
+//!   lost or delivered twice, per fault, against the targets. See docs/resilience.md.
 
 mod bulk;
+mod chaos;
 mod client;
 mod connections;
 mod controlplane_load;
@@ -175,6 +181,10 @@ enum Command {
     /// long-lived node: each run's rate, worst publish reply and the log's writer and syncer
     /// latencies (a lost wake-up shows as a collapsed run).
     Stalls(stalls::Settings),
+    /// Faults on purpose under load (the control-plane leader, the etcd leader, a node, a
+    /// replica), against the resilience targets; exits 1 if one is missed (`--dataplane` is
+    /// what the nodes run). See docs/resilience.md.
+    Chaos(chaos::Settings),
     /// The WebSocket echo server of `bench peers`' echo limit (started by it).
     #[command(hide = true)]
     EchoServer {
@@ -196,6 +206,11 @@ async fn main() {
     }
     if let Command::SqsSdk(settings) = &args.command {
         return sqs_sdk::sqs_sdk(settings).await;
+    }
+    if let Command::Chaos(settings) = &args.command {
+        let passed = chaos::chaos(settings, &existing(&args.dataplane), &data_root).await;
+        // Everything the run started has ended by now (its owners were dropped).
+        std::process::exit(if passed { 0 } else { 1 });
     }
     if let Command::ControlplaneLoad {
         controlplane,
@@ -297,7 +312,8 @@ async fn main() {
         Command::EchoServer { .. }
         | Command::ControlplaneLoad { .. }
         | Command::LiveMetrics(_)
-        | Command::SqsSdk(_) => {
+        | Command::SqsSdk(_)
+        | Command::Chaos(_) => {
             unreachable!("run above")
         }
         Command::Stalls(settings) => stalls::stalls(&config, &settings).await,

@@ -13,7 +13,8 @@
 
 mod attackers;
 mod clients;
-mod process;
+// `bench chaos` ends its nodes the same way.
+pub(crate) mod process;
 mod wire;
 
 use attackers::{Kind, Tally, Target};

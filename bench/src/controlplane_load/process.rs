@@ -232,7 +232,7 @@ fn usage_of(pid: u32) -> Option<Usage> {
 /// Kills every process started from a bootstrap under `data_dir/nodes/` (found by its
 /// command line: a node the control plane spawned but had not yet written a pid file for
 /// counts too); returns how many there were.
-fn kill_nodes(data_dir: &Path) -> usize {
+pub(crate) fn kill_nodes(data_dir: &Path) -> usize {
     let nodes = data_dir.join("nodes");
     let running = nodes_running_under(&nodes);
     for &pid in &running {
@@ -279,7 +279,7 @@ fn kill_on_panic() {
     });
 }
 
-fn signal(pid: u32, signal: libc::c_int) {
+pub(crate) fn signal(pid: u32, signal: libc::c_int) {
     // SAFETY: a plain kill(2) of a process this bench started, or a node of it.
     unsafe { libc::kill(pid as libc::pid_t, signal) };
 }

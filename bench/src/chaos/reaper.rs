@@ -4,7 +4,8 @@
 //! run's nodes directory). A panic aborts (no destructor runs), so a panic hook kills
 //! everything registered here too.
 
-use crate::controlplane_load::process::{kill_nodes, signal};
+pub(crate) use crate::controlplane_load::process::kill_nodes;
+use crate::controlplane_load::process::signal;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
 
@@ -29,11 +30,6 @@ pub fn ended(pid: u32) {
 pub fn nodes_under(dir: &Path) {
     kill_on_panic();
     *lock(&NODES) = Some(dir.to_path_buf());
-}
-
-/// Kills the nodes started from a bootstrap under `dir`; returns how many ran.
-pub fn kill_nodes_under(dir: &Path) -> usize {
-    kill_nodes(dir)
 }
 
 fn kill_on_panic() {

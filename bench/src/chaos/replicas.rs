@@ -265,7 +265,7 @@ impl Drop for Replicas {
                 reaper::ended(child.id());
             }
         }
-        reaper::kill_nodes_under(&self.nodes_dir);
+        reaper::kill_nodes(&self.nodes_dir);
     }
 }
 

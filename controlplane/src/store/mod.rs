@@ -162,6 +162,10 @@ pub struct Store {
     fence: Option<Fence>,
     /// What the zone's serials count from on a store with revisions ([`SERIAL_BASE`]).
     serial_base: Arc<tokio::sync::OnceCell<u64>>,
+    /// The [`RESTORED`] marker once read: set by a restore into an empty store, before any
+    /// control plane runs on it, so it never changes under a running one. Read on every
+    /// refused node token, which must cost no store read.
+    restored: Arc<tokio::sync::OnceCell<Option<u64>>>,
 }
 
 /// Which of a node's records.
@@ -246,6 +250,7 @@ impl Store {
             changed,
             fence: None,
             serial_base: Arc::default(),
+            restored: Arc::default(),
         })
     }
 
@@ -515,8 +520,12 @@ impl Store {
     /// the provider may then hold nodes of queues created after it, which the store does not
     /// know and which must not be taken for leftovers.
     pub async fn restored(&self) -> Result<Option<u64>, StoreError> {
-        let marker = self.kv.get(RESTORED).await?;
-        Ok(marker.and_then(|stored| String::from_utf8(stored.value).ok()?.parse().ok()))
+        let restored = self.restored.get_or_try_init(|| async {
+            let marker = self.kv.get(RESTORED).await?;
+            let made = marker.and_then(|stored| String::from_utf8(stored.value).ok()?.parse().ok());
+            Ok::<_, StoreError>(made)
+        });
+        Ok(*restored.await?)
     }
 
     /// The node secret every replica checks nodes' credentials with: the one stored, or

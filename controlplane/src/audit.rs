@@ -45,6 +45,9 @@ pub struct Entry {
     /// `ok` for a 2xx status, else `refused` (4xx) or `failed` (5xx).
     pub result: String,
     pub status: u16,
+    /// Why the control plane did it on its own (a node restarted: its binary changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl Entry {
@@ -68,6 +71,15 @@ impl Entry {
             account,
             result: result.into(),
             status,
+            reason: None,
+        }
+    }
+
+    /// The same, saying why.
+    pub fn because(self, reason: &str) -> Entry {
+        Entry {
+            reason: Some(reason.to_string()),
+            ..self
         }
     }
 }
@@ -124,7 +136,8 @@ pub const CERTIFICATE_ISSUE: &str = "certificate.issue";
 pub const NODE_REPLACE: &str = "node.replace";
 
 /// A serving node was restarted by the control plane because it had to be: it reaches the
-/// control plane otherwise (the log says why).
+/// control plane otherwise, or runs another binary than the one configured (`reason` says
+/// which).
 pub const NODE_RESTART: &str = "node.restart";
 
 pub fn now_ms() -> u64 {

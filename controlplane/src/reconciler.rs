@@ -217,28 +217,38 @@ impl Reconciler {
     }
 
     /// Fences its node, which has gone silent, and starts another on its data (placed anew,
-    /// it is given the provider's boot time before it is judged).
+    /// it is given the provider's boot time before it is judged). A node whose machine its
+    /// cloud is bringing back is given that time once more instead, first.
     async fn replace_silent(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
         let limit = self.settings.silence.limit.unwrap_or_default();
+        if self.fleet.recovering(queue).await {
+            let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
+            let mut watch = self.watch.lock().expect("never poisoned");
+            if watch.grant_recovery(&queue.id, now, boot) {
+                tracing::warn!(queue = %queue.id, wait_secs = (boot + limit).as_secs(), "its node is not heard from, but its machine is being brought back: waiting for it");
+                return Ok(());
+            }
+        }
         tracing::warn!(queue = %queue.id, silent_for_more_than_secs = limit.as_secs(), "its node is not heard from: replacing it");
         self.fleet.fence(queue).await?;
         self.settings
             .silence
             .replaced
             .fetch_add(1, Ordering::Relaxed);
-        self.audit(audit::NODE_REPLACE, queue).await;
+        let reason = format!("not heard from for more than {} s", limit.as_secs());
+        self.audit(audit::NODE_REPLACE, queue, &reason).await;
         self.keep_running(queue).await?;
         tracing::info!(queue = %queue.id, "a silent node was replaced");
         Ok(())
     }
 
     /// Keeps an audit entry of what the control plane did on its own to `queue`'s node.
-    async fn audit(&self, action: &str, queue: &Queue) {
+    async fn audit(&self, action: &str, queue: &Queue, reason: &str) {
         let target = Target {
             id: queue.id.clone(),
             account: queue.account.clone(),
         };
-        let entry = Entry::new(Actor::ControlPlane, action, target, 200);
+        let entry = Entry::new(Actor::ControlPlane, action, target, 200).because(reason);
         audit::record(&self.store, entry).await;
     }
 
@@ -248,7 +258,7 @@ impl Reconciler {
         let placement = self.fleet.ensure(queue, &bootstrap).await?;
         if let Some(reason) = placement.restarted_because {
             tracing::warn!(queue = %queue.id, reason, "its node was restarted");
-            self.audit(audit::NODE_RESTART, queue).await;
+            self.audit(audit::NODE_RESTART, queue, reason).await;
         }
         if placement.recorded_in(queue) {
             return Ok(());

@@ -74,6 +74,10 @@ struct Watched {
     /// Until when it may stay unheard while it boots: its silence counts from here until it
     /// is first heard after `since_ms`.
     boot_until_ms: u64,
+    /// Whether it was given a boot time more because its machine was being brought back by
+    /// its cloud ([`Watch::grant_recovery`]): once per placement, so that a machine that
+    /// never comes back is replaced all the same.
+    recovery_granted: bool,
 }
 
 impl Watched {
@@ -131,6 +135,24 @@ impl Watch {
         self.watched
             .insert(queue_id.to_string(), Watched::from(now_ms, boot));
     }
+
+    /// Gives queue `queue_id`'s silent node, whose machine its cloud is bringing back (a
+    /// reboot, a recovery onto another host), `boot` more from `now_ms` to be heard, instead
+    /// of replacing it now; `false` when it had that already since it was placed.
+    pub fn grant_recovery(&mut self, queue_id: &str, now_ms: u64, boot: Duration) -> bool {
+        let watched = self
+            .watched
+            .entry(queue_id.to_string())
+            .or_insert_with(|| Watched::from(now_ms, boot));
+        if watched.recovery_granted {
+            return false;
+        }
+        *watched = Watched {
+            recovery_granted: true,
+            ..Watched::from(now_ms, boot)
+        };
+        true
+    }
 }
 
 impl Watched {
@@ -138,6 +160,7 @@ impl Watched {
         Watched {
             since_ms: now_ms,
             boot_until_ms: now_ms + boot.as_millis() as u64,
+            recovery_granted: false,
         }
     }
 }
@@ -230,6 +253,29 @@ mod tests {
         assert!(watch.watched.contains_key("a"));
         watch.silent(&[], &HashMap::new(), 6, LIMIT, BOOT);
         assert!(!watch.watched.contains_key("a"));
+    }
+
+    #[test]
+    fn a_machine_being_brought_back_is_given_one_boot_time_more_per_placement() {
+        let queues = [queue("q", Status::Running, true)];
+        let mut watch = Watch::default();
+        let nothing = HashMap::new();
+        watch.silent(&queues, &nothing, 0, LIMIT, BOOT);
+        assert_eq!(watch.silent(&queues, &nothing, 60_001, LIMIT, BOOT), ["q"]);
+        assert!(watch.grant_recovery("q", 60_001, BOOT));
+        // Not silent again before the boot time and the limit have passed once more.
+        assert!(watch
+            .silent(&queues, &nothing, 60_001 + 360_000, LIMIT, BOOT)
+            .is_empty());
+        assert_eq!(
+            watch.silent(&queues, &nothing, 60_002 + 360_000, LIMIT, BOOT),
+            ["q"]
+        );
+        // A machine that never comes back is replaced all the same.
+        assert!(!watch.grant_recovery("q", 420_002, BOOT));
+        // Its replacement, placed anew, may be given one again.
+        watch.placed("q", 500_000, BOOT);
+        assert!(watch.grant_recovery("q", 900_000, BOOT));
     }
 
     #[test]

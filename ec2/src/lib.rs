@@ -6,12 +6,14 @@
 //! - `settings` — what the control plane configures: the cluster name, the regions and where instances go in each.
 //! - `tags` — the tags that make everything findable again: nothing is remembered here, AWS is the record.
 //! - `instances` — launch, list, find and terminate the queues' instances.
+//! - `status` — whether EC2 is bringing an instance back by itself (a reboot, a recovery).
 //! - `volumes` — find or create a queue's data volume, attach it, delete it.
 //! - `error` — one error type: our own refusals, AWS's refusals (with their code) and unanswered calls.
 
 mod error;
 mod instances;
 mod settings;
+mod status;
 mod tags;
 mod volumes;
 
@@ -27,6 +29,7 @@ pub use aws_sdk_ec2;
 pub use error::Ec2Error;
 pub use instances::{Instance, Launch};
 pub use settings::{RegionSettings, Settings};
+pub use status::InstanceHealth;
 pub use tags::{CLUSTER_TAG, DATA_VOLUME, PURPOSE_TAG, QUEUE_TAG};
 pub use volumes::Volume;
 

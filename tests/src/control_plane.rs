@@ -164,11 +164,15 @@ impl ControlPlane {
             ),
             None => String::new(),
         };
+        // A test that names its own node binary keeps it.
+        let dataplane = match extra.lines().any(|line| line.starts_with("dataplane =")) {
+            true => String::new(),
+            false => format!("dataplane = {:?}\n", dataplane_binary()),
+        };
         let config = format!(
             "listen = \"{listen}\"\ndata_dir = {:?}\ntoken = \"{token}\"\ncluster = \"test\"\n\
-             dataplane = {:?}\n{extra}{store}",
+             {dataplane}{extra}{store}",
             dir.path().join("data"),
-            dataplane_binary()
         );
         std::fs::write(dir.path().join("controlplane.toml"), config).unwrap();
         let mut child = Command::new(controlplane_binary())
@@ -261,6 +265,8 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     /// Kills it and the nodes it leaves running (their pid files name them).
+    /// A failing test shows how its control plane's log and each node's log end (the
+    /// temporary directory is gone after).
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -269,8 +275,27 @@ impl Drop for ControlPlane {
             if let Some(pid) = process_naming(&node.path().join("bootstrap.toml")) {
                 signal(pid, libc::SIGKILL);
             }
+            if std::thread::panicking() {
+                let log = std::fs::read_to_string(node.path().join("node.log"));
+                let log = log.unwrap_or_default();
+                eprintln!(
+                    "--- node {:?}'s log ends ---\n{}",
+                    node.file_name(),
+                    tail(&log)
+                );
+            }
+        }
+        if std::thread::panicking() {
+            let log = self.log.lock().clone();
+            eprintln!("--- the control plane's log ends ---\n{}", tail(&log));
         }
     }
+}
+
+/// The last lines of a log, enough to see why a test failed.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
 }
 
 /// A client logged in at `url` with a login the API gave (`{"username","password"}`) as

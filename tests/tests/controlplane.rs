@@ -434,6 +434,52 @@ async fn a_restarted_control_plane_adopts_the_running_nodes_and_starts_none_twic
     login_with(node, &new, "admin", json!({})).await;
 }
 
+/// Issue 28: a control plane started with a new node binary restarts the nodes it adopts
+/// that run another one, and says why in its log and its audit; one of the same binary is
+/// adopted as it runs.
+#[tokio::test]
+async fn an_adopted_node_of_another_binary_is_restarted_and_says_why() {
+    let bin = tempfile::tempdir().unwrap();
+    let dataplane = bin.path().join("dataplane");
+    std::fs::copy(qe_tests::dataplane_binary(), &dataplane).unwrap();
+    let cp = ControlPlane::start_with(&format!("dataplane = {dataplane:?}\n"));
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let (id, node) = (queue["id"].as_str().unwrap(), node_of(&queue));
+    let config = cp.node_dir(id).join("bootstrap.toml");
+    let pid = process_naming(&config).expect("the node runs");
+
+    // A new binary is installed as `install` does: a new file renamed over the old one.
+    let upgraded = bin.path().join("dataplane.new");
+    std::fs::copy(qe_tests::dataplane_binary(), &upgraded).unwrap();
+    std::fs::rename(&upgraded, &dataplane).unwrap();
+    let cp = cp.restart();
+    cp.wait_for_log("its binary is not the configured one", 1);
+    cp.wait_for_log("its node was restarted", 1);
+    let restarted = process_naming(&config).expect("the node runs");
+    assert_ne!(restarted, pid, "started again from the new binary");
+    let exe = std::fs::read_link(format!("/proc/{restarted}/exe")).unwrap();
+    assert_eq!(exe, dataplane);
+    let restarts = cp.audited("node.restart").await;
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert_eq!(
+        restarts[0]["reason"],
+        "its binary is not the configured one"
+    );
+    let publisher = &queue["logins"]["publisher"];
+    let mut publisher = login_with(node, publisher, "publisher", json!({})).await;
+    let reply = publisher
+        .request(json!({"body": "on the new binary"}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+
+    // Started again on the same binary, it adopts the node as it runs.
+    let cp = cp.restart();
+    cp.wait_for_log("adopted a running node", 1);
+    assert_eq!(process_naming(&config), Some(restarted), "the same process");
+    assert_eq!(cp.audited("node.restart").await.len(), 1);
+}
+
 #[tokio::test]
 async fn health_metrics_and_the_openapi_document() {
     let cp = ControlPlane::start();
@@ -619,7 +665,7 @@ async fn a_control_plane_back_at_another_address_restarts_its_nodes_to_report_th
     let cp = cp.restart_elsewhere();
     assert_ne!(cp.addr, old);
     // A node reads its bootstrap once: it is started again from the new one.
-    cp.wait_for_log("restarting a node for the control plane's new address", 1);
+    cp.wait_for_log("the control plane's replicas or root changed", 1);
     cp.wait_for_log("started a node", 1);
     let restarted = process_naming(&config).expect("the node runs");
     assert_ne!(restarted, pid, "started again for the new address");
@@ -634,6 +680,10 @@ async fn a_control_plane_back_at_another_address_restarts_its_nodes_to_report_th
     assert_eq!(restarts.len(), 1, "{restarts:?}");
     assert_eq!(restarts[0]["target"], id.as_str());
     assert_eq!(restarts[0]["actor"], json!({"kind": "control-plane"}));
+    assert_eq!(
+        restarts[0]["reason"],
+        "the control plane's replicas or root changed"
+    );
 
     // Deleting the queue stops the node. Its records reach this address: the one made when
     // it stopped for the restart (the old address was gone; it kept it and reported it from
@@ -730,6 +780,11 @@ async fn a_silent_node_is_replaced_and_serves_its_durable_messages() {
     assert_eq!(replaced.len(), 1, "{replaced:?}");
     assert_eq!(replaced[0]["target"], id);
     assert_eq!(replaced[0]["actor"], json!({"kind": "control-plane"}));
+    let reason = replaced[0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("not heard from for more than"),
+        "{reason}"
+    );
     let token = Some(cp.token.as_str());
     let (_, metrics) = http_text(cp.addr, "GET", "/metrics", token, None).await;
     assert!(

@@ -338,6 +338,17 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
         .filter(|entry| entry["action"] == "node.replace" && entry["target"] == id.as_str())
         .count();
     assert_eq!(replacements, 1, "{audit}");
+    // EC2 was asked whether it was bringing the instance back (it was not: running, checks
+    // ok), and answered.
+    let log = api.cp.log_text();
+    assert!(
+        log.contains("its node is not heard from: replacing it"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("whether its instance recovers could not be read"),
+        "{log}"
+    );
 
     // Deleted: EC2 terminates the instance, which shuts down: its node reports its last
     // records, then the volume is deleted.

@@ -310,6 +310,26 @@ impl Provider for Ec2Provider {
         .boxed()
     }
 
+    /// What `DescribeInstanceStatus` says of the queue's recorded instance: starting,
+    /// checks initializing, or a reboot or maintenance under way (`qe_ec2::InstanceHealth`).
+    /// An answer EC2 does not give counts as no: the node is replaced.
+    fn recovering<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, bool> {
+        async move {
+            let Some(instance) = queue.resources.get("instance") else {
+                return false;
+            };
+            let now = crate::live::now_ms() as i64 / 1000;
+            match self.ec2.health(&queue.region, instance).await {
+                Ok(health) => health.is_some_and(|health| health.recovering(now)),
+                Err(error) => {
+                    tracing::warn!(queue = %queue.id, %error, "whether its instance recovers could not be read");
+                    false
+                }
+            }
+        }
+        .boxed()
+    }
+
     /// An instance boots, mounts its volume and fetches the node before it reports.
     fn boot_within(&self) -> Duration {
         self.boot_within

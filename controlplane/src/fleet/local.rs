@@ -29,6 +29,9 @@ const STOP_WITHIN: Duration = Duration::from_secs(10);
 /// Why a serving node is restarted: it was started for replicas that are not the control
 /// plane's now (a node reads its bootstrap once).
 const MOVED: &str = "the control plane's replicas or root changed";
+/// Why an adopted node is restarted: it runs another binary than the one configured (a
+/// control plane started after an upgrade brings the nodes it finds to it).
+const UPGRADED: &str = "its binary is not the configured one";
 
 pub struct LocalProvider {
     dataplane: PathBuf,
@@ -136,7 +139,7 @@ impl LocalProvider {
             }
             // Started for a control plane elsewhere: again, from the new bootstrap.
             Some((false, _)) => {
-                tracing::info!(queue = %queue.id, "restarting a node for the control plane's new address");
+                tracing::info!(queue = %queue.id, reason = MOVED, "restarting a node");
                 restarted_because = Some(MOVED);
                 self.stop_node(&queue.id, STOP_WITHIN).await;
             }
@@ -145,17 +148,23 @@ impl LocalProvider {
         let (launcher, changed) = self
             .launcher(&queue.id, bootstrap)
             .map_err(|e| fail(e.to_string()))?;
-        let child = match (launcher.adopt(), changed) {
-            (Some(child), false) => {
+        let adopted = launcher.adopt();
+        // A node reads its bootstrap once: one left by a control plane that was elsewhere
+        // starts again from the new one (what it could not report, it keeps and reports
+        // from there). One of another binary starts again from the configured one.
+        let must_restart = match &adopted {
+            Some(_) if changed => Some(MOVED),
+            Some(child) if !runs(child.id(), &self.dataplane) => Some(UPGRADED),
+            _ => None,
+        };
+        let child = match (adopted, must_restart) {
+            (Some(child), None) => {
                 tracing::info!(queue = %queue.id, pid = child.id(), "adopted a running node");
                 child
             }
-            // A node reads its bootstrap once: one left by a control plane that was elsewhere
-            // starts again from the new one (what it could not report, it keeps and reports
-            // from there).
-            (Some(mut child), true) => {
-                tracing::info!(queue = %queue.id, "restarting a node for the control plane's new address");
-                restarted_because = Some(MOVED);
+            (Some(mut child), Some(reason)) => {
+                tracing::info!(queue = %queue.id, reason, "restarting a node");
+                restarted_because = Some(reason);
                 child.stop(STOP_WITHIN).await;
                 launcher.launch().await?
             }
@@ -561,6 +570,22 @@ fn replicas(bootstrap: &Bootstrap) -> std::collections::BTreeSet<&str> {
     std::iter::once(bootstrap.control_plane.as_str())
         .chain(listed)
         .collect()
+}
+
+/// Whether process `pid` runs the file `binary` is now: the same file (device and inode)
+/// as its executable. A binary replaced on disk (installed anew, renamed over) is another
+/// file, while the old one runs on, deleted. Unknown (the process is gone) counts as yes:
+/// there is nothing to restart.
+fn runs(pid: u32, binary: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let running = std::fs::metadata(format!("/proc/{pid}/exe"));
+    let configured = std::fs::metadata(binary);
+    match (running, configured) {
+        (Ok(running), Ok(configured)) => {
+            (running.dev(), running.ino()) == (configured.dev(), configured.ino())
+        }
+        _ => true,
+    }
 }
 
 /// A port free on both loopback addresses now, to give a node for good (a restart keeps its

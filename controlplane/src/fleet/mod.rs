@@ -66,6 +66,15 @@ pub trait Provider: Send + Sync {
     /// no two nodes ever hold one queue's data or name. Safe to call again.
     fn fence<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>>;
 
+    /// Whether `queue`'s node's machine is being brought back by its cloud now (a reboot, a
+    /// recovery onto another host, maintenance under way): its silent node is then given one
+    /// boot time more before it is replaced, since it comes back, with its data, sooner than
+    /// a replacement would.
+    fn recovering<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, bool> {
+        let _ = queue;
+        Box::pin(async { false })
+    }
+
     /// How long a node it starts may take to boot and report for the first time: a
     /// replacement is not judged silent before.
     fn boot_within(&self) -> std::time::Duration {

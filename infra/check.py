@@ -53,6 +53,7 @@ PLACEHOLDERS = {
     "bootstrap_b64",
     "dataplane_sha256",
     "volume_id",
+    "mode",
     "control_plane_ca_b64",
 }
 # EC2 refuses user data over 16 KB (before base64).
@@ -101,6 +102,7 @@ def values(control_plane, sha256, volume_id, ca_pem=None):
         "bootstrap_b64": b64(text),
         "dataplane_sha256": sha256,
         "volume_id": volume_id,
+        "mode": "serve",
         "control_plane_ca_b64": b64(ca_pem) if ca_pem else "",
     }
 

@@ -1095,6 +1095,19 @@ def parse_unit(path):
     return sections
 
 
+def load_unit(unit_name):
+    """The unit with its drop-ins (UNIT.d/*.conf, in name order) after it: a key they set again comes after, so
+    its last value wins (an empty `ExecStart=` then a new one replaces the command, as in systemd)."""
+    unit = parse_unit(f"/etc/systemd/system/{unit_name}")
+    drop_ins = f"/etc/systemd/system/{unit_name}.d"
+    names = sorted(os.listdir(drop_ins)) if os.path.isdir(drop_ins) else []
+    for name in (n for n in names if n.endswith(".conf")):
+        for section, keys in parse_unit(os.path.join(drop_ins, name)).items():
+            for key, values in keys.items():
+                unit.setdefault(section, {}).setdefault(key, []).extend(values)
+    return unit
+
+
 def capabilities(values):
     names = " ".join(values).split()
     return [name.lower().removeprefix("cap_") for name in names if name != "~"]
@@ -1108,7 +1121,7 @@ def start_unit(state, unit_name):
             return 0
     except (FileNotFoundError, ValueError):
         pass
-    unit = parse_unit(f"/etc/systemd/system/{unit_name}")
+    unit = load_unit(unit_name)
     service = {key: values[-1] for key, values in unit.get("Service", {}).items()}
     all_values = unit.get("Service", {})
     exec_start = shlex.split(service["ExecStart"])

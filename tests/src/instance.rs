@@ -121,6 +121,14 @@ impl Instance {
         }
     }
 
+    /// Waits until its node exits on its own (a node that only hands over its last records,
+    /// after which the instance powers off); returns boot.py's last word.
+    pub fn wait_for_exit(mut self) -> String {
+        let line = self.next_line(crate::PROMPT * 6);
+        let _ = self.child.wait();
+        line
+    }
+
     /// Shuts it down as EC2 terminates an instance: the node gets SIGTERM (it reports its
     /// last records) and the instance is torn down. Returns boot.py's last word.
     pub fn terminate(mut self) -> String {

@@ -396,5 +396,86 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
         .map(|r| r["network_sent"].as_u64().unwrap())
         .sum();
     assert!(sent > 0, "the bytes the nodes sent are counted: {usage}");
+
+    // Issue 28: a queue deleted while its node cannot report (its network lost) keeps its
+    // volume; an instance booted on it only hands the records over, then powers off, and
+    // only then is the volume deleted.
+    let (_, created) = api.call("POST", "/v1/queues", Some(&body)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let queue = api.placed(&id, None).await;
+    let cut_off = boot(&ec2, &queue, "qe4", files.path()).await;
+    let path = format!("/v1/queues/{id}?until=running&within=60");
+    let (_, running) = api.call("GET", &path, None).await;
+    assert_eq!(running["status"], "running", "{running}");
+    let host = queue["host"].as_str().unwrap().to_string();
+    let mut publisher = logged_in(dns, &host, &root, &created["logins"], "publisher").await;
+    let reply = publisher
+        .request(json!({"body": "counted", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    cut_off.lose_network();
+    let (status, _) = api.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert!(status == 200 || status == 202, "{status}");
+    let served_on = queue["resources"]["instance"].as_str().unwrap().to_string();
+    let volume = queue["resources"]["volume"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while describe_instance(client, &served_on)
+        .await
+        .state()
+        .unwrap()
+        .name()
+        != Some(&InstanceStateName::Terminated)
+    {
+        assert!(Instant::now() < deadline, "never terminated");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::task::spawn_blocking(move || cut_off.terminate())
+        .await
+        .unwrap();
+    let hand_over = loop {
+        let instances = ec2.instances_of(REGION, &id).await.unwrap();
+        let launched = instances
+            .into_iter()
+            .find(|i| i.id != served_on && i.state == "running" && i.ipv6.is_some());
+        if let Some(instance) = launched {
+            break instance;
+        }
+        assert!(Instant::now() < deadline, "no hand-over instance");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let placed = json!({
+        "resources": {"instance": hand_over.id, "volume": volume},
+        "addresses": {"v6": hand_over.ipv6.unwrap().to_string()},
+    });
+    let handing = boot(&ec2, &placed, "qe5", files.path()).await;
+    let node_log = files.path().join("qe5/node.log");
+    let said = tokio::task::spawn_blocking(move || handing.wait_for_exit())
+        .await
+        .unwrap();
+    assert_eq!(
+        said, "exited status=0",
+        "it only hands over, then powers off"
+    );
+    let log = std::fs::read_to_string(node_log).unwrap();
+    assert!(log.contains("the last usage record was reported"), "{log}");
+    let path = format!("/v1/queues/{id}?until=deleted&within=60");
+    let (_, deleted) = api.call("GET", &path, None).await;
+    assert_eq!(deleted["status"], "deleted", "{deleted}");
+    assert!(
+        describe_volume(client, &volume).await.is_none(),
+        "then the volume is deleted"
+    );
+    let terminated = describe_instance(client, &hand_over.id).await;
+    assert_eq!(
+        terminated.state().unwrap().name(),
+        Some(&InstanceStateName::Terminated)
+    );
+    let (_, usage) = api.call("GET", &qe_tests::all_usage_of(&id), None).await;
+    assert!(!usage["usage"].as_array().unwrap().is_empty(), "{usage}");
+    let log = api.cp.log_text();
+    assert!(
+        log.contains("launched an instance to hand over its last records"),
+        "{log}"
+    );
     drop(moto);
 }

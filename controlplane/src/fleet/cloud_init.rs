@@ -10,6 +10,25 @@ use std::path::Path;
 /// The template as this build ships it.
 pub const BUILT_IN: &str = include_str!("../../../infra/cloud-init/node.yaml");
 
+/// What the instance's node is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Serving its queue.
+    Serve,
+    /// Only handing over the records its volume holds that were never reported (its queue
+    /// was deleted while its node could not report), then powering the instance off.
+    ReportLast,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Serve => "serve",
+            Mode::ReportLast => "report-last",
+        }
+    }
+}
+
 pub struct NodeBoot {
     template: String,
     /// SHA-256 (hex) of the `dataplane` binary the control plane serves nodes: the first-boot
@@ -35,7 +54,7 @@ impl NodeBoot {
             node_token: "t".into(),
             control_plane_ca_pem: None,
         };
-        let rendered = boot.render(&sample, "vol-0");
+        let rendered = boot.render(&sample, "vol-0", Mode::Serve);
         match rendered.find("{{") {
             Some(at) => {
                 let rest: String = rendered[at..].chars().take(40).collect();
@@ -48,8 +67,8 @@ impl NodeBoot {
     }
 
     /// The user data of the node that starts from `bootstrap`, with the queue's data on
-    /// `volume_id`.
-    pub fn render(&self, bootstrap: &Bootstrap, volume_id: &str) -> String {
+    /// `volume_id`, to run as `mode` says.
+    pub fn render(&self, bootstrap: &Bootstrap, volume_id: &str, mode: Mode) -> String {
         let bootstrap_toml = toml::to_string(bootstrap).expect("plain fields");
         let bootstrap_b64 = base64::engine::general_purpose::STANDARD.encode(bootstrap_toml);
         [
@@ -58,6 +77,7 @@ impl NodeBoot {
             ("bootstrap_b64", bootstrap_b64.as_str()),
             ("dataplane_sha256", self.dataplane_sha256.as_str()),
             ("volume_id", volume_id),
+            ("mode", mode.name()),
         ]
         .iter()
         .fold(self.template.clone(), |text, (name, value)| {
@@ -91,8 +111,11 @@ mod tests {
                 "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into(),
             ),
         };
-        let text = boot.render(&bootstrap, "vol-0abc");
+        let text = boot.render(&bootstrap, "vol-0abc", Mode::Serve);
         assert!(!text.contains("{{"), "every placeholder filled");
+        assert!(text.contains("MODE='serve'"));
+        let last = boot.render(&bootstrap, "vol-0abc", Mode::ReportLast);
+        assert!(last.contains("MODE='report-last'"));
         assert!(text.starts_with("#cloud-config\n"));
         assert!(text.contains("QUEUE_ID='k3j9x0c2m1ab'"));
         assert!(text.contains("VOLUME_ID='vol-0abc'"));

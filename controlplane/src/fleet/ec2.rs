@@ -4,7 +4,7 @@
 //! then takes everything else over the channel. Nothing is remembered here: AWS's tags are the
 //! record, so a control plane that crashed anywhere finds what it made.
 
-use super::cloud_init::NodeBoot;
+use super::cloud_init::{Mode, NodeBoot};
 use super::{FleetError, Provider};
 use crate::queues::{Addresses, NewQueue, Placement, Queue};
 use futures::future::BoxFuture;
@@ -164,7 +164,7 @@ impl Ec2Provider {
             // The client token is new for each replacement (the instance it follows) and the
             // same for a retry of one launch: a launch whose answer was lost makes no twin.
             None => {
-                let user_data = self.boot.render(bootstrap, &volume.id);
+                let user_data = self.boot.render(bootstrap, &volume.id, Mode::Serve);
                 self.launch(queue, &user_data).await?
             }
         };
@@ -192,6 +192,43 @@ impl Ec2Provider {
             ]),
             restarted_because: None,
         })
+    }
+
+    /// Boots an instance on the deleted queue's volume whose node only hands over the records
+    /// the volume holds, then powers off ([`Mode::ReportLast`]); `false` when there is no
+    /// volume. A hand-over instance still live from an earlier try is waited for, not doubled;
+    /// one that powered off without the records arriving is replaced by another.
+    async fn hand_over(&self, queue: &Queue, bootstrap: &Bootstrap) -> Result<bool, Ec2Error> {
+        let volumes = self.ec2.volumes_of(&queue.region, &queue.id).await?;
+        let Some(volume) = volumes.into_iter().next() else {
+            return Ok(false);
+        };
+        let mut live = None;
+        for instance in self.ec2.instances_of(&queue.region, &queue.id).await? {
+            match instance.state.as_str() {
+                "pending" | "running" if live.is_none() => live = Some(instance),
+                _ => self.ec2.terminate(&instance.region, &instance.id).await?,
+            }
+        }
+        let instance = match live {
+            Some(instance) => instance,
+            None => {
+                self.ec2.free_volume(&volume.region, &volume.id).await?;
+                let user_data = self.boot.render(bootstrap, &volume.id, Mode::ReportLast);
+                let instance = self.launch(queue, &user_data).await?;
+                tracing::info!(queue = %queue.id, instance = %instance.id, "launched an instance to hand over its last records");
+                instance
+            }
+        };
+        // Its node reaches the control plane over IPv6, as a serving one does.
+        let instance = self.running(&queue.region, instance).await?;
+        let instance = self.ec2.ensure_ipv6(instance).await?;
+        if volume.attached_to.as_deref() != Some(instance.id.as_str()) {
+            self.ec2
+                .attach(&queue.region, &volume.id, &instance.id, VOLUME_DEVICE)
+                .await?;
+        }
+        Ok(true)
     }
 
     /// `instance` once it runs (its addresses are then known, and a volume attaches).
@@ -344,8 +381,29 @@ impl Provider for Ec2Provider {
         .boxed()
     }
 
+    /// An instance on the deleted queue's volume that only hands over its records
+    /// ([`Mode::ReportLast`]); `within` is not needed here: the reconciler waits for the
+    /// report, and a hand-over instance left running is terminated with the data.
+    fn report_last<'a>(
+        &'a self,
+        queue: &'a Queue,
+        bootstrap: &'a Bootstrap,
+        _within: Duration,
+    ) -> BoxFuture<'a, Result<bool, FleetError>> {
+        async move {
+            self.hand_over(queue, bootstrap)
+                .await
+                .map_err(|e| FleetError::Start(e.to_string()))
+        }
+        .boxed()
+    }
+
+    /// Its instances first (a hand-over instance may hold the volume), then its volumes.
     fn remove_data<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
+            self.terminate_all(queue_id)
+                .await
+                .map_err(|e| FleetError::Remove(e.to_string()))?;
             self.delete_volumes(queue_id)
                 .await
                 .map_err(|e| FleetError::Remove(e.to_string()))

@@ -169,6 +169,16 @@ impl Channel {
         Ok(())
     }
 
+    /// Tells a control plane that refuses the node's credential what the node is: its kept
+    /// config. A control plane restored from a backup made before the queue was (one that
+    /// knows nothing of it) keeps it, so that the operator may adopt the queue; any other
+    /// refuses it.
+    pub async fn report_stray(&self, kept: &DesiredConfig) -> Result<(), ChannelError> {
+        self.send(|base| self.client.post(self.url(base, "stray")).json(kept))
+            .await?;
+        Ok(())
+    }
+
     /// Sends a CSR for the queue's name; returns the chain the control plane had issued.
     pub async fn certificate(&self, csr_pem: String) -> Result<String, ChannelError> {
         let request = CertificateRequest { csr_pem };
@@ -218,6 +228,22 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// After the control plane refused the node's credential: a node that has a kept config
+/// reports itself as a stray ([`Channel::report_stray`]), in case the control plane no
+/// longer knows its queue.
+async fn refused(channel: &Channel, data_dir: &Path, error: &ChannelError) {
+    let ChannelError::Refused(reqwest::StatusCode::UNAUTHORIZED) = error else {
+        return;
+    };
+    let Some(kept) = kept(data_dir) else {
+        return;
+    };
+    match channel.report_stray(&kept).await {
+        Ok(()) => tracing::warn!("the control plane does not know this node's queue: reported it, for the operator to adopt"),
+        Err(error) => tracing::debug!(%error, "not taken as a stray"),
+    }
+}
+
 fn kept(data_dir: &Path) -> Option<DesiredConfig> {
     let bytes = std::fs::read(kept_path(data_dir)).ok()?;
     serde_json::from_slice(&bytes).ok()
@@ -241,7 +267,8 @@ pub async fn first_config(channel: &Channel, data_dir: &Path) -> DesiredConfig {
             }
             Ok(None) => {}
             Err(error) => {
-                tracing::warn!(%error, retry_in = ?wait, "no config from the control plane yet")
+                tracing::warn!(%error, retry_in = ?wait, "no config from the control plane yet");
+                refused(channel, data_dir, &error).await;
             }
         }
         tokio::time::sleep(wait).await;
@@ -325,6 +352,7 @@ pub async fn watch(channel: Channel, data_dir: PathBuf, started: u64, apply: Arc
                 Ok(()) => confirmed = Some(serving),
                 Err(error) => {
                     tracing::warn!(%error, retry_in = ?wait, "the applied version could not be confirmed");
+                    refused(&channel, &data_dir, &error).await;
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
                     continue;
@@ -350,6 +378,7 @@ pub async fn watch(channel: Channel, data_dir: PathBuf, started: u64, apply: Arc
             },
             Err(error) => {
                 tracing::warn!(%error, retry_in = ?wait, "watching the config failed");
+                refused(&channel, &data_dir, &error).await;
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
             }

@@ -401,12 +401,24 @@ pub async fn https(
     token: Option<&str>,
     body: Option<&str>,
 ) -> (u16, Value) {
+    let (status, body) = https_text(addr, roots, method, path, token, body).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// [`https`], the body as it came.
+pub async fn https_text(
+    addr: SocketAddr,
+    roots: rustls::RootCertStore,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
     let connector = tokio_rustls::TlsConnector::from(qe_tls::client_config(roots));
     let tcp = TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
     let tls = connector.connect(name, tcp).await.unwrap();
-    let (status, body) = exchange(tls, method, path, token, body).await;
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    exchange(tls, method, path, token, body).await
 }
 
 /// Whether a plain HTTP request to `addr` gets an HTTP reply (a TLS-only port gives none).

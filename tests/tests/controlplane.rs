@@ -536,6 +536,7 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/nodes/{id}/reports",
         "/v1/nodes/{id}/config",
         "/v1/nodes/{id}/applied",
+        "/v1/nodes/{id}/stray",
         "/v1/nodes/{id}/dataplane",
         "/v1/nodes/{id}/certificate",
         "/v1/certificate/renew",
@@ -566,6 +567,11 @@ async fn health_metrics_and_the_openapi_document() {
             );
         }
     }
+    // A store never restored has no strays: a node's report of one is refused.
+    let (status, _) = cp
+        .call("POST", "/v1/nodes/nosuchqueue/stray", Some("{}"))
+        .await;
+    assert_eq!(status, 401);
     let (status, reply) = cp.call("GET", "/v1/nothing", None).await;
     assert_eq!(
         (status, reply["error"]["message"].as_str()),

@@ -479,3 +479,101 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
     );
     drop(moto);
 }
+
+/// Issue 28: after a restore from a backup made before a queue was, its instance runs on,
+/// unknown to the store. Its node, refused, reports the config it kept; the queue is then
+/// listed as an adoptable stray and adopted: the same instance serves it by name, with its
+/// logins and its durable message, and its node takes a fresh credential.
+#[tokio::test]
+async fn an_instance_made_after_the_backup_is_adopted_from_what_its_node_reports() {
+    moto::fake_credentials();
+    let moto = Moto::start();
+    let ec2 = moto::with_networks("test", &moto.endpoint, &[REGION]).await;
+    let files = tempfile::tempdir().unwrap();
+    let api = control_plane(&moto, &ec2, files.path());
+    let dns = api.cp.dns.expect("a DNS server");
+    let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    let token = Some(api.cp.token.as_str());
+    let (status, backup) =
+        qe_tests::https_text(api.at, api.roots.clone(), "GET", "/v1/backup", token, None).await;
+    assert_eq!(status, 200, "{backup}");
+
+    let body = format!(r#"{{"tier":"devtest","region":"{REGION}","instance_type":"t3.small"}}"#);
+    let (_, created) = api.call("POST", "/v1/queues", Some(&body)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let logins = created["logins"].clone();
+    let queue = api.placed(&id, None).await;
+    let instance = boot(&ec2, &queue, "qs1", files.path()).await;
+    let path = format!("/v1/queues/{id}?until=running&within=60");
+    let (_, running) = api.call("GET", &path, None).await;
+    assert_eq!(running["status"], "running", "{running}");
+    let host = queue["host"].as_str().unwrap().to_string();
+    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
+    let reply = publisher
+        .request(json!({"body": "made after the backup", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+
+    // The control plane's state is lost and restored from the backup.
+    let Api { mut cp, at, roots } = api;
+    cp.kill();
+    std::fs::remove_dir_all(cp.dir.path().join("data/state")).unwrap();
+    std::fs::remove_file(cp.dir.path().join("data/node-secret")).unwrap();
+    std::fs::write(files.path().join("backup"), &backup).unwrap();
+    let restored = std::process::Command::new(qe_tests::controlplane_binary())
+        .args(["restore", "--config"])
+        .arg(cp.dir.path().join("controlplane.toml"))
+        .arg("--from")
+        .arg(files.path().join("backup"))
+        .output()
+        .unwrap();
+    assert!(
+        restored.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restored.stderr)
+    );
+    let api = Api {
+        cp: cp.restart(),
+        at,
+        roots,
+    };
+    api.cp
+        .wait_for_log("created after the backup it was restored from", 1);
+    let dns = api.cp.dns.expect("a DNS server");
+
+    // Its node reports itself; the queue is then adoptable (an instance's config is on its
+    // volume: nothing else could tell it).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, strays) = api.call("GET", "/v1/strays", None).await;
+        assert_eq!(status, 200, "{strays}");
+        if strays["strays"] == json!([{"id": id, "adoptable": true}]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never adoptable: {strays}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, adopted) = api
+        .call("POST", &format!("/v1/strays/{id}/adopt"), None)
+        .await;
+    assert_eq!(status, 201, "{adopted}");
+    let (_, running) = api.call("GET", &path, None).await;
+    assert_eq!(running["status"], "running", "{running}");
+    assert_eq!(
+        running["resources"]["instance"], queue["resources"]["instance"],
+        "the same instance"
+    );
+    let mut subscriber = logged_in(dns, &host, &root, &logins, "subscriber").await;
+    let delivered = subscriber.recv().await;
+    assert_eq!(delivered["body"], "made after the backup");
+    // Its node took the fresh credential: its next change is confirmed.
+    let rotate = format!("/v1/queues/{id}/logins/admin/rotate");
+    let (status, rotated) = api.call("POST", &rotate, None).await;
+    assert_eq!(status, 200, "{rotated}");
+    let (status, again) = api
+        .call("POST", &format!("/v1/strays/{id}/adopt"), None)
+        .await;
+    assert_eq!(status, 409, "{again}");
+    drop(instance);
+    drop(moto);
+}

@@ -700,6 +700,14 @@ async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
         strays["strays"],
         serde_json::json!([{"id": newer_id, "adoptable": true}])
     );
+    // Only a node of the queue reports itself as its stray: a token that is no credential of
+    // it is refused, and a known queue has no stray.
+    let report = |id: &str| format!("/v1/nodes/{id}/stray");
+    let wrong = Some("0f0f0f0f");
+    let (status, _) = qe_tests::http(cp.addr, "POST", &report(&newer_id), wrong, Some("{}")).await;
+    assert_eq!(status, 401);
+    let (status, _) = qe_tests::http(cp.addr, "POST", &report(&id), wrong, Some("{}")).await;
+    assert_eq!(status, 409);
     let newer_pid = process_naming(&newer_bootstrap).unwrap();
     let (status, adopted) = cp
         .call("POST", &format!("/v1/strays/{newer_id}/adopt"), None)

@@ -149,6 +149,13 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             nodes::require_node_token,
         ));
+    // A node its restored store does not know: checked against the node secret instead.
+    let stray = Router::new()
+        .route("/v1/nodes/{id}/stray", post(strays::reported))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            strays::require_stray_credential,
+        ));
     let open = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
@@ -157,6 +164,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         );
     authenticated
         .merge(node)
+        .merge(stray)
         .merge(open)
         .merge(crate::console::router(sessions))
         .fallback(|| async { ApiError::NoSuchRoute })

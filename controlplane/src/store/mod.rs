@@ -220,6 +220,12 @@ const HEARD: &str = "heard/";
 /// [`crate::dns::served`]): rewritten every few seconds, worth nothing in a backup.
 const SERVED: &str = "served/";
 
+/// What the node of a queue this store does not know said of itself (`strays/QUEUE-ID`,
+/// `api/strays.rs`): after a restore, a node made since reports its kept config, so that it
+/// can be adopted where the provider cannot read it (an instance's volume). One per queue,
+/// rewritten while the node goes on reporting.
+const STRAYS: &str = "strays/";
+
 /// The queues' records and the DNS-01 values: what the zone and the node watches follow.
 fn followed() -> Vec<String> {
     vec![QUEUES.to_string(), CHALLENGES.to_string()]
@@ -561,6 +567,38 @@ impl Store {
             }
         }
         Ok(latest)
+    }
+
+    /// Keeps what queue `queue_id`'s stray node reported of itself.
+    pub async fn put_stray<T: serde::Serialize>(
+        &self,
+        queue_id: &str,
+        reported: &T,
+    ) -> Result<(), StoreError> {
+        let key = format!("{STRAYS}{queue_id}");
+        self.put_value(&key, serde_json::to_vec(reported)?).await
+    }
+
+    /// What queue `queue_id`'s stray node last reported of itself, if it did.
+    pub async fn stray<T: serde::de::DeserializeOwned>(
+        &self,
+        queue_id: &str,
+    ) -> Result<Option<T>, StoreError> {
+        match self.kv.get(&format!("{STRAYS}{queue_id}")).await? {
+            Some(stored) => Ok(Some(serde_json::from_slice(&stored.value)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// What every stray node reported of itself (adopted ones' too: the store deletes
+    /// nothing).
+    pub async fn strays<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, StoreError> {
+        let kept = self.kv.range(STRAYS, &end_of(STRAYS)).await?;
+        let read = kept
+            .values
+            .iter()
+            .map(|value| serde_json::from_slice(value));
+        Ok(read.collect::<Result<_, _>>()?)
     }
 
     /// Keeps what a replica says its DNS serves.

@@ -224,6 +224,18 @@ pub struct Queue {
     /// they are not known (which is not zero).
     #[serde(default)]
     pub live: Option<LiveNumbers>,
+    /// Why it failed, when it is `failed`.
+    #[serde(default)]
+    pub failure: Option<QueueFailure>,
+}
+
+/// Why and when a queue failed (it did not run in time, or its provider refused it).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct QueueFailure {
+    /// What went wrong, as the control plane says it.
+    pub reason: String,
+    /// When, in seconds since 1970.
+    pub since: u64,
 }
 
 /// A queue's numbers as its node last reported them to the control plane (the queue view's

@@ -287,7 +287,9 @@ function renderList() {
     const age = queue.live ? `${Math.round(queue.live.age_secs)} s` : "—";
     return h("tr", { "data-queue": queue.id },
       h("th", { scope: "row", "data-label": "Queue" }, link),
-      h("td", { "data-label": "Status" }, h("span", { class: `status status-${queue.status}` }, queue.status)),
+      h("td", { "data-label": "Status" }, h("span", {
+        class: `status status-${queue.status}`, title: queue.failure ? queue.failure.reason : "",
+      }, queue.status)),
       LIST_COLUMNS.map(([key, name]) => cell(queue, key, name)),
       h("td", { class: "num", "data-label": "Report age" }, age),
       actions);
@@ -497,6 +499,7 @@ function overview(id, tab, panel, load, notFound) {
       ["Config", `version ${queue.config.version}, node serves ${queue.config.applied}` +
         (queue.config.pending ? " (a change is pending)" : "")],
     ];
+    if (queue.failure) facts.splice(1, 0, ["Failure", h("span", { id: "queue-failure" }, queue.failure.reason)]);
     const parts = [h("dl", { class: "facts" }, facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]))];
     if (!live) {
       parts.push(h("h2", {}, "Live numbers"),

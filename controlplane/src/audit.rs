@@ -132,6 +132,10 @@ pub const CONSOLE_TOKEN: &str = "queue.console-token";
 /// asked for). No caller's route: recorded where it happens.
 pub const CERTIFICATE_ISSUE: &str = "certificate.issue";
 
+/// A new queue failed: it was not running within `provision_within_secs`, or its provider
+/// refused it for good (`reason` says which).
+pub const QUEUE_FAIL: &str = "queue.fail";
+
 /// A silent node was fenced and replaced by the control plane (`silence.rs`).
 pub const NODE_REPLACE: &str = "node.replace";
 

@@ -98,6 +98,17 @@ pub struct Config {
     /// plane was down) has its records handed over from its data. Default 86400, a day.
     #[serde(default = "default_delete_keeps_data_secs")]
     pub delete_keeps_data_secs: u64,
+    /// Seconds a new queue has to run (its node started and serving); one that does not, or
+    /// whose provider refuses it for good (an instance type its region does not have), is
+    /// `failed`, with the reason: its node is stopped and its data kept for
+    /// `delete_keeps_data_secs`. Default 900.
+    #[serde(default = "default_provision_within_secs")]
+    pub provision_within_secs: u64,
+    /// Which instance types, in which regions, new queues may ask for, per tier and per
+    /// account (`[[allow]]` rules, [`crate::policy`]): anything else is refused with 400.
+    /// Default: no rules, whatever the provider can run.
+    #[serde(default)]
+    pub allow: Vec<crate::policy::Allow>,
     /// What runs the nodes. Default: processes on this machine (`kind = "local"`).
     #[serde(default)]
     pub provider: ProviderConfig,
@@ -166,6 +177,10 @@ fn default_reconcile_every_secs() -> u64 {
 
 fn default_replace_silent_after_intervals() -> u64 {
     6
+}
+
+fn default_provision_within_secs() -> u64 {
+    900
 }
 
 fn default_delete_keeps_data_secs() -> u64 {

@@ -2,7 +2,8 @@
 //!
 //! - [`api`]: the operator's HTTP API (axum): routes, bearer-token check, JSON errors.
 //! - [`console`]: the web console at `/console/`, signed in with a session cookie.
-//! - [`queues`]: what a queue is to the control plane, and how one is created.
+//! - [`queues`]: what a queue is to the control plane, and how one is created; [`policy`]:
+//!   which instance types and regions a new queue may ask for.
 //! - [`accounts`]: customers, their API keys and limits; [`audit`]: who changed what.
 //! - [`reconciler`]: drives every queue to what the operator asked for, through its provider.
 //! - [`fleet`]: the providers that run nodes ([`fleet::local`] runs them on this machine).
@@ -28,6 +29,7 @@ pub mod leadership;
 pub mod live;
 pub mod nodes;
 pub mod pebble;
+pub mod policy;
 pub mod queues;
 pub mod reconciler;
 pub mod silence;

@@ -343,6 +343,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         recheck_every: std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1)),
         silence,
         keep_data_for: std::time::Duration::from_secs(state.config.delete_keeps_data_secs),
+        provision_within: std::time::Duration::from_secs(state.config.provision_within_secs),
     };
     let reconciler = Reconciler::new(store, fleet, zone, bootstraps, reconcile, settings);
     // Its first pass takes on every queue's node: adopted, or started again.

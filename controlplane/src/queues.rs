@@ -94,6 +94,21 @@ pub struct Queue {
     /// ([`crate::nodes::NodeTokens::sqs_secret`]).
     #[serde(default)]
     pub sqs_keys: Vec<SqsKeyRecord>,
+    /// Why it failed (`failed`: it was not running within `provision_within_secs`, or its
+    /// provider refused it for good), and when, in seconds since 1970: its data is kept from
+    /// then for `delete_keeps_data_secs`, then removed (`reconciler.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+/// Why and when a queue failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub reason: String,
+    pub since: u64,
+    /// Whether its data is removed (its time was up).
+    #[serde(default)]
+    pub data_removed: bool,
 }
 
 /// One SQS access key of a queue.
@@ -217,6 +232,7 @@ impl Queue {
             deleting_since: None,
             account: new.account,
             sqs_keys: Vec::new(),
+            failure: None,
         }
     }
 }

@@ -16,10 +16,10 @@
 
 use crate::audit::{self, Actor, Entry, Target};
 use crate::dns::Zone;
-use crate::fleet::Provider;
+use crate::fleet::{FleetError, Provider};
 use crate::leadership::Leadership;
 use crate::nodes::Bootstraps;
-use crate::queues::{Queue, Status};
+use crate::queues::{Failure, Queue, Status};
 use crate::silence::{self, Rules};
 use crate::store::{Store, StoreError};
 use std::collections::HashSet;
@@ -31,6 +31,8 @@ use tokio::sync::Notify;
 /// How long a deleted queue's last report is waited for once its node has stopped, before
 /// its records are handed over from its data: a node reports as it stops (its last try
 /// ends before it exits), so only a report still on its way from another replica is awaited.
+/// The least time one try at starting a new queue's node has before the queue fails.
+const ONE_TRY_AT_LEAST: Duration = Duration::from_secs(30);
 const LAST_REPORT_SOON: Duration = Duration::from_secs(5);
 /// The longest wait between two tries to hand a deleted queue's records over from its data.
 const HAND_OVER_AGAIN_AT_MOST: Duration = Duration::from_secs(60);
@@ -42,8 +44,11 @@ pub struct Settings {
     pub recheck_every: Duration,
     /// When a node that is not heard from is replaced.
     pub silence: Rules,
-    /// How long a deleted queue's data is kept, at most, for its node's last report.
+    /// How long a deleted queue's data is kept, at most, for its node's last report; and a
+    /// failed queue's, for the operator.
     pub keep_data_for: Duration,
+    /// How long a new queue may take to run before it fails.
+    pub provision_within: Duration,
 }
 
 pub struct Reconciler {
@@ -151,7 +156,11 @@ impl Reconciler {
         while drives.try_join_next().is_some() {}
         for queue in queues {
             let wanted = match queue.status {
-                Status::Failed | Status::Deleted => false,
+                // A failed queue's data is removed once its time is up.
+                Status::Failed => {
+                    every_queue && queue.failure.as_ref().is_some_and(|f| !f.data_removed)
+                }
+                Status::Deleted => false,
                 Status::Running => every_queue,
                 Status::Provisioning | Status::Deleting => true,
             };
@@ -206,14 +215,96 @@ impl Reconciler {
 
     async fn drive(&self, queue: &Queue, silent: bool) {
         let result = match queue.status {
+            Status::Provisioning if !silent => self.provision(queue).await,
             Status::Provisioning | Status::Running if silent => self.replace_silent(queue).await,
             Status::Provisioning | Status::Running => self.keep_running(queue).await,
             Status::Deleting => self.finish_deleting(queue).await,
-            Status::Failed | Status::Deleted => Ok(()),
+            Status::Failed => self.finish_failed(queue).await,
+            Status::Deleted => Ok(()),
         };
         if let Err(error) = result {
             tracing::warn!(queue = %queue.id, %error, "not there yet; tried again later");
         }
+    }
+
+    /// Starts a new queue's node, within what is left of `provision_within` since it was
+    /// made; a queue not running by then, or whose provider refuses it for good, fails.
+    async fn provision(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
+        let within = self.settings.provision_within;
+        let deadline = queue.created + within.as_secs();
+        let left = Duration::from_secs(deadline.saturating_sub(crate::unix_now()));
+        let overdue = || format!("not running within {} s", within.as_secs());
+        // One try has its time even past the deadline (a control plane that was down), so a
+        // queue fails for what its provider did, not for when it was looked at.
+        let this_try = left.max(ONE_TRY_AT_LEAST);
+        let failure = match tokio::time::timeout(this_try, self.keep_running(queue)).await {
+            Ok(Err(error)) => match error.downcast_ref::<FleetError>() {
+                Some(FleetError::Refused(reason)) => Some(reason.clone()),
+                _ if left.is_zero() => Some(overdue()),
+                _ => return Err(error),
+            },
+            Ok(Ok(())) => None,
+            Err(_) => Some(overdue()),
+        };
+        let failure = match failure {
+            Some(failure) => failure,
+            None if left.is_zero() && !self.runs(queue).await? => overdue(),
+            None => return Ok(()),
+        };
+        self.fail(queue, &failure).await
+    }
+
+    /// Whether queue `queue`'s node has said it serves (which makes it `running`).
+    async fn runs(&self, queue: &Queue) -> Result<bool, StoreError> {
+        let now = self.store.get(&queue.id).await?;
+        Ok(now.is_some_and(|now| now.status != Status::Provisioning))
+    }
+
+    /// Stops a queue that could not be provisioned, keeps its data for `keep_data_for`, and
+    /// says why: in its record (`failure`, shown by the API), the log and the audit.
+    async fn fail(&self, queue: &Queue, reason: &str) -> Result<(), Box<dyn std::error::Error>> {
+        tracing::error!(queue = %queue.id, reason, "the queue failed: its node is stopped, its data kept");
+        self.fleet.stop(&queue.id).await?;
+        let failed = self.store.update(&queue.id, |queue| {
+            // Only one still to be provisioned: a delete, or the node's first word, wins.
+            if queue.status == Status::Provisioning {
+                queue.status = Status::Failed;
+                queue.node = None;
+                queue.addresses = None;
+                queue.failure = Some(Failure {
+                    reason: reason.to_string(),
+                    since: crate::unix_now(),
+                    data_removed: false,
+                });
+            }
+            Ok::<_, StoreError>(())
+        });
+        failed.await?;
+        self.audit(audit::QUEUE_FAIL, queue, reason).await;
+        self.zone.refresh(&self.store).await?;
+        Ok(())
+    }
+
+    /// Removes a failed queue's data once it has been kept for `keep_data_for`.
+    async fn finish_failed(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
+        let Some(failure) = &queue.failure else {
+            return Ok(());
+        };
+        let until = failure.since + self.settings.keep_data_for.as_secs();
+        if failure.data_removed || crate::unix_now() < until {
+            return Ok(());
+        }
+        self.fleet.stop(&queue.id).await?;
+        self.fleet.remove_data(&queue.id).await?;
+        let removed = self.store.update(&queue.id, |queue| {
+            if let Some(failure) = &mut queue.failure {
+                failure.data_removed = true;
+            }
+            Ok::<_, StoreError>(())
+        });
+        removed.await?;
+        tracing::info!(queue = %queue.id, "a failed queue's data was removed");
+        Ok(())
     }
 
     /// Fences its node, which has gone silent, and starts another on its data (placed anew,
@@ -257,8 +348,9 @@ impl Reconciler {
         let bootstrap = self.bootstraps.for_queue(queue);
         let placement = self.fleet.ensure(queue, &bootstrap).await?;
         if let Some(reason) = placement.restarted_because {
-            tracing::warn!(queue = %queue.id, reason, "its node was restarted");
+            // Audited before it is logged: whoever reads the log finds the entry.
             self.audit(audit::NODE_RESTART, queue, reason).await;
+            tracing::warn!(queue = %queue.id, reason, "its node was restarted");
         }
         if placement.recorded_in(queue) {
             return Ok(());
@@ -296,7 +388,9 @@ impl Reconciler {
         let since = queue.deleting_since.unwrap_or_else(crate::unix_now);
         let keep_until = since + self.settings.keep_data_for.as_secs();
         let left = || Duration::from_secs(keep_until.saturating_sub(crate::unix_now()));
-        let mut reported = self.last_report_within(queue, LAST_REPORT_SOON).await?;
+        // A failed queue whose node never said it serves has made no record to wait for.
+        let never_ran = queue.failure.is_some() && queue.applied_version == 0;
+        let mut reported = never_ran || self.last_report_within(queue, LAST_REPORT_SOON).await?;
         let mut again_after = Duration::from_secs(1);
         while !reported && !left().is_zero() {
             tracing::warn!(queue = %queue.id, "its node's last report has not come: handing its records over from its data");

@@ -55,6 +55,36 @@ impl Ec2Error {
         }
     }
 
+    /// Whether trying again can never mend it: AWS refused the request itself (a parameter,
+    /// an image, a subnet or group that does not exist, an instance type the region or image
+    /// does not run), or it was refused here before it was sent. Throttling, capacity and
+    /// quotas pass, and an unanswered call may have worked.
+    pub fn mends_nothing(&self) -> bool {
+        const FOR_GOOD: [&str; 4] = [
+            "InvalidParameter",
+            "Unsupported",
+            "InvalidAMIID.",
+            "InvalidInstanceType",
+        ];
+        const NOT_FOUND: [&str; 3] = [
+            "InvalidSubnetID.NotFound",
+            "InvalidGroup.NotFound",
+            "InvalidKeyPair.NotFound",
+        ];
+        match self {
+            Ec2Error::NoSuchRegion(_) | Ec2Error::UserDataTooLarge(_) => true,
+            Ec2Error::Api {
+                operation: "RunInstances",
+                code,
+                ..
+            } => {
+                FOR_GOOD.iter().any(|prefix| code.starts_with(prefix))
+                    || NOT_FOUND.contains(&code.as_str())
+            }
+            _ => false,
+        }
+    }
+
     /// Converts an SDK error from `operation`; use as `.map_err(Ec2Error::sdk("RunInstances"))`.
     pub(crate) fn sdk<E, R>(operation: &'static str) -> impl FnOnce(SdkError<E, R>) -> Ec2Error
     where
@@ -72,5 +102,48 @@ impl Ec2Error {
                 message: DisplayErrorContext(&err).to_string(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(operation: &'static str, code: &str) -> Ec2Error {
+        Ec2Error::Api {
+            operation,
+            code: code.into(),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_launch_refused_for_its_parameters_mends_nothing_and_throttling_does() {
+        for code in [
+            "InvalidParameterValue",
+            "InvalidParameterCombination",
+            "Unsupported",
+            "InvalidAMIID.NotFound",
+            "InvalidSubnetID.NotFound",
+            "InvalidInstanceType.NotFound",
+        ] {
+            assert!(refused("RunInstances", code).mends_nothing(), "{code}");
+        }
+        for code in [
+            "RequestLimitExceeded",
+            "InsufficientInstanceCapacity",
+            "VcpuLimitExceeded",
+            "InternalError",
+        ] {
+            assert!(!refused("RunInstances", code).mends_nothing(), "{code}");
+        }
+        // Only a launch's own refusal: a volume's parameter error is another matter.
+        assert!(!refused("AttachVolume", "InvalidParameterValue").mends_nothing());
+        assert!(Ec2Error::UserDataTooLarge(20_000).mends_nothing());
+        let unanswered = Ec2Error::Unanswered {
+            operation: "RunInstances",
+            message: "timeout".into(),
+        };
+        assert!(!unanswered.mends_nothing());
     }
 }

@@ -438,6 +438,21 @@ def run(page, context, logs):
     expect(page.locator("#report-age")).to_contain_text("reported")
     expect(page).to_have_title(re.compile("^" + re.escape(f"{alpha_queue}: Overview")))
     shot(page, "overview")
+
+    # A queue that failed says why (the API's `failure`), on its page and in the list.
+    def as_failed(route):
+        queue = route.fetch().json()
+        queue.update(status="failed", failure={"reason": "not running within 900 s", "since": 1})
+        route.fulfill(json=queue)
+    page.route(f"**/v1/queues/{alpha_queue}", as_failed)
+    page.reload()
+    expect(page.locator("#queue-status")).to_have_text("failed")
+    expect(page.locator("#queue-failure")).to_have_text("not running within 900 s")
+    page.unroute(f"**/v1/queues/{alpha_queue}")
+    page.reload()
+    expect(page.locator("#queue-status")).to_have_text("running")
+    expect(page.locator("#queue-failure")).to_have_count(0)
+    check("a failed queue's page says why it failed")
     # Keyboard: the arrow keys move between tabs.
     page.locator("#tab-overview").press("ArrowRight")
     expect(page.locator("#tab-messages")).to_have_attribute("aria-selected", "true")

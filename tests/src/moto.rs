@@ -32,6 +32,8 @@ impl Moto {
         let child = Command::new(&bin)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .env("MOTO_ENABLE_RECORDING", "true")
+            // An instance type EC2 does not have is refused, as AWS refuses it.
+            .env("MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION", "true")
             .env("MOTO_RECORDER_FILEPATH", dir.path().join("requests.jsonl"))
             .stdout(log.try_clone().expect("moto's stdout"))
             .stderr(log)

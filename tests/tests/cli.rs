@@ -152,6 +152,44 @@ fn ids_of(items: &[Value]) -> Vec<String> {
     ids
 }
 
+/// Issue 29: `qe queues create` of a queue that fails says why and exits 3 (refused), as
+/// soon as it fails; `qe queues get` shows the reason.
+#[test]
+fn a_queue_that_fails_is_told_with_its_reason() {
+    let cp = ControlPlane::start_with(
+        "dataplane = \"/bin/false\"\nprovision_within_secs = 2\nreconcile_every_secs = 1\n",
+    );
+    let qe = Qe::new();
+    let api = format!("http://{}", cp.addr);
+    let login = qe.run_with(&["login", "--api", &api, "--token-stdin"], &cp.token);
+    assert_eq!(login.code, 0, "{login:?}");
+    let args = [
+        "queues",
+        "create",
+        "--region",
+        "local",
+        "--instance-type",
+        "local",
+    ];
+    let created = qe.expect(3, &args);
+    assert!(
+        created.stderr.contains("failed: not running within 2 s"),
+        "{created:?}"
+    );
+    let id = qe.config()["profiles"]["default"]["queues"]
+        .as_table()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let shown = qe.ok(&["queues", "get", &id]);
+    assert!(
+        shown.stdout.contains("FAILURE") && shown.stdout.contains("not running within 2 s"),
+        "{shown:?}"
+    );
+}
+
 #[tokio::test]
 async fn login_queues_send_receive_and_tail() {
     let cp = ControlPlane::start();

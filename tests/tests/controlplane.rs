@@ -480,6 +480,67 @@ async fn an_adopted_node_of_another_binary_is_restarted_and_says_why() {
     assert_eq!(cp.audited("node.restart").await.len(), 1);
 }
 
+/// Issue 29: the operator's `[[allow]]` rules decide which instance types a new queue may
+/// ask for; anything else is 400, naming what is allowed.
+#[tokio::test]
+async fn instance_types_are_allowed_by_the_operators_rules() {
+    let rules = "[[allow]]\ntier = \"standard\"\ninstance_types = [\"local\"]\n\
+                 [[allow]]\ntier = \"devtest\"\ninstance_types = [\"t4g.micro\"]\n";
+    let cp = ControlPlane::start_with(rules);
+    let (status, _) = cp
+        .call(
+            "POST",
+            "/v1/queues",
+            Some(r#"{"tier":"standard","region":"local","instance_type":"local"}"#),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let devtest = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let (status, error) = cp.call("POST", "/v1/queues", Some(devtest)).await;
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(
+        error["error"]["message"],
+        "instance type \"local\" in region \"local\" is not allowed for a devtest queue; \
+         allowed: t4g.micro"
+    );
+}
+
+/// Issue 29: a new queue whose node never runs fails once `provision_within_secs` is up,
+/// with the reason in its record, the log and the audit; deleted, it goes at once (its node
+/// never ran, so there is no last record to wait for).
+#[tokio::test]
+async fn a_queue_not_running_in_time_fails_and_says_why() {
+    let cp = ControlPlane::start_with(
+        "dataplane = \"/bin/false\"\nprovision_within_secs = 2\nreconcile_every_secs = 1\n",
+    );
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let (status, created) = cp.call("POST", "/v1/queues", Some(body)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let failed = cp.wait_for_status(id, "failed").await;
+    assert_eq!(
+        failed["failure"]["reason"], "not running within 2 s",
+        "{failed}"
+    );
+    assert!(failed["node"].is_null(), "{failed}");
+    cp.wait_for_log("the queue failed", 1);
+    let audited = cp.audited("queue.fail").await;
+    assert_eq!(audited.len(), 1, "{audited:?}");
+    assert_eq!(audited[0]["reason"], "not running within 2 s");
+    let token = Some(cp.token.as_str());
+    let (_, metrics) = http_text(cp.addr, "GET", "/metrics", token, None).await;
+    assert!(
+        metrics.contains("qe_queues{status=\"failed\"} 1"),
+        "{metrics}"
+    );
+    let (status, deleted) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(
+        (status, deleted["status"].as_str()),
+        (200, Some("deleted")),
+        "{deleted}"
+    );
+}
+
 #[tokio::test]
 async fn health_metrics_and_the_openapi_document() {
     let cp = ControlPlane::start();

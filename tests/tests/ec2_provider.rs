@@ -461,3 +461,23 @@ async fn a_twin_instance_and_a_twin_volume_of_a_live_queue_are_removed() {
         "{log}"
     );
 }
+
+/// Issue 29: a launch EC2 refuses for good (an instance type it does not have) fails the
+/// queue at once, with EC2's reason, instead of leaving it `provisioning`.
+#[tokio::test]
+async fn a_launch_ec2_refuses_for_good_fails_the_queue_with_the_reason() {
+    let (_moto, _ec2, config) = cloud().await;
+    let cp = ControlPlane::start_with(&config);
+    let body = format!(
+        r#"{{"tier":"devtest","region":"{REGION}","instance_type":"t3.nonesuch","ipv4":false}}"#
+    );
+    let (status, created) = cp.call("POST", "/v1/queues", Some(&body)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let failed = cp.wait_for_status(id, "failed").await;
+    let reason = failed["failure"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("RunInstances: InvalidInstanceType"),
+        "{failed}"
+    );
+}

@@ -7,7 +7,9 @@ use crate::config::QueueLogins;
 use crate::context::Context;
 use crate::failure::Failure;
 use crate::output::Output;
-use qe_client::control_plane::{CreatedQueue, NewQueue, Queue, QueueStatus, RecordQuery, Tier};
+use qe_client::control_plane::{
+    ControlPlane, CreatedQueue, NewQueue, Queue, QueueStatus, RecordQuery, Tier,
+};
 use serde_json::json;
 use std::time::Duration;
 
@@ -106,6 +108,9 @@ fn queue_output(queue: &Queue, json: serde_json::Value) -> Output {
     rows.push(vec!["IPV4".into(), queue.ipv4.to_string()]);
     rows.push(vec!["NODE".into(), optional(&queue.node)]);
     rows.push(vec!["ACCOUNT".into(), optional(&queue.account)]);
+    if let Some(failure) = &queue.failure {
+        rows.push(vec!["FAILURE".into(), failure.reason.clone()]);
+    }
     match &queue.live {
         Some(_) => rows.extend(
             LIVE_COLUMNS
@@ -138,10 +143,7 @@ async fn create(context: &mut Context, new: &NewQueue, wait: bool) -> Result<(),
     context.profile_mut()?.queues.insert(queue.id.clone(), kept);
     context.save()?;
     let queue = match wait {
-        true => {
-            api.wait_for_queue(&queue.id, QueueStatus::Running, CREATE_WITHIN)
-                .await?
-        }
+        true => until_running_or_failed(&api, &queue.id).await?,
         false => queue,
     };
     if let Some(saved) = context.profile_mut()?.queues.get_mut(&queue.id) {
@@ -155,13 +157,32 @@ async fn create(context: &mut Context, new: &NewQueue, wait: bool) -> Result<(),
         context.profile_name,
         context.path.display()
     );
-    match (wait, queue.status) {
-        (false, _) | (true, QueueStatus::Running) => Ok(()),
-        (true, status) => Err(Failure::Unavailable(format!(
+    match (wait, queue.status, &queue.failure) {
+        (false, _, _) | (true, QueueStatus::Running, _) => Ok(()),
+        (true, QueueStatus::Failed, Some(failure)) => Err(Failure::Refused {
+            code: None,
+            message: format!("queue {} failed: {}", queue.id, failure.reason),
+        }),
+        (true, status, _) => Err(Failure::Unavailable(format!(
             "queue {} is {} after {CREATE_WITHIN:?}, not running",
             queue.id,
             name_of(&status)
         ))),
+    }
+}
+
+/// The queue once it runs or has failed, or as it is after [`CREATE_WITHIN`]: asked in short
+/// holds, so a queue that fails is told at once, not after the whole wait.
+async fn until_running_or_failed(api: &ControlPlane, id: &str) -> Result<Queue, Failure> {
+    let deadline = tokio::time::Instant::now() + CREATE_WITHIN;
+    loop {
+        let queue = api
+            .wait_for_queue(id, QueueStatus::Running, Duration::from_secs(5))
+            .await?;
+        let settled = matches!(queue.status, QueueStatus::Running | QueueStatus::Failed);
+        if settled || tokio::time::Instant::now() >= deadline {
+            return Ok(queue);
+        }
     }
 }
 

@@ -47,6 +47,10 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
         "node": queue.node,
         "addresses": queue.addresses,
         "resources": queue.resources,
+        "failure": queue.failure.as_ref().map(|failure| json!({
+            "reason": failure.reason,
+            "since": failure.since,
+        })),
         "config": {
             "version": queue.config_version,
             "applied": queue.applied_version,
@@ -112,6 +116,7 @@ pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, Issued
     qe_shared::labels::check("region", &new.region).map_err(ApiError::BadRequest)?;
     qe_shared::labels::check("instance_type", &new.instance_type).map_err(ApiError::BadRequest)?;
     state.fleet.can_run(&new).map_err(ApiError::BadRequest)?;
+    crate::policy::check(&state.config.allow, &new).map_err(ApiError::BadRequest)?;
     let (queue, logins) = queues::create(new);
     if let Some(account) = &queue.account {
         reserve(state, account, &queue).await?;

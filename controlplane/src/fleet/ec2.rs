@@ -333,7 +333,10 @@ impl Provider for Ec2Provider {
         async move {
             self.ensure_node(queue, bootstrap)
                 .await
-                .map_err(|e| FleetError::Start(e.to_string()))
+                .map_err(|e| match e.mends_nothing() {
+                    true => FleetError::Refused(e.to_string()),
+                    false => FleetError::Start(e.to_string()),
+                })
         }
         .boxed()
     }

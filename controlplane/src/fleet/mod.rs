@@ -21,6 +21,10 @@ pub enum FleetError {
     Remove(String),
     #[error("listing what runs: {0}")]
     List(String),
+    /// A start the provider refuses for good (an instance type or image its cloud does not
+    /// have): trying again mends nothing, so a new queue fails at once.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 /// What a provider can tell of a queue's node when the store does not know the queue (made

@@ -16,6 +16,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// The operator's bearer token for the API. Required.
     pub token: String,
+    /// A token that reads `GET /metrics` and nothing else, for Prometheus (which then need
+    /// not hold the operator's). Default: none, only the operator's token reads them.
+    pub metrics_token: Option<String>,
     /// The cluster's name, in every queue's host name. Default `local`.
     #[serde(default = "default_cluster")]
     pub cluster: String,

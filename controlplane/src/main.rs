@@ -198,14 +198,14 @@ async fn start(config: Config) -> Result<Running, Failure> {
         reachable.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
     let issuer = config.certificate_issuer()?;
-    let api_tls = match &config.api_tls {
+    let (api_tls, api_certificate) = match &config.api_tls {
         Some(tls) => {
             let certificate = tls.certificate()?;
             let acceptor = certificate.acceptor()?;
-            tokio::spawn(certificate.watch());
-            Some(acceptor)
+            tokio::spawn(certificate.clone().watch());
+            (Some(acceptor), Some(certificate))
         }
-        None => None,
+        None => (None, None),
     };
     let scheme = if api_tls.is_some() { "https" } else { "http" };
     let ca_pem = match config.api_tls.as_ref().and_then(|tls| tls.ca.as_ref()) {
@@ -288,7 +288,8 @@ async fn start(config: Config) -> Result<Running, Failure> {
         }
     };
     let reconcile = Arc::new(tokio::sync::Notify::new());
-    let metrics = controlplane::api::Metrics::default();
+    let mut metrics = controlplane::api::Metrics::default();
+    metrics.api_certificate = api_certificate;
     // Its host and API address: the same across its restarts, so a replica keeps its keys
     // (what it heard, what its DNS serves).
     let replica_key = format!("{} {scheme}://{bound}", host.trim());
@@ -344,6 +345,8 @@ async fn start(config: Config) -> Result<Running, Failure> {
         silence,
         keep_data_for: std::time::Duration::from_secs(state.config.delete_keeps_data_secs),
         provision_within: std::time::Duration::from_secs(state.config.provision_within_secs),
+        errors: state.metrics.reconcile_errors.clone(),
+        failed: state.metrics.queues_failed.clone(),
     };
     let reconciler = Reconciler::new(store, fleet, zone, bootstraps, reconcile, settings);
     // Its first pass takes on every queue's node: adopted, or started again.

@@ -49,6 +49,10 @@ pub struct Settings {
     pub keep_data_for: Duration,
     /// How long a new queue may take to run before it fails.
     pub provision_within: Duration,
+    /// Drives that failed, for `/metrics`.
+    pub errors: Arc<std::sync::atomic::AtomicU64>,
+    /// Queues failed, for `/metrics`.
+    pub failed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub struct Reconciler {
@@ -223,6 +227,7 @@ impl Reconciler {
             Status::Deleted => Ok(()),
         };
         if let Err(error) = result {
+            self.settings.errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(queue = %queue.id, %error, "not there yet; tried again later");
         }
     }
@@ -280,6 +285,7 @@ impl Reconciler {
             Ok::<_, StoreError>(())
         });
         failed.await?;
+        self.settings.failed.fetch_add(1, Ordering::Relaxed);
         self.audit(audit::QUEUE_FAIL, queue, reason).await;
         self.zone.refresh(&self.store).await?;
         Ok(())

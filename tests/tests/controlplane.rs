@@ -543,7 +543,7 @@ async fn a_queue_not_running_in_time_fails_and_says_why() {
 
 #[tokio::test]
 async fn health_metrics_and_the_openapi_document() {
-    let cp = ControlPlane::start();
+    let cp = ControlPlane::start_with("metrics_token = \"read-the-metrics-only\"\n");
     let (status, health) = http(cp.addr, "GET", "/healthz", None, None).await;
     assert_eq!((status, health), (200, json!({"status": "ok"})));
 
@@ -553,6 +553,15 @@ async fn health_metrics_and_the_openapi_document() {
     cp.call("GET", &format!("/v1/queues/{id}"), None).await;
     let (status, _) = http_text(cp.addr, "GET", "/metrics", None, None).await;
     assert_eq!(status, 401, "metrics need the operator's token");
+    // Or the scraper's, which reads the metrics and nothing else.
+    let scraper = Some("read-the-metrics-only");
+    let (status, scraped) = http_text(cp.addr, "GET", "/metrics", scraper, None).await;
+    assert_eq!(status, 200, "{scraped}");
+    assert!(scraped.contains("qe_reconcile_errors_total"), "{scraped}");
+    let (status, _) = http_text(cp.addr, "GET", "/v1/queues", scraper, None).await;
+    assert_eq!(status, 401);
+    let (status, _) = http_text(cp.addr, "GET", "/v1/backup", scraper, None).await;
+    assert_eq!(status, 401);
     let token = Some(cp.token.as_str());
     let (status, metrics) = http_text(cp.addr, "GET", "/metrics", token, None).await;
     assert_eq!(status, 200);

@@ -342,9 +342,22 @@ async fn a_tls_node_reports_its_certificate_and_the_alerts_and_dashboard_name_se
         serde_json::from_str(&run_python(&script, &[file.display().to_string()]).await).unwrap();
     let rules = rules.as_array().unwrap();
     let mut alerted = BTreeSet::new();
+    // The jobs of the scrape config the docs give: rules on `up` and etcd's metrics name them.
+    let scrape_config = workspace().join("infra/prometheus/prometheus.example.yml");
+    let scrape_config = std::fs::read_to_string(scrape_config).unwrap();
     for rule in rules {
         let (alert, expr) = (&rule["alert"], rule["expr"].as_str().unwrap());
-        assert!(!metric_names(expr).is_empty(), "{alert}: {expr}");
+        let job = expr
+            .split("job=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next());
+        match job {
+            Some(job) => assert!(
+                scrape_config.contains(&format!("job_name: {job}\n")),
+                "{alert}: job {job} is not scraped by prometheus.example.yml"
+            ),
+            None => assert!(!metric_names(expr).is_empty(), "{alert}: {expr}"),
+        }
         assert_eq!(unknown(expr), Vec::<String>::new(), "{alert}: {expr}");
         assert!(rule["labels"]["severity"].is_string(), "{alert}");
         assert!(rule["annotations"]["summary"].is_string(), "{alert}");
@@ -356,8 +369,30 @@ async fn a_tls_node_reports_its_certificate_and_the_alerts_and_dashboard_name_se
         "qe_queue_max_messages",
         "qe_queue_max_messages_memory_bytes",
         "qe_queue_certificate_expiry_timestamp_seconds",
+        "qe_queues_failed_total",
+        "qe_queues",
+        "qe_reconcile_errors_total",
+        "qe_certificate_errors_total",
+        "qe_api_certificate_expiry_timestamp_seconds",
     ] {
         assert!(alerted.contains(watched), "no alert reads {watched}");
+    }
+    // And each rule does what its tests say (`promtool test rules`, Debian's `prometheus`,
+    // which scripts/test installs).
+    let rules_dir = workspace().join("infra/prometheus");
+    for args in [
+        vec!["check", "rules", "alerts.yml"],
+        vec!["test", "rules", "alerts.test.yml"],
+    ] {
+        let ran = tokio::process::Command::new("promtool")
+            .args(&args)
+            .current_dir(&rules_dir)
+            .output()
+            .await
+            .expect("promtool (Debian's prometheus package; scripts/test installs it)");
+        let said = String::from_utf8_lossy(&ran.stdout).to_string()
+            + &String::from_utf8_lossy(&ran.stderr);
+        assert!(ran.status.success(), "promtool {}: {said}", args.join(" "));
     }
 
     // The dashboard: a queue and an account variable, and every query of served metrics.

@@ -210,6 +210,25 @@ pub(crate) async fn caller_of_grant(
 }
 
 /// Lets only the operator through.
+/// Lets `/metrics` through with the operator's token or the read-only `metrics_token` (what
+/// Prometheus holds: it reads the metrics and nothing else).
+pub async fn metrics_reader(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let presented = bearer(request.headers());
+    let matches = |expected: &str| -> bool {
+        let same: bool = presented.as_bytes().ct_eq(expected.as_bytes()).into();
+        same && !expected.is_empty()
+    };
+    let scraper = state.config.metrics_token.as_deref().is_some_and(matches);
+    match matches(&state.config.token) || scraper {
+        true => Ok(next.run(request).await),
+        false => Err(unauthorized(presented)),
+    }
+}
+
 pub async fn operator_only(request: Request, next: Next) -> Result<Response, ApiError> {
     match request.extensions().get::<Caller>() {
         Some(Caller::Operator) => Ok(next.run(request).await),

@@ -33,6 +33,15 @@ pub struct Metrics {
     pub live: Arc<LiveNumbers>,
     /// Silent nodes this replica replaced while leading ([`crate::silence`]).
     pub nodes_replaced: Arc<AtomicU64>,
+    /// Drives of a queue that failed and are tried again (an EC2 call, a process that would
+    /// not start), while this replica led (`reconciler.rs`).
+    pub reconcile_errors: Arc<AtomicU64>,
+    /// Queues this replica failed while leading (`reconciler.rs`).
+    pub queues_failed: Arc<AtomicU64>,
+    /// Certificate orders for nodes that failed (the CA refused, or could not be reached).
+    pub certificate_errors: AtomicU64,
+    /// The API's own certificate, when it serves HTTPS: its expiry is served.
+    pub api_certificate: Option<Arc<qe_tls::Certificate>>,
 }
 
 #[derive(Default)]
@@ -150,6 +159,34 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         "Silent nodes this replica fenced and replaced while it led.",
         state.metrics.nodes_replaced.load(Ordering::Relaxed),
     );
+    render_counter(
+        &mut out,
+        "qe_reconcile_errors_total",
+        "Drives of a queue that failed (a provider or EC2 error) and are tried again, while this replica led.",
+        state.metrics.reconcile_errors.load(Ordering::Relaxed),
+    );
+    render_counter(
+        &mut out,
+        "qe_queues_failed_total",
+        "Queues this replica made failed while it led (not running in time, or refused for good).",
+        state.metrics.queues_failed.load(Ordering::Relaxed),
+    );
+    render_counter(
+        &mut out,
+        "qe_certificate_errors_total",
+        "Certificate orders for nodes that failed (the CA refused or could not be reached).",
+        state.metrics.certificate_errors.load(Ordering::Relaxed),
+    );
+    // Described always, so the alert on it names a metric this serves; a value with HTTPS.
+    let name = "qe_api_certificate_expiry_timestamp_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} When the API's own certificate (api_tls) expires.\n# TYPE {name} gauge"
+    );
+    let api_expires = state.metrics.api_certificate.as_ref();
+    if let Some(expires) = api_expires.and_then(|certificate| certificate.not_after()) {
+        let _ = writeln!(out, "{name} {expires}");
+    }
     // Described in every mode, so the alert on it names a metric this serves; a value only
     // in wildcard mode, once the certificate is issued.
     let name = "qe_certificate_expiry_timestamp_seconds";

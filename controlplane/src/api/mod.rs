@@ -90,8 +90,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/backup", get(backup))
         .route("/v1/strays", get(strays::list))
         .route("/v1/strays/{id}/adopt", post(strays::adopt))
-        .route("/metrics", get(metrics::render))
         .route_layer(middleware::from_fn(auth::operator_only));
+    // The operator's, or a scraper's read-only token.
+    let metrics = Router::new()
+        .route("/metrics", get(metrics::render))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::metrics_reader,
+        ));
     // The operator's and the accounts': each account sees its own.
     let callers = Router::new()
         .route("/v1/queues", post(queues::create).get(queues::list))
@@ -163,6 +169,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         );
     authenticated
+        .merge(metrics)
         .merge(node)
         .merge(stray)
         .merge(open)

@@ -255,7 +255,10 @@ pub async fn certificate_for_csr(
         csr,
     );
     let chain_pem = tokio::select! {
-        issued = order => issued.map_err(refused)?,
+        issued = order => issued.map_err(|error| {
+            state.metrics.certificate_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            refused(error)
+        })?,
         _ = leadership.lost(&fence) => return Err(not_leading()),
     };
     let issued = (queue.certificate_generation, crate::unix_now());

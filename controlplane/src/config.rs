@@ -361,6 +361,12 @@ impl Config {
         self.data_dir.join("node-secret")
     }
 
+    /// The copy of the `dataplane` binary cloud nodes download, as it was when this control
+    /// plane started (`fleet/cloud_init.rs`): its hash is in their user data.
+    pub fn served_dataplane(&self) -> PathBuf {
+        self.data_dir.join("dataplane-served")
+    }
+
     /// The `dataplane` binary: configured, else the one beside this program.
     pub fn dataplane_binary(&self) -> PathBuf {
         self.dataplane.clone().unwrap_or_else(|| {

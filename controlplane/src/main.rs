@@ -375,7 +375,11 @@ async fn ec2_provider(
         }
         None => cloud_init::BUILT_IN.to_string(),
     };
-    let boot = NodeBoot::new(template, &config.dataplane_binary())?;
+    let boot = NodeBoot::new(
+        template,
+        &config.dataplane_binary(),
+        &config.served_dataplane(),
+    )?;
     let regions = ec2
         .regions
         .iter()

@@ -300,9 +300,14 @@ pub async fn cluster_certificate(
 
 /// `GET /v1/nodes/{id}/dataplane`: the `dataplane` binary this control plane runs with, for a
 /// cloud node's first boot (which checks it against the SHA-256 its user data carries), so a
-/// node needs no other download source.
+/// node needs no other download source: the copy taken when it started, whose hash that is
+/// (the configured file when it keeps none: a provider that boots no cloud nodes).
 pub async fn dataplane(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    let path = state.config.dataplane_binary();
+    let served = state.config.served_dataplane();
+    let path = match served.exists() {
+        true => served,
+        false => state.config.dataplane_binary(),
+    };
     let file = tokio::fs::File::open(&path)
         .await
         .map_err(|e| ApiError::Internal(format!("{}: {e}", path.display())))?;

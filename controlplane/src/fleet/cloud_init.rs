@@ -38,11 +38,14 @@ pub struct NodeBoot {
 
 impl NodeBoot {
     /// `template` with `dataplane` as the binary nodes install; refused if the template has a
-    /// placeholder this does not fill.
-    pub fn new(template: String, dataplane: &Path) -> Result<NodeBoot, String> {
+    /// placeholder this does not fill. The binary as read now is kept at `served` (what
+    /// `GET /v1/nodes/{id}/dataplane` sends), so the hash nodes check is always the one of the
+    /// file they get, even after a new `dataplane` is installed beside a running control plane.
+    pub fn new(template: String, dataplane: &Path, served: &Path) -> Result<NodeBoot, String> {
         let binary =
             std::fs::read(dataplane).map_err(|e| format!("{}: {e}", dataplane.display()))?;
         let dataplane_sha256 = qe_shared::hex(&sha2::Sha256::digest(&binary));
+        crate::write_private(served, &binary).map_err(|e| format!("{}: {e}", served.display()))?;
         let boot = NodeBoot {
             template,
             dataplane_sha256,
@@ -98,7 +101,12 @@ mod tests {
     fn the_built_in_template_is_filled_whole_with_the_nodes_bootstrap() {
         let binary = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(binary.path(), b"a node").unwrap();
-        let boot = NodeBoot::new(BUILT_IN.to_string(), binary.path()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let served = dir.path().join("dataplane-served");
+        let boot = NodeBoot::new(BUILT_IN.to_string(), binary.path(), &served).unwrap();
+        // What nodes download is what the hash was taken of, whatever happens to the file.
+        std::fs::write(binary.path(), b"a newer node").unwrap();
+        assert_eq!(std::fs::read(&served).unwrap(), b"a node");
         let bootstrap = Bootstrap {
             control_plane: "https://cp.example:8443".into(),
             control_planes: vec![
@@ -135,6 +143,6 @@ mod tests {
         assert_eq!(read, bootstrap);
         // A template with a placeholder nobody fills is refused before any node gets it.
         let odd = format!("{BUILT_IN}\n# {{{{nobody}}}}\n");
-        assert!(NodeBoot::new(odd, binary.path()).is_err());
+        assert!(NodeBoot::new(odd, binary.path(), &served).is_err());
     }
 }

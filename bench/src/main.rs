@@ -31,6 +31,8 @@
 //!   their median, the worst publish reply, the log's writer and syncer latencies.
 //! - `bench sqs-sdk`: SQS throughput through Amazon's Rust SDK against a node's SQS face
 //!   (scripts/bench-sqs runs it beside boto3's). See docs/sqs.md.
+//! - `bench ec2-pass`: the EC2 calls and time of the reconciler's look at every queue with N
+//!   queues in moto, each queue looked at on its own and after a survey of the fleet.
 //! - `bench chaos`: a three-member etcd, three control-plane replicas and their local nodes,
 //!   with clients publishing (durability 2) and consuming on every queue, while it kills the
 //!   control-plane leader, kills the etcd leader, SIGSTOPs a node past the silence limit and
@@ -42,6 +44,7 @@ mod chaos;
 mod client;
 mod connections;
 mod controlplane_load;
+mod ec2_pass;
 mod live_metrics;
 mod node;
 mod peers;
@@ -185,6 +188,9 @@ enum Command {
     /// replica), against the resilience targets; exits 1 if one is missed (`--dataplane` is
     /// what the nodes run). See docs/resilience.md.
     Chaos(chaos::Settings),
+    /// EC2 calls and time of the reconciler's look at every queue, with and without a survey
+    /// of the fleet, against moto (docs/deploy.md §12).
+    Ec2Pass(ec2_pass::Settings),
     /// The WebSocket echo server of `bench peers`' echo limit (started by it).
     #[command(hide = true)]
     EchoServer {
@@ -206,6 +212,9 @@ async fn main() {
     }
     if let Command::SqsSdk(settings) = &args.command {
         return sqs_sdk::sqs_sdk(settings).await;
+    }
+    if let Command::Ec2Pass(settings) = &args.command {
+        return ec2_pass::ec2_pass(settings).await;
     }
     if let Command::Chaos(settings) = &args.command {
         let passed = chaos::chaos(settings, &existing(&args.dataplane), &data_root).await;
@@ -313,6 +322,7 @@ async fn main() {
         | Command::ControlplaneLoad { .. }
         | Command::LiveMetrics(_)
         | Command::SqsSdk(_)
+        | Command::Ec2Pass(_)
         | Command::Chaos(_) => {
             unreachable!("run above")
         }

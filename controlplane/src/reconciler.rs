@@ -152,6 +152,11 @@ impl Reconciler {
     /// instance booting, a last report awaited) holds up no other, and none twice at once.
     async fn pass(self: &Arc<Self>, every_queue: bool) -> Result<(), StoreError> {
         let queues = self.store.list().await?;
+        if every_queue {
+            if let Err(error) = self.fleet.survey().await {
+                tracing::warn!(%error, "the fleet could not be surveyed: each queue is looked at on its own");
+            }
+        }
         let silent = match every_queue {
             true => self.silent(&queues).await,
             false => HashSet::new(),

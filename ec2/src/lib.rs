@@ -18,6 +18,11 @@ mod tags;
 mod volumes;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
 
 use aws_config::environment::EnvironmentVariableRegionProvider;
 use aws_config::meta::region::RegionProviderChain;
@@ -40,6 +45,36 @@ pub struct Ec2 {
     settings: Settings,
     /// One client per configured region: an EC2 client talks to one region only.
     clients: BTreeMap<String, aws_sdk_ec2::Client>,
+    /// The requests sent so far, by operation ([`Ec2::requests`]).
+    sent: Arc<Sent>,
+}
+
+/// Requests sent to EC2, by operation: each attempt counts (a retry is one more request EC2
+/// meters against its rate limits).
+#[derive(Debug, Default)]
+struct Sent(std::sync::Mutex<BTreeMap<String, u64>>);
+
+/// Counts every request a client sends, by operation.
+#[derive(Debug)]
+struct CountRequests(Arc<Sent>);
+
+impl aws_sdk_ec2::config::Intercept for CountRequests {
+    fn name(&self) -> &'static str {
+        "CountRequests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_sdk_ec2::config::RuntimeComponents,
+        cfg: &mut aws_sdk_ec2::config::ConfigBag,
+    ) -> Result<(), BoxError> {
+        if let Some(operation) = cfg.load::<Metadata>() {
+            let mut sent = self.0 .0.lock().expect("never poisoned");
+            *sent.entry(operation.name().to_string()).or_default() += 1;
+        }
+        Ok(())
+    }
 }
 
 impl Ec2 {
@@ -47,12 +82,23 @@ impl Ec2 {
     /// identity, container or instance role), so the same binary runs on a laptop and on an instance with a role.
     pub async fn new(settings: Settings) -> Ec2 {
         let shared = shared_config(&settings).await;
+        let sent = Arc::new(Sent::default());
         let clients = settings
             .regions
             .keys()
-            .map(|region| (region.clone(), region_client(&shared, region)))
+            .map(|region| (region.clone(), region_client(&shared, region, &sent)))
             .collect();
-        Ec2 { settings, clients }
+        Ec2 {
+            settings,
+            clients,
+            sent,
+        }
+    }
+
+    /// How many requests each EC2 operation has been sent so far, by every client of this
+    /// (`bench ec2-pass` counts a reconcile pass's with it).
+    pub fn requests(&self) -> BTreeMap<String, u64> {
+        self.sent.0.lock().expect("never poisoned").clone()
     }
 
     /// The settings this was built with.
@@ -98,9 +144,14 @@ async fn shared_config(settings: &Settings) -> aws_config::SdkConfig {
     loader.load().await
 }
 
-fn region_client(shared: &aws_config::SdkConfig, region: &str) -> aws_sdk_ec2::Client {
+fn region_client(
+    shared: &aws_config::SdkConfig,
+    region: &str,
+    sent: &Arc<Sent>,
+) -> aws_sdk_ec2::Client {
     let config = aws_sdk_ec2::config::Builder::from(shared)
         .region(Region::new(region.to_owned()))
+        .interceptor(CountRequests(sent.clone()))
         .build();
     aws_sdk_ec2::Client::from_conf(config)
 }

@@ -481,3 +481,49 @@ async fn a_launch_ec2_refuses_for_good_fails_the_queue_with_the_reason() {
         "{failed}"
     );
 }
+
+/// Issue 29: the reconciler's look at every queue costs EC2 one listing of instances and one
+/// of volumes per region, not two calls per queue: with four placed queues, DescribeInstances
+/// grows by one per survey (`qe_cloud_requests_total`, `qe_fleet_surveys_total`).
+#[tokio::test]
+async fn a_look_at_every_queue_lists_the_fleet_once() {
+    let (_moto, _ec2, config) = cloud().await;
+    let cp = ControlPlane::start_with(&config);
+    let body = format!(
+        r#"{{"tier":"devtest","region":"{REGION}","instance_type":"t3.small","ipv4":false}}"#
+    );
+    for _ in 0..4 {
+        let (_, created) = cp.call("POST", "/v1/queues", Some(&body)).await;
+        placed(&cp, created["id"].as_str().unwrap(), None).await;
+    }
+    let counts = || async {
+        let token = Some(cp.token.as_str());
+        let (status, text) = qe_tests::http_text(cp.addr, "GET", "/metrics", token, None).await;
+        assert_eq!(status, 200);
+        let value = |prefix: &str| -> u64 {
+            let line = text.lines().find(|line| line.starts_with(prefix));
+            line.and_then(|line| line.rsplit(' ').next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        let listings = value("qe_cloud_requests_total{operation=\"DescribeInstances\"} ");
+        (value("qe_fleet_surveys_total "), listings)
+    };
+    // Once every queue has been surveyed placed, and three looks after.
+    let (surveys, listings) = counts().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (later_surveys, later_listings) = loop {
+        let (now_surveys, now_listings) = counts().await;
+        if now_surveys >= surveys + 3 {
+            break (now_surveys, now_listings);
+        }
+        assert!(Instant::now() < deadline, "no surveys: {now_surveys}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let looks = later_surveys - surveys;
+    let listed = later_listings - listings;
+    // One listing per survey, and at most one look at a queue on its own in flight.
+    assert!(
+        listed <= looks + 1,
+        "{listed} DescribeInstances for {looks} looks at 4 queues"
+    );
+}

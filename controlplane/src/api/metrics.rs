@@ -177,6 +177,25 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         "Certificate orders for nodes that failed (the CA refused or could not be reached).",
         state.metrics.certificate_errors.load(Ordering::Relaxed),
     );
+    let (requests, surveys) = state.fleet.requests();
+    let name = "qe_cloud_requests_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests this replica sent its provider's cloud API (EC2), by operation.\n# TYPE {name} counter"
+    );
+    for (operation, count) in requests {
+        let _ = writeln!(
+            out,
+            "{name}{{operation=\"{}\"}} {count}",
+            escape(&operation)
+        );
+    }
+    render_counter(
+        &mut out,
+        "qe_fleet_surveys_total",
+        "Surveys of the whole fleet this replica took, one per look at every queue while it led.",
+        surveys,
+    );
     // Described always, so the alert on it names a metric this serves; a value with HTTPS.
     let name = "qe_api_certificate_expiry_timestamp_seconds";
     let _ = writeln!(

@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use qe_ec2::{Ec2, Ec2Error, Instance, Launch, Volume};
 use qe_shared::node_channel::Bootstrap;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
@@ -23,12 +23,19 @@ const LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V6(Ipv6Addr::UNSPEC
 const SQS_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V6(Ipv6Addr::UNSPECIFIED), 9443);
 /// The device name the queue's volume is attached as (the first-boot script finds it).
 const VOLUME_DEVICE: &str = "/dev/sdf";
+/// How long a survey of the fleet is trusted: about one look at every queue (30 s by default),
+/// so a queue is never judged on what it was two passes ago.
+const SURVEY_FRESH: Duration = Duration::from_secs(45);
 /// How long to wait for a launched instance to run, and for a terminated one to be gone.
 const STATE_WITHIN: Duration = Duration::from_secs(300);
 const STATE_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 pub struct Ec2Provider {
     ec2: Ec2,
+    /// What the last survey found ([`Provider::survey`]), and which queues changed since.
+    surveyed: std::sync::Mutex<Surveyed>,
+    /// Surveys taken.
+    surveys: std::sync::atomic::AtomicU64,
     /// The node's user data, rendered per queue.
     boot: NodeBoot,
     /// `q.CLUSTER.DOMAIN`: a node is reached by its queue's name there.
@@ -41,10 +48,83 @@ impl Ec2Provider {
     pub fn new(ec2: Ec2, boot: NodeBoot, zone: String, boot_within: Duration) -> Ec2Provider {
         Ec2Provider {
             ec2,
+            surveyed: std::sync::Mutex::default(),
+            surveys: std::sync::atomic::AtomicU64::new(0),
             boot,
             zone,
             boot_within,
         }
+    }
+
+    /// The queue's node as the last survey found it, when that is as it should be and the
+    /// survey is fresh: one running instance with an IPv6 address, and one data volume,
+    /// attached to it. Anything else is looked at afresh (and mended) by [`Self::ensure_node`].
+    fn settled(&self, queue: &Queue) -> Option<Placement> {
+        let surveyed = self.surveyed.lock().expect("never poisoned");
+        let survey = surveyed
+            .survey
+            .as_ref()
+            .filter(|survey| survey.taken.elapsed() < SURVEY_FRESH)?;
+        // Changed since the survey began (fenced, stopped, placed anew): it may show the past.
+        if surveyed.changed.contains_key(&queue.id) {
+            return None;
+        }
+        let [instance] = survey.instances.get(&queue.id)?.as_slice() else {
+            return None;
+        };
+        let [volume] = survey.volumes.get(&queue.id)?.as_slice() else {
+            return None;
+        };
+        let in_place = instance.state == "running"
+            && instance.region == queue.region
+            && volume.attached_to.as_ref() == Some(&instance.id);
+        match in_place && instance.ipv6.is_some() {
+            true => Some(
+                self.placement(queue, instance.clone(), volume.id.clone())
+                    .ok()?,
+            ),
+            false => None,
+        }
+    }
+
+    /// Drops what the survey says of queue `queue_id`: its instances or volumes are being
+    /// changed (fenced, replaced, stopped), so until the next survey it is looked at afresh.
+    fn forget(&self, queue_id: &str) {
+        let mut surveyed = self.surveyed.lock().expect("never poisoned");
+        surveyed
+            .changed
+            .insert(queue_id.to_string(), std::time::Instant::now());
+    }
+
+    /// Takes the survey: every instance and volume of the cluster, by queue.
+    async fn take_survey(&self) -> Result<(), Ec2Error> {
+        let began = std::time::Instant::now();
+        let mut instances: HashMap<String, Vec<Instance>> = HashMap::new();
+        for instance in self.ec2.instances().await? {
+            instances
+                .entry(instance.queue_id.clone())
+                .or_default()
+                .push(instance);
+        }
+        let mut volumes: HashMap<String, Vec<Volume>> = HashMap::new();
+        for volume in self.ec2.volumes().await? {
+            volumes
+                .entry(volume.queue_id.clone())
+                .or_default()
+                .push(volume);
+        }
+        let mut surveyed = self.surveyed.lock().expect("never poisoned");
+        // A change made while the survey was being taken may be missing from it: those stay
+        // marked until a survey begun after them.
+        surveyed.changed.retain(|_, at| *at >= began);
+        surveyed.survey = Some(Survey {
+            taken: began,
+            instances,
+            volumes,
+        });
+        self.surveys
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// The queue's data volume: the one its record names, else the one a live instance holds,
@@ -115,6 +195,7 @@ impl Ec2Provider {
     /// forced off whatever still holds it (a hung instance can take long to let go).
     async fn fence_node(&self, queue: &Queue) -> Result<(), Ec2Error> {
         tracing::warn!(queue = %queue.id, "terminating a silent node's instance");
+        self.forget(&queue.id);
         self.terminate_all(&queue.id).await?;
         for volume in self.ec2.volumes_of(&queue.region, &queue.id).await? {
             self.ec2.free_volume(&volume.region, &volume.id).await?;
@@ -158,6 +239,10 @@ impl Ec2Provider {
         queue: &Queue,
         bootstrap: &Bootstrap,
     ) -> Result<Placement, Ec2Error> {
+        if let Some(placement) = self.settled(queue) {
+            return Ok(placement);
+        }
+        self.forget(&queue.id);
         let volume = self.volume_of(queue).await?;
         let instance = match self.instance_of(queue, &volume).await? {
             Some(instance) => instance,
@@ -175,6 +260,16 @@ impl Ec2Provider {
                 .attach(&queue.region, &volume.id, &instance.id, VOLUME_DEVICE)
                 .await?;
         }
+        self.placement(queue, instance, volume.id)
+    }
+
+    /// Where `queue`'s node is, on `instance` with its data on volume `volume_id`.
+    fn placement(
+        &self,
+        queue: &Queue,
+        instance: Instance,
+        volume_id: String,
+    ) -> Result<Placement, Ec2Error> {
         let v6 = instance.ipv6.ok_or(Ec2Error::Incomplete {
             operation: "DescribeInstances",
             field: "an IPv6 address",
@@ -187,7 +282,7 @@ impl Ec2Provider {
             },
             resources: BTreeMap::from([
                 ("instance".to_string(), instance.id),
-                ("volume".to_string(), volume.id),
+                ("volume".to_string(), volume_id),
                 ("region".to_string(), queue.region.clone()),
             ]),
             restarted_because: None,
@@ -254,6 +349,7 @@ impl Ec2Provider {
     /// Terminates the queue's instances and waits until they are gone (a node stopping makes
     /// and reports its last usage record).
     async fn terminate_all(&self, queue_id: &str) -> Result<(), Ec2Error> {
+        self.forget(queue_id);
         let mine = |id: &String| id == queue_id;
         let instances: Vec<Instance> = self
             .ec2
@@ -302,6 +398,20 @@ impl Ec2Provider {
         ids.dedup();
         Ok(ids)
     }
+}
+
+/// The last survey, and the queues changed since it began (looked at afresh until the next).
+#[derive(Default)]
+struct Surveyed {
+    survey: Option<Survey>,
+    changed: HashMap<String, std::time::Instant>,
+}
+
+/// Every instance and volume of the cluster at one moment, by queue.
+struct Survey {
+    taken: std::time::Instant,
+    instances: HashMap<String, Vec<Instance>>,
+    volumes: HashMap<String, Vec<Volume>>,
 }
 
 impl Provider for Ec2Provider {
@@ -402,6 +512,20 @@ impl Provider for Ec2Provider {
     }
 
     /// Its instances first (a hand-over instance may hold the volume), then its volumes.
+    fn requests(&self) -> (BTreeMap<String, u64>, u64) {
+        let surveys = self.surveys.load(std::sync::atomic::Ordering::Relaxed);
+        (self.ec2.requests(), surveys)
+    }
+
+    fn survey(&self) -> BoxFuture<'_, Result<(), FleetError>> {
+        async move {
+            self.take_survey()
+                .await
+                .map_err(|e| FleetError::List(e.to_string()))
+        }
+        .boxed()
+    }
+
     fn remove_data<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
             self.terminate_all(queue_id)

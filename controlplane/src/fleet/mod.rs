@@ -121,6 +121,21 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// Looks at everything it runs at once, before the reconciler's look at every queue, so
+    /// that [`Provider::ensure`] of a queue whose node is as it should be costs no call of its
+    /// own (EC2: one paginated listing of instances and one of volumes per region per pass,
+    /// instead of two calls per queue). A provider that knows it all anyway does nothing.
+    fn survey(&self) -> BoxFuture<'_, Result<(), FleetError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Requests sent to its cloud's API so far, by operation (EC2: every attempt), and the
+    /// surveys taken, for `/metrics`: what the fleet costs in calls, against the cloud's rate
+    /// limits. Empty for a provider that calls no API.
+    fn requests(&self) -> (std::collections::BTreeMap<String, u64>, u64) {
+        (std::collections::BTreeMap::new(), 0)
+    }
+
     /// Stops looking after what it runs, leaving it running: this replica no longer leads,
     /// and the next leader takes it on (a provider that looks after nothing between calls
     /// has nothing to let go).

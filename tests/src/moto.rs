@@ -194,7 +194,7 @@ fn placeholder() -> RegionSettings {
 
 /// The subnet's ranges: private IPv4 and an IPv6 ULA, so every address an instance gets is
 /// one a test may give a network namespace of its own (never one on the internet).
-pub const SUBNET_V4: &str = "10.213.0.0/24";
+pub const SUBNET_V4: &str = "10.213.0.0/18";
 pub const SUBNET_V6: &str = "fd71:7e5e:0:100::/64";
 /// The host's end of every instance's link, in the subnet's ranges (moto assigns from .4).
 pub const HOST_V6: &str = "fd71:7e5e:0:100::1";

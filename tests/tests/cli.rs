@@ -110,12 +110,17 @@ impl Qe {
         self.expect(0, args)
     }
 
-    /// Logs in to `cp` with its operator token (from stdin) and makes a running queue; its id
-    /// and URL.
-    fn login_and_create(&self, cp: &ControlPlane) -> (String, String) {
+    /// Logs in to `cp` with its operator token (from stdin).
+    fn login(&self, cp: &ControlPlane) {
         let api = format!("http://{}", cp.addr);
         let login = self.run_with(&["login", "--api", &api, "--token-stdin"], &cp.token);
         assert_eq!(login.code, 0, "{login:?}");
+    }
+
+    /// Logs in to `cp` with its operator token (from stdin) and makes a running queue; its id
+    /// and URL.
+    fn login_and_create(&self, cp: &ControlPlane) -> (String, String) {
+        self.login(cp);
         let created = self.ok(&[
             "--json",
             "queues",
@@ -160,9 +165,7 @@ fn a_queue_that_fails_is_told_with_its_reason() {
         "dataplane = \"/bin/false\"\nprovision_within_secs = 2\nreconcile_every_secs = 1\n",
     );
     let qe = Qe::new();
-    let api = format!("http://{}", cp.addr);
-    let login = qe.run_with(&["login", "--api", &api, "--token-stdin"], &cp.token);
-    assert_eq!(login.code, 0, "{login:?}");
+    qe.login(&cp);
     let args = [
         "queues",
         "create",

@@ -93,6 +93,17 @@ fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path) -> Api {
     }
 }
 
+/// Moto with a region's network, a directory for the instances' files, and the control plane
+/// on them.
+async fn cloud() -> (Moto, Ec2, tempfile::TempDir, Api) {
+    moto::fake_credentials();
+    let moto = Moto::start();
+    let ec2 = moto::with_networks("test", &moto.endpoint, &[REGION]).await;
+    let files = tempfile::tempdir().unwrap();
+    let api = control_plane(&moto, &ec2, files.path());
+    (moto, ec2, files, api)
+}
+
 async fn user_data(ec2: &Ec2, instance: &str) -> String {
     moto::user_data(ec2.client(REGION).unwrap(), instance).await
 }
@@ -154,11 +165,7 @@ async fn login(client: &mut Client, login: &Value, role: &str, extra: Value) -> 
 
 #[tokio::test]
 async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survives_the_instance() {
-    moto::fake_credentials();
-    let moto = Moto::start();
-    let ec2 = moto::with_networks("test", &moto.endpoint, &[REGION]).await;
-    let files = tempfile::tempdir().unwrap();
-    let api = control_plane(&moto, &ec2, files.path());
+    let (moto, ec2, files, api) = cloud().await;
     let dns = api.cp.dns.expect("a DNS server");
     let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
 
@@ -486,11 +493,7 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
 /// logins and its durable message, and its node takes a fresh credential.
 #[tokio::test]
 async fn an_instance_made_after_the_backup_is_adopted_from_what_its_node_reports() {
-    moto::fake_credentials();
-    let moto = Moto::start();
-    let ec2 = moto::with_networks("test", &moto.endpoint, &[REGION]).await;
-    let files = tempfile::tempdir().unwrap();
-    let api = control_plane(&moto, &ec2, files.path());
+    let (moto, ec2, files, api) = cloud().await;
     let dns = api.cp.dns.expect("a DNS server");
     let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
     let token = Some(api.cp.token.as_str());

@@ -99,20 +99,8 @@ impl Ec2Provider {
     /// Takes the survey: every instance and volume of the cluster, by queue.
     async fn take_survey(&self) -> Result<(), Ec2Error> {
         let began = std::time::Instant::now();
-        let mut instances: HashMap<String, Vec<Instance>> = HashMap::new();
-        for instance in self.ec2.instances().await? {
-            instances
-                .entry(instance.queue_id.clone())
-                .or_default()
-                .push(instance);
-        }
-        let mut volumes: HashMap<String, Vec<Volume>> = HashMap::new();
-        for volume in self.ec2.volumes().await? {
-            volumes
-                .entry(volume.queue_id.clone())
-                .or_default()
-                .push(volume);
-        }
+        let instances = by_queue(self.ec2.instances().await?, |i| &i.queue_id);
+        let volumes = by_queue(self.ec2.volumes().await?, |v| &v.queue_id);
         let mut surveyed = self.surveyed.lock().expect("never poisoned");
         // A change made while the survey was being taken may be missing from it: those stay
         // marked until a survey begun after them.
@@ -398,6 +386,18 @@ impl Ec2Provider {
         ids.dedup();
         Ok(ids)
     }
+}
+
+/// `items` by the queue each is of.
+fn by_queue<T>(items: Vec<T>, queue_of: impl Fn(&T) -> &String) -> HashMap<String, Vec<T>> {
+    let mut by_queue: HashMap<String, Vec<T>> = HashMap::new();
+    for item in items {
+        by_queue
+            .entry(queue_of(&item).clone())
+            .or_default()
+            .push(item);
+    }
+    by_queue
 }
 
 /// The last survey, and the queues changed since it began (looked at afresh until the next).

@@ -211,7 +211,8 @@ pub(crate) async fn caller_of_grant(
 
 /// Lets only the operator through.
 /// Lets `/metrics` through with the operator's token or the read-only `metrics_token` (what
-/// Prometheus holds: it reads the metrics and nothing else).
+/// Prometheus holds: it reads the metrics and nothing else). An account's key is refused as on
+/// every operator route (403); anything else is not a token (401).
 pub async fn metrics_reader(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -223,9 +224,14 @@ pub async fn metrics_reader(
         same && !expected.is_empty()
     };
     let scraper = state.config.metrics_token.as_deref().is_some_and(matches);
-    match matches(&state.config.token) || scraper {
-        true => Ok(next.run(request).await),
-        false => Err(unauthorized(presented)),
+    if matches(&state.config.token) || scraper {
+        return Ok(next.run(request).await);
+    }
+    match caller_of(&state, presented).await? {
+        Some(_) => Err(ApiError::Forbidden(
+            "only the operator's token or the metrics token reads the metrics".into(),
+        )),
+        None => Err(unauthorized(presented)),
     }
 }
 

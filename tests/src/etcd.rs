@@ -360,7 +360,7 @@ impl Drop for EtcdCluster {
 }
 
 /// `count` distinct free loopback ports: all held at once, so none is chosen twice.
-fn free_ports(count: usize) -> Vec<u16> {
+pub fn free_ports(count: usize) -> Vec<u16> {
     let listeners: Vec<TcpListener> = (0..count)
         .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a free loopback port"))
         .collect();
@@ -374,7 +374,7 @@ fn free_ports(count: usize) -> Vec<u16> {
 /// as JSON (`Null` if it is not). HTTP/1.0, so the body is never chunked: it is as long as
 /// `Content-Length` says, or ends with the connection. Once that many bytes are in, the answer is
 /// read: etcd's peer port closes its connections seconds after the response.
-fn call(
+pub fn call(
     port: u16,
     method: &str,
     path: &str,

@@ -8,10 +8,10 @@
 //! question for a second, where a port nobody has bound refuses it at once.
 
 use super::reaper;
+pub use qe_tests::etcd::free_ports;
 use serde_json::Value;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -264,74 +264,8 @@ impl Drop for EtcdCluster {
     }
 }
 
-/// `count` distinct free loopback ports: all held at once, so none is chosen twice.
-pub fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a free loopback port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|listener| listener.local_addr().expect("its address").port())
-        .collect()
-}
-
-/// One HTTP/1.0 request to `127.0.0.1:port`, all of it within [`REQUEST_TIMEOUT`]: the status
-/// and the body as JSON (`Null` if it is not). HTTP/1.0, so the body is never chunked; once
-/// `Content-Length` bytes are in, the answer is read (etcd's peer port keeps its connections
-/// open for seconds after the response).
+/// One HTTP/1.0 request to an etcd member on `127.0.0.1:port`, all of it within
+/// [`REQUEST_TIMEOUT`] (the tests' client, `qe_tests::etcd::call`).
 fn call(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, Value), String> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let failed = |err: std::io::Error| format!("{method} {addr}{path}: {err}");
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
-    let mut tcp = TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT).map_err(failed)?;
-    tcp.set_write_timeout(Some(REQUEST_TIMEOUT))
-        .map_err(failed)?;
-    let request = format!(
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    tcp.write_all(request.as_bytes()).map_err(failed)?;
-    let mut response = Vec::new();
-    let mut buffer = [0u8; 4096];
-    while !is_complete(&response) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!("{method} {addr}{path}: no answer in time"));
-        }
-        tcp.set_read_timeout(Some(left)).map_err(failed)?;
-        match tcp.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) => response.extend_from_slice(&buffer[..n]),
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(err) => return Err(failed(err)),
-        }
-    }
-    let response = String::from_utf8_lossy(&response);
-    let status = response
-        .get(9..12)
-        .and_then(|status| status.parse().ok())
-        .ok_or_else(|| format!("{method} {addr}{path}: not an HTTP response: {response}"))?;
-    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
-    Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
-}
-
-/// Whether `response` holds its head and as much body as its `Content-Length` says.
-fn is_complete(response: &[u8]) -> bool {
-    let Some(end) = response.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&response[..end]);
-    let length = head.lines().find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        if !name.eq_ignore_ascii_case("content-length") {
-            return None;
-        }
-        value.trim().parse::<usize>().ok()
-    });
-    length.is_some_and(|length| response.len() - (end + 4) >= length)
+    qe_tests::etcd::call(port, method, path, body, REQUEST_TIMEOUT)
 }

@@ -241,13 +241,7 @@ impl Ec2Provider {
                 self.launch(queue, &user_data).await?
             }
         };
-        let instance = self.running(&queue.region, instance).await?;
-        let instance = self.ec2.ensure_ipv6(instance).await?;
-        if volume.attached_to.as_deref() != Some(instance.id.as_str()) {
-            self.ec2
-                .attach(&queue.region, &volume.id, &instance.id, VOLUME_DEVICE)
-                .await?;
-        }
+        let instance = self.holding(instance, &volume).await?;
         self.placement(queue, instance, volume.id)
     }
 
@@ -303,15 +297,21 @@ impl Ec2Provider {
                 instance
             }
         };
-        // Its node reaches the control plane over IPv6, as a serving one does.
-        let instance = self.running(&queue.region, instance).await?;
+        self.holding(instance, &volume).await?;
+        Ok(true)
+    }
+
+    /// `instance` once it runs, with an IPv6 address (its node reaches the control plane over
+    /// IPv6, and clients it) and `volume` attached to it.
+    async fn holding(&self, instance: Instance, volume: &Volume) -> Result<Instance, Ec2Error> {
+        let instance = self.running(&instance.region.clone(), instance).await?;
         let instance = self.ec2.ensure_ipv6(instance).await?;
         if volume.attached_to.as_deref() != Some(instance.id.as_str()) {
             self.ec2
-                .attach(&queue.region, &volume.id, &instance.id, VOLUME_DEVICE)
+                .attach(&instance.region, &volume.id, &instance.id, VOLUME_DEVICE)
                 .await?;
         }
-        Ok(true)
+        Ok(instance)
     }
 
     /// `instance` once it runs (its addresses are then known, and a volume attaches).

@@ -60,6 +60,7 @@ PLACEHOLDERS = {
 USER_DATA_LIMIT = 16 * 1024
 QUEUE_ID = "k3j9x0c2m1ab"
 TOKEN = "0f" * 32
+INSTANCE_ID = "i-0123456789abcdef0"
 
 failures = []
 
@@ -79,21 +80,24 @@ def run(*args, **kwargs):
 
 
 def render(template, values):
-    """What the control plane does: replace each placeholder by its value, and nothing else."""
+    """What the control plane does: leave out the comment lines (`#` or `# ...` after any indentation; not
+    `#cloud-config` nor `#!`), then replace each placeholder by its value, and nothing else."""
+    comment = lambda line: line.strip() == "#" or line.lstrip().startswith("# ")
+    template = "\n".join(line for line in template.splitlines() if not comment(line)) + "\n"
     for name, value in values.items():
         template = template.replace("{{" + name + "}}", value)
     return template
 
 
-def bootstrap(control_plane, ca_pem=None):
-    text = f'control_plane = "{control_plane}"\nqueue_id = "{QUEUE_ID}"\nnode_token = "{TOKEN}"\n'
+def bootstrap(control_plane, ca_pem=None, bootstrap_token="1700000000000." + "ab" * 32):
+    text = f'control_plane = "{control_plane}"\nqueue_id = "{QUEUE_ID}"\nbootstrap_token = "{bootstrap_token}"\n'
     if ca_pem:
         text += f'control_plane_ca_pem = """{ca_pem}"""\n'
     return text
 
 
-def values(control_plane, sha256, volume_id, ca_pem=None):
-    text = bootstrap(control_plane, ca_pem)
+def values(control_plane, sha256, volume_id, ca_pem=None, bootstrap_token=None):
+    text = bootstrap(control_plane, ca_pem, *([bootstrap_token] if bootstrap_token else []))
     b64 = lambda s: base64.b64encode(s.encode()).decode()
     return {
         "queue_id": QUEUE_ID,
@@ -225,9 +229,43 @@ def check_units():
               result.returncode == 0, exposure.group(1) if exposure else result.stdout[-500:])
 
 
+# What the policy's placeholders are filled with in docs/deploy.md's step 3.
+POLICY_PLACEHOLDERS = {"region", "account_id", "cluster", "subnet_id", "security_group_id"}
+EC2_CRATE = os.path.join(os.path.dirname(INFRA), "ec2", "src")
+
+
+def ec2_actions_called():
+    """The EC2 actions the ec2 crate calls (the SDK's `.describe_instances()` is ec2:DescribeInstances)."""
+    called = set()
+    for name in os.listdir(EC2_CRATE):
+        if name.endswith(".rs"):
+            text = open(os.path.join(EC2_CRATE, name)).read()
+            # An operation is a client's method alone on its line, as rustfmt leaves a chain (accessors such as
+            # `volume.create_time()` are not); a waiter (`wait_until_…`) describes, which DescribeVolumes covers.
+            verbs = "describe|run|terminate|attach|detach|delete|create|assign|modify|stop|start|reboot"
+            for method in re.findall(rf"^\s*\.((?:{verbs})_[a-z0-9_]+)\(\)\s*$", text, re.M):
+                called.add("ec2:" + "".join(part.capitalize() for part in method.split("_")))
+    return called
+
+
 def check_policy():
-    policy = json.load(open(POLICY))
+    text = open(POLICY).read()
+    placeholders = set(re.findall(r"\{\{([a-z_]+)\}\}", text))
+    check("IAM policy: its placeholders are the ones docs/deploy.md fills", placeholders == POLICY_PLACEHOLDERS,
+          str(placeholders ^ POLICY_PLACEHOLDERS))
+    deploy = open(os.path.join(os.path.dirname(INFRA), "docs", "deploy.md")).read()
+    unfilled = [name for name in POLICY_PLACEHOLDERS if "{{" + name + "}}" not in deploy]
+    check("IAM policy: docs/deploy.md fills every placeholder", not unfilled, str(unfilled))
+    policy = json.loads(text)
     statements = policy["Statement"]
+    allowed = set()
+    for statement in statements:
+        allowed |= set(statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]])
+    called = ec2_actions_called()
+    check("IAM policy: allows every EC2 action the ec2 crate calls, and no other", allowed - {"ec2:CreateTags"}
+          == called, f"not allowed: {sorted(called - allowed)}, not called: {sorted(allowed - called)}")
+    check("IAM policy: no DescribeInstanceAttribute (user data is read back with it)",
+          "ec2:DescribeInstanceAttribute" not in allowed)
     check("IAM policy: version 2012-10-17", policy["Version"] == "2012-10-17")
     sids = [statement["Sid"] for statement in statements]
     check("IAM policy: unique Sids", len(sids) == len(set(sids)))
@@ -238,8 +276,13 @@ def check_policy():
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
         mutating = [a for a in actions if not a.startswith("ec2:Describe")]
         if mutating:
-            check(f"IAM policy: {statement['Sid']} is limited to resources or conditions",
-                  statement["Resource"] != "*" and statement["Resource"] != ["*"])
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            check(f"IAM policy: {statement['Sid']} is limited to this account's and region's resources",
+                  all(r.startswith("arn:aws:ec2:{{region}}:") for r in resources))
+            tagged = [r for r in resources if re.search(r":(instance|volume|network-interface)/\*$", r)]
+            if tagged and "CreateTags" not in str(actions):
+                check(f"IAM policy: {statement['Sid']} touches only this cluster's instances and volumes",
+                      "{{cluster}}" in json.dumps(statement.get("Condition", {})))
 
 
 def check_config():
@@ -259,13 +302,18 @@ def check_config():
 
 
 class ControlPlane(http.server.ThreadingHTTPServer):
-    """Serves the dataplane binary as the control plane does, to the right token only."""
+    """Trades a bootstrap token it issued, once, as instance INSTANCE_ID, for the node token, and serves the
+    dataplane binary to the node token only, as the control plane does."""
 
     def __init__(self, binary, tls=None):
         super().__init__(("127.0.0.1", 0), Handler)
         self.binary = binary
         self.downloads = 0
         self.refused = 0
+        self.issued = set()
+        self.spent = set()
+        self.exchanges = 0
+        self.spent_refused = 0
         if tls:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*tls)
@@ -275,6 +323,28 @@ class ControlPlane(http.server.ThreadingHTTPServer):
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        right = (self.path == f"/v1/nodes/{QUEUE_ID}/bootstrap" and token in self.server.issued
+                 and self.headers.get("Content-Type") == "application/json"
+                 and json.loads(body) == {"instance_id": INSTANCE_ID})
+        if not right or token in self.server.spent:
+            if right:
+                self.server.spent_refused += 1
+            else:
+                self.server.refused += 1
+            self.send_error(401)
+            return
+        self.server.spent.add(token)
+        self.server.exchanges += 1
+        answer = json.dumps({"node_token": TOKEN}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
     def do_GET(self):
         right = (self.path == f"/v1/nodes/{QUEUE_ID}/dataplane"
                  and self.headers.get("Authorization") == f"Bearer {TOKEN}")
@@ -288,6 +358,42 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Metadata(http.server.ThreadingHTTPServer):
+    """The instance metadata service, IMDSv2: a session token from a PUT, then the instance id with it."""
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), MetadataHandler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class MetadataHandler(http.server.BaseHTTPRequestHandler):
+    SESSION = "imds-session"
+
+    def do_PUT(self):
+        if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            self.send_error(400)
+            return
+        self.answer(self.SESSION)
+
+    def do_GET(self):
+        if self.headers.get("X-aws-ec2-metadata-token") != self.SESSION:
+            self.send_error(401)
+        elif self.path == "/latest/meta-data/instance-id":
+            self.answer(INSTANCE_ID)
+        else:
+            self.send_error(404)
+
+    def answer(self, text):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text.encode())
 
     def log_message(self, *args):
         pass
@@ -317,6 +423,7 @@ def boot_test(work):
     sha = hashlib.sha256(open(binary, "rb").read()).hexdigest()
     https = ControlPlane(binary, tls=(server_pem, server_key))
     plain = ControlPlane(binary)
+    metadata = Metadata()
     ca_pem = open(root_pem).read()
 
     volume_file = os.path.join(work, "volume.img")
@@ -330,7 +437,16 @@ def boot_test(work):
         """One instance's boot; `delay` None: the volume never appears."""
         case_dir = os.path.join(work, case)
         os.makedirs(case_dir)
-        user_data = render(template, values(control_plane, sha256, volume_id, ca))
+        # A bootstrap token of its own, which the control plane at `control_plane` issued.
+        bootstrap_token = f"1700000000000.{hashlib.sha256(case.encode()).hexdigest()}"
+        for server in (https, plain):
+            if server.url == control_plane:
+                server.issued.add(bootstrap_token)
+        user_data = render(template, values(control_plane, sha256, volume_id, ca, bootstrap_token))
+        # IMDS is at a link-local address on EC2; here, a local server.
+        imds = "IMDS=http://169.254.169.254"
+        assert imds in user_data
+        user_data = user_data.replace(imds, f"IMDS={metadata.url}")
         if volume_wait is not None:
             user_data = user_data.replace("VOLUME_WAIT_SECS=600", f"VOLUME_WAIT_SECS={volume_wait}")
         open(os.path.join(case_dir, "user-data.yaml"), "w").write(user_data)
@@ -362,6 +478,12 @@ def boot_test(work):
               first["binary"] == {"sha256": sha, "mode": "0o755", "owner": "root"}, str(first["binary"]))
         check("first boot: the bootstrap file is the node user's, 0600",
               first["bootstrap"] == {"mode": "0o600", "owner": "queue-expert"}, str(first["bootstrap"]))
+        check("first boot: the bootstrap token is traded, as the instance, for the node token",
+              https.exchanges == 1 and "exchanged the bootstrap token" in runs[0]["output"], runs[0]["output"])
+        check("first boot: the node token is kept on the volume, the node user's, 0600",
+              first["node_token"] == {"mode": "0o600", "owner": "queue-expert", "text": TOKEN}, str(first["node_token"]))
+        check("second run: its spent bootstrap token is refused, and it goes on with the node token on the volume",
+              https.spent_refused == 1 and "was refused" in runs[1]["output"], runs[1]["output"])
         check("first boot: the private root is written for curl", first["ca"] == {"mode": "0o644", "owner": "root"},
               str(first["ca"]))
         check("first boot: the unit is enabled and started",
@@ -383,6 +505,8 @@ def boot_test(work):
               no_root["runs"][0]["code"] == 0 and no_root["ca"] is None and plain.downloads == 1,
               no_root["runs"][0]["output"])
         check("the control plane never saw a wrong path or token", https.refused == 0 and plain.refused == 0)
+        check("each instance traded its own bootstrap token once",
+              https.exchanges == 2 and plain.exchanges == 1 and https.spent_refused == 1)
 
         bad = boot("wrong-hash", https.url, ca=ca_pem, sha256="00" * 32)
         check("wrong hash: the script stops, installs nothing, leaves no temporary file",
@@ -404,6 +528,7 @@ def boot_test(work):
     finally:
         https.shutdown()
         plain.shutdown()
+        metadata.shutdown()
         run("losetup", "--detach", device)
 
 
@@ -478,10 +603,13 @@ def inside(args):
         "marker": os.path.exists("/var/lib/queue-expert/marker"),
         "binary": binary,
         "bootstrap": describe("/etc/queue-expert/bootstrap.toml"),
+        "node_token": describe("/var/lib/queue-expert/node-token"),
         "ca": describe("/etc/queue-expert/control-plane-ca.pem"),
         "systemctl": open(calls).read().splitlines() if os.path.exists(calls) else [],
         "usr_local_bin": sorted(os.listdir("/usr/local/bin")) if os.path.isdir("/usr/local/bin") else [],
     }
+    if facts["node_token"]:
+        facts["node_token"]["text"] = open("/var/lib/queue-expert/node-token").read()
     if mounted:
         run("umount", "/var/lib/queue-expert")
     json.dump(facts, open(os.path.join(case_dir, "facts.json"), "w"), indent=1)

@@ -54,6 +54,7 @@ pub async fn ec2_pass(settings: &Settings) {
         control_planes: vec![],
         queue_id: String::new(),
         node_token: "0".repeat(64),
+        bootstrap_token: None,
         control_plane_ca_pem: None,
     };
     let mut queues: Vec<Queue> = (0..settings.queues)

@@ -144,6 +144,13 @@ pub const NODE_REPLACE: &str = "node.replace";
 /// which).
 pub const NODE_RESTART: &str = "node.restart";
 
+/// A cloud node exchanged its bootstrap token for its node token (`api/bootstrap.rs`).
+pub const NODE_BOOTSTRAP: &str = "node.bootstrap";
+
+/// A bootstrap token of a queue was refused (spent, expired, or not presented by one of the
+/// queue's instances): someone else may hold it; `reason` says which.
+pub const NODE_BOOTSTRAP_REFUSED: &str = "node.bootstrap-refused";
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

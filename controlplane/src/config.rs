@@ -107,6 +107,11 @@ pub struct Config {
     /// `delete_keeps_data_secs`. Default 900.
     #[serde(default = "default_provision_within_secs")]
     pub provision_within_secs: u64,
+    /// Seconds a cloud node's bootstrap token (in its user data) may be exchanged for its node
+    /// token, from its launch (`api/bootstrap.rs`). The first boot exchanges it within a
+    /// minute or two of the launch; a node that could not is replaced as silent. Default 900.
+    #[serde(default = "default_bootstrap_token_valid_secs")]
+    pub bootstrap_token_valid_secs: u64,
     /// Which instance types, in which regions, new queues may ask for, per tier and per
     /// account (`[[allow]]` rules, [`crate::policy`]): anything else is refused with 400.
     /// Default: no rules, whatever the provider can run.
@@ -183,6 +188,10 @@ fn default_replace_silent_after_intervals() -> u64 {
 }
 
 fn default_provision_within_secs() -> u64 {
+    900
+}
+
+fn default_bootstrap_token_valid_secs() -> u64 {
     900
 }
 

@@ -120,6 +120,30 @@ impl NodeTokens {
     }
 }
 
+/// A cloud node's bootstrap token: `ISSUED_MS.MAC`, MAC = HMAC-SHA256(secret,
+/// "bootstrap/QUEUE-ID/ISSUED_MS"). Nothing is stored when one is made: its queue and time
+/// are checked by computing the MAC again, and its one use is kept as a time in the queue's
+/// record (`api/bootstrap.rs`).
+impl NodeTokens {
+    /// The bootstrap token of queue `queue_id` issued at `issued_ms`.
+    pub fn bootstrap_token(&self, queue_id: &str, issued_ms: u64) -> String {
+        let mac = hmac_sha256(
+            &self.secret,
+            format!("bootstrap/{queue_id}/{issued_ms}").as_bytes(),
+        );
+        format!("{issued_ms}.{}", qe_shared::hex(&mac))
+    }
+
+    /// When `presented` was issued, if it is a bootstrap token of queue `queue_id` made with
+    /// this secret (compared in constant time).
+    pub fn bootstrap_issued(&self, queue_id: &str, presented: &str) -> Option<u64> {
+        let (issued, _) = presented.split_once('.')?;
+        let issued_ms: u64 = issued.parse().ok()?;
+        let expected = self.bootstrap_token(queue_id, issued_ms);
+        bool::from(expected.as_bytes().ct_eq(presented.as_bytes())).then_some(issued_ms)
+    }
+}
+
 /// The most credentials of one queue tried when a node's credential is looked for: a queue
 /// is rotated far fewer times than this in its life.
 pub const CREDENTIALS_TRIED: u64 = 4096;
@@ -168,7 +192,8 @@ pub struct Bootstraps {
 }
 
 impl Bootstraps {
-    /// The bootstrap of `queue`'s node: its credential as it is now. The replicas are listed
+    /// The bootstrap of `queue`'s node: its credential as it is now, and a bootstrap token
+    /// issued now (for a cloud node's user data, which carries that one only). The replicas are listed
     /// only when there are several: a bootstrap for one reads as before, also to nodes that
     /// know no replicas.
     pub fn for_queue(&self, queue: &Queue) -> qe_shared::node_channel::Bootstrap {
@@ -182,6 +207,10 @@ impl Bootstraps {
             control_planes,
             queue_id: queue.id.clone(),
             node_token: self.tokens.token_for(&queue.id, queue.node_credential),
+            bootstrap_token: Some(
+                self.tokens
+                    .bootstrap_token(&queue.id, crate::audit::now_ms()),
+            ),
             control_plane_ca_pem: self.ca_pem.clone(),
         }
     }
@@ -227,5 +256,36 @@ mod tests {
         assert_eq!(tokens.check(&a, &token), None, "retired");
         a.status = Status::Deleted;
         assert_eq!(tokens.check(&a, &rotated), None, "a deleted queue's");
+    }
+
+    #[test]
+    fn a_bootstrap_token_names_its_queue_and_time_and_nothing_else() {
+        let tokens = NodeTokens { secret: [7; 32] };
+        let token = tokens.bootstrap_token("q1", 1_700_000_000_123);
+        assert_eq!(
+            tokens.bootstrap_issued("q1", &token),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(
+            tokens.bootstrap_issued("q2", &token),
+            None,
+            "another queue's"
+        );
+        let later = token.replacen("1700000000123", "1700000000999", 1);
+        assert_eq!(
+            tokens.bootstrap_issued("q1", &later),
+            None,
+            "its time is signed"
+        );
+        assert_eq!(
+            tokens.bootstrap_issued("q1", &tokens.token_for("q1", 0)),
+            None
+        );
+        let other = NodeTokens { secret: [8; 32] };
+        assert_eq!(
+            other.bootstrap_issued("q1", &token),
+            None,
+            "another secret's"
+        );
     }
 }

@@ -99,6 +99,14 @@ pub struct Queue {
     /// then for `delete_keeps_data_secs`, then removed (`reconciler.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// When the newest bootstrap token its instances exchanged was issued, in milliseconds
+    /// since 1970 (`api/bootstrap.rs`): that one and every older one are spent.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bootstrap_spent_ms: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// Why and when a queue failed.
@@ -233,6 +241,7 @@ impl Queue {
             account: new.account,
             sqs_keys: Vec::new(),
             failure: None,
+            bootstrap_spent_ms: 0,
         }
     }
 }

@@ -111,6 +111,12 @@ impl Channel {
         }
     }
 
+    /// Whether it has a node token to present: its bootstrap's, or one kept in its data
+    /// directory (a cloud node's, from its bootstrap token).
+    pub fn has_token(&self) -> bool {
+        !self.token().is_empty()
+    }
+
     fn token(&self) -> String {
         self.token.read().expect("never poisoned").clone()
     }

@@ -43,7 +43,17 @@ async fn main() -> ExitCode {
                 let data_dir = flags
                     .data_dir
                     .get_or_insert_with(|| DEFAULT_DATA_DIR.into());
-                Some(Channel::new(&bootstrap, data_dir))
+                let channel = Channel::new(&bootstrap, data_dir);
+                if !channel.has_token() {
+                    eprintln!(
+                        "dataplane: no node token: {} has none and {} is not there \
+                         (a cloud node's first boot exchanges its bootstrap token for it)",
+                        path.display(),
+                        data_dir.join("node-token").display()
+                    );
+                    return ExitCode::from(2);
+                }
+                Some(channel)
             }
             Err(error) => {
                 eprintln!("dataplane: {error}");

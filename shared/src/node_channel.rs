@@ -38,8 +38,16 @@ pub struct Bootstrap {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub control_planes: Vec<String>,
     pub queue_id: String,
-    /// The node's credential, sent as a bearer token.
+    /// The node's credential, sent as a bearer token. Empty in a cloud node's bootstrap, which
+    /// rests in its user data (readable through EC2's API): that one carries a
+    /// [`Bootstrap::bootstrap_token`] instead, and the node's first boot exchanges it for this,
+    /// kept on the node's volume (`DATA_DIR/node-token`, which the node reads first).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node_token: String,
+    /// A cloud node's one-time token (`POST /v1/nodes/{id}/bootstrap`): valid for minutes,
+    /// for one use, by one of its queue's instances; worth nothing once used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_token: Option<String>,
     /// The root (PEM) that signs the control plane's certificate, when it is a private one;
     /// it is then the only root trusted. None: the system's roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -460,6 +468,7 @@ mod tests {
             control_planes: vec![],
             queue_id: "q".into(),
             node_token: "secret-token".into(),
+            bootstrap_token: None,
             control_plane_ca_pem: None,
         };
         assert!(!format!("{bootstrap:?}").contains("secret-token"));

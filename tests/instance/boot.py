@@ -3,7 +3,8 @@
 
     boot.py --name NAME --user-data FILE --volume-file FILE --volume-id vol-XXXX
             --v6 ADDR/PREFIX [--v4 ADDR/PREFIX] --host-v6 ADDR [--host-v4 ADDR]
-            --state DIR [--add-host HOST=ADDR]... [--stop-timeout 15] [--boot-timeout 900] [--volume-wait 60]
+            --state DIR [--instance-id i-XXXX] [--add-host HOST=ADDR]... [--stop-timeout 15] [--boot-timeout 900]
+            [--volume-wait 60]
     boot.py --cleanup --name NAME --state DIR      # "kill the instance": SIGKILL all of it, then tear down
     boot.py --selftest                              # boots a fake instance against a local HTTPS server
 
@@ -24,6 +25,9 @@ The instance is
     and the instance has its own: /etc (a copy of the host's, in STATE/root/etc), /usr/local
     (STATE/root/usr-local), /var/lib (STATE/root/var-lib), and tmpfs on /run, /tmp, /var/tmp, /var/log, /dev.
     Nothing on the host's file systems changes;
+  * with --instance-id, EC2's instance metadata service (IMDSv2, as far as a first boot asks: a session token from
+    `PUT /latest/api/token`, then `GET /latest/meta-data/instance-id` with it) at 169.254.169.254:80 on the
+    instance's lo, served by its init process; without it, no metadata service;
   * cloud-init's work: the user data's write_files, then its runcmd (as the shell script cloud-init makes of
     it), with a `systemctl` stub first on PATH. `enable --now UNIT` starts the unit's ExecStart= as its User=
     and Group= (setpriv, with its AmbientCapabilities=, CapabilityBoundingSet=, NoNewPrivileges=, UMask=,
@@ -711,6 +715,8 @@ def boot(args):
     volume_id = args.volume_id
     if not re.fullmatch(r"vol-[0-9a-zA-Z]+", volume_id):
         raise Failure(f"--volume-id {volume_id!r} is not a volume id")
+    if args.instance_id is not None and not re.fullmatch(r"i-[0-9a-f]+", args.instance_id):
+        raise Failure(f"--instance-id {args.instance_id!r} is not an instance id")
     hosts = []
     for entry in args.add_host:
         host_name, _, address = entry.partition("=")
@@ -780,7 +786,7 @@ def boot(args):
                 write_json(record_path, record)
 
         inner = {"name": name, "state": state, "device": device, "rdev": os.stat(device).st_rdev,
-                 "volume_id": volume_id, "boot_timeout": args.boot_timeout,
+                 "volume_id": volume_id, "boot_timeout": args.boot_timeout, "instance_id": args.instance_id,
                  "env": {k: v for k, v in os.environ.items() if k in ("RUST_LOG", "RUST_BACKTRACE")}}
         write_json(os.path.join(state, "inner.json"), inner)
         child = subprocess.Popen(
@@ -1000,6 +1006,50 @@ def write_files(files):
         shutil.chown(path, user, group or None)
 
 
+class Metadata(http.server.ThreadingHTTPServer):
+    """EC2's instance metadata service, IMDSv2, as far as a first boot asks."""
+
+    daemon_threads = True
+
+    def __init__(self, instance_id):
+        self.instance_id = instance_id
+        self.session = base64.b64encode(os.urandom(24)).decode()
+        super().__init__(("169.254.169.254", 80), MetadataHandler)
+
+
+class MetadataHandler(http.server.BaseHTTPRequestHandler):
+    def do_PUT(self):
+        if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            self.send_error(400)
+            return
+        self.answer(self.server.session)
+
+    def do_GET(self):
+        if self.headers.get("X-aws-ec2-metadata-token") != self.server.session:
+            self.send_error(401)
+        elif self.path == "/latest/meta-data/instance-id":
+            self.answer(self.server.instance_id)
+        else:
+            self.send_error(404)
+
+    def answer(self, text):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def serve_metadata(instance_id):
+    """Serves the metadata service on the instance's lo for as long as this, its init process, runs."""
+    run("ip", "addr", "add", "169.254.169.254/32", "dev", "lo")
+    server = Metadata(instance_id)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
 def inner(state):
     """The instance's "init": runs inside its namespaces; reports on stdout to boot.py."""
     config = read_json(os.path.join(state, "inner.json"))
@@ -1011,6 +1061,8 @@ def inner(state):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.umask(0o022)
     make_instance_filesystem(config)
+    if config.get("instance_id"):
+        serve_metadata(config["instance_id"])
     write_files(user_data["write_files"])
     script = "/var/lib/cloud/instance/scripts/runcmd"
     with open(script, "w") as f:
@@ -1228,6 +1280,7 @@ def stub(tool, state, arguments):
 
 SELFTEST_QUEUE = "k3j9x0c2m1ab"
 SELFTEST_TOKEN = "0f" * 32
+SELFTEST_BOOTSTRAP_TOKEN = "1700000000000." + "ab" * 32
 
 
 def selftest():
@@ -1299,7 +1352,8 @@ def selftest():
             process = subprocess.Popen(
                 [sys.executable, SELF, "--name", name, "--user-data", user_data, "--volume-file", volume,
                  "--volume-id", volume_id, "--v6", f"fd71:7e5e::{last}/64", "--v4", f"10.213.0.{last}/24",
-                 "--host-v6", "fd71:7e5e::1", "--host-v4", "10.213.0.1", "--state", state, *extra],
+                 "--host-v6", "fd71:7e5e::1", "--host-v4", "10.213.0.1", "--state", state,
+                 "--instance-id", "i-0123456789abcdef0", *extra],
                 stdout=subprocess.PIPE, text=True)
             line = read_line(process, 240) if wait else None
             return process, state, line
@@ -1504,17 +1558,20 @@ def read_line(process, seconds):
 
 # From infra/check.py (which needs PyYAML at import): what the control plane renders.
 def render(template, values):
+    comment = lambda line: line.strip() == "#" or line.lstrip().startswith("# ")
+    template = "\n".join(line for line in template.splitlines() if not comment(line)) + "\n"
     for name, value in values.items():
         template = template.replace("{{" + name + "}}", value)
     return template
 
 
 def values(control_plane, sha256, volume_id, ca_pem=None):
-    text = (f'control_plane = "{control_plane}"\nqueue_id = "{SELFTEST_QUEUE}"\nnode_token = "{SELFTEST_TOKEN}"\n'
+    text = (f'control_plane = "{control_plane}"\nqueue_id = "{SELFTEST_QUEUE}"\n'
+            f'bootstrap_token = "{SELFTEST_BOOTSTRAP_TOKEN}"\n'
             + (f'control_plane_ca_pem = """{ca_pem}"""\n' if ca_pem else ""))
     b64 = lambda s: base64.b64encode(s.encode()).decode()
     return {"queue_id": SELFTEST_QUEUE, "control_plane": control_plane, "bootstrap_toml": text,
-            "bootstrap_b64": b64(text), "dataplane_sha256": sha256, "volume_id": volume_id,
+            "bootstrap_b64": b64(text), "dataplane_sha256": sha256, "volume_id": volume_id, "mode": "serve",
             "control_plane_ca_b64": b64(ca_pem) if ca_pem else ""}
 
 
@@ -1550,6 +1607,19 @@ class SelftestControlPlane(http.server.ThreadingHTTPServer):
 
 
 class SelftestHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.server.paths.append(self.path)
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if (self.path != f"/v1/nodes/{SELFTEST_QUEUE}/bootstrap"
+                or self.headers.get("Authorization") != f"Bearer {SELFTEST_BOOTSTRAP_TOKEN}"):
+            self.do_GET()
+            return
+        answer = json.dumps({"node_token": SELFTEST_TOKEN}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
     def do_GET(self):
         self.server.paths.append(self.path)
         authorized = self.headers.get("Authorization") == f"Bearer {SELFTEST_TOKEN}"
@@ -1568,7 +1638,7 @@ class SelftestHandler(http.server.BaseHTTPRequestHandler):
         with open(self.server.binary, "rb") as f:
             shutil.copyfileobj(f, self.wfile, 1 << 20)
 
-    do_POST = do_PUT = do_GET
+    do_PUT = do_GET
 
     def log_message(self, *args):
         pass
@@ -1593,6 +1663,7 @@ def main():
     parser.add_argument("--host-v6")
     parser.add_argument("--host-v4")
     parser.add_argument("--state")
+    parser.add_argument("--instance-id", help="EC2's id of the instance, served by its metadata service")
     parser.add_argument("--add-host", action="append", default=[], metavar="HOST=ADDR",
                         help="a line for the instance's /etc/hosts")
     parser.add_argument("--stop-timeout", type=float, default=15, help="TimeoutStopSec= (default 15)")

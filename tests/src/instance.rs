@@ -21,11 +21,14 @@ pub struct Instance {
 }
 
 impl Instance {
-    /// Boots `user_data` as instance `name` (a few lowercase letters and digits), at `v6`
-    /// (in a /64 whose host end is `host_v6`), with the queue's volume `volume_id` kept in
-    /// `volume_file`; returns once its node runs.
+    /// Boots `user_data` as instance `name` (a few lowercase letters and digits), EC2's
+    /// `instance_id` (its metadata service says so), at `v6` (in a /64 whose host end is
+    /// `host_v6`), with the queue's volume `volume_id` kept in `volume_file`; returns once its
+    /// node runs.
+    #[allow(clippy::too_many_arguments)]
     pub fn boot(
         name: &str,
+        instance_id: &str,
         user_data: &str,
         volume_id: &str,
         volume_file: &Path,
@@ -43,6 +46,8 @@ impl Instance {
                 name,
                 "--volume-id",
                 volume_id,
+                "--instance-id",
+                instance_id,
                 "--boot-timeout",
                 "170",
             ])

@@ -607,6 +607,7 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/nodes/{id}/config",
         "/v1/nodes/{id}/applied",
         "/v1/nodes/{id}/stray",
+        "/v1/nodes/{id}/bootstrap",
         "/v1/nodes/{id}/dataplane",
         "/v1/nodes/{id}/certificate",
         "/v1/certificate/renew",

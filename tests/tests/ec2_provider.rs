@@ -83,6 +83,22 @@ fn bootstrap_of(user_data: &str) -> Bootstrap {
     toml::from_str(std::str::from_utf8(&text).unwrap()).unwrap()
 }
 
+/// The node token of the instance whose user data is `user_data`, as its first boot gets it:
+/// the bootstrap token in its user data traded as instance `instance`.
+async fn exchanged(cp: &ControlPlane, user_data: &str, instance: &str) -> String {
+    let bootstrap = bootstrap_of(user_data);
+    assert!(
+        bootstrap.node_token.is_empty(),
+        "user data holds no node token"
+    );
+    let token = bootstrap.bootstrap_token.expect("a bootstrap token");
+    let path = format!("/v1/nodes/{}/bootstrap", bootstrap.queue_id);
+    let body = json!({ "instance_id": instance }).to_string();
+    let (status, answer) = http(cp.addr, "POST", &path, Some(&token), Some(&body)).await;
+    assert_eq!(status, 200, "{answer}");
+    answer["node_token"].as_str().unwrap().to_string()
+}
+
 fn tag(tags: &[qe_ec2::aws_sdk_ec2::types::Tag], key: &str) -> Option<String> {
     tags.iter()
         .find(|tag| tag.key() == Some(key))
@@ -199,8 +215,9 @@ async fn an_ec2_queue_is_launched_as_asked_and_its_volume_outlives_its_instance(
     let bootstrap = bootstrap_of(&text);
     assert_eq!(bootstrap.queue_id, id);
     assert_eq!(bootstrap.control_plane, format!("http://{}", cp.addr));
-    // Its credential opens the channel: the node would listen on 443, everywhere.
-    let token = bootstrap.node_token.clone();
+    // Its bootstrap token, traded as the instance, gives the credential that opens the
+    // channel: the node would listen on 443, everywhere.
+    let token = exchanged(&cp, &text, &instance).await;
     let config_path = format!("/v1/nodes/{id}/config");
     let (status, desired) = http(cp.addr, "GET", &config_path, Some(&token), None).await;
     assert_eq!(
@@ -344,7 +361,9 @@ async fn killed_while_launching_or_deleting_the_control_plane_leaves_no_orphan_o
     assert_eq!(again["resources"]["instance"], instance.as_str());
     assert_eq!(live(&ec2.instances().await.unwrap(), &id), 1);
 
-    // Killed in the middle of a delete: the next one finishes it, after the last report.
+    // Killed in the middle of a delete: the next one finishes it, after the last report (from
+    // the node, with the credential its first boot got).
+    let node_token = exchanged(&cp, &user_data(&ec2, &instance).await, &instance).await;
     let path = format!("/v1/queues/{id}");
     let (addr, token) = (cp.addr, cp.token.clone());
     let deleting =
@@ -353,7 +372,6 @@ async fn killed_while_launching_or_deleting_the_control_plane_leaves_no_orphan_o
     cp.kill();
     let _ = deleting.await;
     let cp = cp.start_again();
-    let node_token = bootstrap_of(&user_data(&ec2, &instance).await).node_token;
     let line = format!("{},0,0,0,0,0,t3.small,{REGION},0", unix_now());
     last_report(&cp, &id, &node_token, &[line]).await;
     let deleted = cp.wait_for_status(&id, "deleted").await;

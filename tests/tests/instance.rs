@@ -108,6 +108,51 @@ async fn user_data(ec2: &Ec2, instance: &str) -> String {
     moto::user_data(ec2.client(REGION).unwrap(), instance).await
 }
 
+/// The bootstrap file in `user_data` (TOML), as the instance gets it.
+fn bootstrap_in(user_data: &str) -> toml::Table {
+    use base64::Engine;
+    let encoded = user_data
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("content: \""))
+        .expect("the bootstrap file")
+        .trim_end_matches('"');
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap();
+    toml::from_str(std::str::from_utf8(&decoded).unwrap()).unwrap()
+}
+
+/// The queue's bootstrap token in `instance`'s user data, presented as instance `as_instance`
+/// to `POST /v1/nodes/{id}/bootstrap`: the status.
+async fn present_bootstrap(
+    api: &Api,
+    ec2: &Ec2,
+    id: &str,
+    instance: &str,
+    as_instance: &str,
+) -> u16 {
+    let bootstrap = bootstrap_in(&user_data(ec2, instance).await);
+    let token = bootstrap["bootstrap_token"].as_str().unwrap();
+    let body = json!({ "instance_id": as_instance }).to_string();
+    let path = format!("/v1/nodes/{id}/bootstrap");
+    let roots = api.roots.clone();
+    https(api.at, roots, "POST", &path, Some(token), Some(&body))
+        .await
+        .0
+}
+
+/// The audit's entries of `action` on queue `id`: their reasons.
+async fn audited(api: &Api, id: &str, action: &str) -> Vec<String> {
+    let (status, audit) = api.call("GET", "/v1/audit?limit=1000", None).await;
+    assert_eq!(status, 200, "{audit}");
+    let entries = audit["entries"].as_array().unwrap();
+    entries
+        .iter()
+        .filter(|entry| entry["action"] == action && entry["target"] == id)
+        .map(|entry| entry["reason"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
 /// A sparse file standing for an EBS volume, kept across instances.
 fn volume_file(dir: &std::path::Path, volume: &str) -> std::path::PathBuf {
     let path = dir.join(format!("{volume}.img"));
@@ -129,9 +174,9 @@ async fn boot(ec2: &Ec2, queue: &Value, name: &str, dir: &std::path::Path) -> In
     };
     let host = moto::HOST_V6.parse().unwrap();
     let state = dir.join(name);
-    let (name, volume) = (name.to_string(), volume.to_string());
+    let (name, volume, instance) = (name.to_string(), volume.to_string(), instance.to_string());
     tokio::task::spawn_blocking(move || {
-        Instance::boot(&name, &text, &volume, &file, v6, host, &state)
+        Instance::boot(&name, &instance, &text, &volume, &file, v6, host, &state)
     })
     .await
     .unwrap()
@@ -193,6 +238,23 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
         (status, running["status"].as_str()),
         (200, Some("running")),
         "{running}"
+    );
+
+    // Its user data holds no node token, only a bootstrap token, which its first boot traded
+    // for the node token as the instance; used, it is worth nothing, also to the instance.
+    let instance = queue["resources"]["instance"].as_str().unwrap();
+    let bootstrap = bootstrap_in(&user_data(&ec2, instance).await);
+    assert!(!bootstrap.contains_key("node_token"), "{bootstrap:?}");
+    let exchanged = audited(&api, &id, "node.bootstrap").await;
+    assert_eq!(exchanged, vec![format!("instance {instance}")]);
+    let replayed = present_bootstrap(&api, &ec2, &id, instance, instance).await;
+    assert_eq!(replayed, 401, "a bootstrap token is good once");
+    let refused = audited(&api, &id, "node.bootstrap-refused").await;
+    assert_eq!(
+        refused,
+        vec![format!(
+            "the bootstrap token was used already (instance {instance})"
+        )]
     );
 
     // By name, through our DNS, over wss:// with its own certificate.
@@ -288,6 +350,16 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
     assert_eq!(
         replaced["resources"]["volume"],
         queue["resources"]["volume"]
+    );
+    // Its bootstrap token is good for it only: presented as the lost instance, refused (and
+    // not spent: the replacement then boots with it).
+    let replacement = replaced["resources"]["instance"].as_str().unwrap();
+    let stolen = present_bootstrap(&api, &ec2, &id, replacement, &lost).await;
+    assert_eq!(stolen, 401, "another instance's bootstrap token");
+    let refused = audited(&api, &id, "node.bootstrap-refused").await;
+    assert_eq!(
+        refused.last().unwrap(),
+        &format!("the bootstrap token was presented by another instance (instance {lost})")
     );
     let second = boot(&ec2, &replaced, "qe2", files.path()).await;
     second.wait_for_node_log("listening on");

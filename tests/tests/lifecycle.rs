@@ -82,3 +82,37 @@ fn a_sigterm_while_the_node_waits_for_its_certificate_stops_it_cleanly() {
         .unwrap();
     stops_cleanly_on_sigterm_once_it_logs(child, "no certificate from the control plane yet");
 }
+
+#[test]
+fn a_cloud_bootstrap_without_its_node_token_on_the_volume_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = dir.path().join("bootstrap.toml");
+    // As a cloud node's user data writes it: a bootstrap token, no node token.
+    std::fs::write(
+        &bootstrap,
+        "control_plane = \"http://127.0.0.1:9\"\nqueue_id = \"q\"\nbootstrap_token = \"1.ab\"\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let start = || {
+        Command::new(dataplane_binary())
+            .arg("--bootstrap")
+            .arg(&bootstrap)
+            .arg("--data-dir")
+            .arg(&data)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let refused = start().wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{said}");
+    assert!(said.contains("no node token"), "{said}");
+    // With the node token its first boot kept on the volume, it starts (and waits for its
+    // config from a control plane that is not there).
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("node-token"), "t").unwrap();
+    stops_cleanly_on_sigterm_once_it_logs(start(), "no config from the control plane yet");
+}

@@ -241,6 +241,7 @@ async fn a_watch_that_breaks_goes_on_at_the_next_replica_and_reports_follow() {
         control_planes: vec![first.url.clone(), second.url.clone()],
         queue_id: "q".into(),
         node_token: TOKEN.into(),
+        bootstrap_token: None,
         control_plane_ca_pem: None,
     };
     let mut node = NodeProcess::start(dir.path(), &bootstrap);

@@ -10,6 +10,7 @@
 mod accounts;
 mod audit;
 mod auth;
+mod bootstrap;
 pub mod csv;
 mod error;
 mod extract;
@@ -162,6 +163,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             strays::require_stray_credential,
         ));
+    // A cloud node's first boot: its one-time bootstrap token is its credential here.
+    let bootstrap = Router::new().route("/v1/nodes/{id}/bootstrap", post(bootstrap::exchange));
     let open = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
@@ -172,6 +175,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(metrics)
         .merge(node)
         .merge(stray)
+        .merge(bootstrap)
         .merge(open)
         .merge(crate::console::router(sessions))
         .fallback(|| async { ApiError::NoSuchRoute })

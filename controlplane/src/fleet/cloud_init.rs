@@ -55,6 +55,7 @@ impl NodeBoot {
             control_planes: vec![],
             queue_id: "q".into(),
             node_token: "t".into(),
+            bootstrap_token: Some("1.00".into()),
             control_plane_ca_pem: None,
         };
         let rendered = boot.render(&sample, "vol-0", Mode::Serve);
@@ -70,10 +71,17 @@ impl NodeBoot {
     }
 
     /// The user data of the node that starts from `bootstrap`, with the queue's data on
-    /// `volume_id`, to run as `mode` says.
+    /// `volume_id`, to run as `mode` says. It carries the bootstrap's one-time bootstrap
+    /// token, never its node token: user data can be read back through EC2's API
+    /// (`api/bootstrap.rs`).
     pub fn render(&self, bootstrap: &Bootstrap, volume_id: &str, mode: Mode) -> String {
-        let bootstrap_toml = toml::to_string(bootstrap).expect("plain fields");
+        let one_time = Bootstrap {
+            node_token: String::new(),
+            ..bootstrap.clone()
+        };
+        let bootstrap_toml = toml::to_string(&one_time).expect("plain fields");
         let bootstrap_b64 = base64::engine::general_purpose::STANDARD.encode(bootstrap_toml);
+        let template = without_comments(&self.template);
         [
             ("queue_id", bootstrap.queue_id.as_str()),
             ("control_plane", bootstrap.control_plane.as_str()),
@@ -83,7 +91,7 @@ impl NodeBoot {
             ("mode", mode.name()),
         ]
         .iter()
-        .fold(self.template.clone(), |text, (name, value)| {
+        .fold(template, |text, (name, value)| {
             text.replace(&format!("{{{{{name}}}}}"), value)
         })
     }
@@ -91,6 +99,18 @@ impl NodeBoot {
     pub fn dataplane_sha256(&self) -> &str {
         &self.dataplane_sha256
     }
+}
+
+/// `template` without its comment lines (`#` or `# …` after any indentation: the YAML's and
+/// the script's), which are for readers of the template: EC2 takes at most 16 KB of user
+/// data. `#cloud-config` and a script's `#!` line stay.
+fn without_comments(template: &str) -> String {
+    let comment = |line: &&str| {
+        let text = line.trim_start();
+        text == "#" || text.starts_with("# ")
+    };
+    let kept: Vec<&str> = template.lines().filter(|line| !comment(line)).collect();
+    kept.join("\n") + "\n"
 }
 
 #[cfg(test)]
@@ -115,6 +135,7 @@ mod tests {
             ],
             queue_id: "k3j9x0c2m1ab".into(),
             node_token: "0123abcd".into(),
+            bootstrap_token: Some("1700000000000.abcd".into()),
             control_plane_ca_pem: Some(
                 "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into(),
             ),
@@ -125,6 +146,11 @@ mod tests {
         let last = boot.render(&bootstrap, "vol-0abc", Mode::ReportLast);
         assert!(last.contains("MODE='report-last'"));
         assert!(text.starts_with("#cloud-config\n"));
+        assert!(
+            !text.contains("# --- The node token"),
+            "comments are not sent"
+        );
+        assert!(text.contains("#!/bin/bash\n"));
         assert!(text.contains("QUEUE_ID='k3j9x0c2m1ab'"));
         assert!(text.contains("VOLUME_ID='vol-0abc'"));
         assert!(text.contains(&format!(
@@ -140,9 +166,16 @@ mod tests {
             .decode(encoded)
             .unwrap();
         let read: Bootstrap = toml::from_str(std::str::from_utf8(&decoded).unwrap()).unwrap();
-        assert_eq!(read, bootstrap);
+        // Everything but the node token, which user data never carries.
+        assert!(read.node_token.is_empty());
+        assert!(!text.contains("0123abcd"));
+        let expected = Bootstrap {
+            node_token: String::new(),
+            ..bootstrap
+        };
+        assert_eq!(read, expected);
         // A template with a placeholder nobody fills is refused before any node gets it.
-        let odd = format!("{BUILT_IN}\n# {{{{nobody}}}}\n");
+        let odd = format!("{BUILT_IN}\nbootcmd: [\"{{{{nobody}}}}\"]\n");
         assert!(NodeBoot::new(odd, binary.path(), &served).is_err());
     }
 }

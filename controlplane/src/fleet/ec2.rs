@@ -451,6 +451,24 @@ impl Provider for Ec2Provider {
         .boxed()
     }
 
+    /// One `DescribeInstances` of the queue's instances (by its tag): asked of EC2, not of the
+    /// last survey, which a node booting now may have missed.
+    fn is_instance_of<'a>(
+        &'a self,
+        queue: &'a Queue,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, FleetError>> {
+        async move {
+            let instances = self.ec2.instances_of(&queue.region, &queue.id).await;
+            let instances = instances.map_err(|e| FleetError::Start(e.to_string()))?;
+            Ok(instances.iter().any(|instance| {
+                instance.id == instance_id
+                    && matches!(instance.state.as_str(), "pending" | "running")
+            }))
+        }
+        .boxed()
+    }
+
     fn fence<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
             self.fence_node(queue)

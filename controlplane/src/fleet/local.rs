@@ -190,7 +190,14 @@ impl LocalProvider {
             dataplane: self.dataplane.clone(),
             dir,
         };
-        let text = toml::to_string(bootstrap).expect("plain fields");
+        // Its node token, which it reads from this file on this machine: no bootstrap token
+        // (that is for user data, which others can read), so the file changes only when the
+        // node's credential or the control plane's address does.
+        let local = Bootstrap {
+            bootstrap_token: None,
+            ..bootstrap.clone()
+        };
+        let text = toml::to_string(&local).expect("plain fields");
         let old = std::fs::read_to_string(launcher.bootstrap()).ok();
         let moved = !old
             .as_deref()

@@ -136,6 +136,18 @@ pub trait Provider: Send + Sync {
         (std::collections::BTreeMap::new(), 0)
     }
 
+    /// Whether `instance_id` is one of `queue`'s live instances, as its cloud says now (a
+    /// node's bootstrap token is good only there: `api/bootstrap.rs`). `false` from a
+    /// provider that boots no instances.
+    fn is_instance_of<'a>(
+        &'a self,
+        queue: &'a Queue,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, FleetError>> {
+        let _ = (queue, instance_id);
+        Box::pin(async { Ok(false) })
+    }
+
     /// Stops looking after what it runs, leaving it running: this replica no longer leads,
     /// and the next leader takes it on (a provider that looks after nothing between calls
     /// has nothing to let go).

@@ -33,6 +33,8 @@
 //!   (scripts/bench-sqs runs it beside boto3's). See docs/sqs.md.
 //! - `bench ec2-pass`: the EC2 calls and time of the reconciler's look at every queue with N
 //!   queues in moto, each queue looked at on its own and after a survey of the fleet.
+//! - `bench store-bytes`: one queue's usage and stats records in the control plane's store
+//!   over months, with and without the leader's roll-ups: bytes per queue-month.
 //! - `bench chaos`: a three-member etcd, three control-plane replicas and their local nodes,
 //!   with clients publishing (durability 2) and consuming on every queue, while it kills the
 //!   control-plane leader, kills the etcd leader, SIGSTOPs a node past the silence limit and
@@ -50,6 +52,7 @@ mod node;
 mod peers;
 mod sqs_sdk;
 mod stalls;
+mod store_bytes;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -191,6 +194,9 @@ enum Command {
     /// EC2 calls and time of the reconciler's look at every queue, with and without a survey
     /// of the fleet, against moto (docs/deploy.md §12).
     Ec2Pass(ec2_pass::Settings),
+    /// Store bytes per queue-month of usage and stats records, with and without roll-ups
+    /// (docs/deploy.md §12).
+    StoreBytes(store_bytes::Settings),
     /// The WebSocket echo server of `bench peers`' echo limit (started by it).
     #[command(hide = true)]
     EchoServer {
@@ -215,6 +221,9 @@ async fn main() {
     }
     if let Command::Ec2Pass(settings) = &args.command {
         return ec2_pass::ec2_pass(settings).await;
+    }
+    if let Command::StoreBytes(settings) = &args.command {
+        return store_bytes::store_bytes(settings).await;
     }
     if let Command::Chaos(settings) = &args.command {
         let passed = chaos::chaos(settings, &existing(&args.dataplane), &data_root).await;
@@ -323,6 +332,7 @@ async fn main() {
         | Command::LiveMetrics(_)
         | Command::SqsSdk(_)
         | Command::Ec2Pass(_)
+        | Command::StoreBytes(_)
         | Command::Chaos(_) => {
             unreachable!("run above")
         }

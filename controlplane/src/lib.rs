@@ -32,6 +32,7 @@ pub mod pebble;
 pub mod policy;
 pub mod queues;
 pub mod reconciler;
+pub mod rollup;
 pub mod silence;
 pub mod store;
 pub mod usage;

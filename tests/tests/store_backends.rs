@@ -172,3 +172,121 @@ async fn the_zone_serial_on_etcd_never_goes_back_for_a_new_store_or_a_restore() 
     assert!(restored > second + 1_000, "{second} → {restored}");
     assert!(other.restored().await.unwrap().is_some());
 }
+
+/// Records as kept: (time, JSON).
+type Records = Vec<(u64, Vec<u8>)>;
+
+/// Three days of a node's records as it reports them (usage, stats): stats every 5 minutes,
+/// usage every half hour, from `start`.
+fn three_days_of_records(start: u64) -> (Records, Records) {
+    use qe_shared::node_channel::{StatsRecord, UsageRecord};
+    let stats = (0..3 * 288u64).map(|i| {
+        let time = start + i * 300;
+        let record = StatsRecord {
+            time,
+            messages: i,
+            publishers: 1,
+            subscribers: 1,
+            saved_subscribers: 0,
+            administrators: 0,
+            unacknowledged: 0,
+            dead_letter: 0,
+            delayed: 0,
+            durable: i,
+            published: Some(2),
+            delivered: Some(1),
+        };
+        (time, serde_json::to_vec(&record).unwrap())
+    });
+    let usage = (1..=3 * 48u64).map(|i| {
+        let time = start + i * 1800;
+        let record = UsageRecord {
+            time,
+            network_sent: 1000 + i,
+            network_received: 10,
+            storage_written: 5,
+            storage_read: 6,
+            storage_held: 1_000_000 + i * 1000,
+            instance_type: "local".into(),
+            region: "local".into(),
+            // IPv4 for three hours of the second day.
+            ipv4: (60..66).contains(&i),
+        };
+        (time, serde_json::to_vec(&record).unwrap())
+    });
+    (usage.collect(), stats.collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aged_records_are_rolled_up_and_bill_the_same() {
+    use controlplane::rollup;
+    use qe_shared::node_channel::{StatsRecord, UsageRecord};
+    let (stores, _etcd, _dir) = both().await;
+    let october = controlplane::usage::parse_month("2026-10").unwrap();
+    let now = controlplane::usage::parse_date("2026-12-03").unwrap();
+    for (backend, store) in stores {
+        let queue = a_queue();
+        assert!(store.put(&queue).await.unwrap());
+        let (usage, stats) = three_days_of_records(october.0);
+        store.keep_reports(&queue.id, usage, stats).await.unwrap();
+        let read_usage = || async {
+            let stored = store.reports_of(&queue.id, Report::Usage).await.unwrap();
+            let records: Vec<UsageRecord> = stored
+                .iter()
+                .map(|r| serde_json::from_slice(r).unwrap())
+                .collect();
+            records
+        };
+        let bill = |records: &[UsageRecord]| {
+            let prices = controlplane::config::Prices::default();
+            let created = october.0 - 600;
+            controlplane::usage::bill(&queue.id, created, records, october.0, october.1, &prices)
+        };
+        let before = bill(&read_usage().await);
+        // A pass over all time, as the leader's passes do a week at a time.
+        let rolled = rollup::pass_queue(&store, &queue.id, now, u64::MAX)
+            .await
+            .unwrap();
+        assert_eq!(
+            rolled.read,
+            3 * 288 + 3 * 24 + 3 * 48,
+            "{backend}: {rolled:?}"
+        );
+        // October's stats are a day each now (over 31 days old), its usage a day and
+        // IPv4-or-not each (its bill is closed).
+        let stats = store.reports_of(&queue.id, Report::Stats).await.unwrap();
+        let stats: Vec<StatsRecord> = stats
+            .iter()
+            .map(|r| serde_json::from_slice(r).unwrap())
+            .collect();
+        assert_eq!(stats.len(), 3, "{backend}: {stats:?}");
+        assert_eq!(stats[0].messages, 287, "{backend}: the day's last counters");
+        assert_eq!(stats[0].published, Some(2 * 288), "{backend}: summed");
+        let usage = read_usage().await;
+        // Three days and the midnight of the fourth; the second day in three runs.
+        assert_eq!(
+            usage.len(),
+            6,
+            "{backend}: a record per day and placement: {usage:?}"
+        );
+        let after = bill(&usage);
+        assert_eq!(before.len(), after.len(), "{backend}");
+        for (a, b) in before.iter().zip(&after) {
+            assert_eq!(a.item, b.item, "{backend}");
+            assert!((a.amount - b.amount).abs() < 1e-6, "{backend}: {a:?} {b:?}");
+            assert!(
+                (a.quantity - b.quantity).abs() < 1e-6,
+                "{backend}: {a:?} {b:?}"
+            );
+        }
+        // Again: nothing more to do.
+        let again = rollup::pass_queue(&store, &queue.id, now, u64::MAX)
+            .await
+            .unwrap();
+        assert_eq!(
+            (again.read, again.kept),
+            (3 + 3 + 6, 3 + 3 + 6),
+            "{backend}"
+        );
+    }
+}

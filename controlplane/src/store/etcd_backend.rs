@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 /// Records put in one transaction: etcd refuses one of more operations than its
 /// `--max-txn-ops` (default 128), counting those of nested transactions (three each here).
 const TXN_OPS_AT_MOST: usize = 32;
+/// The most operations etcd takes in one transaction (its `--max-txn-ops`, 128 by default).
+const ETCD_TXN_OPS: usize = 128;
 /// Keys read per request: well under gRPC's 4 MiB message at a few KiB per record.
 const PAGE: i64 = 500;
 /// The wait after every member failed a request, before it goes round them again; each wait
@@ -149,6 +151,12 @@ impl EtcdBackend {
     }
 
     /// Runs `txn`, [`Self::retried`].
+    /// Deletes every key from `start` to `end` (excluded).
+    fn delete_between(&self, start: &str, end: &str) -> TxnOp {
+        let range = etcd_client::DeleteOptions::new().with_range(self.key(end));
+        TxnOp::delete(self.key(start), Some(range))
+    }
+
     async fn txn(&self, txn: Txn) -> Result<Attempted<etcd_client::TxnResponse>, StoreError> {
         self.retried(|mut kv| {
             let txn = txn.clone();
@@ -296,6 +304,58 @@ impl Backend for EtcdBackend {
             .with_limit(limit as i64);
         let page = self.read(self.key(start), Some(options)).await?;
         Ok(page.kvs().iter().map(|kv| kv.value().to_vec()).collect())
+    }
+
+    async fn range_last(&self, start: &str, end: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let options = GetOptions::new()
+            .with_range(self.key(end))
+            .with_sort(
+                etcd_client::SortTarget::Key,
+                etcd_client::SortOrder::Descend,
+            )
+            .with_limit(1);
+        let page = self.read(self.key(start), Some(options)).await?;
+        Ok(page.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    async fn replace_range(
+        &self,
+        start: &str,
+        end: &str,
+        entries: Vec<(String, Vec<u8>)>,
+        fence: Option<&Fence>,
+    ) -> Result<(), StoreError> {
+        // etcd refuses a transaction that deletes a range and puts a key in it: the entries
+        // are put, and the gaps between them deleted.
+        let mut entries = entries;
+        entries.sort();
+        let ops_needed = 2 * entries.len() + 1;
+        if ops_needed > ETCD_TXN_OPS {
+            return Err(StoreError::Unavailable(format!(
+                "{} records replace a range in one transaction, at most {}",
+                entries.len(),
+                (ETCD_TXN_OPS - 1) / 2
+            )));
+        }
+        let mut ops = Vec::with_capacity(ops_needed);
+        let mut gap_start = start.to_string();
+        for (key, value) in entries {
+            if gap_start < key {
+                ops.push(self.delete_between(&gap_start, &key));
+            }
+            // The first key after `key`.
+            gap_start = format!("{key}\0");
+            ops.push(TxnOp::put(self.key(&key), value, None));
+        }
+        if gap_start.as_str() < end {
+            ops.push(self.delete_between(&gap_start, end));
+        }
+        let compares: Vec<Compare> = fence_holds(fence).into_iter().collect();
+        let attempted = self.txn(Txn::new().when(compares).and_then(ops)).await?;
+        match attempted.answer.succeeded() {
+            true => Ok(()),
+            false => Err(StoreError::NotLeader),
+        }
     }
 
     async fn range_and_get(

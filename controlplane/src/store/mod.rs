@@ -140,6 +140,17 @@ pub trait Backend: Send + Sync + 'static {
         // a wake-up, and the zone is read again.
         Ok((self.range(start, end).await?, self.get(key).await?))
     }
+    /// The value of the last key from `start` to `end` (excluded), if any.
+    async fn range_last(&self, start: &str, end: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Deletes every key from `start` to `end` and puts `entries` (keys in that range), as one
+    /// durable write, if `fence` holds.
+    async fn replace_range(
+        &self,
+        start: &str,
+        end: &str,
+        entries: Vec<(String, Vec<u8>)>,
+        fence: Option<&Fence>,
+    ) -> Result<(), StoreError>;
     /// Every key and value (a backup).
     async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
     /// Calls `changed` after every change to a key starting with one of `prefixes`, made by
@@ -649,6 +660,72 @@ impl Store {
         let start = report_key(kind, queue_id, times.start);
         let end = report_key(kind, queue_id, times.end);
         Ok(self.kv.range(&start, &end).await?.values)
+    }
+
+    /// One queue's records of one kind whose time is in `times`, oldest first, with their
+    /// times (None for one that does not read).
+    pub async fn reports_timed(
+        &self,
+        queue_id: &str,
+        kind: Report,
+        times: std::ops::Range<u64>,
+    ) -> Result<Vec<(Option<u64>, Vec<u8>)>, StoreError> {
+        let start = report_key(kind, queue_id, times.start);
+        let end = report_key(kind, queue_id, times.end);
+        #[derive(serde::Deserialize)]
+        struct Timed {
+            time: u64,
+        }
+        let time_of = |stored: &[u8]| -> Option<u64> {
+            match serde_json::from_slice::<Timed>(stored) {
+                Ok(timed) => Some(timed.time),
+                // A line, as kept before reports were structured: its time comes first.
+                Err(_) => std::str::from_utf8(stored)
+                    .ok()?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok(),
+            }
+        };
+        let listed = self.kv.range(&start, &end).await?;
+        let timed = listed
+            .values
+            .into_iter()
+            .map(|value| (time_of(&value), value));
+        Ok(timed.collect())
+    }
+
+    /// The record of one queue of one kind last before `time`, if there is one.
+    pub async fn report_before(
+        &self,
+        queue_id: &str,
+        kind: Report,
+        time: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let start = report_key(kind, queue_id, 0);
+        let end = report_key(kind, queue_id, time);
+        self.kv.range_last(&start, &end).await
+    }
+
+    /// Replaces one queue's records of one kind whose time is in `times` by `records` (time,
+    /// JSON), in one write (`rollup.rs`).
+    pub async fn replace_reports(
+        &self,
+        queue_id: &str,
+        kind: Report,
+        times: std::ops::Range<u64>,
+        records: Vec<(u64, Vec<u8>)>,
+    ) -> Result<(), StoreError> {
+        let start = report_key(kind, queue_id, times.start);
+        let end = report_key(kind, queue_id, times.end);
+        let entries = records
+            .into_iter()
+            .map(|(time, record)| (report_key(kind, queue_id, time), record))
+            .collect();
+        self.kv
+            .replace_range(&start, &end, entries, self.fence.as_ref())
+            .await
     }
 
     /// Whether the store holds nothing yet (a restore goes only into such a one).

@@ -154,6 +154,43 @@ impl Backend for SledBackend {
         .await
     }
 
+    async fn range_last(&self, start: &str, end: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let (start, end) = (start.to_string(), end.to_string());
+        self.blocking(move |this| {
+            let (tree, from) = this.place(&start);
+            let (_, to) = this.place(&end);
+            let last = tree.range(from..to).values().next_back().transpose()?;
+            Ok((last.map(|value| value.to_vec()), false))
+        })
+        .await
+    }
+
+    async fn replace_range(
+        &self,
+        start: &str,
+        end: &str,
+        entries: Vec<(String, Vec<u8>)>,
+        _fence: Option<&Fence>,
+    ) -> Result<(), StoreError> {
+        // One process writes a sled store (no fence to check): the batch is atomic.
+        let (start, end) = (start.to_string(), end.to_string());
+        self.blocking(move |this| {
+            let (tree, from) = this.place(&start);
+            let (_, to) = this.place(&end);
+            let mut batch = sled::Batch::default();
+            for key in tree.range(from..to).keys() {
+                batch.remove(key?);
+            }
+            for (key, value) in entries {
+                let (_, key) = this.place(&key);
+                batch.insert(key.as_bytes(), value);
+            }
+            tree.apply_batch(batch)?;
+            Ok(((), true))
+        })
+        .await
+    }
+
     async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         self.blocking(|this| {
             let mut all = Vec::new();

@@ -273,7 +273,7 @@ impl Config {
             // others' nodes for leftovers.
             if urls.len() > 1 && self.store == crate::store::StoreConfig::Sled {
                 return Err(
-                    "node_urls lists several replicas: they share one store, [store] kind =                      \"etcd\""
+                    "node_urls lists several replicas: they share one store, [store] kind = \"etcd\""
                         .into(),
                 );
             }

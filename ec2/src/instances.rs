@@ -65,6 +65,7 @@ impl Ec2 {
         let place = self.region_settings(launch.region)?;
         let name = format!("qe-{}", launch.queue_id);
         let tags = tags::queue_tags(&self.settings.cluster, launch.queue_id, name);
+        self.paced(launch.region, true).await?;
         let reply = client
             .run_instances()
             .image_id(&place.image_id)
@@ -135,6 +136,7 @@ impl Ec2 {
             Some(instance) if instance.state != "terminated" => {}
             _ => return Ok(()),
         }
+        self.paced(region, false).await?;
         let sent = self
             .client(region)?
             .terminate_instances()
@@ -162,6 +164,7 @@ impl Ec2 {
                 operation: "DescribeInstances",
                 field: "a network interface",
             })?;
+        self.paced(&instance.region, false).await?;
         self.client(&instance.region)?
             .assign_ipv6_addresses()
             .network_interface_id(interface)

@@ -12,6 +12,7 @@
 
 mod error;
 mod instances;
+mod pace;
 mod settings;
 mod status;
 mod tags;
@@ -47,6 +48,8 @@ pub struct Ec2 {
     clients: BTreeMap<String, aws_sdk_ec2::Client>,
     /// The requests sent so far, by operation ([`Ec2::requests`]).
     sent: Arc<Sent>,
+    /// Each region's pacing of mutating calls.
+    pacing: Arc<BTreeMap<String, pace::Pacing>>,
 }
 
 /// Requests sent to EC2, by operation: each attempt counts (a retry is one more request EC2
@@ -88,11 +91,31 @@ impl Ec2 {
             .keys()
             .map(|region| (region.clone(), region_client(&shared, region, &sent)))
             .collect();
+        let pacing = settings
+            .regions
+            .keys()
+            .map(|region| (region.clone(), pace::Pacing::default()))
+            .collect();
         Ec2 {
             settings,
             clients,
             sent,
+            pacing: Arc::new(pacing),
         }
+    }
+
+    /// Waits for a mutating call's turn in `region` (`pace.rs`): a launch's, or another
+    /// change's.
+    async fn paced(&self, region: &str, launch: bool) -> Result<(), Ec2Error> {
+        let pacing = self
+            .pacing
+            .get(region)
+            .ok_or_else(|| Ec2Error::NoSuchRegion(region.to_owned()))?;
+        match launch {
+            true => pacing.launches.take().await,
+            false => pacing.changes.take().await,
+        }
+        Ok(())
     }
 
     /// How many requests each EC2 operation has been sent so far, by every client of this
@@ -149,8 +172,13 @@ fn region_client(
     region: &str,
     sent: &Arc<Sent>,
 ) -> aws_sdk_ec2::Client {
+    // Adaptive: a throttled call (`RequestLimitExceeded`) is retried after a backoff with
+    // jitter, and once throttled the client also limits its own rate until EC2 lets up. Five
+    // attempts: a fleet's pass is repeated anyway, a caller waiting on one call is not kept long.
+    let retry = aws_sdk_ec2::config::retry::RetryConfig::adaptive().with_max_attempts(5);
     let config = aws_sdk_ec2::config::Builder::from(shared)
         .region(Region::new(region.to_owned()))
+        .retry_config(retry)
         .interceptor(CountRequests(sent.clone()))
         .build();
     aws_sdk_ec2::Client::from_conf(config)

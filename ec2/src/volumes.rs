@@ -90,6 +90,7 @@ impl Ec2 {
             }
             None => {}
         }
+        self.paced(region, false).await?;
         self.client(region)?
             .attach_volume()
             .volume_id(volume_id)
@@ -107,6 +108,7 @@ impl Ec2 {
         if !self.free_volume(region, volume_id).await? {
             return Ok(());
         }
+        self.paced(region, false).await?;
         let deleted = self
             .client(region)?
             .delete_volume()
@@ -144,6 +146,7 @@ impl Ec2 {
             format!("qe-{queue_id}-data"),
         );
         tags.push(tags::tag(PURPOSE_TAG, DATA_VOLUME));
+        self.paced(region, false).await?;
         let made = self
             .client(region)?
             .create_volume()
@@ -264,6 +267,7 @@ impl Ec2 {
         instance_id: &str,
         device: Option<&str>,
     ) -> Result<(), Ec2Error> {
+        self.paced(region, false).await?;
         let detached = self
             .client(region)?
             .detach_volume()

@@ -227,6 +227,18 @@ pub struct Queue {
     /// Why it failed, when it is `failed`.
     #[serde(default)]
     pub failure: Option<QueueFailure>,
+    /// Which build its node runs, as the node said.
+    #[serde(default)]
+    pub node_build: Option<NodeBuild>,
+}
+
+/// The build a queue's node runs.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct NodeBuild {
+    /// The `dataplane` package's version.
+    pub version: String,
+    /// SHA-256 (hex) of its binary.
+    pub binary_sha256: String,
 }
 
 /// Why and when a queue failed (it did not run in time, or its provider refused it).

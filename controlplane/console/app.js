@@ -498,6 +498,10 @@ function overview(id, tab, panel, load, notFound) {
       ["Addresses", queue.addresses ? `IPv6 ${queue.addresses.v6 || "—"}, IPv4 ${queue.addresses.v4 || "—"}` : "not placed yet"],
       ["Config", `version ${queue.config.version}, node serves ${queue.config.applied}` +
         (queue.config.pending ? " (a change is pending)" : "")],
+      ["Node build", queue.node_build
+        ? h("span", { id: "queue-node-build" },
+          `${queue.node_build.version}, binary SHA-256 ${queue.node_build.binary_sha256.slice(0, 12)}…`)
+        : "not reported yet"],
     ];
     if (queue.failure) facts.splice(1, 0, ["Failure", h("span", { id: "queue-failure" }, queue.failure.reason)]);
     const parts = [h("dl", { class: "facts" }, facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]))];

@@ -349,6 +349,10 @@ async fn start(config: Config) -> Result<Running, Failure> {
         failed: state.metrics.queues_failed.clone(),
     };
     tokio::spawn(controlplane::rollup::run(store.clone(), leadership.clone()));
+    tokio::spawn(controlplane::store::upkeep::run(
+        store.clone(),
+        leadership.clone(),
+    ));
     let reconciler = Reconciler::new(store, fleet, zone, bootstraps, reconcile, settings);
     // Its first pass takes on every queue's node: adopted, or started again.
     tokio::spawn(Arc::new(reconciler).run(leadership));

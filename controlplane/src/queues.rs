@@ -103,6 +103,9 @@ pub struct Queue {
     /// since 1970 (`api/bootstrap.rs`): that one and every older one are spent.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bootstrap_spent_ms: u64,
+    /// The build its node said it runs, last time it confirmed a config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_build: Option<qe_shared::node_channel::NodeBuild>,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -242,6 +245,7 @@ impl Queue {
             sqs_keys: Vec::new(),
             failure: None,
             bootstrap_spent_ms: 0,
+            node_build: None,
         }
     }
 }

@@ -11,10 +11,11 @@ use crate::control_planes::{ControlPlanes, Unanswered};
 use crate::node::Node;
 use crate::report::{self, Reporter};
 use qe_shared::node_channel::{
-    Applied, Bootstrap, CertificateRequest, DesiredConfig, IssuedCertificate, LoginHash, NodeTls,
-    WATCH_HOLD_SECS,
+    Applied, Bootstrap, CertificateRequest, DesiredConfig, IssuedCertificate, LoginHash, NodeBuild,
+    NodeTls, WATCH_HOLD_SECS,
 };
 use qe_tls::Certificate;
+use sha2::Digest;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -167,9 +168,12 @@ impl Channel {
         }
     }
 
-    /// Tells the control plane the node serves `version` now.
+    /// Tells the control plane the node serves `version` now, and which build it is.
     pub async fn applied(&self, version: u64) -> Result<(), ChannelError> {
-        let applied = Applied { version };
+        let applied = Applied {
+            version,
+            build: this_build().await,
+        };
         self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;
         Ok(())
@@ -335,6 +339,27 @@ pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> C
             .unwrap_or_default(),
         ..ConfigFile::default()
     }
+}
+
+/// The build this process runs: its version, and the SHA-256 of its binary, read once (on a
+/// blocking thread: the binary is tens of megabytes). None if the binary cannot be read.
+async fn this_build() -> Option<NodeBuild> {
+    static BUILD: tokio::sync::OnceCell<Option<NodeBuild>> = tokio::sync::OnceCell::const_new();
+    let hashed = || async {
+        let binary = tokio::task::spawn_blocking(|| std::fs::read("/proc/self/exe")).await;
+        match binary {
+            Ok(Ok(binary)) => Some(NodeBuild {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                binary_sha256: qe_shared::hex(&sha2::Sha256::digest(&binary)),
+            }),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "its own binary cannot be read: its build is not reported");
+                None
+            }
+            Err(_) => None,
+        }
+    };
+    BUILD.get_or_init(hashed).await.clone()
 }
 
 /// What a running node does with a new config: the logins now (open connections go on), a

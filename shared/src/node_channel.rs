@@ -184,10 +184,24 @@ impl std::fmt::Debug for DesiredConfig {
 }
 
 /// `POST /v1/nodes/{id}/applied`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Applied {
     pub version: u64,
+    /// What the node runs (left out by nodes built before they said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<NodeBuild>,
+}
+
+/// Which build a node runs: what the operator compares with what the control plane serves
+/// before and after an upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeBuild {
+    /// The `dataplane` package's version.
+    pub version: String,
+    /// SHA-256 (hex) of the binary it runs, as the control plane's `dataplane_sha256`.
+    pub binary_sha256: String,
 }
 
 /// `POST /v1/nodes/{id}/certificate`.

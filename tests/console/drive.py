@@ -436,6 +436,8 @@ def run(page, context, logs):
     expect(page.locator("#queue-status")).to_have_text("running")
     expect(page.locator("#queue-url")).to_have_text(re.compile(r"^ws"))
     expect(page.locator("#report-age")).to_contain_text("reported")
+    # Which build its node runs, as the node said.
+    expect(page.locator("#queue-node-build")).to_contain_text("binary SHA-256 ")
     expect(page).to_have_title(re.compile("^" + re.escape(f"{alpha_queue}: Overview")))
     shot(page, "overview")
 

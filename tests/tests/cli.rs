@@ -209,6 +209,16 @@ async fn login_queues_send_receive_and_tail() {
     qe.expect(1, &["receive", "q", "--max-messages", "many"]);
 
     let (queue, _) = qe.login_and_create(&cp);
+    // Which build its node runs.
+    let shown = qe.ok(&["queues", "get", &queue]);
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        shown
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("NODE BUILD") && line.contains(&format!(" {version} ("))),
+        "{shown:?}"
+    );
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(qe.config_path())
         .unwrap()

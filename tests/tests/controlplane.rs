@@ -33,6 +33,14 @@ async fn a_created_queue_runs_serves_its_logins_and_is_deleted() {
         queue["config"],
         json!({"version": 1, "applied": 1, "pending": false})
     );
+    // Its node said which build it runs: this workspace's dataplane.
+    use sha2::Digest;
+    let binary = std::fs::read(qe_tests::dataplane_binary()).unwrap();
+    let sha256 = qe_shared::hex(&sha2::Sha256::digest(&binary));
+    assert_eq!(
+        queue["node_build"],
+        json!({"version": env!("CARGO_PKG_VERSION"), "binary_sha256": sha256})
+    );
     let node = queue["node"].as_str().unwrap().to_string();
     let logins = &queue["logins"];
     assert!(

@@ -111,6 +111,10 @@ fn queue_output(queue: &Queue, json: serde_json::Value) -> Output {
     if let Some(failure) = &queue.failure {
         rows.push(vec!["FAILURE".into(), failure.reason.clone()]);
     }
+    if let Some(build) = &queue.node_build {
+        let shown = format!("{} ({})", build.version, build.binary_sha256);
+        rows.push(vec!["NODE BUILD".into(), shown]);
+    }
     match &queue.live {
         Some(_) => rows.extend(
             LIVE_COLUMNS

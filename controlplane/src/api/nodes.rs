@@ -199,6 +199,9 @@ pub async fn applied(
             queue.node_credential = credential;
             queue.next_node_credential = None;
         }
+        if applied.build.is_some() {
+            queue.node_build = applied.build.clone();
+        }
         Ok::<_, StoreError>(())
     });
     let (queue, ()) = updated

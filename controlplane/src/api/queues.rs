@@ -57,6 +57,7 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
             "pending": queue.change_pending(),
         },
         "live": live_numbers(state, queue),
+        "node_build": queue.node_build,
     })
 }
 

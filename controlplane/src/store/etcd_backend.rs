@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 /// Records put in one transaction: etcd refuses one of more operations than its
 /// `--max-txn-ops` (default 128), counting those of nested transactions (three each here).
 const TXN_OPS_AT_MOST: usize = 32;
+/// The longest one member's defragmentation may take (it copies the database file).
+const DEFRAGMENT_WITHIN: Duration = Duration::from_secs(300);
 /// The most operations etcd takes in one transaction (its `--max-txn-ops`, 128 by default).
 const ETCD_TXN_OPS: usize = 128;
 /// Keys read per request: well under gRPC's 4 MiB message at a few KiB per record.
@@ -55,6 +57,8 @@ pub struct EtcdBackend {
     /// How long one try may take (a share of `give_up_after`).
     try_within: Duration,
     prefix: String,
+    /// Each member's URL, for a client of its own with time for a defragmentation.
+    endpoints: Vec<String>,
 }
 
 impl From<etcd_client::Error> for StoreError {
@@ -100,6 +104,7 @@ impl EtcdBackend {
             give_up_after: timeout,
             try_within,
             prefix,
+            endpoints: config.endpoints.clone(),
         })
     }
 
@@ -304,6 +309,48 @@ impl Backend for EtcdBackend {
             .with_limit(limit as i64);
         let page = self.read(self.key(start), Some(options)).await?;
         Ok(page.kvs().iter().map(|kv| kv.value().to_vec()).collect())
+    }
+
+    async fn upkeep(
+        &self,
+        compact_before: Option<i64>,
+        defragment_over: i64,
+    ) -> Result<Option<super::upkeep::Done>, StoreError> {
+        let mut done = super::upkeep::Done::default();
+        let mut client = self.client.clone();
+        let status = client.status().await?;
+        done.revision = status.header().map_or(0, |header| header.revision());
+        if let Some(before) = compact_before.filter(|&before| before > 0) {
+            // Physical: answered once the space is free in the file, so the look at each
+            // member below sees it.
+            let physical = etcd_client::CompactionOptions::new().with_physical();
+            match client.compact(before, Some(physical)).await {
+                Ok(_) => done.compacted_to = Some(before),
+                // Compacted already past it (etcd's own auto-compaction): nothing to do.
+                Err(error) if error.to_string().contains("compacted") => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        // Member by member, each with time of its own: a defragmentation blocks the member
+        // (reads and writes wait) for as long as it copies its file.
+        for (member, endpoint) in self.members.iter().zip(&self.endpoints) {
+            let status = member.clone().status().await?;
+            let free = status.db_size() - status.raft_used_db_size();
+            if free > defragment_over {
+                let patient = ConnectOptions::new()
+                    .with_timeout(DEFRAGMENT_WITHIN)
+                    .with_connect_timeout(self.try_within);
+                let mut member = Client::connect([endpoint], Some(patient)).await?;
+                let defragmented = tokio::time::timeout(DEFRAGMENT_WITHIN, member.defragment());
+                let defragmented = defragmented.await.map_err(|_| {
+                    StoreError::Unavailable("a member's defragmentation took too long".into())
+                })?;
+                defragmented?;
+                done.defragmented += 1;
+                done.freed += free;
+            }
+        }
+        Ok(Some(done))
     }
 
     async fn range_last(&self, start: &str, end: &str) -> Result<Option<Vec<u8>>, StoreError> {

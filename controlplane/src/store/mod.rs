@@ -18,6 +18,7 @@ mod accounts;
 mod changes;
 mod etcd_backend;
 mod sled_backend;
+pub mod upkeep;
 
 use crate::queues::Queue;
 use async_trait::async_trait;
@@ -159,6 +160,17 @@ pub trait Backend: Send + Sync + 'static {
     fn follow_changes(&self, prefixes: Vec<String>, changed: OnChange);
     /// The etcd client, for leader election.
     fn etcd(&self) -> Option<(etcd_client::Client, String)>;
+    /// Keeps the store's own files from growing without end (`upkeep.rs`): compacts the
+    /// history before `compact_before` (a revision seen a while ago), defragments each member
+    /// whose free space inside its file is over `defragment_over` bytes, one at a time. The
+    /// revision now, for the next call; `None` from a store with no history (sled).
+    async fn upkeep(
+        &self,
+        _compact_before: Option<i64>,
+        _defragment_over: i64,
+    ) -> Result<Option<upkeep::Done>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// Cheap to clone.

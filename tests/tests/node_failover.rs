@@ -254,10 +254,9 @@ async fn a_watch_that_breaks_goes_on_at_the_next_replica_and_reports_follow() {
     let (applied, _) = first
         .next("applied", is(Method::POST, "/v1/nodes/q/applied".into()))
         .await;
-    assert_eq!(
-        serde_json::from_slice::<serde_json::Value>(&applied.body).unwrap(),
-        serde_json::json!({ "version": VERSION })
-    );
+    let applied: serde_json::Value = serde_json::from_slice(&applied.body).unwrap();
+    assert_eq!(applied["version"], VERSION, "{applied}");
+    assert_eq!(applied["build"]["version"], env!("CARGO_PKG_VERSION"));
     let watch = format!("/v1/nodes/q/config?after={VERSION}");
     first.next("a watch", is(Method::GET, watch.clone())).await;
 

@@ -158,14 +158,17 @@ pub async fn pass_queue(
     // together, once it is closed.
     let until = usage_closed_before(now);
     let from = month_start(until.saturating_sub(1)).saturating_sub(window) / DAY * DAY;
+    // The time of the record before each day's first: read once, then the day before's last
+    // (a day rolled up ends at the same time as before).
+    let mut before = store
+        .report_before(queue_id, Report::Usage, from)
+        .await?
+        .and_then(|r| read::<UsageRecord>(&r))
+        .map_or(0, |record| record.time);
     for (day, records) in days(store, queue_id, Report::Usage, from..until).await? {
-        let before = store
-            .report_before(queue_id, Report::Usage, day.start)
-            .await?
-            .and_then(|r| read::<UsageRecord>(&r))
-            .map_or(0, |record| record.time);
         let read: Vec<UsageRecord> = records.iter().filter_map(|r| read(r)).collect();
         let usage = usage_per_day(&read, before);
+        before = read.last().map_or(before, |record| record.time);
         rolled.read += records.len();
         rolled.kept += usage.len();
         if replaces(read.len(), records.len(), usage.len()) {

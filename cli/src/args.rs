@@ -77,6 +77,12 @@ pub enum Command {
     /// The queue's settings (admin getcfg, setcfg).
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Node builds (operator): publish a `dataplane` binary, list them.
+    #[command(subcommand)]
+    Builds(BuildsCommand),
+    /// Rolling upgrades (operator): a build across the fleet in waves, a canary first.
+    #[command(subcommand)]
+    Rollouts(RolloutsCommand),
     /// Prints a completion script: `qe completions bash > /etc/bash_completion.d/qe`.
     Completions {
         /// The shell.
@@ -381,4 +387,62 @@ impl RoleArg {
             RoleArg::Admin => qe_client::Role::Admin,
         }
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BuildsCommand {
+    /// Publishes a `dataplane` binary (the control plane keeps it by its SHA-256).
+    Publish {
+        /// The binary.
+        file: PathBuf,
+        /// A name for it (a version, a commit).
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// The installed build (what nodes start from) and the published ones.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutsCommand {
+    /// Rolls a build across every running queue on another one: the canary alone, then 2,
+    /// 4, 8, … queues; halts at the first node that refuses it or does not come back on it.
+    Start {
+        /// The build's SHA-256 (`qe builds list`).
+        binary_sha256: String,
+        /// The queue upgraded first, alone (default: the first by id).
+        #[arg(long)]
+        canary: Option<String>,
+        /// Seconds to wait after a wave is back before the next (default 60).
+        #[arg(long)]
+        pause_secs: Option<u64>,
+        /// Seconds a queue may take to come back on the build (default 300).
+        #[arg(long)]
+        wave_timeout_secs: Option<u64>,
+        /// Waits until it is done (exit 0) or halts (exit 3), printing each wave.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// The rollouts, newest first.
+    List,
+    /// One rollout, with each queue's step.
+    Get {
+        /// The rollout's id.
+        id: String,
+    },
+    /// Touches nothing more.
+    Halt {
+        /// The rollout's id.
+        id: String,
+    },
+    /// Rolls a halted rollout on.
+    Resume {
+        /// The rollout's id.
+        id: String,
+    },
+    /// Tells every queue the rollout reached the build it ran before.
+    Rollback {
+        /// The rollout's id.
+        id: String,
+    },
 }

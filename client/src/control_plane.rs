@@ -230,6 +230,9 @@ pub struct Queue {
     /// Which build its node runs, as the node said.
     #[serde(default)]
     pub node_build: Option<NodeBuild>,
+    /// The build its node is told to run (a rollout); none: the one it was started with.
+    #[serde(default)]
+    pub desired_build: Option<BuildRef>,
 }
 
 /// The build a queue's node runs.
@@ -622,4 +625,153 @@ impl ControlPlane {
         let url = self.url("v1/bills", &query)?;
         self.call(self.http.get(url)).await
     }
+
+    /// `POST /v1/builds` (operator): publishes a node build, the `dataplane` binary, for
+    /// rollouts. Uploads take as long as they take (no request timeout).
+    pub async fn publish_build(&self, binary: Vec<u8>, label: Option<&str>) -> Result<Build> {
+        let query: Vec<(&str, &str)> = label.map(|label| ("label", label)).into_iter().collect();
+        let url = self.url("v1/builds", &query)?;
+        let request = self
+            .http
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .timeout(Duration::from_secs(3600))
+            .body(binary);
+        self.call(request).await
+    }
+
+    /// `GET /v1/builds` (operator): the installed build and the published ones.
+    pub async fn builds(&self) -> Result<Builds> {
+        let url = self.url("v1/builds", &[])?;
+        self.call(self.http.get(url)).await
+    }
+
+    /// `POST /v1/rollouts` (operator): rolls build `binary_sha256` across the fleet in waves,
+    /// `canary` (or the first queue) alone first.
+    pub async fn start_rollout(&self, plan: &RolloutPlan) -> Result<Rollout> {
+        let url = self.url("v1/rollouts", &[])?;
+        self.call(self.http.post(url).json(plan)).await
+    }
+
+    /// `GET /v1/rollouts` (operator): newest first.
+    pub async fn rollouts(&self) -> Result<Vec<Rollout>> {
+        #[derive(Deserialize)]
+        struct Rollouts {
+            rollouts: Vec<Rollout>,
+        }
+        let url = self.url("v1/rollouts", &[])?;
+        let rollouts: Rollouts = self.call(self.http.get(url)).await?;
+        Ok(rollouts.rollouts)
+    }
+
+    /// `GET /v1/rollouts/{id}` (operator).
+    pub async fn rollout(&self, id: &str) -> Result<Rollout> {
+        let url = self.url(&format!("v1/rollouts/{id}"), &[])?;
+        self.call(self.http.get(url)).await
+    }
+
+    /// `POST /v1/rollouts/{id}/{action}` (operator): `halt`, `resume` or `rollback`.
+    pub async fn act_on_rollout(&self, id: &str, action: RolloutAction) -> Result<Rollout> {
+        let action = match action {
+            RolloutAction::Halt => "halt",
+            RolloutAction::Resume => "resume",
+            RolloutAction::Rollback => "rollback",
+        };
+        let url = self.url(&format!("v1/rollouts/{id}/{action}"), &[])?;
+        self.call(self.http.post(url)).await
+    }
+}
+
+/// A published node build.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Build {
+    /// SHA-256 (hex) of the binary.
+    pub sha256: String,
+    /// Bytes.
+    pub size: u64,
+    /// `x86_64` or `aarch64`.
+    pub architecture: String,
+    /// The operator's name for it.
+    #[serde(default)]
+    pub label: Option<String>,
+    /// When it was published, in seconds since 1970.
+    pub published: u64,
+}
+
+/// A build as nodes are told of it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct BuildRef {
+    /// SHA-256 (hex) of the binary.
+    pub binary_sha256: String,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// `GET /v1/builds`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Builds {
+    /// What nodes start from.
+    pub installed: Option<BuildRef>,
+    /// The published ones.
+    pub builds: Vec<Build>,
+}
+
+/// What `POST /v1/rollouts` is asked.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct RolloutPlan {
+    /// The build to roll out.
+    pub binary_sha256: String,
+    /// The queue upgraded first, alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary: Option<String>,
+    /// The wait after a wave is back before the next (default 60).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_secs: Option<u64>,
+    /// How long a queue may take to come back on the build (default 300).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wave_timeout_secs: Option<u64>,
+}
+
+/// What an operator does to a rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutAction {
+    /// Nothing more is touched.
+    Halt,
+    /// A halted rollout rolls on.
+    Resume,
+    /// Every queue it reached is told the build it ran before.
+    Rollback,
+}
+
+/// A rollout as the API shows it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Rollout {
+    /// Its id.
+    pub id: String,
+    /// The build rolled out.
+    pub build: BuildRef,
+    /// `rolling`, `halted`, `done` or `rolled-back`.
+    pub state: String,
+    /// Why it halted.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// When it started, in seconds since 1970.
+    pub created: u64,
+    /// Queue ids, wave by wave (the canary first).
+    pub waves: Vec<Vec<String>>,
+    /// The wave being rolled.
+    pub wave: usize,
+    /// Each queue's step (`waiting`, `upgrading`, `upgraded`, `refused`, `timed-out`,
+    /// `skipped`, `rolled-back`) and the build it ran before.
+    pub queues: std::collections::BTreeMap<String, RolloutStep>,
+}
+
+/// One queue's part in a rollout.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct RolloutStep {
+    /// Where it is.
+    pub step: String,
+    /// SHA-256 of the build its node ran before.
+    #[serde(default)]
+    pub from: Option<String>,
 }

@@ -118,6 +118,9 @@ pub fn action_of(method: &str, route: &str) -> Option<&'static str> {
         ("DELETE", "/v1/accounts/{id}/keys/{key}") => "key.revoke",
         ("POST", "/v1/certificate/renew") => "certificate.renew",
         ("POST", "/v1/strays/{id}/adopt") => "queue.adopt",
+        ("POST", "/v1/builds") => "build.publish",
+        ("POST", "/v1/rollouts") => "rollout.start",
+        ("POST", "/v1/rollouts/{id}/{action}") => "rollout.act",
         // A method a route does not take, or no route: still an attempt worth knowing of.
         _ => "other",
     };

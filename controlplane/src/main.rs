@@ -314,6 +314,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         store.clone(),
         replica_key.clone(),
     ));
+    let builds = Arc::new(controlplane::builds::Builds::new(&config));
     let state = Arc::new(AppState {
         config,
         store: store.clone(),
@@ -325,6 +326,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         renew_certificate,
         reconcile: reconcile.clone(),
         leadership: leadership.clone(),
+        builds,
     });
     // Served before any node starts: a starting node pulls its config from it.
     let router = api::router(state.clone());
@@ -349,6 +351,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         failed: state.metrics.queues_failed.clone(),
     };
     tokio::spawn(controlplane::rollup::run(store.clone(), leadership.clone()));
+    tokio::spawn(controlplane::rollout::run(store.clone(), leadership.clone()));
     tokio::spawn(controlplane::store::upkeep::run(
         store.clone(),
         leadership.clone(),

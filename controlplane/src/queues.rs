@@ -106,6 +106,12 @@ pub struct Queue {
     /// The build its node said it runs, last time it confirmed a config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_build: Option<qe_shared::node_channel::NodeBuild>,
+    /// The build its node is to run (`rollout.rs`); None: the one it was started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_build: Option<qe_shared::node_channel::DesiredBuild>,
+    /// A build its node said it will not run, and why (the last one it said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_build: Option<qe_shared::node_channel::RefusedBuild>,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -174,6 +180,7 @@ impl Queue {
             usage_record_secs: None,
             stats_record_secs: None,
             sqs: None,
+            build: self.desired_build.clone(),
         }
     }
 }
@@ -246,6 +253,8 @@ impl Queue {
             failure: None,
             bootstrap_spent_ms: 0,
             node_build: None,
+            desired_build: None,
+            refused_build: None,
         }
     }
 }

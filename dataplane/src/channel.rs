@@ -56,6 +56,9 @@ pub struct Channel {
     token: Arc<RwLock<String>>,
     /// Where a rotated credential is kept (`DATA_DIR/node-token`, 0600).
     kept_token: PathBuf,
+    data_dir: PathBuf,
+    /// Turns true once the control plane has heard which config (and build) the node serves.
+    confirmed: Arc<tokio::sync::watch::Sender<bool>>,
     /// Waits longer than the control plane holds a watch.
     client: reqwest::Client,
 }
@@ -100,6 +103,8 @@ impl Channel {
             to,
             token: Arc::new(RwLock::new(token)),
             kept_token,
+            data_dir: data_dir.to_path_buf(),
+            confirmed: Arc::new(tokio::sync::watch::channel(false).0),
             client,
         }
     }
@@ -173,10 +178,27 @@ impl Channel {
         let applied = Applied {
             version,
             build: this_build().await,
+            refused_build: crate::upgrade::last_refused(&self.data_dir),
         };
         self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;
+        self.confirmed.send_replace(true);
         Ok(())
+    }
+
+    /// Turns true once the control plane has confirmed a config from this process.
+    pub fn confirmed(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.confirmed.subscribe()
+    }
+
+    /// `GET /v1/nodes/ID/{what}`, answered within `within` (a download).
+    pub async fn fetch(
+        &self,
+        what: &str,
+        within: Duration,
+    ) -> Result<reqwest::Response, ChannelError> {
+        self.send(|base| self.client.get(self.url(base, what)).timeout(within))
+            .await
     }
 
     /// Tells a control plane that refuses the node's credential what the node is: its kept
@@ -343,7 +365,7 @@ pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> C
 
 /// The build this process runs: its version, and the SHA-256 of its binary, read once (on a
 /// blocking thread: the binary is tens of megabytes). None if the binary cannot be read.
-async fn this_build() -> Option<NodeBuild> {
+pub(crate) async fn this_build() -> Option<NodeBuild> {
     static BUILD: tokio::sync::OnceCell<Option<NodeBuild>> = tokio::sync::OnceCell::const_new();
     let hashed = || async {
         let binary = tokio::task::spawn_blocking(|| std::fs::read("/proc/self/exe")).await;
@@ -457,6 +479,8 @@ pub struct NodeApply {
     own_certificate: Option<OwnCertificate>,
     /// The cluster certificate in service, its files, and the generation last fetched.
     cluster: Option<(Arc<Certificate>, PathBuf, AtomicU64)>,
+    /// Told which build the config names.
+    upgrader: Option<crate::upgrade::Upgrader>,
 }
 
 impl NodeApply {
@@ -483,6 +507,15 @@ impl NodeApply {
             reporter,
             own_certificate,
             cluster,
+            upgrader: None,
+        }
+    }
+
+    /// Fetches the builds the configs name, with `upgrader`.
+    pub fn upgrading_with(self, upgrader: crate::upgrade::Upgrader) -> NodeApply {
+        NodeApply {
+            upgrader: Some(upgrader),
+            ..self
         }
     }
 
@@ -547,6 +580,9 @@ impl Apply for NodeApply {
                     self.refetch_cluster_certificate(*generation).await
                 }
                 _ => {}
+            }
+            if let Some(upgrader) = &self.upgrader {
+                upgrader.want(desired.build.as_ref());
             }
             Ok(())
         })

@@ -181,6 +181,11 @@ impl History {
             .collect()
     }
 
+    /// Syncs every record made so far to the disk.
+    pub fn flush(&self) -> Result<(), sled::Error> {
+        self.meta.flush().map(|_| ())
+    }
+
     /// Notes that the records of `kind` up to `time` have been received.
     pub fn mark_reported(&self, kind: Kind, time: u64) -> Result<(), sled::Error> {
         self.meta.insert(kind.cursor_key(), &time.to_be_bytes())?;

@@ -40,3 +40,4 @@ pub mod session;
 pub mod sqs;
 pub mod store;
 pub mod traffic;
+pub mod upgrade;

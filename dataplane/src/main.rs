@@ -43,6 +43,11 @@ async fn main() -> ExitCode {
                 let data_dir = flags
                     .data_dir
                     .get_or_insert_with(|| DEFAULT_DATA_DIR.into());
+                // The build it is to run, if another: before anything else.
+                if let Some(selected) = dataplane::upgrade::at_start(data_dir) {
+                    let error = dataplane::upgrade::exec_into(data_dir, &selected);
+                    tracing::error!(%error, "the selected build could not be run: serving on this one");
+                }
                 let channel = Channel::new(&bootstrap, data_dir);
                 if !channel.has_token() {
                     eprintln!(
@@ -206,8 +211,16 @@ async fn main() -> ExitCode {
         let (node, config, reporter) = (node.clone(), config.clone(), reporter.clone());
         tokio::spawn(reload_on_hangup(node, config, tls.clone(), reporter));
     }
-    // From now on the control plane hears which config the node serves, and sends changes.
+    // From now on the control plane hears which config the node serves, and sends changes;
+    // one that names another build has the node fetch it and restart into it.
+    let mut new_build = None;
     if let (Some(channel), Some(desired)) = (bootstrapped, desired) {
+        let (upgrader, ready) =
+            dataplane::upgrade::Upgrader::start(channel.clone(), config.data_dir.clone());
+        upgrader.want(desired.build.as_ref());
+        new_build = Some(ready);
+        let trial = dataplane::upgrade::pass_trial(config.data_dir.clone(), channel.confirmed());
+        tokio::spawn(trial);
         let apply = NodeApply::new(
             node.clone(),
             channel.clone(),
@@ -216,7 +229,8 @@ async fn main() -> ExitCode {
             tls.clone(),
             &config,
             &desired,
-        );
+        )
+        .upgrading_with(upgrader);
         let data_dir = config.data_dir.clone();
         tokio::spawn(channel::watch(
             channel,
@@ -247,10 +261,14 @@ async fn main() -> ExitCode {
         "ready: tier {:?}, max-tasks {}, max-messages {}, max-messages-memory {}",
         node.tier, node.limits.max_tasks, node.limits.max_messages, node.limits.max_messages_memory
     ));
-    tokio::select! {
-        _ = server.run() => {}
-        _ = terminate.recv() => tracing::info!("stopping on SIGTERM"),
-    }
+    let restart_into = tokio::select! {
+        _ = server.run() => None,
+        _ = terminate.recv() => {
+            tracing::info!("stopping on SIGTERM");
+            None
+        }
+        ready = ready_build(new_build) => Some(ready),
+    };
     // The last, partial usage record, and one try to hand it over before going.
     let _ = stop_history.send(true);
     let _ = history.await;
@@ -262,7 +280,28 @@ async fn main() -> ExitCode {
             _ => tracing::warn!("the last usage record could not be reported now"),
         }
     }
+    if let Some(ready) = restart_into {
+        // What the history holds goes to the disk first: the next build reads it from there.
+        if let Err(error) = node.history.flush() {
+            tracing::error!(%error, "the history could not be synced before restarting");
+        }
+        let error = dataplane::upgrade::exec_into(&config.data_dir, &ready);
+        tracing::error!(%error, "the new build could not be run; stopping (the supervisor starts the installed one)");
+        return ExitCode::FAILURE;
+    }
     ExitCode::SUCCESS
+}
+
+/// The build to restart into, once one is fetched and checked; never without a channel.
+async fn ready_build(
+    ready: Option<tokio::sync::watch::Receiver<Option<dataplane::upgrade::Ready>>>,
+) -> dataplane::upgrade::Ready {
+    if let Some(mut ready) = ready {
+        if let Ok(build) = ready.wait_for(Option::is_some).await {
+            return build.clone().expect("waited for");
+        }
+    }
+    std::future::pending().await
 }
 
 /// Where a node started from a bootstrap keeps its data when `--data-dir` does not say.

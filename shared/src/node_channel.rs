@@ -131,6 +131,22 @@ pub struct DesiredConfig {
     /// (applied at once). None: not served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sqs: Option<DesiredSqs>,
+    /// The build the node is to run (a rolling upgrade, or its rollback): one that runs
+    /// another fetches it (`GET /v1/nodes/{id}/builds/SHA256`), checks its hash and restarts
+    /// into it, its data kept. None (left out, so older nodes read the config as before): the
+    /// build it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<DesiredBuild>,
+}
+
+/// A node build the control plane wants a node to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredBuild {
+    /// SHA-256 (hex) of the binary: what the node fetches by, and checks it against.
+    pub binary_sha256: String,
+    /// Its size in bytes (a download that grows past it is cut off).
+    pub size: u64,
 }
 
 /// A node's SQS face, as the control plane wants it.
@@ -179,6 +195,7 @@ impl std::fmt::Debug for DesiredConfig {
             .field("logins", &self.logins)
             .field("rotating_credential", &self.node_token.is_some())
             .field("sqs", &self.sqs)
+            .field("build", &self.build)
             .finish_non_exhaustive()
     }
 }
@@ -191,6 +208,18 @@ pub struct Applied {
     /// What the node runs (left out by nodes built before they said).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<NodeBuild>,
+    /// A build the node was asked to run and will not try again: it did not stay up (the node
+    /// started again on the build it ran before), or its file did not check out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_build: Option<RefusedBuild>,
+}
+
+/// A build a node refused, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefusedBuild {
+    pub binary_sha256: String,
+    pub reason: String,
 }
 
 /// Which build a node runs: what the operator compares with what the control plane serves
@@ -469,6 +498,7 @@ mod tests {
             usage_record_secs: None,
             stats_record_secs: None,
             sqs: None,
+            build: None,
         };
         let text = serde_json::to_string(&config).unwrap();
         assert!(!text.contains("live_stats_secs"), "left out unless set");

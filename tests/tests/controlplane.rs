@@ -622,6 +622,11 @@ async fn health_metrics_and_the_openapi_document() {
         "/v1/backup",
         "/v1/strays",
         "/v1/strays/{id}/adopt",
+        "/v1/builds",
+        "/v1/rollouts",
+        "/v1/rollouts/{id}",
+        "/v1/rollouts/{id}/{action}",
+        "/v1/nodes/{id}/builds/{sha256}",
         "/metrics",
         "/healthz",
         "/openapi.json",
@@ -638,7 +643,9 @@ async fn health_metrics_and_the_openapi_document() {
             let concrete = path
                 .replace("{id}", "nosuchqueue")
                 .replace("{role}", "admin")
-                .replace("{key}", "nosuchkey");
+                .replace("{key}", "nosuchkey")
+                .replace("{action}", "halt")
+                .replace("{sha256}", &"0".repeat(64));
             let (_, reply) = cp.call(&method.to_uppercase(), &concrete, Some("{}")).await;
             assert_ne!(
                 reply["error"]["message"], "no such route",

@@ -173,6 +173,7 @@ fn desired() -> DesiredConfig {
         usage_record_secs: None,
         stats_record_secs: None,
         sqs: None,
+        build: None,
     }
 }
 

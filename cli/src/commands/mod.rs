@@ -5,10 +5,12 @@
 //! - `data`: a queue's messages: send, receive, tail, delete, purge, messages.
 //! - `dlq`: the dead letter queue.
 //! - `settings`: `qe config get|set` (the queue's getcfg and setcfg).
+//! - `fleet`: `qe builds`, `qe rollouts` (the operator's rolling upgrades).
 
 mod control;
 mod data;
 mod dlq;
+mod fleet;
 mod login;
 mod settings;
 
@@ -42,6 +44,8 @@ pub async fn run(context: &mut Context, command: Command) -> Result<(), Failure>
         Command::Messages(command) => data::messages(context, command).await,
         Command::Dlq(command) => dlq::run(context, command).await,
         Command::Config(command) => settings::run(context, command).await,
+        Command::Builds(command) => fleet::builds(context, command).await,
+        Command::Rollouts(command) => fleet::rollouts(context, command).await,
         Command::Completions { shell } => {
             print_completions(shell);
             Ok(())

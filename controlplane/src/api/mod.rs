@@ -11,6 +11,7 @@ mod accounts;
 mod audit;
 mod auth;
 mod bootstrap;
+mod builds;
 pub mod csv;
 mod error;
 mod extract;
@@ -58,6 +59,8 @@ pub struct AppState {
     pub reconcile: Arc<tokio::sync::Notify>,
     /// Whether this replica leads: only the leader orders certificates.
     pub leadership: crate::leadership::Leadership,
+    /// The node builds this replica serves.
+    pub builds: Arc<crate::builds::Builds>,
 }
 
 /// The API's description, kept beside the code and checked against the router by tests.
@@ -91,6 +94,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/backup", get(backup))
         .route("/v1/strays", get(strays::list))
         .route("/v1/strays/{id}/adopt", post(strays::adopt))
+        .route(
+            "/v1/builds",
+            post(builds::publish)
+                .layer(DefaultBodyLimit::max(builds::BUILD_AT_MOST))
+                .get(builds::list),
+        )
+        .route(
+            "/v1/rollouts",
+            post(builds::start).get(builds::list_rollouts),
+        )
+        .route("/v1/rollouts/{id}", get(builds::get))
+        .route("/v1/rollouts/{id}/{action}", post(builds::act))
         .route_layer(middleware::from_fn(auth::operator_only));
     // The operator's, or a scraper's read-only token.
     let metrics = Router::new()
@@ -148,6 +163,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/nodes/{id}/config", get(nodes::config))
         .route("/v1/nodes/{id}/applied", post(nodes::applied))
         .route("/v1/nodes/{id}/dataplane", get(nodes::dataplane))
+        .route("/v1/nodes/{id}/builds/{sha256}", get(builds::node_fetch))
         .route(
             "/v1/nodes/{id}/certificate",
             get(nodes::cluster_certificate).post(nodes::certificate_for_csr),

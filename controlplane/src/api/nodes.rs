@@ -35,10 +35,12 @@ pub struct NodeCaller {
 /// node, before its body is read; the handler gets the [`NodeCaller`].
 pub async fn require_node_token(
     State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    Path(params): Path<std::collections::HashMap<String, String>>,
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
+    // Routes below `/v1/nodes/{id}/` may have more parameters (a build's hash).
+    let id = params.get("id").cloned().unwrap_or_default();
     let presented = super::bearer(request.headers());
     let queue = state
         .store
@@ -202,6 +204,7 @@ pub async fn applied(
         if applied.build.is_some() {
             queue.node_build = applied.build.clone();
         }
+        queue.refused_build = applied.refused_build.clone();
         Ok::<_, StoreError>(())
     });
     let (queue, ()) = updated
@@ -311,7 +314,12 @@ pub async fn dataplane(State(state): State<Arc<AppState>>) -> Result<Response, A
         true => served,
         false => state.config.dataplane_binary(),
     };
-    let file = tokio::fs::File::open(&path)
+    send_file(&path).await
+}
+
+/// The file at `path` as a response body, streamed.
+pub async fn send_file(path: &std::path::Path) -> Result<Response, ApiError> {
+    let file = tokio::fs::File::open(path)
         .await
         .map_err(|e| ApiError::Internal(format!("{}: {e}", path.display())))?;
     let length = file

@@ -58,6 +58,8 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
         },
         "live": live_numbers(state, queue),
         "node_build": queue.node_build,
+        "desired_build": queue.desired_build,
+        "refused_build": queue.refused_build,
     })
 }
 
@@ -118,7 +120,9 @@ pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, Issued
     qe_shared::labels::check("instance_type", &new.instance_type).map_err(ApiError::BadRequest)?;
     state.fleet.can_run(&new).map_err(ApiError::BadRequest)?;
     crate::policy::check(&state.config.allow, &new).map_err(ApiError::BadRequest)?;
-    let (queue, logins) = queues::create(new);
+    let (mut queue, logins) = queues::create(new);
+    // It starts from the installed build: told the rolled-out one, if there is one.
+    queue.desired_build = crate::rollout::fleet_build(&state.store).await?;
     if let Some(account) = &queue.account {
         reserve(state, account, &queue).await?;
     }

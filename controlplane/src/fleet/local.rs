@@ -154,7 +154,12 @@ impl LocalProvider {
         // from there). One of another binary starts again from the configured one.
         let must_restart = match &adopted {
             Some(_) if changed => Some(MOVED),
-            Some(child) if !runs(child.id(), &self.dataplane) => Some(UPGRADED),
+            Some(child)
+                if !runs(child.id(), &self.dataplane)
+                    && !runs_a_fetched_build(child.id(), &launcher.dir) =>
+            {
+                Some(UPGRADED)
+            }
             _ => None,
         };
         let child = match (adopted, must_restart) {
@@ -593,6 +598,13 @@ fn runs(pid: u32, binary: &Path) -> bool {
         }
         _ => true,
     }
+}
+
+/// Whether process `pid` runs a build its node fetched for a rollout (`rollout.rs`), kept in
+/// its data directory's `builds/`: that is the build it is to run, not a stale one.
+fn runs_a_fetched_build(pid: u32, node_dir: &Path) -> bool {
+    let running = std::fs::read_link(format!("/proc/{pid}/exe"));
+    running.is_ok_and(|exe| exe.starts_with(node_dir.join("data").join("builds")))
 }
 
 /// A port free on both loopback addresses now, to give a node for good (a restart keeps its

@@ -15,6 +15,7 @@
 //! only while the lease they were made under still holds.
 
 mod accounts;
+mod builds;
 mod changes;
 mod etcd_backend;
 mod sled_backend;
@@ -641,7 +642,7 @@ impl Store {
     }
 
     /// Puts `value` at `key` whatever was there.
-    async fn put_value(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
+    pub(super) async fn put_value(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
         loop {
             let old = self.kv.get(key).await?;
             let expected = old.as_ref().map(|stored| &stored.version);

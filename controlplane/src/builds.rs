@@ -1,0 +1,225 @@
+//! Node builds: the `dataplane` binaries nodes may run. The installed one is what this
+//! control plane starts nodes with (the local provider) or serves to a cloud node's first boot
+//! (`GET /v1/nodes/{id}/dataplane`); the operator publishes others (`POST /v1/builds`), which
+//! a rollout (`rollout.rs`) then has nodes fetch (`GET /v1/nodes/{id}/builds/SHA256`).
+//!
+//! A published build's file is kept in `DATA_DIR/builds/SHA256` of the replica it was
+//! published to, its record in the store. With several replicas, publish it to each (a node
+//! asking one that lacks the file is answered 503 and asks the next).
+
+use crate::config::Config;
+use crate::store::{Store, StoreError};
+use qe_shared::node_channel::DesiredBuild;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+use std::path::{Path, PathBuf};
+
+/// A published build.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Build {
+    pub sha256: String,
+    pub size: u64,
+    /// The CPU it is built for: `x86_64` or `aarch64` (its ELF header's).
+    pub architecture: String,
+    /// The operator's name for it (a version, a commit), if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// When it was published, in seconds since 1970.
+    pub published: u64,
+}
+
+impl Build {
+    pub fn desired(&self) -> DesiredBuild {
+        DesiredBuild {
+            binary_sha256: self.sha256.clone(),
+            size: self.size,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{0}")]
+    NotABuild(String),
+    #[error("the build {0} is published, but its file is on another replica")]
+    Elsewhere(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Io(String),
+}
+
+/// The builds this replica holds.
+pub struct Builds {
+    dir: PathBuf,
+    /// The installed build's file.
+    installed: PathBuf,
+    /// Its hash and size, read once when first asked for (it is tens of megabytes).
+    installed_build: tokio::sync::OnceCell<Option<DesiredBuild>>,
+}
+
+impl Builds {
+    pub fn new(config: &Config) -> Builds {
+        let served = config.served_dataplane();
+        let installed = match served.exists() {
+            true => served,
+            false => config.dataplane_binary(),
+        };
+        Builds {
+            dir: config.data_dir.join("builds"),
+            installed,
+            installed_build: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The build nodes start from (None if its file cannot be read).
+    pub async fn installed(&self) -> Option<DesiredBuild> {
+        let path = self.installed.clone();
+        let read = || async move {
+            let hashed = tokio::task::spawn_blocking(move || hash_file(&path)).await;
+            match hashed {
+                Ok(Ok((binary_sha256, size))) => Some(DesiredBuild {
+                    binary_sha256,
+                    size,
+                }),
+                _ => None,
+            }
+        };
+        self.installed_build.get_or_init(read).await.clone()
+    }
+
+    /// Build `sha256` as a node is told of it: the installed one or a published one.
+    pub async fn desired(
+        &self,
+        store: &Store,
+        sha256: &str,
+    ) -> Result<Option<DesiredBuild>, StoreError> {
+        if let Some(installed) = self.installed().await {
+            if installed.binary_sha256 == sha256 {
+                return Ok(Some(installed));
+            }
+        }
+        Ok(store.build(sha256).await?.map(|build| build.desired()))
+    }
+
+    /// The file of build `sha256` on this replica; `None` if no such build is known.
+    pub async fn file(&self, store: &Store, sha256: &str) -> Result<Option<PathBuf>, BuildError> {
+        if !is_sha256(sha256) {
+            return Ok(None);
+        }
+        if self.installed().await.map(|b| b.binary_sha256).as_deref() == Some(sha256) {
+            return Ok(Some(self.installed.clone()));
+        }
+        if store.build(sha256).await?.is_none() {
+            return Ok(None);
+        }
+        let path = self.dir.join(sha256);
+        match path.exists() {
+            true => Ok(Some(path)),
+            false => Err(BuildError::Elsewhere(sha256.to_string())),
+        }
+    }
+
+    /// Publishes the binary in `body` (streamed to a file beside the builds, hashed on the
+    /// way): checked to be an ELF binary of a CPU nodes run on, kept under its hash, recorded.
+    pub async fn publish(
+        &self,
+        store: &Store,
+        body: axum::body::Body,
+        label: Option<String>,
+        at_most: u64,
+    ) -> Result<Build, BuildError> {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let io = |e: std::io::Error| BuildError::Io(e.to_string());
+        tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce).expect("the OS random source");
+        let partial = self.dir.join(format!("upload-{}", qe_shared::hex(&nonce)));
+        let mut file = tokio::fs::File::create(&partial).await.map_err(io)?;
+        let mut hasher = sha2::Sha256::new();
+        let mut size = 0u64;
+        let mut head = Vec::new();
+        let mut stream = body.into_data_stream();
+        let copied: Result<(), BuildError> = async {
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| BuildError::Io(e.to_string()))?;
+                size += chunk.len() as u64;
+                if size > at_most {
+                    return Err(BuildError::NotABuild(format!(
+                        "a build is at most {at_most} bytes"
+                    )));
+                }
+                if head.len() < 20 {
+                    head.extend_from_slice(&chunk[..chunk.len().min(20 - head.len())]);
+                }
+                hasher.update(&chunk);
+                file.write_all(&chunk).await.map_err(io)?;
+            }
+            file.sync_all().await.map_err(io)?;
+            Ok(())
+        }
+        .await;
+        let architecture = copied.and_then(|()| architecture(&head).map_err(BuildError::NotABuild));
+        let architecture = match architecture {
+            Ok(architecture) => architecture,
+            Err(error) => {
+                let _ = tokio::fs::remove_file(&partial).await;
+                return Err(error);
+            }
+        };
+        let sha256 = qe_shared::hex(&hasher.finalize());
+        tokio::fs::rename(&partial, self.dir.join(&sha256))
+            .await
+            .map_err(io)?;
+        let build = Build {
+            sha256,
+            size,
+            architecture,
+            label,
+            published: crate::unix_now(),
+        };
+        store.put_build(&build).await?;
+        Ok(build)
+    }
+}
+
+/// SHA-256 (hex) and size of the file at `path`.
+fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let bytes = std::fs::read(path)?;
+    Ok((qe_shared::hex(&sha2::Sha256::digest(&bytes)), bytes.len() as u64))
+}
+
+pub fn is_sha256(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The CPU an ELF binary starting with `head` is built for, among those nodes run on.
+fn architecture(head: &[u8]) -> Result<String, String> {
+    if head.get(..4) != Some(b"\x7fELF".as_slice()) {
+        return Err("a build is an ELF binary (the dataplane program)".into());
+    }
+    match head.get(18..20).map(|m| u16::from_le_bytes([m[0], m[1]])) {
+        Some(0x3e) => Ok("x86_64".into()),
+        Some(0xb7) => Ok("aarch64".into()),
+        machine => Err(format!(
+            "a build is for x86_64 or aarch64 (this one: ELF machine {machine:?})"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_is_an_elf_binary_of_a_cpu_nodes_run_on() {
+        let own = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(architecture(&own[..20]).is_ok());
+        assert!(architecture(b"#!/bin/sh\nexec true\n").is_err());
+        let mut sparc = own[..20].to_vec();
+        sparc[18] = 0x02;
+        sparc[19] = 0;
+        assert!(architecture(&sparc).unwrap_err().contains("ELF machine"));
+    }
+}

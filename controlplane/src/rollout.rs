@@ -1,0 +1,465 @@
+//! Rolling node upgrades: a published build (`builds.rs`) taken across the fleet in waves,
+//! a canary first. The leading replica drives each [`Rollout`] ([`run`]):
+//!
+//! 1. each queue of the current wave is told the build in its desired config; its node
+//!    fetches it, checks it, and restarts into it, its data kept (`dataplane/src/upgrade.rs`);
+//! 2. a queue is upgraded once its node confirms a config with the new build running; the
+//!    wave is done when all its queues are, and the next starts after `pause_secs`;
+//! 3. the roll **halts** at the first queue whose node refuses the build (it did not stay
+//!    up, or its file did not check out: the node went back to the build it ran) or does not
+//!    come back on it within `wave_timeout_secs`. Nothing more is touched until the operator
+//!    resumes it or rolls it back: every queue it reached is told the build it ran before.
+//!
+//! Waves: the canary (one queue, the operator's choice or the first), then 2, 4, 8, … queues.
+//! A queue made once a rollout is done starts from the installed build and is told the
+//! rolled-out one at once.
+
+use crate::audit::now_ms;
+use crate::queues::{Queue, Status};
+use crate::store::{Store, StoreError};
+use qe_shared::node_channel::DesiredBuild;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How often the leader looks at a rollout that is rolling.
+const TICK: Duration = Duration::from_secs(1);
+/// Defaults of a rollout's pacing.
+pub const PAUSE_SECS: u64 = 60;
+pub const WAVE_TIMEOUT_SECS: u64 = 300;
+/// How many rollouts are kept (with the new one, one more).
+const KEPT: usize = 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    Rolling,
+    Halted,
+    Done,
+    RolledBack,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    /// In a wave not reached yet.
+    Waiting,
+    /// Told the build; its node has not come back on it yet.
+    Upgrading,
+    Upgraded,
+    /// Its node refused the build (it runs the one from before).
+    Refused,
+    /// Not back on the build within the wave's time.
+    TimedOut,
+    /// Deleted meanwhile, or no longer running: left out.
+    Skipped,
+    /// Told the build it ran before.
+    RolledBack,
+}
+
+/// One queue's part in a rollout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStep {
+    pub step: Step,
+    /// The build its node ran before (SHA-256), if it said.
+    pub from: Option<String>,
+    /// When it was told the build, and when its node came back on it (ms since 1970).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub told_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgraded_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollout {
+    pub id: String,
+    pub build: DesiredBuild,
+    pub state: State,
+    /// Why it halted (or was rolled back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Seconds since 1970.
+    pub created: u64,
+    pub pause_secs: u64,
+    pub wave_timeout_secs: u64,
+    /// Queue ids, wave by wave; the first is the canary.
+    pub waves: Vec<Vec<String>>,
+    /// The wave being rolled (`waves.len()` once done).
+    pub wave: usize,
+    /// When the current wave's last queue came back (ms): the pause runs from then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave_done_ms: Option<u64>,
+    pub queues: BTreeMap<String, QueueStep>,
+}
+
+/// Waves of `ids` (the canary first): 1, 2, 4, 8, … queues.
+fn waves(ids: Vec<String>) -> Vec<Vec<String>> {
+    let mut waves = Vec::new();
+    let mut rest = ids.into_iter().peekable();
+    let mut size = 1;
+    while rest.peek().is_some() {
+        waves.push(rest.by_ref().take(size).collect());
+        size *= 2;
+    }
+    waves
+}
+
+/// What an operator asks for.
+pub struct Plan {
+    pub build: DesiredBuild,
+    pub canary: Option<String>,
+    pub pause_secs: u64,
+    pub wave_timeout_secs: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("rollout {0} is {1:?}: halt or roll it back first")]
+    Busy(String, State),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A new rollout of `plan` over every running queue whose node runs another build.
+pub async fn start(store: &Store, plan: Plan) -> Result<Rollout, RolloutError> {
+    let rollouts = store.rollouts().await?;
+    if let Some(busy) = rollouts
+        .iter()
+        .find(|rollout| matches!(rollout.state, State::Rolling | State::Halted))
+    {
+        return Err(RolloutError::Busy(busy.id.clone(), busy.state));
+    }
+    // Bounded: the last ones are history enough (each holds a step per queue).
+    if let Some(oldest_kept) = rollouts.iter().rev().nth(KEPT - 1) {
+        store.forget_rollouts_before(&oldest_kept.id).await?;
+    }
+    let target = &plan.build.binary_sha256;
+    let running_build = |queue: &Queue| {
+        queue
+            .node_build
+            .as_ref()
+            .map(|build| build.binary_sha256.clone())
+    };
+    let mut queues: Vec<Queue> = store
+        .list()
+        .await?
+        .into_iter()
+        .filter(|queue| queue.status == Status::Running)
+        .filter(|queue| running_build(queue).as_ref() != Some(target))
+        .collect();
+    queues.sort_by(|a, b| a.id.cmp(&b.id));
+    if let Some(canary) = &plan.canary {
+        let Some(at) = queues.iter().position(|queue| &queue.id == canary) else {
+            return Err(RolloutError::Refused(format!(
+                "the canary {canary} is not a running queue on another build"
+            )));
+        };
+        let canary = queues.remove(at);
+        queues.insert(0, canary);
+    }
+    if queues.is_empty() {
+        return Err(RolloutError::Refused(
+            "every running queue runs this build already".into(),
+        ));
+    }
+    let steps = queues
+        .iter()
+        .map(|queue| {
+            let step = QueueStep {
+                step: Step::Waiting,
+                from: running_build(queue),
+                told_ms: None,
+                upgraded_ms: None,
+            };
+            (queue.id.clone(), step)
+        })
+        .collect();
+    let now_ms = now_ms();
+    let rollout = Rollout {
+        id: format!("r{now_ms:013}"),
+        build: plan.build,
+        state: State::Rolling,
+        reason: None,
+        created: now_ms / 1000,
+        pause_secs: plan.pause_secs,
+        wave_timeout_secs: plan.wave_timeout_secs,
+        waves: waves(queues.into_iter().map(|queue| queue.id).collect()),
+        wave: 0,
+        wave_done_ms: None,
+        queues: steps,
+    };
+    if !store.put_rollout(&rollout).await? {
+        return Err(RolloutError::Refused("a rollout was started at the same moment".into()));
+    }
+    Ok(rollout)
+}
+
+/// Halts rollout `id` (the operator's word): nothing more is touched.
+pub async fn halt(store: &Store, id: &str) -> Result<Option<Rollout>, RolloutError> {
+    let halted = store.update_rollout(id, |rollout| {
+        if rollout.state != State::Rolling {
+            return Err(RolloutError::Refused(format!(
+                "rollout {id} is {:?}, not rolling",
+                rollout.state
+            )));
+        }
+        rollout.state = State::Halted;
+        rollout.reason = Some("halted by the operator".into());
+        Ok(())
+    });
+    Ok(halted.await?.map(|(rollout, ())| rollout))
+}
+
+/// Rolls a halted rollout on: queues that timed out are waited for again from now.
+pub async fn resume(store: &Store, id: &str) -> Result<Option<Rollout>, RolloutError> {
+    let resumed = store.update_rollout(id, |rollout| {
+        if rollout.state != State::Halted {
+            return Err(RolloutError::Refused(format!(
+                "rollout {id} is {:?}, not halted",
+                rollout.state
+            )));
+        }
+        if let Some((queue, _)) = rollout.queues.iter().find(|(_, s)| s.step == Step::Refused) {
+            return Err(RolloutError::Refused(format!(
+                "queue {queue} refused the build: roll it back"
+            )));
+        }
+        let now = now_ms();
+        for step in rollout.queues.values_mut() {
+            if step.step == Step::TimedOut {
+                step.step = Step::Upgrading;
+                step.told_ms = Some(now);
+            }
+        }
+        rollout.state = State::Rolling;
+        rollout.reason = None;
+        Ok(())
+    });
+    Ok(resumed.await?.map(|(rollout, ())| rollout))
+}
+
+/// Rolls rollout `id` back: every queue it told the build is told the one it ran before
+/// (`from_build` finds it), or, where that is not known, none (its node runs on what it
+/// runs). Returns the rollout and the queues left on what they run.
+pub async fn roll_back(
+    store: &Store,
+    builds: &crate::builds::Builds,
+    id: &str,
+) -> Result<Option<(Rollout, Vec<String>)>, RolloutError> {
+    let Some(rollout) = store.rollout(id).await? else {
+        return Ok(None);
+    };
+    if rollout.state == State::RolledBack {
+        return Err(RolloutError::Refused(format!("rollout {id} is rolled back already")));
+    }
+    let mut unknown = Vec::new();
+    let told = [Step::Upgrading, Step::Upgraded, Step::Refused, Step::TimedOut];
+    for (queue_id, step) in rollout.queues.iter().filter(|(_, s)| told.contains(&s.step)) {
+        let before = match &step.from {
+            Some(sha256) => builds.desired(store, sha256).await?,
+            None => None,
+        };
+        if before.is_none() {
+            unknown.push(queue_id.clone());
+        }
+        let target = rollout.build.binary_sha256.clone();
+        store
+            .update(queue_id, |queue| {
+                let ours = queue.desired_build.as_ref().map(|b| &b.binary_sha256);
+                if ours == Some(&target) {
+                    queue.desired_build = before.clone();
+                    queue.config_version += 1;
+                }
+                Ok::<_, StoreError>(())
+            })
+            .await?;
+    }
+    let rolled_back = store.update_rollout(id, |rollout| {
+        rollout.state = State::RolledBack;
+        for step in rollout.queues.values_mut() {
+            if told.contains(&step.step) {
+                step.step = Step::RolledBack;
+            }
+        }
+        Ok::<_, RolloutError>(())
+    });
+    Ok(rolled_back
+        .await?
+        .map(|(rollout, ())| (rollout, unknown)))
+}
+
+/// The build the last finished rollout rolled out: what a new queue is told.
+pub async fn fleet_build(store: &Store) -> Result<Option<DesiredBuild>, StoreError> {
+    let rollouts = store.rollouts().await?;
+    let last = rollouts
+        .into_iter()
+        .rev()
+        .find(|rollout| matches!(rollout.state, State::Done | State::RolledBack));
+    Ok(last
+        .filter(|rollout| rollout.state == State::Done)
+        .map(|rollout| rollout.build))
+}
+
+/// Drives rollouts while this replica leads.
+pub async fn run(store: Store, mut leadership: crate::leadership::Leadership) {
+    loop {
+        let fence = leadership.lead().await;
+        let fenced = store.fenced(fence.clone());
+        tokio::select! {
+            _ = roll_while_leading(&fenced) => {}
+            _ = leadership.lost(&fence) => {}
+        }
+    }
+}
+
+async fn roll_while_leading(store: &Store) {
+    loop {
+        if let Err(error) = tick(store).await {
+            tracing::warn!(%error, "rolling a build: tried again");
+        }
+        tokio::time::sleep(TICK).await;
+    }
+}
+
+/// One look at the rolling rollout, if there is one.
+async fn tick(store: &Store) -> Result<(), StoreError> {
+    let rollouts = store.rollouts().await?;
+    let Some(rolling) = rollouts.into_iter().find(|r| r.state == State::Rolling) else {
+        return Ok(());
+    };
+    let queues: BTreeMap<String, Queue> = store
+        .list()
+        .await?
+        .into_iter()
+        .map(|queue| (queue.id.clone(), queue))
+        .collect();
+    let now = now_ms();
+    let mut next = rolling.clone();
+    advance(&mut next, &queues, now);
+    // Tell the queues newly in the wave, then keep what was seen.
+    for (id, step) in &next.queues {
+        let was = rolling.queues.get(id).map(|s| s.step);
+        if step.step == Step::Upgrading && was == Some(Step::Waiting) {
+            let build = next.build.clone();
+            store
+                .update(id, |queue| {
+                    queue.desired_build = Some(build.clone());
+                    queue.config_version += 1;
+                    Ok::<_, StoreError>(())
+                })
+                .await?;
+            tracing::info!(queue = %id, build = %next.build.binary_sha256, "told a node to run a new build");
+        }
+    }
+    if next != rolling {
+        if let Some(reason) = &next.reason {
+            tracing::error!(rollout = %next.id, %reason, "a rollout halted");
+        }
+        if next.state == State::Done {
+            tracing::info!(rollout = %next.id, "a rollout is done");
+        }
+        let id = next.id.clone();
+        store
+            .update_rollout(&id, |stored| {
+                // The operator halted it meanwhile: theirs stands.
+                if stored.state == State::Rolling {
+                    *stored = next.clone();
+                }
+                Ok::<_, StoreError>(())
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// `rollout` one step on, given the queues as they are at `now` (ms).
+fn advance(rollout: &mut Rollout, queues: &BTreeMap<String, Queue>, now: u64) {
+    let target = rollout.build.binary_sha256.clone();
+    let timeout = rollout.wave_timeout_secs * 1000;
+    let mut halt = None;
+    for (id, step) in rollout.queues.iter_mut() {
+        let queue = queues
+            .get(id)
+            .filter(|queue| queue.status == Status::Running);
+        let Some(queue) = queue else {
+            if matches!(step.step, Step::Waiting | Step::Upgrading) {
+                step.step = Step::Skipped;
+            }
+            continue;
+        };
+        let refused = queue
+            .refused_build
+            .as_ref()
+            .filter(|refused| refused.binary_sha256 == target);
+        if let (Some(refused), Step::Upgrading | Step::Upgraded) = (refused, step.step) {
+            step.step = Step::Refused;
+            halt.get_or_insert(format!(
+                "queue {id} refused the build: {}",
+                refused.reason
+            ));
+            continue;
+        }
+        let running = queue.node_build.as_ref().map(|b| &b.binary_sha256);
+        let confirmed = queue.applied_version >= queue.config_version;
+        if step.step == Step::Upgrading {
+            if running == Some(&target) && confirmed {
+                step.step = Step::Upgraded;
+                step.upgraded_ms = Some(now);
+            } else if now.saturating_sub(step.told_ms.unwrap_or(now)) > timeout {
+                step.step = Step::TimedOut;
+                halt.get_or_insert(format!(
+                    "queue {id} did not come back on the build within {} s",
+                    rollout.wave_timeout_secs
+                ));
+            }
+        }
+    }
+    if let Some(reason) = halt {
+        rollout.state = State::Halted;
+        rollout.reason = Some(reason);
+        return;
+    }
+    let Some(wave) = rollout.waves.get(rollout.wave).cloned() else {
+        rollout.state = State::Done;
+        return;
+    };
+    let mut all_back = true;
+    for id in &wave {
+        let step = rollout.queues.get_mut(id).expect("every wave's queue has a step");
+        match step.step {
+            Step::Waiting => {
+                step.step = Step::Upgrading;
+                step.told_ms = Some(now);
+                all_back = false;
+            }
+            Step::Upgrading => all_back = false,
+            _ => {}
+        }
+    }
+    if !all_back {
+        return;
+    }
+    let done_at = *rollout.wave_done_ms.get_or_insert(now);
+    if now.saturating_sub(done_at) >= rollout.pause_secs * 1000 {
+        rollout.wave += 1;
+        rollout.wave_done_ms = None;
+        if rollout.wave == rollout.waves.len() {
+            rollout.state = State::Done;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waves_are_a_canary_then_doubling() {
+        let ids: Vec<String> = (0..10).map(|n| format!("q{n}")).collect();
+        let sizes: Vec<usize> = waves(ids).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [1, 2, 4, 3]);
+        assert!(waves(Vec::new()).is_empty());
+    }
+}

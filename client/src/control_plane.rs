@@ -774,4 +774,10 @@ pub struct RolloutStep {
     /// SHA-256 of the build its node ran before.
     #[serde(default)]
     pub from: Option<String>,
+    /// When it was told the build, in milliseconds since 1970.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub told_ms: Option<u64>,
+    /// When its node came back on the build, in milliseconds since 1970.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgraded_ms: Option<u64>,
 }

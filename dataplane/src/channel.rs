@@ -59,6 +59,8 @@ pub struct Channel {
     data_dir: PathBuf,
     /// Turns true once the control plane has heard which config (and build) the node serves.
     confirmed: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The config version confirmed last.
+    confirmed_version: Arc<AtomicU64>,
     /// Waits longer than the control plane holds a watch.
     client: reqwest::Client,
 }
@@ -105,6 +107,7 @@ impl Channel {
             kept_token,
             data_dir: data_dir.to_path_buf(),
             confirmed: Arc::new(tokio::sync::watch::channel(false).0),
+            confirmed_version: Arc::new(AtomicU64::new(0)),
             client,
         }
     }
@@ -182,8 +185,26 @@ impl Channel {
         };
         self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;
+        self.confirmed_version.store(version, Ordering::Relaxed);
         self.confirmed.send_replace(true);
         Ok(())
+    }
+
+    /// Confirms the version confirmed last once more: the control plane hears of a build
+    /// refused since (retried until it does).
+    pub async fn confirm_again(&self) {
+        let mut wait = RETRY_AFTER;
+        loop {
+            let version = self.confirmed_version.load(Ordering::Relaxed);
+            match self.applied(version).await {
+                Ok(()) => return,
+                Err(error) => {
+                    tracing::warn!(%error, retry_in = ?wait, "telling the control plane of a refused build failed");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
+                }
+            }
+        }
     }
 
     /// Turns true once the control plane has confirmed a config from this process.

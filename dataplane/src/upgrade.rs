@@ -240,6 +240,7 @@ impl Upgrader {
                 Err(FetchError::Mismatch(reason)) => {
                     tracing::error!(build = %sha256, %reason, "a build did not check out: refused");
                     refuse(&dir, sha256, &reason);
+                    self.channel.confirm_again().await;
                     return;
                 }
                 Err(FetchError::Failed(error)) => {

@@ -174,6 +174,41 @@ pub fn qe_binary() -> PathBuf {
     built_binary("qe")
 }
 
+/// `qe ARGS` with the config file at `config` and `stdin`: its exit code, stdout and stderr.
+pub fn run_qe(config: &Path, args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(qe_binary())
+        .args(args)
+        .env("QE_CONFIG", config)
+        .env_remove("QE_PROFILE")
+        .env_remove("QE_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start qe");
+    let mut input = child.stdin.take().expect("piped");
+    input.write_all(stdin.as_bytes()).expect("qe reads stdin");
+    drop(input);
+    let output = child.wait_with_output().expect("qe exits");
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).expect("qe prints UTF-8");
+    (
+        output.status.code().expect("qe exited"),
+        text(output.stdout),
+        text(output.stderr),
+    )
+}
+
+/// `qe --json ARGS` (config file `config`), which must exit with `code`: what it printed.
+#[track_caller]
+pub fn qe_json(config: &Path, code: i32, args: &[&str]) -> serde_json::Value {
+    let mut with_json = vec!["--json"];
+    with_json.extend_from_slice(args);
+    let (exit, stdout, stderr) = run_qe(config, &with_json, "");
+    assert_eq!(exit, code, "qe {}: {stdout}{stderr}", args.join(" "));
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}{stderr}"))
+}
+
 /// A workspace binary, refused if it is older than any source it was built from (cargo lists
 /// them in `NAME.d` beside it): `cargo test` does not build another package's binaries, so a
 /// stale one would test old code.

@@ -652,3 +652,108 @@ async fn an_instance_made_after_the_backup_is_adopted_from_what_its_node_reports
     drop(instance);
     drop(moto);
 }
+
+/// Rolling upgrades on instances (docs/deploy.md §14): a new build published with `qe` and
+/// rolled across two queues' instances, a canary first; each node fetches it from the control
+/// plane over its channel, checks it, and execs it as the same process, with its volume's
+/// messages. A build for another CPU is refused by the canary's node, which serves on, and
+/// the roll halts there.
+#[tokio::test]
+async fn a_build_rolls_across_instances_and_one_for_another_cpu_halts_at_its_canary() {
+    let (_moto, ec2, files, api) = cloud().await;
+    let dns = api.cp.dns.expect("a DNS server");
+    let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    let body = format!(r#"{{"tier":"devtest","region":"{REGION}","instance_type":"t3.small"}}"#);
+    let mut queues = Vec::new();
+    let mut instances = Vec::new();
+    for name in ["qeroll1", "qeroll2"] {
+        let (status, created) = api.call("POST", "/v1/queues", Some(&body)).await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let queue = api.placed(&id, None).await;
+        instances.push(boot(&ec2, &queue, name, files.path()).await);
+        let path = format!("/v1/queues/{id}?until=running&within=60");
+        let (_, running) = api.call("GET", &path, None).await;
+        assert_eq!(running["status"], "running", "{running}");
+        queues.push((id, created["logins"].clone(), running));
+    }
+    for (_, logins, queue) in &queues {
+        let host = queue["host"].as_str().unwrap();
+        let mut publisher = logged_in(dns, host, &root, logins, "publisher").await;
+        let reply = publisher
+            .request(json!({"body": "before the upgrade", "durability": 2}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    let pid_file = |name: &str| files.path().join(name).join("node.pid");
+    let pids: Vec<String> = ["qeroll1", "qeroll2"]
+        .iter()
+        .map(|name| std::fs::read_to_string(pid_file(name)).unwrap())
+        .collect();
+
+    let config = files.path().join("qe.toml");
+    let api_url = format!("https://{}", api.at);
+    let ca = files.path().join("ca.pem");
+    let login = ["login", "--api", &api_url, "--ca", ca.to_str().unwrap(), "--token-stdin"];
+    let (code, out, err) = qe_tests::run_qe(&config, &login, &api.cp.token);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut binary = std::fs::read(qe_tests::dataplane_binary()).unwrap();
+    binary.extend_from_slice(b"\0the next build, for instances\0");
+    let next = files.path().join("dataplane-next");
+    std::fs::write(&next, &binary).unwrap();
+    let published =
+        qe_tests::qe_json(&config, 0, &["builds", "publish", next.to_str().unwrap()]);
+    let good = published["sha256"].as_str().unwrap().to_string();
+    let canary = queues[1].0.as_str();
+    let start = [
+        "rollouts", "start", &good, "--canary", canary, "--pause-secs", "1",
+        "--wave-timeout-secs", "240", "--wait",
+    ];
+    let rollout = qe_tests::qe_json(&config, 0, &start);
+    assert_eq!(rollout["state"], "done", "{rollout}");
+    for (n, (id, logins, queue)) in queues.iter().enumerate() {
+        let step = &rollout["queues"][id];
+        let took = step["upgraded_ms"].as_u64().unwrap() - step["told_ms"].as_u64().unwrap();
+        println!("queue {id}: from being told the build to serving on it (fetched, checked, restarted) in {took} ms");
+        let (_, now) = api.call("GET", &format!("/v1/queues/{id}"), None).await;
+        assert_eq!(now["node_build"]["binary_sha256"], good.as_str(), "{now}");
+        let pid = std::fs::read_to_string(pid_file(["qeroll1", "qeroll2"][n])).unwrap();
+        assert_eq!(pid, pids[n], "the same process runs the new build");
+        let host = queue["host"].as_str().unwrap();
+        let mut subscriber = logged_in(dns, host, &root, logins, "subscriber").await;
+        assert_eq!(subscriber.recv().await["body"], "before the upgrade");
+    }
+
+    // The same program marked as built for aarch64: published (it is an ELF binary of a CPU
+    // nodes run on), refused by the canary's x86_64 node, which serves on.
+    binary[18..20].copy_from_slice(&0xb7u16.to_le_bytes());
+    let other_cpu = files.path().join("dataplane-aarch64");
+    std::fs::write(&other_cpu, &binary).unwrap();
+    let published =
+        qe_tests::qe_json(&config, 0, &["builds", "publish", other_cpu.to_str().unwrap()]);
+    assert_eq!(published["architecture"], "aarch64");
+    let wrong = published["sha256"].as_str().unwrap().to_string();
+    let canary = queues[0].0.as_str();
+    let start = [
+        "--json", "rollouts", "start", &wrong, "--canary", canary, "--pause-secs", "1",
+        "--wave-timeout-secs", "240", "--wait",
+    ];
+    let (code, out, err) = qe_tests::run_qe(&config, &start, "");
+    assert_eq!(code, 3, "{out}{err}");
+    let halted: Value = serde_json::from_str(&out).unwrap();
+    let reason = halted["reason"].as_str().unwrap();
+    assert!(reason.contains("not built for x86_64"), "{reason}");
+    assert_eq!(halted["queues"][&queues[1].0]["step"], "waiting");
+    let (_, canary_queue) = api.call("GET", &format!("/v1/queues/{canary}"), None).await;
+    assert_eq!(canary_queue["node_build"]["binary_sha256"], good.as_str());
+    let host = queues[0].2["host"].as_str().unwrap();
+    let mut publisher = logged_in(dns, host, &root, &queues[0].1, "publisher").await;
+    let reply = publisher.request(json!({"body": "after"})).await;
+    assert_eq!(reply["status"], "Success.", "the canary serves on: {reply}");
+    let id = halted["id"].as_str().unwrap();
+    let rolled_back = qe_tests::qe_json(&config, 0, &["rollouts", "rollback", id]);
+    assert_eq!(rolled_back["state"], "rolled-back");
+    for instance in instances {
+        instance.terminate();
+    }
+}

@@ -7,49 +7,12 @@
 
 use futures::{SinkExt, StreamExt};
 use qe_tests::{login_with, ControlPlane};
-use qe_tests::{dataplane_binary, qe_binary};
+use qe_tests::{dataplane_binary, qe_json, run_qe as qe};
 use serde_json::{json, Value};
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Message;
 
 const NEW_QUEUE: &str = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
-
-/// `qe ARGS` with the config file at `config`: exit code, stdout, stderr.
-fn qe(config: &Path, args: &[&str], stdin: &str) -> (i32, String, String) {
-    use std::io::Write;
-    let mut child = Command::new(qe_binary())
-        .args(args)
-        .env("QE_CONFIG", config)
-        .env_remove("QE_PROFILE")
-        .env_remove("QE_TOKEN")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start qe");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.as_bytes()).unwrap();
-    drop(input);
-    let output = child.wait_with_output().unwrap();
-    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
-    (
-        output.status.code().expect("qe exited"),
-        text(output.stdout),
-        text(output.stderr),
-    )
-}
-
-/// `qe --json ARGS`, which must exit with `code`; its JSON.
-#[track_caller]
-fn qe_json(config: &Path, code: i32, args: &[&str]) -> Value {
-    let mut with_json = vec!["--json"];
-    with_json.extend_from_slice(args);
-    let (exit, stdout, stderr) = qe(config, &with_json, "");
-    assert_eq!(exit, code, "qe {}: {stdout}{stderr}", args.join(" "));
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}{stderr}"))
-}
 
 /// Queue `id` as the API shows it.
 async fn queue(cp: &ControlPlane, id: &str) -> Value {

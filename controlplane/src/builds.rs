@@ -187,7 +187,10 @@ impl Builds {
 /// SHA-256 (hex) and size of the file at `path`.
 fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
     let bytes = std::fs::read(path)?;
-    Ok((qe_shared::hex(&sha2::Sha256::digest(&bytes)), bytes.len() as u64))
+    Ok((
+        qe_shared::hex(&sha2::Sha256::digest(&bytes)),
+        bytes.len() as u64,
+    ))
 }
 
 pub fn is_sha256(text: &str) -> bool {

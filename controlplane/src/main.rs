@@ -351,7 +351,10 @@ async fn start(config: Config) -> Result<Running, Failure> {
         failed: state.metrics.queues_failed.clone(),
     };
     tokio::spawn(controlplane::rollup::run(store.clone(), leadership.clone()));
-    tokio::spawn(controlplane::rollout::run(store.clone(), leadership.clone()));
+    tokio::spawn(controlplane::rollout::run(
+        store.clone(),
+        leadership.clone(),
+    ));
     tokio::spawn(controlplane::store::upkeep::run(
         store.clone(),
         leadership.clone(),

@@ -191,7 +191,9 @@ pub async fn start(store: &Store, plan: Plan) -> Result<Rollout, RolloutError> {
         queues: steps,
     };
     if !store.put_rollout(&rollout).await? {
-        return Err(RolloutError::Refused("a rollout was started at the same moment".into()));
+        return Err(RolloutError::Refused(
+            "a rollout was started at the same moment".into(),
+        ));
     }
     Ok(rollout)
 }
@@ -252,11 +254,22 @@ pub async fn roll_back(
         return Ok(None);
     };
     if rollout.state == State::RolledBack {
-        return Err(RolloutError::Refused(format!("rollout {id} is rolled back already")));
+        return Err(RolloutError::Refused(format!(
+            "rollout {id} is rolled back already"
+        )));
     }
     let mut unknown = Vec::new();
-    let told = [Step::Upgrading, Step::Upgraded, Step::Refused, Step::TimedOut];
-    for (queue_id, step) in rollout.queues.iter().filter(|(_, s)| told.contains(&s.step)) {
+    let told = [
+        Step::Upgrading,
+        Step::Upgraded,
+        Step::Refused,
+        Step::TimedOut,
+    ];
+    for (queue_id, step) in rollout
+        .queues
+        .iter()
+        .filter(|(_, s)| told.contains(&s.step))
+    {
         let before = match &step.from {
             Some(sha256) => builds.desired(store, sha256).await?,
             None => None,
@@ -285,9 +298,7 @@ pub async fn roll_back(
         }
         Ok::<_, RolloutError>(())
     });
-    Ok(rolled_back
-        .await?
-        .map(|(rollout, ())| (rollout, unknown)))
+    Ok(rolled_back.await?.map(|(rollout, ())| (rollout, unknown)))
 }
 
 /// The build the last finished rollout rolled out: what a new queue is told.
@@ -395,10 +406,7 @@ fn advance(rollout: &mut Rollout, queues: &BTreeMap<String, Queue>, now: u64) {
             .filter(|refused| refused.binary_sha256 == target);
         if let (Some(refused), Step::Upgrading | Step::Upgraded) = (refused, step.step) {
             step.step = Step::Refused;
-            halt.get_or_insert(format!(
-                "queue {id} refused the build: {}",
-                refused.reason
-            ));
+            halt.get_or_insert(format!("queue {id} refused the build: {}", refused.reason));
             continue;
         }
         let running = queue.node_build.as_ref().map(|b| &b.binary_sha256);
@@ -427,7 +435,10 @@ fn advance(rollout: &mut Rollout, queues: &BTreeMap<String, Queue>, now: u64) {
     };
     let mut all_back = true;
     for id in &wave {
-        let step = rollout.queues.get_mut(id).expect("every wave's queue has a step");
+        let step = rollout
+            .queues
+            .get_mut(id)
+            .expect("every wave's queue has a step");
         match step.step {
             Step::Waiting => {
                 step.step = Step::Upgrading;
@@ -454,6 +465,137 @@ fn advance(rollout: &mut Rollout, queues: &BTreeMap<String, Queue>, now: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qe_shared::node_channel::{NodeBuild, RefusedBuild};
+
+    const NEW: &str = "new";
+
+    fn queue(id: &str, runs: &str) -> Queue {
+        let (mut queue, _) = crate::queues::create(crate::queues::NewQueue {
+            tier: crate::queues::Tier::Devtest,
+            region: "local".into(),
+            instance_type: "local".into(),
+            ipv4: false,
+            account: None,
+        });
+        queue.id = id.to_string();
+        queue.status = Status::Running;
+        queue.node_build = Some(NodeBuild {
+            version: "0".into(),
+            binary_sha256: runs.into(),
+        });
+        queue.applied_version = queue.config_version;
+        queue
+    }
+
+    fn rollout(ids: &[&str]) -> Rollout {
+        let step = QueueStep {
+            step: Step::Waiting,
+            from: Some("old".into()),
+            told_ms: None,
+            upgraded_ms: None,
+        };
+        Rollout {
+            id: "r1".into(),
+            build: DesiredBuild {
+                binary_sha256: NEW.into(),
+                size: 1,
+            },
+            state: State::Rolling,
+            reason: None,
+            created: 0,
+            pause_secs: 10,
+            wave_timeout_secs: 60,
+            waves: waves(ids.iter().map(|id| id.to_string()).collect()),
+            wave: 0,
+            wave_done_ms: None,
+            queues: ids
+                .iter()
+                .map(|id| (id.to_string(), step.clone()))
+                .collect(),
+        }
+    }
+
+    fn fleet(queues: &[Queue]) -> BTreeMap<String, Queue> {
+        queues.iter().map(|q| (q.id.clone(), q.clone())).collect()
+    }
+
+    #[test]
+    fn a_wave_waits_for_its_queues_then_the_pause_then_the_next_wave_starts() {
+        let mut rolling = rollout(&["a", "b", "c"]);
+        let mut queues = vec![queue("a", "old"), queue("b", "old"), queue("c", "old")];
+        advance(&mut rolling, &fleet(&queues), 1_000);
+        assert_eq!(rolling.queues["a"].step, Step::Upgrading);
+        assert_eq!(
+            rolling.queues["b"].step,
+            Step::Waiting,
+            "the canary goes alone"
+        );
+        // Back on the new build, but its node has not confirmed the config naming it yet.
+        queues[0].node_build.as_mut().unwrap().binary_sha256 = NEW.into();
+        queues[0].config_version += 1;
+        advance(&mut rolling, &fleet(&queues), 2_000);
+        assert_eq!(rolling.queues["a"].step, Step::Upgrading);
+        queues[0].applied_version = queues[0].config_version;
+        advance(&mut rolling, &fleet(&queues), 3_000);
+        assert_eq!(rolling.queues["a"].step, Step::Upgraded);
+        assert_eq!((rolling.wave, rolling.wave_done_ms), (0, Some(3_000)));
+        advance(&mut rolling, &fleet(&queues), 12_999);
+        assert_eq!(rolling.wave, 0, "the pause is 10 s");
+        advance(&mut rolling, &fleet(&queues), 13_000);
+        assert_eq!(rolling.wave, 1);
+        advance(&mut rolling, &fleet(&queues), 13_001);
+        assert_eq!(rolling.queues["b"].step, Step::Upgrading);
+        assert_eq!(rolling.queues["c"].step, Step::Upgrading);
+        for queue in &mut queues[1..] {
+            queue.node_build.as_mut().unwrap().binary_sha256 = NEW.into();
+        }
+        advance(&mut rolling, &fleet(&queues), 14_000);
+        advance(&mut rolling, &fleet(&queues), 24_000);
+        assert_eq!(rolling.state, State::Done);
+    }
+
+    #[test]
+    fn a_refusal_or_a_queue_not_back_in_time_halts_the_roll() {
+        let mut rolling = rollout(&["a", "b"]);
+        let mut queues = vec![queue("a", "old"), queue("b", "old")];
+        advance(&mut rolling, &fleet(&queues), 0);
+        queues[0].refused_build = Some(RefusedBuild {
+            binary_sha256: NEW.into(),
+            reason: "it did not stay up".into(),
+        });
+        advance(&mut rolling, &fleet(&queues), 1_000);
+        assert_eq!(rolling.state, State::Halted);
+        assert_eq!(rolling.queues["a"].step, Step::Refused);
+        assert_eq!(
+            rolling.queues["b"].step,
+            Step::Waiting,
+            "nothing more touched"
+        );
+        assert!(rolling
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("did not stay up"));
+
+        let mut rolling = rollout(&["a", "b"]);
+        let queues = vec![queue("a", "old"), queue("b", "old")];
+        advance(&mut rolling, &fleet(&queues), 0);
+        advance(&mut rolling, &fleet(&queues), 60_000);
+        assert_eq!(rolling.state, State::Rolling, "60 s is within the timeout");
+        advance(&mut rolling, &fleet(&queues), 60_001);
+        assert_eq!(rolling.state, State::Halted);
+        assert_eq!(rolling.queues["a"].step, Step::TimedOut);
+    }
+
+    #[test]
+    fn a_queue_deleted_meanwhile_is_skipped() {
+        let mut rolling = rollout(&["a"]);
+        advance(&mut rolling, &BTreeMap::new(), 0);
+        assert_eq!(rolling.queues["a"].step, Step::Skipped);
+        advance(&mut rolling, &BTreeMap::new(), 1);
+        advance(&mut rolling, &BTreeMap::new(), 20_000);
+        assert_eq!(rolling.state, State::Done);
+    }
 
     #[test]
     fn waves_are_a_canary_then_doubling() {

@@ -49,7 +49,10 @@ fn read_name(path: &Path) -> Option<String> {
 }
 
 fn is_sha256(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
 /// The build this process runs when it is one of the fetched ones (its file's name says
@@ -81,7 +84,11 @@ pub fn at_start(data_dir: &Path) -> Option<Ready> {
     match std::fs::read(&path).map(|bytes| qe_shared::hex(&sha2::Sha256::digest(bytes))) {
         Ok(sha256) if sha256 == selected => {}
         _ => {
-            refuse(&dir, &selected, "its file on the node does not match its SHA-256");
+            refuse(
+                &dir,
+                &selected,
+                "its file on the node does not match its SHA-256",
+            );
             return None;
         }
     }
@@ -113,7 +120,11 @@ pub fn last_refused(data_dir: &Path) -> Option<RefusedBuild> {
     let newest = entries
         .filter_map(Result::ok)
         .filter_map(|entry| {
-            let name = entry.file_name().to_str()?.strip_prefix("refused-")?.to_string();
+            let name = entry
+                .file_name()
+                .to_str()?
+                .strip_prefix("refused-")?
+                .to_string();
             let modified = entry.metadata().ok()?.modified().ok()?;
             is_sha256(&name).then_some((modified, name, entry.path()))
         })
@@ -386,7 +397,11 @@ pub fn exec_into(data_dir: &Path, ready: &Ready) -> std::io::Error {
     let error = std::process::Command::new(&ready.path)
         .args(std::env::args_os().skip(1))
         .exec();
-    refuse(&dir, &ready.sha256, &format!("it could not be run: {error}"));
+    refuse(
+        &dir,
+        &ready.sha256,
+        &format!("it could not be run: {error}"),
+    );
     error
 }
 
@@ -416,7 +431,11 @@ mod tests {
         assert_eq!(at_start(data.path()), None);
         let refused = last_refused(data.path()).unwrap();
         assert_eq!(refused.binary_sha256, sha);
-        assert!(refused.reason.contains("did not stay up"), "{}", refused.reason);
+        assert!(
+            refused.reason.contains("did not stay up"),
+            "{}",
+            refused.reason
+        );
         assert!(!dir.join("trying").exists() && !dir.join("selected").exists());
         assert!(!binary(&dir, &sha).exists());
     }
@@ -440,6 +459,9 @@ mod tests {
         std::fs::remove_file(dir.join("trying")).unwrap();
         std::fs::write(binary(&dir, &sha), b"\x7fELF other").unwrap();
         assert_eq!(at_start(data.path()), None);
-        assert!(last_refused(data.path()).unwrap().reason.contains("does not match"));
+        assert!(last_refused(data.path())
+            .unwrap()
+            .reason
+            .contains("does not match"));
     }
 }

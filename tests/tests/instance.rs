@@ -694,20 +694,34 @@ async fn a_build_rolls_across_instances_and_one_for_another_cpu_halts_at_its_can
     let config = files.path().join("qe.toml");
     let api_url = format!("https://{}", api.at);
     let ca = files.path().join("ca.pem");
-    let login = ["login", "--api", &api_url, "--ca", ca.to_str().unwrap(), "--token-stdin"];
+    let login = [
+        "login",
+        "--api",
+        &api_url,
+        "--ca",
+        ca.to_str().unwrap(),
+        "--token-stdin",
+    ];
     let (code, out, err) = qe_tests::run_qe(&config, &login, &api.cp.token);
     assert_eq!(code, 0, "{out}{err}");
     let mut binary = std::fs::read(qe_tests::dataplane_binary()).unwrap();
     binary.extend_from_slice(b"\0the next build, for instances\0");
     let next = files.path().join("dataplane-next");
     std::fs::write(&next, &binary).unwrap();
-    let published =
-        qe_tests::qe_json(&config, 0, &["builds", "publish", next.to_str().unwrap()]);
+    let published = qe_tests::qe_json(&config, 0, &["builds", "publish", next.to_str().unwrap()]);
     let good = published["sha256"].as_str().unwrap().to_string();
     let canary = queues[1].0.as_str();
     let start = [
-        "rollouts", "start", &good, "--canary", canary, "--pause-secs", "1",
-        "--wave-timeout-secs", "240", "--wait",
+        "rollouts",
+        "start",
+        &good,
+        "--canary",
+        canary,
+        "--pause-secs",
+        "1",
+        "--wave-timeout-secs",
+        "240",
+        "--wait",
     ];
     let rollout = qe_tests::qe_json(&config, 0, &start);
     assert_eq!(rollout["state"], "done", "{rollout}");
@@ -729,14 +743,26 @@ async fn a_build_rolls_across_instances_and_one_for_another_cpu_halts_at_its_can
     binary[18..20].copy_from_slice(&0xb7u16.to_le_bytes());
     let other_cpu = files.path().join("dataplane-aarch64");
     std::fs::write(&other_cpu, &binary).unwrap();
-    let published =
-        qe_tests::qe_json(&config, 0, &["builds", "publish", other_cpu.to_str().unwrap()]);
+    let published = qe_tests::qe_json(
+        &config,
+        0,
+        &["builds", "publish", other_cpu.to_str().unwrap()],
+    );
     assert_eq!(published["architecture"], "aarch64");
     let wrong = published["sha256"].as_str().unwrap().to_string();
     let canary = queues[0].0.as_str();
     let start = [
-        "--json", "rollouts", "start", &wrong, "--canary", canary, "--pause-secs", "1",
-        "--wave-timeout-secs", "240", "--wait",
+        "--json",
+        "rollouts",
+        "start",
+        &wrong,
+        "--canary",
+        canary,
+        "--pause-secs",
+        "1",
+        "--wave-timeout-secs",
+        "240",
+        "--wait",
     ];
     let (code, out, err) = qe_tests::run_qe(&config, &start, "");
     assert_eq!(code, 3, "{out}{err}");

@@ -6,8 +6,8 @@
 //! rollback to the installed build.
 
 use futures::{SinkExt, StreamExt};
-use qe_tests::{login_with, ControlPlane};
 use qe_tests::{dataplane_binary, qe_json, run_qe as qe};
+use qe_tests::{login_with, ControlPlane};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Message;
@@ -137,7 +137,12 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
     let config = files.path().join("qe.toml");
     let (code, out, err) = qe(
         &config,
-        &["login", "--api", &format!("http://{}", cp.addr), "--token-stdin"],
+        &[
+            "login",
+            "--api",
+            &format!("http://{}", cp.addr),
+            "--token-stdin",
+        ],
         &cp.token,
     );
     assert_eq!(code, 0, "{out}{err}");
@@ -151,7 +156,13 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
     let published = qe_json(
         &config,
         0,
-        &["builds", "publish", next.to_str().unwrap(), "--label", "next"],
+        &[
+            "builds",
+            "publish",
+            next.to_str().unwrap(),
+            "--label",
+            "next",
+        ],
     );
     let good = published["sha256"].as_str().unwrap().to_string();
     assert_ne!(good, installed);
@@ -176,8 +187,16 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
         &config,
         0,
         &[
-            "rollouts", "start", &good, "--canary", canary, "--pause-secs", "1",
-            "--wave-timeout-secs", "120", "--wait",
+            "rollouts",
+            "start",
+            &good,
+            "--canary",
+            canary,
+            "--pause-secs",
+            "1",
+            "--wave-timeout-secs",
+            "120",
+            "--wait",
         ],
     );
     let took = started.elapsed();
@@ -185,7 +204,11 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
     assert_eq!(rollout["state"], "done", "{rollout}");
     let mut rest = vec![ids[0].clone(), ids[2].clone()];
     rest.sort();
-    assert_eq!(rollout["waves"], json!([[canary], rest]), "the canary alone first");
+    assert_eq!(
+        rollout["waves"],
+        json!([[canary], rest]),
+        "the canary alone first"
+    );
     for (n, watcher) in watchers.into_iter().enumerate() {
         let watched = watcher.await.unwrap();
         assert!(watched.published > 0);
@@ -200,11 +223,14 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
         assert_eq!(runs(&queue), good, "{queue}");
         assert_eq!(queue["desired_build"]["binary_sha256"], good.as_str());
         // The same process (it exec'd the new build), with its data.
-        assert_eq!(pid_of(&cp, id), pids[n], "queue {id}'s node was restarted from outside");
+        assert_eq!(
+            pid_of(&cp, id),
+            pids[n],
+            "queue {id}'s node was restarted from outside"
+        );
         let node = queue["node"].as_str().unwrap();
         let login = &queues[n]["logins"]["subscriber"];
-        let mut subscriber =
-            login_with(node, login, "subscriber", json!({"capacity": 1})).await;
+        let mut subscriber = login_with(node, login, "subscriber", json!({"capacity": 1})).await;
         let first = subscriber.recv().await;
         assert_eq!(first["body"], "before the upgrade", "{first}");
     }
@@ -219,8 +245,17 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
     let (code, out, err) = qe(
         &config,
         &[
-            "--json", "rollouts", "start", &bad, "--canary", canary, "--pause-secs", "1",
-            "--wave-timeout-secs", "120", "--wait",
+            "--json",
+            "rollouts",
+            "start",
+            &bad,
+            "--canary",
+            canary,
+            "--pause-secs",
+            "1",
+            "--wave-timeout-secs",
+            "120",
+            "--wait",
         ],
         "",
     );
@@ -228,7 +263,10 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
     let halted: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(halted["state"], "halted", "{halted}");
     let reason = halted["reason"].as_str().unwrap();
-    assert!(reason.contains(canary) && reason.contains("did not stay up"), "{reason}");
+    assert!(
+        reason.contains(canary) && reason.contains("did not stay up"),
+        "{reason}"
+    );
     assert_eq!(halted["queues"][canary]["step"], "refused");
     for id in &ids[1..] {
         assert_eq!(halted["queues"][id]["step"], "waiting", "{halted}");
@@ -245,7 +283,10 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
     let rolled_back = qe_json(&config, 0, &["rollouts", "rollback", halted_id]);
     assert_eq!(rolled_back["state"], "rolled-back", "{rolled_back}");
     let canary_queue = queue(&cp, canary).await;
-    assert_eq!(canary_queue["desired_build"]["binary_sha256"], good.as_str());
+    assert_eq!(
+        canary_queue["desired_build"]["binary_sha256"],
+        good.as_str()
+    );
 
     // The first rollout rolled back: every queue is told the installed build again, fetches
     // it from the control plane and restarts into it.

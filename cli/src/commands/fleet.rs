@@ -63,7 +63,11 @@ fn rollout_row(rollout: &Rollout) -> Vec<String> {
         rollout.id.clone(),
         rollout.state.clone(),
         rollout.build.binary_sha256.chars().take(12).collect(),
-        format!("{}/{}", rollout.wave.min(rollout.waves.len()), rollout.waves.len()),
+        format!(
+            "{}/{}",
+            rollout.wave.min(rollout.waves.len()),
+            rollout.waves.len()
+        ),
         rollout.queues.len().to_string(),
         rollout.reason.clone().unwrap_or_default(),
     ]
@@ -136,7 +140,11 @@ async fn until_settled(
     loop {
         if wave_said != Some(rollout.wave) && rollout.wave < rollout.waves.len() {
             let queues = rollout.waves[rollout.wave].join(", ");
-            eprintln!("wave {} of {}: {queues}", rollout.wave + 1, rollout.waves.len());
+            eprintln!(
+                "wave {} of {}: {queues}",
+                rollout.wave + 1,
+                rollout.waves.len()
+            );
             wave_said = Some(rollout.wave);
         }
         if rollout.state != "rolling" {

@@ -146,7 +146,11 @@ pub async fn get(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let rollout = state.store.rollout(&id).await?.ok_or_else(|| no_rollout(&id))?;
+    let rollout = state
+        .store
+        .rollout(&id)
+        .await?
+        .ok_or_else(|| no_rollout(&id))?;
     Ok(Json(json!(rollout)))
 }
 
@@ -190,5 +194,7 @@ pub async fn node_fetch(
         .file(&state.store, &sha256)
         .await?
         .ok_or_else(|| ApiError::NoSuch(format!("no build {sha256:?}")))?;
-    super::nodes::send_file(&path).await.map(IntoResponse::into_response)
+    super::nodes::send_file(&path)
+        .await
+        .map(IntoResponse::into_response)
 }

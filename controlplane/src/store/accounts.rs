@@ -115,14 +115,20 @@ impl Store {
             .collect()
     }
 
-    pub(super) async fn get_json<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StoreError> {
+    pub(super) async fn get_json<T: DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
         match self.kv.get(key).await? {
             Some(stored) => Ok(Some(serde_json::from_slice(&stored.value)?)),
             None => Ok(None),
         }
     }
 
-    pub(super) async fn list_json<T: DeserializeOwned>(&self, prefix: &str) -> Result<Vec<T>, StoreError> {
+    pub(super) async fn list_json<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<T>, StoreError> {
         let listed = self.kv.range(prefix, &end_of(prefix)).await?;
         listed
             .values

@@ -56,9 +56,7 @@ impl Store {
         id: &str,
         change: impl FnMut(&mut Rollout) -> Result<T, E>,
     ) -> Result<Option<(Rollout, T)>, E> {
-        let updated = self
-            .swap_json(&format!("{ROLLOUTS}{id}"), change)
-            .await?;
+        let updated = self.swap_json(&format!("{ROLLOUTS}{id}"), change).await?;
         Ok(updated.map(|(rollout, answer, _)| (rollout, answer)))
     }
 }

@@ -16,6 +16,7 @@ import time
 
 import boto3
 import botocore.config
+from botocore.exceptions import ClientError
 
 from sqs_common import attributes_md5, error_code, md5, send_partial_batch
 from websockets.sync.client import connect as websocket
@@ -289,12 +290,22 @@ def attributes_map_to_settings():
     counts = [shown[k] for k in ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
                                  "ApproximateNumberOfMessagesDelayed"]]
     assert counts == ["2", "1", "1"], shown
-    ADMIN.purge_queue(QueueUrl=URL)
+    purged = ADMIN.purge_queue(QueueUrl=URL)
+    # Every reply carries its request id, as AWS's do (SDKs log it, support tickets quote it).
+    request_id = purged["ResponseMetadata"]["RequestId"]
+    assert request_id and purged["ResponseMetadata"]["HTTPHeaders"]["x-amzn-requestid"] == request_id, purged
+    # One purge a minute, as on AWS.
+    try:
+        ADMIN.purge_queue(QueueUrl=URL)
+        raise AssertionError("a second purge within 60 s succeeded")
+    except ClientError as error:
+        assert error.response["Error"]["Code"] == "AWS.SimpleQueueService.PurgeQueueInProgress", error.response
+        assert error.response["ResponseMetadata"]["RequestId"], error.response
     names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
              "ApproximateNumberOfMessagesDelayed"]
     shown = ADMIN.get_queue_attributes(QueueUrl=URL, AttributeNames=names)
     assert shown["Attributes"] == {name: "0" for name in names}, shown
-    check("Get/SetQueueAttributes are the node's settings; counts; PurgeQueue, in flight too")
+    check("Get/SetQueueAttributes are the node's settings; counts; PurgeQueue, in flight too, once a minute; request ids")
 
 
 def one_queue_two_faces():

@@ -103,7 +103,12 @@ pub struct Context<'a> {
     pub queue_name: &'a str,
     /// The queue's URL as this request's client reaches it.
     pub queue_url: &'a str,
+    /// When the last `PurgeQueue` began (SQS takes one a minute).
+    pub last_purge: &'a std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How long after a purge another is refused (`PurgeQueueInProgress`), as on AWS.
+pub const PURGE_EVERY: Duration = Duration::from_secs(60);
 
 /// Runs `action` on `input` (a JSON object).
 pub async fn run(action: Action, context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
@@ -286,9 +291,17 @@ fn set_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
 }
 
 /// What a purge takes here, as on AWS: the queue's waiting and delayed messages, and those
-/// in flight to SQS receivers. Not the dead letter queue, which SQS keeps as a queue of its
+/// in flight to SQS receivers; one a minute (another within [`PURGE_EVERY`] is refused). Not the dead letter queue, which SQS keeps as a queue of its
 /// own, nor what WebSocket subscribers hold (their sessions hold it until they answer).
 async fn purge_queue(context: &Context<'_>) -> Result<Value, SqsError> {
+    {
+        let mut last = context.last_purge.lock().expect("never poisoned");
+        let now = std::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < PURGE_EVERY) {
+            return Err(SqsError::purge_in_progress());
+        }
+        *last = Some(now);
+    }
     let scopes = [Scope::Waiting, Scope::Delayed, Scope::Received];
     let (_, receipt) = context.node.queue.purge_each(&scopes);
     let _ = receipt.wait().await;

@@ -178,6 +178,15 @@ impl SqsError {
         )
     }
 
+    pub fn purge_in_progress() -> SqsError {
+        SqsError::new(
+            StatusCode::FORBIDDEN,
+            "PurgeQueueInProgress",
+            "AWS.SimpleQueueService.PurgeQueueInProgress",
+            "Only one PurgeQueue operation on the queue is allowed every 60 seconds.".into(),
+        )
+    }
+
     fn unknown_operation(target: &str) -> SqsError {
         SqsError::new(
             StatusCode::BAD_REQUEST,
@@ -236,6 +245,8 @@ pub struct Sqs {
     queue_name: String,
     /// Served over TLS (URLs are `https://`).
     tls: bool,
+    /// When the last `PurgeQueue` began.
+    last_purge: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Sqs {
@@ -244,6 +255,7 @@ impl Sqs {
             node,
             queue_name,
             tls,
+            last_purge: std::sync::Mutex::new(None),
         })
     }
 
@@ -302,14 +314,20 @@ impl Sqs {
         if let Err(error) = &outcome {
             tracing::debug!(code = error.code, message = %error.message, "an SQS request was refused");
         }
-        match (query, outcome) {
+        let request_id = query::request_id();
+        let mut response = match (query, outcome) {
             (false, Ok((_, answer))) => json_response(StatusCode::OK, &answer),
             (false, Err(error)) => error.response(),
             (true, Ok((action, answer))) => {
-                xml_response(StatusCode::OK, query::reply(action.name(), &answer))
+                let reply = query::reply(action.name(), &answer, &request_id);
+                xml_response(StatusCode::OK, reply)
             }
-            (true, Err(error)) => xml_response(error.status, query::error(&error)),
-        }
+            (true, Err(error)) => xml_response(error.status, query::error(&error, &request_id)),
+        };
+        let id =
+            hyper::header::HeaderValue::from_str(&request_id).expect("a UUID is a header value");
+        response.headers_mut().insert("x-amzn-requestid", id);
+        response
     }
 
     /// The action a request asks for, and its answer.
@@ -360,6 +378,7 @@ impl Sqs {
             node: &self.node,
             queue_name: &self.queue_name,
             queue_url: &queue_url,
+            last_purge: &self.last_purge,
         };
         let answer = actions::run(action, &context, &input).await?;
         Ok((action, answer))

@@ -205,7 +205,7 @@ impl Tree {
 }
 
 /// `answer` (the JSON protocol's reply to `action`) as the query protocol's XML.
-pub fn reply(action: &str, answer: &Value) -> String {
+pub fn reply(action: &str, answer: &Value, request_id: &str) -> String {
     let mut result = String::new();
     if let Value::Object(fields) = answer {
         for (name, value) in fields {
@@ -220,8 +220,7 @@ pub fn reply(action: &str, answer: &Value) -> String {
     };
     format!(
         "<?xml version=\"1.0\"?><{action}Response xmlns=\"{XMLNS}\">{result}\
-         <ResponseMetadata><RequestId>{}</RequestId></ResponseMetadata></{action}Response>",
-        request_id()
+         <ResponseMetadata><RequestId>{request_id}</RequestId></ResponseMetadata></{action}Response>"
     )
 }
 
@@ -272,7 +271,7 @@ fn each(member: &str, items: &[Value], action: &str, out: &mut String) {
 }
 
 /// `error` as the query protocol's XML error.
-pub fn error(error: &SqsError) -> String {
+pub fn error(error: &SqsError, request_id: &str) -> String {
     let kind = match error.status.is_server_error() {
         true => "Receiver",
         false => "Sender",
@@ -285,8 +284,7 @@ pub fn error(error: &SqsError) -> String {
     push_escaped(&mut out, &error.message);
     let _ = write!(
         out,
-        "</Message><Detail/></Error><RequestId>{}</RequestId></ErrorResponse>",
-        request_id()
+        "</Message><Detail/></Error><RequestId>{request_id}</RequestId></ErrorResponse>"
     );
     out
 }
@@ -311,8 +309,10 @@ fn push_escaped(out: &mut String, text: &str) {
 }
 
 /// A request id as AWS's look (a UUID).
-fn request_id() -> uuid::Uuid {
-    uuid::Uuid::now_v7()
+/// A new request's id: in its reply's header (`x-amzn-RequestId`, both protocols) and, on
+/// the query protocol, in its body, as SQS gives them; SDKs log it and keep it with errors.
+pub fn request_id() -> String {
+    uuid::Uuid::now_v7().to_string()
 }
 
 #[cfg(test)]
@@ -401,7 +401,7 @@ mod tests {
                 "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}},
             }],
         });
-        let xml = reply("ReceiveMessage", &answer);
+        let xml = reply("ReceiveMessage", &answer, "r1");
         let start = "<?xml version=\"1.0\"?><ReceiveMessageResponse xmlns=\"http://queue.amazonaws.com/doc/2012-11-05/\"><ReceiveMessageResult>";
         assert!(xml.starts_with(start), "{xml}");
         assert!(xml.contains("<Message><Attribute><Name>ApproximateReceiveCount</Name><Value>1</Value></Attribute>\
@@ -410,22 +410,24 @@ mod tests {
             <MessageId>m1</MessageId></Message></ReceiveMessageResult>"), "{xml}");
         let batch =
             json!({"Successful": [{"Id": "a"}], "Failed": [{"Id": "b", "SenderFault": true}]});
-        let xml = reply("DeleteMessageBatch", &batch);
+        let xml = reply("DeleteMessageBatch", &batch, "r1");
         assert!(xml.contains("<BatchResultErrorEntry><Id>b</Id><SenderFault>true</SenderFault></BatchResultErrorEntry>\
             <DeleteMessageBatchResultEntry><Id>a</Id></DeleteMessageBatchResultEntry>"), "{xml}");
         let xml = reply(
             "ReceiveMessage",
             &json!({"Messages": [{"Body": "a\u{1}b\u{0}"}]}),
+            "r1",
         );
         assert!(xml.contains("<Body>a\u{fffd}b\u{fffd}</Body>"), "{xml}");
-        let xml = reply("ReceiveMessage", &json!({}));
+        let xml = reply("ReceiveMessage", &json!({}), "r1");
         assert!(
             xml.contains("<ReceiveMessageResult></ReceiveMessageResult>"),
             "{xml}"
         );
-        let xml = reply("PurgeQueue", &json!({}));
+        let xml = reply("PurgeQueue", &json!({}), "r1");
+        assert!(xml.contains("<RequestId>r1</RequestId>"), "{xml}");
         assert!(xml.contains("<PurgeQueueResponse xmlns=\"http://queue.amazonaws.com/doc/2012-11-05/\"><ResponseMetadata>"), "{xml}");
-        let xml = error(&SqsError::queue_does_not_exist());
+        let xml = error(&SqsError::queue_does_not_exist(), "r1");
         assert!(
             xml.contains(
                 "<Error><Type>Sender</Type><Code>AWS.SimpleQueueService.NonExistentQueue</Code>"

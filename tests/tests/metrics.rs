@@ -374,6 +374,7 @@ async fn a_tls_node_reports_its_certificate_and_the_alerts_and_dashboard_name_se
         "qe_reconcile_errors_total",
         "qe_certificate_errors_total",
         "qe_api_certificate_expiry_timestamp_seconds",
+        "qe_rollouts",
     ] {
         assert!(alerted.contains(watched), "no alert reads {watched}");
     }

@@ -276,6 +276,12 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
     }
     let canary_queue = queue_when(&cp, canary, |q| runs(q) == good).await;
     assert_eq!(canary_queue["refused_build"]["binary_sha256"], bad.as_str());
+    let token = Some(cp.token.as_str());
+    let (_, metrics) = qe_tests::http_text(cp.addr, "GET", "/metrics", token, None).await;
+    assert!(
+        metrics.contains("qe_rollouts{state=\"halted\"} 1\n"),
+        "{metrics}"
+    );
     let halted_id = halted["id"].as_str().unwrap();
     // Another rollout waits for this one to be settled.
     let (code, _, err) = qe(&config, &["rollouts", "start", &installed], "");

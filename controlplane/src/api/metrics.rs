@@ -133,6 +133,7 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
     for (status, count) in by_status {
         let _ = writeln!(out, "qe_queues{{status=\"{status}\"}} {count}");
     }
+    render_rollouts(&state, &mut out).await?;
     let reports = state.metrics.node_reports.load(Ordering::Relaxed);
     out.push_str("# HELP qe_node_reports_total Node reports received.\n");
     out.push_str("# TYPE qe_node_reports_total counter\n");
@@ -223,6 +224,19 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         }
     }
     Ok(out)
+}
+
+/// Rollouts rolling and halted (`rollout.rs`): a halted one waits for the operator.
+async fn render_rollouts(state: &AppState, out: &mut String) -> Result<(), ApiError> {
+    let rollouts = state.store.rollouts().await?;
+    let count = |wanted| rollouts.iter().filter(|r| r.state == wanted).count();
+    let rolling = count(crate::rollout::State::Rolling);
+    let halted = count(crate::rollout::State::Halted);
+    out.push_str("# HELP qe_rollouts Node build rollouts rolling or halted.\n");
+    out.push_str("# TYPE qe_rollouts gauge\n");
+    let _ = writeln!(out, "qe_rollouts{{state=\"rolling\"}} {rolling}");
+    let _ = writeln!(out, "qe_rollouts{{state=\"halted\"}} {halted}");
+    Ok(())
 }
 
 fn render_counter(out: &mut String, name: &str, help: &str, value: u64) {

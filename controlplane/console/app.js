@@ -2,7 +2,8 @@
 // control plane's /v1 API with the session cookie (HttpOnly: this script never sees it) and
 // sends the session's CSRF token, held in memory only, as X-CSRF-Token with every change.
 // The token a user signs in with is sent once and never kept: not in storage, not in the page.
-// Pages are hash routes: #/ (queues), #/queues/ID/TAB. Everything is built with DOM calls
+// Pages are hash routes: #/ (queues), #/queues/ID/TAB, #/fleet (the operator's builds and
+// rollouts). Everything is built with DOM calls
 // and textContent, so nothing the API returns is ever read as HTML.
 "use strict";
 
@@ -172,6 +173,7 @@ function renderWho() {
     ? "Operator (every account)"
     : `Account ${caller.account}${caller.scope === "read-only" ? " (read-only key)" : ""}`;
   who.replaceChildren(
+    caller.kind === "operator" ? h("a", { href: "#/fleet", id: "fleet-link" }, "Builds and rollouts") : null,
     h("span", { id: "signed-in-as" }, `Signed in: ${name}`),
     h("button", { type: "button", id: "sign-out", onclick: signOut }, "Sign out"));
 }
@@ -1232,12 +1234,170 @@ function sqsKeys(id, tab, panel, load, notFound) {
   timer = setInterval(refresh, REFRESH_EVERY_MS);
 }
 
+// ---- the operator's builds and rollouts (docs/deploy.md §14.2) -----------------------------
+
+/** How often the page looks again while a rollout rolls. */
+const ROLLING_REFRESH_MS = 2_000;
+
+/** A build's hash as people compare them: its first 12 characters. */
+function shortHash(sha256) {
+  return sha256 ? `${sha256.slice(0, 12)}…` : "—";
+}
+
+/** Publishes the file picked as a node build: the binary is the request's body. */
+async function publishBuild(file, label) {
+  const query = label ? `?label=${encodeURIComponent(label)}` : "";
+  const response = await fetch(`/v1/builds${query}`, {
+    method: "POST", credentials: "same-origin", cache: "no-store", body: file,
+    headers: { Accept: "application/json", "Content-Type": "application/octet-stream",
+      "X-CSRF-Token": session.csrf || "" },
+  });
+  const data = await response.json().catch(() => null);
+  if (!response.ok) {
+    const error = (data && data.error) || {};
+    throw new ApiFailure(response.status, error.code, error.message);
+  }
+  return data;
+}
+
+function renderFleet() {
+  stopTimer();
+  setTitle("Builds and rollouts");
+  const outcome = h("p", { id: "fleet-outcome", role: "status", "aria-live": "polite" });
+  const builds = h("tbody", { id: "build-rows" });
+  const rollouts = h("tbody", { id: "rollout-rows" });
+  const buildChoice = h("select", { id: "rollout-build", required: true });
+  const canaryChoice = h("select", { id: "rollout-canary" });
+  const pause = h("input", { id: "rollout-pause", type: "number", min: "0", max: "86400", value: "60" });
+  const file = h("input", { id: "build-file", type: "file", required: true });
+  const label = h("input", { id: "build-label", type: "text", maxlength: "100" });
+  let rolling = false;
+
+  async function act(id, action) {
+    try {
+      const rollout = await api("POST", `/v1/rollouts/${encodeURIComponent(id)}/${action}`);
+      outcome.textContent = `Rollout ${id} is ${rollout.state}.`;
+    } catch (failure) {
+      outcome.textContent = `Refused: ${failure.message}`;
+    }
+    load();
+  }
+
+  function rolloutRow(rollout) {
+    const actions = h("td", { "data-label": "Actions" });
+    const button = (action, text, cls) => h("button", { type: "button", class: cls,
+      "data-action": action, "aria-label": `${text} rollout ${rollout.id}`,
+      onclick: () => act(rollout.id, action) }, text);
+    if (rollout.state === "rolling") actions.append(button("halt", "Halt", "danger"));
+    if (rollout.state === "halted") actions.append(button("resume", "Resume", ""), button("rollback", "Roll back", "danger"));
+    if (rollout.state === "done") actions.append(button("rollback", "Roll back", "danger"));
+    const steps = Object.entries(rollout.queues)
+      .map(([queue, step]) => `${queue}: ${step.step}`).join(", ");
+    return h("tr", { "data-rollout": rollout.id },
+      h("th", { scope: "row", "data-label": "Rollout" }, rollout.id),
+      h("td", { "data-label": "State" }, h("span", { class: `status status-${rollout.state}`, "data-state": rollout.state }, rollout.state)),
+      h("td", { "data-label": "Build" }, shortHash(rollout.build.binary_sha256)),
+      h("td", { "data-label": "Wave", class: "num" }, `${Math.min(rollout.wave, rollout.waves.length)} of ${rollout.waves.length}`),
+      h("td", { "data-label": "Queues", class: "steps" }, steps),
+      h("td", { "data-label": "Why", class: "reason" }, rollout.reason || ""),
+      actions);
+  }
+
+  async function load() {
+    let listed, history, queues;
+    try {
+      [listed, history, queues] = await Promise.all([
+        api("GET", "/v1/builds"), api("GET", "/v1/rollouts"), api("GET", "/v1/queues")]);
+    } catch (failure) {
+      outcome.textContent = `Could not load: ${failure.message}`;
+      return;
+    }
+    const known = [];
+    if (listed.installed) {
+      known.push({ sha256: listed.installed.binary_sha256, size: listed.installed.size, label: "installed" });
+    }
+    known.push(...listed.builds);
+    builds.replaceChildren(...known.map((build) => h("tr", { "data-build": build.sha256 },
+      h("th", { scope: "row", "data-label": "SHA-256", title: build.sha256 }, shortHash(build.sha256)),
+      h("td", { "data-label": "Label" }, build.label || ""),
+      h("td", { "data-label": "CPU" }, build.architecture || ""),
+      h("td", { "data-label": "Size", class: "num" }, formatBytes(build.size)))));
+    const chosen = buildChoice.value;
+    buildChoice.replaceChildren(...known.map((build) =>
+      h("option", { value: build.sha256, selected: build.sha256 === chosen },
+        `${shortHash(build.sha256)} ${build.label || ""}`)));
+    const running = queues.queues.filter((queue) => queue.status === "running");
+    const canary = canaryChoice.value;
+    canaryChoice.replaceChildren(h("option", { value: "" }, "The first by id"),
+      ...running.map((queue) => h("option", { value: queue.id, selected: queue.id === canary }, queue.id)));
+    rollouts.replaceChildren(...history.rollouts.map(rolloutRow));
+    const nowRolling = history.rollouts.some((rollout) => rollout.state === "rolling");
+    if (nowRolling !== rolling) {
+      rolling = nowRolling;
+      stopTimer();
+      if (rolling) timer = setInterval(load, ROLLING_REFRESH_MS);
+    }
+  }
+
+  const publishForm = h("form", { id: "publish-build", "aria-labelledby": "publish-title" },
+    h("h2", { id: "publish-title" }, "Publish a build"),
+    h("div", { class: "field" }, h("label", { for: "build-file" }, "The dataplane binary"), file),
+    h("div", { class: "field" }, h("label", { for: "build-label" }, "Label (a version, a commit)"), label),
+    h("button", { type: "submit", class: "primary", id: "publish" }, "Publish"));
+  publishForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!file.files.length) return;
+    outcome.textContent = "Publishing…";
+    try {
+      const build = await publishBuild(file.files[0], label.value.trim());
+      outcome.textContent = `Published ${build.sha256} (${build.architecture}).`;
+      buildChoice.value = build.sha256;
+    } catch (failure) {
+      outcome.textContent = `Refused: ${failure.message}`;
+    }
+    load();
+  });
+  const rollForm = h("form", { id: "start-rollout", "aria-labelledby": "rollout-title" },
+    h("h2", { id: "rollout-title" }, "Roll a build out"),
+    h("p", { class: "hint" }, "Every running queue on another build, in waves: the canary alone, then 2, 4, 8… " +
+      "It halts at the first node that refuses the build or does not come back on it."),
+    h("div", { class: "field" }, h("label", { for: "rollout-build" }, "Build"), buildChoice),
+    h("div", { class: "field" }, h("label", { for: "rollout-canary" }, "Canary"), canaryChoice),
+    h("div", { class: "field" }, h("label", { for: "rollout-pause" }, "Pause between waves (s)"), pause),
+    h("button", { type: "submit", class: "primary", id: "roll-out" }, "Roll out"));
+  rollForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const plan = { binary_sha256: buildChoice.value, pause_secs: Number(pause.value) };
+    if (canaryChoice.value) plan.canary = canaryChoice.value;
+    try {
+      const rollout = await api("POST", "/v1/rollouts", plan);
+      outcome.textContent = `Rollout ${rollout.id} started over ${Object.keys(rollout.queues).length} queue(s).`;
+    } catch (failure) {
+      outcome.textContent = `Refused: ${failure.message}`;
+    }
+    load();
+  });
+  show(h("h1", {}, "Builds and rollouts"), outcome,
+    h("table", { class: "cards", id: "builds" },
+      h("caption", {}, "Node builds: the installed one (what new nodes start from) and the published ones"),
+      h("thead", {}, h("tr", {}, ["SHA-256", "Label", "CPU", "Size"].map((name) => h("th", { scope: "col" }, name)))),
+      builds),
+    publishForm, rollForm,
+    h("table", { class: "cards", id: "rollouts" },
+      h("caption", {}, "Rollouts, newest first"),
+      h("thead", {}, h("tr", {}, ["Rollout", "State", "Build", "Wave", "Queues", "Why"].map((name) =>
+        h("th", { scope: "col" }, name)), h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")))),
+      rollouts));
+  load();
+}
+
 // ---- routing and start -------------------------------------------------------------------
 
 function route() {
   if (!session.caller) { renderSignIn(); return; }
   const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
   if (parts[0] === "queues" && parts[1]) renderQueue(parts[1], parts[2] || "overview");
+  else if (parts[0] === "fleet" && session.caller.kind === "operator") renderFleet();
   else renderList();
   if (document.activeElement === document.body || !document.activeElement) {
     document.getElementById("main").focus();

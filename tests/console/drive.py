@@ -10,10 +10,13 @@ a deadline; nothing sleeps for a fixed time.
 """
 
 import datetime
+import hashlib
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -618,6 +621,37 @@ def run(page, context, logs):
     status, _, reply = http("POST", "/v1/queues", cookie=reader_cookie, csrf=who["csrf"], body=new_queue)
     assert status == 403 and "read-only" in reply["error"]["message"], (status, reply)
     check("a read-only key's session offers no change and is refused one")
+    expect(page.locator("#fleet-link")).to_have_count(0)
+
+    # The operator's builds and rollouts: a build that does not start (`true` exits at once),
+    # published from a file and rolled out with the alpha queue as canary: its node refuses
+    # it, the rollout halts with why, and it is rolled back.
+    page.locator("#sign-out").click()
+    sign_in(page, SETUP["operator_token"])
+    page.locator("#fleet-link").click()
+    expect(page.locator("#builds tbody tr")).to_have_count(1)
+    broken = os.path.join(tempfile.mkdtemp(), "dataplane-broken")
+    shutil.copy("/bin/true", broken)
+    sha256 = hashlib.sha256(open(broken, "rb").read()).hexdigest()
+    page.locator("#build-file").set_input_files(broken)
+    page.locator("#build-label").fill("exits at once")
+    page.locator("#publish").click()
+    outcome = page.locator("#fleet-outcome")
+    expect(outcome).to_have_text(f"Published {sha256} (x86_64).")
+    expect(page.locator(f'#builds tr[data-build="{sha256}"]')).to_contain_text("exits at once")
+    page.locator("#rollout-build").select_option(sha256)
+    page.locator("#rollout-canary").select_option(alpha_queue)
+    page.locator("#rollout-pause").fill("1")
+    page.locator("#roll-out").click()
+    expect(outcome).to_have_text(re.compile(r"^Rollout r\d+ started over \d+ queue"))
+    rollout = page.locator("#rollouts tbody tr").first
+    expect(rollout.locator("[data-state]")).to_have_attribute("data-state", "halted", timeout=60_000)
+    expect(rollout.locator(".reason")).to_contain_text(f"queue {alpha_queue} refused the build")
+    page.locator("#rollouts").scroll_into_view_if_needed()
+    shot(page, "rollouts")
+    rollout.locator('button[data-action="rollback"]').click()
+    expect(rollout.locator("[data-state]")).to_have_attribute("data-state", "rolled-back")
+    check("the operator publishes a build, rolls it out, sees the canary refuse it and rolls back")
 
     # No console errors but the refusals the test asked for.
     expected = ["/console/session - Failed to load resource: the server responded with a status of 401",

@@ -167,6 +167,7 @@ async fn the_console_in_a_real_browser() {
         "node": node,
         "qe": qe_tests::qe_binary(),
         "publisher": alpha_queue["logins"]["publisher"],
+        "operator_token": cp.token,
     });
     let driver = workspace().join("tests/console/drive.py");
     let mut command = tokio::process::Command::new(python());
@@ -185,6 +186,10 @@ async fn the_console_in_a_real_browser() {
         cp.log_text()
     );
     assert!(stdout.contains("ok no console errors"), "{stdout}");
+    assert!(
+        stdout.contains("ok the operator publishes a build"),
+        "{stdout}"
+    );
     drop(publisher);
 }
 

@@ -301,16 +301,16 @@ pub async fn roll_back(
     Ok(rolled_back.await?.map(|(rollout, ())| (rollout, unknown)))
 }
 
-/// The build the last finished rollout rolled out: what a new queue is told.
+/// The build the fleet was last rolled to: what a new queue is told (None: the installed
+/// one). A rollout rolled back took the fleet back to where it was before it, so it does not
+/// count: the newest one done and not rolled back does.
 pub async fn fleet_build(store: &Store) -> Result<Option<DesiredBuild>, StoreError> {
     let rollouts = store.rollouts().await?;
-    let last = rollouts
+    let last_done = rollouts
         .into_iter()
         .rev()
-        .find(|rollout| matches!(rollout.state, State::Done | State::RolledBack));
-    Ok(last
-        .filter(|rollout| rollout.state == State::Done)
-        .map(|rollout| rollout.build))
+        .find(|rollout| rollout.state == State::Done);
+    Ok(last_done.map(|rollout| rollout.build))
 }
 
 /// Drives rollouts while this replica leads.

@@ -294,6 +294,13 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
         good.as_str()
     );
 
+    // A queue made now is told the build the fleet was rolled to (the halted rollout, rolled
+    // back, does not count), and runs it.
+    let late = cp.create_queue(NEW_QUEUE).await;
+    let late = late["id"].as_str().unwrap();
+    let late_queue = queue_when(&cp, late, |q| runs(q) == good).await;
+    assert_eq!(late_queue["desired_build"]["binary_sha256"], good.as_str());
+
     // The first rollout rolled back: every queue is told the installed build again, fetches
     // it from the control plane and restarts into it.
     let first = rollout["id"].as_str().unwrap();
@@ -303,6 +310,9 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
         let queue = queue_when(&cp, id, |q| runs(q) == installed).await;
         assert_eq!(queue["desired_build"]["binary_sha256"], installed.as_str());
     }
+    // And a queue made after that starts from the installed build and is told none.
+    let last = cp.create_queue(NEW_QUEUE).await;
+    assert_eq!(last["desired_build"], Value::Null, "{last}");
     let listed = qe_json(&config, 0, &["rollouts", "list"]);
     let states: Vec<&str> = listed
         .as_array()

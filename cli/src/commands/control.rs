@@ -115,6 +115,9 @@ fn queue_output(queue: &Queue, json: serde_json::Value) -> Output {
         let shown = format!("{} ({})", build.version, build.binary_sha256);
         rows.push(vec!["NODE BUILD".into(), shown]);
     }
+    if let Some(build) = &queue.desired_build {
+        rows.push(vec!["TOLD TO RUN".into(), build.binary_sha256.clone()]);
+    }
     match &queue.live {
         Some(_) => rows.extend(
             LIVE_COLUMNS

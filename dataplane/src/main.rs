@@ -214,11 +214,13 @@ async fn main() -> ExitCode {
     // From now on the control plane hears which config the node serves, and sends changes;
     // one that names another build has the node fetch it and restart into it.
     let mut new_build = None;
+    let mut confirmed = None;
     if let (Some(channel), Some(desired)) = (bootstrapped, desired) {
         let (upgrader, ready) =
             dataplane::upgrade::Upgrader::start(channel.clone(), config.data_dir.clone());
         upgrader.want(desired.build.as_ref());
         new_build = Some(ready);
+        confirmed = Some(channel.confirmed());
         let trial = dataplane::upgrade::pass_trial(config.data_dir.clone(), channel.confirmed());
         tokio::spawn(trial);
         let apply = NodeApply::new(
@@ -279,6 +281,10 @@ async fn main() -> ExitCode {
             // It stays in the history; the next start reports it.
             _ => tracing::warn!("the last usage record could not be reported now"),
         }
+    }
+    // A build on trial that served, confirmed, and was stopped cleanly did not fail.
+    if confirmed.is_some_and(|confirmed| *confirmed.borrow()) && restart_into.is_none() {
+        dataplane::upgrade::stopped_cleanly(&config.data_dir);
     }
     if let Some(ready) = restart_into {
         // What the history holds goes to the disk first: the next build reads it from there.

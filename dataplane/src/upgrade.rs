@@ -165,6 +165,22 @@ pub async fn pass_trial(data_dir: PathBuf, mut confirmed: tokio::sync::watch::Re
     }
 }
 
+/// A build on trial that served and confirmed a config and is now stopped cleanly (SIGTERM:
+/// a reboot, a stop) passed: the next start runs it again, rather than refuse it.
+pub fn stopped_cleanly(data_dir: &Path) {
+    let Some(running) = fetched_build_running(data_dir) else {
+        return;
+    };
+    let dir = builds_dir(data_dir);
+    if read_name(&dir.join("trying")).as_deref() == Some(running.as_str()) {
+        let selected = write_private(&dir.join("selected"), running.as_bytes())
+            .and_then(|()| std::fs::remove_file(dir.join("trying")));
+        if let Err(error) = selected {
+            tracing::error!(%error, "cannot select the build on trial as it stops");
+        }
+    }
+}
+
 /// A build fetched, checked and ready to `exec`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ready {

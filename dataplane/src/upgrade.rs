@@ -157,12 +157,21 @@ pub async fn pass_trial(data_dir: PathBuf, mut confirmed: tokio::sync::watch::Re
         return;
     }
     tokio::time::sleep(TRIAL).await;
-    let selected = write_private(&dir.join("selected"), running.as_bytes())
-        .and_then(|()| std::fs::remove_file(dir.join("trying")));
-    match selected {
-        Ok(()) => tracing::info!(build = %running, "the new build passed its trial"),
+    match select_if_on_trial(&dir, &running) {
+        Ok(true) => tracing::info!(build = %running, "the new build passed its trial"),
+        Ok(false) => {}
         Err(error) => tracing::error!(%error, "cannot select the build that passed its trial"),
     }
+}
+
+/// Selects build `running` if it is the one on trial; whether it was.
+fn select_if_on_trial(dir: &Path, running: &str) -> std::io::Result<bool> {
+    if read_name(&dir.join("trying")).as_deref() != Some(running) {
+        return Ok(false);
+    }
+    write_private(&dir.join("selected"), running.as_bytes())?;
+    std::fs::remove_file(dir.join("trying"))?;
+    Ok(true)
 }
 
 /// A build on trial that served and confirmed a config and is now stopped cleanly (SIGTERM:
@@ -171,13 +180,8 @@ pub fn stopped_cleanly(data_dir: &Path) {
     let Some(running) = fetched_build_running(data_dir) else {
         return;
     };
-    let dir = builds_dir(data_dir);
-    if read_name(&dir.join("trying")).as_deref() == Some(running.as_str()) {
-        let selected = write_private(&dir.join("selected"), running.as_bytes())
-            .and_then(|()| std::fs::remove_file(dir.join("trying")));
-        if let Err(error) = selected {
-            tracing::error!(%error, "cannot select the build on trial as it stops");
-        }
+    if let Err(error) = select_if_on_trial(&builds_dir(data_dir), &running) {
+        tracing::error!(%error, "cannot select the build on trial as it stops");
     }
 }
 
@@ -454,6 +458,20 @@ mod tests {
         );
         assert!(!dir.join("trying").exists() && !dir.join("selected").exists());
         assert!(!binary(&dir, &sha).exists());
+    }
+
+    #[test]
+    fn a_build_on_trial_is_selected_once_it_passed_and_no_other_is() {
+        let data = tempfile::tempdir().unwrap();
+        let dir = builds_dir(data.path());
+        std::fs::create_dir_all(&dir).unwrap();
+        let (on_trial, other) = ("b".repeat(64), "c".repeat(64));
+        std::fs::write(dir.join("trying"), &on_trial).unwrap();
+        assert!(!select_if_on_trial(&dir, &other).unwrap());
+        assert_eq!(read_name(&dir.join("selected")), None);
+        assert!(select_if_on_trial(&dir, &on_trial).unwrap());
+        assert_eq!(read_name(&dir.join("selected")), Some(on_trial));
+        assert!(!dir.join("trying").exists());
     }
 
     #[test]

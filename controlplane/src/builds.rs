@@ -41,6 +41,10 @@ impl Build {
 pub enum BuildError {
     #[error("{0}")]
     NotABuild(String),
+    #[error("a build is at most {0} bytes")]
+    TooLarge(u64),
+    #[error("the upload ended early: {0}")]
+    Cut(String),
     #[error("the build {0} is published, but its file is on another replica")]
     Elsewhere(String),
     #[error(transparent)]
@@ -135,20 +139,18 @@ impl Builds {
         tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
         let mut nonce = [0u8; 8];
         getrandom::fill(&mut nonce).expect("the OS random source");
-        let partial = self.dir.join(format!("upload-{}", qe_shared::hex(&nonce)));
-        let mut file = tokio::fs::File::create(&partial).await.map_err(io)?;
+        let partial = Partial(self.dir.join(format!("upload-{}", qe_shared::hex(&nonce))));
+        let mut file = tokio::fs::File::create(&partial.0).await.map_err(io)?;
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;
         let mut head = Vec::new();
         let mut stream = body.into_data_stream();
         let copied: Result<(), BuildError> = async {
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| BuildError::Io(e.to_string()))?;
+                let chunk = chunk.map_err(|e| BuildError::Cut(e.to_string()))?;
                 size += chunk.len() as u64;
                 if size > at_most {
-                    return Err(BuildError::NotABuild(format!(
-                        "a build is at most {at_most} bytes"
-                    )));
+                    return Err(BuildError::TooLarge(at_most));
                 }
                 if head.len() < 20 {
                     head.extend_from_slice(&chunk[..chunk.len().min(20 - head.len())]);
@@ -161,15 +163,10 @@ impl Builds {
         }
         .await;
         let architecture = copied.and_then(|()| architecture(&head).map_err(BuildError::NotABuild));
-        let architecture = match architecture {
-            Ok(architecture) => architecture,
-            Err(error) => {
-                let _ = tokio::fs::remove_file(&partial).await;
-                return Err(error);
-            }
-        };
+        // Refused or cut off, the partial file goes with `partial` (dropped).
+        let architecture = architecture?;
         let sha256 = qe_shared::hex(&hasher.finalize());
-        tokio::fs::rename(&partial, self.dir.join(&sha256))
+        tokio::fs::rename(&partial.0, self.dir.join(&sha256))
             .await
             .map_err(io)?;
         let build = Build {
@@ -181,6 +178,16 @@ impl Builds {
         };
         store.put_build(&build).await?;
         Ok(build)
+    }
+}
+
+/// An upload's file until it is a build: removed if the upload stops short (refused, cut off,
+/// or its request dropped when the client went away).
+struct Partial(PathBuf);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

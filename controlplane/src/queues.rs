@@ -112,6 +112,14 @@ pub struct Queue {
     /// A build its node said it will not run, and why (the last one it said).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_build: Option<qe_shared::node_channel::RefusedBuild>,
+    /// Whether its node takes a build in its config (it said so when it last confirmed one):
+    /// a node from before rolling upgrades is told none, and a rollout leaves it out.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub node_accepts_builds: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -180,7 +188,10 @@ impl Queue {
             usage_record_secs: None,
             stats_record_secs: None,
             sqs: None,
-            build: self.desired_build.clone(),
+            build: self
+                .desired_build
+                .clone()
+                .filter(|_| self.node_accepts_builds),
         }
     }
 }
@@ -255,6 +266,7 @@ impl Queue {
             node_build: None,
             desired_build: None,
             refused_build: None,
+            node_accepts_builds: false,
         }
     }
 }

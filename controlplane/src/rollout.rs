@@ -63,6 +63,10 @@ pub struct QueueStep {
     pub step: Step,
     /// The build its node ran before (SHA-256), if it said.
     pub from: Option<String>,
+    /// That build as its node is told of it (a rollback tells it), if this control plane
+    /// knows it (installed or published).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_build: Option<DesiredBuild>,
     /// When it was told the build, and when its node came back on it (ms since 1970).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub told_ms: Option<u64>,
@@ -84,6 +88,14 @@ pub struct Rollout {
     pub wave_timeout_secs: u64,
     /// Queue ids, wave by wave; the first is the canary.
     pub waves: Vec<Vec<String>>,
+    /// Running queues on another build whose nodes take no build over their channel (built
+    /// before rolling upgrades): not in any wave; their instances are replaced instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
+    /// The installed build when it started: what a queue made after it and rolled back is
+    /// told when no earlier rollout is done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed: Option<DesiredBuild>,
     /// The wave being rolled (`waves.len()` once done).
     pub wave: usize,
     /// When the current wave's last queue came back (ms): the pause runs from then.
@@ -123,7 +135,11 @@ pub enum RolloutError {
 }
 
 /// A new rollout of `plan` over every running queue whose node runs another build.
-pub async fn start(store: &Store, plan: Plan) -> Result<Rollout, RolloutError> {
+pub async fn start(
+    store: &Store,
+    builds: &crate::builds::Builds,
+    plan: Plan,
+) -> Result<Rollout, RolloutError> {
     let rollouts = store.rollouts().await?;
     if let Some(busy) = rollouts
         .iter()
@@ -142,13 +158,14 @@ pub async fn start(store: &Store, plan: Plan) -> Result<Rollout, RolloutError> {
             .as_ref()
             .map(|build| build.binary_sha256.clone())
     };
-    let mut queues: Vec<Queue> = store
+    let (mut queues, left_out): (Vec<Queue>, Vec<Queue>) = store
         .list()
         .await?
         .into_iter()
         .filter(|queue| queue.status == Status::Running)
         .filter(|queue| running_build(queue).as_ref() != Some(target))
-        .collect();
+        .partition(|queue| queue.node_accepts_builds);
+    let left_out: Vec<String> = left_out.into_iter().map(|queue| queue.id).collect();
     queues.sort_by(|a, b| a.id.cmp(&b.id));
     if let Some(canary) = &plan.canary {
         let Some(at) = queues.iter().position(|queue| &queue.id == canary) else {
@@ -160,22 +177,32 @@ pub async fn start(store: &Store, plan: Plan) -> Result<Rollout, RolloutError> {
         queues.insert(0, canary);
     }
     if queues.is_empty() {
-        return Err(RolloutError::Refused(
-            "every running queue runs this build already".into(),
-        ));
+        let reason = match left_out.is_empty() {
+            true => "every running queue runs this build already".to_string(),
+            false => format!(
+                "no running queue on another build takes a build over its channel (their nodes \
+                 are from before rolling upgrades: replace their instances): {}",
+                left_out.join(", ")
+            ),
+        };
+        return Err(RolloutError::Refused(reason));
     }
-    let steps = queues
-        .iter()
-        .map(|queue| {
-            let step = QueueStep {
-                step: Step::Waiting,
-                from: running_build(queue),
-                told_ms: None,
-                upgraded_ms: None,
-            };
-            (queue.id.clone(), step)
-        })
-        .collect();
+    let mut steps = BTreeMap::new();
+    for queue in &queues {
+        let from = running_build(queue);
+        let from_build = match &from {
+            Some(sha256) => builds.desired(store, sha256).await?,
+            None => None,
+        };
+        let step = QueueStep {
+            step: Step::Waiting,
+            from,
+            from_build,
+            told_ms: None,
+            upgraded_ms: None,
+        };
+        steps.insert(queue.id.clone(), step);
+    }
     let now_ms = now_ms();
     let rollout = Rollout {
         id: format!("r{now_ms:013}"),
@@ -186,6 +213,8 @@ pub async fn start(store: &Store, plan: Plan) -> Result<Rollout, RolloutError> {
         pause_secs: plan.pause_secs,
         wave_timeout_secs: plan.wave_timeout_secs,
         waves: waves(queues.into_iter().map(|queue| queue.id).collect()),
+        left_out,
+        installed: builds.installed().await,
         wave: 0,
         wave_done_ms: None,
         queues: steps,
@@ -242,46 +271,72 @@ pub async fn resume(store: &Store, id: &str) -> Result<Option<Rollout>, RolloutE
     Ok(resumed.await?.map(|(rollout, ())| rollout))
 }
 
-/// Rolls rollout `id` back: every queue it told the build is told the one it ran before
-/// (`from_build` finds it), or, where that is not known, none (its node runs on what it
+/// Rolls rollout `id` back. Its record says so first (the leader then tells no queue more of
+/// it); then every queue told its build — in its waves, or made after it was done — is told
+/// the build it ran before: the one its step recorded, else (a later queue) the fleet's
+/// build without this rollout. Where that is not known here, none (its node runs on what it
 /// runs). Returns the rollout and the queues left on what they run.
 pub async fn roll_back(
     store: &Store,
-    builds: &crate::builds::Builds,
     id: &str,
 ) -> Result<Option<(Rollout, Vec<String>)>, RolloutError> {
-    let Some(rollout) = store.rollout(id).await? else {
-        return Ok(None);
-    };
-    if rollout.state == State::RolledBack {
-        return Err(RolloutError::Refused(format!(
-            "rollout {id} is rolled back already"
-        )));
-    }
-    let mut unknown = Vec::new();
     let told = [
         Step::Upgrading,
         Step::Upgraded,
         Step::Refused,
         Step::TimedOut,
     ];
-    for (queue_id, step) in rollout
-        .queues
-        .iter()
-        .filter(|(_, s)| told.contains(&s.step))
-    {
-        let before = match &step.from {
-            Some(sha256) => builds.desired(store, sha256).await?,
-            None => None,
-        };
-        if before.is_none() {
-            unknown.push(queue_id.clone());
+    let rolled_back = store.update_rollout(id, |rollout| {
+        if rollout.state == State::RolledBack {
+            return Err(RolloutError::Refused(format!(
+                "rollout {id} is rolled back already"
+            )));
         }
-        let target = rollout.build.binary_sha256.clone();
+        rollout.state = State::RolledBack;
+        for step in rollout.queues.values_mut() {
+            if told.contains(&step.step) {
+                step.step = Step::RolledBack;
+            }
+        }
+        Ok(())
+    });
+    let Some((rollout, ())) = rolled_back.await? else {
+        return Ok(None);
+    };
+    let unknown = tell_what_ran_before(store, &rollout, None).await?;
+    Ok(Some((rollout, unknown)))
+}
+
+/// Tells every queue whose desired build is `rollout`'s (of `only`, if given) the one it ran
+/// before it; the queues for which that is not known.
+async fn tell_what_ran_before(
+    store: &Store,
+    rollout: &Rollout,
+    only: Option<&[String]>,
+) -> Result<Vec<String>, StoreError> {
+    let target = &rollout.build.binary_sha256;
+    let fleet_before = fleet_build(store)
+        .await?
+        .or_else(|| rollout.installed.clone());
+    let mut unknown = Vec::new();
+    for queue in store.list().await? {
+        let told = queue.desired_build.as_ref().map(|b| &b.binary_sha256);
+        let chosen = only.is_none_or(|only| only.contains(&queue.id));
+        if told != Some(target) || !chosen {
+            continue;
+        }
+        let before = match rollout.queues.get(&queue.id) {
+            Some(step) => step.from_build.clone(),
+            None => fleet_before.clone(),
+        };
+        let known = before.is_some() || !rollout.queues.contains_key(&queue.id);
+        if !known {
+            unknown.push(queue.id.clone());
+        }
         store
-            .update(queue_id, |queue| {
-                let ours = queue.desired_build.as_ref().map(|b| &b.binary_sha256);
-                if ours == Some(&target) {
+            .update(&queue.id, |queue| {
+                let told = queue.desired_build.as_ref().map(|b| &b.binary_sha256);
+                if told == Some(target) {
                     queue.desired_build = before.clone();
                     queue.config_version += 1;
                 }
@@ -289,16 +344,7 @@ pub async fn roll_back(
             })
             .await?;
     }
-    let rolled_back = store.update_rollout(id, |rollout| {
-        rollout.state = State::RolledBack;
-        for step in rollout.queues.values_mut() {
-            if told.contains(&step.step) {
-                step.step = Step::RolledBack;
-            }
-        }
-        Ok::<_, RolloutError>(())
-    });
-    Ok(rolled_back.await?.map(|(rollout, ())| (rollout, unknown)))
+    Ok(unknown)
 }
 
 /// The build the fleet was last rolled to: what a new queue is told (None: the installed
@@ -349,38 +395,53 @@ async fn tick(store: &Store) -> Result<(), StoreError> {
     let now = now_ms();
     let mut next = rolling.clone();
     advance(&mut next, &queues, now);
-    // Tell the queues newly in the wave, then keep what was seen.
-    for (id, step) in &next.queues {
-        let was = rolling.queues.get(id).map(|s| s.step);
+    if next == rolling {
+        return Ok(());
+    }
+    // Kept first, and only while it still rolls as read: a halt or rollback meanwhile
+    // stands, and then no queue is told (a queue told before its step is kept would be
+    // missed by a rollback).
+    let id = next.id.clone();
+    let kept = store
+        .update_rollout(&id, |stored| {
+            let still = *stored == rolling;
+            if still {
+                *stored = next.clone();
+            }
+            Ok::<_, StoreError>(still)
+        })
+        .await?;
+    if !matches!(kept, Some((_, true))) {
+        return Ok(());
+    }
+    if let Some(reason) = &next.reason {
+        tracing::error!(rollout = %next.id, %reason, "a rollout halted");
+    }
+    if next.state == State::Done {
+        tracing::info!(rollout = %next.id, "a rollout is done");
+    }
+    let mut told = Vec::new();
+    for (queue_id, step) in &next.queues {
+        let was = rolling.queues.get(queue_id).map(|s| s.step);
         if step.step == Step::Upgrading && was == Some(Step::Waiting) {
+            told.push(queue_id.clone());
             let build = next.build.clone();
             store
-                .update(id, |queue| {
+                .update(queue_id, |queue| {
                     queue.desired_build = Some(build.clone());
                     queue.config_version += 1;
                     Ok::<_, StoreError>(())
                 })
                 .await?;
-            tracing::info!(queue = %id, build = %next.build.binary_sha256, "told a node to run a new build");
+            tracing::info!(queue = %queue_id, build = %next.build.binary_sha256, "told a node to run a new build");
         }
     }
-    if next != rolling {
-        if let Some(reason) = &next.reason {
-            tracing::error!(rollout = %next.id, %reason, "a rollout halted");
+    // Rolled back while these were being told (after the rollback looked at them): undone.
+    let rolled_back = store.rollout(&id).await?;
+    if let Some(rolled_back) = rolled_back.filter(|r| r.state == State::RolledBack) {
+        if !told.is_empty() {
+            tell_what_ran_before(store, &rolled_back, Some(&told)).await?;
         }
-        if next.state == State::Done {
-            tracing::info!(rollout = %next.id, "a rollout is done");
-        }
-        let id = next.id.clone();
-        store
-            .update_rollout(&id, |stored| {
-                // The operator halted it meanwhile: theirs stands.
-                if stored.state == State::Rolling {
-                    *stored = next.clone();
-                }
-                Ok::<_, StoreError>(())
-            })
-            .await?;
     }
     Ok(())
 }
@@ -491,6 +552,7 @@ mod tests {
         let step = QueueStep {
             step: Step::Waiting,
             from: Some("old".into()),
+            from_build: None,
             told_ms: None,
             upgraded_ms: None,
         };
@@ -506,6 +568,8 @@ mod tests {
             pause_secs: 10,
             wave_timeout_secs: 60,
             waves: waves(ids.iter().map(|id| id.to_string()).collect()),
+            left_out: Vec::new(),
+            installed: None,
             wave: 0,
             wave_done_ms: None,
             queues: ids

@@ -182,6 +182,7 @@ impl Channel {
             version,
             build: this_build().await,
             refused_build: crate::upgrade::last_refused(&self.data_dir),
+            accepts_builds: true,
         };
         self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;
@@ -196,6 +197,10 @@ impl Channel {
         let mut wait = RETRY_AFTER;
         loop {
             let version = self.confirmed_version.load(Ordering::Relaxed);
+            // Nothing confirmed yet: the first confirmation, which is on its way, says it.
+            if version == 0 {
+                return;
+            }
             match self.applied(version).await {
                 Ok(()) => return,
                 Err(error) => {

@@ -18,8 +18,29 @@ use std::sync::Arc;
 #[global_allocator]
 static ALLOCATOR: dataplane::allocations::Counting = dataplane::allocations::Counting;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// A build to `exec` once the runtime is gone ([`main`]): set at most once, by [`run`].
+static THEN_EXEC: std::sync::OnceLock<(std::path::PathBuf, dataplane::upgrade::Ready)> =
+    std::sync::OnceLock::new();
+
+fn main() -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let code = runtime.block_on(run());
+    // Every task ends with the runtime, and the node with them: its message log writes what
+    // is pending, syncs and closes (`LogStore`'s drop), as on any stop, before a new build
+    // opens it.
+    drop(runtime);
+    if let Some((data_dir, ready)) = THEN_EXEC.get() {
+        let error = dataplane::upgrade::exec_into(data_dir, ready);
+        eprintln!("dataplane: the new build could not be run: {error}");
+        return ExitCode::FAILURE;
+    }
+    code
+}
+
+async fn run() -> ExitCode {
     #[cfg(feature = "count-allocations")]
     dataplane::allocations::report_on_signal();
     // Taken first: a SIGTERM that arrives while the node starts (its control plane may have
@@ -287,13 +308,16 @@ async fn main() -> ExitCode {
         dataplane::upgrade::stopped_cleanly(&config.data_dir);
     }
     if let Some(ready) = restart_into {
+        // A SIGTERM while it stopped (a reboot, a stop) wins: the node stops for good.
+        if futures::FutureExt::now_or_never(terminate.recv()).is_some() {
+            tracing::info!("stopping on SIGTERM instead of restarting into the new build");
+            return ExitCode::SUCCESS;
+        }
         // What the history holds goes to the disk first: the next build reads it from there.
         if let Err(error) = node.history.flush() {
             tracing::error!(%error, "the history could not be synced before restarting");
         }
-        let error = dataplane::upgrade::exec_into(&config.data_dir, &ready);
-        tracing::error!(%error, "the new build could not be run; stopping (the supervisor starts the installed one)");
-        return ExitCode::FAILURE;
+        let _ = THEN_EXEC.set((config.data_dir.clone(), ready));
     }
     ExitCode::SUCCESS
 }

@@ -4,12 +4,16 @@
 //! the same process, so whatever supervises it (systemd on a cloud instance, the local
 //! provider) sees no exit, and the data directory goes on with the new build.
 //!
-//! A build is on trial until it has stayed up for [`TRIAL`] after the control plane heard
-//! from it. The files in `DATA_DIR/builds/` say where a node stands:
+//! A new build is on trial until it has stayed up for [`TRIAL`] after the control plane heard
+//! from it (or stops cleanly after that). The files in `DATA_DIR/builds/` say where a node
+//! stands:
 //! - `dataplane-SHA256`: a fetched build (checked when written and again before each run);
 //! - `trying`: the build exec'd and not yet through its trial;
 //! - `selected`: the build that passed its trial, run again whenever the node starts (the
 //!   supervisor starts the binary it installed; that one execs the selected build at once);
+//! - `starts`: how many times in a row the selected build was started without staying up
+//!   [`STABLE`] or stopping cleanly: at [`UNSTABLE_STARTS`] it is refused (a build that fails
+//!   after its trial would otherwise loop until the supervisor gives up on the node);
 //! - `refused-SHA256`: why that build will not be tried again.
 //!
 //! A start that finds `trying` set by another build means the trial failed (the new build
@@ -27,6 +31,10 @@ use std::time::Duration;
 
 /// How long a new build must stay up, after its first confirmed config, to be selected.
 pub const TRIAL: Duration = Duration::from_secs(10);
+/// How long a start of the selected build must last to count as a good one.
+pub const STABLE: Duration = Duration::from_secs(300);
+/// Starts in a row of the selected build that did not last [`STABLE`] before it is refused.
+pub const UNSTABLE_STARTS: u32 = 3;
 /// The wait before fetching again after a failed fetch; doubles up to a minute.
 const FETCH_RETRY: Duration = Duration::from_secs(2);
 /// How long one fetch of a build may take (tens of megabytes).
@@ -59,7 +67,10 @@ fn is_sha256(text: &str) -> bool {
 /// which); None for the binary its supervisor installed.
 pub fn fetched_build_running(data_dir: &Path) -> Option<String> {
     let exe = std::env::current_exe().ok()?;
-    if exe.parent()? != builds_dir(data_dir) {
+    // The running binary's path is absolute with every link resolved; the data directory
+    // may be given relative or through a link.
+    let dir = std::fs::canonicalize(builds_dir(data_dir)).ok()?;
+    if exe.parent()? != dir {
         return None;
     }
     let name = exe.file_name()?.to_str()?.strip_prefix(PREFIX)?;
@@ -80,6 +91,16 @@ pub fn at_start(data_dir: &Path) -> Option<Ready> {
         refuse(&dir, &tried, reason);
     }
     let selected = read_name(&dir.join("selected"))?;
+    let starts = read_starts(&dir) + 1;
+    if starts > UNSTABLE_STARTS {
+        let reason = format!(
+            "it was started {UNSTABLE_STARTS} times in a row without staying up {} s",
+            STABLE.as_secs()
+        );
+        tracing::error!(build = %selected, %reason, "the selected build is refused, serving on the installed one");
+        refuse(&dir, &selected, &reason);
+        return None;
+    }
     let path = binary(&dir, &selected);
     match std::fs::read(&path).map(|bytes| qe_shared::hex(&sha2::Sha256::digest(bytes))) {
         Ok(sha256) if sha256 == selected => {}
@@ -92,9 +113,8 @@ pub fn at_start(data_dir: &Path) -> Option<Ready> {
             return None;
         }
     }
-    // On trial again: one that fails now is refused at the next start.
-    if let Err(error) = write_private(&dir.join("trying"), selected.as_bytes()) {
-        tracing::error!(%error, "cannot mark the selected build as on trial: serving on the installed one");
+    if let Err(error) = write_private(&dir.join("starts"), starts.to_string().as_bytes()) {
+        tracing::error!(%error, "cannot count the selected build's starts: serving on the installed one");
         return None;
     }
     Some(Ready {
@@ -103,12 +123,25 @@ pub fn at_start(data_dir: &Path) -> Option<Ready> {
     })
 }
 
+fn read_starts(dir: &Path) -> u32 {
+    let text = std::fs::read_to_string(dir.join("starts")).unwrap_or_default();
+    text.trim().parse().unwrap_or(0)
+}
+
+/// The selected build's start went well (it stayed up, or stopped cleanly).
+fn reset_starts(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join("starts"));
+}
+
 /// Keeps why build `sha256` is refused, and forgets it as the one to run.
 fn refuse(dir: &Path, sha256: &str, reason: &str) {
     let _ = write_private(&dir.join(format!("refused-{sha256}")), reason.as_bytes());
     for name in ["trying", "selected"] {
         if read_name(&dir.join(name)).as_deref() == Some(sha256) {
             let _ = std::fs::remove_file(dir.join(name));
+            if name == "selected" {
+                reset_starts(dir);
+            }
         }
     }
     let _ = std::fs::remove_file(binary(dir, sha256));
@@ -149,18 +182,23 @@ pub async fn pass_trial(data_dir: PathBuf, mut confirmed: tokio::sync::watch::Re
     let Some(running) = fetched_build_running(&data_dir) else {
         return;
     };
+    let started = tokio::time::Instant::now();
     let dir = builds_dir(&data_dir);
-    if read_name(&dir.join("trying")).as_deref() != Some(running.as_str()) {
-        return;
+    if read_name(&dir.join("trying")).as_deref() == Some(running.as_str()) {
+        if confirmed.wait_for(|confirmed| *confirmed).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(TRIAL).await;
+        match select_if_on_trial(&dir, &running) {
+            Ok(true) => tracing::info!(build = %running, "the new build passed its trial"),
+            Ok(false) => {}
+            Err(error) => tracing::error!(%error, "cannot select the build that passed its trial"),
+        }
     }
-    if confirmed.wait_for(|confirmed| *confirmed).await.is_err() {
-        return;
-    }
-    tokio::time::sleep(TRIAL).await;
-    match select_if_on_trial(&dir, &running) {
-        Ok(true) => tracing::info!(build = %running, "the new build passed its trial"),
-        Ok(false) => {}
-        Err(error) => tracing::error!(%error, "cannot select the build that passed its trial"),
+    // Up long enough: this start of the selected build was a good one.
+    tokio::time::sleep_until(started + STABLE).await;
+    if read_name(&dir.join("selected")).as_deref() == Some(running.as_str()) {
+        reset_starts(&dir);
     }
 }
 
@@ -170,6 +208,7 @@ fn select_if_on_trial(dir: &Path, running: &str) -> std::io::Result<bool> {
         return Ok(false);
     }
     write_private(&dir.join("selected"), running.as_bytes())?;
+    reset_starts(dir);
     std::fs::remove_file(dir.join("trying"))?;
     Ok(true)
 }
@@ -180,8 +219,12 @@ pub fn stopped_cleanly(data_dir: &Path) {
     let Some(running) = fetched_build_running(data_dir) else {
         return;
     };
-    if let Err(error) = select_if_on_trial(&builds_dir(data_dir), &running) {
+    let dir = builds_dir(data_dir);
+    if let Err(error) = select_if_on_trial(&dir, &running) {
         tracing::error!(%error, "cannot select the build on trial as it stops");
+    }
+    if read_name(&dir.join("selected")).as_deref() == Some(running.as_str()) {
+        reset_starts(&dir);
     }
 }
 
@@ -238,6 +281,11 @@ impl Upgrader {
                     () = self.fetch_until_ready(&build) => {}
                     // Another build (or none) asked for meanwhile.
                     _ = wanted.changed() => continue,
+                }
+                // The node restarts into it: fetching more (and removing its file to make
+                // room) is for the next build to do.
+                if self.ready.borrow().is_some() {
+                    return;
                 }
             }
             if wanted.changed().await.is_err() {
@@ -305,9 +353,11 @@ impl Upgrader {
             .map_err(|e| failed(e.to_string()))?;
         let mut hasher = sha2::Sha256::new();
         let mut bytes = Vec::with_capacity(build.size.min(1 << 30) as usize);
+        // A file that is not the build announced (a damaged copy on one replica) is fetched
+        // again later: only what this machine cannot run is refused for good.
         while let Some(chunk) = response.chunk().await.map_err(|e| failed(e.to_string()))? {
             if (bytes.len() + chunk.len()) as u64 > build.size {
-                return Err(FetchError::Mismatch(format!(
+                return Err(failed(format!(
                     "it is longer than the {} bytes it was announced with",
                     build.size
                 )));
@@ -317,7 +367,7 @@ impl Upgrader {
         }
         let got = qe_shared::hex(&hasher.finalize());
         if got != build.binary_sha256 {
-            return Err(FetchError::Mismatch(format!("its SHA-256 is {got}")));
+            return Err(failed(format!("its SHA-256 is {got}")));
         }
         if let Some(reason) = not_runnable_here(&bytes) {
             return Err(FetchError::Mismatch(reason));
@@ -333,7 +383,7 @@ impl Upgrader {
 }
 
 enum FetchError {
-    /// Fetched, and not the build asked for (or not one this machine runs): never retried.
+    /// Fetched, and not a build this machine runs: never retried.
     Mismatch(String),
     /// Try again later.
     Failed(String),
@@ -371,9 +421,19 @@ fn not_runnable_here(binary: &[u8]) -> Option<String> {
 /// Writes `bytes` to `path` whole (beside it first, synced, renamed, the rename synced),
 /// executable by the node's user alone.
 fn write_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    write_private(path, bytes)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let side = path.with_extension("new");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o700)
+        .open(&side)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(side, path)?;
+    std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
 /// Removes fetched builds other than `keep` and the one running.
@@ -417,11 +477,17 @@ pub fn exec_into(data_dir: &Path, ready: &Ready) -> std::io::Error {
     let error = std::process::Command::new(&ready.path)
         .args(std::env::args_os().skip(1))
         .exec();
-    refuse(
-        &dir,
-        &ready.sha256,
-        &format!("it could not be run: {error}"),
-    );
+    match error.kind() {
+        // Gone (removed meanwhile): fetched again by the next start, not refused.
+        std::io::ErrorKind::NotFound => {
+            let _ = std::fs::remove_file(dir.join("trying"));
+        }
+        _ => refuse(
+            &dir,
+            &ready.sha256,
+            &format!("it could not be run: {error}"),
+        ),
+    }
     error
 }
 
@@ -475,7 +541,7 @@ mod tests {
     }
 
     #[test]
-    fn a_selected_build_runs_on_trial_unless_its_file_changed() {
+    fn a_selected_build_runs_until_it_keeps_failing_or_its_file_changed() {
         let data = tempfile::tempdir().unwrap();
         let dir = builds_dir(data.path());
         std::fs::create_dir_all(&dir).unwrap();
@@ -487,11 +553,32 @@ mod tests {
             sha256: sha.clone(),
             path: binary(&dir, &sha),
         };
-        assert_eq!(at_start(data.path()), Some(ready));
-        assert_eq!(read_name(&dir.join("trying")), Some(sha.clone()));
-        // Changed on disk since: refused, not run.
-        std::fs::remove_file(dir.join("trying")).unwrap();
-        std::fs::write(binary(&dir, &sha), b"\x7fELF other").unwrap();
+        // Each start counts, until one lasts (or stops cleanly): the count starts again.
+        for starts in 1..=UNSTABLE_STARTS {
+            assert_eq!(at_start(data.path()), Some(ready.clone()));
+            assert_eq!(read_starts(&dir), starts);
+        }
+        reset_starts(&dir);
+        assert_eq!(at_start(data.path()), Some(ready.clone()));
+        assert_eq!(read_starts(&dir), 1);
+        // Started again and again without lasting: refused, the installed build serves.
+        for _ in 1..UNSTABLE_STARTS {
+            assert_eq!(at_start(data.path()), Some(ready.clone()));
+        }
+        assert_eq!(at_start(data.path()), None);
+        let refused = last_refused(data.path()).unwrap();
+        assert!(
+            refused.reason.contains("times in a row"),
+            "{}",
+            refused.reason
+        );
+        assert_eq!(read_name(&dir.join("selected")), None);
+
+        // Changed on disk since it was selected: refused, not run.
+        let other = b"\x7fELF other build".to_vec();
+        let other_sha = qe_shared::hex(&sha2::Sha256::digest(&other));
+        std::fs::write(binary(&dir, &other_sha), b"\x7fELF tampered").unwrap();
+        std::fs::write(dir.join("selected"), &other_sha).unwrap();
         assert_eq!(at_start(data.path()), None);
         assert!(last_refused(data.path())
             .unwrap()

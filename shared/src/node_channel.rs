@@ -212,6 +212,14 @@ pub struct Applied {
     /// started again on the build it ran before), or its file did not check out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_build: Option<RefusedBuild>,
+    /// Whether the node takes a build in its desired config (`DesiredConfig::build`): nodes
+    /// built before rolling upgrades refuse a config with a field they do not know.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub accepts_builds: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// A build a node refused, and why.

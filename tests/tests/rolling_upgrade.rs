@@ -217,6 +217,18 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
              for at most {:?}",
             ids[n], watched.published, watched.longest_gap
         );
+        // Every publish confirmed across the restart is there (a reply lost with its
+        // connection may have made one more).
+        let node = queues[n]["node"].as_str().unwrap();
+        let mut admin = login_with(node, &queues[n]["logins"]["admin"], "admin", json!({})).await;
+        let stats = admin.request(json!({"cmd": "getlivestats"})).await;
+        let csv = stats["csv"].as_str().unwrap();
+        let held: u64 = csv.split(',').next().unwrap().parse().unwrap();
+        assert!(
+            held > watched.published,
+            "{held} held, {} confirmed",
+            watched.published
+        );
     }
     for (n, id) in ids.iter().enumerate() {
         let queue = queue(&cp, id).await;
@@ -310,6 +322,20 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
         let queue = queue_when(&cp, id, |q| runs(q) == installed).await;
         assert_eq!(queue["desired_build"]["binary_sha256"], installed.as_str());
     }
+    // The queue made after it was done too: told the fleet's build without it.
+    let late_queue = queue_when(&cp, late, |q| runs(q) == installed).await;
+    assert_eq!(
+        late_queue["desired_build"]["binary_sha256"],
+        installed.as_str()
+    );
+    // A node fetches only the build it is told to run (or the installed one).
+    let token = cp.node_config(late)["node_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/nodes/{late}/builds/{good}");
+    let (status, _) = qe_tests::http_text(cp.addr, "GET", &path, Some(&token), None).await;
+    assert_eq!(status, 404, "a build this node is not told to run");
     // And a queue made after that starts from the installed build and is told none.
     let last = cp.create_queue(NEW_QUEUE).await;
     assert_eq!(last["desired_build"], Value::Null, "{last}");

@@ -22,6 +22,8 @@ impl From<BuildError> for ApiError {
     fn from(error: BuildError) -> ApiError {
         match error {
             BuildError::NotABuild(reason) => ApiError::BadRequest(reason),
+            BuildError::TooLarge(_) => ApiError::PayloadTooLarge,
+            BuildError::Cut(_) => ApiError::BadRequest(error.to_string()),
             // The node asks the next replica.
             BuildError::Elsewhere(_) => ApiError::Unavailable(error.to_string()),
             BuildError::Store(error) => error.into(),
@@ -121,7 +123,7 @@ pub async fn start(
         pause_secs,
         wave_timeout_secs,
     };
-    let rollout = crate::rollout::start(&state.store, plan).await?;
+    let rollout = crate::rollout::start(&state.store, &state.builds, plan).await?;
     tracing::info!(rollout = %rollout.id, build = %rollout.build.binary_sha256, queues = rollout.queues.len(), "a rollout started");
     let target = Extension(Target {
         id: rollout.id.clone(),
@@ -170,13 +172,15 @@ pub async fn act(
         "resume" => crate::rollout::resume(&state.store, &id)
             .await?
             .map(|rollout| json!(rollout)),
-        "rollback" => crate::rollout::roll_back(&state.store, &state.builds, &id)
-            .await?
-            .map(|(rollout, unknown)| {
-                let mut answer = json!(rollout);
-                answer["left_as_they_run"] = json!(unknown);
-                answer
-            }),
+        "rollback" => {
+            crate::rollout::roll_back(&state.store, &id)
+                .await?
+                .map(|(rollout, unknown)| {
+                    let mut answer = json!(rollout);
+                    answer["left_as_they_run"] = json!(unknown);
+                    answer
+                })
+        }
         _ => return Err(ApiError::NoSuchRoute),
     };
     let answer = answer.ok_or_else(|| no_rollout(&id))?;
@@ -184,11 +188,24 @@ pub async fn act(
     Ok((target, Json(answer)))
 }
 
-/// `GET /v1/nodes/{id}/builds/{sha256}`: the file of a build, for a node told to run it.
+/// `GET /v1/nodes/{id}/builds/{sha256}`: the file of a build, for a node told to run it: the
+/// build its desired config names, or the installed one (404 for any other).
 pub async fn node_fetch(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<super::nodes::NodeCaller>,
     Path((_id, sha256)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
+    let told = caller
+        .queue
+        .desired_build
+        .as_ref()
+        .map(|b| &b.binary_sha256);
+    let installed = state.builds.installed().await.map(|b| b.binary_sha256);
+    if told != Some(&sha256) && installed.as_ref() != Some(&sha256) {
+        return Err(ApiError::NoSuch(format!(
+            "no build {sha256:?} for this node"
+        )));
+    }
     let path = state
         .builds
         .file(&state.store, &sha256)

@@ -94,12 +94,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/backup", get(backup))
         .route("/v1/strays", get(strays::list))
         .route("/v1/strays/{id}/adopt", post(strays::adopt))
-        .route(
-            "/v1/builds",
-            post(builds::publish)
-                .layer(DefaultBodyLimit::max(builds::BUILD_AT_MOST))
-                .get(builds::list),
-        )
+        // A build's body is streamed to a file, counted against `BUILD_AT_MOST` as it comes
+        // (a raw body is not held to the default limit).
+        .route("/v1/builds", post(builds::publish).get(builds::list))
         .route(
             "/v1/rollouts",
             post(builds::start).get(builds::list_rollouts),

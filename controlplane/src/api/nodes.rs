@@ -205,6 +205,12 @@ pub async fn applied(
             queue.node_build = applied.build.clone();
         }
         queue.refused_build = applied.refused_build.clone();
+        // A node now known to take a build is sent the one it is to run (its configs so far
+        // left it out).
+        if applied.accepts_builds && !queue.node_accepts_builds && queue.desired_build.is_some() {
+            queue.config_version += 1;
+        }
+        queue.node_accepts_builds = applied.accepts_builds;
         Ok::<_, StoreError>(())
     });
     let (queue, ()) = updated

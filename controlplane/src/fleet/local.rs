@@ -604,7 +604,12 @@ fn runs(pid: u32, binary: &Path) -> bool {
 /// its data directory's `builds/`: that is the build it is to run, not a stale one.
 fn runs_a_fetched_build(pid: u32, node_dir: &Path) -> bool {
     let running = std::fs::read_link(format!("/proc/{pid}/exe"));
-    running.is_ok_and(|exe| exe.starts_with(node_dir.join("data").join("builds")))
+    // The link is absolute with every link resolved; the directory may be relative.
+    let builds = std::fs::canonicalize(node_dir.join("data").join("builds"));
+    match (running, builds) {
+        (Ok(exe), Ok(builds)) => exe.starts_with(builds),
+        _ => false,
+    }
 }
 
 /// A port free on both loopback addresses now, to give a node for good (a restart keeps its

@@ -92,6 +92,23 @@ impl Leadership {
             }
         }
     }
+
+    /// Runs `work` with a store fenced by this replica's leadership whenever it leads, and
+    /// stops it when the leadership ends; for the life of the process.
+    pub async fn while_leading<Work, Running>(mut self, store: Store, work: Work)
+    where
+        Work: Fn(Store) -> Running,
+        Running: std::future::Future<Output = ()>,
+    {
+        loop {
+            let fence = self.lead().await;
+            let fenced = store.fenced(fence.clone());
+            tokio::select! {
+                _ = work(fenced) => {}
+                _ = self.lost(&fence) => {}
+            }
+        }
+    }
 }
 
 /// Campaigns for `key` for the life of the process, telling `tell` when this replica leads

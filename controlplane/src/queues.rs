@@ -271,6 +271,21 @@ impl Queue {
     }
 }
 
+/// A local devtest queue `id` with `status`, for tests.
+#[cfg(test)]
+pub fn a_queue(id: &str, status: Status) -> Queue {
+    let (mut queue, _) = create(NewQueue {
+        tier: Tier::Devtest,
+        region: "local".into(),
+        instance_type: "local".into(),
+        ipv4: false,
+        account: None,
+    });
+    queue.id = id.to_string();
+    queue.status = status;
+    queue
+}
+
 /// A queue's IP addresses: IPv6 always, IPv4 only when it has IPv4 (the manual's *The
 /// address*).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

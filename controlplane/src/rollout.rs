@@ -360,20 +360,13 @@ pub async fn fleet_build(store: &Store) -> Result<Option<DesiredBuild>, StoreErr
 }
 
 /// Drives rollouts while this replica leads.
-pub async fn run(store: Store, mut leadership: crate::leadership::Leadership) {
-    loop {
-        let fence = leadership.lead().await;
-        let fenced = store.fenced(fence.clone());
-        tokio::select! {
-            _ = roll_while_leading(&fenced) => {}
-            _ = leadership.lost(&fence) => {}
-        }
-    }
+pub async fn run(store: Store, leadership: crate::leadership::Leadership) {
+    leadership.while_leading(store, roll_while_leading).await
 }
 
-async fn roll_while_leading(store: &Store) {
+async fn roll_while_leading(store: Store) {
     loop {
-        if let Err(error) = tick(store).await {
+        if let Err(error) = tick(&store).await {
             tracing::warn!(%error, "rolling a build: tried again");
         }
         tokio::time::sleep(TICK).await;
@@ -531,15 +524,7 @@ mod tests {
     const NEW: &str = "new";
 
     fn queue(id: &str, runs: &str) -> Queue {
-        let (mut queue, _) = crate::queues::create(crate::queues::NewQueue {
-            tier: crate::queues::Tier::Devtest,
-            region: "local".into(),
-            instance_type: "local".into(),
-            ipv4: false,
-            account: None,
-        });
-        queue.id = id.to_string();
-        queue.status = Status::Running;
+        let mut queue = crate::queues::a_queue(id, Status::Running);
         queue.node_build = Some(NodeBuild {
             version: "0".into(),
             binary_sha256: runs.into(),

@@ -231,18 +231,12 @@ pub async fn pass(store: &Store, queues: &[Queue], now: u64) -> Result<Rolled, S
 
 /// Rolls up every queue's records every [`EVERY`] while this replica leads, its writes fenced
 /// by its leadership.
-pub async fn run(store: Store, mut leadership: crate::leadership::Leadership) {
-    loop {
-        let fence = leadership.lead().await;
-        let fenced = store.fenced(fence.clone());
-        tokio::select! {
-            _ = roll_up_while_leading(&fenced) => {}
-            _ = leadership.lost(&fence) => {}
-        }
-    }
+pub async fn run(store: Store, leadership: crate::leadership::Leadership) {
+    leadership.while_leading(store, roll_up_while_leading).await
 }
 
-async fn roll_up_while_leading(store: &Store) {
+async fn roll_up_while_leading(store: Store) {
+    let store = &store;
     loop {
         let rolled = match store.list().await {
             Ok(queues) => pass(store, &queues, crate::unix_now()).await,

@@ -170,15 +170,7 @@ mod tests {
     use super::*;
 
     fn queue(id: &str, status: Status, placed: bool) -> Queue {
-        let (mut queue, _) = crate::queues::create(crate::queues::NewQueue {
-            tier: crate::queues::Tier::Devtest,
-            region: "local".into(),
-            instance_type: "local".into(),
-            ipv4: false,
-            account: None,
-        });
-        queue.id = id.to_string();
-        queue.status = status;
+        let mut queue = crate::queues::a_queue(id, status);
         queue.node = placed.then(|| "ws://127.0.0.1:1/".to_string());
         queue
     }

@@ -267,6 +267,11 @@ fn keep(data_dir: &Path, desired: &DesiredConfig) -> std::io::Result<()> {
 /// rename synced too (its directory): a rotated credential is used, and the old one retired,
 /// only once it would outlast a power loss (issue 28).
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_whole(path, bytes, 0o600)
+}
+
+/// Writes `path` whole or not at all, with permissions `mode`, as [`write_private`] does.
+pub(crate) fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let side = path.with_extension("new");
@@ -274,7 +279,7 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o600)
+        .mode(mode)
         .open(&side)?;
     file.write_all(bytes)?;
     file.sync_all()?;

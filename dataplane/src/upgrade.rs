@@ -421,19 +421,7 @@ fn not_runnable_here(binary: &[u8]) -> Option<String> {
 /// Writes `bytes` to `path` whole (beside it first, synced, renamed, the rename synced),
 /// executable by the node's user alone.
 fn write_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let side = path.with_extension("new");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o700)
-        .open(&side)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(side, path)?;
-    std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+    crate::channel::write_whole(path, bytes, 0o700)
 }
 
 /// Removes fetched builds other than `keep` and the one running.

@@ -199,6 +199,27 @@ pub fn run_qe(config: &Path, args: &[&str], stdin: &str) -> (i32, String, String
     )
 }
 
+/// `qe rollouts start BUILD --canary CANARY --wait`, a second between waves, each queue given
+/// `wave_timeout_secs` to come back on the build.
+pub fn rollout_start<'a>(
+    build: &'a str,
+    canary: &'a str,
+    wave_timeout_secs: &'a str,
+) -> [&'a str; 10] {
+    [
+        "rollouts",
+        "start",
+        build,
+        "--canary",
+        canary,
+        "--pause-secs",
+        "1",
+        "--wave-timeout-secs",
+        wave_timeout_secs,
+        "--wait",
+    ]
+}
+
 /// `qe --json ARGS` (config file `config`), which must exit with `code`: what it printed.
 #[track_caller]
 pub fn qe_json(config: &Path, code: i32, args: &[&str]) -> serde_json::Value {

@@ -711,18 +711,7 @@ async fn a_build_rolls_across_instances_and_one_for_another_cpu_halts_at_its_can
     let published = qe_tests::qe_json(&config, 0, &["builds", "publish", next.to_str().unwrap()]);
     let good = published["sha256"].as_str().unwrap().to_string();
     let canary = queues[1].0.as_str();
-    let start = [
-        "rollouts",
-        "start",
-        &good,
-        "--canary",
-        canary,
-        "--pause-secs",
-        "1",
-        "--wave-timeout-secs",
-        "240",
-        "--wait",
-    ];
+    let start = qe_tests::rollout_start(&good, canary, "240");
     let rollout = qe_tests::qe_json(&config, 0, &start);
     assert_eq!(rollout["state"], "done", "{rollout}");
     for (n, (id, logins, queue)) in queues.iter().enumerate() {
@@ -752,18 +741,10 @@ async fn a_build_rolls_across_instances_and_one_for_another_cpu_halts_at_its_can
     let wrong = published["sha256"].as_str().unwrap().to_string();
     let canary = queues[0].0.as_str();
     let start = [
-        "--json",
-        "rollouts",
-        "start",
-        &wrong,
-        "--canary",
-        canary,
-        "--pause-secs",
-        "1",
-        "--wave-timeout-secs",
-        "240",
-        "--wait",
-    ];
+        &["--json"][..],
+        &qe_tests::rollout_start(&wrong, canary, "240"),
+    ]
+    .concat();
     let (code, out, err) = qe_tests::run_qe(&config, &start, "");
     assert_eq!(code, 3, "{out}{err}");
     let halted: Value = serde_json::from_str(&out).unwrap();

@@ -6,7 +6,7 @@
 //! rollback to the installed build.
 
 use futures::{SinkExt, StreamExt};
-use qe_tests::{dataplane_binary, qe_json, run_qe as qe};
+use qe_tests::{dataplane_binary, qe_json, rollout_start, run_qe as qe};
 use qe_tests::{login_with, ControlPlane};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -183,22 +183,7 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
         .collect();
     let canary = ids[1].as_str();
     let started = Instant::now();
-    let rollout = qe_json(
-        &config,
-        0,
-        &[
-            "rollouts",
-            "start",
-            &good,
-            "--canary",
-            canary,
-            "--pause-secs",
-            "1",
-            "--wave-timeout-secs",
-            "120",
-            "--wait",
-        ],
-    );
+    let rollout = qe_json(&config, 0, &rollout_start(&good, canary, "120"));
     let took = started.elapsed();
     stop.send(true).unwrap();
     assert_eq!(rollout["state"], "done", "{rollout}");
@@ -256,19 +241,7 @@ async fn a_build_rolls_across_queues_a_canary_that_fails_halts_it_and_rollbacks_
     let canary = ids[0].as_str();
     let (code, out, err) = qe(
         &config,
-        &[
-            "--json",
-            "rollouts",
-            "start",
-            &bad,
-            "--canary",
-            canary,
-            "--pause-secs",
-            "1",
-            "--wave-timeout-secs",
-            "120",
-            "--wait",
-        ],
+        &[&["--json"][..], &rollout_start(&bad, canary, "120")].concat(),
         "",
     );
     assert_eq!(code, 3, "a halted roll is refused: {out}{err}");

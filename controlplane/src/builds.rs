@@ -108,7 +108,7 @@ impl Builds {
 
     /// The file of build `sha256` on this replica; `None` if no such build is known.
     pub async fn file(&self, store: &Store, sha256: &str) -> Result<Option<PathBuf>, BuildError> {
-        if !is_sha256(sha256) {
+        if !qe_shared::build::is_sha256(sha256) {
             return Ok(None);
         }
         if self.installed().await.map(|b| b.binary_sha256).as_deref() == Some(sha256) {
@@ -162,7 +162,11 @@ impl Builds {
             Ok(())
         }
         .await;
-        let architecture = copied.and_then(|()| architecture(&head).map_err(BuildError::NotABuild));
+        let architecture = copied.and_then(|()| {
+            qe_shared::build::architecture(&head)
+                .map(str::to_string)
+                .map_err(|why| BuildError::NotABuild(format!("not a build: {why}")))
+        });
         // Refused or cut off, the partial file goes with `partial` (dropped).
         let architecture = architecture?;
         let sha256 = qe_shared::hex(&hasher.finalize());
@@ -198,38 +202,4 @@ fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
         qe_shared::hex(&sha2::Sha256::digest(&bytes)),
         bytes.len() as u64,
     ))
-}
-
-pub fn is_sha256(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-/// The CPU an ELF binary starting with `head` is built for, among those nodes run on.
-fn architecture(head: &[u8]) -> Result<String, String> {
-    if head.get(..4) != Some(b"\x7fELF".as_slice()) {
-        return Err("a build is an ELF binary (the dataplane program)".into());
-    }
-    match head.get(18..20).map(|m| u16::from_le_bytes([m[0], m[1]])) {
-        Some(0x3e) => Ok("x86_64".into()),
-        Some(0xb7) => Ok("aarch64".into()),
-        machine => Err(format!(
-            "a build is for x86_64 or aarch64 (this one: ELF machine {machine:?})"
-        )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_build_is_an_elf_binary_of_a_cpu_nodes_run_on() {
-        let own = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-        assert!(architecture(&own[..20]).is_ok());
-        assert!(architecture(b"#!/bin/sh\nexec true\n").is_err());
-        let mut sparc = own[..20].to_vec();
-        sparc[18] = 0x02;
-        sparc[19] = 0;
-        assert!(architecture(&sparc).unwrap_err().contains("ELF machine"));
-    }
 }

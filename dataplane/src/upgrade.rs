@@ -23,6 +23,7 @@
 //! halts the roll.
 
 use crate::channel::{write_private, Channel};
+use qe_shared::build::is_sha256;
 use qe_shared::node_channel::{DesiredBuild, RefusedBuild};
 use sha2::Digest;
 use std::path::{Path, PathBuf};
@@ -54,13 +55,6 @@ fn read_name(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
     let name = text.trim();
     is_sha256(name).then(|| name.to_string())
-}
-
-fn is_sha256(text: &str) -> bool {
-    text.len() == 64
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
 /// The build this process runs when it is one of the fetched ones (its file's name says
@@ -128,9 +122,16 @@ fn read_starts(dir: &Path) -> u32 {
     text.trim().parse().unwrap_or(0)
 }
 
-/// The selected build's start went well (it stayed up, or stopped cleanly).
 fn reset_starts(dir: &Path) {
     let _ = std::fs::remove_file(dir.join("starts"));
+}
+
+/// This start of build `running` went well (it stayed up, or stopped cleanly): if it is the
+/// selected build, its count of bad starts begins again.
+fn started_well(dir: &Path, running: &str) {
+    if read_name(&dir.join("selected")).as_deref() == Some(running) {
+        reset_starts(dir);
+    }
 }
 
 /// Keeps why build `sha256` is refused, and forgets it as the one to run.
@@ -197,9 +198,7 @@ pub async fn pass_trial(data_dir: PathBuf, mut confirmed: tokio::sync::watch::Re
     }
     // Up long enough: this start of the selected build was a good one.
     tokio::time::sleep_until(started + STABLE).await;
-    if read_name(&dir.join("selected")).as_deref() == Some(running.as_str()) {
-        reset_starts(&dir);
-    }
+    started_well(&dir, &running);
 }
 
 /// Selects build `running` if it is the one on trial; whether it was.
@@ -223,9 +222,7 @@ pub fn stopped_cleanly(data_dir: &Path) {
     if let Err(error) = select_if_on_trial(&dir, &running) {
         tracing::error!(%error, "cannot select the build on trial as it stops");
     }
-    if read_name(&dir.join("selected")).as_deref() == Some(running.as_str()) {
-        reset_starts(&dir);
-    }
+    started_well(&dir, &running);
 }
 
 /// A build fetched, checked and ready to `exec`.
@@ -399,23 +396,16 @@ async fn checked(path: &Path, sha256: &str) -> bool {
     }
 }
 
-/// Why `binary` cannot run on this machine: not ELF, or built for another architecture.
+/// Why `binary` cannot run on this machine: not ELF, or built for another CPU.
 fn not_runnable_here(binary: &[u8]) -> Option<String> {
-    if binary.get(..4) != Some(b"\x7fELF".as_slice()) {
-        return Some("it is not an ELF binary".into());
+    let here = std::env::consts::ARCH;
+    match qe_shared::build::architecture(binary) {
+        Ok(built_for) if built_for == here => None,
+        Ok(built_for) => Some(format!(
+            "it is not built for {here} (it is for {built_for})"
+        )),
+        Err(why) => Some(why),
     }
-    let machine = binary.get(18..20).map(|m| u16::from_le_bytes([m[0], m[1]]));
-    let wanted = match std::env::consts::ARCH {
-        "x86_64" => 0x3e,
-        "aarch64" => 0xb7,
-        _ => return None,
-    };
-    (machine != Some(wanted)).then(|| {
-        format!(
-            "it is not built for {} (ELF machine {machine:?})",
-            std::env::consts::ARCH
-        )
-    })
 }
 
 /// Writes `bytes` to `path` whole (beside it first, synced, renamed, the rename synced),
@@ -449,13 +439,11 @@ fn remove_other_builds(dir: &Path, keep: &str, data_dir: &Path) {
 pub fn exec_into(data_dir: &Path, ready: &Ready) -> std::io::Error {
     use std::os::unix::process::CommandExt;
     let dir = builds_dir(data_dir);
-    // A fetched build still on trial has served and confirmed its config: it is the one to
-    // come back to if the next does not stay up.
+    // A fetched build still on trial has served and confirmed its config (a new one comes
+    // only after that): it is the one to come back to if the next does not stay up.
     if let Some(running) = fetched_build_running(data_dir) {
-        if read_name(&dir.join("trying")).as_deref() == Some(running.as_str()) {
-            if let Err(error) = write_private(&dir.join("selected"), running.as_bytes()) {
-                return error;
-            }
+        if let Err(error) = select_if_on_trial(&dir, &running) {
+            return error;
         }
     }
     if let Err(error) = write_private(&dir.join("trying"), ready.sha256.as_bytes()) {
@@ -488,8 +476,13 @@ mod tests {
         let own = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(not_runnable_here(&own), None);
         assert!(not_runnable_here(b"#!/bin/sh\nexit 0\n").is_some());
+        // The same binary marked as built for the other CPU nodes run on.
         let mut other = own[..64].to_vec();
-        other[18] ^= 0x01;
+        let other_machine: u16 = match std::env::consts::ARCH {
+            "x86_64" => 0xb7,
+            _ => 0x3e,
+        };
+        other[18..20].copy_from_slice(&other_machine.to_le_bytes());
         assert!(not_runnable_here(&other).unwrap().contains("not built for"));
     }
 

@@ -5,11 +5,13 @@
 //!   config loader, `getcfg` and `setcfg`.
 //! - [`password`]: passwords as they may rest (salted hashes), for both sides.
 //! - [`labels`]: what a region or instance type may be called.
-//! - [`node_channel`]: what a node and its control plane say to each other.
+//! - [`node_channel`]: what a node and its control plane say to each other; [`build`]: what
+//!   both check of a node build.
 //! - [`console_token`]: the web console's short-lived logins to a node; [`hmac`] signs them
 //!   and node credentials.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
 
+pub mod build;
 pub mod calendar;
 pub mod code;
 pub mod console_token;

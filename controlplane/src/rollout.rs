@@ -104,6 +104,19 @@ pub struct Rollout {
     pub queues: BTreeMap<String, QueueStep>,
 }
 
+impl Rollout {
+    /// Refused unless the rollout is `state`.
+    fn must_be(&self, state: State) -> Result<(), RolloutError> {
+        match self.state == state {
+            true => Ok(()),
+            false => Err(RolloutError::Refused(format!(
+                "rollout {} is {:?}, not {state:?}",
+                self.id, self.state
+            ))),
+        }
+    }
+}
+
 /// Waves of `ids` (the canary first): 1, 2, 4, 8, … queues.
 fn waves(ids: Vec<String>) -> Vec<Vec<String>> {
     let mut waves = Vec::new();
@@ -230,15 +243,10 @@ pub async fn start(
 /// Halts rollout `id` (the operator's word): nothing more is touched.
 pub async fn halt(store: &Store, id: &str) -> Result<Option<Rollout>, RolloutError> {
     let halted = store.update_rollout(id, |rollout| {
-        if rollout.state != State::Rolling {
-            return Err(RolloutError::Refused(format!(
-                "rollout {id} is {:?}, not rolling",
-                rollout.state
-            )));
-        }
+        rollout.must_be(State::Rolling)?;
         rollout.state = State::Halted;
         rollout.reason = Some("halted by the operator".into());
-        Ok(())
+        Ok::<_, RolloutError>(())
     });
     Ok(halted.await?.map(|(rollout, ())| rollout))
 }
@@ -246,12 +254,7 @@ pub async fn halt(store: &Store, id: &str) -> Result<Option<Rollout>, RolloutErr
 /// Rolls a halted rollout on: queues that timed out are waited for again from now.
 pub async fn resume(store: &Store, id: &str) -> Result<Option<Rollout>, RolloutError> {
     let resumed = store.update_rollout(id, |rollout| {
-        if rollout.state != State::Halted {
-            return Err(RolloutError::Refused(format!(
-                "rollout {id} is {:?}, not halted",
-                rollout.state
-            )));
-        }
+        rollout.must_be(State::Halted)?;
         if let Some((queue, _)) = rollout.queues.iter().find(|(_, s)| s.step == Step::Refused) {
             return Err(RolloutError::Refused(format!(
                 "queue {queue} refused the build: roll it back"
@@ -266,7 +269,7 @@ pub async fn resume(store: &Store, id: &str) -> Result<Option<Rollout>, RolloutE
         }
         rollout.state = State::Rolling;
         rollout.reason = None;
-        Ok(())
+        Ok::<_, RolloutError>(())
     });
     Ok(resumed.await?.map(|(rollout, ())| rollout))
 }
@@ -329,22 +332,35 @@ async fn tell_what_ran_before(
             Some(step) => step.from_build.clone(),
             None => fleet_before.clone(),
         };
-        let known = before.is_some() || !rollout.queues.contains_key(&queue.id);
-        if !known {
+        if before.is_none() {
             unknown.push(queue.id.clone());
         }
-        store
-            .update(&queue.id, |queue| {
-                let told = queue.desired_build.as_ref().map(|b| &b.binary_sha256);
-                if told == Some(target) {
-                    queue.desired_build = before.clone();
-                    queue.config_version += 1;
-                }
-                Ok::<_, StoreError>(())
-            })
-            .await?;
+        tell(store, &queue.id, Some(target), before.as_ref()).await?;
     }
     Ok(unknown)
+}
+
+/// Tells queue `id` to run `build` (None: whatever it runs), in a new config version; only
+/// while it is told `instead_of` when that is given (a rollback undoes only its own rollout).
+async fn tell(
+    store: &Store,
+    id: &str,
+    instead_of: Option<&str>,
+    build: Option<&DesiredBuild>,
+) -> Result<(), StoreError> {
+    let told = store.update(id, |queue| {
+        let now = queue
+            .desired_build
+            .as_ref()
+            .map(|b| b.binary_sha256.as_str());
+        if instead_of.is_none() || now == instead_of {
+            queue.desired_build = build.cloned();
+            queue.config_version += 1;
+        }
+        Ok::<_, StoreError>(())
+    });
+    told.await?;
+    Ok(())
 }
 
 /// The build the fleet was last rolled to: what a new queue is told (None: the installed
@@ -418,14 +434,7 @@ async fn tick(store: &Store) -> Result<(), StoreError> {
         let was = rolling.queues.get(queue_id).map(|s| s.step);
         if step.step == Step::Upgrading && was == Some(Step::Waiting) {
             told.push(queue_id.clone());
-            let build = next.build.clone();
-            store
-                .update(queue_id, |queue| {
-                    queue.desired_build = Some(build.clone());
-                    queue.config_version += 1;
-                    Ok::<_, StoreError>(())
-                })
-                .await?;
+            tell(store, queue_id, None, Some(&next.build)).await?;
             tracing::info!(queue = %queue_id, build = %next.build.binary_sha256, "told a node to run a new build");
         }
     }

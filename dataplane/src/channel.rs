@@ -57,10 +57,9 @@ pub struct Channel {
     /// Where a rotated credential is kept (`DATA_DIR/node-token`, 0600).
     kept_token: PathBuf,
     data_dir: PathBuf,
-    /// Turns true once the control plane has heard which config (and build) the node serves.
-    confirmed: Arc<tokio::sync::watch::Sender<bool>>,
-    /// The config version confirmed last.
-    confirmed_version: Arc<AtomicU64>,
+    /// The config version the control plane last heard the node serves (with its build); 0
+    /// before the first.
+    confirmed: Arc<tokio::sync::watch::Sender<u64>>,
     /// Waits longer than the control plane holds a watch.
     client: reqwest::Client,
 }
@@ -106,8 +105,7 @@ impl Channel {
             token: Arc::new(RwLock::new(token)),
             kept_token,
             data_dir: data_dir.to_path_buf(),
-            confirmed: Arc::new(tokio::sync::watch::channel(false).0),
-            confirmed_version: Arc::new(AtomicU64::new(0)),
+            confirmed: Arc::new(tokio::sync::watch::channel(0).0),
             client,
         }
     }
@@ -186,8 +184,7 @@ impl Channel {
         };
         self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;
-        self.confirmed_version.store(version, Ordering::Relaxed);
-        self.confirmed.send_replace(true);
+        self.confirmed.send_replace(version);
         Ok(())
     }
 
@@ -196,7 +193,7 @@ impl Channel {
     pub async fn confirm_again(&self) {
         let mut wait = RETRY_AFTER;
         loop {
-            let version = self.confirmed_version.load(Ordering::Relaxed);
+            let version = *self.confirmed.borrow();
             // Nothing confirmed yet: the first confirmation, which is on its way, says it.
             if version == 0 {
                 return;
@@ -212,8 +209,8 @@ impl Channel {
         }
     }
 
-    /// Turns true once the control plane has confirmed a config from this process.
-    pub fn confirmed(&self) -> tokio::sync::watch::Receiver<bool> {
+    /// The config version the control plane last confirmed from this process (0: none yet).
+    pub fn confirmed(&self) -> tokio::sync::watch::Receiver<u64> {
         self.confirmed.subscribe()
     }
 

@@ -304,7 +304,7 @@ async fn run() -> ExitCode {
         }
     }
     // A build on trial that served, confirmed, and was stopped cleanly did not fail.
-    if confirmed.is_some_and(|confirmed| *confirmed.borrow()) && restart_into.is_none() {
+    if confirmed.is_some_and(|confirmed| *confirmed.borrow() > 0) && restart_into.is_none() {
         dataplane::upgrade::stopped_cleanly(&config.data_dir);
     }
     if let Some(ready) = restart_into {

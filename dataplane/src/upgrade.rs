@@ -178,15 +178,15 @@ fn is_refused(data_dir: &Path, sha256: &str) -> bool {
 }
 
 /// Selects the build this process runs once it has stayed up for [`TRIAL`] after its first
-/// confirmed config (`confirmed` turns true then).
-pub async fn pass_trial(data_dir: PathBuf, mut confirmed: tokio::sync::watch::Receiver<bool>) {
+/// confirmed config (`confirmed`, the version confirmed last, is past 0 then).
+pub async fn pass_trial(data_dir: PathBuf, mut confirmed: tokio::sync::watch::Receiver<u64>) {
     let Some(running) = fetched_build_running(&data_dir) else {
         return;
     };
     let started = tokio::time::Instant::now();
     let dir = builds_dir(&data_dir);
     if read_name(&dir.join("trying")).as_deref() == Some(running.as_str()) {
-        if confirmed.wait_for(|confirmed| *confirmed).await.is_err() {
+        if confirmed.wait_for(|version| *version > 0).await.is_err() {
             return;
         }
         tokio::time::sleep(TRIAL).await;

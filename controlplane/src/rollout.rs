@@ -391,8 +391,8 @@ async fn roll_while_leading(store: Store) {
 
 /// One look at the rolling rollout, if there is one.
 async fn tick(store: &Store) -> Result<(), StoreError> {
-    let rollouts = store.rollouts().await?;
-    let Some(rolling) = rollouts.into_iter().find(|r| r.state == State::Rolling) else {
+    let newest = store.newest_rollout().await?;
+    let Some(rolling) = newest.filter(|r| r.state == State::Rolling) else {
         return Ok(());
     };
     let queues: BTreeMap<String, Queue> = store

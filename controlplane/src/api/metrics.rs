@@ -228,8 +228,9 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
 
 /// Rollouts rolling and halted (`rollout.rs`): a halted one waits for the operator.
 async fn render_rollouts(state: &AppState, out: &mut String) -> Result<(), ApiError> {
-    let rollouts = state.store.rollouts().await?;
-    let count = |wanted| rollouts.iter().filter(|r| r.state == wanted).count();
+    // Only the newest may be rolling or halted.
+    let newest = state.store.newest_rollout().await?;
+    let count = |wanted| usize::from(newest.as_ref().is_some_and(|r| r.state == wanted));
     let rolling = count(crate::rollout::State::Rolling);
     let halted = count(crate::rollout::State::Halted);
     out.push_str("# HELP qe_rollouts Node build rollouts rolling or halted.\n");

@@ -4,7 +4,7 @@
 //!   replica it was published to);
 //! - `rollouts/ID`: a [`Rollout`], ids in time order, changed only by compare-and-swap.
 
-use super::{Store, StoreError};
+use super::{end_of, Store, StoreError};
 use crate::builds::Build;
 use crate::rollout::Rollout;
 
@@ -35,6 +35,15 @@ impl Store {
 
     pub async fn rollout(&self, id: &str) -> Result<Option<Rollout>, StoreError> {
         self.get_json(&format!("{ROLLOUTS}{id}")).await
+    }
+
+    /// The newest rollout: the only one that may be rolling or halted (a new one is refused
+    /// while one is), read alone (a rollout holds a step per queue).
+    pub async fn newest_rollout(&self) -> Result<Option<Rollout>, StoreError> {
+        match self.kv.range_last(ROLLOUTS, &end_of(ROLLOUTS)).await? {
+            Some(value) => Ok(Some(serde_json::from_slice(&value)?)),
+            None => Ok(None),
+        }
     }
 
     /// Every rollout, oldest first.

@@ -125,6 +125,7 @@ pub async fn ec2_pass(settings: &Settings) {
                 instance_type: "t3.small".into(),
                 ipv4: false,
                 account: None,
+                ..Default::default()
             });
             queue.status = Status::Running;
             queue

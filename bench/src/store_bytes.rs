@@ -63,6 +63,7 @@ async fn simulate(settings: &Settings, rollups: bool) -> (Held, usize) {
         instance_type: "local".into(),
         ipv4: false,
         account: None,
+        ..Default::default()
     };
     let (queue, _) = queues::create(new);
     store.put(&queue).await.expect("the queue's record");

@@ -65,6 +65,15 @@ pub struct Account {
     /// made, so two creates at once, on two replicas too, cannot pass the limit.
     #[serde(default)]
     pub queues: std::collections::BTreeMap<String, u64>,
+    /// Its queues' names, each with its queue's id: taken in the same compare-and-swap as
+    /// the place, so a name is one queue's in the account; a deleted queue's is free again.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub names: std::collections::BTreeMap<String, String>,
+    /// Its SQS access keys (the control plane's SQS endpoint, docs/sqs.md), revoked ones
+    /// too. Their secrets are not kept: each is derived from the cluster's node secret
+    /// ([`crate::nodes::NodeTokens::account_sqs_secret`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sqs_keys: Vec<crate::queues::SqsKeyRecord>,
 }
 
 /// How long a reservation may wait for its queue's record before it counts as a create that
@@ -108,13 +117,37 @@ pub fn check_limits(limits: &Limits) -> Result<(), String> {
 
 pub fn create(new: NewAccount) -> Account {
     Account {
-        id: format!("a{}", random_label(11)),
+        id: format!("a{}", random_label(ACCOUNT_ID_LEN - 1)),
         name: new.name,
         created: crate::unix_now(),
         limits: new.limits.unwrap_or_default(),
         queues: Default::default(),
+        names: Default::default(),
+        sqs_keys: Vec::new(),
     }
 }
+
+/// A new SQS access key id of account `account_id`: `QE`, the account's id in capitals (so
+/// the key's account is read from it: one store read per request), six random characters.
+pub fn new_sqs_key_id(account_id: &str) -> String {
+    let tail = random_label(6).to_ascii_uppercase();
+    format!("QE{}{tail}", account_id.to_ascii_uppercase())
+}
+
+/// The account an SQS access key id is of ([`new_sqs_key_id`]), if it reads as one.
+pub fn account_of_sqs_key(access_key_id: &str) -> Option<String> {
+    let rest = access_key_id.strip_prefix("QE")?;
+    let account = rest.get(..ACCOUNT_ID_LEN)?;
+    let fine = rest.len() == ACCOUNT_ID_LEN + 6
+        && account.starts_with('A')
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit());
+    fine.then(|| account.to_ascii_lowercase())
+}
+
+/// An account id's length: `a` and eleven letters and digits.
+const ACCOUNT_ID_LEN: usize = 12;
 
 /// An API key's record, as stored at `api-keys/KEYID`: never its secret.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -116,6 +116,8 @@ pub fn action_of(method: &str, route: &str) -> Option<&'static str> {
         ("PATCH", "/v1/accounts/{id}") => "account.change",
         ("POST", "/v1/accounts/{id}/keys") => "key.create",
         ("DELETE", "/v1/accounts/{id}/keys/{key}") => "key.revoke",
+        ("POST", "/v1/accounts/{id}/sqs-keys") => "account.sqs-key.create",
+        ("DELETE", "/v1/accounts/{id}/sqs-keys/{key}") => "account.sqs-key.revoke",
         ("POST", "/v1/certificate/renew") => "certificate.renew",
         ("POST", "/v1/strays/{id}/adopt") => "queue.adopt",
         ("POST", "/v1/builds") => "build.publish",

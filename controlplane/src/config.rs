@@ -131,6 +131,10 @@ pub struct Config {
     /// etcd cluster that several replicas share (`kind = "etcd"`, `endpoints = [...]`).
     #[serde(default)]
     pub store: crate::store::StoreConfig,
+    /// The SQS endpoint (`POST /` on the API's port, docs/sqs.md): how queues `CreateQueue`
+    /// makes are made, and where clients reach it.
+    #[serde(default)]
+    pub sqs: crate::sqs::SqsConfig,
 }
 
 /// `[provider]`: what runs the queues' nodes.

@@ -36,6 +36,7 @@ pub mod reconciler;
 pub mod rollout;
 pub mod rollup;
 pub mod silence;
+pub mod sqs;
 pub mod store;
 pub mod usage;
 

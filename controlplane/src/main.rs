@@ -219,6 +219,13 @@ async fn start(config: Config) -> Result<Running, Failure> {
         ca_pem,
         tokens: node_tokens.clone(),
     });
+    // The SQS endpoint is on the API's port: clients reach it where nodes reach the API,
+    // unless the config names another URL.
+    let mut config = config;
+    config
+        .sqs
+        .endpoint
+        .get_or_insert_with(|| bootstraps.urls[0].clone());
     let zone_name = format!("q.{}.{}", config.cluster, config.domain);
     let (fleet, local): (Arc<dyn Provider>, _) = match &config.provider {
         ProviderConfig::Local => {
@@ -649,6 +656,7 @@ async fn new_demo(state: &controlplane::api::AppState) -> Result<Demo, Failure> 
         instance_type: "local".into(),
         ipv4: true,
         account: Some(account.id.clone()),
+        ..Default::default()
     };
     let (queue, logins) = queues::provision(state, new)
         .await

@@ -91,6 +91,17 @@ impl NodeTokens {
         base64::engine::general_purpose::STANDARD.encode(&mac[..30])
     }
 
+    /// The secret of SQS access key `access_key_id` of account `account_id`, derived as
+    /// [`NodeTokens::sqs_secret`] (another label: never a queue key's).
+    pub fn account_sqs_secret(&self, account_id: &str, access_key_id: &str) -> String {
+        use base64::Engine;
+        let mac = hmac_sha256(
+            &self.secret,
+            format!("account-sqs-key/{account_id}/{access_key_id}").as_bytes(),
+        );
+        base64::engine::general_purpose::STANDARD.encode(&mac[..30])
+    }
+
     /// The token of credential number `credential` of queue `queue_id`.
     pub fn token_for(&self, queue_id: &str, credential: u64) -> String {
         qe_shared::hex(&hmac_sha256(
@@ -239,6 +250,7 @@ mod tests {
             instance_type: "t".into(),
             ipv4: false,
             account: None,
+            ..Default::default()
         };
         let (mut a, _) = crate::queues::create(new.clone());
         let (b, _) = crate::queues::create(new);

@@ -4,6 +4,7 @@ use qe_shared::node_channel::{DesiredConfig, LoginHash, Logins, NodeTls};
 use qe_shared::password::PasswordHash;
 use qe_shared::protocol::Role;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub use qe_shared::settings::Tier;
@@ -112,6 +113,20 @@ pub struct Queue {
     /// A build its node said it will not run, and why (the last one it said).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_build: Option<qe_shared::node_channel::RefusedBuild>,
+    /// Its name within its account, as SQS names queues (`QueueName`, [`check_name`]);
+    /// None: its id is its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its tags (SQS's `TagQueue`, or the API's create), key → value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    /// The SQS attributes it was made with (`CreateQueue`), as asked: a second
+    /// `CreateQueue` of its name with others is refused (`QueueAlreadyExists`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sqs_attributes: BTreeMap<String, String>,
+    /// The settings its node starts with ([`DesiredConfig::initial_settings`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub initial_settings: BTreeMap<String, u64>,
     /// Whether its node takes a build in its config (it said so when it last confirmed one):
     /// a node from before rolling upgrades is told none, and a rollout leaves it out.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -192,6 +207,7 @@ impl Queue {
                 .desired_build
                 .clone()
                 .filter(|_| self.node_accepts_builds),
+            initial_settings: Some(self.initial_settings.clone()).filter(|s| !s.is_empty()),
         }
     }
 }
@@ -214,6 +230,7 @@ impl Queue {
             instance_type: desired.instance_type.clone(),
             ipv4: desired.ipv4,
             account: None,
+            ..Default::default()
         };
         let logins = [&logins.publisher, &logins.subscriber, &logins.admin].map(login);
         let mut queue = Queue::new(id.to_string(), asked, logins);
@@ -267,7 +284,16 @@ impl Queue {
             desired_build: None,
             refused_build: None,
             node_accepts_builds: false,
+            name: new.name,
+            tags: new.tags,
+            sqs_attributes: new.sqs_attributes,
+            initial_settings: new.initial_settings,
         }
+    }
+
+    /// Its name as SQS shows it: its own, or its id.
+    pub fn sqs_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.id)
     }
 }
 
@@ -280,6 +306,7 @@ pub fn a_queue(id: &str, status: Status) -> Queue {
         instance_type: "local".into(),
         ipv4: false,
         account: None,
+        ..Default::default()
     });
     queue.id = id.to_string();
     queue.status = status;
@@ -324,7 +351,7 @@ impl Placement {
 }
 
 /// The operator's request for a queue.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NewQueue {
     pub tier: Tier,
@@ -336,7 +363,57 @@ pub struct NewQueue {
     /// its own account only).
     #[serde(default)]
     pub account: Option<String>,
+    /// Its name within the account ([`check_name`]), unique there.
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// Made through SQS: the attributes asked for, and the settings they give.
+    #[serde(skip)]
+    pub sqs_attributes: BTreeMap<String, String>,
+    #[serde(skip)]
+    pub initial_settings: BTreeMap<String, u64>,
 }
+
+/// SQS's rules for a queue name: 1 to 80 of `A-Za-z0-9_-`, and `.fifo` at the end only for
+/// a FIFO queue.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
+    let fine = !stem.is_empty()
+        && name.len() <= 80
+        && stem
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    match fine {
+        true => Ok(()),
+        false => Err(format!(
+            "queue name {:?}: 1 to 80 characters of A-Z a-z 0-9 - _ (and .fifo at the end of a FIFO queue's)",
+            name.chars().take(100).collect::<String>()
+        )),
+    }
+}
+
+/// SQS's rules for tags: at most 50, keys of 1 to 128 characters, values of at most 256,
+/// no key starting with `aws:`.
+pub fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), String> {
+    if tags.len() > MAX_TAGS {
+        return Err(format!("a queue has at most {MAX_TAGS} tags"));
+    }
+    for (key, value) in tags {
+        let key_fine = (1..=128).contains(&key.chars().count())
+            && !key.to_ascii_lowercase().starts_with("aws:");
+        if !key_fine || value.chars().count() > 256 {
+            return Err(format!(
+                "tag {:?}: a key of 1 to 128 characters not starting with aws:, a value of at most 256",
+                key.chars().take(130).collect::<String>()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The most tags a queue has (AWS's limit).
+pub const MAX_TAGS: usize = 50;
 
 /// A login as shown once, at creation.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -479,6 +556,7 @@ mod tests {
             instance_type: "local".into(),
             ipv4: true,
             account: None,
+            ..Default::default()
         };
         let (queue, logins) = create(new);
         assert_eq!(queue.id.len(), 12);

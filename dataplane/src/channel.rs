@@ -597,6 +597,9 @@ impl Apply for NodeApply {
                 self.take_token(token)?;
             }
             self.node.replace_logins(logins);
+            if let Some(initial) = &desired.initial_settings {
+                self.node.take_initial_settings(initial)?;
+            }
             if let Some(sqs) = &desired.sqs {
                 self.node.replace_sqs_keys(sqs_keys(&sqs.keys)?);
             }

@@ -237,6 +237,12 @@ async fn run() -> ExitCode {
     let mut new_build = None;
     let mut confirmed = None;
     if let (Some(channel), Some(desired)) = (bootstrapped, desired) {
+        // A queue made through SQS starts with the attributes it was made with.
+        if let Some(initial) = &desired.initial_settings {
+            if let Err(error) = node.take_initial_settings(initial) {
+                tracing::warn!(%error, "the queue's initial settings were not taken");
+            }
+        }
         let (upgrader, ready) =
             dataplane::upgrade::Upgrader::start(channel.clone(), config.data_dir.clone());
         upgrader.want(desired.build.as_ref());

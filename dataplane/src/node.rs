@@ -208,6 +208,29 @@ impl Node {
         saved
     }
 
+    /// Takes the settings a new queue starts with (SQS's `CreateQueue` attributes, in its
+    /// desired config) when no setting was ever saved here; saved, they are never taken
+    /// again. A name or value the table refuses is an error (nothing taken).
+    pub fn take_initial_settings(
+        &self,
+        initial: &std::collections::BTreeMap<String, u64>,
+    ) -> Result<(), String> {
+        if self.meta.settings_changed_at().is_some() {
+            return Ok(());
+        }
+        let mut changes = Vec::with_capacity(initial.len());
+        for (name, &value) in initial {
+            let setting = Setting::parse(name)
+                .filter(|setting| setting.accepts(value))
+                .ok_or_else(|| format!("initial setting {name}={value} is not one to take"))?;
+            changes.push((setting, value));
+        }
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.change_settings(&changes).map_err(|e| e.to_string())
+    }
+
     /// Whether `username` and `password` are `role`'s login now.
     pub fn verify(&self, role: Role, username: &str, password: &str) -> bool {
         let logins = self.logins.read().expect("never poisoned");

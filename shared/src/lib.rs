@@ -21,6 +21,7 @@ pub mod node_channel;
 pub mod password;
 pub mod protocol;
 pub mod settings;
+pub mod sqs;
 
 pub use code::Code;
 

@@ -131,6 +131,12 @@ pub struct DesiredConfig {
     /// (applied at once). None: not served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sqs: Option<DesiredSqs>,
+    /// The settings a new queue starts with (by name, as `setcfg` takes them): what
+    /// SQS's `CreateQueue` asked for. Taken once, when no setting was ever saved (a node
+    /// with its data keeps what it has: an administrator's `setcfg` since wins). None (left
+    /// out): the tier's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_settings: Option<std::collections::BTreeMap<String, u64>>,
     /// The build the node is to run (a rolling upgrade, or its rollback): one that runs
     /// another fetches it (`GET /v1/nodes/{id}/builds/SHA256`), checks its hash and restarts
     /// into it, its data kept. None (left out, so older nodes read the config as before): the

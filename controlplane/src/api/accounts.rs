@@ -173,3 +173,90 @@ pub async fn revoke_key(
     let (key, ()) = revoked.await?.ok_or_else(missing)?;
     Ok((target(&key.id, &id), Json(key_view(&key))))
 }
+
+/// `POST /v1/accounts/{id}/sqs-keys {"role"}`: a new SQS access key of the account
+/// (docs/sqs.md, *The account's endpoint*): it signs requests to the control plane's SQS
+/// endpoint and to every queue of the account, in that role (an admin key may also make,
+/// tag and delete queues). Its secret is shown only now. Every queue's node gets it with its
+/// next config; `applied` says whether all of them served it within a few seconds.
+pub async fn create_sqs_key(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Json(asked): Json<super::queues::NewSqsKey>,
+) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
+    let account = seen(&state, &caller, &id).await?;
+    let role = asked.role()?;
+    let access_key_id = accounts::new_sqs_key_id(&account.id);
+    let made = state.store.update_account(&account.id, |account| {
+        if account.sqs_keys.len() >= crate::queues::MAX_SQS_KEYS {
+            return Err(ApiError::Conflict(format!(
+                "account {id} has {} SQS keys, the most it may",
+                crate::queues::MAX_SQS_KEYS
+            )));
+        }
+        account.sqs_keys.push(crate::queues::SqsKeyRecord {
+            access_key_id: access_key_id.clone(),
+            role: role.name().to_string(),
+            created: crate::unix_now(),
+            revoked: false,
+        });
+        Ok(())
+    });
+    let (account, ()) = made
+        .await?
+        .ok_or_else(|| ApiError::NoSuch(format!("no account {id}")))?;
+    let applied = super::queues::tell_account_queues(&state, &account).await?;
+    let reply = json!({
+        "access_key_id": access_key_id,
+        "secret": state.node_tokens.account_sqs_secret(&account.id, &access_key_id),
+        "role": role.name(),
+        "endpoint": crate::sqs::endpoint(&state.config),
+        "applied": applied,
+    });
+    Ok((
+        StatusCode::CREATED,
+        target(&access_key_id, &id),
+        Json(reply),
+    ))
+}
+
+/// `GET /v1/accounts/{id}/sqs-keys`: never a secret.
+pub async fn list_sqs_keys(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let account = seen(&state, &caller, &id).await?;
+    Ok(Json(json!({
+        "endpoint": crate::sqs::endpoint(&state.config),
+        "keys": account.sqs_keys,
+    })))
+}
+
+/// `DELETE /v1/accounts/{id}/sqs-keys/{key}`: refused by the control plane at once, and by
+/// each node once it serves its next config (`applied`).
+pub async fn revoke_sqs_key(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path((id, key)): Path<(String, String)>,
+) -> Result<(Extension<Target>, Json<Value>), ApiError> {
+    let account = seen(&state, &caller, &id).await?;
+    let revoked = state.store.update_account(&account.id, |account| {
+        let found = account
+            .sqs_keys
+            .iter_mut()
+            .find(|record| record.access_key_id == key && !record.revoked)
+            .ok_or_else(|| ApiError::NoSuch(format!("no SQS key {key} in account {id}")))?;
+        found.revoked = true;
+        Ok::<_, ApiError>(())
+    });
+    let (account, ()) = revoked
+        .await?
+        .ok_or_else(|| ApiError::NoSuch(format!("no account {id}")))?;
+    let applied = super::queues::tell_account_queues(&state, &account).await?;
+    Ok((
+        target(&key, &id),
+        Json(json!({ "revoked": key, "applied": applied })),
+    ))
+}

@@ -474,6 +474,7 @@ mod tests {
             instance_type: "local".into(),
             ipv4: false,
             account: account.map(String::from),
+            ..Default::default()
         });
         queue.status = status;
         queue

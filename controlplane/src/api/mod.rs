@@ -139,6 +139,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/v1/accounts/{id}/keys/{key}",
             axum::routing::delete(accounts::revoke_key),
+        )
+        .route(
+            "/v1/accounts/{id}/sqs-keys",
+            post(accounts::create_sqs_key).get(accounts::list_sqs_keys),
+        )
+        .route(
+            "/v1/accounts/{id}/sqs-keys/{key}",
+            axum::routing::delete(accounts::revoke_sqs_key),
         );
     // One set of console sessions for every route (this router is built once per process).
     let sessions = Arc::new(crate::console::Sessions::new(
@@ -180,6 +188,12 @@ pub fn router(state: Arc<AppState>) -> Router {
     let bootstrap = Router::new().route("/v1/nodes/{id}/bootstrap", post(bootstrap::exchange));
     let open = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        // SQS's wire: signed with an account's SQS key (checked there before the body is
+        // read), and as large as ten of the largest messages.
+        .route(
+            "/",
+            post(crate::sqs::serve).layer(DefaultBodyLimit::disable()),
+        )
         .route(
             "/openapi.json",
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),

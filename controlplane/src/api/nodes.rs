@@ -90,9 +90,9 @@ async fn rotated_after_the_backup(
     Ok(Some(credential))
 }
 
-/// `queue`'s SQS face, where its provider runs one: the listener and the keys not revoked,
-/// with their secrets (derived here, never stored).
-fn sqs_of(
+/// `queue`'s SQS face, where its provider runs one: the listener and the keys not revoked
+/// (the queue's own, and its account's), with their secrets (derived here, never stored).
+async fn sqs_of(
     state: &AppState,
     queue: &Queue,
 ) -> Result<Option<qe_shared::node_channel::DesiredSqs>, ApiError> {
@@ -100,23 +100,47 @@ fn sqs_of(
         .fleet
         .sqs_listen(queue)
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok(listen.map(|listen| qe_shared::node_channel::DesiredSqs {
+    let Some(listen) = listen else {
+        return Ok(None);
+    };
+    let secret =
+        |key: &crate::queues::SqsKeyRecord, secret: String| qe_shared::node_channel::SqsKeySecret {
+            access_key_id: key.access_key_id.clone(),
+            role: key.role.clone(),
+            secret,
+        };
+    let mut keys: Vec<_> = queue
+        .sqs_keys
+        .iter()
+        .filter(|key| !key.revoked)
+        .map(|key| {
+            secret(
+                key,
+                state.node_tokens.sqs_secret(&queue.id, &key.access_key_id),
+            )
+        })
+        .collect();
+    let account = match &queue.account {
+        Some(id) => state.store.account(id).await?,
+        None => None,
+    };
+    for key in account.iter().flat_map(|account| &account.sqs_keys) {
+        if !key.revoked {
+            let account = queue.account.as_deref().unwrap_or_default();
+            let derived = state
+                .node_tokens
+                .account_sqs_secret(account, &key.access_key_id);
+            keys.push(secret(key, derived));
+        }
+    }
+    Ok(Some(qe_shared::node_channel::DesiredSqs {
         listen: vec![listen],
-        keys: queue
-            .sqs_keys
-            .iter()
-            .filter(|key| !key.revoked)
-            .map(|key| qe_shared::node_channel::SqsKeySecret {
-                access_key_id: key.access_key_id.clone(),
-                role: key.role.clone(),
-                secret: state.node_tokens.sqs_secret(&queue.id, &key.access_key_id),
-            })
-            .collect(),
+        keys,
     }))
 }
 
 /// What `queue`'s node should be now.
-pub fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredConfig, ApiError> {
+pub async fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredConfig, ApiError> {
     let listen = state
         .fleet
         .listen(queue)
@@ -135,7 +159,7 @@ pub fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredConfig, 
     desired.live_stats_secs = state.config.live_stats_secs;
     desired.usage_record_secs = state.config.usage_record_secs;
     desired.stats_record_secs = state.config.stats_record_secs;
-    desired.sqs = sqs_of(state, queue)?;
+    desired.sqs = sqs_of(state, queue).await?;
     desired.node_token = queue
         .next_node_credential
         .map(|next| state.node_tokens.token_for(&queue.id, next));
@@ -176,7 +200,7 @@ pub async fn config(
             }
         }
     };
-    Ok(Json(desired_config(&state, &queue)?).into_response())
+    Ok(Json(desired_config(&state, &queue).await?).into_response())
 }
 
 /// `POST /v1/nodes/{id}/applied`: the node serves this version now. A queue whose node

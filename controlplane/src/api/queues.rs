@@ -60,6 +60,8 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
         "node_build": queue.node_build,
         "desired_build": queue.desired_build,
         "refused_build": queue.refused_build,
+        "name": queue.name,
+        "tags": queue.tags,
     })
 }
 
@@ -120,6 +122,15 @@ pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, Issued
     qe_shared::labels::check("instance_type", &new.instance_type).map_err(ApiError::BadRequest)?;
     state.fleet.can_run(&new).map_err(ApiError::BadRequest)?;
     crate::policy::check(&state.config.allow, &new).map_err(ApiError::BadRequest)?;
+    if let Some(name) = &new.name {
+        queues::check_name(name).map_err(ApiError::BadRequest)?;
+        if new.account.is_none() {
+            return Err(ApiError::BadRequest(
+                "a name is unique within an account: a queue of no account has none".into(),
+            ));
+        }
+    }
+    queues::check_tags(&new.tags).map_err(ApiError::BadRequest)?;
     let (mut queue, logins) = queues::create(new);
     // It starts from the installed build: told the rolled-out one, if there is one.
     queue.desired_build = crate::rollout::fleet_build(&state.store).await?;
@@ -140,18 +151,34 @@ async fn reserve(state: &AppState, account_id: &str, queue: &Queue) -> Result<()
     let account = state.store.account(account_id).await?.ok_or_else(missing)?;
     let now = crate::unix_now();
     let mut gone = Vec::new();
+    let mut unnamed = Vec::new();
     for (id, reserved) in &account.queues {
-        let over = match state.store.get(id).await? {
+        let held = state.store.get(id).await?;
+        let over = match &held {
             Some(held) => held.status == Status::Deleted,
             None => now >= reserved + accounts::RESERVATION_EXPIRES_SECS,
         };
         if over {
             gone.push(id.clone());
         }
+        // A deleted queue's name is free at once (its place, once its node is gone).
+        if over || held.is_some_and(|held| held.status == Status::Deleting) {
+            unnamed.push(id.clone());
+        }
     }
     let reserved = state.store.update_account(account_id, |account| {
         for id in &gone {
             account.queues.remove(id);
+        }
+        account
+            .names
+            .retain(|_, id| !unnamed.contains(id) && account.queues.contains_key(id));
+        if let Some(name) = &queue.name {
+            if account.names.contains_key(name) {
+                return Err(ApiError::Conflict(format!(
+                    "account {account_id} has a queue named {name}"
+                )));
+            }
         }
         let limits = &account.limits;
         if !limits.tiers.contains(&queue.tier) {
@@ -167,6 +194,9 @@ async fn reserve(state: &AppState, account_id: &str, queue: &Queue) -> Result<()
             )));
         }
         account.queues.insert(queue.id.clone(), now);
+        if let Some(name) = &queue.name {
+            account.names.insert(name.clone(), queue.id.clone());
+        }
         Ok(())
     });
     reserved.await?.ok_or_else(missing)?;
@@ -296,8 +326,7 @@ pub async fn create_sqs_key(
     Json(asked): Json<NewSqsKey>,
 ) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
     let target = target(&seen(&state, &caller, &id).await?);
-    let role = Role::parse(&asked.role)
-        .ok_or_else(|| ApiError::BadRequest("role is publisher, subscriber or admin".into()))?;
+    let role = asked.role()?;
     let access_key_id = new_access_key_id();
     let made = state.store.update(&id, |queue| {
         if !queue.status.is_live() {
@@ -339,6 +368,38 @@ pub async fn create_sqs_key(
 #[serde(deny_unknown_fields)]
 pub struct NewSqsKey {
     role: String,
+}
+
+impl NewSqsKey {
+    pub fn role(&self) -> Result<Role, ApiError> {
+        Role::parse(&self.role)
+            .ok_or_else(|| ApiError::BadRequest("role is publisher, subscriber or admin".into()))
+    }
+}
+
+/// Moves every live queue of `account` to a new config version (its SQS keys changed), and
+/// says whether all their nodes served it within [`CONFIRM_WITHIN`].
+pub async fn tell_account_queues(
+    state: &AppState,
+    account: &accounts::Account,
+) -> Result<bool, ApiError> {
+    let mut told = Vec::new();
+    for id in account.queues.keys() {
+        let bumped = state.store.update(id, |queue| {
+            if queue.status.is_live() {
+                queue.config_version += 1;
+            }
+            Ok::<_, ApiError>(queue.status.is_live())
+        });
+        if let Some((queue, true)) = bumped.await? {
+            told.push(queue);
+        }
+    }
+    let mut applied = true;
+    for queue in &told {
+        applied &= wait_applied(state, queue).await?;
+    }
+    Ok(applied)
 }
 
 /// `GET /v1/queues/{id}/sqs-keys`: the queue's SQS keys (never their secrets) and its SQS
@@ -407,7 +468,7 @@ async fn wait_applied(state: &AppState, queue: &Queue) -> Result<bool, ApiError>
 
 /// Where `queue`'s SQS face answers: its node's address with the SQS port (https where the
 /// node serves wss); None where its provider runs no SQS face, or before it has a node.
-fn sqs_endpoint(state: &AppState, queue: &Queue) -> Result<Option<String>, ApiError> {
+pub(crate) fn sqs_endpoint(state: &AppState, queue: &Queue) -> Result<Option<String>, ApiError> {
     let Some(listen) = state
         .fleet
         .sqs_listen(queue)
@@ -516,16 +577,10 @@ pub async fn rotate_node_credential(
     Ok((status, target, Json(json!({ "applied": confirmed }))))
 }
 
-/// Marks the queue to be deleted; the reconciler removes its node, which reports its last
-/// usage record. The reply comes once it is `deleted`, or after [`DELETE_WITHIN`] with
-/// `202` and `deleting`. The record stays (its usage is billed from it).
-pub async fn delete(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
-    let target = target(&seen(&state, &caller, &id).await?);
-    let marked = state.store.update(&id, |queue| {
+/// Marks queue `id` to be deleted (its name stops resolving now) and wakes the reconciler,
+/// which removes its node.
+pub async fn mark_deleting(state: &AppState, id: &str) -> Result<(), ApiError> {
+    let marked = state.store.update(id, |queue| {
         if !matches!(queue.status, Status::Deleting | Status::Deleted) {
             queue.status = Status::Deleting;
             queue.deleting_since = Some(crate::unix_now());
@@ -536,10 +591,22 @@ pub async fn delete(
     });
     marked
         .await?
-        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
-    // The name stops resolving now.
-    refresh_zone(&state).await?;
+        .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
+    refresh_zone(state).await?;
     state.reconcile.notify_one();
+    Ok(())
+}
+
+/// Marks the queue to be deleted; the reconciler removes its node, which reports its last
+/// usage record. The reply comes once it is `deleted`, or after [`DELETE_WITHIN`] with
+/// `202` and `deleting`. The record stays (its usage is billed from it).
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
+    let target = target(&seen(&state, &caller, &id).await?);
+    mark_deleting(&state, &id).await?;
     let deleted = |queue: &Queue| queue.status == Status::Deleted;
     let queue = state
         .store

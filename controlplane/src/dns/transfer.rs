@@ -308,6 +308,7 @@ pub(super) mod tests {
             instance_type: "t".into(),
             ipv4: true,
             account: None,
+            ..Default::default()
         });
         queue.status = Status::Running;
         queue.addresses = Some(Addresses {

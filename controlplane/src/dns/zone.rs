@@ -442,6 +442,7 @@ mod tests {
             instance_type: "t".into(),
             ipv4,
             account: None,
+            ..Default::default()
         };
         let (mut placed, _) = create(new(true));
         placed.status = Status::Running;

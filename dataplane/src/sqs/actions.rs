@@ -242,46 +242,7 @@ fn set_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
     let Some(given) = input["Attributes"].as_object() else {
         return Err(SqsError::missing_parameter("Attributes"));
     };
-    let invalid_value = |name: &str| {
-        SqsError::batch(
-            "InvalidAttributeValue",
-            "InvalidAttributeValue",
-            &format!("Invalid value for the parameter {name}."),
-        )
-    };
-    let mut changes = Vec::new();
-    for (name, value) in given {
-        let text = value.as_str().ok_or_else(|| invalid_value(name))?;
-        let (setting, number) = match name.as_str() {
-            "VisibilityTimeout" => (Setting::VisibilityTimeoutSecs, text.parse().ok()),
-            "MaximumMessageSize" => (Setting::MaxWsMsgLen, text.parse().ok()),
-            "MessageRetentionPeriod" => (Setting::MessageRetentionSecs, text.parse().ok()),
-            "RedrivePolicy" => {
-                let policy: Value = serde_json::from_str(text).map_err(|_| invalid_value(name))?;
-                let count = match &policy["maxReceiveCount"] {
-                    Value::Number(n) => n.as_u64(),
-                    Value::String(s) => s.parse().ok(),
-                    _ => None,
-                };
-                (Setting::MaxReceiveCount, count)
-            }
-            "DelaySeconds" | "ReceiveMessageWaitTimeSeconds" => match text {
-                "0" => continue,
-                _ => return Err(invalid_value(name)),
-            },
-            _ => {
-                return Err(SqsError::batch(
-                    "InvalidAttributeName",
-                    "InvalidAttributeName",
-                    &format!("Unknown Attribute {name}."),
-                ))
-            }
-        };
-        match number.filter(|n| setting.accepts(*n)) {
-            Some(number) => changes.push((setting, number)),
-            None => return Err(invalid_value(name)),
-        }
-    }
+    let changes = qe_shared::sqs::settings_of(given)?;
     match context.node.change_settings(&changes) {
         Err(crate::store::meta::SaveError::NotSaved) => {
             Err(SqsError::unavailable("The settings could not be saved."))
@@ -717,7 +678,7 @@ impl Results {
     fn fail(&mut self, id: String, error: &SqsError) {
         self.failed.push(json!({
             "Id": id,
-            "SenderFault": error.status.is_client_error(),
+            "SenderFault": !error.is_server_error(),
             "Code": error.code,
             "Message": error.message,
         }));

@@ -99,12 +99,7 @@ pub fn check(attributes: &Attributes) -> Result<(), String> {
     Ok(())
 }
 
-/// The characters SQS allows in a message's body and in its attributes' text (those XML 1.0
-/// can carry): #x9, #xA, #xD, #x20–#xD7FF, #xE000–#xFFFD, #x10000–#x10FFFF.
-pub fn allowed_in_text(c: char) -> bool {
-    matches!(c, '\u{9}' | '\u{a}' | '\u{d}' | '\u{20}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}')
-        || c >= '\u{10000}'
-}
+pub use qe_shared::sqs::allowed_in_text;
 
 /// AWS's rules for a name: up to 256 of `A-Za-z0-9_-.`, not starting or ending with `.`,
 /// without `..`, and not starting with `AWS.` or `Amazon.` (any case).

@@ -13,8 +13,8 @@
 
 mod actions;
 mod attributes;
-mod query;
-pub mod sigv4;
+
+pub use qe_shared::sqs::{query, sigv4, SqsError};
 
 use crate::node::Node;
 use crate::traffic::Counted;
@@ -68,174 +68,14 @@ impl SqsKey {
     }
 }
 
-/// An SQS error in AWS's terms: its HTTP status, its JSON `__type`, and the legacy
-/// (query-protocol) code the SDKs report, which goes in `x-amzn-query-error`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqsError {
-    pub status: StatusCode,
-    /// The shape's name after `#` in `__type`.
-    pub shape: &'static str,
-    /// The code boto3 and the other SDKs show (`Error.Code`).
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl SqsError {
-    fn new(status: StatusCode, shape: &'static str, code: &'static str, message: String) -> Self {
-        SqsError {
-            status,
-            shape,
-            code,
-            message,
-        }
+/// `error` as AWS's JSON protocol sends it.
+fn error_response(error: &SqsError) -> Response<Full<Bytes>> {
+    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut response = json_response(status, &error.json_body());
+    if let Ok(value) = error.query_error_header().parse() {
+        response.headers_mut().insert("x-amzn-query-error", value);
     }
-
-    pub fn invalid_parameter(message: impl Into<String>) -> SqsError {
-        let message = message.into();
-        let (shape, code) = ("InvalidParameterValue", "InvalidParameterValue");
-        SqsError::new(StatusCode::BAD_REQUEST, shape, code, message)
-    }
-
-    pub fn missing_parameter(name: &str) -> SqsError {
-        let message = format!("The request must contain the parameter {name}.");
-        let (shape, code) = ("MissingParameter", "MissingParameter");
-        SqsError::new(StatusCode::BAD_REQUEST, shape, code, message)
-    }
-
-    pub fn queue_does_not_exist() -> SqsError {
-        SqsError::new(
-            StatusCode::BAD_REQUEST,
-            "QueueDoesNotExist",
-            "AWS.SimpleQueueService.NonExistentQueue",
-            "The specified queue does not exist.".into(),
-        )
-    }
-
-    pub fn receipt_handle_invalid(handle: &str) -> SqsError {
-        let handle = shown(handle);
-        SqsError::new(
-            StatusCode::BAD_REQUEST,
-            "ReceiptHandleIsInvalid",
-            "ReceiptHandleIsInvalid",
-            format!("The input receipt handle \"{handle}\" is not a valid receipt handle."),
-        )
-    }
-
-    pub fn message_not_inflight() -> SqsError {
-        SqsError::new(
-            StatusCode::BAD_REQUEST,
-            "MessageNotInflight",
-            "AWS.SimpleQueueService.MessageNotInflight",
-            "The message referred to isn't in flight.".into(),
-        )
-    }
-
-    /// A batch's own faults: `shape` is also the name after `AWS.SimpleQueueService.`.
-    pub fn batch(shape: &'static str, code: &'static str, message: &str) -> SqsError {
-        SqsError::new(StatusCode::BAD_REQUEST, shape, code, message.into())
-    }
-
-    fn access_denied(action: &str, role: Role) -> SqsError {
-        SqsError::new(
-            StatusCode::FORBIDDEN,
-            "AccessDeniedException",
-            "AccessDenied",
-            format!("An access key of the {role:?} role may not call {action}."),
-        )
-    }
-
-    fn signature(refused: sigv4::Refused) -> SqsError {
-        let (shape, code) = match refused {
-            sigv4::Refused::Missing => (
-                "MissingAuthenticationTokenException",
-                "MissingAuthenticationToken",
-            ),
-            sigv4::Refused::Incomplete(_) => {
-                ("IncompleteSignatureException", "IncompleteSignature")
-            }
-            sigv4::Refused::UnknownKey => ("InvalidClientTokenId", "InvalidClientTokenId"),
-            sigv4::Refused::Expired => ("RequestExpired", "RequestExpired"),
-            sigv4::Refused::Mismatch => ("InvalidSignatureException", "SignatureDoesNotMatch"),
-        };
-        SqsError::new(StatusCode::FORBIDDEN, shape, code, refused.to_string())
-    }
-
-    pub fn unavailable(message: &str) -> SqsError {
-        SqsError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
-            "ServiceUnavailable",
-            message.into(),
-        )
-    }
-
-    pub fn over_limit(message: &str) -> SqsError {
-        SqsError::new(
-            StatusCode::FORBIDDEN,
-            "OverLimit",
-            "OverLimit",
-            message.into(),
-        )
-    }
-
-    pub fn purge_in_progress() -> SqsError {
-        SqsError::new(
-            StatusCode::FORBIDDEN,
-            "PurgeQueueInProgress",
-            "AWS.SimpleQueueService.PurgeQueueInProgress",
-            "Only one PurgeQueue operation on the queue is allowed every 60 seconds.".into(),
-        )
-    }
-
-    fn unknown_operation(target: &str) -> SqsError {
-        SqsError::new(
-            StatusCode::BAD_REQUEST,
-            "UnknownOperationException",
-            "InvalidAction",
-            format!(
-                "The action {} is not valid for this endpoint.",
-                shown(target)
-            ),
-        )
-    }
-
-    fn not_json() -> SqsError {
-        SqsError::new(
-            StatusCode::BAD_REQUEST,
-            "SerializationException",
-            "InvalidParameterValue",
-            "The request body is not a JSON object.".into(),
-        )
-    }
-
-    fn too_big() -> SqsError {
-        SqsError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "RequestTooLarge",
-            "AWS.SimpleQueueService.BatchRequestTooLong",
-            "The request is too large.".into(),
-        )
-    }
-
-    /// The error as AWS's JSON protocol sends it.
-    fn response(&self) -> Response<Full<Bytes>> {
-        let body = serde_json::json!({
-            "__type": format!("com.amazonaws.sqs#{}", self.shape),
-            "message": self.message,
-        });
-        let mut response = json_response(self.status, &body);
-        let query_error = format!("{};Sender", self.code);
-        if let Ok(value) = query_error.parse() {
-            response.headers_mut().insert("x-amzn-query-error", value);
-        }
-        response
-    }
-}
-
-/// What a client sent, as an error quotes it: at most 64 characters (a refusal is no echo
-/// of a whole request).
-fn shown(text: &str) -> String {
-    text.chars().take(64).collect()
+    response
 }
 
 /// The SQS face of one node. Its keys are the node's (beside its logins).
@@ -309,20 +149,23 @@ impl Sqs {
 
     /// The answer in the protocol the request speaks (its errors too).
     async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
-        let query = query::is_query(request.headers());
+        let query = is_query(request.headers());
         let outcome = self.read_and_handle(request, query).await;
         if let Err(error) = &outcome {
             tracing::debug!(code = error.code, message = %error.message, "an SQS request was refused");
         }
-        let request_id = query::request_id();
+        let request_id = qe_shared::sqs::request_id();
         let mut response = match (query, outcome) {
             (false, Ok((_, answer))) => json_response(StatusCode::OK, &answer),
-            (false, Err(error)) => error.response(),
+            (false, Err(error)) => error_response(&error),
             (true, Ok((action, answer))) => {
                 let reply = query::reply(action.name(), &answer, &request_id);
                 xml_response(StatusCode::OK, reply)
             }
-            (true, Err(error)) => xml_response(error.status, query::error(&error, &request_id)),
+            (true, Err(error)) => {
+                let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_REQUEST);
+                xml_response(status, query::error(&error, &request_id))
+            }
         };
         let id =
             hyper::header::HeaderValue::from_str(&request_id).expect("a UUID is a header value");
@@ -474,4 +317,12 @@ fn xml_response(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 /// Listens for the SQS face on `addr`.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+/// Whether a request speaks the query protocol: a form, without the JSON protocol's target.
+fn is_query(headers: &hyper::HeaderMap) -> bool {
+    let content_type = headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    query::is_query(content_type, headers.contains_key("x-amz-target"))
 }

@@ -16,20 +16,23 @@ use std::fmt::Write;
 const XMLNS: &str = "http://queue.amazonaws.com/doc/2012-11-05/";
 
 /// A flattened list's member name, and the JSON protocol's name for the list.
-const LISTS: [(&str, &str); 6] = [
+const LISTS: [(&str, &str); 7] = [
     ("AttributeName", "AttributeNames"),
     ("MessageAttributeName", "MessageAttributeNames"),
     ("MessageSystemAttributeName", "MessageSystemAttributeNames"),
     ("SendMessageBatchRequestEntry", "Entries"),
     ("DeleteMessageBatchRequestEntry", "Entries"),
     ("ChangeMessageVisibilityBatchRequestEntry", "Entries"),
+    ("TagKey", "TagKeys"),
 ];
 
-/// A flattened map's entry name (each with `.Name` and `.Value`), and the JSON name for it.
-const MAPS: [(&str, &str); 3] = [
-    ("Attribute", "Attributes"),
-    ("MessageAttribute", "MessageAttributes"),
-    ("MessageSystemAttribute", "MessageSystemAttributes"),
+/// A flattened map's entry name, the JSON name for it, and its entries' key's name (each
+/// entry has that and `.Value`).
+const MAPS: [(&str, &str, &str); 4] = [
+    ("Attribute", "Attributes", "Name"),
+    ("MessageAttribute", "MessageAttributes", "Name"),
+    ("MessageSystemAttribute", "MessageSystemAttributes", "Name"),
+    ("Tag", "Tags", "Key"),
 ];
 
 /// The most parameters a form has: a batch of ten messages with ten attributes each needs
@@ -41,20 +44,21 @@ const MOST_PARAMETERS: usize = 1000;
 const MOST_PARTS: usize = 8;
 
 /// The actions whose reply carries nothing but its request id.
-const NO_OUTPUT: [&str; 4] = [
+const NO_OUTPUT: [&str; 7] = [
     "DeleteMessage",
     "ChangeMessageVisibility",
     "SetQueueAttributes",
     "PurgeQueue",
+    "DeleteQueue",
+    "TagQueue",
+    "UntagQueue",
 ];
 
-/// Whether a request speaks the query protocol: a form, without the JSON protocol's target.
-pub fn is_query(headers: &hyper::HeaderMap) -> bool {
-    let form = headers
-        .get(hyper::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"));
-    form && !headers.contains_key("x-amz-target")
+/// Whether a request speaks the query protocol: a form (its `Content-Type`), without the
+/// JSON protocol's target (`X-Amz-Target`).
+pub fn is_query(content_type: Option<&str>, has_target: bool) -> bool {
+    let form = content_type.is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"));
+    form && !has_target
 }
 
 /// The action a form names, and its parameters in the JSON protocol's shape.
@@ -150,15 +154,16 @@ impl Tree {
         let mut object = Map::new();
         for (name, node) in self.0 {
             let list = LISTS.iter().find(|(member, _)| *member == name);
-            let map = MAPS.iter().find(|(entry, _)| *entry == name);
+            let map = MAPS.iter().find(|(entry, _, _)| *entry == name);
             let (key, value) = match (node, list, map) {
                 (Node::Leaf(text), None, None) => (name, Value::String(text)),
                 (Node::Branch(items), Some((_, json)), _) => {
                     (json.to_string(), Value::Array(items.numbered(&name)?))
                 }
-                (Node::Branch(entries), _, Some((_, json))) => {
-                    (json.to_string(), Value::Object(entries.entries(&name)?))
-                }
+                (Node::Branch(entries), _, Some((_, json, key))) => (
+                    json.to_string(),
+                    Value::Object(entries.entries(&name, key)?),
+                ),
                 (Node::Branch(inner), None, None) => (name, Value::Object(inner.into_json()?)),
                 (Node::Leaf(_), _, _) => return Err(malformed(&name)),
             };
@@ -189,12 +194,13 @@ impl Tree {
         Ok(items.into_iter().map(|(_, value)| value).collect())
     }
 
-    /// A flattened map's entries (`NAME.N.Name`, `NAME.N.Value`) as one object.
-    fn entries(self, name: &str) -> Result<Map<String, Value>, SqsError> {
+    /// A flattened map's entries (`NAME.N.KEY`, `NAME.N.Value`) as one object.
+    fn entries(self, name: &str, key_name: &str) -> Result<Map<String, Value>, SqsError> {
         let mut object = Map::new();
         for entry in self.numbered(name)? {
-            let key = entry["Name"].as_str().map(str::to_string);
-            let key = key.ok_or_else(|| SqsError::missing_parameter(&format!("{name}.N.Name")))?;
+            let key = entry[key_name].as_str().map(str::to_string);
+            let missing = || SqsError::missing_parameter(&format!("{name}.N.{key_name}"));
+            let key = key.ok_or_else(missing)?;
             let value = entry.get("Value").cloned();
             let value =
                 value.ok_or_else(|| SqsError::missing_parameter(&format!("{name}.N.Value")))?;
@@ -234,6 +240,15 @@ fn element(action: &str, name: &str, value: &Value, out: &mut String) {
             each(&format!("{action}ResultEntry"), items, action, out)
         }
         ("Failed", Value::Array(items)) => each("BatchResultErrorEntry", items, action, out),
+        ("Tags", Value::Object(entries)) => {
+            for (key, value) in entries {
+                out.push_str("<Tag><Key>");
+                push_escaped(out, key);
+                out.push_str("</Key>");
+                element(action, "Value", value, out);
+                out.push_str("</Tag>");
+            }
+        }
         ("Attributes" | "MessageAttributes", Value::Object(entries)) => {
             let entry = name.trim_end_matches('s');
             for (key, value) in entries {
@@ -272,7 +287,7 @@ fn each(member: &str, items: &[Value], action: &str, out: &mut String) {
 
 /// `error` as the query protocol's XML error.
 pub fn error(error: &SqsError, request_id: &str) -> String {
-    let kind = match error.status.is_server_error() {
+    let kind = match error.is_server_error() {
         true => "Receiver",
         false => "Sender",
     };
@@ -297,7 +312,7 @@ pub fn error(error: &SqsError, request_id: &str) -> String {
 fn push_escaped(out: &mut String, text: &str) {
     for c in text.chars() {
         match c {
-            c if !super::attributes::allowed_in_text(c) => out.push('\u{fffd}'),
+            c if !super::allowed_in_text(c) => out.push('\u{fffd}'),
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
@@ -308,17 +323,9 @@ fn push_escaped(out: &mut String, text: &str) {
     }
 }
 
-/// A request id as AWS's look (a UUID).
-/// A new request's id: in its reply's header (`x-amzn-RequestId`, both protocols) and, on
-/// the query protocol, in its body, as SQS gives them; SDKs log it and keep it with errors.
-pub fn request_id() -> String {
-    uuid::Uuid::now_v7().to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper::StatusCode;
     use serde_json::json;
 
     #[test]
@@ -388,7 +395,7 @@ mod tests {
              &SendMessageBatchRequestEntry.1.Id=b",
         ] {
             let refused = super::input(form.as_bytes()).unwrap_err();
-            assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{form}");
+            assert_eq!(refused.status, 400, "{form}");
         }
     }
 

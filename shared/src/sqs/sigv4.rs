@@ -4,7 +4,7 @@
 //! presigned URL), service `sqs`, any region (the one the client signed for), and a request
 //! time within [`MAX_SKEW_SECS`] of the node's clock.
 
-use qe_shared::hmac::hmac_sha256;
+use crate::hmac::hmac_sha256;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -126,7 +126,7 @@ pub fn verify(
     );
     let to_sign = format!(
         "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-        hex::encode(Sha256::digest(canonical.as_bytes()))
+        crate::hex(&Sha256::digest(canonical.as_bytes()))
     );
     let key = signing_key(
         secret,
@@ -134,7 +134,7 @@ pub fn verify(
         authorization.region,
         authorization.service,
     );
-    let expected = hex::encode(hmac_sha256(&key, to_sign.as_bytes()));
+    let expected = crate::hex(&hmac_sha256(&key, to_sign.as_bytes()));
     match bool::from(
         expected
             .as_bytes()
@@ -194,7 +194,7 @@ fn canonical_request(request: &Signed<'_>, signed_headers: &str) -> Result<Strin
     }
     // The payload's hash as the client signed it: the body's, or the literal
     // UNSIGNED-PAYLOAD when it chose not to sign the body (TLS still protects it).
-    let body_hash = hex::encode(Sha256::digest(request.body));
+    let body_hash = crate::hex(&Sha256::digest(request.body));
     let payload_hash = match header(request.headers, "x-amz-content-sha256") {
         Some("UNSIGNED-PAYLOAD") => "UNSIGNED-PAYLOAD".to_string(),
         Some(hash) if !hash.eq_ignore_ascii_case(&body_hash) => return Err(Refused::Mismatch),
@@ -265,14 +265,14 @@ fn parse_amz_date(text: &str) -> Option<u64> {
     let (hour, minute, second) = (number(9..11)?, number(11..13)?, number(13..15)?);
     if !(1970..=9999).contains(&year)
         || !(1..=12).contains(&month)
-        || !(1..=qe_shared::calendar::days_in_month(year, month)).contains(&day)
+        || !(1..=crate::calendar::days_in_month(year, month)).contains(&day)
         || hour > 23
         || minute > 59
         || second > 60
     {
         return None;
     }
-    let days = qe_shared::calendar::days_from_civil(year, month, day);
+    let days = crate::calendar::days_from_civil(year, month, day);
     Some(days * 86_400 + hour * 3600 + minute * 60 + second)
 }
 
@@ -309,7 +309,7 @@ mod tests {
         };
         let canonical = canonical_request(&request, "content-type;host;x-amz-date").unwrap();
         assert_eq!(
-            hex::encode(Sha256::digest(canonical.as_bytes())),
+            crate::hex(&Sha256::digest(canonical.as_bytes())),
             "f536975d06c0309214f805bb90ccff089219ecd68b2577efef23edd43b7e1a59"
         );
         let key = signing_key(SECRET, "20150830", "us-east-1", "iam");
@@ -318,7 +318,7 @@ mod tests {
             "f536975d06c0309214f805bb90ccff089219ecd68b2577efef23edd43b7e1a59"
         );
         assert_eq!(
-            hex::encode(hmac_sha256(&key, to_sign.as_bytes())),
+            crate::hex(&hmac_sha256(&key, to_sign.as_bytes())),
             "5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7"
         );
     }
@@ -334,13 +334,13 @@ mod tests {
         let canonical = canonical_request(&request, "host;x-amz-date").unwrap();
         let to_sign = format!(
             "AWS4-HMAC-SHA256\n20150830T123600Z\n20150830/eu-west-1/sqs/aws4_request\n{}",
-            hex::encode(Sha256::digest(canonical.as_bytes()))
+            crate::hex(&Sha256::digest(canonical.as_bytes()))
         );
         let key = signing_key(secret, "20150830", "eu-west-1", "sqs");
         format!(
             "AWS4-HMAC-SHA256 Credential=AKID/20150830/eu-west-1/sqs/aws4_request, \
              SignedHeaders=host;x-amz-date, Signature={}",
-            hex::encode(hmac_sha256(&key, to_sign.as_bytes()))
+            crate::hex(&hmac_sha256(&key, to_sign.as_bytes()))
         )
     }
 

@@ -1,0 +1,238 @@
+"""The control plane's SQS endpoint with real AWS clients, as an application written for SQS
+uses it: boto3 with only `endpoint_url` and the credentials changed creates queues, sends,
+receives, deletes, tags, lists by prefix and page, and deletes queues; the AWS CLI does the
+same round trip. tests/tests/sqs_account.rs starts the control plane (local provider) and
+makes the account's keys; the setup comes as JSON in QE_SQS: the endpoint and the keys by
+role. Each check prints one `ok` line; any failure raises.
+
+`python sqs_account.py boto3` runs the boto3 checks, `cli` the AWS CLI's, `query` the ones an
+SDK of the query protocol can make (boto3 1.26 in its own venv).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import boto3
+import botocore.config
+from botocore.exceptions import ClientError
+
+SETUP = json.loads(os.environ["QE_SQS"])
+ENDPOINT = SETUP["endpoint"]
+REGION = "local"
+
+
+def check(name, detail=""):
+    print(f"ok {name}{': ' + detail if detail else ''}", flush=True)
+
+
+def client(role, endpoint=ENDPOINT):
+    key = SETUP["keys"][role]
+    return boto3.client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=key[0],
+        aws_secret_access_key=key[1],
+        config=botocore.config.Config(retries={"max_attempts": 0}, read_timeout=60),
+    )
+
+
+def error_code(call):
+    try:
+        call()
+    except ClientError as error:
+        return error.response["Error"]["Code"]
+    raise AssertionError("the call succeeded")
+
+
+def boto3_checks():
+    sqs = client("admin")
+    publisher = client("publisher")
+    prefix = SETUP["prefix"]
+    orders = f"{prefix}-orders"
+    attributes = {
+        "VisibilityTimeout": "45",
+        "MessageRetentionPeriod": "86400",
+        "RedrivePolicy": json.dumps({"maxReceiveCount": "3"}),
+    }
+    made = sqs.create_queue(QueueName=orders, Attributes=attributes, tags={"team": "payments"})
+    url = made["QueueUrl"]
+    request_id = made["ResponseMetadata"]["RequestId"]
+    assert len(request_id) == 36, made["ResponseMetadata"]
+    queue_id = url.rstrip("/").rsplit("/", 1)[1]
+    check("create_queue answers the queue's URL on its node", url)
+
+    again = sqs.create_queue(QueueName=orders, Attributes=attributes)
+    assert again["QueueUrl"] == url, (again, url)
+    other = dict(attributes, VisibilityTimeout="46")
+    code = error_code(lambda: sqs.create_queue(QueueName=orders, Attributes=other))
+    assert code == "QueueAlreadyExists", code
+    check("create_queue is idempotent by name; other attributes are QueueAlreadyExists")
+
+    for bad, expected in [
+        ("has space", "InvalidParameterValue"),
+        ("x" * 81, "InvalidParameterValue"),
+    ]:
+        code = error_code(lambda: sqs.create_queue(QueueName=bad))
+        assert code == expected, (bad, code)
+    code = error_code(lambda: sqs.create_queue(QueueName=f"{prefix}-x", Attributes={"Policy": "{}"}))
+    assert code == "InvalidAttributeName", code
+    code = error_code(
+        lambda: sqs.create_queue(QueueName=f"{prefix}-x", Attributes={"VisibilityTimeout": "99999"})
+    )
+    assert code == "InvalidAttributeValue", code
+    code = error_code(lambda: publisher.create_queue(QueueName=f"{prefix}-x"))
+    assert code == "AccessDenied", code
+    check("names, attributes and roles are refused with AWS's codes")
+
+    got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert got["VisibilityTimeout"] == "45", got
+    assert got["MessageRetentionPeriod"] == "86400", got
+    assert got["MaximumMessageSize"] == "262144", got
+    assert json.loads(got["RedrivePolicy"])["maxReceiveCount"] == 3, got
+    check("the attributes it was made with are the node's settings (256 KiB messages by default)")
+
+    # Every queue action through the control plane's endpoint: handed on to the node.
+    sent = publisher.send_message(QueueUrl=url, MessageBody="first order")
+    batch = sqs.send_message_batch(
+        QueueUrl=url,
+        Entries=[{"Id": str(n), "MessageBody": f"order {n}"} for n in range(3)],
+    )
+    assert len(batch["Successful"]) == 3, batch
+    bodies = []
+    deadline = time.time() + 20
+    while len(bodies) < 4 and time.time() < deadline:
+        received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2)
+        for message in received.get("Messages", []):
+            bodies.append(message["Body"])
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+    assert sorted(bodies) == ["first order", "order 0", "order 1", "order 2"], bodies
+    assert sent["MessageId"]
+    empty = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", [])
+    assert empty == [], empty
+    check("send, batch, receive and delete through the endpoint, by the URL it gave")
+
+    # The URL itself serves too (the JavaScript SDK calls it), with the account's key.
+    direct = client("publisher", endpoint=url.rsplit("/", 1)[0])
+    direct.send_message(QueueUrl=url, MessageBody="straight to the node")
+    received = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    assert received[0]["Body"] == "straight to the node", received
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=received[0]["ReceiptHandle"])
+    check("the node takes the account's keys at the queue's URL")
+
+    assert sqs.get_queue_url(QueueName=orders)["QueueUrl"] == url
+    assert error_code(lambda: sqs.get_queue_url(QueueName=f"{prefix}-none")) == \
+        "AWS.SimpleQueueService.NonExistentQueue"
+    check("get_queue_url by name; an unknown name is QueueDoesNotExist")
+
+    names = [f"{prefix}-orders-eu", f"{prefix}-billing"]
+    urls = {orders: url}
+    for name in names:
+        urls[name] = sqs.create_queue(QueueName=name)["QueueUrl"]
+    listed = sqs.list_queues(QueueNamePrefix=f"{prefix}-orders")["QueueUrls"]
+    assert listed == [url, urls[f"{prefix}-orders-eu"]], listed
+    pages, token = [], None
+    while True:
+        arguments = {"QueueNamePrefix": prefix, "MaxResults": 1}
+        if token:
+            arguments["NextToken"] = token
+        page = sqs.list_queues(**arguments)
+        pages.append(page["QueueUrls"])
+        token = page.get("NextToken")
+        if not token:
+            break
+    assert pages == [[urls[f"{prefix}-billing"]], [url], [urls[f"{prefix}-orders-eu"]]], pages
+    paginated = [
+        u for page in sqs.get_paginator("list_queues").paginate(QueueNamePrefix=prefix, MaxResults=2)
+        for u in page.get("QueueUrls", [])
+    ]
+    assert len(paginated) == 3, paginated
+    check("list_queues by prefix, in pages of MaxResults with NextToken, by boto3's paginator")
+
+    assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "payments"}
+    sqs.tag_queue(QueueUrl=url, Tags={"env": "test", "team": "orders"})
+    assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"env": "test", "team": "orders"}
+    sqs.untag_queue(QueueUrl=url, TagKeys=["env"])
+    assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "orders"}
+    code = error_code(lambda: publisher.tag_queue(QueueUrl=url, Tags={"a": "b"}))
+    assert code == "AccessDenied", code
+    code = error_code(lambda: sqs.tag_queue(QueueUrl=url, Tags={"aws:x": "b"}))
+    assert code == "InvalidParameterValue", code
+    check("tags: kept with the queue, added, replaced, removed; aws: keys refused")
+
+    eu = urls[f"{prefix}-orders-eu"]
+    sqs.delete_queue(QueueUrl=eu)
+    assert error_code(lambda: sqs.get_queue_url(QueueName=f"{prefix}-orders-eu")) == \
+        "AWS.SimpleQueueService.NonExistentQueue"
+    listed = sqs.list_queues(QueueNamePrefix=f"{prefix}-orders")["QueueUrls"]
+    assert listed == [url], listed
+    again = sqs.create_queue(QueueName=f"{prefix}-orders-eu")["QueueUrl"]
+    assert again != eu, (again, eu)
+    sqs.delete_queue(QueueUrl=again)
+    check("delete_queue: gone from names and lists; its name can be made again")
+
+    unknown = boto3.client(
+        "sqs", endpoint_url=ENDPOINT, region_name=REGION,
+        aws_access_key_id=SETUP["keys"]["admin"][0], aws_secret_access_key="wrong",
+        config=botocore.config.Config(retries={"max_attempts": 0}),
+    )
+    assert error_code(lambda: unknown.list_queues()) == "SignatureDoesNotMatch"
+    check("a wrong secret is SignatureDoesNotMatch")
+    print(json.dumps({"queue_id": queue_id, "url": url}))
+
+
+def cli_checks():
+    key = SETUP["keys"]["admin"]
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=key[0], AWS_SECRET_ACCESS_KEY=key[1],
+               AWS_DEFAULT_REGION=REGION, AWS_PAGER="")
+    aws = os.path.join(os.path.dirname(sys.executable), "aws")
+
+    def cli(*arguments):
+        output = subprocess.run([aws, "sqs", *arguments, "--endpoint-url", ENDPOINT, "--output", "json"],
+                                env=env, capture_output=True, text=True, timeout=90)
+        assert output.returncode == 0, output.stderr
+        return json.loads(output.stdout) if output.stdout.strip() else {}
+
+    name = f"{SETUP['prefix']}-cli"
+    url = cli("create-queue", "--queue-name", name, "--tags", "made-by=cli")["QueueUrl"]
+    assert cli("get-queue-url", "--queue-name", name)["QueueUrl"] == url
+    cli("send-message", "--queue-url", url, "--message-body", "from the aws cli")
+    got = cli("receive-message", "--queue-url", url, "--wait-time-seconds", "5")
+    assert got["Messages"][0]["Body"] == "from the aws cli", got
+    cli("delete-message", "--queue-url", url, "--receipt-handle", got["Messages"][0]["ReceiptHandle"])
+    assert cli("list-queue-tags", "--queue-url", url)["Tags"] == {"made-by": "cli"}
+    assert url in cli("list-queues", "--queue-name-prefix", name)["QueueUrls"]
+    cli("delete-queue", "--queue-url", url)
+    assert cli("list-queues", "--queue-name-prefix", name).get("QueueUrls", []) == []
+    check("the AWS CLI: create-queue, get-queue-url, send, receive, delete, tags, list, delete-queue")
+
+
+def query_checks():
+    """boto3 1.26 speaks the query protocol: forms in, XML out."""
+    sqs = client("admin")
+    name = f"{SETUP['prefix']}-query"
+    url = sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "40"},
+                           tags={"proto": "query"})["QueueUrl"]
+    assert sqs.get_queue_url(QueueName=name)["QueueUrl"] == url
+    assert sqs.list_queues(QueueNamePrefix=name)["QueueUrls"] == [url]
+    sqs.send_message(QueueUrl=url, MessageBody="a <form> & xml")
+    got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    assert got[0]["Body"] == "a <form> & xml", got
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
+    sqs.tag_queue(QueueUrl=url, Tags={"more": "yes"})
+    assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"proto": "query", "more": "yes"}
+    sqs.untag_queue(QueueUrl=url, TagKeys=["proto"])
+    assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"more": "yes"}
+    code = error_code(lambda: sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "41"}))
+    assert code == "QueueAlreadyExists", code
+    sqs.delete_queue(QueueUrl=url)
+    assert sqs.list_queues(QueueNamePrefix=name).get("QueueUrls", []) == []
+    check("the query protocol: create, get, list, send, receive, tags, delete_queue")
+
+
+if __name__ == "__main__":
+    phase = sys.argv[1]
+    {"boto3": boto3_checks, "cli": cli_checks, "query": query_checks}[phase]()

@@ -1,0 +1,125 @@
+//! The control plane's SQS endpoint (docs/sqs.md, *The account's endpoint*), from outside: the
+//! real control plane with the local provider, an account and its SQS keys made through the
+//! API, then `tests/interop/sqs_account.py` drives it with boto3, the AWS CLI and an SDK of
+//! the query protocol; the API then shows what SQS made (names, tags), and the audit what
+//! it changed.
+
+use qe_tests::{python, workspace, ControlPlane};
+use serde_json::{json, Value};
+
+/// An account, and an SQS key of each role of it made by the operator: the script's setup.
+async fn account_with_keys(cp: &ControlPlane, prefix: &str) -> (String, Value) {
+    let (status, account) = cp
+        .call("POST", "/v1/accounts", Some(r#"{"name":"SQS user"}"#))
+        .await;
+    assert_eq!(status, 201, "{account}");
+    let account = account["id"].as_str().unwrap().to_string();
+    let path = format!("/v1/accounts/{account}/sqs-keys");
+    let mut keys = serde_json::Map::new();
+    let mut endpoint = Value::Null;
+    for role in ["admin", "publisher"] {
+        let body = json!({ "role": role }).to_string();
+        let (status, made) = cp.call("POST", &path, Some(&body)).await;
+        assert_eq!(status, 201, "{made}");
+        let key_id = made["access_key_id"].as_str().unwrap();
+        assert!(key_id.starts_with("QE") && key_id.len() == 20, "{key_id}");
+        keys.insert(role.into(), json!([key_id, made["secret"]]));
+        endpoint = made["endpoint"].clone();
+    }
+    assert_eq!(
+        endpoint,
+        format!("http://{}", cp.addr),
+        "the API's own port"
+    );
+    let (status, listed) = cp.call("GET", &path, None).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["keys"].as_array().unwrap().len(), 2, "{listed}");
+    assert!(!listed.to_string().contains("secret"), "{listed}");
+    let setup = json!({ "endpoint": endpoint, "keys": keys, "prefix": prefix });
+    (account, setup)
+}
+
+/// Runs `tests/interop/sqs_account.py PHASE` with `python`; its output, or a panic.
+async fn run(python: &std::path::Path, phase: &str, setup: &Value, cp: &ControlPlane) -> String {
+    let script = workspace().join("tests/interop/sqs_account.py");
+    let mut command = tokio::process::Command::new(python);
+    command
+        .arg(&script)
+        .arg(phase)
+        .env("QE_SQS", setup.to_string());
+    let output = tokio::time::timeout(std::time::Duration::from_secs(300), command.output())
+        .await
+        .expect("the script finishes")
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    print!("{stdout}");
+    assert!(
+        output.status.success(),
+        "{phase} failed:\n{stdout}\n{stderr}\n--- log ---\n{}",
+        cp.log_text()
+    );
+    stdout
+}
+
+#[tokio::test]
+async fn boto3_and_the_aws_cli_make_use_tag_list_and_delete_queues_through_the_endpoint() {
+    let cp = ControlPlane::start();
+    let (account, setup) = account_with_keys(&cp, "app").await;
+    let output = run(&python(), "boto3", &setup, &cp).await;
+    let made: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    let id = made["queue_id"].as_str().unwrap();
+
+    // The API shows what SQS made: its name, its tags, its account.
+    let (status, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(status, 200, "{queue}");
+    assert_eq!(queue["name"], "app-orders", "{queue}");
+    assert_eq!(queue["tags"], json!({"team": "orders"}), "{queue}");
+    assert_eq!(queue["account"], account.as_str(), "{queue}");
+    assert_eq!(queue["status"], "running", "{queue}");
+
+    run(&python(), "cli", &setup, &cp).await;
+
+    // Each change SQS made is audited, with the key that made it.
+    let (_, audit) = cp.call("GET", "/v1/audit", None).await;
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|entry| entry["action"].as_str())
+        .collect();
+    for action in [
+        "account.sqs-key.create",
+        "sqs.CreateQueue",
+        "sqs.TagQueue",
+        "sqs.UntagQueue",
+        "sqs.DeleteQueue",
+    ] {
+        assert!(actions.contains(&action), "{action} in {actions:?}");
+    }
+
+    // A revoked key is refused at once by the control plane.
+    let admin_key = setup["keys"]["admin"][0].as_str().unwrap();
+    let path = format!("/v1/accounts/{account}/sqs-keys/{admin_key}");
+    let (status, revoked) = cp.call("DELETE", &path, None).await;
+    assert_eq!(status, 200, "{revoked}");
+    assert_eq!(
+        revoked["applied"], true,
+        "every queue's node took it: {revoked}"
+    );
+}
+
+/// An SDK from before AWS moved SQS to its JSON protocol (boto3 1.26, `.venv-sqs-query`):
+/// the account's actions in forms and XML, and a queue's handed on to its node.
+#[tokio::test]
+async fn an_sdk_of_the_query_protocol_makes_and_deletes_queues_too() {
+    let python = workspace().join(".venv-sqs-query/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: the README's test command makes it",
+        python.display()
+    );
+    let cp = ControlPlane::start();
+    let (_, setup) = account_with_keys(&cp, "old").await;
+    run(&python, "query", &setup, &cp).await;
+}

@@ -156,6 +156,12 @@ pub enum QueuesCommand {
         /// For this account (the operator's token only).
         #[arg(long)]
         account: Option<String>,
+        /// Its name within the account (SQS clients find it by it).
+        #[arg(long)]
+        name: Option<String>,
+        /// A tag, KEY=VALUE (again for more).
+        #[arg(long = "tag", value_parser = parse_tag)]
+        tags: Vec<(String, String)>,
         /// Returns at once, while it is still provisioning.
         #[arg(long)]
         no_wait: bool,
@@ -445,4 +451,12 @@ pub enum RolloutsCommand {
         /// The rollout's id.
         id: String,
     },
+}
+
+/// `KEY=VALUE`.
+fn parse_tag(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: a tag is KEY=VALUE"))?;
+    Ok((key.to_string(), value.to_string()))
 }

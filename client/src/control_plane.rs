@@ -164,6 +164,12 @@ pub struct NewQueue {
     /// The account it is for (the operator's choice; an account's key makes its own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
+    /// Its name within its account (SQS's rules: 1 to 80 of `A-Za-z0-9_-`), unique there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its tags, key → value (at most 50).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tags: std::collections::BTreeMap<String, String>,
 }
 
 impl NewQueue {
@@ -179,7 +185,21 @@ impl NewQueue {
             instance_type: instance_type.into(),
             ipv4: false,
             account: None,
+            name: None,
+            tags: Default::default(),
         }
+    }
+
+    /// Named, within its account.
+    pub fn name(mut self, name: impl Into<String>) -> NewQueue {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// With this tag.
+    pub fn tag(mut self, key: impl Into<String>, value: impl Into<String>) -> NewQueue {
+        self.tags.insert(key.into(), value.into());
+        self
     }
 
     /// With an IPv4 address.
@@ -233,6 +253,12 @@ pub struct Queue {
     /// The build its node is told to run (a rollout); none: the one it was started with.
     #[serde(default)]
     pub desired_build: Option<BuildRef>,
+    /// Its name within its account, if it has one (SQS clients name it so).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its tags.
+    #[serde(default)]
+    pub tags: std::collections::BTreeMap<String, String>,
 }
 
 /// The build a queue's node runs.

@@ -497,6 +497,9 @@ function overview(id, tab, panel, load, notFound) {
       ["Host", h("code", {}, queue.host)],
       ["Tier", queue.tier], ["Region", queue.region], ["Instance type", queue.instance_type],
       ["IPv4", queue.ipv4 ? "yes" : "no"], ["Account", queue.account || "none"],
+      ["Name", h("span", { id: "queue-name" }, queue.name || "none (its id)")],
+      ["Tags", h("span", { id: "queue-tags" },
+        Object.entries(queue.tags || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "none")],
       ["Addresses", queue.addresses ? `IPv6 ${queue.addresses.v6 || "—"}, IPv4 ${queue.addresses.v4 || "—"}` : "not placed yet"],
       ["Config", `version ${queue.config.version}, node serves ${queue.config.applied}` +
         (queue.config.pending ? " (a change is pending)" : "")],

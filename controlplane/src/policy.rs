@@ -81,7 +81,7 @@ mod tests {
             instance_type: instance_type.into(),
             ipv4: false,
             account: account.map(str::to_string),
-            ..Default::default()..Default::default()
+            ..Default::default()
         }
     }
 

@@ -452,6 +452,9 @@ def run(page, context, logs):
     expect(page.locator('#overview [data-key="waiting"] .value')).to_have_text(depth)
     expect(page.locator("#queue-status")).to_have_text("running")
     expect(page.locator("#queue-url")).to_have_text(re.compile(r"^ws"))
+    # Made through the API without a name or tags (SQS's CreateQueue gives both).
+    expect(page.locator("#queue-name")).to_have_text("none (its id)")
+    expect(page.locator("#queue-tags")).to_have_text("none")
     expect(page.locator("#report-age")).to_contain_text("reported")
     # Which build its node runs, as the node said.
     expect(page.locator("#queue-node-build")).to_contain_text("binary SHA-256 ")

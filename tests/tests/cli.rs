@@ -560,3 +560,33 @@ fn from_dev_to_a_message_in_three_commands() {
         demo["token"].as_str()
     );
 }
+
+/// `qe queues create --name --tag` makes a named, tagged queue of an account (as SQS's
+/// CreateQueue names and tags them), and `qe queues get` shows both; a second queue of the
+/// same name in the account is refused.
+#[tokio::test]
+async fn a_queue_made_with_a_name_and_tags_shows_them() {
+    let cp = ControlPlane::start();
+    let (status, account) = cp
+        .call("POST", "/v1/accounts", Some(r#"{"name":"named"}"#))
+        .await;
+    assert_eq!(status, 201, "{account}");
+    let account = account["id"].as_str().unwrap();
+    let qe = Qe::new();
+    qe.login(&cp);
+    let create = [
+        "--json", "queues", "create", "--region", "local", "--instance-type", "local",
+        "--account", account, "--name", "orders", "--tag", "team=payments", "--tag", "env=test",
+    ];
+    let created = qe.ok(&create).json();
+    let id = created["queue"]["id"].as_str().unwrap().to_string();
+    assert_eq!(created["queue"]["name"], "orders", "{created}");
+    let shown = qe.ok(&["queues", "get", &id]);
+    assert!(shown.stdout.contains("orders"), "{shown:?}");
+    assert!(
+        shown.stdout.contains("env=test, team=payments"),
+        "{shown:?}"
+    );
+    let again = qe.expect(3, &create[1..]);
+    assert!(again.stderr.contains("named orders"), "{again:?}");
+}

@@ -30,6 +30,7 @@ fn a_queue() -> Queue {
         instance_type: "local".into(),
         ipv4: false,
         account: None,
+        ..Default::default()
     };
     queues::create(new).0
 }

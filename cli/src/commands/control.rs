@@ -28,6 +28,8 @@ pub async fn queues(context: &mut Context, command: QueuesCommand) -> Result<(),
             instance_type,
             ipv4,
             account,
+            name,
+            tags,
             no_wait,
         } => {
             let tier = match tier {
@@ -37,6 +39,12 @@ pub async fn queues(context: &mut Context, command: QueuesCommand) -> Result<(),
             let mut new = NewQueue::new(tier, region, instance_type).ipv4(ipv4);
             if let Some(account) = account {
                 new = new.account(account);
+            }
+            if let Some(name) = name {
+                new = new.name(name);
+            }
+            for (key, value) in tags {
+                new = new.tag(key, value);
             }
             create(context, &new, !no_wait).await
         }
@@ -108,6 +116,9 @@ fn queue_output(queue: &Queue, json: serde_json::Value) -> Output {
     rows.push(vec!["IPV4".into(), queue.ipv4.to_string()]);
     rows.push(vec!["NODE".into(), optional(&queue.node)]);
     rows.push(vec!["ACCOUNT".into(), optional(&queue.account)]);
+    rows.push(vec!["NAME".into(), optional(&queue.name)]);
+    let tags: Vec<String> = queue.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    rows.push(vec!["TAGS".into(), tags.join(", ")]);
     if let Some(failure) = &queue.failure {
         rows.push(vec!["FAILURE".into(), failure.reason.clone()]);
     }

@@ -396,9 +396,11 @@ async fn create_queue(
             "FIFO queues are not served yet (docs/sqs.md).",
         ));
     }
+    // (`FifoQueue=false` is what every queue here is: nothing to set.)
     let as_object: Map<String, Value> = attributes
         .iter()
-        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .filter(|(name, value)| !(name.as_str() == "FifoQueue" && value.as_str() == "false"))
+        .map(|(name, value)| (name.clone(), Value::String(value.clone())))
         .collect();
     let mut initial: BTreeMap<String, u64> = qe_shared::sqs::settings_of(&as_object)?
         .into_iter()

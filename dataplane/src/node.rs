@@ -189,9 +189,13 @@ impl Node {
     /// Saves `changes` and applies them to every connection at once. A save that failed
     /// changes nothing; one that was not synced still applies (the manual's 506).
     pub fn change_settings(&self, changes: &[(Setting, u64)]) -> Result<(), SaveError> {
-        // Nothing to change (SetQueueAttributes of only what is fixed): no write, and the
+        // Nothing to change (SetQueueAttributes of values as they are): no write, and the
         // time they last changed stays.
-        if changes.is_empty() {
+        let now = self.settings();
+        if changes
+            .iter()
+            .all(|&(setting, value)| now.get(setting) == value)
+        {
             return Ok(());
         }
         let saved = self.meta.save(changes, crate::engine::now_ms() / 1000);

@@ -513,6 +513,7 @@ mod tests {
             stats_record_secs: None,
             sqs: None,
             build: None,
+            initial_settings: None,
         };
         let text = serde_json::to_string(&config).unwrap();
         assert!(!text.contains("live_stats_secs"), "left out unless set");

@@ -40,12 +40,19 @@ pub enum Setting {
     /// Beyond the manual: how long a message received through the SQS face stays invisible
     /// when the receive names no timeout (SQS's `VisibilityTimeout` queue attribute).
     VisibilityTimeoutSecs,
+    /// Beyond the manual: how long a message sent through the SQS face without a delay of
+    /// its own waits before it is delivered (SQS's `DelaySeconds` queue attribute). WebSocket
+    /// publishes keep the manual's rule: no `delay`, no wait.
+    DelaySecs,
+    /// Beyond the manual: how long an SQS receive that names no `WaitTimeSeconds` waits for
+    /// a message (SQS's `ReceiveMessageWaitTimeSeconds`).
+    ReceiveWaitSecs,
 }
 
 impl Setting {
     /// Every writable setting, in the Reference's order (also `getcfg`'s order), then the
     /// ones beyond the manual.
-    pub const ALL: [Setting; 11] = [
+    pub const ALL: [Setting; 13] = [
         Setting::MaxWsMsgLen,
         Setting::MaxSubscriberCapacity,
         Setting::SavedSessionTimeoutSecs,
@@ -57,6 +64,8 @@ impl Setting {
         Setting::MaxReceiveCount,
         Setting::MessageRetentionSecs,
         Setting::VisibilityTimeoutSecs,
+        Setting::DelaySecs,
+        Setting::ReceiveWaitSecs,
     ];
 
     /// How many of [`Setting::ALL`] the manual's Reference lists (the first ones).
@@ -75,6 +84,8 @@ impl Setting {
             Setting::MaxReceiveCount => "max-receive-count",
             Setting::MessageRetentionSecs => "message-retention-secs",
             Setting::VisibilityTimeoutSecs => "visibility-timeout-secs",
+            Setting::DelaySecs => "delay-secs",
+            Setting::ReceiveWaitSecs => "receive-wait-secs",
         }
     }
 
@@ -98,6 +109,9 @@ impl Setting {
             Setting::MessageRetentionSecs => (0, 1_209_600),
             // 12 hours, as SQS.
             Setting::VisibilityTimeoutSecs => (0, 43_200),
+            // SQS's ranges: 15 minutes, and the longest long poll.
+            Setting::DelaySecs => (0, 900),
+            Setting::ReceiveWaitSecs => (0, 20),
         }
     }
 
@@ -118,6 +132,8 @@ impl Setting {
             (Setting::MaxReceiveCount, _) => 0,
             (Setting::MessageRetentionSecs, _) => 0,
             (Setting::VisibilityTimeoutSecs, _) => 30,
+            (Setting::DelaySecs, _) => 0,
+            (Setting::ReceiveWaitSecs, _) => 0,
         }
     }
 
@@ -260,7 +276,9 @@ mod tests {
             [
                 ("max-receive-count".to_string(), 0, 0, 1000),
                 ("message-retention-secs".to_string(), 0, 0, 1_209_600),
-                ("visibility-timeout-secs".to_string(), 30, 0, 43_200)
+                ("visibility-timeout-secs".to_string(), 30, 0, 43_200),
+                ("delay-secs".to_string(), 0, 0, 900),
+                ("receive-wait-secs".to_string(), 0, 0, 20),
             ]
         );
     }

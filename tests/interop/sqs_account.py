@@ -56,6 +56,7 @@ def boto3_checks():
     attributes = {
         "VisibilityTimeout": "45",
         "MessageRetentionPeriod": "86400",
+        "ReceiveMessageWaitTimeSeconds": "2",
         "RedrivePolicy": json.dumps({"maxReceiveCount": "3"}),
     }
     made = sqs.create_queue(QueueName=orders, Attributes=attributes, tags={"team": "payments"})
@@ -92,6 +93,8 @@ def boto3_checks():
     assert got["VisibilityTimeout"] == "45", got
     assert got["MessageRetentionPeriod"] == "86400", got
     assert got["MaximumMessageSize"] == "262144", got
+    assert got["ReceiveMessageWaitTimeSeconds"] == "2", got
+    assert got["DelaySeconds"] == "0", got
     assert json.loads(got["RedrivePolicy"])["maxReceiveCount"] == 3, got
     check("the attributes it was made with are the node's settings (256 KiB messages by default)")
 

@@ -199,6 +199,33 @@ def delays_hold_a_message_back():
         QueueUrl=URL, MessageBody="x", DelaySeconds=901)) == "InvalidParameterValue"
     check("DelaySeconds: held back, then received; 901 refused")
 
+    # The queue's own: a delay for messages without one, a wait for receives without one.
+    ADMIN.set_queue_attributes(QueueUrl=URL, Attributes={"DelaySeconds": "1",
+                                                         "ReceiveMessageWaitTimeSeconds": "5"})
+    shown = ADMIN.get_queue_attributes(
+        QueueUrl=URL, AttributeNames=["DelaySeconds", "ReceiveMessageWaitTimeSeconds"])["Attributes"]
+    assert shown == {"DelaySeconds": "1", "ReceiveMessageWaitTimeSeconds": "5"}, shown
+    PUBLISHER.send_message(QueueUrl=URL, MessageBody="the queue's delay")
+    assert receive(WaitTimeSeconds=0) == []
+    started = time.monotonic()
+    later = receive()  # no WaitTimeSeconds: the queue's 5 s long poll, woken by the message
+    assert [m["Body"] for m in later] == ["the queue's delay"], later
+    assert time.monotonic() - started < 4.5, "woken when the delay ended"
+    SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=later[0]["ReceiptHandle"])
+    PUBLISHER.send_message(QueueUrl=URL, MessageBody="its own", DelaySeconds=0)
+    now = receive(WaitTimeSeconds=0)
+    assert [m["Body"] for m in now] == ["its own"], now
+    SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=now[0]["ReceiptHandle"])
+    started = time.monotonic()
+    assert receive() == []
+    assert time.monotonic() - started >= 4.5, "an empty queue is long-polled for the queue's wait"
+    for name, value in [("DelaySeconds", "901"), ("ReceiveMessageWaitTimeSeconds", "21")]:
+        assert error_code(lambda: ADMIN.set_queue_attributes(
+            QueueUrl=URL, Attributes={name: value})) == "InvalidAttributeValue"
+    ADMIN.set_queue_attributes(QueueUrl=URL, Attributes={"DelaySeconds": "0",
+                                                         "ReceiveMessageWaitTimeSeconds": "0"})
+    check("the queue's DelaySeconds and ReceiveMessageWaitTimeSeconds: defaults a message or receive overrides")
+
 
 def max_receive_count_moves_the_message_to_the_dead_letter_queue():
     drain()

@@ -375,6 +375,8 @@ async fn getcfg_and_setcfg_all_or_nothing_and_kept_across_a_kill() {
             "max-receive-count",
             "message-retention-secs",
             "visibility-timeout-secs",
+            "delay-secs",
+            "receive-wait-secs",
             "max-tasks",
             "max-messages",
             "max-messages-memory",
@@ -389,7 +391,9 @@ async fn getcfg_and_setcfg_all_or_nothing_and_kept_across_a_kill() {
     assert_eq!(lines[8], "max-receive-count,w,0");
     assert_eq!(lines[9], "message-retention-secs,w,0");
     assert_eq!(lines[10], "visibility-timeout-secs,w,30");
-    assert_eq!(lines[15], "max-write-queue-bytes,r,4194304");
+    assert_eq!(lines[11], "delay-secs,w,0");
+    assert_eq!(lines[12], "receive-wait-secs,w,0");
+    assert_eq!(lines[17], "max-write-queue-bytes,r,4194304");
 
     let cases = [
         (json!({"cmd": "setcfg", "max-subscriber-capacity": 0}), 414),

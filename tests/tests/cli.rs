@@ -575,8 +575,21 @@ async fn a_queue_made_with_a_name_and_tags_shows_them() {
     let qe = Qe::new();
     qe.login(&cp);
     let create = [
-        "--json", "queues", "create", "--region", "local", "--instance-type", "local",
-        "--account", account, "--name", "orders", "--tag", "team=payments", "--tag", "env=test",
+        "--json",
+        "queues",
+        "create",
+        "--region",
+        "local",
+        "--instance-type",
+        "local",
+        "--account",
+        account,
+        "--name",
+        "orders",
+        "--tag",
+        "team=payments",
+        "--tag",
+        "env=test",
     ];
     let created = qe.ok(&create).json();
     let id = created["queue"]["id"].as_str().unwrap().to_string();

@@ -174,6 +174,7 @@ fn desired() -> DesiredConfig {
         stats_record_secs: None,
         sqs: None,
         build: None,
+        initial_settings: None,
     }
 }
 

@@ -114,7 +114,7 @@ async fn run_script(
 async fn boto3_and_the_aws_cli_drive_every_action() {
     let node = start(None);
     let output = run(&node, "all", &[]).await;
-    assert_eq!(output.lines().filter(|l| l.starts_with("ok ")).count(), 11);
+    assert_eq!(output.lines().filter(|l| l.starts_with("ok ")).count(), 12);
 }
 
 /// An SDK from before AWS moved SQS to its JSON protocol (boto3 1.26, in the venv the

@@ -585,3 +585,269 @@ async fn the_queues_timestamps_are_its_start_and_its_last_change_and_are_kept() 
         "kept across a restart"
     );
 }
+
+/// The control plane's account endpoint (docs/sqs.md, *The account's endpoint*) with the Rust
+/// SDK, as an application written for SQS uses it: only its endpoint URL and an account's key
+/// given. It makes queues (idempotently by name; other attributes are QueueAlreadyExists),
+/// sends and receives through the endpoint from tasks sharing one client, lists by prefix in
+/// pages, tags, and deletes; an unknown or deleted name is the SDK's typed QueueDoesNotExist.
+#[tokio::test]
+async fn the_rust_sdk_makes_uses_tags_lists_and_deletes_queues_through_the_control_plane() {
+    use aws_sdk_sqs::config::Region;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let cp = ControlPlane::start();
+    let (status, account) = cp
+        .call("POST", "/v1/accounts", Some(r#"{"name":"rust sdk"}"#))
+        .await;
+    assert_eq!(status, 201, "{account}");
+    let account = account["id"].as_str().unwrap();
+    let keys = format!("/v1/accounts/{account}/sqs-keys");
+    let (status, key) = cp.call("POST", &keys, Some(r#"{"role":"admin"}"#)).await;
+    assert_eq!(status, 201, "{key}");
+    let endpoint_url = key["endpoint"].as_str().unwrap();
+    assert_eq!(
+        endpoint_url,
+        format!("http://{}", cp.addr),
+        "the API's port"
+    );
+    let endpoint = SqsEndpoint {
+        url: endpoint_url,
+        ca_pem: None,
+        resolve_to: None,
+    };
+    let sqs = client(
+        &endpoint,
+        key["access_key_id"].as_str().unwrap(),
+        key["secret"].as_str().unwrap(),
+    );
+    // Signed for the local provider's region: CreateQueue makes the queue in it.
+    let config = sqs.config().to_builder().region(Region::new("local"));
+    let sqs = Client::from_conf(config.build());
+
+    // CreateQueue: two names with a common prefix and one without; each URL is its node's.
+    let (orders, orders_eu, billing) = ("rs-orders", "rs-orders-eu", "rs-billing");
+    let create = |name: &str, visibility: &str| {
+        sqs.create_queue()
+            .queue_name(name)
+            .attributes(QueueAttributeName::VisibilityTimeout, visibility)
+            .attributes(QueueAttributeName::MessageRetentionPeriod, "86400")
+            .attributes(
+                QueueAttributeName::RedrivePolicy,
+                r#"{"maxReceiveCount":"3"}"#,
+            )
+    };
+    let made = create(orders, "45")
+        .tags("team", "payments")
+        .send()
+        .await
+        .unwrap();
+    let url = made.queue_url().unwrap().to_string();
+    let mut urls = BTreeMap::from([(orders, url.clone())]);
+    for name in [orders_eu, billing] {
+        let made = sqs.create_queue().queue_name(name).send().await.unwrap();
+        urls.insert(name, made.queue_url().unwrap().to_string());
+    }
+    for (name, made) in &urls {
+        assert!(made.starts_with("http://127.0.0.1:"), "{name}: {made}");
+        assert!(!made.starts_with(endpoint_url), "on its node: {made}");
+        let id = made.rsplit('/').next().unwrap();
+        let (status, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+        assert_eq!(status, 200, "{queue}");
+        assert_eq!(
+            (queue["name"].as_str(), queue["account"].as_str()),
+            (Some(*name), Some(account)),
+            "{queue}"
+        );
+    }
+    let distinct: std::collections::BTreeSet<&String> = urls.values().collect();
+    assert_eq!(distinct.len(), 3, "{urls:?}");
+
+    // The same name and attributes: the same URL; other attributes: QueueAlreadyExists, typed.
+    let again = create(orders, "45").send().await.unwrap();
+    assert_eq!(again.queue_url(), Some(url.as_str()));
+    let exists = create(orders, "46").send().await.unwrap_err();
+    assert_eq!(exists.code(), Some("QueueAlreadyExists"), "{exists:?}");
+    let exists = exists.into_service_error();
+    assert!(exists.is_queue_name_exists(), "{exists:?}");
+
+    // GetQueueUrl by name; an unknown name is the SDK's QueueDoesNotExist.
+    let does_not_exist = |name: &'static str| {
+        let asked = sqs.get_queue_url().queue_name(name).send();
+        async move {
+            let missing = asked.await.unwrap_err().into_service_error();
+            assert!(missing.is_queue_does_not_exist(), "{name}: {missing:?}");
+        }
+    };
+    for (name, made) in &urls {
+        let got = sqs.get_queue_url().queue_name(*name).send().await.unwrap();
+        assert_eq!(got.queue_url(), Some(made.as_str()));
+    }
+    does_not_exist("rs-none").await;
+
+    // The attributes it was made with are its settings; messages of AWS's 256 KiB.
+    let shown = queue_attributes(&sqs, &url).await;
+    let attribute = |name: QueueAttributeName| shown.get(&name).map(String::as_str);
+    assert_eq!(attribute(QueueAttributeName::VisibilityTimeout), Some("45"));
+    assert_eq!(
+        attribute(QueueAttributeName::MaximumMessageSize),
+        Some("262144")
+    );
+    assert_eq!(
+        attribute(QueueAttributeName::MessageRetentionPeriod),
+        Some("86400")
+    );
+
+    // Twenty messages sent from four tasks sharing the client, through the endpoint, then
+    // received and deleted by three: each exactly once, and none left.
+    let started = std::time::Instant::now();
+    let senders = (0..4).map(|task| {
+        let (sqs, url) = (sqs.clone(), url.clone());
+        tokio::spawn(async move {
+            let mut sent = Vec::new();
+            for n in 0..5 {
+                let body = format!("order {task}-{n}");
+                let id = send(&sqs, &url, &body)
+                    .await
+                    .message_id()
+                    .unwrap()
+                    .to_string();
+                sent.push((id, body));
+            }
+            sent
+        })
+    });
+    let mut sent: Vec<(String, String)> = Vec::new();
+    for task in futures::future::join_all(senders).await {
+        sent.extend(task.unwrap());
+    }
+    sent.sort();
+    assert_eq!(sent.len(), 20);
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let count = Arc::new(AtomicUsize::new(0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let receivers = (0..3).map(|_| {
+        let (sqs, url) = (sqs.clone(), url.clone());
+        let (received, count) = (received.clone(), count.clone());
+        tokio::spawn(async move {
+            while count.load(Ordering::SeqCst) < 20 && std::time::Instant::now() < deadline {
+                for message in receive(&sqs, &url, 10, 1).await {
+                    delete(&sqs, &url, &message).await;
+                    let id = message.message_id().unwrap().to_string();
+                    let body = message.body().unwrap().to_string();
+                    received.lock().unwrap().push((id, body));
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+    });
+    for task in futures::future::join_all(receivers).await {
+        task.unwrap();
+    }
+    let mut received = received.lock().unwrap().clone();
+    received.sort();
+    assert_eq!(received, sent, "each message once");
+    let left = receive(&sqs, &url, 10, 1).await;
+    assert!(left.is_empty(), "{left:?}");
+    println!("20 sent, received and deleted in {:?}", started.elapsed());
+
+    // ListQueues by prefix, in pages of one with NextToken: by name; the third is not in it.
+    let mut pages = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = sqs
+            .list_queues()
+            .queue_name_prefix("rs-orders")
+            .max_results(1)
+            .set_next_token(token.clone())
+            .send()
+            .await
+            .unwrap();
+        pages.push(page.queue_urls().to_vec());
+        token = page.next_token().map(str::to_string);
+        if token.is_none() {
+            break;
+        }
+        assert!(pages.len() < 5, "{pages:?}");
+    }
+    assert_eq!(
+        pages,
+        [vec![url.clone()], vec![urls[orders_eu].clone()]],
+        "by name"
+    );
+    let everything: Vec<String> = sqs
+        .list_queues()
+        .queue_name_prefix("rs-")
+        .max_results(2)
+        .into_paginator()
+        .items()
+        .send()
+        .collect::<Result<Vec<String>, _>>()
+        .await
+        .unwrap();
+    assert_eq!(
+        everything,
+        [urls[billing].as_str(), &url, &urls[orders_eu]],
+        "by the SDK's paginator"
+    );
+
+    // Tags: kept from CreateQueue, added and replaced, removed.
+    let tags = || async {
+        let listed = sqs.list_queue_tags().queue_url(&url).send().await.unwrap();
+        let tags = listed.tags().cloned().unwrap_or_default();
+        tags.into_iter().collect::<BTreeMap<String, String>>()
+    };
+    let expected = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(tags().await, expected(&[("team", "payments")]));
+    sqs.tag_queue()
+        .queue_url(&url)
+        .tags("env", "test")
+        .tags("team", "orders")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        tags().await,
+        expected(&[("env", "test"), ("team", "orders")])
+    );
+    sqs.untag_queue()
+        .queue_url(&url)
+        .tag_keys("env")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tags().await, expected(&[("team", "orders")]));
+    let id = url.rsplit('/').next().unwrap();
+    let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(queue["tags"], json!({"team": "orders"}), "{queue}");
+
+    // DeleteQueue: its name is unknown, it is no longer listed, its URL is refused.
+    sqs.delete_queue()
+        .queue_url(&urls[orders_eu])
+        .send()
+        .await
+        .unwrap();
+    does_not_exist("rs-orders-eu").await;
+    let listed = sqs
+        .list_queues()
+        .queue_name_prefix("rs-")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.queue_urls(), [urls[billing].as_str(), &url]);
+    let gone = sqs
+        .send_message()
+        .queue_url(&urls[orders_eu])
+        .message_body("too late")
+        .send()
+        .await
+        .unwrap_err()
+        .into_service_error();
+    assert!(gone.is_queue_does_not_exist(), "{gone:?}");
+}

@@ -209,7 +209,8 @@ fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
             "VisibilityTimeout" => setting(Setting::VisibilityTimeoutSecs),
             "MaximumMessageSize" => setting(Setting::MaxWsMsgLen),
             "MessageRetentionPeriod" => setting(Setting::MessageRetentionSecs),
-            "DelaySeconds" | "ReceiveMessageWaitTimeSeconds" => "0".to_string(),
+            "DelaySeconds" => setting(Setting::DelaySecs),
+            "ReceiveMessageWaitTimeSeconds" => setting(Setting::ReceiveWaitSecs),
             "RedrivePolicy" => match node.setting(Setting::MaxReceiveCount) {
                 0 => continue,
                 count => json!({
@@ -301,7 +302,9 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
             )));
         }
     }
-    let delay = number(entry, "DelaySeconds", 0..=MAX_DELAY_SECS)?.unwrap_or(0);
+    // A message without a delay of its own takes the queue's (`DelaySeconds`).
+    let queue_delay = context.node.setting(Setting::DelaySecs);
+    let delay = number(entry, "DelaySeconds", 0..=MAX_DELAY_SECS)?.unwrap_or(queue_delay);
     let attributes: Attributes = match &entry["MessageAttributes"] {
         Value::Null => Attributes::new(),
         given => serde_json::from_value(given.clone()).map_err(|_| {
@@ -434,7 +437,9 @@ async fn send_message_batch(context: &Context<'_>, input: &Value) -> Result<Valu
 
 async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
     let max = number(input, "MaxNumberOfMessages", 1..=MAX_BATCH as u64)?.unwrap_or(1);
-    let wait = number(input, "WaitTimeSeconds", 0..=MAX_WAIT_SECS)?.unwrap_or(0);
+    // A receive that names no wait takes the queue's (`ReceiveMessageWaitTimeSeconds`).
+    let queue_wait = context.node.setting(Setting::ReceiveWaitSecs);
+    let wait = number(input, "WaitTimeSeconds", 0..=MAX_WAIT_SECS)?.unwrap_or(queue_wait);
     let default_visibility = context.node.setting(Setting::VisibilityTimeoutSecs);
     let visibility =
         number(input, "VisibilityTimeout", 0..=MAX_VISIBILITY_SECS)?.unwrap_or(default_visibility);

@@ -210,8 +210,8 @@ pub fn request_id() -> String {
 
 /// The node settings that SQS queue attributes (SetQueueAttributes, CreateQueue) set, all
 /// checked before any is taken: `VisibilityTimeout`, `MaximumMessageSize`,
-/// `MessageRetentionPeriod` and `RedrivePolicy`'s `maxReceiveCount`; `DelaySeconds`,
-/// `ReceiveMessageWaitTimeSeconds` and `FifoQueue` only as they are here (0, 0, false).
+/// `MessageRetentionPeriod`, `RedrivePolicy`'s `maxReceiveCount`, `DelaySeconds` and
+/// `ReceiveMessageWaitTimeSeconds`.
 /// Anything else is `InvalidAttributeName`; a value out of range, `InvalidAttributeValue`.
 pub fn settings_of(
     given: &serde_json::Map<String, Value>,
@@ -239,14 +239,8 @@ pub fn settings_of(
                 };
                 (Setting::MaxReceiveCount, count)
             }
-            "DelaySeconds" | "ReceiveMessageWaitTimeSeconds" => match text {
-                "0" => continue,
-                _ => return Err(invalid_value(name)),
-            },
-            "FifoQueue" => match text {
-                "false" => continue,
-                _ => return Err(invalid_value(name)),
-            },
+            "DelaySeconds" => (Setting::DelaySecs, text.parse().ok()),
+            "ReceiveMessageWaitTimeSeconds" => (Setting::ReceiveWaitSecs, text.parse().ok()),
             _ => {
                 return Err(SqsError::batch(
                     "InvalidAttributeName",

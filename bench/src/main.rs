@@ -35,6 +35,9 @@
 //!   queues in moto, each queue looked at on its own and after a survey of the fleet.
 //! - `bench store-bytes`: one queue's usage and stats records in the control plane's store
 //!   over months, with and without the leader's roll-ups: bytes per queue-month.
+//! - `bench dedup`: what deduplication ids cost: the node's memory per id held (against the
+//!   claimed `ENTRY_BYTES`), and publish throughput and CPU with distinct ids, without, and
+//!   for repeats, at durability 0 and 2.
 //! - `bench chaos`: a three-member etcd, three control-plane replicas and their local nodes,
 //!   with clients publishing (durability 2) and consuming on every queue, while it kills the
 //!   control-plane leader, kills the etcd leader, SIGSTOPs a node past the silence limit and
@@ -46,6 +49,7 @@ mod chaos;
 mod client;
 mod connections;
 mod controlplane_load;
+mod dedup;
 mod ec2_pass;
 mod live_metrics;
 mod node;
@@ -191,6 +195,9 @@ enum Command {
     /// replica), against the resilience targets; exits 1 if one is missed (`--dataplane` is
     /// what the nodes run). See docs/resilience.md.
     Chaos(chaos::Settings),
+    /// Deduplication ids: the node's memory per id held, and publish throughput and CPU with
+    /// distinct ids, without, and for repeats.
+    Dedup(dedup::Settings),
     /// EC2 calls and time of the reconciler's look at every queue, with and without a survey
     /// of the fleet, against moto (docs/deploy.md §12).
     Ec2Pass(ec2_pass::Settings),
@@ -337,6 +344,7 @@ async fn main() {
             unreachable!("run above")
         }
         Command::Stalls(settings) => stalls::stalls(&config, &settings).await,
+        Command::Dedup(settings) => dedup::dedup(&config, &settings).await,
         Command::Recovery { messages } => workload::recovery(&config, messages).await,
         Command::Bulk { messages } => bulk::bulk(&config, messages).await,
         Command::Connections {

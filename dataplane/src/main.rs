@@ -276,7 +276,13 @@ async fn run() -> ExitCode {
             .report_to
             .as_ref()
             .map_or("queue".to_string(), |to| to.queue_id.clone());
-        let face = Sqs::new(node.clone(), queue_name, sqs_acceptor.is_some());
+        let control_plane = config.report_to.clone();
+        let face = Sqs::new(
+            node.clone(),
+            queue_name,
+            sqs_acceptor.is_some(),
+            control_plane,
+        );
         tokio::spawn(face.run(listener, sqs_acceptor));
         say(&format!("sqs: serving on {addr}"));
         tracing::info!("sqs: serving on {addr}");

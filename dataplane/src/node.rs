@@ -120,7 +120,7 @@ impl Node {
                 .unwrap_or(LogOptions::default().segment_bytes),
             compaction: !config.no_compaction,
         };
-        let (store, recovered) = LogStore::open(&log_dir, options)?;
+        let (store, mut recovered) = LogStore::open(&log_dir, options)?;
         let storage = store.meter();
         let queue = Queue::new(
             Box::new(store),
@@ -131,19 +131,16 @@ impl Node {
         );
         let restored = recovered.messages.len();
         queue.set_rules(delivery_rules(&settings));
-        queue.restore(recovered.messages);
-        for region in &recovered.damaged {
+        let damaged = std::mem::take(&mut recovered.damaged);
+        queue.restore(recovered);
+        for region in &damaged {
             let (id, receipt) = queue.add_damaged(&region.bytes);
             tracing::warn!(%id, segment = region.segment, offset = region.offset,
                 len = region.bytes.len(), "a damaged record went to the dead letter queue");
             receipt.wait().await.map_err(|_| StartError::Damaged)?;
         }
-        log::repair(&log_dir, &recovered.damaged)?;
-        tracing::info!(
-            restored,
-            damaged = recovered.damaged.len(),
-            "queue read back"
-        );
+        log::repair(&log_dir, &damaged)?;
+        tracing::info!(restored, damaged = damaged.len(), "queue read back");
 
         let history = History::open(meta.db(), crate::engine::now_ms() / 1000)?;
         Ok(Arc::new(Node {

@@ -35,6 +35,9 @@ pub enum Code {
     /// Beyond the manual (README, "Delivery rules"): a publish's `expires`.
     InvalidExpiration = 212,
     ExpirationOnCopy = 213,
+    /// Beyond the manual (README, "Exactly-once publish"): a publish's `dedupid`.
+    InvalidDeduplicationId = 214,
+    DeduplicationOnCopy = 215,
     // Subscribers
     InvalidCapacity = 300,
     InvalidMessageId = 301,
@@ -74,7 +77,12 @@ pub enum Code {
 
 impl Code {
     /// The codes beyond the manual's table, for what is beyond the manual (README).
-    pub const BEYOND_MANUAL: [Code; 2] = [Code::InvalidExpiration, Code::ExpirationOnCopy];
+    pub const BEYOND_MANUAL: [Code; 4] = [
+        Code::InvalidExpiration,
+        Code::ExpirationOnCopy,
+        Code::InvalidDeduplicationId,
+        Code::DeduplicationOnCopy,
+    ];
 
     /// Every code of the manual, in the Reference's order.
     pub const ALL: [Code; 55] = [
@@ -176,6 +184,12 @@ impl Code {
                 "Invalid expiration. Must be a whole number of seconds from 1 to 1209600."
             }
             Code::ExpirationOnCopy => "Expiration is only allowed for distribute type queue.",
+            Code::InvalidDeduplicationId => {
+                "Invalid deduplication id. Must be 1 to 128 characters: letters, digits, and - _ . : / + =."
+            }
+            Code::DeduplicationOnCopy => {
+                "Deduplication is only allowed for distribute type queue."
+            }
             Code::InvalidCapacity => "Invalid capacity.",
             Code::InvalidMessageId => "Invalid message id.",
             Code::InvalidAck => "Invalid ack.",

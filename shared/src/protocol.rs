@@ -60,6 +60,12 @@ pub const MAX_DELAY_SECS: u64 = 172_800;
 /// The characters a publisher key may use besides ASCII letters and digits.
 const PUBLISHER_KEY_PUNCTUATION: &[u8] = b"-_.:/+=";
 
+/// Whether `id` is a deduplication id SQS takes (`MessageDeduplicationId`): 1 to 128
+/// printable ASCII characters, no space.
+pub fn is_valid_dedup_id(id: &str) -> bool {
+    (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// Whether `key` is a valid publisher key: 1 to 128 of ASCII letters, digits and `- _ . : / + =`.
 pub fn is_valid_publisher_key(key: &str) -> bool {
     (1..=MAX_PUBLISHER_KEY_CHARS).contains(&key.len())

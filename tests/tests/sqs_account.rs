@@ -42,21 +42,34 @@ async fn account_with_keys(cp: &ControlPlane, prefix: &str) -> (String, Value) {
 /// Runs `tests/interop/sqs_account.py PHASE` with `python`; its output, or a panic.
 async fn run(python: &std::path::Path, phase: &str, setup: &Value, cp: &ControlPlane) -> String {
     let script = workspace().join("tests/interop/sqs_account.py");
-    let mut command = tokio::process::Command::new(python);
+    run_script(python, &script, &[phase], setup, cp).await
+}
+
+/// Runs `interpreter SCRIPT ARGS` with the setup in `QE_SQS`; its output, or a panic with
+/// its output and the control plane's log.
+async fn run_script(
+    interpreter: &std::path::Path,
+    script: &std::path::Path,
+    args: &[&str],
+    setup: &Value,
+    cp: &ControlPlane,
+) -> String {
+    let mut command = tokio::process::Command::new(interpreter);
     command
-        .arg(&script)
-        .arg(phase)
+        .arg(script)
+        .args(args)
         .env("QE_SQS", setup.to_string());
     let output = tokio::time::timeout(std::time::Duration::from_secs(300), command.output())
         .await
         .expect("the script finishes")
-        .expect("python runs");
+        .expect("the interpreter runs");
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
     let stderr = String::from_utf8_lossy(&output.stderr);
     print!("{stdout}");
     assert!(
         output.status.success(),
-        "{phase} failed:\n{stdout}\n{stderr}\n--- log ---\n{}",
+        "{} {args:?} failed:\n{stdout}\n{stderr}\n--- log ---\n{}",
+        script.display(),
         cp.log_text()
     );
     stdout
@@ -122,4 +135,37 @@ async fn an_sdk_of_the_query_protocol_makes_and_deletes_queues_too() {
     let cp = ControlPlane::start();
     let (_, setup) = account_with_keys(&cp, "old").await;
     run(&python, "query", &setup, &cp).await;
+}
+
+/// The AWS SDK for JavaScript v3 (`@aws-sdk/client-sqs`, tests/interop/node):
+/// `tests/interop/node/sqs_account.mjs` makes, uses, tags, lists and deletes queues, with the
+/// endpoint given in code (everything through the control plane) and given by
+/// `AWS_ENDPOINT_URL_SQS` (the SDK's default: queue actions at the queue's URL, its node).
+#[tokio::test]
+async fn the_javascript_sdk_makes_uses_tags_lists_and_deletes_queues_through_the_endpoint() {
+    let sdk = workspace().join("tests/interop/node/node_modules/@aws-sdk/client-sqs");
+    assert!(
+        sdk.exists(),
+        "{} is missing: `npm ci` in tests/interop/node installs it",
+        sdk.display()
+    );
+    let cp = ControlPlane::start();
+    let (account, setup) = account_with_keys(&cp, "js").await;
+    let script = workspace().join("tests/interop/node/sqs_account.mjs");
+    let output = run_script(std::path::Path::new("node"), &script, &[], &setup, &cp).await;
+    let checks = output
+        .lines()
+        .filter(|line| line.starts_with("ok "))
+        .count();
+    assert_eq!(checks, 13, "{output}");
+    let made: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    let id = made["queue_id"].as_str().unwrap();
+
+    // The API shows what the SDK made, and the tags it left.
+    let (status, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(status, 200, "{queue}");
+    assert_eq!(queue["name"], "js-orders", "{queue}");
+    assert_eq!(queue["tags"], json!({"team": "orders"}), "{queue}");
+    assert_eq!(queue["account"], account.as_str(), "{queue}");
+    assert_eq!(queue["status"], "running", "{queue}");
 }

@@ -11,6 +11,7 @@
 //! [`Queue::run_timers`].
 
 pub mod copy;
+pub mod dedup;
 pub mod line;
 pub mod outbox;
 pub mod queue;
@@ -273,8 +274,12 @@ impl Queue {
     }
 
     /// Loads what the store kept, at start.
-    pub fn restore(&self, messages: Vec<crate::message::RecoveredMessage>) {
-        self.lock().restore(messages, now_ms());
+    pub fn restore(&self, recovered: crate::store::log::Recovered) {
+        let now_ms = now_ms();
+        let mut queue = self.lock();
+        queue.restore(recovered.messages, now_ms);
+        queue.restore_dedup(&recovered.dedup, now_ms);
+        drop(queue);
         self.shared.timers_changed.notify_one();
     }
 

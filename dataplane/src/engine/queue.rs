@@ -14,6 +14,7 @@
 //! message's own, or `message-retention-secs`) a message still in the queue then is deleted.
 //! Timeouts and expiries are kept by time, so each fires in O(log n) without a scan.
 
+use super::dedup::{self, Dedup, Made};
 use super::line::Line;
 use super::outbox::Outbox;
 use crate::message::ids::{IdGenerator, IdMap, MessageId, SessionId};
@@ -136,6 +137,9 @@ pub struct Totals {
     pub delivered: u64,
     pub acked: u64,
     pub nacked: u64,
+    /// Publishes answered with the message an earlier one with the same deduplication id
+    /// made (nothing new made).
+    pub deduplicated: u64,
 }
 
 /// Where a message in the queue (not the dead letter queue) is.
@@ -228,6 +232,8 @@ pub struct QueueState {
     rules: Rules,
     /// The next pull receive's number ([`Pulled::receipt`]).
     next_receipt: u64,
+    /// The deduplication ids whose windows have not ended ([`super::dedup`]).
+    dedup: Dedup,
     store: Box<dyn Store>,
 }
 
@@ -253,6 +259,7 @@ impl QueueState {
             dead_reasons: IdMap::default(),
             rules: Rules::default(),
             next_receipt: random_start(),
+            dedup: Dedup::default(),
             store,
         }
     }
@@ -289,6 +296,18 @@ impl QueueState {
         new: &NewMessage<'_>,
         now_ms: u64,
     ) -> Result<(MessageId, Receipt), Refused> {
+        self.memory_used -= self.dedup.expire(now_ms) as u64 * dedup::ENTRY_BYTES;
+        let dedup_key = new.dedup_id.as_deref().map(dedup::key_of);
+        // A repeat within the window: the first's message, once its record is as safe as
+        // its durability (the first's reply may not have gone yet).
+        if let Some(made) = dedup_key.and_then(|key| self.dedup.made(key, now_ms)) {
+            self.totals.deduplicated += 1;
+            let receipt = match made.lsn {
+                0 => Receipt::Done,
+                lsn => self.store.receipt_at(lsn, made.durability),
+            };
+            return Ok((made.id, receipt));
+        }
         if new.durability != Durability::None && !self.store.is_writable() {
             return Err(Refused::StoreDown);
         }
@@ -297,10 +316,15 @@ impl QueueState {
         }
         let id = MessageId(self.ids.next(now_ms));
         let message = Message::new(id, new, now_ms / 1000);
+        let dedup_cost = dedup_key.map_or(0, |_| dedup::ENTRY_BYTES);
         let cost = memory_cost(&message);
-        if self.memory_used() + cost > self.limits.max_memory {
+        if self.memory_used() + cost + dedup_cost > self.limits.max_memory {
             return Err(Refused::MemoryFull);
         }
+        let dedup = dedup_key.map(|key| crate::store::log::record::Dedup {
+            key,
+            until_ms: now_ms + dedup::WINDOW_MS,
+        });
         let due_ms = (new.delay_secs > 0).then(|| now_ms + new.delay_secs * 1000);
         // The message's own lifetime or the queue's retention, whichever ends first.
         let lifetime_secs = [new.expires_secs, self.rules.retention_secs]
@@ -316,7 +340,18 @@ impl QueueState {
             id,
             message: &message,
             life,
+            dedup,
         });
+        if let Some(dedup) = dedup {
+            let made = Made {
+                id,
+                until_ms: dedup.until_ms,
+                lsn: receipt.lsn().unwrap_or(0),
+                durability: new.durability,
+            };
+            self.dedup.insert(dedup.key, made);
+            self.memory_used += dedup_cost;
+        }
         self.memory_used += cost;
         self.durable_count += (new.durability != Durability::None) as usize;
         let place = match due_ms {
@@ -346,6 +381,23 @@ impl QueueState {
     /// the node was down ends now, and so does a message that expired meanwhile (its removal
     /// is recorded then). Otherwise nothing is recorded: the store already has it all. The
     /// limits are not applied: nothing kept is ever dropped.
+    /// Takes back, at start, the deduplication ids the log kept ([`super::dedup`]): those
+    /// whose windows have not ended. Each made a message that is as safe as it will be.
+    pub fn restore_dedup(&mut self, kept: &[(u128, MessageId, u64)], now_ms: u64) {
+        for &(key, id, until_ms) in kept {
+            if until_ms > now_ms && self.dedup.made(key, now_ms).is_none() {
+                let made = Made {
+                    id,
+                    until_ms,
+                    lsn: 0,
+                    durability: Durability::None,
+                };
+                self.dedup.insert(key, made);
+                self.memory_used += dedup::ENTRY_BYTES;
+            }
+        }
+    }
+
     pub fn restore(&mut self, messages: Vec<RecoveredMessage>, now_ms: u64) {
         for recovered in messages {
             let id = recovered.id;
@@ -421,6 +473,7 @@ impl QueueState {
             id,
             message: &message,
             life: Life::default(),
+            dedup: None,
         });
         let receipt = self.store.record(Change::DeadLettered(id));
         self.dead.insert(id, message);
@@ -539,7 +592,12 @@ impl QueueState {
                 };
                 self.dead_reasons.insert(id, reason);
                 let message = &entry.message;
-                self.store.record(Change::Published { id, message, life })
+                self.store.record(Change::Published {
+                    id,
+                    message,
+                    life,
+                    dedup: None,
+                })
             }
         };
         self.dead.insert(id, entry.message);
@@ -611,7 +669,12 @@ impl QueueState {
         }
         let life = QueueState::life_of(entry);
         let message = &entry.message;
-        let _ = self.store.record(Change::Published { id, message, life });
+        let _ = self.store.record(Change::Published {
+            id,
+            message,
+            life,
+            dedup: None,
+        });
     }
 
     /// When a message received under receive number `receipt` stops being invisible; None

@@ -91,6 +91,9 @@ pub struct NewMessage<'a> {
     /// SQS message attributes (the SQS face's SendMessage), a JSON object kept in the frame
     /// as `"attributes"` after the body, so a WebSocket subscriber receives them too.
     pub attributes: Option<Cow<'a, str>>,
+    /// Its deduplication id (`dedupid`, SQS's `MessageDeduplicationId`): a publish with one
+    /// seen within the window makes no message ([`crate::engine::dedup`]).
+    pub dedup_id: Option<Cow<'a, str>>,
 }
 
 /// A message the queue holds: waiting, held, delayed or dead-lettered.

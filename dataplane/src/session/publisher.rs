@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 /// The fields of a publish; a login that has any of them publishes too.
 const PUBLISH_FIELDS: [&str; 5] = ["body", "type", "delay", "durability", "publisherkey"];
+// (`expires` and `dedupid`, beyond the manual, do not make a login publish: the manual's
+// fields do.)
 
 pub fn has_publish_fields(fields: &Fields) -> bool {
     PUBLISH_FIELDS.iter().any(|key| fields.contains_key(*key))
@@ -119,6 +121,10 @@ struct PublishFields<'a> {
     /// Beyond the manual (README, "Delivery rules"): seconds after the publish when the
     /// message is deleted if it is still in the queue.
     expires: Field<u64>,
+    /// Beyond the manual (README, "Exactly-once publish"): a publish again with the same id
+    /// within five minutes makes no second message.
+    #[serde(borrow)]
+    dedupid: Field<Text<'a>>,
 }
 
 /// The longest a message's own expiration may be: 14 days, as `message-retention-secs`.
@@ -148,6 +154,7 @@ pub fn read_message(
         durability: number_field(&fields, "durability"),
         expires: number_field(&fields, "expires"),
         publisherkey: text_field(&mut fields, "publisherkey"),
+        dedupid: text_field(&mut fields, "dedupid"),
     };
     check(fields, queue_type)
 }
@@ -175,6 +182,11 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         Field::Is(Text(key)) if is_valid_publisher_key(&key) => Some(key),
         _ => return Err(Code::InvalidPublisherKey),
     };
+    let dedup_id = match fields.dedupid {
+        Field::Absent => None,
+        Field::Is(Text(id)) if is_valid_publisher_key(&id) => Some(id),
+        _ => return Err(Code::InvalidDeduplicationId),
+    };
     let body = body.ok_or(Code::MissingBody)?;
     let expires = number_in(
         fields.expires,
@@ -194,6 +206,9 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         if expires.is_some() {
             return Err(Code::ExpirationOnCopy);
         }
+        if dedup_id.is_some() {
+            return Err(Code::DeduplicationOnCopy);
+        }
     }
     Ok(NewMessage {
         body_type,
@@ -203,6 +218,7 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         durability: durability.unwrap_or_default(),
         expires_secs: expires.unwrap_or(0),
         attributes: None,
+        dedup_id,
     })
 }
 

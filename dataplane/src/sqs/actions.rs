@@ -294,14 +294,24 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
              #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF are allowed.",
         ));
     }
-    for fifo_only in ["MessageGroupId", "MessageDeduplicationId"] {
-        if !entry[fifo_only].is_null() {
-            return Err(SqsError::invalid_parameter(format!(
-                "The request includes a parameter that is not valid for this queue type: \
-                 {fifo_only}."
-            )));
-        }
+    if !entry["MessageGroupId"].is_null() {
+        return Err(SqsError::invalid_parameter(
+            "The request includes a parameter that is not valid for this queue type: \
+             MessageGroupId.",
+        ));
     }
+    // Ours on a standard queue, where AWS takes it only on FIFO queues (README,
+    // "Exactly-once publish"): a send again with the same id within five minutes makes no
+    // second message.
+    let dedup_id = match string(entry, "MessageDeduplicationId")? {
+        None => None,
+        Some(id) if qe_shared::protocol::is_valid_dedup_id(id) => Some(id.to_string()),
+        Some(_) => {
+            return Err(SqsError::invalid_parameter(
+                "MessageDeduplicationId is 1 to 128 of A-Z a-z 0-9 and !\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~.",
+            ))
+        }
+    };
     // A message without a delay of its own takes the queue's (`DelaySeconds`).
     let queue_delay = context.node.setting(Setting::DelaySecs);
     let delay = number(entry, "DelaySeconds", 0..=MAX_DELAY_SECS)?.unwrap_or(queue_delay);
@@ -336,6 +346,7 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
             durability: Durability::Eventual,
             expires_secs: 0,
             attributes: attributes_json.map(Cow::Owned),
+            dedup_id: dedup_id.map(Cow::Owned),
         },
     })
 }

@@ -16,6 +16,7 @@ mod attributes;
 
 pub use qe_shared::sqs::{query, sigv4, SqsError};
 
+use crate::config::ReportTo;
 use crate::node::Node;
 use crate::traffic::Counted;
 use bytes::Bytes;
@@ -87,15 +88,38 @@ pub struct Sqs {
     tls: bool,
     /// When the last `PurgeQueue` began.
     last_purge: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The node's control plane, which serves its account's actions (`CreateQueue`,
+    /// `TagQueue`, ...): an SDK that sends every action with a queue URL to the URL's host
+    /// (the JavaScript SDK's default) sends them here, and they are handed on as signed.
+    control_plane: Option<(ReportTo, reqwest::Client)>,
+}
+
+/// The actions an account's endpoint (the control plane) serves that name a queue by its URL.
+const ACCOUNT_ACTIONS: [&str; 4] = ["DeleteQueue", "TagQueue", "UntagQueue", "ListQueueTags"];
+
+/// What a request gets: an answer made here, or the control plane's.
+enum Outcome {
+    Answered(actions::Action, Value),
+    HandedOn(Response<Full<Bytes>>),
 }
 
 impl Sqs {
-    pub fn new(node: Arc<Node>, queue_name: String, tls: bool) -> Arc<Sqs> {
+    pub fn new(
+        node: Arc<Node>,
+        queue_name: String,
+        tls: bool,
+        control_plane: Option<ReportTo>,
+    ) -> Arc<Sqs> {
+        let control_plane = control_plane.map(|to| {
+            let client = crate::report::client(&to, HAND_ON_WITHIN);
+            (to, client)
+        });
         Arc::new(Sqs {
             node,
             queue_name,
             tls,
             last_purge: std::sync::Mutex::new(None),
+            control_plane,
         })
     }
 
@@ -156,9 +180,10 @@ impl Sqs {
         }
         let request_id = qe_shared::sqs::request_id();
         let mut response = match (query, outcome) {
-            (false, Ok((_, answer))) => json_response(StatusCode::OK, &answer),
+            (_, Ok(Outcome::HandedOn(response))) => return response,
+            (false, Ok(Outcome::Answered(_, answer))) => json_response(StatusCode::OK, &answer),
             (false, Err(error)) => error_response(&error),
-            (true, Ok((action, answer))) => {
+            (true, Ok(Outcome::Answered(action, answer))) => {
                 let reply = query::reply(action.name(), &answer, &request_id);
                 xml_response(StatusCode::OK, reply)
             }
@@ -178,7 +203,7 @@ impl Sqs {
         &self,
         request: Request<Incoming>,
         query: bool,
-    ) -> Result<(actions::Action, Value), SqsError> {
+    ) -> Result<Outcome, SqsError> {
         let (parts, body) = request.into_parts();
         // Nothing is read for a caller that could not be let in: a signature by a key of
         // this queue, made about now. (Whether it is right needs the body.)
@@ -202,6 +227,18 @@ impl Sqs {
             body: &body,
         };
         let key = self.authenticate(&signed)?;
+        if let Some(control_plane) = &self.control_plane {
+            let name = match query {
+                false => header(&headers, "x-amz-target")
+                    .and_then(|target| target.strip_prefix("AmazonSQS."))
+                    .map(str::to_string),
+                true => query::input(&body).ok().map(|(name, _)| name),
+            };
+            if name.is_some_and(|name| ACCOUNT_ACTIONS.contains(&name.as_str())) {
+                let handed_on = hand_on(control_plane, &parts, body).await?;
+                return Ok(Outcome::HandedOn(handed_on));
+            }
+        }
         let (action, mut input) = match query {
             false => json_request(header(&headers, "x-amz-target"), &body)?,
             true => query_request(&body)?,
@@ -224,7 +261,7 @@ impl Sqs {
             last_purge: &self.last_purge,
         };
         let answer = actions::run(action, &context, &input).await?;
-        Ok((action, answer))
+        Ok(Outcome::Answered(action, answer))
     }
 
     /// Whether a request's headers name one of this queue's keys and a time within the skew.
@@ -287,6 +324,49 @@ fn query_request(body: &[u8]) -> Result<(actions::Action, Value), SqsError> {
     let action = actions::Action::parse(&name).ok_or_else(|| SqsError::unknown_operation(&name))?;
     Ok((action, input))
 }
+
+/// Hands a request on to the control plane as it came (its signature, made for this host,
+/// is checked there with the same key), and its reply back.
+async fn hand_on(
+    (to, client): &(ReportTo, reqwest::Client),
+    parts: &hyper::http::request::Parts,
+    body: Bytes,
+) -> Result<Response<Full<Bytes>>, SqsError> {
+    let unreachable =
+        || SqsError::unavailable("The control plane cannot be reached now. Try again.");
+    let url = format!("{}/", to.control_planes.preferred().trim_end_matches('/'));
+    let mut request = client.post(url).body(body);
+    for (name, value) in &parts.headers {
+        let hop_by_hop = [
+            "connection",
+            "keep-alive",
+            "transfer-encoding",
+            "te",
+            "upgrade",
+        ];
+        if !hop_by_hop.contains(&name.as_str()) {
+            request = request.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let reply = request.send().await.map_err(|_| unreachable())?;
+    let status = StatusCode::from_u16(reply.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut headers = hyper::HeaderMap::new();
+    for name in ["content-type", "x-amzn-requestid", "x-amzn-query-error"] {
+        if let Some(value) = reply.headers().get(name).and_then(|v| v.to_str().ok()) {
+            if let Ok(value) = hyper::header::HeaderValue::from_str(value) {
+                headers.insert(name, value);
+            }
+        }
+    }
+    let body = reply.bytes().await.map_err(|_| unreachable())?;
+    let mut response = Response::new(Full::new(Bytes::from(body.to_vec())));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    Ok(response)
+}
+
+/// How long the control plane has to answer an action handed on to it.
+const HAND_ON_WITHIN: Duration = Duration::from_secs(30);
 
 /// The most SQS connections served at once.
 pub const MAX_CONNECTIONS: usize = 512;

@@ -50,6 +50,8 @@ pub enum Change<'a> {
         id: MessageId,
         message: &'a Message,
         life: Life,
+        /// Its deduplication id and window: in its first record only.
+        dedup: Option<log::record::Dedup>,
     },
     /// A subscriber was given a message to hold.
     Delivered { id: MessageId, session: SessionId },
@@ -87,6 +89,14 @@ pub enum Receipt {
 }
 
 impl Receipt {
+    /// Where the change's record ends in the log (None: nothing to wait for).
+    pub fn lsn(&self) -> Option<u64> {
+        match self {
+            Receipt::Done => None,
+            Receipt::Written(ticket) | Receipt::Synced(ticket) => Some(ticket.lsn()),
+        }
+    }
+
     /// One receipt for two changes: it is as safe as both once the later record is, with the
     /// stronger durability of the two (a sync covers every record written before it).
     pub fn and(self, other: Receipt) -> Receipt {
@@ -126,6 +136,12 @@ pub trait Store: Send {
     /// a sync) makes the queue refuse new durable messages.
     fn is_writable(&self) -> bool {
         true
+    }
+
+    /// The receipt of a change already recorded, whose record ends at `lsn`: a repeat of a
+    /// deduplicated publish waits on the first's record.
+    fn receipt_at(&self, _lsn: u64, _durability: crate::message::Durability) -> Receipt {
+        Receipt::Done
     }
 
     /// Bytes of changes held in memory because the disk would not take them yet: they count

@@ -223,7 +223,8 @@ fn the_totals_count_publishes_deliveries_acks_and_nacks_and_refusals_count_nothi
             published: 3,
             delivered: 4,
             acked: 1,
-            nacked: 1
+            nacked: 1,
+            deduplicated: 0,
         }
     );
     let counts = q.counts();
@@ -1319,4 +1320,59 @@ fn a_restart_during_the_last_allowed_delivery_counts_it_as_failed() {
     let pulled = q.receive(10, VISIBILITY_MS, T0);
     assert_eq!(pulled.len(), 1, "only the one with a delivery left");
     assert_eq!(pulled[0].receives, 2);
+}
+
+/// A publish again with the same deduplication id within the window makes nothing: it gets
+/// the first's id, whether the first is still in the queue or already acked; after the
+/// window, or with another id, it is a new message. Each id held counts against the memory
+/// until its window ends.
+#[test]
+fn a_deduplication_id_makes_one_message_within_its_window() {
+    let mut q = queue();
+    let mut a = Sub::join(&mut q, 10);
+    let keyed = |body: &'static str, dedup: &'static str| NewMessage {
+        dedup_id: Some(dedup.into()),
+        ..text(body)
+    };
+    let (first, _) = q.publish(&keyed("order 1", "o-1"), T0).unwrap();
+    let one_message = memory_cost(&q.messages[&first].message);
+    assert_eq!(q.memory_used(), one_message + dedup::ENTRY_BYTES);
+    let (again, _) = q
+        .publish(&keyed("order 1, sent again", "o-1"), T0 + 1_000)
+        .unwrap();
+    assert_eq!(again, first);
+    assert_eq!(a.bodies(), ["order 1"], "one message, delivered once");
+    let _ = q.ack(a.session, first).unwrap();
+    // Acked: still a repeat within the window.
+    let (after_ack, _) = q.publish(&keyed("order 1", "o-1"), T0 + 60_000).unwrap();
+    assert_eq!(after_ack, first);
+    let (other, _) = q.publish(&keyed("order 2", "o-2"), T0 + 60_000).unwrap();
+    assert_ne!(other, first);
+    let unkeyed = publish(&mut q, "no id");
+    assert_ne!(unkeyed, first);
+    assert_eq!(q.totals().published, 3);
+    assert_eq!(q.totals().deduplicated, 2);
+    assert_eq!(a.bodies(), ["order 2", "no id"]);
+    // The window ends: the id makes a new message, and the old id's memory is given back.
+    let later = T0 + dedup::WINDOW_MS;
+    let (new_window, _) = q
+        .publish(&keyed("order 1, a day later", "o-1"), later)
+        .unwrap();
+    assert_ne!(new_window, first);
+    assert_eq!(q.dedup.len(), 2, "o-1 again, and o-2, whose window runs on");
+    assert_eq!(a.bodies(), ["order 1, a day later"]);
+    // A copy of the ids as the log keeps them comes back at start, if their windows have
+    // not ended.
+    let mut restarted = queue();
+    let kept = [
+        (dedup::key_of("o-1"), new_window, later + dedup::WINDOW_MS),
+        (dedup::key_of("o-2"), other, later),
+    ];
+    restarted.restore_dedup(&kept, later + 1);
+    assert_eq!(restarted.dedup.len(), 1, "o-2's window had ended");
+    let (repeat, _) = restarted
+        .publish(&keyed("order 1", "o-1"), later + 2)
+        .unwrap();
+    assert_eq!(repeat, new_window);
+    assert_eq!(restarted.message_count(), 0, "nothing made");
 }

@@ -104,6 +104,10 @@ pub(super) struct SegmentUse {
     /// Of those, the bytes that still matter: latest message records, and what is kept
     /// because of records in other segments.
     pub live: u64,
+    /// When the last deduplication window of a record in it ends (ms since 1970; 0: it
+    /// has none): the segment is kept until then, whatever else matters in it, so that a
+    /// restart within the window still knows the id (README, "Exactly-once publish").
+    pub dedup_until_ms: u64,
 }
 
 /// What [`Index::remove_all`] found.
@@ -134,6 +138,12 @@ pub(super) struct Index {
 }
 
 impl Index {
+    /// `segment` holds a record whose deduplication window ends at `until_ms`.
+    pub fn holds_dedup(&mut self, segment: u32, until_ms: u64) {
+        let use_ = self.segments.entry(segment).or_default();
+        use_.dedup_until_ms = use_.dedup_until_ms.max(until_ms);
+    }
+
     /// `len` more bytes were appended to `segment`.
     pub fn grew(&mut self, segment: u32, len: u64) {
         self.segments.entry(segment).or_default().bytes += len;
@@ -250,10 +260,16 @@ impl Index {
     /// The segment compaction should take next: of those it may take (not `active`, not
     /// `retiring`), the one that matters least, if most of it is dead. (Every segment left is
     /// then at least half live, which bounds the log at about twice what is live.)
-    pub fn compaction_candidate(&self, active: u32, retiring: &BTreeSet<u32>) -> Option<u32> {
+    pub fn compaction_candidate(
+        &self,
+        active: u32,
+        retiring: &BTreeSet<u32>,
+        now_ms: u64,
+    ) -> Option<u32> {
         self.segments
             .iter()
             .filter(|(segment, _)| **segment != active && !retiring.contains(segment))
+            .filter(|(_, use_)| use_.dedup_until_ms <= now_ms)
             .filter(|(_, use_)| use_.live * 2 < use_.bytes || use_.bytes == 0)
             // The smallest share live: live_a / bytes_a < live_b / bytes_b, multiplied out.
             .min_by_key(|(_, use_)| {

@@ -187,7 +187,9 @@ impl State {
 
     /// The segment compaction should take next, if any is worth it (see [`Index`]).
     fn compaction_candidate(&self) -> Option<u32> {
-        self.index.compaction_candidate(self.active, &self.retiring)
+        let now_ms = crate::engine::now_ms();
+        self.index
+            .compaction_candidate(self.active, &self.retiring, now_ms)
     }
 }
 
@@ -262,6 +264,11 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Ticket {
+    /// The LSN the change's record ends at.
+    pub(super) fn lsn(&self) -> u64 {
+        self.lsn
+    }
+
     /// Of two tickets of this log, the one for the later record.
     pub(super) fn later(self, other: Ticket) -> Ticket {
         match self.lsn >= other.lsn {
@@ -439,7 +446,12 @@ impl Store for LogStore {
         let mut state = self.shared.lock();
         let compaction_was_due = state.compaction_due;
         let (lsn, durability) = match change {
-            Change::Published { id, message, life } => {
+            Change::Published {
+                id,
+                message,
+                life,
+                dedup,
+            } => {
                 let record = MessageRecord {
                     id,
                     durability: message.durability as u8,
@@ -450,9 +462,13 @@ impl Store for LogStore {
                     receives: life.receives,
                     expires_ms: life.expires_ms.unwrap_or(0),
                     dead_reason: life.dead.unwrap_or_default() as u8,
+                    dedup,
                     frame: &message.frame,
                 };
                 let (segment, lsn, len) = state.append(|out| encode_message(out, &record));
+                if let Some(dedup) = dedup {
+                    state.index.holds_dedup(segment, dedup.until_ms);
+                }
                 // The record says it all: whatever marks came before, this replaces them.
                 let live = Live::new(segment, len, record.dead, message.durability);
                 state.index.remember(id, live);
@@ -535,6 +551,10 @@ impl Store for LogStore {
 
     fn is_writable(&self) -> bool {
         !self.shared.is_broken()
+    }
+
+    fn receipt_at(&self, lsn: u64, durability: Durability) -> Receipt {
+        self.receipt(lsn, durability)
     }
 
     fn backlog_bytes(&self) -> u64 {

@@ -29,6 +29,9 @@ const MESSAGE_FIXED_LEN: usize = 16 + 1 + 1 + 4 + 8 + 8;
 /// What a [`Kind::MessageLife`] record adds before its frame: the receive count, the
 /// expiry, and the dead letter reason.
 const LIFE_LEN: usize = 4 + 8 + 1;
+/// What a [`Kind::MessageDeduplicated`] record adds after the life: the key's hash and when
+/// its window ends.
+const DEDUP_LEN: usize = 16 + 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -53,6 +56,11 @@ pub enum Kind {
     /// [dead reason: u8]`, then the frame. Written only when one of them is not zero, so a
     /// queue that uses none of the rules writes what it always did.
     MessageLife = 7,
+    /// A message published with a deduplication id (README, "Exactly-once publish"): a
+    /// [`Kind::MessageLife`] record's fields, then `[key hash: 16][window ends, ms: u64]`,
+    /// then the frame. Only a message's first record is one: its segment is kept until the
+    /// window ends (`index`), so a restart within it still knows the id.
+    MessageDeduplicated = 8,
 }
 
 impl Kind {
@@ -66,6 +74,7 @@ impl Kind {
             5 => Some(Kind::Purged),
             6 => Some(Kind::Redriven),
             7 => Some(Kind::MessageLife),
+            8 => Some(Kind::MessageDeduplicated),
             _ => None,
         }
     }
@@ -87,8 +96,17 @@ pub struct MessageRecord<'a> {
     pub expires_ms: u64,
     /// Why it is dead-lettered ([`crate::message::DeadReason`]); 0 when it is not, or rejected.
     pub dead_reason: u8,
+    /// Its deduplication id's hash and when its window ends: in its first record only.
+    pub dedup: Option<Dedup>,
     /// The frame a subscriber receives.
     pub frame: &'a [u8],
+}
+
+/// A deduplication id as the log keeps it: its hash, and when its window ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dedup {
+    pub key: u128,
+    pub until_ms: u64,
 }
 
 impl MessageRecord<'_> {
@@ -100,9 +118,10 @@ impl MessageRecord<'_> {
 
 /// Appends a message record to `out`; returns its length.
 pub fn encode_message(out: &mut Vec<u8>, record: &MessageRecord<'_>) -> usize {
-    let kind = match record.has_life() {
-        true => Kind::MessageLife,
-        false => Kind::Message,
+    let kind = match (record.dedup.is_some(), record.has_life()) {
+        (true, _) => Kind::MessageDeduplicated,
+        (false, true) => Kind::MessageLife,
+        (false, false) => Kind::Message,
     };
     let start = begin(out, kind);
     out.extend_from_slice(record.id.0.as_bytes());
@@ -111,10 +130,14 @@ pub fn encode_message(out: &mut Vec<u8>, record: &MessageRecord<'_>) -> usize {
     out.extend_from_slice(&record.delay_secs.to_le_bytes());
     out.extend_from_slice(&record.due_ms.to_le_bytes());
     out.extend_from_slice(&record.recdat.to_le_bytes());
-    if kind == Kind::MessageLife {
+    if kind != Kind::Message {
         out.extend_from_slice(&record.receives.to_le_bytes());
         out.extend_from_slice(&record.expires_ms.to_le_bytes());
         out.push(record.dead_reason);
+    }
+    if let Some(dedup) = record.dedup {
+        out.extend_from_slice(&dedup.key.to_le_bytes());
+        out.extend_from_slice(&dedup.until_ms.to_le_bytes());
     }
     out.extend_from_slice(record.frame);
     finish(out, start)
@@ -331,8 +354,9 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
                 held_in: HeldIn(segments),
             })
         }
-        kind @ (Kind::Message | Kind::MessageLife) => {
+        kind @ (Kind::Message | Kind::MessageLife | Kind::MessageDeduplicated) => {
             let frame_at = match kind {
+                Kind::MessageDeduplicated => MESSAGE_FIXED_LEN + LIFE_LEN + DEDUP_LEN,
                 Kind::MessageLife => MESSAGE_FIXED_LEN + LIFE_LEN,
                 _ => MESSAGE_FIXED_LEN,
             };
@@ -348,12 +372,20 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
             let u32_at = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().unwrap());
             let u64_at = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap());
             let (receives, expires_ms, dead_reason) = match kind {
-                Kind::MessageLife => {
+                Kind::Message => (0, 0, 0),
+                _ => {
                     let at = MESSAGE_FIXED_LEN;
                     (u32_at(at), u64_at(at + 4), payload[at + 12])
                 }
-                _ => (0, 0, 0),
             };
+            let dedup = (kind == Kind::MessageDeduplicated).then(|| {
+                let at = MESSAGE_FIXED_LEN + LIFE_LEN;
+                let key = u128::from_le_bytes(payload[at..at + 16].try_into().unwrap());
+                Dedup {
+                    key,
+                    until_ms: u64_at(at + 16),
+                }
+            });
             crate::message::DeadReason::from_byte(dead_reason)?;
             Some(Record::Message(MessageRecord {
                 id: id_of(payload)?,
@@ -365,6 +397,7 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
                 receives,
                 expires_ms,
                 dead_reason,
+                dedup,
                 frame: &payload[frame_at..],
             }))
         }
@@ -395,7 +428,37 @@ mod tests {
             receives: 0,
             expires_ms: 0,
             dead_reason: 0,
+            dedup: None,
             frame,
+        }
+    }
+
+    #[test]
+    fn a_deduplicated_message_keeps_its_key_and_window_and_its_life() {
+        let record = MessageRecord {
+            receives: 2,
+            dedup: Some(Dedup {
+                key: 0x0123_4567_89ab_cdef_0011_2233_4455_6677,
+                until_ms: 1_794_233_333_000,
+            }),
+            ..message(3, b"{\"body\":\"c\"}")
+        };
+        let mut out = Vec::new();
+        let len = encode_message(&mut out, &record);
+        assert_eq!(out[HEADER_LEN], Kind::MessageDeduplicated as u8);
+        assert_eq!(
+            len,
+            HEADER_LEN + 1 + MESSAGE_FIXED_LEN + LIFE_LEN + DEDUP_LEN + 12
+        );
+        match read_at(&out, 0) {
+            Read::Sound {
+                record: Record::Message(read),
+                len: read_len,
+            } => {
+                assert_eq!(read, record);
+                assert_eq!(read_len, len);
+            }
+            other => panic!("{other:?}"),
         }
     }
 

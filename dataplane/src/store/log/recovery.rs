@@ -24,6 +24,10 @@ pub struct Recovered {
     /// Live messages, queued and dead-lettered, in id order.
     pub messages: Vec<RecoveredMessage>,
     pub damaged: Vec<DamagedRegion>,
+    /// Every deduplication id a record kept (its key, its message, when its window ends),
+    /// whether or not the message is still in the queue: the engine takes back those whose
+    /// windows have not ended.
+    pub dedup: Vec<(u128, MessageId, u64)>,
 }
 
 /// The scan's result, including what the store needs to go on.
@@ -140,6 +144,11 @@ fn apply(
                 record.id,
                 Live::new(segment, len as u32, record.dead, durability),
             );
+            if let Some(dedup) = record.dedup {
+                index.holds_dedup(segment, dedup.until_ms);
+                let kept = (dedup.key, record.id, dedup.until_ms);
+                scan.recovered.dedup.push(kept);
+            }
             messages.insert(
                 record.id,
                 RecoveredMessage {

@@ -397,6 +397,8 @@ fn copy_if_live(state: &mut State, segment: u32, record: &MessageRecord<'_>) -> 
             true => 0,
             false => record.dead_reason,
         },
+        // Copied only once its deduplication window ended (`Index::compaction_candidate`).
+        dedup: None,
         ..record.clone()
     };
     let (to, _, len) = state.append(|out| encode_message(out, &copy));

@@ -51,6 +51,7 @@ fn publish(store: &mut LogStore, m: &Msg) -> Receipt {
         id: m.id,
         message: &m.message,
         life: Life::default(),
+        dedup: None,
     })
 }
 
@@ -111,6 +112,7 @@ async fn what_is_recorded_comes_back_after_a_reopen() {
             id: delayed.id,
             message: &delayed.message,
             life: Life::due(Some(NOW_MS + 5000)),
+            dedup: None,
         });
         assert!(matches!(receipt, Receipt::Written(_)));
         receipt.wait().await.unwrap();
@@ -633,6 +635,7 @@ async fn a_redriven_message_comes_back_waiting_through_compaction() {
             id: m.id,
             message: &m.message,
             life: Life::due(Some(NOW_MS + 3_600_000)),
+            dedup: None,
         });
         published.wait().await.unwrap();
         while keepers && store.shared.lock().active == 1 {
@@ -715,6 +718,7 @@ async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_co
             id: m.id,
             message: &m.message,
             life,
+            dedup: None,
         };
         store.record(published).wait().await.unwrap();
     }
@@ -733,6 +737,7 @@ async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_co
                 dead,
                 ..Life::default()
             },
+            dedup: None,
         }
     }
     let counted_change = rewrite(&counted, expires_ms, 3, None);
@@ -791,4 +796,65 @@ async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_co
     let (_store, recovered) = open(dir.path(), segment_bytes);
     assert_eq!(recovered.messages.len(), 3);
     check(&recovered);
+}
+
+/// A message published with a deduplication id keeps its segment on the disk until the id's
+/// window ends, acked or not, however much churn compaction clears around it; a reopen then
+/// gives the id back. One whose window has ended is compacted as any other.
+#[tokio::test]
+async fn a_deduplication_id_keeps_its_segment_until_its_window_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let segment_bytes = 4 << 10;
+    let (mut store, _) = open(dir.path(), segment_bytes);
+    let now = crate::engine::now_ms();
+    let keyed = |store: &mut LogStore, m: &Msg, until_ms: u64| {
+        store.record(Change::Published {
+            id: m.id,
+            message: &m.message,
+            life: Life::default(),
+            dedup: Some(record::Dedup {
+                key: m.id.0.as_u128(),
+                until_ms,
+            }),
+        })
+    };
+    let open_window = message(&mut ids, "window open", Durability::Immediate);
+    keyed(&mut store, &open_window, now + 300_000)
+        .wait()
+        .await
+        .unwrap();
+    let ended = message(&mut ids, "window ended", Durability::Immediate);
+    keyed(&mut store, &ended, now - 1).wait().await.unwrap();
+    let first_segment = store.shared.lock().active;
+    for m in [&open_window, &ended] {
+        store.record(Change::Acked(m.id)).wait().await.unwrap();
+    }
+    churn(&mut store, &mut ids, 2_000, 64).await;
+    settles_below(&store, dir.path(), 6 * segment_bytes).await;
+    assert!(
+        segment_path(dir.path(), first_segment).exists(),
+        "the segment with an open window stays"
+    );
+    drop(store);
+    let (_store, recovered) = open(dir.path(), segment_bytes);
+    assert!(bodies(&recovered).is_empty(), "both were acked");
+    let kept: Vec<MessageId> = recovered.dedup.iter().map(|(_, id, _)| *id).collect();
+    assert!(kept.contains(&open_window.id), "{kept:?}");
+    let (key, _, until) = recovered
+        .dedup
+        .iter()
+        .find(|k| k.1 == open_window.id)
+        .unwrap();
+    assert_eq!((*key, *until), (open_window.id.0.as_u128(), now + 300_000));
+
+    // Its window over, the segment is compacted away like any other.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = open(dir.path(), segment_bytes);
+    keyed(&mut store, &ended, now - 1).wait().await.unwrap();
+    let segment = store.shared.lock().active;
+    store.record(Change::Acked(ended.id)).wait().await.unwrap();
+    churn(&mut store, &mut ids, 2_000, 64).await;
+    let what = "the ended window's segment compacted away";
+    eventually(&store, what, || !segment_path(dir.path(), segment).exists()).await;
 }

@@ -3,7 +3,7 @@
 // sends the session's CSRF token, held in memory only, as X-CSRF-Token with every change.
 // The token a user signs in with is sent once and never kept: not in storage, not in the page.
 // Pages are hash routes: #/ (queues), #/queues/ID/TAB, #/fleet (the operator's builds and
-// rollouts). Everything is built with DOM calls
+// rollouts), #/sqs-keys (an account's SQS keys). Everything is built with DOM calls
 // and textContent, so nothing the API returns is ever read as HTML.
 "use strict";
 
@@ -172,8 +172,11 @@ function renderWho() {
   const name = caller.kind === "operator"
     ? "Operator (every account)"
     : `Account ${caller.account}${caller.scope === "read-only" ? " (read-only key)" : ""}`;
-  who.replaceChildren(
-    caller.kind === "operator" ? h("a", { href: "#/fleet", id: "fleet-link" }, "Builds and rollouts") : null,
+  // (replaceChildren would show a null as the text "null".)
+  const link = caller.kind === "operator"
+    ? h("a", { href: "#/fleet", id: "fleet-link" }, "Builds and rollouts")
+    : h("a", { href: "#/sqs-keys", id: "sqs-keys-link" }, "SQS keys");
+  who.replaceChildren(link,
     h("span", { id: "signed-in-as" }, `Signed in: ${name}`),
     h("button", { type: "button", id: "sign-out", onclick: signOut }, "Sign out"));
 }
@@ -1031,7 +1034,7 @@ function sqsExamples(prefix, endpoint, queueUrl, keyId, role) {
 }
 
 /** A key just made: its id and secret shown this once, with copy buttons and examples. */
-function newSqsKeyPanel(made, dismiss) {
+function newSqsKeyPanel(made, examples, dismiss) {
   const exports = `export AWS_ACCESS_KEY_ID=${made.access_key_id} AWS_SECRET_ACCESS_KEY=${made.secret}`;
   return h("section", { class: "notice logins", id: "sqs-new-key", "data-key-id": made.access_key_id,
     "aria-labelledby": "sqs-new-key-title" },
@@ -1051,17 +1054,15 @@ function newSqsKeyPanel(made, dismiss) {
           copyButton("Copy the secret", () => made.secret, "Copy secret"),
           " ",
           copyButton("Copy both as shell exports", () => exports, "Copy as exports"))))),
-    h("p", { id: "sqs-new-applied" }, "On the node: ", appliedState(made.applied, "the node serves it")),
-    made.endpoint
-      ? [h("p", {}, "SECRET-ACCESS-KEY stands for the secret above."),
-        ...sqsExamples("sqs-new", made.endpoint, made.queue_url, made.access_key_id, made.role)]
-      : h("p", { class: "muted" }, "No examples: this queue has no SQS endpoint."),
+    h("p", { id: "sqs-new-applied" }, made.queue_url === undefined ? "On the account's nodes: " : "On the node: ",
+      appliedState(made.applied, "the node serves it")),
+    examples(made),
     h("div", { class: "actions" },
       h("button", { type: "button", id: "sqs-new-key-done", onclick: dismiss }, "I have saved it")));
 }
 
-/** The form that makes a key; `done(reply)` gets the reply with its secret. */
-function sqsKeyForm(id, done) {
+/** The form that makes a key at `path`; `done(reply)` gets the reply with its secret. */
+function sqsKeyForm(path, reads, done) {
   const role = h("select", { id: "sqs-role", name: "role", "aria-describedby": "sqs-role-hint" },
     SQS_ROLES.map(([value]) => h("option", { value }, value)));
   const error = h("p", { class: "error", role: "alert", id: "sqs-error" });
@@ -1072,14 +1073,14 @@ function sqsKeyForm(id, done) {
       h("label", { for: "sqs-role" }, "Role"),
       h("div", { class: "field inline" }, role, submit),
       h("span", { class: "hint", id: "sqs-role-hint" }, SQS_ROLES.map(([, what]) => what).join("; ") +
-        ". Every role may read the queue's URL and attributes.")),
+        `. ${reads}`)),
     error);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     submit.disabled = true;
     error.textContent = "";
     try {
-      done(await api("POST", `/v1/queues/${encodeURIComponent(id)}/sqs-keys`, { role: role.value }));
+      done(await api("POST", path, { role: role.value }));
     } catch (failure) {
       if (failure.status === 401) return;
       error.textContent = `Not made: ${failure.message}`;
@@ -1092,7 +1093,49 @@ function sqsKeyForm(id, done) {
 
 /** SQS: the queue's SQS endpoint and keys; make a key (its secret shown once), revoke one. */
 function sqsKeys(id, tab, panel, load, notFound) {
-  const path = `/v1/queues/${encodeURIComponent(id)}/sqs-keys`;
+  const owner = {
+    path: `/v1/queues/${encodeURIComponent(id)}/sqs-keys`,
+    intro: "Code written against Amazon SQS (boto3, the AWS SDKs, the AWS CLI) reaches this queue at its " +
+      "SQS endpoint, signing with a key made here. A key's role decides what it may call.",
+    reads: "Every role may read the queue's URL and attributes.",
+    caption: "The queue's SQS keys",
+    load,
+    notFound,
+    facts: queueSqsFacts,
+    examples: (queue, endpoint) => endpoint ? [h("h2", {}, "Examples"),
+      h("p", {}, "ACCESS-KEY-ID and SECRET-ACCESS-KEY stand for a key made here, shown when it was made; " +
+        "each call needs a key of a role that may make it."),
+      ...sqsExamples("sqs-example", endpoint, `${endpoint}/${queue.id}`, "ACCESS-KEY-ID", null)] : [],
+    madeExamples: (made) => made.endpoint
+      ? [h("p", {}, "SECRET-ACCESS-KEY stands for the secret above."),
+        ...sqsExamples("sqs-new", made.endpoint, made.queue_url, made.access_key_id, made.role)]
+      : h("p", { class: "muted" }, "No examples: this queue has no SQS endpoint."),
+  };
+  sqsKeyPage(owner, panel);
+}
+
+/** The facts of a queue's SQS face: its endpoint, its URL, its config version. */
+function queueSqsFacts(queue, endpoint) {
+  const config = `version ${queue.config.version}, node serves ${queue.config.applied}` +
+    (queue.config.pending ? " (a change is pending: a key made or revoked since may not apply yet)" : "");
+  const rows = endpoint
+    ? [["Endpoint", h("code", { id: "sqs-endpoint" }, endpoint)],
+      ["Queue URL", h("code", { id: "sqs-queue-url" }, `${endpoint}/${queue.id}`)]]
+    : [["Endpoint", h("span", { id: "sqs-endpoint" }, "none")]];
+  rows.push(["Config", h("span", { id: "sqs-config" }, config)]);
+  const list = h("dl", { class: "facts" }, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+  return [list, ...(endpoint ? [] : [h("p", { class: "notice", id: "no-sqs-endpoint" },
+    "No SQS endpoint: this queue's provider runs no SQS face (or its node has no address yet). " +
+    "Keys can be made, but no SQS client can reach the queue until it has one.")])];
+}
+
+/**
+ * SQS keys of an owner (a queue, or an account): the list, a form that makes one (its secret
+ * shown once), revoke buttons. `owner` gives the API path, the texts, what to load with the
+ * keys, and the facts and examples drawn from both.
+ */
+function sqsKeyPage(owner, panel) {
+  const path = owner.path;
   let loadedAt = null;
   const refreshButton = h("button", { type: "button", id: "refresh" }, "Refresh");
   const updated = h("span", { class: "stale-note", id: "updated", "aria-live": "polite" });
@@ -1101,7 +1144,7 @@ function sqsKeys(id, tab, panel, load, notFound) {
   const outcome = h("p", { id: "sqs-outcome", tabindex: "-1", "aria-live": "polite" });
   const body = h("tbody", { id: "sqs-key-rows" });
   const table = h("table", { class: "cards sqs-keys", id: "sqs-keys", "aria-describedby": "updated" },
-    h("caption", { class: "visually-hidden" }, "The queue's SQS keys"),
+    h("caption", { class: "visually-hidden" }, owner.caption),
     h("thead", {}, h("tr", {},
       h("th", { scope: "col" }, "Access key id"), h("th", { scope: "col" }, "Role"),
       h("th", { scope: "col" }, "Created (UTC)"), h("th", { scope: "col" }, "State"),
@@ -1110,27 +1153,13 @@ function sqsKeys(id, tab, panel, load, notFound) {
   const empty = h("p", { id: "no-sqs-keys", class: "muted", hidden: true }, "No SQS keys yet.");
   const examples = h("div", { id: "sqs-examples" });
   const newButton = canChange()
-    ? formToggle("new-sqs-key", "New key", keySlot, () => sqsKeyForm(id, made))
+    ? formToggle("new-sqs-key", "New key", keySlot, () => sqsKeyForm(path, owner.reads, made))
     : null;
   const say = (parts, failed) => {
     outcome.replaceChildren(...[parts].flat(Infinity));
     outcome.classList.toggle("error", Boolean(failed));
     announce(outcome.textContent);
   };
-
-  function drawFacts(queue, endpoint) {
-    const config = `version ${queue.config.version}, node serves ${queue.config.applied}` +
-      (queue.config.pending ? " (a change is pending: a key made or revoked since may not apply yet)" : "");
-    const rows = endpoint
-      ? [["Endpoint", h("code", { id: "sqs-endpoint" }, endpoint)],
-        ["Queue URL", h("code", { id: "sqs-queue-url" }, `${endpoint}/${queue.id}`)]]
-      : [["Endpoint", h("span", { id: "sqs-endpoint" }, "none")]];
-    rows.push(["Config", h("span", { id: "sqs-config" }, config)]);
-    const list = h("dl", { class: "facts" }, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
-    facts.replaceChildren(list, ...(endpoint ? [] : [h("p", { class: "notice", id: "no-sqs-endpoint" },
-      "No SQS endpoint: this queue's provider runs no SQS face (or its node has no address yet). " +
-      "Keys can be made, but no SQS client can reach the queue until it has one.")]));
-  }
 
   function row(key) {
     const state = key.revoked ? "revoked" : "active";
@@ -1149,13 +1178,6 @@ function sqsKeys(id, tab, panel, load, notFound) {
       actions);
   }
 
-  function drawExamples(queue, endpoint) {
-    examples.replaceChildren(...(endpoint ? [h("h2", {}, "Examples"),
-      h("p", {}, "ACCESS-KEY-ID and SECRET-ACCESS-KEY stand for a key made here, shown when it was made; " +
-        "each call needs a key of a role that may make it."),
-      ...sqsExamples("sqs-example", endpoint, `${endpoint}/${queue.id}`, "ACCESS-KEY-ID", null)] : []));
-  }
-
   async function refresh() {
     // The keys shown stay while new ones load, marked stale.
     table.classList.add("stale");
@@ -1163,16 +1185,16 @@ function sqsKeys(id, tab, panel, load, notFound) {
     refreshButton.disabled = true;
     if (loadedAt) updated.textContent = `Refreshing… (keys from ${timeOf(loadedAt)})`;
     try {
-      const [queue, listed] = await Promise.all([load(), api("GET", path)]);
+      const [owned, listed] = await Promise.all([owner.load(), api("GET", path)]);
       loadedAt = new Date();
-      drawFacts(queue, listed.endpoint);
+      facts.replaceChildren(...owner.facts(owned, listed.endpoint));
       body.replaceChildren(...listed.keys.map(row));
       empty.hidden = listed.keys.length > 0;
-      drawExamples(queue, listed.endpoint);
+      examples.replaceChildren(...owner.examples(owned, listed.endpoint));
       table.classList.remove("stale");
       updated.textContent = `Updated ${timeOf(loadedAt)}; refreshes every 30 s`;
     } catch (failure) {
-      if (notFound(failure)) { stopTimer(); return; }
+      if (owner.notFound(failure)) { stopTimer(); return; }
       if (loadedAt) {
         updated.textContent = `Could not refresh (${failure.message}); keys from ${timeOf(loadedAt)}`;
       } else {
@@ -1190,7 +1212,7 @@ function sqsKeys(id, tab, panel, load, notFound) {
   function made(reply) {
     newButton.setAttribute("aria-expanded", "false");
     newButton.disabled = true;
-    keySlot.replaceChildren(newSqsKeyPanel(reply, () => {
+    keySlot.replaceChildren(newSqsKeyPanel(reply, owner.madeExamples, () => {
       keySlot.replaceChildren();
       newButton.disabled = false;
       newButton.focus();
@@ -1222,8 +1244,7 @@ function sqsKeys(id, tab, panel, load, notFound) {
   // Without the controls a read-only key does not get (null).
   panel.replaceChildren(...[
     h("div", { class: "toolbar" }, updated, h("span", { class: "spacer" }), newButton, refreshButton),
-    h("p", {}, "Code written against Amazon SQS (boto3, the AWS SDKs, the AWS CLI) reaches this queue at its " +
-      "SQS endpoint, signing with a key made here. A key's role decides what it may call."),
+    h("p", {}, owner.intro),
     facts,
     canChange() ? null : h("p", { class: "notice" }, "This key is read-only: the console shows, and changes nothing."),
     keySlot,
@@ -1235,6 +1256,57 @@ function sqsKeys(id, tab, panel, load, notFound) {
   ].filter((part) => part !== null));
   refresh();
   timer = setInterval(refresh, REFRESH_EVERY_MS);
+}
+
+// ---- the account's SQS keys (docs/sqs.md, *The account's endpoint*) ------------------------
+
+/** boto3 and `aws sqs` with an account's key at the control plane's endpoint. */
+function accountSqsExamples(prefix, endpoint, keyId) {
+  const python = [
+    "import boto3",
+    "",
+    `sqs = boto3.client("sqs", endpoint_url="${endpoint}", region_name="REGION",`,
+    `                   aws_access_key_id="${keyId}", aws_secret_access_key="SECRET-ACCESS-KEY")`,
+    `url = sqs.create_queue(QueueName="orders")["QueueUrl"]`,
+    `sqs.send_message(QueueUrl=url, MessageBody="Hello from boto3")`,
+    `print(sqs.list_queues(QueueNamePrefix="ord")["QueueUrls"])`,
+  ].join("\n");
+  const cli = [
+    `export AWS_ACCESS_KEY_ID=${keyId} AWS_SECRET_ACCESS_KEY=SECRET-ACCESS-KEY AWS_DEFAULT_REGION=REGION`,
+    `aws sqs create-queue --queue-name orders --endpoint-url ${endpoint}`,
+    `aws sqs list-queues --endpoint-url ${endpoint}`,
+  ].join("\n");
+  return [codeExample(`${prefix}-python`, "h3", "Python (boto3)", python),
+    codeExample(`${prefix}-cli`, "h3", "The AWS CLI (aws sqs)", cli)];
+}
+
+/** #/sqs-keys: the signed-in account's SQS keys, which make, find and use its queues. */
+function renderAccountSqs() {
+  stopTimer();
+  setTitle("SQS keys");
+  const account = session.caller.account;
+  const panel = h("div", { id: "account-sqs" }, h("p", { class: "muted" }, "Loading…"));
+  show(h("p", {}, h("a", { href: "#/" }, "← All queues")),
+    h("h1", { id: "account-sqs-title" }, `SQS keys of account ${account}`), panel);
+  const owner = {
+    path: `/v1/accounts/${encodeURIComponent(account)}/sqs-keys`,
+    intro: "Code written against Amazon SQS reaches every queue of this account at the control plane's SQS " +
+      "endpoint, signing with a key made here: it can make, list, tag and delete queues (an admin key), " +
+      "and send and receive as its role allows. REGION is one this cluster runs queues in.",
+    reads: "Every role may find and list the account's queues and read their tags; an admin key also makes, " +
+      "tags and deletes them.",
+    caption: "The account's SQS keys",
+    load: async () => null,
+    notFound: () => false,
+    facts: (_, endpoint) => [h("dl", { class: "facts" },
+      h("dt", {}, "Endpoint"), h("dd", {}, h("code", { id: "sqs-endpoint" }, endpoint)))],
+    examples: (_, endpoint) => [h("h2", {}, "Examples"),
+      h("p", {}, "ACCESS-KEY-ID and SECRET-ACCESS-KEY stand for a key made here, shown when it was made."),
+      ...accountSqsExamples("sqs-example", endpoint, "ACCESS-KEY-ID")],
+    madeExamples: (made) => [h("p", {}, "SECRET-ACCESS-KEY stands for the secret above."),
+      ...accountSqsExamples("sqs-new", made.endpoint, made.access_key_id)],
+  };
+  sqsKeyPage(owner, panel);
 }
 
 // ---- the operator's builds and rollouts (docs/deploy.md §14.2) -----------------------------
@@ -1401,6 +1473,7 @@ function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
   if (parts[0] === "queues" && parts[1]) renderQueue(parts[1], parts[2] || "overview");
   else if (parts[0] === "fleet" && session.caller.kind === "operator") renderFleet();
+  else if (parts[0] === "sqs-keys" && session.caller.kind === "account") renderAccountSqs();
   else renderList();
   if (document.activeElement === document.body || !document.activeElement) {
     document.getElementById("main").focus();

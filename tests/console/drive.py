@@ -289,6 +289,48 @@ def sqs_tab(page, session_cookie, queue):
     return other_id
 
 
+def account_sqs_keys(page, queue, other_account_queue):
+    """The account's SQS keys page: an admin key made there (its secret shown once) works at
+    the control plane's SQS endpoint for the account's queues and no other account's; once
+    revoked it is refused."""
+    page.locator("#sqs-keys-link").click()
+    expect(page).to_have_title(re.compile("^SQS keys"))
+    endpoint = page.locator("#sqs-endpoint")
+    expect(endpoint).to_have_text(BASE)
+    page.locator("#new-sqs-key").click()
+    page.locator("#sqs-role").select_option("admin")
+    page.locator("#make-sqs-key").click()
+    made = page.locator("#sqs-new-key")
+    expect(made).to_contain_text("shown only now")
+    expect(page.locator("#sqs-new-applied [data-applied]")).to_have_text("applied")
+    key_id = page.locator("#sqs-new-key-id").inner_text()
+    secret = page.locator("#sqs-new-secret").inner_text()
+    assert re.fullmatch(r"QEA[A-Z0-9]{17}", key_id), key_id
+    python, cli = made.locator("pre").all_inner_texts()
+    compile(python, "the boto3 example", "exec")
+    assert f'aws_access_key_id="{key_id}"' in python and "sqs.create_queue(" in python, python
+    assert f"--endpoint-url {BASE}" in cli and secret not in python + cli, cli
+    client = boto3.client("sqs", endpoint_url=BASE, region_name="local",
+                          aws_access_key_id=key_id, aws_secret_access_key=secret,
+                          config=botocore.config.Config(retries={"max_attempts": 0}, read_timeout=WITHIN))
+    url = client.get_queue_url(QueueName=queue)["QueueUrl"]
+    assert url.endswith(f"/{queue}") and url in client.list_queues()["QueueUrls"], url
+    assert sqs_refusal(lambda: client.get_queue_url(QueueName=other_account_queue)) == \
+        "AWS.SimpleQueueService.NonExistentQueue"
+    check("SQS keys of the account: an admin key made, shown once, and the endpoint takes it", key_id)
+    shot(page, "account-sqs-key")
+    page.locator("#sqs-new-key-done").click()
+    listed = page.locator(f'#sqs-keys tr[data-key-id="{key_id}"]')
+    expect(listed).to_have_attribute("data-state", "active")
+    listed.locator("button[data-revoke]").click()
+    page.locator("dialog[open] #confirm-ok").click()
+    expect(page.locator("#sqs-outcome")).to_contain_text(f"Revoked {key_id}.")
+    expect(listed).to_have_attribute("data-state", "revoked")
+    assert secret not in page.content(), "the secret is still in the page"
+    assert sqs_refusal(lambda: client.list_queues()) == "InvalidClientTokenId"
+    check("SQS keys of the account: revoked, the endpoint refuses it")
+
+
 def sign_in(page, token):
     box = page.locator("#token")
     expect(box).to_be_visible()
@@ -564,6 +606,7 @@ def run(page, context, logs):
     expect(page.locator("#tab-sqs")).to_have_attribute("aria-selected", "true")
     expect(page.locator("#tab-sqs")).to_be_focused()
     revoked_elsewhere = sqs_tab(page, session_cookie, alpha_queue)
+    account_sqs_keys(page, alpha_queue, beta_queue)
 
     # CSRF: the cookie alone makes no change; with the session's token it does.
     status, _, _ = http("GET", "/v1/queues", cookie=session_cookie)

@@ -87,12 +87,15 @@ impl Queue {
     }
 
     pub fn publish(&self, new: &NewMessage<'_>) -> Result<(MessageId, Receipt), Refused> {
-        let (published, expiring) = {
+        let (published, expiring, first_id) = {
             let mut state = self.lock();
+            let ids_before = state.next_dedup_end().is_some();
             let published = state.publish(new, now_ms());
-            (published, state.next_expiring())
+            let first_id = !ids_before && state.next_dedup_end().is_some();
+            (published, state.next_expiring(), first_id)
         };
-        if published.is_ok() && (new.delay_secs > 0 || expiring.is_some()) {
+        // (Only the first deduplication id held needs the timers told: later ones end after it.)
+        if published.is_ok() && (new.delay_secs > 0 || expiring.is_some() || first_id) {
             self.shared.timers_changed.notify_one();
         }
         self.wake_pullers();
@@ -319,8 +322,8 @@ impl Queue {
     }
 
     /// Releases delayed messages when they fall due, ends saved sessions whose time runs out,
-    /// makes received messages visible again when their timeout passes and deletes expired
-    /// ones. Runs for the life of the node.
+    /// makes received messages visible again when their timeout passes, deletes expired
+    /// ones and forgets deduplication ids whose windows ended. Runs for the life of the node.
     pub async fn run_timers(self) {
         loop {
             let next = {
@@ -330,6 +333,7 @@ impl Queue {
                     state.next_expiry(),
                     state.next_visible(),
                     state.next_expiring(),
+                    state.next_dedup_end(),
                 ];
                 timers.into_iter().flatten().min()
             };
@@ -341,6 +345,7 @@ impl Queue {
                     state.expire_sessions(now);
                     state.release_invisible(now);
                     state.expire_messages(now);
+                    state.expire_dedup(now);
                     drop(state);
                     self.wake_pullers();
                 }

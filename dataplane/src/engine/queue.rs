@@ -296,7 +296,7 @@ impl QueueState {
         new: &NewMessage<'_>,
         now_ms: u64,
     ) -> Result<(MessageId, Receipt), Refused> {
-        self.memory_used -= self.dedup.expire(now_ms) as u64 * dedup::ENTRY_BYTES;
+        self.expire_dedup(now_ms);
         let dedup_key = new.dedup_id.as_deref().map(dedup::key_of);
         // A repeat within the window: the first's message, once its record is as safe as
         // its durability (the first's reply may not have gone yet).
@@ -855,6 +855,17 @@ impl QueueState {
             self.saved.remove(&session);
             self.leave(session);
         }
+    }
+
+    /// Forgets the deduplication ids whose windows ended by `now_ms`, and gives back the
+    /// memory they counted.
+    pub fn expire_dedup(&mut self, now_ms: u64) {
+        self.memory_used -= self.dedup.expire(now_ms) as u64 * dedup::ENTRY_BYTES;
+    }
+
+    /// When the next deduplication id's window ends (ms since 1970).
+    pub fn next_dedup_end(&self) -> Option<u64> {
+        self.dedup.next_end()
     }
 
     /// When the next saved session runs out (ms since 1970).

@@ -1376,3 +1376,21 @@ fn a_deduplication_id_makes_one_message_within_its_window() {
     assert_eq!(repeat, new_window);
     assert_eq!(restarted.message_count(), 0, "nothing made");
 }
+
+/// A queue that gets no more publishes still forgets its ids when their windows end (the
+/// node's timers call this), and gives their memory back.
+#[test]
+fn deduplication_ids_end_with_their_windows_without_a_publish() {
+    let mut q = queue();
+    let keyed = NewMessage {
+        dedup_id: Some("once".into()),
+        ..text("once")
+    };
+    let (id, _) = q.publish(&keyed, T0).unwrap();
+    let message_only = memory_cost(&q.messages[&id].message);
+    assert_eq!(q.next_dedup_end(), Some(T0 + dedup::WINDOW_MS));
+    q.expire_dedup(T0 + dedup::WINDOW_MS - 1);
+    assert_eq!(q.memory_used(), message_only + dedup::ENTRY_BYTES);
+    q.expire_dedup(T0 + dedup::WINDOW_MS);
+    assert_eq!((q.next_dedup_end(), q.memory_used()), (None, message_only));
+}

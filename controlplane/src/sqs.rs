@@ -91,6 +91,7 @@ enum Action {
     TagQueue,
     UntagQueue,
     ListQueueTags,
+    ListDeadLetterSourceQueues,
 }
 
 impl Action {
@@ -103,6 +104,7 @@ impl Action {
             "TagQueue" => Action::TagQueue,
             "UntagQueue" => Action::UntagQueue,
             "ListQueueTags" => Action::ListQueueTags,
+            "ListDeadLetterSourceQueues" => Action::ListDeadLetterSourceQueues,
             _ => return None,
         })
     }
@@ -116,6 +118,7 @@ impl Action {
             Action::TagQueue => "TagQueue",
             Action::UntagQueue => "UntagQueue",
             Action::ListQueueTags => "ListQueueTags",
+            Action::ListDeadLetterSourceQueues => "ListDeadLetterSourceQueues",
         }
     }
 
@@ -129,7 +132,7 @@ impl Action {
 }
 
 /// The queue actions a node serves, handed on to it.
-const NODE_ACTIONS: [&str; 10] = [
+const NODE_ACTIONS: [&str; 13] = [
     "SendMessage",
     "SendMessageBatch",
     "ReceiveMessage",
@@ -140,6 +143,10 @@ const NODE_ACTIONS: [&str; 10] = [
     "GetQueueAttributes",
     "SetQueueAttributes",
     "PurgeQueue",
+    // Named by the dead letter queue's ARN, or the task's handle.
+    "StartMessageMoveTask",
+    "ListMessageMoveTasks",
+    "CancelMessageMoveTask",
 ];
 
 /// The key a request was signed with.
@@ -368,6 +375,11 @@ async fn run(
             let queue = queue_at(state, account, input).await?;
             Ok((json!({ "Tags": queue.tags }), queue.id))
         }
+        // A queue's dead letter queue is its own: no queue sends its dead letters to another.
+        Action::ListDeadLetterSourceQueues => {
+            let queue = queue_at(state, account, input).await?;
+            Ok((json!({ "queueUrls": [] }), queue.id))
+        }
     }
 }
 
@@ -556,12 +568,28 @@ async fn named(state: &AppState, account: &Account, name: &str) -> Result<Option
     Ok(queue.filter(|queue| queue.status.is_live() && queue.account == Some(account.id.clone())))
 }
 
-/// The account's queue a request's `QueueUrl` names (by its last part: the queue's id, or
-/// its name).
+/// The account's queue a request names: by its `QueueUrl`'s last part (the queue's id, or
+/// its name), or, for a message move task, by its dead letter queue's ARN or its handle.
 async fn queue_at(state: &AppState, account: &Account, input: &Value) -> Result<Queue, SqsError> {
-    let url = text(input, "QueueUrl")?;
-    let last = url.trim_end_matches('/').rsplit('/').next().unwrap_or("");
-    named(state, account, last)
+    let named_by = if let Some(arn) = input["SourceArn"].as_str() {
+        qe_shared::sqs::queue_of_dlq_arn(arn)
+            .ok_or_else(|| {
+                SqsError::resource_not_found("The SourceArn names no dead letter queue.")
+            })?
+            .to_string()
+    } else if let Some(handle) = input["TaskHandle"].as_str() {
+        let (queue, _) = qe_shared::sqs::read_move_task_handle(handle)
+            .ok_or_else(|| SqsError::resource_not_found("No such message move task."))?;
+        queue
+    } else {
+        let url = text(input, "QueueUrl")?;
+        url.trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    named(state, account, &named_by)
         .await?
         .ok_or_else(SqsError::queue_does_not_exist)
 }
@@ -721,6 +749,9 @@ mod tests {
         for name in NODE_ACTIONS {
             assert_eq!(Action::parse(name), None, "{name}");
         }
+        assert!(!Action::parse("ListDeadLetterSourceQueues")
+            .unwrap()
+            .changes());
         let create = Action::parse("CreateQueue").unwrap();
         assert_eq!(create.name(), "CreateQueue");
         assert!(create.changes());

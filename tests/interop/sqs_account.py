@@ -126,6 +126,33 @@ def boto3_checks():
     sqs.delete_message(QueueUrl=url, ReceiptHandle=received[0]["ReceiptHandle"])
     check("the node takes the account's keys at the queue's URL")
 
+    # The dead letter queue (the queue's own, as its RedrivePolicy names it) moved back.
+    dlq_arn = json.loads(sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"]["RedrivePolicy"])["deadLetterTargetArn"]
+    sqs.send_message(QueueUrl=url, MessageBody="fails three times")
+    for _ in range(3):
+        got = sqs.receive_message(QueueUrl=url, VisibilityTimeout=0, WaitTimeSeconds=5)["Messages"]
+        assert got[0]["Body"] == "fails three times", got
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        shown = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        if shown["ApproximateNumberOfMessages"] == "0" and shown["ApproximateNumberOfMessagesNotVisible"] == "0":
+            break
+        time.sleep(0.1)
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", []) == []
+    task = sqs.start_message_move_task(SourceArn=dlq_arn, MaxNumberOfMessagesPerSecond=10)["TaskHandle"]
+    back = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    assert [m["Body"] for m in back] == ["fails three times"], back
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=back[0]["ReceiptHandle"])
+    listed = sqs.list_message_move_tasks(SourceArn=dlq_arn, MaxResults=10)["Results"]
+    assert [(t["Status"], t["ApproximateNumberOfMessagesMoved"]) for t in listed] == [("COMPLETED", 1)], listed
+    assert error_code(lambda: sqs.cancel_message_move_task(TaskHandle=task)) == "ResourceNotFoundException"
+    assert error_code(lambda: sqs.start_message_move_task(SourceArn=dlq_arn.replace("-dlq", "-x-dlq"))) == \
+        "AWS.SimpleQueueService.NonExistentQueue"
+    assert error_code(lambda: publisher.start_message_move_task(SourceArn=dlq_arn)) == "AccessDenied"
+    assert sqs.list_dead_letter_source_queues(QueueUrl=url)["queueUrls"] == []
+    check("message move tasks: the dead letter queue moved back, listed COMPLETED; no task to cancel")
+
     assert sqs.get_queue_url(QueueName=orders)["QueueUrl"] == url
     assert error_code(lambda: sqs.get_queue_url(QueueName=f"{prefix}-none")) == \
         "AWS.SimpleQueueService.NonExistentQueue"

@@ -37,10 +37,13 @@ pub enum Action {
     SetQueueAttributes,
     PurgeQueue,
     ListQueues,
+    StartMessageMoveTask,
+    ListMessageMoveTasks,
+    CancelMessageMoveTask,
 }
 
 impl Action {
-    const ALL: [Action; 12] = [
+    const ALL: [Action; 15] = [
         Action::SendMessage,
         Action::SendMessageBatch,
         Action::ReceiveMessage,
@@ -53,6 +56,9 @@ impl Action {
         Action::SetQueueAttributes,
         Action::PurgeQueue,
         Action::ListQueues,
+        Action::StartMessageMoveTask,
+        Action::ListMessageMoveTasks,
+        Action::CancelMessageMoveTask,
     ];
 
     pub fn parse(name: &str) -> Option<Action> {
@@ -73,6 +79,9 @@ impl Action {
             Action::SetQueueAttributes => "SetQueueAttributes",
             Action::PurgeQueue => "PurgeQueue",
             Action::ListQueues => "ListQueues",
+            Action::StartMessageMoveTask => "StartMessageMoveTask",
+            Action::ListMessageMoveTasks => "ListMessageMoveTasks",
+            Action::CancelMessageMoveTask => "CancelMessageMoveTask",
         }
     }
 
@@ -92,7 +101,11 @@ impl Action {
             | Action::ChangeMessageVisibilityBatch => {
                 matches!(role, Role::Subscriber | Role::Admin)
             }
-            Action::SetQueueAttributes | Action::PurgeQueue => role == Role::Admin,
+            Action::SetQueueAttributes
+            | Action::PurgeQueue
+            | Action::StartMessageMoveTask
+            | Action::ListMessageMoveTasks
+            | Action::CancelMessageMoveTask => role == Role::Admin,
         }
     }
 }
@@ -105,6 +118,8 @@ pub struct Context<'a> {
     pub queue_url: &'a str,
     /// When the last `PurgeQueue` began (SQS takes one a minute).
     pub last_purge: &'a std::sync::Mutex<Option<std::time::Instant>>,
+    /// The last message move tasks.
+    pub move_tasks: &'a std::sync::Mutex<super::move_tasks::MoveTasks>,
 }
 
 /// How long after a purge another is refused (`PurgeQueueInProgress`), as on AWS.
@@ -115,6 +130,10 @@ pub async fn run(action: Action, context: &Context<'_>, input: &Value) -> Result
     match action {
         Action::GetQueueUrl => get_queue_url(context, input),
         Action::ListQueues => Ok(list_queues(context, input)),
+        // Named by their dead letter queue's ARN or their handle, not by the queue's URL.
+        Action::StartMessageMoveTask => super::move_tasks::start(context, input).await,
+        Action::ListMessageMoveTasks => super::move_tasks::list(context, input),
+        Action::CancelMessageMoveTask => super::move_tasks::cancel(context, input),
         _ => {
             check_queue_url(context, input)?;
             match action {
@@ -128,7 +147,11 @@ pub async fn run(action: Action, context: &Context<'_>, input: &Value) -> Result
                 Action::GetQueueAttributes => get_queue_attributes(context, input),
                 Action::SetQueueAttributes => set_queue_attributes(context, input),
                 Action::PurgeQueue => purge_queue(context).await,
-                Action::GetQueueUrl | Action::ListQueues => unreachable!("answered above"),
+                Action::GetQueueUrl
+                | Action::ListQueues
+                | Action::StartMessageMoveTask
+                | Action::ListMessageMoveTasks
+                | Action::CancelMessageMoveTask => unreachable!("answered above"),
             }
         }
     }

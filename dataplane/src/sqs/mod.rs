@@ -13,6 +13,7 @@
 
 mod actions;
 mod attributes;
+mod move_tasks;
 
 pub use qe_shared::sqs::{query, sigv4, SqsError};
 
@@ -92,10 +93,18 @@ pub struct Sqs {
     /// `TagQueue`, ...): an SDK that sends every action with a queue URL to the URL's host
     /// (the JavaScript SDK's default) sends them here, and they are handed on as signed.
     control_plane: Option<(ReportTo, reqwest::Client)>,
+    /// The last message move tasks (ListMessageMoveTasks).
+    move_tasks: std::sync::Mutex<move_tasks::MoveTasks>,
 }
 
 /// The actions an account's endpoint (the control plane) serves that name a queue by its URL.
-const ACCOUNT_ACTIONS: [&str; 4] = ["DeleteQueue", "TagQueue", "UntagQueue", "ListQueueTags"];
+const ACCOUNT_ACTIONS: [&str; 5] = [
+    "DeleteQueue",
+    "TagQueue",
+    "UntagQueue",
+    "ListQueueTags",
+    "ListDeadLetterSourceQueues",
+];
 
 /// What a request gets: an answer made here, or the control plane's.
 enum Outcome {
@@ -120,6 +129,7 @@ impl Sqs {
             tls,
             last_purge: std::sync::Mutex::new(None),
             control_plane,
+            move_tasks: Default::default(),
         })
     }
 
@@ -259,6 +269,7 @@ impl Sqs {
             queue_name: &self.queue_name,
             queue_url: &queue_url,
             last_purge: &self.last_purge,
+            move_tasks: &self.move_tasks,
         };
         let answer = actions::run(action, &context, &input).await?;
         Ok(Outcome::Answered(action, answer))

@@ -129,6 +129,16 @@ impl SqsError {
         )
     }
 
+    /// A message move task's source or handle that names nothing here.
+    pub fn resource_not_found(message: &str) -> SqsError {
+        SqsError::new(
+            400,
+            "ResourceNotFoundException",
+            "ResourceNotFoundException",
+            message.into(),
+        )
+    }
+
     pub fn purge_in_progress() -> SqsError {
         SqsError::new(
             403,
@@ -255,4 +265,49 @@ pub fn settings_of(
         }
     }
     Ok(changes)
+}
+
+/// The queue a dead letter queue's ARN is of: `arn:aws:sqs:REGION:ACCOUNT:QUEUE-dlq` (the
+/// queue's own dead letter queue, as its `RedrivePolicy` names it) gives `QUEUE`.
+pub fn queue_of_dlq_arn(arn: &str) -> Option<&str> {
+    let resource = arn.strip_prefix("arn:")?.rsplit(':').next()?;
+    resource
+        .strip_suffix("-dlq")
+        .filter(|queue| !queue.is_empty())
+}
+
+/// A message move task's handle: its queue and its number there, opaque to clients.
+pub fn move_task_handle(queue: &str, number: u64) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{queue}/{number}"))
+}
+
+/// The queue and number a message move task's handle names, if it reads as one.
+pub fn read_move_task_handle(handle: &str) -> Option<(String, u64)> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(handle)
+        .ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let (queue, number) = text.rsplit_once('/')?;
+    Some((queue.to_string(), number.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_letter_arn_names_its_queue_and_a_task_handle_reads_back() {
+        let arn = "arn:aws:sqs:eu-west-1:000000000000:abc123-dlq";
+        assert_eq!(queue_of_dlq_arn(arn), Some("abc123"));
+        assert_eq!(
+            queue_of_dlq_arn("arn:aws:sqs:eu-west-1:000000000000:abc123"),
+            None
+        );
+        assert_eq!(queue_of_dlq_arn("abc123-dlq"), None);
+        let handle = move_task_handle("abc123", 7);
+        assert_eq!(read_move_task_handle(&handle), Some(("abc123".into(), 7)));
+        assert_eq!(read_move_task_handle("not a handle"), None);
+    }
 }

@@ -235,7 +235,8 @@ pub fn reply(action: &str, answer: &Value, request_id: &str) -> String {
 fn element(action: &str, name: &str, value: &Value, out: &mut String) {
     match (name, value) {
         ("Messages", Value::Array(items)) => each("Message", items, action, out),
-        ("QueueUrls", Value::Array(items)) => each("QueueUrl", items, action, out),
+        // (ListDeadLetterSourceQueues' list is `queueUrls` in the JSON protocol.)
+        ("QueueUrls" | "queueUrls", Value::Array(items)) => each("QueueUrl", items, action, out),
         ("Successful", Value::Array(items)) => {
             each(&format!("{action}ResultEntry"), items, action, out)
         }

@@ -13,7 +13,7 @@
 use crate::accounts::{self, Account};
 use crate::api::{ApiError, AppState};
 use crate::audit::{self, Actor, Entry, Target};
-use crate::queues::{self, NewQueue, Queue, Tier};
+use crate::queues::{self, NewQueue, Queue, Status, Tier};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -78,7 +78,7 @@ pub fn endpoint(config: &crate::config::Config) -> Option<String> {
 /// The largest request body read: a batch of ten messages of 1 MiB, and their JSON.
 const BODY_AT_MOST: usize = 22 << 20;
 
-/// How long `CreateQueue` waits for a new queue's node to be placed (its URL names it).
+/// How long `CreateQueue` waits for a new queue's node to serve (its URL names the node).
 const PLACED_WITHIN: Duration = Duration::from_secs(20);
 
 /// The actions served here; every other action of SQS's a queue's node serves.
@@ -468,18 +468,20 @@ async fn create_queue(
 /// A queue made through SQS holds messages up to AWS's default size, 256 KiB.
 const SQS_DEFAULT_MESSAGE_SIZE: u64 = 256 * 1024;
 
-/// `queue` once its node is placed (its URL names the node), waiting up to
-/// [`PLACED_WITHIN`]; a queue not placed by then is `ServiceUnavailable`, which SDKs retry.
+/// `queue` once its node serves, waiting up to [`PLACED_WITHIN`], so that the first send
+/// to the URL finds it; one placed but not serving by then is answered too (its URL names
+/// the node, and SDKs retry the `ServiceUnavailable` a send gets until it serves). A queue
+/// not placed by then is `ServiceUnavailable`, which SDKs retry (CreateQueue is idempotent).
 async fn placed(state: &AppState, queue: &Queue) -> Result<Queue, SqsError> {
-    if queue.node.is_some() {
+    if queue.status == Status::Running {
         return Ok(queue.clone());
     }
-    let is_placed = |queue: &Queue| queue.node.is_some() || !queue.status.is_live();
-    let waited = state.store.wait_for(&queue.id, PLACED_WITHIN, is_placed);
-    match waited
+    let serving = |queue: &Queue| queue.status == Status::Running || !queue.status.is_live();
+    let waited = state.store.wait_for(&queue.id, PLACED_WITHIN, serving);
+    let latest = waited
         .await
-        .map_err(|e| SqsError::unavailable(&e.to_string()))?
-    {
+        .map_err(|e| SqsError::unavailable(&e.to_string()))?;
+    match latest {
         Some(queue) if queue.node.is_some() && queue.status.is_live() => Ok(queue),
         _ => Err(SqsError::unavailable(
             "The queue is being made: its node is not placed yet. Try again.",

@@ -119,6 +119,9 @@ def send_receive_delete_with_attributes_and_digests():
     assert message["Attributes"]["ApproximateReceiveCount"] == "1", message
     sent_ms = int(message["Attributes"]["SentTimestamp"])
     assert before_ms - 1000 <= sent_ms <= int(time.time() * 1000) + 1000, (before_ms, sent_ms)
+    first_ms = int(message["Attributes"]["ApproximateFirstReceiveTimestamp"])
+    assert sent_ms <= first_ms <= int(time.time() * 1000) + 1000, (sent_ms, first_ms)
+    assert message["Attributes"]["SenderId"] == SETUP["keys"]["publisher"][0], message
     # Only the attributes asked for, and their digest.
     PUBLISHER.send_message(QueueUrl=URL, MessageBody="some", MessageAttributes=attributes)
     some = receive(MessageAttributeNames=["trace", "count"])[0]
@@ -168,6 +171,9 @@ def visibility_expires_and_changes():
     again = receive(WaitTimeSeconds=5, VisibilityTimeout=30, AttributeNames=["All"])
     assert [m["Body"] for m in again] == ["visible again"], again
     assert again[0]["Attributes"]["ApproximateReceiveCount"] == "2"
+    # The first receive's time, not this one's.
+    first_ms = int(again[0]["Attributes"]["ApproximateFirstReceiveTimestamp"])
+    assert first_ms <= int(time.time() * 1000) - 900, again[0]["Attributes"]
     # The first receive's handle no longer acts on it.
     assert error_code(lambda: SUBSCRIBER.change_message_visibility(
         QueueUrl=URL, ReceiptHandle=first[0]["ReceiptHandle"], VisibilityTimeout=5)) == \
@@ -342,6 +348,7 @@ def one_queue_two_faces():
     assert reply["status"] == "Success.", reply
     got = receive(AttributeNames=["All"])
     assert [(m["Body"], m["MessageId"]) for m in got] == [("from the WebSocket", reply["id"])], got
+    assert got[0]["Attributes"]["SenderId"] == SETUP["logins"]["publisher"][0], got
     SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=got[0]["ReceiptHandle"])
     subscriber = ws_login("subscriber", {"capacity": 1})
     sent = PUBLISHER.send_message(QueueUrl=URL, MessageBody="from SQS", MessageAttributes={

@@ -163,6 +163,10 @@ struct Entry {
     place: Place,
     /// Deliveries so far, pushed and pulled.
     receives: u32,
+    /// When it was first delivered, in ms after it was sent (the time in its id), plus one;
+    /// 0: not yet since the node started (SQS's `ApproximateFirstReceiveTimestamp`; not kept
+    /// across a restart). Four bytes where the entry had padding.
+    first_delivery: u32,
     /// When it is deleted unhandled (ms since 1970); 0: never. In `expiring` when set.
     expires_ms: u64,
 }
@@ -185,6 +189,10 @@ pub struct Pulled {
     pub message: Message,
     /// Deliveries so far, this one included (SQS's ApproximateReceiveCount).
     pub receives: u32,
+    /// When it was first delivered (ms since 1970), as far as this run of the node knows.
+    pub first_delivered_ms: u64,
+    /// Who sent it, if known (SQS's `SenderId`).
+    pub sender: Option<std::sync::Arc<str>>,
     /// This receive's number: never given twice by one run of the node, and started at
     /// random, so a handle from before a restart (when every received message waits again)
     /// names no receive after it.
@@ -234,6 +242,8 @@ pub struct QueueState {
     next_receipt: u64,
     /// The deduplication ids whose windows have not ended ([`super::dedup`]).
     dedup: Dedup,
+    /// Who sent messages, numbered for [`Message::sender`].
+    senders: Senders,
     store: Box<dyn Store>,
 }
 
@@ -260,6 +270,7 @@ impl QueueState {
             rules: Rules::default(),
             next_receipt: random_start(),
             dedup: Dedup::default(),
+            senders: Senders::default(),
             store,
         }
     }
@@ -315,7 +326,8 @@ impl QueueState {
             return Err(Refused::QueueFull);
         }
         let id = MessageId(self.ids.next(now_ms));
-        let message = Message::new(id, new, now_ms / 1000);
+        let mut message = Message::new(id, new, now_ms / 1000);
+        message.sender = self.senders.number(new.sender.as_deref());
         let dedup_cost = dedup_key.map_or(0, |_| dedup::ENTRY_BYTES);
         let cost = memory_cost(&message);
         if self.memory_used() + cost + dedup_cost > self.limits.max_memory {
@@ -368,6 +380,7 @@ impl QueueState {
             message,
             place,
             receives: 0,
+            first_delivery: 0,
             expires_ms: expires_ms.unwrap_or(0),
         };
         self.messages.insert(id, Box::new(entry));
@@ -408,6 +421,7 @@ impl QueueState {
                 delay_secs: recovered.delay_secs as u32,
                 recdat: recovered.recdat as u32,
                 frame: recovered.frame,
+                sender: 0,
             };
             self.memory_used += memory_cost(&message);
             self.durable_count += 1;
@@ -433,6 +447,7 @@ impl QueueState {
                 message,
                 place,
                 receives: recovered.receives,
+                first_delivery: 0,
                 expires_ms,
             };
             self.messages.insert(id, Box::new(entry));
@@ -647,12 +662,15 @@ impl QueueState {
             self.next_receipt = self.next_receipt.wrapping_add(1);
             entry.place = Place::Received { until_ms, receipt };
             entry.receives = entry.receives.saturating_add(1);
+            note_delivery(entry, id, now_ms);
             self.invisible.insert((until_ms, id));
             self.totals.delivered += 1;
             pulled.push(Pulled {
                 id,
                 message: entry.message.clone(),
                 receives: entry.receives,
+                first_delivered_ms: first_delivered_ms(entry, id),
+                sender: self.senders.name(entry.message.sender),
                 receipt,
             });
             self.record_receives(id);
@@ -1100,6 +1118,7 @@ impl QueueState {
                 message,
                 place,
                 receives: 0,
+                first_delivery: 0,
                 expires_ms: 0,
             };
             self.messages.insert(id, Box::new(entry));
@@ -1246,6 +1265,7 @@ impl QueueState {
             self.waiting_count -= 1;
             entry.place = Place::Held(session);
             entry.receives = entry.receives.saturating_add(1);
+            note_delivery(entry, id, crate::engine::now_ms());
             let frame = entry.message.frame_for_delivery();
             let _ = self.store.record(Change::Delivered { id, session });
             self.line.hold(session, id, frame);
@@ -1278,3 +1298,52 @@ fn dead<'a>((id, message): (&MessageId, &'a Message)) -> (MessageId, &'a Message
 
 #[cfg(test)]
 mod tests;
+
+/// When a message was sent (ms since 1970): the time in its id (a UUID v7).
+fn sent_ms(id: MessageId) -> u64 {
+    let (secs, nanos) = id.0.get_timestamp().map_or((0, 0), |t| t.to_unix());
+    secs * 1000 + u64::from(nanos) / 1_000_000
+}
+
+/// Notes a delivery at `now_ms`: the first one's time is kept.
+fn note_delivery(entry: &mut Entry, id: MessageId, now_ms: u64) {
+    if entry.first_delivery == 0 {
+        let after_ms = now_ms.saturating_sub(sent_ms(id)).saturating_add(1);
+        entry.first_delivery = after_ms.min(u64::from(u32::MAX)) as u32;
+    }
+}
+
+/// When a message was first delivered (ms since 1970).
+fn first_delivered_ms(entry: &Entry, id: MessageId) -> u64 {
+    sent_ms(id) + u64::from(entry.first_delivery.saturating_sub(1))
+}
+
+/// The senders messages name, numbered from 1 (0 is "not known"), at most `u16::MAX - 1`: a
+/// sender past that is not known. Senders are few (a queue's SQS keys and logins).
+#[derive(Debug, Default)]
+struct Senders {
+    names: Vec<std::sync::Arc<str>>,
+    numbers: std::collections::HashMap<std::sync::Arc<str>, u16>,
+}
+
+impl Senders {
+    fn number(&mut self, sender: Option<&str>) -> u16 {
+        let Some(sender) = sender else { return 0 };
+        if let Some(&number) = self.numbers.get(sender) {
+            return number;
+        }
+        if self.names.len() >= usize::from(u16::MAX - 1) {
+            return 0;
+        }
+        let name: std::sync::Arc<str> = sender.into();
+        self.names.push(name.clone());
+        let number = self.names.len() as u16;
+        self.numbers.insert(name, number);
+        number
+    }
+
+    fn name(&self, number: u16) -> Option<std::sync::Arc<str>> {
+        let index = usize::from(number).checked_sub(1)?;
+        self.names.get(index).cloned()
+    }
+}

@@ -94,6 +94,8 @@ pub struct NewMessage<'a> {
     /// Its deduplication id (`dedupid`, SQS's `MessageDeduplicationId`): a publish with one
     /// seen within the window makes no message ([`crate::engine::dedup`]).
     pub dedup_id: Option<Cow<'a, str>>,
+    /// Who sends it: the SQS access key's id, or the publisher login's name.
+    pub sender: Option<Cow<'a, str>>,
 }
 
 /// A message the queue holds: waiting, held, delayed or dead-lettered.
@@ -111,6 +113,9 @@ pub struct Message {
     /// delivery (see [`Message::frame_for_delivery`]); its length is the manual's `len`. An
     /// `Arc<[u8]>` is half the size of a `Bytes` handle, which counts per stored message.
     pub frame: Arc<[u8]>,
+    /// Who sent it (SQS's `SenderId`), as the queue's table of senders numbers them (0: not
+    /// known). In memory only: a restart forgets it. (Two bytes in what was padding.)
+    pub sender: u16,
 }
 
 #[derive(Serialize)]
@@ -157,6 +162,7 @@ impl Message {
             delay_secs: new.delay_secs as u32,
             recdat: recdat as u32,
             frame: written(write, |frame: &[u8]| Arc::from(frame)),
+            sender: 0,
         }
     }
 }
@@ -212,6 +218,7 @@ impl Message {
             delay_secs: 0,
             recdat: recdat as u32,
             frame: frame.into(),
+            sender: 0,
         }
     }
 }

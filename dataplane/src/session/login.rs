@@ -61,7 +61,7 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
 
     match (form.role, form.queue_type) {
         (Role::Publisher, queue_type) => {
-            let publisher = Publisher::new(node.clone(), queue_type);
+            let publisher = Publisher::new(node.clone(), queue_type).sent_by(form.username);
             let reply = if has_publish_fields(&fields) {
                 publisher
                     .publish_fields(fields)

@@ -26,11 +26,25 @@ pub fn has_publish_fields(fields: &Fields) -> bool {
 pub struct Publisher {
     node: Arc<Node>,
     queue_type: QueueType,
+    /// The login that publishes: what its messages name as their sender (SQS's `SenderId`).
+    sender: Option<Arc<str>>,
 }
 
 impl Publisher {
     pub fn new(node: Arc<Node>, queue_type: QueueType) -> Publisher {
-        Publisher { node, queue_type }
+        Publisher {
+            node,
+            queue_type,
+            sender: None,
+        }
+    }
+
+    /// Its messages name `username` as their sender.
+    pub fn sent_by(self, username: &str) -> Publisher {
+        Publisher {
+            sender: Some(username.into()),
+            ..self
+        }
     }
 
     pub fn handle(&self, data: Data) -> Response {
@@ -77,7 +91,8 @@ impl Publisher {
         }
     }
 
-    fn publish(&self, message: NewMessage<'_>) -> Response {
+    fn publish<'a>(&'a self, mut message: NewMessage<'a>) -> Response {
+        message.sender = self.sender.as_deref().map(Cow::Borrowed);
         match self.queue_type {
             QueueType::Copy => {
                 let recdat = now_ms() / 1000;
@@ -219,6 +234,7 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         expires_secs: expires.unwrap_or(0),
         attributes: None,
         dedup_id,
+        sender: None,
     })
 }
 

@@ -120,6 +120,8 @@ pub struct Context<'a> {
     pub last_purge: &'a std::sync::Mutex<Option<std::time::Instant>>,
     /// The last message move tasks.
     pub move_tasks: &'a std::sync::Mutex<super::move_tasks::MoveTasks>,
+    /// The access key id the request was signed with: the `SenderId` of what it sends.
+    pub sender: &'a str,
 }
 
 /// How long after a purge another is refused (`PurgeQueueInProgress`), as on AWS.
@@ -370,6 +372,7 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
             expires_secs: 0,
             attributes: attributes_json.map(Cow::Owned),
             dedup_id: dedup_id.map(Cow::Owned),
+            sender: Some(Cow::Owned(context.sender.to_string())),
         },
     })
 }
@@ -540,6 +543,13 @@ fn received(pulled: &Pulled, system: &[String], wanted: &[String]) -> Value {
             })
             .unwrap_or(u64::from(pulled.message.recdat) * 1000);
         shown.insert("SentTimestamp".into(), sent_ms.to_string().into());
+    }
+    if wants("ApproximateFirstReceiveTimestamp") {
+        let first = pulled.first_delivered_ms.to_string();
+        shown.insert("ApproximateFirstReceiveTimestamp".into(), first.into());
+    }
+    if let (true, Some(sender)) = (wants("SenderId"), &pulled.sender) {
+        shown.insert("SenderId".into(), sender.to_string().into());
     }
     if !shown.is_empty() {
         reply.insert("Attributes".into(), Value::Object(shown));

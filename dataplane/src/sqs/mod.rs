@@ -270,6 +270,7 @@ impl Sqs {
             queue_url: &queue_url,
             last_purge: &self.last_purge,
             move_tasks: &self.move_tasks,
+            sender: &key.access_key_id,
         };
         let answer = actions::run(action, &context, &input).await?;
         Ok(Outcome::Answered(action, answer))

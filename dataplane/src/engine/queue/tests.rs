@@ -1394,3 +1394,34 @@ fn deduplication_ids_end_with_their_windows_without_a_publish() {
     q.expire_dedup(T0 + dedup::WINDOW_MS);
     assert_eq!((q.next_dedup_end(), q.memory_used()), (None, message_only));
 }
+
+/// A received message says who sent it and when it was first delivered (SQS's `SenderId`
+/// and `ApproximateFirstReceiveTimestamp`), a later receive the same first time; neither
+/// makes a stored message bigger.
+#[test]
+fn a_message_knows_its_sender_and_its_first_delivery() {
+    let mut q = queue();
+    let sent = NewMessage {
+        sender: Some("QEKEYOFTHESENDER".into()),
+        ..text("from a key")
+    };
+    let (id, _) = q.publish(&sent, T0).unwrap();
+    publish(&mut q, "from nobody known");
+    let first = q.receive(10, 0, T0 + 500);
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[0].id, id);
+    assert_eq!(first[0].sender.as_deref(), Some("QEKEYOFTHESENDER"));
+    assert_eq!(first[1].sender, None);
+    assert_eq!(first[0].first_delivered_ms, T0 + 500);
+    q.release_invisible(T0 + 600);
+    let again = q.receive(1, 1_000, T0 + 2_000);
+    assert_eq!((again[0].id, again[0].receives), (id, 2));
+    assert_eq!(
+        again[0].first_delivered_ms,
+        T0 + 500,
+        "the first delivery's time stays"
+    );
+    // Both in what was padding: an entry and a message are as big as before.
+    assert_eq!(std::mem::size_of::<Entry>(), 72);
+    assert_eq!(std::mem::size_of::<Message>(), 32);
+}

@@ -131,6 +131,10 @@ pub struct Queue {
     /// a node from before rolling upgrades is told none, and a rollout leaves it out.
     #[serde(default, skip_serializing_if = "is_false")]
     pub node_accepts_builds: bool,
+    /// Whether its node takes initial settings in its config (it said so when it last
+    /// confirmed one); until then they are left out.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub node_takes_initial_settings: bool,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -207,7 +211,8 @@ impl Queue {
                 .desired_build
                 .clone()
                 .filter(|_| self.node_accepts_builds),
-            initial_settings: Some(self.initial_settings.clone()).filter(|s| !s.is_empty()),
+            initial_settings: Some(self.initial_settings.clone())
+                .filter(|settings| !settings.is_empty() && self.node_takes_initial_settings),
         }
     }
 }
@@ -284,11 +289,19 @@ impl Queue {
             desired_build: None,
             refused_build: None,
             node_accepts_builds: false,
+            node_takes_initial_settings: false,
             name: new.name,
             tags: new.tags,
             sqs_attributes: new.sqs_attributes,
             initial_settings: new.initial_settings,
         }
+    }
+
+    /// Whether its node serves what it was made with: its initial settings (if any) have
+    /// reached it.
+    pub fn settled(&self) -> bool {
+        let given = self.initial_settings.is_empty() || self.node_takes_initial_settings;
+        self.status == Status::Running && given && !self.change_pending()
     }
 
     /// Its name as SQS shows it: its own, or its id.
@@ -547,6 +560,25 @@ pub(crate) fn random_secret() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node that has not said it takes initial settings (built before them, its config
+    /// read with deny_unknown_fields) gets a config without the field, as before; one that
+    /// said so gets them.
+    #[test]
+    fn initial_settings_go_only_to_a_node_that_takes_them() {
+        let mut queue = a_queue("settings", Status::Running);
+        queue
+            .initial_settings
+            .insert("max-ws-msg-len".into(), 262_144);
+        let config = queue.desired_config(vec![], NodeTls::None);
+        assert_eq!(config.initial_settings, None);
+        let text = serde_json::to_string(&config).unwrap();
+        assert!(!text.contains("initial_settings"), "{text}");
+        queue.node_takes_initial_settings = true;
+        let config = queue.desired_config(vec![], NodeTls::None);
+        let given = config.initial_settings.unwrap();
+        assert_eq!(given.get("max-ws-msg-len"), Some(&262_144));
+    }
 
     #[test]
     fn a_new_queue_has_a_dns_safe_id_and_logins_kept_only_as_hashes() {

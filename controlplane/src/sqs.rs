@@ -13,7 +13,7 @@
 use crate::accounts::{self, Account};
 use crate::api::{ApiError, AppState};
 use crate::audit::{self, Actor, Entry, Target};
-use crate::queues::{self, NewQueue, Queue, Status, Tier};
+use crate::queues::{self, NewQueue, Queue, Tier};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -77,6 +77,9 @@ pub fn endpoint(config: &crate::config::Config) -> Option<String> {
 
 /// The largest request body read: a batch of ten messages of 1 MiB, and their JSON.
 const BODY_AT_MOST: usize = 22 << 20;
+
+/// How long a request's body may take to arrive.
+const BODY_WITHIN: Duration = Duration::from_secs(30);
 
 /// How long `CreateQueue` waits for a new queue's node to serve (its URL names the node).
 const PLACED_WITHIN: Duration = Duration::from_secs(20);
@@ -220,8 +223,15 @@ async fn handle(state: &AppState, request: Request, query: bool) -> Result<Answe
     // Nothing is read for a caller that could not be let in: a key of an account, a time
     // about now. (Whether the signature is right needs the body.)
     let (account, access_key_id, role) = admissible(state, &parts.headers).await?;
-    let body = axum::body::to_bytes(body, BODY_AT_MOST)
+    // In time too: a caller who names a key id (not a secret) must not hold a connection
+    // and its buffer open by trickling a body.
+    let read = axum::body::to_bytes(body, BODY_AT_MOST);
+    let body = tokio::time::timeout(BODY_WITHIN, read)
         .await
+        .map_err(|_| {
+            let message = "The request body did not arrive within 30 s.";
+            SqsError::batch("RequestTimeout", "RequestTimeout", message)
+        })?
         .map_err(|_| SqsError::too_big())?;
     let headers: Vec<(String, String)> = parts
         .headers
@@ -423,7 +433,14 @@ async fn create_queue(
         .entry(qe_shared::settings::Setting::MaxWsMsgLen.name().to_string())
         .or_insert(SQS_DEFAULT_MESSAGE_SIZE);
     for attempt in 0..2 {
-        if let Some(queue) = named(state, &signer.account, name).await? {
+        // The account as it is now: a create of the same name a moment ago holds it.
+        let account = state
+            .store
+            .account(&signer.account.id)
+            .await
+            .map_err(store_error)?
+            .ok_or_else(|| SqsError::signature(sigv4::Refused::UnknownKey))?;
+        if let Some(queue) = being_made(state, &account, name).await? {
             if queue.sqs_attributes != attributes {
                 return Err(SqsError::queue_already_exists(name));
             }
@@ -468,15 +485,16 @@ async fn create_queue(
 /// A queue made through SQS holds messages up to AWS's default size, 256 KiB.
 const SQS_DEFAULT_MESSAGE_SIZE: u64 = 256 * 1024;
 
-/// `queue` once its node serves, waiting up to [`PLACED_WITHIN`], so that the first send
-/// to the URL finds it; one placed but not serving by then is answered too (its URL names
-/// the node, and SDKs retry the `ServiceUnavailable` a send gets until it serves). A queue
-/// not placed by then is `ServiceUnavailable`, which SDKs retry (CreateQueue is idempotent).
+/// `queue` once its node serves it with its attributes, waiting up to [`PLACED_WITHIN`], so
+/// that the first send to the URL finds it so; one placed but not serving by then is
+/// answered too (its URL names the node, and SDKs retry the `ServiceUnavailable` a send
+/// gets until it serves). A queue not placed by then is `ServiceUnavailable`, which SDKs
+/// retry (CreateQueue is idempotent).
 async fn placed(state: &AppState, queue: &Queue) -> Result<Queue, SqsError> {
-    if queue.status == Status::Running {
+    if queue.settled() {
         return Ok(queue.clone());
     }
-    let serving = |queue: &Queue| queue.status == Status::Running || !queue.status.is_live();
+    let serving = |queue: &Queue| queue.settled() || !queue.status.is_live();
     let waited = state.store.wait_for(&queue.id, PLACED_WITHIN, serving);
     let latest = waited
         .await
@@ -559,6 +577,23 @@ async fn live_queues(state: &AppState, account: &Account) -> Result<Vec<Queue>, 
     }
     Ok(live)
 }
+
+/// The account's live queue named `name`, waiting a moment for the record of one whose
+/// create (at the same moment, on this replica or another) has reserved the name.
+async fn being_made(
+    state: &AppState,
+    account: &Account,
+    name: &str,
+) -> Result<Option<Queue>, SqsError> {
+    if let Some(id) = account.names.get(name) {
+        let made = state.store.wait_for_record(id, RECORD_WITHIN);
+        made.await.map_err(store_error)?;
+    }
+    named(state, account, name).await
+}
+
+/// How long a create waits for the record of a queue whose name another create reserved.
+const RECORD_WITHIN: Duration = Duration::from_secs(5);
 
 /// The account's live queue named `name` (a queue made without a name goes by its id).
 async fn named(state: &AppState, account: &Account, name: &str) -> Result<Option<Queue>, SqsError> {

@@ -181,6 +181,7 @@ impl Channel {
             build: this_build().await,
             refused_build: crate::upgrade::last_refused(&self.data_dir),
             accepts_builds: true,
+            takes_initial_settings: true,
         };
         self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;
@@ -597,11 +598,15 @@ impl Apply for NodeApply {
                 self.take_token(token)?;
             }
             self.node.replace_logins(logins);
-            if let Some(initial) = &desired.initial_settings {
-                self.node.take_initial_settings(initial)?;
-            }
             if let Some(sqs) = &desired.sqs {
                 self.node.replace_sqs_keys(sqs_keys(&sqs.keys)?);
+            }
+            // After the keys: a revoked key must stop working even if the settings cannot
+            // be saved now (they are tried again with the next config).
+            if let Some(initial) = &desired.initial_settings {
+                if let Err(error) = self.node.take_initial_settings(initial) {
+                    tracing::warn!(%error, "the queue's initial settings were not taken");
+                }
             }
             match (&self.own_certificate, &desired.tls) {
                 (Some(own), NodeTls::Queue { generation, .. }) => {

@@ -222,6 +222,11 @@ pub struct Applied {
     /// built before rolling upgrades refuse a config with a field they do not know.
     #[serde(default, skip_serializing_if = "is_false")]
     pub accepts_builds: bool,
+    /// Whether the node takes `DesiredConfig::initial_settings`: it is sent only to a node
+    /// that said so, since nodes built before it refuse a config with a field they do not
+    /// know.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub takes_initial_settings: bool,
 }
 
 fn is_false(value: &bool) -> bool {

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import boto3
@@ -72,6 +73,20 @@ def boto3_checks():
     code = error_code(lambda: sqs.create_queue(QueueName=orders, Attributes=other))
     assert code == "QueueAlreadyExists", code
     check("create_queue is idempotent by name; other attributes are QueueAlreadyExists")
+
+    # Eight creates of one new name at once (no retries): one queue, every reply its URL.
+    race = f"{prefix}-race"
+    answers = []
+    def create_race():
+        answers.append(client("admin").create_queue(QueueName=race)["QueueUrl"])
+    threads = [threading.Thread(target=create_race) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 8 and len(set(answers)) == 1, answers
+    sqs.delete_queue(QueueUrl=answers[0])
+    check("eight creates of one name at once make one queue", answers[0])
 
     for bad, expected in [
         ("has space", "InvalidParameterValue"),

@@ -206,7 +206,8 @@ pub async fn create_sqs_key(
     let (account, ()) = made
         .await?
         .ok_or_else(|| ApiError::NoSuch(format!("no account {id}")))?;
-    let applied = super::queues::tell_account_queues(&state, &account).await?;
+    // The key is made: the reply must carry its secret whatever telling the nodes met.
+    let applied = tell_nodes(&state, &account).await;
     let reply = json!({
         "access_key_id": access_key_id,
         "secret": state.node_tokens.account_sqs_secret(&account.id, &access_key_id),
@@ -254,9 +255,21 @@ pub async fn revoke_sqs_key(
     let (account, ()) = revoked
         .await?
         .ok_or_else(|| ApiError::NoSuch(format!("no account {id}")))?;
-    let applied = super::queues::tell_account_queues(&state, &account).await?;
+    let applied = tell_nodes(&state, &account).await;
     Ok((
         target(&key, &id),
         Json(json!({ "revoked": key, "applied": applied })),
     ))
+}
+
+/// Tells every queue of `account` its keys changed; whether all their nodes served it soon.
+/// A store error here is logged, not answered: the key change itself is already made.
+async fn tell_nodes(state: &AppState, account: &Account) -> bool {
+    match super::queues::tell_account_queues(state, account).await {
+        Ok(applied) => applied,
+        Err(error) => {
+            tracing::warn!(%error, account = %account.id, "the account's queues were not all told of an SQS key change");
+            false
+        }
+    }
 }

@@ -235,6 +235,12 @@ pub async fn applied(
             queue.config_version += 1;
         }
         queue.node_accepts_builds = applied.accepts_builds;
+        // The same for the settings a queue made through SQS starts with.
+        let takes = applied.takes_initial_settings;
+        if takes && !queue.node_takes_initial_settings && !queue.initial_settings.is_empty() {
+            queue.config_version += 1;
+        }
+        queue.node_takes_initial_settings = takes;
         Ok::<_, StoreError>(())
     });
     let (queue, ()) = updated

@@ -395,11 +395,10 @@ pub async fn tell_account_queues(
             told.push(queue);
         }
     }
-    let mut applied = true;
-    for queue in &told {
-        applied &= wait_applied(state, queue).await?;
-    }
-    Ok(applied)
+    // All at once: an account with queues still being made waits CONFIRM_WITHIN once.
+    let waits = told.iter().map(|queue| wait_applied(state, queue));
+    let served = futures::future::join_all(waits).await;
+    Ok(served.into_iter().all(|served| matches!(served, Ok(true))))
 }
 
 /// `GET /v1/queues/{id}/sqs-keys`: the queue's SQS keys (never their secrets) and its SQS

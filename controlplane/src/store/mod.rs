@@ -331,6 +331,30 @@ impl Store {
 
     /// Waits until queue `id`'s record passes `test`, at most `within`; returns the record as
     /// it was last read (`None` if there is no such queue).
+    /// Queue `id`'s record once there is one, waiting up to `within`: a queue reserved in
+    /// its account a moment ago has no record until its create finishes.
+    pub async fn wait_for_record(
+        &self,
+        id: &str,
+        within: std::time::Duration,
+    ) -> Result<Option<Queue>, StoreError> {
+        let mut subscription = self.changed.of_queue(id);
+        let changes = &mut subscription.receiver;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            changes.borrow_and_update();
+            if let Some(queue) = self.get(id).await? {
+                return Ok(Some(queue));
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return Ok(None);
+            }
+        }
+    }
+
     pub async fn wait_for(
         &self,
         id: &str,

@@ -313,9 +313,13 @@ impl QueueState {
         // its durability (the first's reply may not have gone yet).
         if let Some(made) = dedup_key.and_then(|key| self.dedup.made(key, now_ms)) {
             self.totals.deduplicated += 1;
+            // As safe as the first was made, or as the repeat asks if that is more (a sync
+            // covers the first's record too); a first kept in memory only stays so.
             let receipt = match made.lsn {
                 0 => Receipt::Done,
-                lsn => self.store.receipt_at(lsn, made.durability),
+                lsn => self
+                    .store
+                    .receipt_at(lsn, made.durability.max(new.durability)),
             };
             return Ok((made.id, receipt));
         }

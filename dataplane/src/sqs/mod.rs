@@ -346,21 +346,26 @@ async fn hand_on(
 ) -> Result<Response<Full<Bytes>>, SqsError> {
     let unreachable =
         || SqsError::unavailable("The control plane cannot be reached now. Try again.");
-    let url = format!("{}/", to.control_planes.preferred().trim_end_matches('/'));
-    let mut request = client.post(url).body(body);
-    for (name, value) in &parts.headers {
-        let hop_by_hop = [
-            "connection",
-            "keep-alive",
-            "transfer-encoding",
-            "te",
-            "upgrade",
-        ];
-        if !hop_by_hop.contains(&name.as_str()) {
-            request = request.header(name.as_str(), value.as_bytes());
+    let request = |base: &str| {
+        let url = format!("{}/", base.trim_end_matches('/'));
+        let mut request = client.post(url).body(body.clone());
+        for (name, value) in &parts.headers {
+            if !HOP_BY_HOP.contains(&name.as_str()) {
+                request = request.header(name.as_str(), value.as_bytes());
+            }
         }
-    }
-    let reply = request.send().await.map_err(|_| unreachable())?;
+        request
+    };
+    // To the replica the node's channel uses now, failing over as the channel does; every
+    // reply (an SQS refusal too) goes back as it is.
+    let reply = to
+        .control_planes
+        .call(|base| {
+            let sent = request(&base).send();
+            async move { sent.await.map_err(crate::control_planes::Unanswered::from) }
+        })
+        .await
+        .map_err(|_| unreachable())?;
     let status = StatusCode::from_u16(reply.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut headers = hyper::HeaderMap::new();
     for name in ["content-type", "x-amzn-requestid", "x-amzn-query-error"] {
@@ -376,6 +381,15 @@ async fn hand_on(
     *response.headers_mut() = headers;
     Ok(response)
 }
+
+/// Headers of one connection, not of the request: not handed on.
+const HOP_BY_HOP: [&str; 5] = [
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+];
 
 /// How long the control plane has to answer an action handed on to it.
 const HAND_ON_WITHIN: Duration = Duration::from_secs(30);

@@ -65,7 +65,11 @@ pub async fn start(context: &Context<'_>, input: &Value) -> Result<Value, SqsErr
     let (source_arn, destination_arn) = check_arns(context, input)?;
     match &input["MaxNumberOfMessagesPerSecond"] {
         Value::Null => {}
-        value if value.as_u64().is_some_and(|n| (1..=500).contains(&n)) => {}
+        value
+            if value
+                .as_u64()
+                .or_else(|| value.as_str()?.parse().ok())
+                .is_some_and(|n| (1..=500).contains(&n)) => {}
         _ => {
             return Err(SqsError::invalid_parameter(
                 "MaxNumberOfMessagesPerSecond is from 1 to 500.",

@@ -11,14 +11,13 @@ SDK of the query protocol can make (boto3 1.26 in its own venv).
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 
 import boto3
 import botocore.config
-from botocore.exceptions import ClientError
+from sqs_common import aws_cli, error_code
 
 SETUP = json.loads(os.environ["QE_SQS"])
 ENDPOINT = SETUP["endpoint"]
@@ -39,14 +38,6 @@ def client(role, endpoint=ENDPOINT):
         aws_secret_access_key=key[1],
         config=botocore.config.Config(retries={"max_attempts": 0}, read_timeout=60),
     )
-
-
-def error_code(call):
-    try:
-        call()
-    except ClientError as error:
-        return error.response["Error"]["Code"]
-    raise AssertionError("the call succeeded")
 
 
 def boto3_checks():
@@ -230,17 +221,7 @@ def boto3_checks():
 
 
 def cli_checks():
-    key = SETUP["keys"]["admin"]
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=key[0], AWS_SECRET_ACCESS_KEY=key[1],
-               AWS_DEFAULT_REGION=REGION, AWS_PAGER="")
-    aws = os.path.join(os.path.dirname(sys.executable), "aws")
-
-    def cli(*arguments):
-        output = subprocess.run([aws, "sqs", *arguments, "--endpoint-url", ENDPOINT, "--output", "json"],
-                                env=env, capture_output=True, text=True, timeout=90)
-        assert output.returncode == 0, output.stderr
-        return json.loads(output.stdout) if output.stdout.strip() else {}
-
+    cli = aws_cli(ENDPOINT, SETUP["keys"]["admin"], REGION)
     name = f"{SETUP['prefix']}-cli"
     url = cli("create-queue", "--queue-name", name, "--tags", "made-by=cli")["QueueUrl"]
     assert cli("get-queue-url", "--queue-name", name)["QueueUrl"] == url

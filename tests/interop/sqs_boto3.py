@@ -9,7 +9,6 @@ of the kill -9 test (messages received, the node killed, then visible again with
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ import boto3
 import botocore.config
 from botocore.exceptions import ClientError
 
-from sqs_common import attributes_md5, error_code, md5, send_partial_batch
+from sqs_common import attributes_md5, aws_cli, error_code, md5, send_partial_batch
 from websockets.sync.client import connect as websocket
 
 SETUP = json.loads(os.environ["QE_SQS"])
@@ -367,17 +366,7 @@ def one_queue_two_faces():
 
 def the_aws_cli_round_trip():
     drain()
-    key = SETUP["keys"]["admin"]
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=key[0], AWS_SECRET_ACCESS_KEY=key[1],
-               AWS_DEFAULT_REGION=REGION, AWS_PAGER="")
-    aws = os.path.join(os.path.dirname(sys.executable), "aws")
-
-    def cli(*arguments):
-        output = subprocess.run([aws, "sqs", *arguments, "--endpoint-url", ENDPOINT, "--output", "json"],
-                                env=env, capture_output=True, text=True, timeout=60)
-        assert output.returncode == 0, output.stderr
-        return json.loads(output.stdout) if output.stdout.strip() else {}
-
+    cli = aws_cli(ENDPOINT, SETUP["keys"]["admin"], REGION)
     sent = cli("send-message", "--queue-url", URL, "--message-body", "from the aws cli")
     assert sent["MD5OfMessageBody"] == md5(b"from the aws cli"), sent
     got = cli("receive-message", "--queue-url", URL, "--wait-time-seconds", "5")

@@ -1,11 +1,30 @@
-"""What the SQS scripts (sqs_boto3.py, sqs_query.py) share: an error's code, and the digests
-AWS documents, computed here to check the node's. Standard library and botocore only: the
+"""What the SQS scripts (sqs_boto3.py, sqs_query.py, sqs_account.py) share: an error's code,
+the AWS CLI as they run it, and the digests AWS documents, computed here to check the node's. Standard library and botocore only: the
 query protocol's script runs in a venv of an old boto3 without the other test packages."""
 
 import hashlib
+import json
+import os
 import struct
+import subprocess
+import sys
 
 from botocore.exceptions import ClientError
+
+
+def aws_cli(endpoint, key, region):
+    """`aws sqs ARGS` (the AWS CLI beside this Python) against `endpoint`, signing with `key`
+    ([id, secret]): a function of the arguments, giving the JSON output ({} for none)."""
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=key[0], AWS_SECRET_ACCESS_KEY=key[1],
+               AWS_DEFAULT_REGION=region, AWS_PAGER="")
+    aws = os.path.join(os.path.dirname(sys.executable), "aws")
+
+    def cli(*arguments):
+        output = subprocess.run([aws, "sqs", *arguments, "--endpoint-url", endpoint, "--output", "json"],
+                                env=env, capture_output=True, text=True, timeout=90)
+        assert output.returncode == 0, output.stderr
+        return json.loads(output.stdout) if output.stdout.strip() else {}
+    return cli
 
 
 def error_code(call):

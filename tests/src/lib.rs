@@ -739,6 +739,37 @@ pub async fn run_python(script: &Path, args: &[String]) -> String {
     run_to_end(&python(), script, args, &[]).await
 }
 
+/// Runs `interpreter SCRIPT ARGS` with `env` (a client of another language against a real
+/// server, say) for at most `within`; its stdout, also printed, or a panic with its stdout,
+/// stderr and `log` (the server's).
+pub async fn run_checked(
+    interpreter: &Path,
+    script: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    within: Duration,
+    log: &str,
+) -> String {
+    let mut command = tokio::process::Command::new(interpreter);
+    command.arg(script).args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = tokio::time::timeout(within, command.output())
+        .await
+        .expect("the script finishes")
+        .expect("the interpreter runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    print!("{stdout}");
+    assert!(
+        output.status.success(),
+        "{} {args:?} failed:\n{stdout}\n{stderr}\n--- log ---\n{log}",
+        script.display(),
+    );
+    stdout
+}
+
 async fn run_to_end(
     interpreter: &Path,
     script: &Path,

@@ -88,26 +88,11 @@ async fn run_script(
     log: &str,
 ) -> String {
     let script = workspace().join("tests/interop").join(script);
-    let mut command = tokio::process::Command::new(python);
-    command
-        .arg(&script)
-        .arg(phase)
-        .env("QE_SQS", setup.to_string());
-    for (name, value) in extra_env {
-        command.env(name, value);
-    }
-    let output = tokio::time::timeout(std::time::Duration::from_secs(240), command.output())
-        .await
-        .expect("the script finishes")
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    print!("{stdout}");
-    assert!(
-        output.status.success(),
-        "{phase} failed:\n{stdout}\n{stderr}\n--- log ---\n{log}"
-    );
-    stdout
+    let setup = setup.to_string();
+    let mut env = vec![("QE_SQS", setup.as_str())];
+    env.extend_from_slice(extra_env);
+    let within = std::time::Duration::from_secs(240);
+    qe_tests::run_checked(python, &script, &[phase], &env, within, log).await
 }
 
 #[tokio::test]

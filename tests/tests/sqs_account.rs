@@ -54,25 +54,10 @@ async fn run_script(
     setup: &Value,
     cp: &ControlPlane,
 ) -> String {
-    let mut command = tokio::process::Command::new(interpreter);
-    command
-        .arg(script)
-        .args(args)
-        .env("QE_SQS", setup.to_string());
-    let output = tokio::time::timeout(std::time::Duration::from_secs(300), command.output())
-        .await
-        .expect("the script finishes")
-        .expect("the interpreter runs");
-    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    print!("{stdout}");
-    assert!(
-        output.status.success(),
-        "{} {args:?} failed:\n{stdout}\n{stderr}\n--- log ---\n{}",
-        script.display(),
-        cp.log_text()
-    );
-    stdout
+    let env = [("QE_SQS", setup.to_string())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let within = std::time::Duration::from_secs(300);
+    qe_tests::run_checked(interpreter, script, args, &env, within, &cp.log_text()).await
 }
 
 #[tokio::test]

@@ -329,8 +329,6 @@ impl Store {
         Ok(updated.map(|(queue, answer, _)| (queue, answer)))
     }
 
-    /// Waits until queue `id`'s record passes `test`, at most `within`; returns the record as
-    /// it was last read (`None` if there is no such queue).
     /// Queue `id`'s record once there is one, waiting up to `within`: a queue reserved in
     /// its account a moment ago has no record until its create finishes.
     pub async fn wait_for_record(
@@ -338,28 +336,28 @@ impl Store {
         id: &str,
         within: std::time::Duration,
     ) -> Result<Option<Queue>, StoreError> {
-        let mut subscription = self.changed.of_queue(id);
-        let changes = &mut subscription.receiver;
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            changes.borrow_and_update();
-            if let Some(queue) = self.get(id).await? {
-                return Ok(Some(queue));
-            }
-            if tokio::time::timeout_at(deadline, changes.changed())
-                .await
-                .is_err()
-            {
-                return Ok(None);
-            }
-        }
+        self.wait_until(id, within, |queue| queue.is_some()).await
     }
 
+    /// Waits until queue `id`'s record passes `test`, at most `within`; returns the record as
+    /// it was last read (`None` if there is no such queue).
     pub async fn wait_for(
         &self,
         id: &str,
         within: std::time::Duration,
         test: impl Fn(&Queue) -> bool,
+    ) -> Result<Option<Queue>, StoreError> {
+        // An absent record ends the wait: there is nothing to pass the test.
+        let done = |queue: Option<&Queue>| queue.is_none_or(&test);
+        self.wait_until(id, within, done).await
+    }
+
+    /// Queue `id`'s record (or its absence) once `done` says so, or after `within`.
+    async fn wait_until(
+        &self,
+        id: &str,
+        within: std::time::Duration,
+        done: impl Fn(Option<&Queue>) -> bool,
     ) -> Result<Option<Queue>, StoreError> {
         // This queue's changes only: another queue's wakes no one here.
         let mut subscription = self.changed.of_queue(id);
@@ -369,9 +367,8 @@ impl Store {
             // Marked seen before the read, so a change during it wakes the wait below.
             changes.borrow_and_update();
             let queue = self.get(id).await?;
-            match &queue {
-                Some(queue) if !test(queue) => {}
-                _ => return Ok(queue),
+            if done(queue.as_ref()) {
+                return Ok(queue);
             }
             if tokio::time::timeout_at(deadline, changes.changed())
                 .await

@@ -224,11 +224,9 @@ impl Sqs {
             .await
             .map_err(|_| SqsError::too_big())?
             .to_bytes();
-        let headers: Vec<(String, String)> = parts
-            .headers
-            .iter()
-            .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_string())))
-            .collect();
+        let pairs = parts.headers.iter();
+        let headers =
+            sigv4::text_headers(pairs.map(|(name, value)| (name.as_str(), value.as_bytes())));
         let signed = sigv4::Signed {
             method: parts.method.as_str(),
             path: parts.uri.path(),

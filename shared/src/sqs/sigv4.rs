@@ -102,6 +102,22 @@ pub struct Signed<'a> {
     pub body: &'a [u8],
 }
 
+/// A request's headers whose values read as text, as `Signed::headers` takes them (a value
+/// that is not text cannot have been signed as the SDKs sign).
+pub fn text_headers<'a>(
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> Vec<(String, String)> {
+    headers
+        .into_iter()
+        .filter_map(|(name, value)| {
+            Some((
+                name.to_string(),
+                std::str::from_utf8(value).ok()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
 /// Checks `request`'s signature with `secret`, the secret of the key its `Authorization`
 /// names, at `now_secs`.
 pub fn verify(

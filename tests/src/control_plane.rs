@@ -91,6 +91,18 @@ impl ControlPlane {
         queue
     }
 
+    /// The actions of the audit log's latest entries, as the operator reads it.
+    pub async fn audit_actions(&self) -> Vec<String> {
+        let (status, audit) = self.call("GET", "/v1/audit", None).await;
+        assert_eq!(status, 200, "{audit}");
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|entry| Some(entry["action"].as_str()?.to_string()))
+            .collect()
+    }
+
     /// Queue `id` once it has `status` (the API holds the request until then).
     pub async fn wait_for_status(&self, id: &str, status: &str) -> Value {
         let path = format!("/v1/queues/{id}?until={status}&within=60");

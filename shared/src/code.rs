@@ -38,6 +38,9 @@ pub enum Code {
     /// Beyond the manual (README, "Exactly-once publish"): a publish's `dedupid`.
     InvalidDeduplicationId = 214,
     DeduplicationOnCopy = 215,
+    /// Beyond the manual (README, "Message groups"): a publish's `group`.
+    InvalidGroup = 216,
+    GroupOnCopy = 217,
     // Subscribers
     InvalidCapacity = 300,
     InvalidMessageId = 301,
@@ -77,11 +80,13 @@ pub enum Code {
 
 impl Code {
     /// The codes beyond the manual's table, for what is beyond the manual (README).
-    pub const BEYOND_MANUAL: [Code; 4] = [
+    pub const BEYOND_MANUAL: [Code; 6] = [
         Code::InvalidExpiration,
         Code::ExpirationOnCopy,
         Code::InvalidDeduplicationId,
         Code::DeduplicationOnCopy,
+        Code::InvalidGroup,
+        Code::GroupOnCopy,
     ];
 
     /// Every code of the manual, in the Reference's order.
@@ -190,6 +195,10 @@ impl Code {
             Code::DeduplicationOnCopy => {
                 "Deduplication is only allowed for distribute type queue."
             }
+            Code::InvalidGroup => {
+                "Invalid group. Must be 1 to 128 characters: letters, digits, and - _ . : / + =."
+            }
+            Code::GroupOnCopy => "Groups are only allowed for distribute type queue.",
             Code::InvalidCapacity => "Invalid capacity.",
             Code::InvalidMessageId => "Invalid message id.",
             Code::InvalidAck => "Invalid ack.",

@@ -12,6 +12,7 @@
 
 pub mod copy;
 pub mod dedup;
+pub mod groups;
 pub mod line;
 pub mod outbox;
 pub mod queue;

@@ -15,6 +15,7 @@
 //! Timeouts and expiries are kept by time, so each fires in O(log n) without a scan.
 
 use super::dedup::{self, Dedup, Made};
+use super::groups::{self, Enter, Groups, Left};
 use super::line::Line;
 use super::outbox::Outbox;
 use crate::message::ids::{IdGenerator, IdMap, MessageId, SessionId};
@@ -244,6 +245,8 @@ pub struct QueueState {
     dedup: Dedup,
     /// Who sent messages, numbered for [`Message::sender`].
     senders: Senders,
+    /// Message groups with messages in the queue ([`super::groups`]).
+    groups: Groups,
     store: Box<dyn Store>,
 }
 
@@ -271,6 +274,7 @@ impl QueueState {
             next_receipt: random_start(),
             dedup: Dedup::default(),
             senders: Senders::default(),
+            groups: Groups::default(),
             store,
         }
     }
@@ -332,6 +336,7 @@ impl QueueState {
         let id = MessageId(self.ids.next(now_ms));
         let mut message = Message::new(id, new, now_ms / 1000);
         message.sender = self.senders.number(new.sender.as_deref());
+        message.group = new.group.as_deref().map_or(0, groups::key_of);
         let dedup_cost = dedup_key.map_or(0, |_| dedup::ENTRY_BYTES);
         let cost = memory_cost(&message);
         if self.memory_used() + cost + dedup_cost > self.limits.max_memory {
@@ -375,7 +380,7 @@ impl QueueState {
                 self.delayed.insert((due_ms, id));
                 Place::Delayed(due_ms)
             }
-            None => self.enqueue(id),
+            None => self.enqueue(id, message.group),
         };
         if let Some(expires_ms) = expires_ms {
             self.expiring.insert((expires_ms, id));
@@ -419,6 +424,7 @@ impl QueueState {
         for recovered in messages {
             let id = recovered.id;
             self.ids.observe(id.0);
+            let group = crate::message::frame_group(&recovered.frame).map_or(0, groups::key_of);
             let message = Message {
                 durability: recovered.durability,
                 body_type: frame_body_type(&recovered.frame),
@@ -426,6 +432,7 @@ impl QueueState {
                 recdat: recovered.recdat as u32,
                 frame: recovered.frame,
                 sender: 0,
+                group,
             };
             self.memory_used += memory_cost(&message);
             self.durable_count += 1;
@@ -441,7 +448,7 @@ impl QueueState {
                     self.delayed.insert((due_ms, id));
                     Place::Delayed(due_ms)
                 }
-                _ => self.enqueue(id),
+                _ => self.enqueue(id, message.group),
             };
             let expires_ms = recovered.expires_ms.unwrap_or(0);
             if expires_ms != 0 {
@@ -524,6 +531,7 @@ impl QueueState {
             .remove(&id)
             .expect("a held message is in the queue");
         self.unexpire(id, &entry);
+        self.left_group(id, entry.message.group);
         self.forget(&entry.message);
         let receipt = self.store.record(Change::Acked(id));
         self.totals.acked += 1;
@@ -546,6 +554,7 @@ impl QueueState {
             .remove(&id)
             .expect("a held message is in the queue");
         self.unexpire(id, &entry);
+        self.left_group(id, entry.message.group);
         let receipt = self.dead_letter(id, *entry, DeadReason::Rejected);
         self.totals.nacked += 1;
         self.dispatch();
@@ -569,9 +578,12 @@ impl QueueState {
     /// the back, or, if that was its last allowed delivery, goes to the dead letter queue (a
     /// durability-0 message, which cannot go there, is deleted).
     fn delivery_failed(&mut self, id: MessageId) {
-        let receives = self.messages[&id].receives;
+        let (receives, group) = {
+            let entry = &self.messages[&id];
+            (entry.receives, entry.message.group)
+        };
         if !self.exhausted(receives) {
-            let place = self.enqueue(id);
+            let place = self.enqueue(id, group);
             self.messages
                 .get_mut(&id)
                 .expect("a delivered message is in the queue")
@@ -584,6 +596,7 @@ impl QueueState {
             .remove(&id)
             .expect("a delivered message is in the queue");
         self.unexpire(id, &entry);
+        self.left_group(id, group);
         self.retire_exhausted(id, *entry);
     }
 
@@ -721,6 +734,7 @@ impl QueueState {
         self.invisible.remove(&(until_ms, id));
         let entry = self.messages.remove(&id).expect("just found");
         self.unexpire(id, &entry);
+        self.left_group(id, entry.message.group);
         self.forget(&entry.message);
         self.totals.acked += 1;
         let receipt = self.store.record(Change::Acked(id));
@@ -1021,6 +1035,23 @@ impl QueueState {
                 gone.push(id);
             }
             debug_assert!(self.skipped.is_empty());
+            // And the messages blocked behind their groups' heads; a group keeps its head
+            // only if that is delivered (not purged above).
+            let messages = &self.messages;
+            for id in self
+                .groups
+                .take_blocked(|head| messages.contains_key(&head))
+            {
+                let entry = self
+                    .messages
+                    .remove(&id)
+                    .expect("a blocked message is queued");
+                if entry.expires_ms != 0 {
+                    self.expiring.remove(&(entry.expires_ms, id));
+                }
+                forget(&entry.message);
+                gone.push(id);
+            }
             self.waiting_count = 0;
         }
         // Delayed and received messages are both kept by time: each scope empties its set.
@@ -1037,10 +1068,13 @@ impl QueueState {
             if entry.expires_ms != 0 {
                 self.expiring.remove(&(entry.expires_ms, id));
             }
+            // A received group head: the next of its group waits in the line now.
+            self.left_group(id, entry.message.group);
             forget(&entry.message);
             gone.push(id);
         }
         if scope == Scope::All {
+            self.groups.clear();
             self.waiting.clear();
             self.skipped.clear();
             self.waiting_count = 0;
@@ -1117,7 +1151,7 @@ impl QueueState {
             };
             self.dead_reasons.remove(&id);
             // A redriven message starts again: no receives counted, no expiry.
-            let place = self.enqueue(id);
+            let place = self.enqueue(id, message.group);
             let entry = Entry {
                 message,
                 place,
@@ -1137,11 +1171,14 @@ impl QueueState {
     fn take(&mut self, id: MessageId, notice: &str) -> Option<Entry> {
         let entry = *self.messages.remove(&id)?;
         self.unexpire(id, &entry);
+        let was_blocked = self.left_group(id, entry.message.group);
         match entry.place {
             // Its receiver learns at its delete or visibility change, which then fails.
             Place::Received { until_ms, .. } => {
                 self.invisible.remove(&(until_ms, id));
             }
+            // Blocked behind its group's head: it never was in `waiting`.
+            Place::Waiting if was_blocked => self.waiting_count -= 1,
             // Its id stays in `waiting` and is skipped when it comes up.
             Place::Waiting => {
                 self.waiting_count -= 1;
@@ -1172,7 +1209,8 @@ impl QueueState {
                 break;
             }
             self.delayed.pop_first();
-            let place = self.enqueue(id);
+            let group = self.messages[&id].message.group;
+            let place = self.enqueue(id, group);
             self.messages
                 .get_mut(&id)
                 .expect("a delayed message is in the queue")
@@ -1213,11 +1251,31 @@ impl QueueState {
         self.memory_used + self.store.backlog_bytes()
     }
 
-    /// Puts `id` at the back of the waiting line; its place is then `Waiting`.
-    fn enqueue(&mut self, id: MessageId) -> Place {
-        self.waiting.push_back(id);
+    /// Puts `id` at the back of the waiting line, or, when its group (`group`, 0: none) has
+    /// a message waiting or delivered already, behind that one; its place is then `Waiting`.
+    fn enqueue(&mut self, id: MessageId, group: u32) -> Place {
+        if group == 0 || self.groups.enter(group, id) == Enter::Line {
+            self.waiting.push_back(id);
+        }
         self.waiting_count += 1;
         Place::Waiting
+    }
+
+    /// `id` of `group` left the queue for good: the next of its group, if any, goes into
+    /// the waiting line. Whether `id` was blocked behind its group's head (so never in the
+    /// waiting line).
+    fn left_group(&mut self, id: MessageId, group: u32) -> bool {
+        if group == 0 {
+            return false;
+        }
+        match self.groups.leave(group, id) {
+            Left::Head(Some(next)) => {
+                self.waiting.push_back(next);
+                false
+            }
+            Left::WasBlocked => true,
+            Left::Head(None) | Left::Unknown => false,
+        }
     }
 
     /// Whether this entry of `id` in `waiting`, just taken from its front, is one to skip.
@@ -1239,14 +1297,16 @@ impl QueueState {
     /// pass costs the line's length and at least halves it, so each take pays O(1) amortized.
     fn compact_waiting_if_mostly_skipped(&mut self) {
         const MIN_SKIPPED_TO_COMPACT: usize = 4096;
-        let skipped = self.waiting.len() - self.waiting_count;
-        if skipped < MIN_SKIPPED_TO_COMPACT.max(self.waiting_count) {
+        // (Blocked messages wait, but not in the line.)
+        let in_line = self.waiting_count - self.groups.blocked();
+        let skipped = self.waiting.len() - in_line;
+        if skipped < MIN_SKIPPED_TO_COMPACT.max(in_line) {
             return;
         }
         let mut line = std::mem::take(&mut self.waiting);
         line.retain(|id| !self.skip(*id));
         debug_assert!(self.skipped.is_empty());
-        debug_assert_eq!(line.len(), self.waiting_count);
+        debug_assert_eq!(line.len(), in_line);
         self.waiting = line;
     }
 

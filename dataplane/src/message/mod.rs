@@ -96,6 +96,10 @@ pub struct NewMessage<'a> {
     pub dedup_id: Option<Cow<'a, str>>,
     /// Who sends it: the SQS access key's id, or the publisher login's name.
     pub sender: Option<Cow<'a, str>>,
+    /// Its message group (`group`, SQS's `MessageGroupId`): messages of one group are
+    /// delivered in order, one at a time ([`crate::engine::groups`]). In the frame, so a
+    /// subscriber sees it and a restart reads it back.
+    pub group: Option<Cow<'a, str>>,
 }
 
 /// A message the queue holds: waiting, held, delayed or dead-lettered.
@@ -116,6 +120,9 @@ pub struct Message {
     /// Who sent it (SQS's `SenderId`), as the queue's table of senders numbers them (0: not
     /// known). In memory only: a restart forgets it. (Two bytes in what was padding.)
     pub sender: u16,
+    /// Its group's key ([`crate::engine::groups::key_of`]); 0: none. (Four bytes in what
+    /// was padding.)
+    pub group: u32,
 }
 
 #[derive(Serialize)]
@@ -133,7 +140,7 @@ impl Message {
     }
 
     /// The message with its delivery frame,
-    /// `{"id":..,["publisherkey":..,]"type":..,"body":..,"recdat":..}`, written straight into
+    /// `{"id":..,["publisherkey":..,]["group":..,]"type":..,"body":..,"recdat":..}`, written straight into
     /// an allocation of its length.
     pub fn new(id: MessageId, new: &NewMessage<'_>, recdat: u64) -> Message {
         let write = |out: &mut dyn Write| {
@@ -143,6 +150,10 @@ impl Message {
             if let Some(key) = &new.publisher_key {
                 out.write_all(br#","publisherkey":"#)?;
                 serde_json::to_writer(&mut *out, key)?;
+            }
+            if let Some(group) = &new.group {
+                out.write_all(br#","group":"#)?;
+                serde_json::to_writer(&mut *out, group)?;
             }
             let body_type: &[u8] = match new.body_type {
                 BodyType::Text => br#","type":1,"body":"#,
@@ -163,6 +174,7 @@ impl Message {
             recdat: recdat as u32,
             frame: written(write, |frame: &[u8]| Arc::from(frame)),
             sender: 0,
+            group: 0,
         }
     }
 }
@@ -219,6 +231,7 @@ impl Message {
             recdat: recdat as u32,
             frame: frame.into(),
             sender: 0,
+            group: 0,
         }
     }
 }
@@ -243,6 +256,18 @@ pub fn frame_body_type(frame: &[u8]) -> BodyType {
         Some(at) if frame.get(at + KEY.len()) == Some(&b'2') => BodyType::Binary,
         _ => BodyType::Text,
     }
+}
+
+/// The group written in one of our own frames, if any: after the id and publisher key and
+/// before the type, none of which can hold a quote, so the first `"group":"` before the
+/// first `"type":` is the group's.
+pub fn frame_group(frame: &[u8]) -> Option<&str> {
+    const TYPE: &[u8] = b"\"type\":";
+    const GROUP: &[u8] = b",\"group\":\"";
+    let head = &frame[..frame.windows(TYPE.len()).position(|w| w == TYPE)?];
+    let at = head.windows(GROUP.len()).position(|w| w == GROUP)? + GROUP.len();
+    let len = head[at..].iter().position(|&b| b == b'"')?;
+    std::str::from_utf8(&head[at..at + len]).ok()
 }
 
 /// A notice to a subscriber that an administrator took a message it holds: `kind` is

@@ -140,6 +140,10 @@ struct PublishFields<'a> {
     /// within five minutes makes no second message.
     #[serde(borrow)]
     dedupid: Field<Text<'a>>,
+    /// Beyond the manual (README, "Message groups"): messages of one group are delivered in
+    /// order, one at a time.
+    #[serde(borrow)]
+    group: Field<Text<'a>>,
 }
 
 /// The longest a message's own expiration may be: 14 days, as `message-retention-secs`.
@@ -170,6 +174,7 @@ pub fn read_message(
         expires: number_field(&fields, "expires"),
         publisherkey: text_field(&mut fields, "publisherkey"),
         dedupid: text_field(&mut fields, "dedupid"),
+        group: text_field(&mut fields, "group"),
     };
     check(fields, queue_type)
 }
@@ -202,6 +207,11 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         Field::Is(Text(id)) if is_valid_publisher_key(&id) => Some(id),
         _ => return Err(Code::InvalidDeduplicationId),
     };
+    let group = match fields.group {
+        Field::Absent => None,
+        Field::Is(Text(group)) if is_valid_publisher_key(&group) => Some(group),
+        _ => return Err(Code::InvalidGroup),
+    };
     let body = body.ok_or(Code::MissingBody)?;
     let expires = number_in(
         fields.expires,
@@ -224,6 +234,9 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         if dedup_id.is_some() {
             return Err(Code::DeduplicationOnCopy);
         }
+        if group.is_some() {
+            return Err(Code::GroupOnCopy);
+        }
     }
     Ok(NewMessage {
         body_type,
@@ -235,6 +248,7 @@ fn check(fields: PublishFields<'_>, queue_type: QueueType) -> Result<NewMessage<
         attributes: None,
         dedup_id,
         sender: None,
+        group,
     })
 }
 

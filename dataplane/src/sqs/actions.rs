@@ -319,12 +319,19 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
              #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF are allowed.",
         ));
     }
-    if !entry["MessageGroupId"].is_null() {
-        return Err(SqsError::invalid_parameter(
-            "The request includes a parameter that is not valid for this queue type: \
-             MessageGroupId.",
-        ));
-    }
+    // Ours on a standard queue, as the WebSocket face's `group` (README, "Message
+    // groups"): the group's messages are received in order, one at a time.
+    let group = match string(entry, "MessageGroupId")? {
+        None => None,
+        Some(group) if qe_shared::protocol::is_valid_publisher_key(group) => {
+            Some(group.to_string())
+        }
+        Some(_) => {
+            return Err(SqsError::invalid_parameter(
+                "MessageGroupId is 1 to 128 of A-Z a-z 0-9 and - _ . : / + =.",
+            ))
+        }
+    };
     // Ours on a standard queue, where AWS takes it only on FIFO queues (README,
     // "Exactly-once publish"): a send again with the same id within five minutes makes no
     // second message.
@@ -373,6 +380,7 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
             attributes: attributes_json.map(Cow::Owned),
             dedup_id: dedup_id.map(Cow::Owned),
             sender: Some(Cow::Owned(context.sender.to_string())),
+            group: group.map(Cow::Owned),
         },
     })
 }
@@ -550,6 +558,10 @@ fn received(pulled: &Pulled, system: &[String], wanted: &[String]) -> Value {
     }
     if let (true, Some(sender)) = (wants("SenderId"), &pulled.sender) {
         shown.insert("SenderId".into(), sender.to_string().into());
+    }
+    let group = crate::message::frame_group(&pulled.message.frame);
+    if let (true, Some(group)) = (wants("MessageGroupId"), group) {
+        shown.insert("MessageGroupId".into(), group.into());
     }
     if !shown.is_empty() {
         reply.insert("Attributes".into(), Value::Object(shown));

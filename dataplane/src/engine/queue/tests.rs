@@ -1425,3 +1425,129 @@ fn a_message_knows_its_sender_and_its_first_delivery() {
     assert_eq!(std::mem::size_of::<Entry>(), 72);
     assert_eq!(std::mem::size_of::<Message>(), 32);
 }
+
+fn grouped<'a>(body: &'a str, group: &'a str) -> NewMessage<'a> {
+    NewMessage {
+        group: Some(group.into()),
+        ..text(body)
+    }
+}
+
+/// A group's messages go out in order, one at a time: the next waits until the one before
+/// is acked; groups spread over the subscribers with room, and ungrouped messages go as
+/// ever.
+#[test]
+fn a_groups_messages_go_out_one_at_a_time_in_order() {
+    let mut q = queue();
+    for (body, group) in [
+        ("a1", "a"),
+        ("a2", "a"),
+        ("b1", "b"),
+        ("a3", "a"),
+        ("b2", "b"),
+    ] {
+        let _ = q.publish(&grouped(body, group), T0).unwrap();
+    }
+    publish(&mut q, "free");
+    let mut one = Sub::join(&mut q, 10);
+    let held = one.received_by(&mut q);
+    let bodies: Vec<&str> = held.iter().map(|(b, _)| b.as_str()).collect();
+    assert_eq!(bodies, ["a1", "b1", "free"], "one of each group at a time");
+    assert_eq!(q.counts().waiting, 3, "a2, a3, b2 wait behind their heads");
+    let mut two = Sub::join(&mut q, 10);
+    assert!(
+        two.received_by(&mut q).is_empty(),
+        "nothing of a group while one is out"
+    );
+    // Acked: the next of its group goes to the first subscriber with room, as any message.
+    let _ = q.ack(one.session, held[0].1).unwrap();
+    let next = one.received_by(&mut q);
+    assert_eq!(
+        next.iter().map(|(b, _)| b.as_str()).collect::<Vec<_>>(),
+        ["a2"]
+    );
+    assert!(two.received_by(&mut q).is_empty());
+    let _ = q.ack(one.session, held[1].1).unwrap();
+    assert_eq!(one.bodies(), ["b2"]);
+    let _ = q.ack(one.session, next[0].1).unwrap();
+    assert_eq!(one.bodies(), ["a3"]);
+    assert_eq!(q.counts().waiting, 0);
+}
+
+/// A delivery that fails (its holder leaves, its visibility ends) puts the message back
+/// first in its group; a nack, a delete or an expiry lets the next go.
+#[test]
+fn a_failed_delivery_keeps_its_place_in_its_group_and_a_removal_frees_the_next() {
+    let mut q = queue();
+    let (g1, _) = q.publish(&grouped("g1", "g"), T0).unwrap();
+    let (g2, _) = q.publish(&grouped("g2", "g"), T0).unwrap();
+    let (g3, _) = q.publish(&grouped("g3", "g"), T0).unwrap();
+    let mut a = Sub::join(&mut q, 5);
+    assert_eq!(a.bodies(), ["g1"]);
+    q.leave(a.session);
+    let mut b = Sub::join(&mut q, 5);
+    assert_eq!(b.bodies(), ["g1"], "back first in its group");
+    q.leave(b.session);
+    // Pulled, and its visibility runs out: first again.
+    let pulled = q.receive(10, 1_000, T0);
+    assert_eq!(pulled.iter().map(|p| p.id).collect::<Vec<_>>(), [g1]);
+    q.release_invisible(T0 + 1_000);
+    let pulled = q.receive(10, 1_000, T0 + 1_000);
+    assert_eq!(pulled.iter().map(|p| p.id).collect::<Vec<_>>(), [g1]);
+    // Deleted by its receiver: g2 is next; an administrator deletes g3 while it waits.
+    let _ = q.delete_received(g1, pulled[0].receipt).unwrap();
+    let _ = q.delete(g3).unwrap();
+    let pulled = q.receive(10, 1_000, T0 + 2_000);
+    assert_eq!(pulled.iter().map(|p| p.id).collect::<Vec<_>>(), [g2]);
+    assert_eq!(q.counts().waiting, 0);
+    let _ = q.delete_received(g2, pulled[0].receipt).unwrap();
+    assert!(q.groups.blocked() == 0 && q.message_count() == 0);
+}
+
+/// A purge of what waits takes the blocked messages too; the delivered head stays, and its
+/// group is empty behind it. A restart lines the groups up again from the frames.
+#[test]
+fn a_purge_takes_blocked_messages_and_a_restore_lines_groups_up_again() {
+    let mut q = queue();
+    for body in ["h1", "h2", "h3"] {
+        let _ = q.publish(&grouped(body, "h"), T0).unwrap();
+    }
+    let mut sub = Sub::join(&mut q, 1);
+    let held = sub.received_by(&mut q);
+    assert_eq!(held[0].0, "h1");
+    let (purged, _) = q.purge(Scope::Waiting, T0);
+    assert_eq!((purged, q.counts().waiting, q.groups.blocked()), (2, 0, 0));
+    let _ = q.publish(&grouped("h4", "h"), T0).unwrap();
+    assert_eq!(q.counts().waiting, 1);
+    let _ = q.ack(sub.session, held[0].1).unwrap();
+    assert_eq!(sub.bodies(), ["h4"], "behind the head that stayed");
+
+    // The frames carry the group: a restore gets the order back.
+    let mut first = queue();
+    let mut recovered = Vec::new();
+    for body in ["r1", "r2"] {
+        let (id, _) = first.publish(&grouped(body, "r"), T0).unwrap();
+        let message = &first.messages[&id].message;
+        assert_eq!(crate::message::frame_group(&message.frame), Some("r"));
+        recovered.push(crate::message::RecoveredMessage {
+            id,
+            durability: Durability::Eventual,
+            dead: false,
+            delay_secs: 0,
+            due_ms: None,
+            recdat: T0 / 1000,
+            receives: 0,
+            expires_ms: None,
+            dead_reason: DeadReason::default(),
+            frame: message.frame.clone(),
+        });
+    }
+    let mut restarted = queue();
+    restarted.restore(recovered, T0);
+    let mut sub = Sub::join(&mut restarted, 10);
+    assert_eq!(
+        sub.bodies(),
+        ["r1"],
+        "r2 waits behind r1 after a restart too"
+    );
+}

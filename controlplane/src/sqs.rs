@@ -410,9 +410,18 @@ async fn create_queue(
         (Value::Null, given) | (given, _) => string_map(given, "tags")?,
     };
     queues::check_tags(&tags).map_err(SqsError::invalid_parameter)?;
-    if name.ends_with(".fifo") || attributes.get("FifoQueue").is_some_and(|v| v == "true") {
+    // A FIFO queue has both the `.fifo` name and `FifoQueue` true, as on AWS.
+    let fifo = attributes.get("FifoQueue").is_some_and(|v| v == "true");
+    if fifo != name.ends_with(".fifo") {
         return Err(SqsError::invalid_parameter(
-            "FIFO queues are not served yet (docs/sqs.md).",
+            "A FIFO queue's name ends with .fifo and it has FifoQueue true; a standard queue has neither.",
+        ));
+    }
+    if !fifo && attributes.contains_key("ContentBasedDeduplication") {
+        return Err(SqsError::batch(
+            "InvalidAttributeName",
+            "InvalidAttributeName",
+            "Unknown Attribute ContentBasedDeduplication.",
         ));
     }
     // (`FifoQueue=false` is what every queue here is: nothing to set.)
@@ -421,7 +430,7 @@ async fn create_queue(
         .filter(|(name, value)| !(name.as_str() == "FifoQueue" && value.as_str() == "false"))
         .map(|(name, value)| (name.clone(), Value::String(value.clone())))
         .collect();
-    let mut initial: BTreeMap<String, u64> = qe_shared::sqs::settings_of(&as_object)?
+    let mut initial: BTreeMap<String, u64> = qe_shared::sqs::settings_of(&as_object, true)?
         .into_iter()
         .map(|(setting, value)| (setting.name().to_string(), value))
         .collect();

@@ -47,12 +47,20 @@ pub enum Setting {
     /// Beyond the manual: how long an SQS receive that names no `WaitTimeSeconds` waits for
     /// a message (SQS's `ReceiveMessageWaitTimeSeconds`).
     ReceiveWaitSecs,
+    /// Beyond the manual: 1 makes the queue an SQS FIFO queue (`FifoQueue`, set when
+    /// CreateQueue makes it): an SQS send needs a `MessageGroupId` and a deduplication id,
+    /// and gets a `SequenceNumber`. WebSocket publishes keep the manual's rules.
+    FifoQueue,
+    /// Beyond the manual: 1 makes an SQS send to a FIFO queue without a
+    /// `MessageDeduplicationId` take the SHA-256 of its body as one
+    /// (`ContentBasedDeduplication`).
+    ContentBasedDeduplication,
 }
 
 impl Setting {
     /// Every writable setting, in the Reference's order (also `getcfg`'s order), then the
     /// ones beyond the manual.
-    pub const ALL: [Setting; 13] = [
+    pub const ALL: [Setting; 15] = [
         Setting::MaxWsMsgLen,
         Setting::MaxSubscriberCapacity,
         Setting::SavedSessionTimeoutSecs,
@@ -66,6 +74,8 @@ impl Setting {
         Setting::VisibilityTimeoutSecs,
         Setting::DelaySecs,
         Setting::ReceiveWaitSecs,
+        Setting::FifoQueue,
+        Setting::ContentBasedDeduplication,
     ];
 
     /// How many of [`Setting::ALL`] the manual's Reference lists (the first ones).
@@ -86,6 +96,8 @@ impl Setting {
             Setting::VisibilityTimeoutSecs => "visibility-timeout-secs",
             Setting::DelaySecs => "delay-secs",
             Setting::ReceiveWaitSecs => "receive-wait-secs",
+            Setting::FifoQueue => "fifo-queue",
+            Setting::ContentBasedDeduplication => "content-based-deduplication",
         }
     }
 
@@ -112,6 +124,7 @@ impl Setting {
             // SQS's ranges: 15 minutes, and the longest long poll.
             Setting::DelaySecs => (0, 900),
             Setting::ReceiveWaitSecs => (0, 20),
+            Setting::FifoQueue | Setting::ContentBasedDeduplication => (0, 1),
         }
     }
 
@@ -134,6 +147,8 @@ impl Setting {
             (Setting::VisibilityTimeoutSecs, _) => 30,
             (Setting::DelaySecs, _) => 0,
             (Setting::ReceiveWaitSecs, _) => 0,
+            (Setting::FifoQueue, _) => 0,
+            (Setting::ContentBasedDeduplication, _) => 0,
         }
     }
 
@@ -279,6 +294,8 @@ mod tests {
                 ("visibility-timeout-secs".to_string(), 30, 0, 43_200),
                 ("delay-secs".to_string(), 0, 0, 900),
                 ("receive-wait-secs".to_string(), 0, 0, 20),
+                ("fifo-queue".to_string(), 0, 0, 1),
+                ("content-based-deduplication".to_string(), 0, 0, 1),
             ]
         );
     }

@@ -259,6 +259,87 @@ def query_checks():
     check("the query protocol: create, get, list, send, receive, tags, delete_queue")
 
 
+def fifo_checks():
+    """A FIFO queue made by CreateQueue: a group on every send, deduplication by content,
+    SequenceNumber; four senders at once, each sending every message twice, and three
+    receivers at once: no duplicate, never two of a group out, each group in order."""
+    sqs = client("admin")
+    prefix = SETUP["prefix"]
+    assert error_code(lambda: sqs.create_queue(QueueName=f"{prefix}-x.fifo")) == "InvalidParameterValue"
+    assert error_code(lambda: sqs.create_queue(
+        QueueName=f"{prefix}-x", Attributes={"FifoQueue": "true"})) == "InvalidParameterValue"
+    assert error_code(lambda: sqs.create_queue(
+        QueueName=f"{prefix}-x", Attributes={"ContentBasedDeduplication": "true"})) == "InvalidAttributeName"
+    url = sqs.create_queue(QueueName=f"{prefix}-orders.fifo", Attributes={
+        "FifoQueue": "true", "ContentBasedDeduplication": "true"})["QueueUrl"]
+    shown = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (shown["FifoQueue"], shown["ContentBasedDeduplication"]) == ("true", "true"), shown
+    assert error_code(lambda: sqs.send_message(QueueUrl=url, MessageBody="x")) == "MissingParameter"
+    assert error_code(lambda: sqs.send_message(
+        QueueUrl=url, MessageBody="x", MessageGroupId="g", DelaySeconds=1)) == "InvalidParameterValue"
+    assert sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="attempt-1").get("Messages", []) == []
+    assert error_code(lambda: sqs.create_queue(QueueName=f"{prefix}-y.fifo", Attributes={
+        "FifoQueue": "true", "FifoThroughputLimit": "perMessageGroupId"})) == "InvalidAttributeName"
+    check("a FIFO queue: .fifo with FifoQueue, a group on every send, no delay of a message's own")
+
+    sent = {}
+    lock = threading.Lock()
+
+    def sender(s):
+        mine = client("admin")
+        for n in range(25):
+            body, group = f"s{s}-{n}", f"g{(s + n) % 5}"
+            first = mine.send_message(QueueUrl=url, MessageBody=body, MessageGroupId=group)
+            again = mine.send_message(QueueUrl=url, MessageBody=body, MessageGroupId=group)
+            assert (again["MessageId"], again["SequenceNumber"]) == \
+                (first["MessageId"], first["SequenceNumber"]), (first, again)
+            with lock:
+                sent[first["MessageId"]] = (group, int(first["SequenceNumber"]))
+    threads = [threading.Thread(target=sender, args=(s,)) for s in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(sent) == 100, len(sent)
+    shown = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+    assert shown["Attributes"]["ApproximateNumberOfMessages"] == "100", shown
+    check("four senders at once, every message sent twice: 100 messages, a repeat has the first's id and number")
+
+    received, out, failures = [], {}, []
+
+    def receiver():
+        mine = client("admin")
+        while True:
+            with lock:
+                if len(received) >= 100 or failures:
+                    return
+            got = mine.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                                       AttributeNames=["All"]).get("Messages", [])
+            for message in got:
+                group = message["Attributes"]["MessageGroupId"]
+                number = int(message["Attributes"]["SequenceNumber"])
+                with lock:
+                    if group in out:
+                        failures.append(f"two of {group} out: {out[group]} and {message['MessageId']}")
+                    out[group] = message["MessageId"]
+                    received.append((group, number, message["MessageId"]))
+                    del out[group]
+                mine.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+    threads = [threading.Thread(target=receiver) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    ids = [r[2] for r in received]
+    assert len(ids) == 100 and set(ids) == set(sent), (len(ids), len(set(ids)))
+    for group in {g for g, _ in sent.values()}:
+        numbers = [n for g, n, _ in received if g == group]
+        assert numbers == sorted(numbers), (group, numbers)
+    sqs.delete_queue(QueueUrl=url)
+    check("three receivers at once: each message once, never two of a group out, each group in order")
+
+
 if __name__ == "__main__":
     phase = sys.argv[1]
-    {"boto3": boto3_checks, "cli": cli_checks, "query": query_checks}[phase]()
+    {"boto3": boto3_checks, "cli": cli_checks, "query": query_checks, "fifo": fifo_checks}[phase]()

@@ -377,6 +377,8 @@ async fn getcfg_and_setcfg_all_or_nothing_and_kept_across_a_kill() {
             "visibility-timeout-secs",
             "delay-secs",
             "receive-wait-secs",
+            "fifo-queue",
+            "content-based-deduplication",
             "max-tasks",
             "max-messages",
             "max-messages-memory",
@@ -393,7 +395,8 @@ async fn getcfg_and_setcfg_all_or_nothing_and_kept_across_a_kill() {
     assert_eq!(lines[10], "visibility-timeout-secs,w,30");
     assert_eq!(lines[11], "delay-secs,w,0");
     assert_eq!(lines[12], "receive-wait-secs,w,0");
-    assert_eq!(lines[17], "max-write-queue-bytes,r,4194304");
+    assert_eq!(lines[13], "fifo-queue,w,0");
+    assert_eq!(lines[19], "max-write-queue-bytes,r,4194304");
 
     let cases = [
         (json!({"cmd": "setcfg", "max-subscriber-capacity": 0}), 414),

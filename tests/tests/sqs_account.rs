@@ -151,3 +151,14 @@ async fn the_javascript_sdk_makes_uses_tags_lists_and_deletes_queues_through_the
     assert_eq!(queue["account"], account.as_str(), "{queue}");
     assert_eq!(queue["status"], "running", "{queue}");
 }
+
+/// A FIFO queue made through the endpoint, driven by boto3 with concurrent senders (each
+/// sending every message twice) and receivers: no duplicate, one of a group out at a time,
+/// each group in order (`fifo_checks` in the script).
+#[tokio::test]
+async fn a_fifo_queue_keeps_each_group_in_order_and_each_message_once() {
+    let cp = ControlPlane::start();
+    let (_, setup) = account_with_keys(&cp, "ff").await;
+    let output = run(&python(), "fifo", &setup, &cp).await;
+    assert_eq!(output.lines().filter(|l| l.starts_with("ok ")).count(), 3);
+}

@@ -192,7 +192,7 @@ fn check_queue_url(context: &Context<'_>, input: &Value) -> Result<(), SqsError>
     }
 }
 
-const ATTRIBUTE_NAMES: [&str; 12] = [
+const ATTRIBUTE_NAMES: [&str; 14] = [
     "ApproximateNumberOfMessages",
     "ApproximateNumberOfMessagesNotVisible",
     "ApproximateNumberOfMessagesDelayed",
@@ -205,6 +205,9 @@ const ATTRIBUTE_NAMES: [&str; 12] = [
     "QueueArn",
     "CreatedTimestamp",
     "LastModifiedTimestamp",
+    // A FIFO queue's only.
+    "FifoQueue",
+    "ContentBasedDeduplication",
 ];
 
 fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
@@ -245,6 +248,12 @@ fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
                 .to_string(),
             },
             "QueueArn" => queue_arn(context),
+            "FifoQueue" | "ContentBasedDeduplication" if !is_fifo(context) => continue,
+            "FifoQueue" => "true".to_string(),
+            "ContentBasedDeduplication" => {
+                let on = node.setting(Setting::ContentBasedDeduplication) == 1;
+                on.to_string()
+            }
             "CreatedTimestamp" => node.history.created().to_string(),
             "LastModifiedTimestamp" => node
                 .meta
@@ -268,7 +277,7 @@ fn set_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
     let Some(given) = input["Attributes"].as_object() else {
         return Err(SqsError::missing_parameter("Attributes"));
     };
-    let changes = qe_shared::sqs::settings_of(given)?;
+    let changes = qe_shared::sqs::settings_of(given, false)?;
     match context.node.change_settings(&changes) {
         Err(crate::store::meta::SaveError::NotSaved) => {
             Err(SqsError::unavailable("The settings could not be saved."))
@@ -302,6 +311,13 @@ struct Outgoing {
     new: NewMessage<'static>,
     body_md5: String,
     attributes_md5: Option<String>,
+    /// Sent to a FIFO queue: its reply has a `SequenceNumber`.
+    fifo: bool,
+}
+
+/// Whether the queue is an SQS FIFO queue (the `fifo-queue` setting CreateQueue sets).
+fn is_fifo(context: &Context<'_>) -> bool {
+    context.node.setting(Setting::FifoQueue) == 1
 }
 
 fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> {
@@ -344,6 +360,28 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
             ))
         }
     };
+    // A FIFO queue's rules, as AWS's: a group always; a deduplication id, given or the
+    // body's SHA-256 (ContentBasedDeduplication); no delay of a message's own.
+    let fifo = is_fifo(context);
+    if fifo && group.is_none() {
+        return Err(SqsError::missing_parameter("MessageGroupId"));
+    }
+    if fifo && !entry["DelaySeconds"].is_null() {
+        return Err(SqsError::invalid_parameter(
+            "The request include parameter that is not valid for this queue type: DelaySeconds.",
+        ));
+    }
+    let dedup_id = match (fifo, dedup_id) {
+        (true, None) if context.node.setting(Setting::ContentBasedDeduplication) == 1 => {
+            Some(qe_shared::hex(&<sha2::Sha256 as sha2::Digest>::digest(body.as_bytes())))
+        }
+        (true, None) => {
+            return Err(SqsError::invalid_parameter(
+                "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId provided explicitly.",
+            ))
+        }
+        (_, dedup_id) => dedup_id,
+    };
     // A message without a delay of its own takes the queue's (`DelaySeconds`).
     let queue_delay = context.node.setting(Setting::DelaySecs);
     let delay = number(entry, "DelaySeconds", 0..=MAX_DELAY_SECS)?.unwrap_or(queue_delay);
@@ -368,6 +406,7 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
     Ok(Outgoing {
         body_md5: attributes::body_digest(body),
         attributes_md5,
+        fifo,
         new: NewMessage {
             body_type: BodyType::Text,
             body: Cow::Owned(body.to_string()),
@@ -434,6 +473,10 @@ fn sent(id: MessageId, outgoing: &Outgoing) -> Map<String, Value> {
     reply.insert("MD5OfMessageBody".into(), outgoing.body_md5.clone().into());
     if let Some(md5) = &outgoing.attributes_md5 {
         reply.insert("MD5OfMessageAttributes".into(), md5.clone().into());
+    }
+    if outgoing.fifo {
+        let number = qe_shared::sqs::sequence_number(id.0.as_u128());
+        reply.insert("SequenceNumber".into(), number.into());
     }
     reply
 }
@@ -502,7 +545,7 @@ async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, 
     };
     let messages: Vec<Value> = pulled
         .iter()
-        .map(|pulled| received(pulled, &system, &wanted))
+        .map(|pulled| received(pulled, &system, &wanted, is_fifo(context)))
         .collect();
     Ok(match messages.is_empty() {
         true => json!({}),
@@ -511,7 +554,8 @@ async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, 
 }
 
 /// What a receive answers for one message.
-fn received(pulled: &Pulled, system: &[String], wanted: &[String]) -> Value {
+/// A received message as ReceiveMessage gives it (`fifo`: the queue is a FIFO queue).
+fn received(pulled: &Pulled, system: &[String], wanted: &[String], fifo: bool) -> Value {
     #[derive(serde::Deserialize)]
     struct Frame {
         body: String,
@@ -562,6 +606,10 @@ fn received(pulled: &Pulled, system: &[String], wanted: &[String]) -> Value {
     let group = crate::message::frame_group(&pulled.message.frame);
     if let (true, Some(group)) = (wants("MessageGroupId"), group) {
         shown.insert("MessageGroupId".into(), group.into());
+    }
+    if fifo && wants("SequenceNumber") {
+        let number = qe_shared::sqs::sequence_number(pulled.id.0.as_u128());
+        shown.insert("SequenceNumber".into(), number.into());
     }
     if !shown.is_empty() {
         reply.insert("Attributes".into(), Value::Object(shown));

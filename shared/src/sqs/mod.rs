@@ -221,10 +221,12 @@ pub fn request_id() -> String {
 /// The node settings that SQS queue attributes (SetQueueAttributes, CreateQueue) set, all
 /// checked before any is taken: `VisibilityTimeout`, `MaximumMessageSize`,
 /// `MessageRetentionPeriod`, `RedrivePolicy`'s `maxReceiveCount`, `DelaySeconds` and
-/// `ReceiveMessageWaitTimeSeconds`.
+/// `ReceiveMessageWaitTimeSeconds`, `ContentBasedDeduplication`, and, when the queue is
+/// being made (`creating`), `FifoQueue`.
 /// Anything else is `InvalidAttributeName`; a value out of range, `InvalidAttributeValue`.
 pub fn settings_of(
     given: &serde_json::Map<String, Value>,
+    creating: bool,
 ) -> Result<Vec<(Setting, u64)>, SqsError> {
     let invalid_value = |name: &str| {
         SqsError::batch(
@@ -251,6 +253,8 @@ pub fn settings_of(
             }
             "DelaySeconds" => (Setting::DelaySecs, text.parse().ok()),
             "ReceiveMessageWaitTimeSeconds" => (Setting::ReceiveWaitSecs, text.parse().ok()),
+            "FifoQueue" if creating => (Setting::FifoQueue, boolean(text)),
+            "ContentBasedDeduplication" => (Setting::ContentBasedDeduplication, boolean(text)),
             _ => {
                 return Err(SqsError::batch(
                     "InvalidAttributeName",
@@ -291,6 +295,21 @@ pub fn read_move_task_handle(handle: &str) -> Option<(String, u64)> {
     let text = String::from_utf8(bytes).ok()?;
     let (queue, number) = text.rsplit_once('/')?;
     Some((queue.to_string(), number.parse().ok()?))
+}
+
+/// SQS's booleans: `true` and `false`.
+fn boolean(text: &str) -> Option<u64> {
+    match text {
+        "true" => Some(1),
+        "false" => Some(0),
+        _ => None,
+    }
+}
+
+/// A message's `SequenceNumber` on a FIFO queue: its id as a number (ids grow with time,
+/// and a repeat of a deduplicated send has the first's id, so the first's number).
+pub fn sequence_number(id: u128) -> String {
+    id.to_string()
 }
 
 #[cfg(test)]

@@ -28,7 +28,8 @@ def check(name, detail=""):
     print(f"ok {name}{': ' + detail if detail else ''}", flush=True)
 
 
-def client(role, endpoint=ENDPOINT):
+def client(role, endpoint=ENDPOINT, retries=None):
+    """boto3 with `role`'s key; no retries unless asked (a refusal is seen as it comes)."""
     key = SETUP["keys"][role]
     return boto3.client(
         "sqs",
@@ -36,7 +37,7 @@ def client(role, endpoint=ENDPOINT):
         region_name=REGION,
         aws_access_key_id=key[0],
         aws_secret_access_key=key[1],
-        config=botocore.config.Config(retries={"max_attempts": 0}, read_timeout=60),
+        config=botocore.config.Config(retries=retries or {"max_attempts": 0}, read_timeout=60),
     )
 
 
@@ -305,41 +306,88 @@ def fifo_checks():
     assert shown["Attributes"]["ApproximateNumberOfMessages"] == "100", shown
     check("four senders at once, every message sent twice: 100 messages, a repeat has the first's id and number")
 
+    received = receive_all(url, stop_at=50, leave_last_batch=True)
+    print(json.dumps({"url": url, "sent": sent, "received": received}))
+
+
+def receive_all(url, stop_at, leave_last_batch, retries=None):
+    """Three receivers at once until `stop_at` receives, checking that no group has two
+    out; each message deleted after it is logged, but with `leave_last_batch` the batch that
+    reaches `stop_at` is left undeleted (as a receiver killed before its deletes)."""
     received, out, failures = [], {}, []
+    lock = threading.Lock()
 
     def receiver():
-        mine = client("admin")
+        mine = client("admin", retries=retries)
         while True:
             with lock:
-                if len(received) >= 100 or failures:
+                if len(received) >= stop_at or failures:
                     return
             got = mine.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
                                        AttributeNames=["All"]).get("Messages", [])
-            for message in got:
-                group = message["Attributes"]["MessageGroupId"]
-                number = int(message["Attributes"]["SequenceNumber"])
-                with lock:
+            with lock:
+                for message in got:
+                    group = message["Attributes"]["MessageGroupId"]
                     if group in out:
                         failures.append(f"two of {group} out: {out[group]} and {message['MessageId']}")
                     out[group] = message["MessageId"]
-                    received.append((group, number, message["MessageId"]))
-                    del out[group]
-                mine.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+                    received.append((group, int(message["Attributes"]["SequenceNumber"]),
+                                     message["MessageId"]))
+                last = leave_last_batch and len(received) >= stop_at
+            for message in got:
+                # Given back before the delete: the next of the group cannot come before it.
+                with lock:
+                    del out[message["Attributes"]["MessageGroupId"]]
+                if not last:
+                    mine.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
     threads = [threading.Thread(target=receiver) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert not failures, failures
-    ids = [r[2] for r in received]
-    assert len(ids) == 100 and set(ids) == set(sent), (len(ids), len(set(ids)))
-    for group in {g for g, _ in sent.values()}:
-        numbers = [n for g, n, _ in received if g == group]
-        assert numbers == sorted(numbers), (group, numbers)
+    return received
+
+
+def fifo_after_restart():
+    """After a kill -9 of the queue's node (the control plane starts it again): the rest of
+    the messages, the undeleted ones first again in their groups; every message received,
+    each group in order over both halves; a send again of an early message is still a
+    repeat (its deduplication id survived)."""
+    state = json.loads(os.environ["QE_FIFO"])
+    url, sent = state["url"], state["sent"]
+    # The SDK's own retries ride over the node's restart.
+    retrying = {"max_attempts": 20, "mode": "standard"}
+    sqs = client("admin", retries=retrying)
+    # The first message sender 0 sent (group g0), again: its id is still held.
+    again = sqs.send_message(QueueUrl=url, MessageBody="s0-0", MessageGroupId="g0")
+    assert again["MessageId"] in sent, again
+    before = [tuple(r) for r in state["received"]]
+    after = drain_fifo(url, sent, before, retrying)
+    firsts, seen = {}, set()
+    for g, number, message_id in before + after:
+        if message_id not in seen:
+            seen.add(message_id)
+            firsts.setdefault(g, []).append(number)
+    assert seen == set(sent), (len(seen), len(sent))
+    for g, numbers in firsts.items():
+        assert numbers == sorted(numbers), (g, numbers)
     sqs.delete_queue(QueueUrl=url)
-    check("three receivers at once: each message once, never two of a group out, each group in order")
+    check("after a kill -9 in the middle: every message, each group in order, deduplication kept")
+
+
+def drain_fifo(url, sent, before, retries):
+    """Receives until every sent message has been received (before or now)."""
+    have = {r[2] for r in before}
+    received = []
+    while len(have) < len(sent):
+        batch = receive_all(url, stop_at=1, leave_last_batch=False, retries=retries)
+        received.extend(batch)
+        have.update(r[2] for r in batch)
+    return received
 
 
 if __name__ == "__main__":
     phase = sys.argv[1]
-    {"boto3": boto3_checks, "cli": cli_checks, "query": query_checks, "fifo": fifo_checks}[phase]()
+    {"boto3": boto3_checks, "cli": cli_checks, "query": query_checks, "fifo": fifo_checks,
+     "fifo-after-restart": fifo_after_restart}[phase]()

@@ -155,10 +155,28 @@ async fn the_javascript_sdk_makes_uses_tags_lists_and_deletes_queues_through_the
 /// A FIFO queue made through the endpoint, driven by boto3 with concurrent senders (each
 /// sending every message twice) and receivers: no duplicate, one of a group out at a time,
 /// each group in order (`fifo_checks` in the script).
+/// Halfway, with messages received and not deleted, the queue's node is killed -9 (the
+/// control plane starts it again); the rest comes after, in order (`fifo-after-restart`).
 #[tokio::test]
 async fn a_fifo_queue_keeps_each_group_in_order_and_each_message_once() {
     let cp = ControlPlane::start();
-    let (_, setup) = account_with_keys(&cp, "ff").await;
+    let (_, mut setup) = account_with_keys(&cp, "ff").await;
     let output = run(&python(), "fifo", &setup, &cp).await;
-    assert_eq!(output.lines().filter(|l| l.starts_with("ok ")).count(), 3);
+    assert_eq!(output.lines().filter(|l| l.starts_with("ok ")).count(), 2);
+    let state: Value = serde_json::from_str(output.lines().last().unwrap()).unwrap();
+    let id = state["url"].as_str().unwrap().rsplit('/').next().unwrap();
+    let pid = qe_tests::process_naming(&cp.node_bootstrap(id)).expect("the node runs");
+    qe_tests::signal(pid, libc::SIGKILL);
+    setup["fifo"] = state;
+    let script = workspace().join("tests/interop/sqs_account.py");
+    let env = [
+        ("QE_SQS", setup.to_string()),
+        ("QE_FIFO", setup["fifo"].to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let within = std::time::Duration::from_secs(300);
+    let args = ["fifo-after-restart"];
+    let (python, log) = (python(), cp.log_text());
+    let output = qe_tests::run_checked(&python, &script, &args, &env, within, &log).await;
+    assert!(output.contains("after a kill -9 in the middle"), "{output}");
 }

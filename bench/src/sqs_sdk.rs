@@ -5,6 +5,11 @@
 //! tasks sharing one client (as the SDK is meant to be used). 100-byte bodies. Every message
 //! sent is received and deleted exactly once (checked), and the queue is empty at the end.
 //!
+//! With `--groups N` every message has a `MessageGroupId` (N groups, round robin) and a
+//! deduplication id of its own, as a FIFO queue takes them (scripts/bench-sqs makes the node's
+//! queue a FIFO queue for that run): each group's messages are received one at a time, so
+//! the receivers share one count of what is left instead of a share each.
+//!
 //! The endpoint and key come as JSON in QE_SQS: `{"endpoint": URL, "key": [ID, SECRET]}`.
 
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
@@ -25,6 +30,9 @@ pub struct Settings {
     /// Messages per measurement.
     #[arg(long, default_value_t = 4000)]
     messages: usize,
+    /// Message groups the messages are spread over (0: none, a standard queue's sends).
+    #[arg(long, default_value_t = 0)]
+    groups: usize,
 }
 
 pub async fn sqs_sdk(settings: &Settings) {
@@ -34,18 +42,42 @@ pub async fn sqs_sdk(settings: &Settings) {
     let url = client.get_queue_url().queue_name("queue").send().await;
     let url = url.expect("the queue").queue_url.expect("its URL");
     let total = settings.messages;
+    let groups = settings.groups;
+    let kind = match groups {
+        0 => "standard".to_string(),
+        n => format!("FIFO, {n} groups"),
+    };
     println!(
-        "{:>7} {:>12} {:>17} {:>20}  (messages/s, {total} messages each, aws-sdk-sqs)",
+        "{:>7} {:>12} {:>17} {:>20}  (messages/s, {total} messages each, aws-sdk-sqs, {kind})",
         "tasks", "SendMessage", "SendMessageBatch", "Receive+DeleteBatch"
     );
+    let sends = std::sync::atomic::AtomicUsize::new(0);
+    let sending = Sending {
+        groups,
+        sends: &sends,
+    };
     for tasks in [1, 8] {
         let share = total / tasks;
-        let (sent_one, _) = in_tasks(tasks, |_| send_one(&client, &url, share)).await;
-        let (received_one, seen_one) =
-            in_tasks(tasks, |_| receive_and_delete(&client, &url, share)).await;
-        let (sent_batch, _) = in_tasks(tasks, |_| send_batches(&client, &url, share)).await;
-        let (received_batch, seen_batch) =
-            in_tasks(tasks, |_| receive_and_delete(&client, &url, share)).await;
+        // What the receivers have left to take, shared (read with groups only), and when the
+        // last was deleted: with groups the receivers stop together, and those long-polling
+        // for messages that no longer come are not timed.
+        let left = std::sync::atomic::AtomicUsize::new(share * tasks);
+        let last = std::sync::Mutex::new(None);
+        let receive = |_| receive_and_delete(&client, &url, share, groups, &left, &last);
+        let timed = |(took, seen): (Duration, Vec<Vec<String>>), started: Instant| {
+            let last: Option<Instant> = *last.lock().unwrap();
+            let took = last.map_or(took, |last| took.min(last - started));
+            (took, seen)
+        };
+        let (sent_one, _) = in_tasks(tasks, |_| send_one(&client, &url, share, &sending)).await;
+        let started = Instant::now();
+        let (received_one, seen_one) = timed(in_tasks(tasks, receive).await, started);
+        left.store(share * tasks, std::sync::atomic::Ordering::SeqCst);
+        *last.lock().unwrap() = None;
+        let (sent_batch, _) =
+            in_tasks(tasks, |_| send_batches(&client, &url, share, &sending)).await;
+        let started = Instant::now();
+        let (received_batch, seen_batch) = timed(in_tasks(tasks, receive).await, started);
         for seen in [seen_one, seen_batch] {
             let ids: Vec<String> = seen.into_iter().flatten().collect();
             let distinct: HashSet<&String> = ids.iter().collect();
@@ -95,25 +127,52 @@ where
     (started.elapsed(), results)
 }
 
-async fn send_one(client: &Client, url: &str, count: usize) {
+/// What every send carries: with groups, the next group round robin and a deduplication id
+/// of its own (the count of sends so far).
+struct Sending<'a> {
+    groups: usize,
+    sends: &'a std::sync::atomic::AtomicUsize,
+}
+
+impl Sending<'_> {
+    /// The group and deduplication id of the next send, if messages have groups.
+    fn next(&self) -> Option<(String, String)> {
+        let n = self
+            .sends
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // (The process's id in it: a run within five minutes of another must not repeat its
+        // ids, or its sends would be taken as repeats and make nothing.)
+        let run = std::process::id();
+        (self.groups > 0).then(|| (format!("g{}", n % self.groups), format!("m{run}-{n}")))
+    }
+}
+
+async fn send_one(client: &Client, url: &str, count: usize, sending: &Sending<'_>) {
     for _ in 0..count {
-        let sent = client
+        let mut sent = client
             .send_message()
             .queue_url(url)
             .message_body(BODY.as_str());
+        if let Some((group, dedup)) = sending.next() {
+            sent = sent.message_group_id(group).message_deduplication_id(dedup);
+        }
         sent.send().await.expect("SendMessage");
     }
 }
 
-async fn send_batches(client: &Client, url: &str, count: usize) {
+async fn send_batches(client: &Client, url: &str, count: usize, sending: &Sending<'_>) {
     for start in (0..count).step_by(10) {
         let mut batch = client.send_message_batch().queue_url(url);
         for n in 0..(count - start).min(10) {
-            let entry = SendMessageBatchRequestEntry::builder()
+            let mut entry = SendMessageBatchRequestEntry::builder()
                 .id(n.to_string())
-                .message_body(BODY.as_str())
-                .build()
-                .expect("an entry");
+                .message_body(BODY.as_str());
+            if let Some((group, dedup)) = sending.next() {
+                entry = entry
+                    .message_group_id(group)
+                    .message_deduplication_id(dedup);
+            }
+            let entry = entry.build().expect("an entry");
             batch = batch.entries(entry);
         }
         let sent = batch.send().await.expect("SendMessageBatch");
@@ -121,17 +180,33 @@ async fn send_batches(client: &Client, url: &str, count: usize) {
     }
 }
 
-/// Receives and deletes until `count` came or three receives of a second found nothing; the
-/// ids received.
-async fn receive_and_delete(client: &Client, url: &str, count: usize) -> Vec<String> {
+/// Receives and deletes until `count` came (with groups: until `left`, shared by the
+/// receivers, is used up) or three receives of a second found nothing; the ids received.
+async fn receive_and_delete(
+    client: &Client,
+    url: &str,
+    count: usize,
+    groups: usize,
+    left: &std::sync::atomic::AtomicUsize,
+    last: &std::sync::Mutex<Option<Instant>>,
+) -> Vec<String> {
+    use std::sync::atomic::Ordering;
     let (mut seen, mut idle) = (Vec::with_capacity(count), 0);
-    while seen.len() < count && idle < 3 {
+    let more = |seen: &Vec<String>| match groups {
+        0 => seen.len() < count,
+        _ => left.load(Ordering::SeqCst) > 0,
+    };
+    while more(&seen) && idle < 3 {
+        let wanted = match groups {
+            // No more than its share: a task that took another's would leave that one
+            // long-polling an empty queue inside the timing.
+            0 => (count - seen.len()).min(10),
+            _ => 10,
+        };
         let received = client
             .receive_message()
             .queue_url(url)
-            // No more than its share: a task that took another's would leave that one
-            // long-polling an empty queue inside the timing.
-            .max_number_of_messages((count - seen.len()).min(10) as i32)
+            .max_number_of_messages(wanted as i32)
             .visibility_timeout(300)
             .wait_time_seconds(1)
             .send()
@@ -154,6 +229,9 @@ async fn receive_and_delete(client: &Client, url: &str, count: usize) -> Vec<Str
         }
         let deleted = deletes.send().await.expect("DeleteMessageBatch");
         assert!(deleted.failed().is_empty(), "{deleted:?}");
+        if left.fetch_sub(messages.len(), Ordering::SeqCst) == messages.len() {
+            *last.lock().unwrap() = Some(Instant::now());
+        }
         seen.extend(
             messages
                 .iter()

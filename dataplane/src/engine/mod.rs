@@ -162,7 +162,15 @@ impl Queue {
 
     /// A pull receiver deletes a message it received (receive number `receipt`).
     pub fn delete_received(&self, id: MessageId, receipt: u64) -> Result<Receipt, Refused> {
-        self.lock().delete_received(id, receipt)
+        let (deleted, lined_up) = {
+            let mut state = self.lock();
+            (state.delete_received(id, receipt), state.take_lined_up())
+        };
+        // The next of its group waits now: a long-polling receiver takes it.
+        if lined_up {
+            self.wake_pullers();
+        }
+        deleted
     }
 
     /// A pull receiver changes a received message's visibility timeout, from now.
@@ -379,11 +387,25 @@ impl Subscription {
     }
 
     pub fn ack(&self, id: MessageId) -> Result<Receipt, Refused> {
-        self.queue.lock().ack(self.session, id)
+        let (acked, lined_up) = {
+            let mut state = self.queue.lock();
+            (state.ack(self.session, id), state.take_lined_up())
+        };
+        if lined_up {
+            self.queue.wake_pullers();
+        }
+        acked
     }
 
     pub fn nack(&self, id: MessageId) -> Result<Receipt, Refused> {
-        self.queue.lock().nack(self.session, id)
+        let (nacked, lined_up) = {
+            let mut state = self.queue.lock();
+            (state.nack(self.session, id), state.take_lined_up())
+        };
+        if lined_up {
+            self.queue.wake_pullers();
+        }
+        nacked
     }
 
     pub fn set_capacity(&self, capacity: u64) {

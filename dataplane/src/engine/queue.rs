@@ -247,6 +247,9 @@ pub struct QueueState {
     senders: Senders,
     /// Message groups with messages in the queue ([`super::groups`]).
     groups: Groups,
+    /// A group's next message went into the waiting line since the last look
+    /// ([`QueueState::take_lined_up`]): long-polling receivers are to look again.
+    lined_up: bool,
     store: Box<dyn Store>,
 }
 
@@ -275,6 +278,7 @@ impl QueueState {
             dedup: Dedup::default(),
             senders: Senders::default(),
             groups: Groups::default(),
+            lined_up: false,
             store,
         }
     }
@@ -893,6 +897,12 @@ impl QueueState {
         }
     }
 
+    /// Whether a group's next message went into the waiting line since the last call (an ack
+    /// or a delete can make a message wait, with groups only).
+    pub fn take_lined_up(&mut self) -> bool {
+        std::mem::take(&mut self.lined_up)
+    }
+
     /// Forgets the deduplication ids whose windows ended by `now_ms`, and gives back the
     /// memory they counted.
     pub fn expire_dedup(&mut self, now_ms: u64) {
@@ -1271,6 +1281,7 @@ impl QueueState {
         match self.groups.leave(group, id) {
             Left::Head(Some(next)) => {
                 self.waiting.push_back(next);
+                self.lined_up = true;
                 false
             }
             Left::WasBlocked => true,

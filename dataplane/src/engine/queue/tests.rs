@@ -1495,7 +1495,9 @@ fn a_failed_delivery_keeps_its_place_in_its_group_and_a_removal_frees_the_next()
     let pulled = q.receive(10, 1_000, T0 + 1_000);
     assert_eq!(pulled.iter().map(|p| p.id).collect::<Vec<_>>(), [g1]);
     // Deleted by its receiver: g2 is next; an administrator deletes g3 while it waits.
+    let _ = q.take_lined_up();
     let _ = q.delete_received(g1, pulled[0].receipt).unwrap();
+    assert!(q.take_lined_up(), "long-polling receivers are woken for g2");
     let _ = q.delete(g3).unwrap();
     let pulled = q.receive(10, 1_000, T0 + 2_000);
     assert_eq!(pulled.iter().map(|p| p.id).collect::<Vec<_>>(), [g2]);

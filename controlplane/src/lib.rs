@@ -33,6 +33,7 @@ pub mod pebble;
 pub mod policy;
 pub mod queues;
 pub mod reconciler;
+pub mod redrive;
 pub mod rollout;
 pub mod rollup;
 pub mod silence;

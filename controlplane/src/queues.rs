@@ -4,7 +4,7 @@ use qe_shared::node_channel::{DesiredConfig, LoginHash, Logins, NodeTls};
 use qe_shared::password::PasswordHash;
 use qe_shared::protocol::Role;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub use qe_shared::settings::Tier;
@@ -135,6 +135,22 @@ pub struct Queue {
     /// confirmed one); until then they are left out.
     #[serde(default, skip_serializing_if = "is_false")]
     pub node_takes_initial_settings: bool,
+    /// The queue of its account its dead letters are sent to (SQS's `RedrivePolicy` naming
+    /// another queue, `redrive.rs`); None: they stay in its own dead letter queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_target: Option<String>,
+    /// The queues whose dead letters are sent here (each one's `dead_letter_target` is this
+    /// queue): each has a publisher key of this queue's SQS face.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub dead_letter_sources: BTreeSet<String>,
+    /// Its `RedriveAllowPolicy` (JSON text, checked); None: every queue of its account may
+    /// send it dead letters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_allow_policy: Option<String>,
+    /// Whether its node takes its redrive in its config (it said so when it last confirmed
+    /// one); until then it is left out.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub node_takes_redrive: bool,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -213,6 +229,8 @@ impl Queue {
                 .filter(|_| self.node_accepts_builds),
             initial_settings: Some(self.initial_settings.clone())
                 .filter(|settings| !settings.is_empty() && self.node_takes_initial_settings),
+            // Needs the target's record: `api::nodes::desired_config` adds it.
+            redrive: None,
         }
     }
 }
@@ -290,6 +308,10 @@ impl Queue {
             refused_build: None,
             node_accepts_builds: false,
             node_takes_initial_settings: false,
+            dead_letter_target: None,
+            dead_letter_sources: BTreeSet::new(),
+            redrive_allow_policy: None,
+            node_takes_redrive: false,
             name: new.name,
             tags: new.tags,
             sqs_attributes: new.sqs_attributes,
@@ -301,7 +323,14 @@ impl Queue {
     /// reached it.
     pub fn settled(&self) -> bool {
         let given = self.initial_settings.is_empty() || self.node_takes_initial_settings;
-        self.status == Status::Running && given && !self.change_pending()
+        let redrive_given = !self.has_redrive() || self.node_takes_redrive;
+        self.status == Status::Running && given && redrive_given && !self.change_pending()
+    }
+
+    /// Whether its dead letters go to another queue or it has a `RedriveAllowPolicy`: what
+    /// its node's config carries (`DesiredConfig::redrive`).
+    pub fn has_redrive(&self) -> bool {
+        self.dead_letter_target.is_some() || self.redrive_allow_policy.is_some()
     }
 
     /// Its name as SQS shows it: its own, or its id.

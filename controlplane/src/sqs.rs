@@ -382,10 +382,14 @@ async fn run(
             let queue = queue_at(state, account, input).await?;
             Ok((json!({ "Tags": queue.tags }), queue.id))
         }
-        // A queue's dead letter queue is its own: no queue sends its dead letters to another.
         Action::ListDeadLetterSourceQueues => {
             let queue = queue_at(state, account, input).await?;
-            Ok((json!({ "queueUrls": [] }), queue.id))
+            let sources = crate::redrive::sources(state, &queue).await?;
+            let urls: Result<Vec<String>, SqsError> = sources
+                .iter()
+                .map(|source| queue_url(state, source))
+                .collect();
+            Ok((json!({ "queueUrls": urls? }), queue.id))
         }
     }
 }
@@ -434,6 +438,17 @@ async fn create_queue(
         .into_iter()
         .map(|(setting, value)| (setting.name().to_string(), value))
         .collect();
+    // Dead letters sent to another queue of the account: checked before anything is made.
+    let redrive = qe_shared::node_channel::RedriveChange {
+        dead_letter_target_arn: attributes
+            .get("RedrivePolicy")
+            .and_then(|policy| qe_shared::sqs::dead_letter_target_arn(policy)),
+        allow_policy: attributes.get("RedriveAllowPolicy").cloned(),
+    };
+    if let Some(arn) = &redrive.dead_letter_target_arn {
+        let account = Some(signer.account.id.as_str());
+        crate::redrive::resolve_target(state, account, &[name], fifo, arn).await?;
+    }
     // AWS's default message size, where the manual's WebSocket default is 64 KiB.
     initial
         .entry(qe_shared::settings::Setting::MaxWsMsgLen.name().to_string())
@@ -472,6 +487,10 @@ async fn create_queue(
         };
         match crate::api::queues::provision(state, new).await {
             Ok((queue, _logins)) => {
+                let queue = match redrive != Default::default() {
+                    true => crate::redrive::change(state, &queue, &redrive).await?,
+                    false => queue,
+                };
                 crate::api::queues::refresh_zone(state)
                     .await
                     .map_err(|e| SqsError::unavailable(&e.to_string()))?;
@@ -602,7 +621,11 @@ async fn being_made(
 const RECORD_WITHIN: Duration = Duration::from_secs(5);
 
 /// The account's live queue named `name` (a queue made without a name goes by its id).
-async fn named(state: &AppState, account: &Account, name: &str) -> Result<Option<Queue>, SqsError> {
+pub(crate) async fn named(
+    state: &AppState,
+    account: &Account,
+    name: &str,
+) -> Result<Option<Queue>, SqsError> {
     let id = account.names.get(name).map_or(name, String::as_str);
     if !account.queues.contains_key(id) {
         return Ok(None);

@@ -11,8 +11,8 @@ use crate::control_planes::{ControlPlanes, Unanswered};
 use crate::node::Node;
 use crate::report::{self, Reporter};
 use qe_shared::node_channel::{
-    Applied, Bootstrap, CertificateRequest, DesiredConfig, IssuedCertificate, LoginHash, NodeBuild,
-    NodeTls, WATCH_HOLD_SECS,
+    Applied, Bootstrap, CertificateRequest, DesiredConfig, DesiredRedrive, IssuedCertificate,
+    LoginHash, NodeBuild, NodeTls, RedriveChange, RedriveRefused, WATCH_HOLD_SECS,
 };
 use qe_tls::Certificate;
 use sha2::Digest;
@@ -182,6 +182,7 @@ impl Channel {
             refused_build: crate::upgrade::last_refused(&self.data_dir),
             accepts_builds: true,
             takes_initial_settings: true,
+            takes_redrive: true,
         };
         self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;
@@ -233,6 +234,36 @@ impl Channel {
         self.send(|base| self.client.post(self.url(base, "stray")).json(kept))
             .await?;
         Ok(())
+    }
+
+    /// Asks the control plane for a change to the queue's redrive (SQS's `SetQueueAttributes`
+    /// naming another queue as its dead letter target, or setting `RedriveAllowPolicy`): the
+    /// redrive now, or why it was refused.
+    pub async fn change_redrive(
+        &self,
+        change: &RedriveChange,
+    ) -> Result<Result<DesiredRedrive, RedriveRefused>, ChannelError> {
+        // A refusal (400) is an answer, not a fault to fail over on.
+        let response = self
+            .to
+            .control_planes
+            .call(|base| {
+                let url = self.url(&base, "redrive");
+                let sent = self.client.post(url).json(change).bearer_auth(self.token());
+                async move {
+                    let response = sent.send().await?;
+                    match response.status() {
+                        status if status.is_success() => Ok(response),
+                        reqwest::StatusCode::BAD_REQUEST => Ok(response),
+                        status => Err(Unanswered::Refused(status)),
+                    }
+                }
+            })
+            .await?;
+        match response.status() {
+            reqwest::StatusCode::BAD_REQUEST => Ok(Err(response.json().await?)),
+            _ => Ok(Ok(response.json().await?)),
+        }
     }
 
     /// Sends a CSR for the queue's name; returns the chain the control plane had issued.
@@ -608,6 +639,7 @@ impl Apply for NodeApply {
                     tracing::warn!(%error, "the queue's initial settings were not taken");
                 }
             }
+            self.node.set_redrive(desired.redrive.clone());
             match (&self.own_certificate, &desired.tls) {
                 (Some(own), NodeTls::Queue { generation, .. }) => {
                     own.renew_if_asked(*generation).await

@@ -236,6 +236,7 @@ async fn run() -> ExitCode {
     // one that names another build has the node fetch it and restart into it.
     let mut new_build = None;
     let mut confirmed = None;
+    let sqs_channel = bootstrapped.clone();
     if let (Some(channel), Some(desired)) = (bootstrapped, desired) {
         // A queue made through SQS starts with the attributes it was made with.
         if let Some(initial) = &desired.initial_settings {
@@ -243,6 +244,12 @@ async fn run() -> ExitCode {
                 tracing::warn!(%error, "the queue's initial settings were not taken");
             }
         }
+        node.set_redrive(desired.redrive.clone());
+        let queue_id = channel.report_to().queue_id;
+        tokio::spawn(dataplane::sqs::dead_letters::forward(
+            node.clone(),
+            queue_id,
+        ));
         let (upgrader, ready) =
             dataplane::upgrade::Upgrader::start(channel.clone(), config.data_dir.clone());
         upgrader.want(desired.build.as_ref());
@@ -282,6 +289,7 @@ async fn run() -> ExitCode {
             queue_name,
             sqs_acceptor.is_some(),
             control_plane,
+            sqs_channel,
         );
         tokio::spawn(face.run(listener, sqs_acceptor));
         say(&format!("sqs: serving on {addr}"));

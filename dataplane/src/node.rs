@@ -32,6 +32,9 @@ pub struct Node {
     logins: RwLock<Logins>,
     /// The SQS face's access keys (docs/sqs.md): its logins.
     sqs_keys: RwLock<Vec<crate::sqs::SqsKey>>,
+    /// Where its dead letters go and who may send it theirs (SQS's redrive, kept by the
+    /// control plane): the dead letter forwarder watches it.
+    redrive: tokio::sync::watch::Sender<qe_shared::node_channel::DesiredRedrive>,
     pub tier: Tier,
     pub limits: NodeLimits,
     /// Where the settings are kept across restarts.
@@ -155,6 +158,7 @@ impl Node {
                     .map(|sqs| sqs.keys.clone())
                     .unwrap_or_default(),
             ),
+            redrive: tokio::sync::watch::Sender::new(Default::default()),
             tier: config.tier,
             limits,
             meta,
@@ -246,6 +250,21 @@ impl Node {
     /// New SQS keys, from the next SQS request on (a key made, or one revoked).
     pub fn replace_sqs_keys(&self, keys: Vec<crate::sqs::SqsKey>) {
         *self.sqs_keys.write().expect("never poisoned") = keys;
+    }
+
+    /// Takes the redrive the control plane sent (None: the queue's own dead letter queue).
+    pub fn set_redrive(&self, redrive: Option<qe_shared::node_channel::DesiredRedrive>) {
+        self.redrive.send_if_modified(|held| {
+            let redrive = redrive.unwrap_or_default();
+            let changed = *held != redrive;
+            *held = redrive;
+            changed
+        });
+    }
+
+    /// The redrive now, and every change after.
+    pub fn redrive(&self) -> tokio::sync::watch::Receiver<qe_shared::node_channel::DesiredRedrive> {
+        self.redrive.subscribe()
     }
 
     /// The SQS key with this access key id, if the queue has it.

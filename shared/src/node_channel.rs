@@ -12,6 +12,11 @@
 //!   [`ReportReceipt`]; and, in a report of their own every [`LIVE_STATS_SECS`], the node's
 //!   [`LiveStats`] for the control plane's `/metrics` (never stored, never sent again).
 //!
+//! - `POST /v1/nodes/{id}/redrive` with [`RedriveChange`]: SQS's `SetQueueAttributes` at the
+//!   node naming another queue of the account as the dead letter target, or setting
+//!   `RedriveAllowPolicy` (only the control plane knows the account's other queues),
+//!   answered with the queue's [`DesiredRedrive`] now, or refused with SQS's error code.
+//!
 //! Every call carries the node's credential as a bearer token.
 
 use crate::settings::Tier;
@@ -143,6 +148,80 @@ pub struct DesiredConfig {
     /// build it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<DesiredBuild>,
+    /// Where the queue's dead letters go and which queues may send theirs to it (SQS's
+    /// `RedrivePolicy` and `RedriveAllowPolicy`). Sent only to a node that said it takes it
+    /// ([`Applied::takes_redrive`]); None (left out): the queue's own dead letter queue, and
+    /// any queue of the account may name it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive: Option<DesiredRedrive>,
+}
+
+/// A queue's dead letter routing, kept by the control plane (docs/sqs.md, *Dead letters to
+/// another queue*).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredRedrive {
+    /// The queue of the account its dead letters are sent to; None: they stay in its own
+    /// dead letter queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<DeadLetterTarget>,
+    /// Its `RedriveAllowPolicy` as set (JSON text, checked); None: not set (every queue of
+    /// the account may send it its dead letters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_policy: Option<String>,
+}
+
+/// Another queue of the account that takes a queue's dead letters, and how the node sends
+/// them there: SQS's `SendMessageBatch` at its URL, signed with a key of its own that the
+/// target's node knows (a publisher key derived for this source alone).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterTarget {
+    /// Its ARN, as `RedrivePolicy`'s `deadLetterTargetArn` shows it.
+    pub arn: String,
+    pub queue_url: String,
+    /// The region its requests are signed for.
+    pub region: String,
+    /// A FIFO queue (every send then needs a group).
+    pub fifo: bool,
+    pub access_key_id: String,
+    pub secret: String,
+    /// The roots (PEM) its node's certificate is checked against; None: the public web's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roots_pem: Option<String>,
+}
+
+impl std::fmt::Debug for DeadLetterTarget {
+    /// Never the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeadLetterTarget({} as {})",
+            self.arn, self.access_key_id
+        )
+    }
+}
+
+/// A change to a queue's [`DesiredRedrive`] that SQS's `SetQueueAttributes` at its node asks
+/// for (`POST /v1/nodes/{id}/redrive`). A field left out is left as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveChange {
+    /// Another queue's ARN: its dead letters go there from now on; "": back to its own dead
+    /// letter queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_target_arn: Option<String>,
+    /// A `RedriveAllowPolicy` (JSON text); "": removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_policy: Option<String>,
+}
+
+/// Why the control plane refused a [`RedriveChange`]: SQS's error code and message, which the
+/// node answers the SDK with (`400`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedriveRefused {
+    pub code: String,
+    pub message: String,
 }
 
 /// A node build the control plane wants a node to run.
@@ -227,6 +306,9 @@ pub struct Applied {
     /// know.
     #[serde(default, skip_serializing_if = "is_false")]
     pub takes_initial_settings: bool,
+    /// Whether the node takes `DesiredConfig::redrive`, for the same reason.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub takes_redrive: bool,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -519,6 +601,7 @@ mod tests {
             sqs: None,
             build: None,
             initial_settings: None,
+            redrive: None,
         };
         let text = serde_json::to_string(&config).unwrap();
         assert!(!text.contains("live_stats_secs"), "left out unless set");

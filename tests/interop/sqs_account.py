@@ -387,7 +387,99 @@ def drain_fifo(url, sent, before, retries):
     return received
 
 
+def dead_letter_checks():
+    """RedrivePolicy naming another queue of the account, RedriveAllowPolicy, and
+    ListDeadLetterSourceQueues: set at create (the endpoint) and by SetQueueAttributes at the
+    queue's URL (its node, which asks the control plane)."""
+    sqs = client("admin")
+    prefix = SETUP["prefix"]
+
+    def arn_of(name):
+        return f"arn:aws:sqs:{REGION}:000000000000:{name}"
+
+    def redrive(target, count):
+        return json.dumps({"deadLetterTargetArn": target, "maxReceiveCount": str(count)})
+
+    def attribute(url, name):
+        got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[name])
+        return got.get("Attributes", {}).get(name)
+
+    dead = sqs.create_queue(QueueName=f"{prefix}-dead")["QueueUrl"]
+    dead_arn = attribute(dead, "QueueArn")
+    allow = json.dumps({"redrivePermission": "byQueue",
+                        "sourceQueueArns": [arn_of(f"{prefix}-orders")]})
+    sqs.set_queue_attributes(QueueUrl=dead, Attributes={"RedriveAllowPolicy": allow})
+    assert attribute(dead, "RedriveAllowPolicy") == allow
+    check("RedriveAllowPolicy is set at the queue's URL and read back")
+
+    # A queue the policy does not name may not send its dead letters there, and is not made.
+    refused = error_code(lambda: sqs.create_queue(
+        QueueName=f"{prefix}-other", Attributes={"RedrivePolicy": redrive(dead_arn, 1)}))
+    assert refused == "InvalidParameterValue", refused
+    missing = error_code(lambda: sqs.get_queue_url(QueueName=f"{prefix}-other"))
+    assert missing == "AWS.SimpleQueueService.NonExistentQueue", missing
+    check("a create naming a target whose RedriveAllowPolicy leaves it out is refused")
+
+    orders = sqs.create_queue(QueueName=f"{prefix}-orders", Attributes={
+        "RedrivePolicy": redrive(dead_arn, 1), "VisibilityTimeout": "0"})["QueueUrl"]
+    policy = json.loads(attribute(orders, "RedrivePolicy"))
+    assert policy == {"deadLetterTargetArn": dead_arn, "maxReceiveCount": 1}, policy
+    sources = sqs.list_dead_letter_source_queues(QueueUrl=dead)["queueUrls"]
+    assert sources == [orders], sources
+    check("a queue made with another as its dead letter target shows it, and the target lists it")
+
+    attributes = {"kind": {"DataType": "String", "StringValue": "refund"}}
+    bodies = [f"poison {n}" for n in range(3)]
+    for body in bodies:
+        sqs.send_message(QueueUrl=orders, MessageBody=body, MessageAttributes=attributes)
+    # Each received once and never deleted: its visibility (0 s) ends, its one allowed
+    # receive is spent, and it is dead-lettered, then sent on to the target.
+    received = set()
+    while len(received) < len(bodies):
+        got = sqs.receive_message(QueueUrl=orders, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        received.update(m["Body"] for m in got.get("Messages", []))
+    arrived = []
+    deadline = time.time() + 60
+    while len(arrived) < len(bodies) and time.time() < deadline:
+        got = sqs.receive_message(QueueUrl=dead, MaxNumberOfMessages=10, WaitTimeSeconds=5,
+                                  MessageAttributeNames=["All"])
+        for message in got.get("Messages", []):
+            assert message["MessageAttributes"] == attributes, message
+            arrived.append(message["Body"])
+            sqs.delete_message(QueueUrl=dead, ReceiptHandle=message["ReceiptHandle"])
+    assert sorted(arrived) == bodies, arrived
+    again = sqs.receive_message(QueueUrl=dead, WaitTimeSeconds=2).get("Messages", [])
+    assert again == [], again
+    left = sqs.receive_message(QueueUrl=orders, WaitTimeSeconds=1).get("Messages", [])
+    assert left == [], left
+    check("dead letters arrive at the target once each, with their attributes", f"{len(arrived)}")
+
+    # SetQueueAttributes at a queue's URL names the target by its name's ARN, once the
+    # target's policy names it; then back to its own dead letter queue.
+    second = sqs.create_queue(QueueName=f"{prefix}-second")["QueueUrl"]
+    refused = error_code(lambda: sqs.set_queue_attributes(QueueUrl=second, Attributes={
+        "RedrivePolicy": redrive(arn_of(f"{prefix}-dead"), 2)}))
+    assert refused == "InvalidParameterValue", refused
+    both = json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [
+        arn_of(f"{prefix}-orders"), arn_of(f"{prefix}-second")]})
+    sqs.set_queue_attributes(QueueUrl=dead, Attributes={"RedriveAllowPolicy": both})
+    sqs.set_queue_attributes(QueueUrl=second, Attributes={
+        "RedrivePolicy": redrive(arn_of(f"{prefix}-dead"), 2)})
+    policy = json.loads(attribute(second, "RedrivePolicy"))
+    assert policy == {"deadLetterTargetArn": dead_arn, "maxReceiveCount": 2}, policy
+    sources = sqs.list_dead_letter_source_queues(QueueUrl=dead)["queueUrls"]
+    assert sorted(sources) == sorted([orders, second]), sources
+    own = attribute(second, "QueueArn") + "-dlq"
+    sqs.set_queue_attributes(QueueUrl=second, Attributes={"RedrivePolicy": redrive(own, 2)})
+    assert json.loads(attribute(second, "RedrivePolicy"))["deadLetterTargetArn"] == own
+    assert sqs.list_dead_letter_source_queues(QueueUrl=dead)["queueUrls"] == [orders]
+    check("SetQueueAttributes names a target when its policy allows, and goes back to its own")
+
+    for url in (orders, second, dead):
+        sqs.delete_queue(QueueUrl=url)
+
+
 if __name__ == "__main__":
     phase = sys.argv[1]
     {"boto3": boto3_checks, "cli": cli_checks, "query": query_checks, "fifo": fifo_checks,
-     "fifo-after-restart": fifo_after_restart}[phase]()
+     "fifo-after-restart": fifo_after_restart, "dead-letters": dead_letter_checks}[phase]()

@@ -234,10 +234,17 @@ def delays_hold_a_message_back():
 
 def max_receive_count_moves_the_message_to_the_dead_letter_queue():
     drain()
+    # A target that is not an ARN is refused, as on AWS.
+    assert error_code(lambda: ADMIN.set_queue_attributes(QueueUrl=URL, Attributes={
+        "RedrivePolicy": json.dumps({"maxReceiveCount": 2, "deadLetterTargetArn": "x"})})) \
+        == "InvalidAttributeValue"
+    own = ADMIN.get_queue_attributes(QueueUrl=URL, AttributeNames=["QueueArn"])
+    own = own["Attributes"]["QueueArn"] + "-dlq"
     ADMIN.set_queue_attributes(QueueUrl=URL, Attributes={
-        "RedrivePolicy": json.dumps({"maxReceiveCount": 2, "deadLetterTargetArn": "ignored"})})
+        "RedrivePolicy": json.dumps({"maxReceiveCount": 2, "deadLetterTargetArn": own})})
     policy = ADMIN.get_queue_attributes(QueueUrl=URL, AttributeNames=["RedrivePolicy"])
-    assert json.loads(policy["Attributes"]["RedrivePolicy"])["maxReceiveCount"] == 2, policy
+    policy = json.loads(policy["Attributes"]["RedrivePolicy"])
+    assert policy == {"maxReceiveCount": 2, "deadLetterTargetArn": own}, policy
     sent = PUBLISHER.send_message(QueueUrl=URL, MessageBody="poison")
     for attempt in [1, 2]:
         got = receive(WaitTimeSeconds=5, VisibilityTimeout=1)

@@ -175,6 +175,7 @@ fn desired() -> DesiredConfig {
         sqs: None,
         build: None,
         initial_settings: None,
+        redrive: None,
     }
 }
 

@@ -152,6 +152,22 @@ async fn the_javascript_sdk_makes_uses_tags_lists_and_deletes_queues_through_the
     assert_eq!(queue["status"], "running", "{queue}");
 }
 
+/// Dead letters sent to another queue of the account (`dead_letter_checks` in the script):
+/// `RedrivePolicy` naming it at `CreateQueue` and by `SetQueueAttributes` at a queue's node,
+/// its `RedriveAllowPolicy` obeyed, each dead letter arriving once with its attributes, and
+/// `ListDeadLetterSourceQueues` naming the sources.
+#[tokio::test]
+async fn dead_letters_go_to_another_queue_of_the_account_that_allows_it() {
+    let cp = ControlPlane::start();
+    let (_, setup) = account_with_keys(&cp, "dl").await;
+    let output = run(&python(), "dead-letters", &setup, &cp).await;
+    assert_eq!(
+        output.lines().filter(|l| l.starts_with("ok ")).count(),
+        5,
+        "{output}"
+    );
+}
+
 /// A FIFO queue made through the endpoint, driven by boto3 with concurrent senders (each
 /// sending every message twice) and receivers: no duplicate, one of a group out at a time,
 /// each group in order (`fifo_checks` in the script).

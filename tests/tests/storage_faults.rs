@@ -252,3 +252,84 @@ async fn a_segment_compaction_cannot_remove_is_kept_so_no_acked_message_comes_ba
         "every message was acked; none may come back"
     );
 }
+
+/// The SQS face on a file system gone read-only: a send, a delete and a purge whose write
+/// failed are answered as failed (`InternalFailure`, 500, which the SDKs retry), never as
+/// success; after a restart, what was answered as not deleted is still there.
+#[tokio::test]
+async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
+    use qe_tests::sqs::aws_sdk_sqs::error::ProvideErrorMetadata;
+    use qe_tests::sqs::{client, receive, SqsEndpoint};
+    let disk = Ext4Image::new(64);
+    let (data, _meta) = data_dir_on(disk.dir());
+    let flags = [
+        "--sqs-listen",
+        "127.0.0.1:0",
+        "--sqs-key",
+        "admin:AKIAFAULTADMIN:fault-secret",
+    ];
+    let node = Node::start_in(data, &flags);
+    let sqs_of = |node: &Node| {
+        let line = node.wait_for_log("sqs: serving on ");
+        let addr = line.rsplit("sqs: serving on ").next().unwrap().trim();
+        let url = format!("http://{addr}");
+        let endpoint = SqsEndpoint {
+            url: &url,
+            ca_pem: None,
+            resolve_to: None,
+        };
+        client(&endpoint, "AKIAFAULTADMIN", "fault-secret")
+    };
+    let sqs = sqs_of(&node);
+    let queue = sqs
+        .get_queue_url()
+        .queue_name("queue")
+        .send()
+        .await
+        .unwrap();
+    let queue = queue.queue_url().unwrap().to_string();
+    let send = |body: &str| {
+        let sent = sqs.send_message().queue_url(&queue).message_body(body);
+        sent.send()
+    };
+    // Synced (an SQS send's durability 1 does not outlive the file system's failure).
+    let mut publisher = node.publisher().await;
+    assert_eq!(code(&publish(&mut publisher, "before", 2).await), 0);
+    let held = receive(&sqs, &queue, 1, 1).await;
+    assert_eq!(held.len(), 1);
+    let handle = held[0].receipt_handle().unwrap().to_string();
+
+    disk.go_read_only();
+    let failed_code = |error: &dyn ProvideErrorMetadata| error.code().map(str::to_string);
+    let sent = send("while read-only").await.unwrap_err();
+    let code = failed_code(sent.as_service_error().unwrap());
+    assert_eq!(code.as_deref(), Some("InternalFailure"), "{sent:?}");
+    assert_eq!(sent.raw_response().unwrap().status().as_u16(), 500);
+    // Each one the disk does not take (it is kept in memory, and written when it can be).
+    let again = send("again").await.unwrap_err();
+    let code = failed_code(again.as_service_error().unwrap());
+    assert_eq!(code.as_deref(), Some("InternalFailure"), "{again:?}");
+    let deleted = sqs
+        .delete_message()
+        .queue_url(&queue)
+        .receipt_handle(&handle)
+        .send()
+        .await
+        .unwrap_err();
+    let code = failed_code(deleted.as_service_error().unwrap());
+    assert_eq!(code.as_deref(), Some("InternalFailure"), "{deleted:?}");
+
+    let node = {
+        let mut node = node;
+        node.kill();
+        disk.repair();
+        node.restart(&flags)
+    };
+    let sqs = sqs_of(&node);
+    let back: Vec<String> = receive(&sqs, &queue, 10, 1)
+        .await
+        .iter()
+        .map(|m| m.body().unwrap().to_string())
+        .collect();
+    assert!(back.contains(&"before".to_string()), "{back:?}");
+}

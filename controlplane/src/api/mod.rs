@@ -167,6 +167,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/nodes/{id}/config", get(nodes::config))
         .route("/v1/nodes/{id}/applied", post(nodes::applied))
+        .route("/v1/nodes/{id}/redrive", post(nodes::redrive))
         .route("/v1/nodes/{id}/dataplane", get(nodes::dataplane))
         .route("/v1/nodes/{id}/builds/{sha256}", get(builds::node_fetch))
         .route(

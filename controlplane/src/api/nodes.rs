@@ -133,6 +133,8 @@ async fn sqs_of(
             keys.push(secret(key, derived));
         }
     }
+    // The queues that send their dead letters here, each with its own publisher key.
+    keys.extend(crate::redrive::source_keys(state, queue));
     Ok(Some(qe_shared::node_channel::DesiredSqs {
         listen: vec![listen],
         keys,
@@ -160,6 +162,7 @@ pub async fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredCo
     desired.usage_record_secs = state.config.usage_record_secs;
     desired.stats_record_secs = state.config.stats_record_secs;
     desired.sqs = sqs_of(state, queue).await?;
+    desired.redrive = crate::redrive::desired(state, queue).await?;
     desired.node_token = queue
         .next_node_credential
         .map(|next| state.node_tokens.token_for(&queue.id, next));
@@ -241,12 +244,43 @@ pub async fn applied(
             queue.config_version += 1;
         }
         queue.node_takes_initial_settings = takes;
+        // And for where its dead letters go.
+        if applied.takes_redrive && !queue.node_takes_redrive && queue.has_redrive() {
+            queue.config_version += 1;
+        }
+        queue.node_takes_redrive = applied.takes_redrive;
         Ok::<_, StoreError>(())
     });
     let (queue, ()) = updated
         .await?
         .ok_or(ApiError::Unauthorized { token_given: true })?;
     Ok(Json(json!({"applied": queue.applied_version})))
+}
+
+/// `POST /v1/nodes/{id}/redrive`: SQS's `SetQueueAttributes` at the node names another queue
+/// of the account as the dead letter target, or sets the `RedriveAllowPolicy`
+/// ([`crate::redrive`]): answered with the queue's redrive as it is now, or `400` with SQS's
+/// error code (the node answers the SDK with it).
+pub async fn redrive(
+    State(state): State<Arc<AppState>>,
+    Extension(NodeCaller { queue, .. }): Extension<NodeCaller>,
+    Json(change): Json<qe_shared::node_channel::RedriveChange>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    match crate::redrive::change(&state, &queue, &change).await {
+        Ok(changed) => {
+            let redrive = crate::redrive::redrive_of(&state, &changed).await?;
+            Ok(Json(redrive).into_response())
+        }
+        Err(refused) if refused.status == 400 => {
+            let refused = qe_shared::node_channel::RedriveRefused {
+                code: refused.code.to_string(),
+                message: refused.message,
+            };
+            Ok((axum::http::StatusCode::BAD_REQUEST, Json(refused)).into_response())
+        }
+        Err(error) => Err(ApiError::Unavailable(error.message)),
+    }
 }
 
 /// `POST /v1/nodes/{id}/certificate`: a CSR for the queue's own name, answered with the

@@ -7,6 +7,7 @@ use crate::engine::{BodyType, Durability, MessageId, NewMessage, Pulled, Refused
 use crate::node::Node;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
+use qe_shared::node_channel::RedriveChange;
 use qe_shared::protocol::Role;
 use qe_shared::settings::Setting;
 use serde_json::{json, Map, Value};
@@ -122,6 +123,9 @@ pub struct Context<'a> {
     pub move_tasks: &'a std::sync::Mutex<super::move_tasks::MoveTasks>,
     /// The access key id the request was signed with: the `SenderId` of what it sends.
     pub sender: &'a str,
+    /// The node's channel to its control plane, which keeps the queue's redrive; None on a
+    /// node without one.
+    pub channel: Option<&'a crate::channel::Channel>,
 }
 
 /// How long after a purge another is refused (`PurgeQueueInProgress`), as on AWS.
@@ -147,7 +151,7 @@ pub async fn run(action: Action, context: &Context<'_>, input: &Value) -> Result
                 Action::ChangeMessageVisibility => change_visibility(context, input),
                 Action::ChangeMessageVisibilityBatch => change_visibility_batch(context, input),
                 Action::GetQueueAttributes => get_queue_attributes(context, input),
-                Action::SetQueueAttributes => set_queue_attributes(context, input),
+                Action::SetQueueAttributes => set_queue_attributes(context, input).await,
                 Action::PurgeQueue => purge_queue(context).await,
                 Action::GetQueueUrl
                 | Action::ListQueues
@@ -192,7 +196,7 @@ fn check_queue_url(context: &Context<'_>, input: &Value) -> Result<(), SqsError>
     }
 }
 
-const ATTRIBUTE_NAMES: [&str; 14] = [
+const ATTRIBUTE_NAMES: [&str; 15] = [
     "ApproximateNumberOfMessages",
     "ApproximateNumberOfMessagesNotVisible",
     "ApproximateNumberOfMessagesDelayed",
@@ -202,6 +206,7 @@ const ATTRIBUTE_NAMES: [&str; 14] = [
     "DelaySeconds",
     "ReceiveMessageWaitTimeSeconds",
     "RedrivePolicy",
+    "RedriveAllowPolicy",
     "QueueArn",
     "CreatedTimestamp",
     "LastModifiedTimestamp",
@@ -225,6 +230,7 @@ fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
     let node = context.node;
     let counts = node.queue.counts();
     let setting = |setting: Setting| node.setting(setting).to_string();
+    let redrive = node.redrive().borrow().clone();
     let mut attributes = Map::new();
     for name in ATTRIBUTE_NAMES {
         if !all && !asked.iter().any(|asked| asked == name) {
@@ -239,13 +245,22 @@ fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
             "MessageRetentionPeriod" => setting(Setting::MessageRetentionSecs),
             "DelaySeconds" => setting(Setting::DelaySecs),
             "ReceiveMessageWaitTimeSeconds" => setting(Setting::ReceiveWaitSecs),
-            "RedrivePolicy" => match node.setting(Setting::MaxReceiveCount) {
-                0 => continue,
-                count => json!({
-                    "deadLetterTargetArn": format!("{}-dlq", queue_arn(context)),
+            "RedrivePolicy" => {
+                let count = node.setting(Setting::MaxReceiveCount);
+                let target = redrive.target.as_ref().map(|target| target.arn.clone());
+                if count == 0 && target.is_none() {
+                    continue;
+                }
+                let own = || format!("{}-dlq", queue_arn(context));
+                json!({
+                    "deadLetterTargetArn": target.unwrap_or_else(own),
                     "maxReceiveCount": count,
                 })
-                .to_string(),
+                .to_string()
+            }
+            "RedriveAllowPolicy" => match &redrive.allow_policy {
+                Some(policy) => policy.clone(),
+                None => continue,
             },
             "QueueArn" => queue_arn(context),
             "FifoQueue" | "ContentBasedDeduplication" if !is_fifo(context) => continue,
@@ -267,17 +282,73 @@ fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
     Ok(json!({ "Attributes": attributes }))
 }
 
+/// What `SetQueueAttributes`'s `given` attributes change in the queue's redrive: a
+/// `RedrivePolicy` naming another queue's ARN sends the dead letters there, one naming the
+/// queue's own dead letter queue (or none) brings them back; `RedriveAllowPolicy` is set as
+/// given ("" removes it).
+fn redrive_change(context: &Context<'_>, given: &Map<String, Value>) -> RedriveChange {
+    let own_dead_letters = format!("{}-dlq", queue_arn(context));
+    let now_elsewhere = context.node.redrive().borrow().target.is_some();
+    let target = given
+        .get("RedrivePolicy")
+        .and_then(Value::as_str)
+        .map(|policy| qe_shared::sqs::dead_letter_target_arn(policy).unwrap_or_default());
+    let dead_letter_target_arn = match target {
+        Some(arn) if arn.is_empty() || arn == own_dead_letters => now_elsewhere.then(String::new),
+        other => other,
+    };
+    RedriveChange {
+        dead_letter_target_arn,
+        allow_policy: given
+            .get("RedriveAllowPolicy")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    }
+}
+
+/// Has the control plane make `change`, and takes the redrive it answers at once (its next
+/// config says the same), so that a `GetQueueAttributes` right after shows it.
+async fn change_redrive(context: &Context<'_>, change: &RedriveChange) -> Result<(), SqsError> {
+    let channel = context.channel.ok_or_else(|| {
+        SqsError::invalid_parameter(
+            "This node has no control plane: its dead letters stay in its own dead letter queue, and RedriveAllowPolicy is not kept.",
+        )
+    })?;
+    let unreachable =
+        |_| SqsError::unavailable("The control plane cannot be reached now. Try again.");
+    match channel.change_redrive(change).await.map_err(unreachable)? {
+        Ok(redrive) => {
+            context.node.set_redrive(Some(redrive));
+            Ok(())
+        }
+        Err(refused) => Err(match refused.code.as_str() {
+            "InvalidAttributeValue" => SqsError::batch(
+                "InvalidAttributeValue",
+                "InvalidAttributeValue",
+                &refused.message,
+            ),
+            "AWS.SimpleQueueService.NonExistentQueue" => SqsError::queue_does_not_exist(),
+            _ => SqsError::invalid_parameter(refused.message),
+        }),
+    }
+}
+
 fn queue_arn(context: &Context<'_>) -> String {
     let region = &context.node.usage_labels.region;
     format!("arn:aws:sqs:{region}:000000000000:{}", context.queue_name)
 }
 
-/// The attributes that are our settings, all or nothing, as `setcfg`.
-fn set_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+/// The attributes that are our settings, all or nothing, as `setcfg`; where its dead letters
+/// go and who may send it theirs, through the control plane (which keeps them), first.
+async fn set_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
     let Some(given) = input["Attributes"].as_object() else {
         return Err(SqsError::missing_parameter("Attributes"));
     };
     let changes = qe_shared::sqs::settings_of(given, false)?;
+    let redrive = redrive_change(context, given);
+    if redrive != RedriveChange::default() {
+        change_redrive(context, &redrive).await?;
+    }
     match context.node.change_settings(&changes) {
         Err(crate::store::meta::SaveError::NotSaved) => {
             Err(SqsError::unavailable("The settings could not be saved."))
@@ -300,8 +371,12 @@ async fn purge_queue(context: &Context<'_>) -> Result<Value, SqsError> {
     }
     let scopes = [Scope::Waiting, Scope::Delayed, Scope::Received];
     let (_, receipt) = context.node.queue.purge_each(&scopes);
-    let _ = receipt.wait().await;
-    Ok(json!({}))
+    match receipt.wait().await {
+        Ok(()) => Ok(json!({})),
+        Err(_) => Err(SqsError::not_stored(
+            "The purge could not be stored durably: messages may come back after a restart.",
+        )),
+    }
 }
 
 // ---- sending -----------------------------------------------------------------------------
@@ -446,15 +521,19 @@ fn attributes_size(attributes: &Attributes) -> usize {
 /// Publishes a checked message; its id.
 async fn publish(context: &Context<'_>, outgoing: &Outgoing) -> Result<MessageId, SqsError> {
     match context.node.queue.publish(&outgoing.new) {
-        Ok((id, receipt)) => {
-            // A write that failed is kept in memory and written later, a sync that failed
-            // leaves the message written: it is in the queue either way, so the send
-            // succeeded (a retry would publish it twice).
-            if let Err(error) = receipt.wait().await {
-                tracing::warn!(%id, %error, "an SQS send is not as durable as promised");
+        // A send whose write or sync failed is not answered as stored, as the WebSocket face
+        // answers 507: the message is in the queue now, but may not survive a restart (after
+        // a failed sync the pages may never reach the disk). The SDK's retry may then make a
+        // second copy, which at-least-once delivery allows; a false "stored" it does not.
+        Ok((id, receipt)) => match receipt.wait().await {
+            Ok(()) => Ok(id),
+            Err(error) => {
+                tracing::warn!(%id, %error, "an SQS send could not be stored durably: answered as failed");
+                Err(SqsError::not_stored(
+                    "The message could not be stored durably. Try again.",
+                ))
             }
-            Ok(id)
-        }
+        },
         Err(refused) => Err(publish_refused(refused)),
     }
 }
@@ -553,29 +632,34 @@ async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, 
     })
 }
 
-/// What a receive answers for one message.
-/// A received message as ReceiveMessage gives it (`fifo`: the queue is a FIFO queue).
-fn received(pulled: &Pulled, system: &[String], wanted: &[String], fifo: bool) -> Value {
+/// A message's body and SQS attributes as a receive gives them, from its frame (one that does
+/// not read as a frame, as its text).
+pub(super) fn sqs_body(frame: &[u8]) -> (String, Attributes) {
     #[derive(serde::Deserialize)]
     struct Frame {
         body: String,
         #[serde(default)]
         attributes: Attributes,
     }
-    let frame: Frame = serde_json::from_slice(&pulled.message.frame).unwrap_or(Frame {
-        body: String::from_utf8_lossy(&pulled.message.frame).into_owned(),
-        attributes: Attributes::new(),
-    });
+    match serde_json::from_slice::<Frame>(frame) {
+        Ok(frame) => (frame.body, frame.attributes),
+        Err(_) => (
+            String::from_utf8_lossy(frame).into_owned(),
+            Attributes::new(),
+        ),
+    }
+}
+
+/// A received message as ReceiveMessage gives it (`fifo`: the queue is a FIFO queue).
+fn received(pulled: &Pulled, system: &[String], wanted: &[String], fifo: bool) -> Value {
+    let (body, attributes) = sqs_body(&pulled.message.frame);
     let mut reply = Map::new();
     reply.insert("MessageId".into(), pulled.id.to_string().into());
     reply.insert(
         "ReceiptHandle".into(),
         receipt_handle(pulled.id, pulled.receipt).into(),
     );
-    reply.insert(
-        "MD5OfBody".into(),
-        attributes::body_digest(&frame.body).into(),
-    );
+    reply.insert("MD5OfBody".into(), attributes::body_digest(&body).into());
     let wants = |name: &str| system.iter().any(|n| n == "All" || n == name);
     let mut shown = Map::new();
     if wants("ApproximateReceiveCount") {
@@ -614,8 +698,7 @@ fn received(pulled: &Pulled, system: &[String], wanted: &[String], fifo: bool) -
     if !shown.is_empty() {
         reply.insert("Attributes".into(), Value::Object(shown));
     }
-    let chosen: Attributes = frame
-        .attributes
+    let chosen: Attributes = attributes
         .into_iter()
         .filter(|(name, _)| wanted.iter().any(|w| attribute_matches(w, name)))
         .collect();
@@ -627,7 +710,7 @@ fn received(pulled: &Pulled, system: &[String], wanted: &[String], fifo: bool) -
         let chosen = serde_json::to_value(&chosen).expect("attributes serialize");
         reply.insert("MessageAttributes".into(), chosen);
     }
-    reply.insert("Body".into(), frame.body.into());
+    reply.insert("Body".into(), body.into());
     Value::Object(reply)
 }
 
@@ -670,7 +753,12 @@ fn handle_of(entry: &Value) -> Result<(MessageId, u64), SqsError> {
 async fn delete_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
     let (id, number) = handle_of(entry)?;
     if let Ok(receipt) = context.node.queue.delete_received(id, number) {
-        let _ = receipt.wait().await;
+        // Gone from the queue now, but a restart may bring it back: said, not hidden.
+        if receipt.wait().await.is_err() {
+            return Err(SqsError::not_stored(
+                "The delete could not be stored durably: the message may come again.",
+            ));
+        }
     }
     Ok(())
 }

@@ -13,6 +13,7 @@
 
 mod actions;
 mod attributes;
+pub mod dead_letters;
 mod move_tasks;
 
 pub use qe_shared::sqs::{query, sigv4, SqsError};
@@ -93,6 +94,8 @@ pub struct Sqs {
     /// `TagQueue`, ...): an SDK that sends every action with a queue URL to the URL's host
     /// (the JavaScript SDK's default) sends them here, and they are handed on as signed.
     control_plane: Option<(ReportTo, reqwest::Client)>,
+    /// The node's channel: a change to the queue's redrive is the control plane's to make.
+    channel: Option<crate::channel::Channel>,
     /// The last message move tasks (ListMessageMoveTasks).
     move_tasks: std::sync::Mutex<move_tasks::MoveTasks>,
 }
@@ -118,6 +121,7 @@ impl Sqs {
         queue_name: String,
         tls: bool,
         control_plane: Option<ReportTo>,
+        channel: Option<crate::channel::Channel>,
     ) -> Arc<Sqs> {
         let control_plane = control_plane.map(|to| {
             let client = crate::report::client(&to, HAND_ON_WITHIN);
@@ -129,6 +133,7 @@ impl Sqs {
             tls,
             last_purge: std::sync::Mutex::new(None),
             control_plane,
+            channel,
             move_tasks: Default::default(),
         })
     }
@@ -269,6 +274,7 @@ impl Sqs {
             last_purge: &self.last_purge,
             move_tasks: &self.move_tasks,
             sender: &key.access_key_id,
+            channel: self.channel.as_ref(),
         };
         let answer = actions::run(action, &context, &input).await?;
         Ok(Outcome::Answered(action, answer))

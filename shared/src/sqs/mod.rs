@@ -112,6 +112,12 @@ impl SqsError {
         )
     }
 
+    /// A change the node made but could not make as durable as it promises (a write or a
+    /// sync of its log failed): AWS's `InternalFailure` (500), which the SDKs retry.
+    pub fn not_stored(message: &str) -> SqsError {
+        SqsError::new(500, "InternalFailure", "InternalFailure", message.into())
+    }
+
     pub fn over_limit(message: &str) -> SqsError {
         SqsError::new(403, "OverLimit", "OverLimit", message.into())
     }
@@ -199,9 +205,14 @@ impl SqsError {
         })
     }
 
-    /// The `x-amzn-query-error` header's value: the legacy code the SDKs report.
+    /// The `x-amzn-query-error` header's value: the legacy code the SDKs report, and whose
+    /// fault it is (the node's for a 5xx, which the SDKs retry).
     pub fn query_error_header(&self) -> String {
-        format!("{};Sender", self.code)
+        let fault = match self.is_server_error() {
+            true => "Receiver",
+            false => "Sender",
+        };
+        format!("{};{fault}", self.code)
     }
 }
 
@@ -242,8 +253,17 @@ pub fn settings_of(
             "VisibilityTimeout" => (Setting::VisibilityTimeoutSecs, text.parse().ok()),
             "MaximumMessageSize" => (Setting::MaxWsMsgLen, text.parse().ok()),
             "MessageRetentionPeriod" => (Setting::MessageRetentionSecs, text.parse().ok()),
+            // Whom a queue takes dead letters from: the control plane keeps and checks it.
+            "RedriveAllowPolicy" => {
+                read_allow_policy(text).map_err(|_| invalid_value(name))?;
+                continue;
+            }
             "RedrivePolicy" => {
                 let policy: Value = serde_json::from_str(text).map_err(|_| invalid_value(name))?;
+                let target = &policy["deadLetterTargetArn"];
+                if !target.is_null() && target.as_str().and_then(queue_of_arn).is_none() {
+                    return Err(invalid_value(name));
+                }
                 let count = match &policy["maxReceiveCount"] {
                     Value::Number(n) => n.as_u64(),
                     Value::String(s) => s.parse().ok(),
@@ -278,6 +298,71 @@ pub fn queue_of_dlq_arn(arn: &str) -> Option<&str> {
     resource
         .strip_suffix("-dlq")
         .filter(|queue| !queue.is_empty())
+}
+
+/// The queue an SQS ARN names: `arn:aws:sqs:REGION:ACCOUNT:QUEUE` gives `QUEUE` (a name or
+/// an id; the region and account are not checked: every queue here is of the caller's).
+pub fn queue_of_arn(arn: &str) -> Option<&str> {
+    let parts: Vec<&str> = arn.split(':').collect();
+    match parts[..] {
+        ["arn", _, "sqs", _, _, queue] if !queue.is_empty() => Some(queue),
+        _ => None,
+    }
+}
+
+/// `RedrivePolicy`'s `deadLetterTargetArn`, if it reads and names one.
+pub fn dead_letter_target_arn(redrive_policy: &str) -> Option<String> {
+    let policy: Value = serde_json::from_str(redrive_policy).ok()?;
+    let arn = policy["deadLetterTargetArn"].as_str()?;
+    queue_of_arn(arn).map(|_| arn.to_string())
+}
+
+/// Which queues may send their dead letters to a queue (its `RedriveAllowPolicy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllowPolicy {
+    AllowAll,
+    DenyAll,
+    /// The queues (names or ids, as their ARNs end) named in `sourceQueueArns`.
+    ByQueue(Vec<String>),
+}
+
+/// The most queues a `byQueue` policy names, as on AWS.
+const MAX_ALLOWED_SOURCES: usize = 10;
+
+/// A `RedriveAllowPolicy`, read as AWS reads it: `redrivePermission` `allowAll`, `denyAll`
+/// or `byQueue`, the last with 1 to 10 `sourceQueueArns` (and only it with any).
+pub fn read_allow_policy(text: &str) -> Result<AllowPolicy, String> {
+    let policy: Value =
+        serde_json::from_str(text).map_err(|_| "RedriveAllowPolicy is not JSON".to_string())?;
+    let sources = &policy["sourceQueueArns"];
+    let permission = policy["redrivePermission"].as_str();
+    match (permission, sources) {
+        (Some("allowAll"), Value::Null) => Ok(AllowPolicy::AllowAll),
+        (Some("denyAll"), Value::Null) => Ok(AllowPolicy::DenyAll),
+        (Some("byQueue"), Value::Array(arns))
+            if (1..=MAX_ALLOWED_SOURCES).contains(&arns.len()) =>
+        {
+            let queues = arns.iter().map(|arn| arn.as_str().and_then(queue_of_arn));
+            let queues: Option<Vec<String>> = queues.map(|q| q.map(str::to_string)).collect();
+            queues
+                .map(AllowPolicy::ByQueue)
+                .ok_or_else(|| "a sourceQueueArns entry is not an SQS queue's ARN".to_string())
+        }
+        (Some("byQueue"), _) => Err("byQueue names 1 to 10 sourceQueueArns".to_string()),
+        (Some("allowAll" | "denyAll"), _) => Err("sourceQueueArns is only for byQueue".to_string()),
+        _ => Err("redrivePermission is allowAll, denyAll or byQueue".to_string()),
+    }
+}
+
+impl AllowPolicy {
+    /// Whether the queue known as `names` (its name and its id) may send its dead letters here.
+    pub fn allows(&self, names: &[&str]) -> bool {
+        match self {
+            AllowPolicy::AllowAll => true,
+            AllowPolicy::DenyAll => false,
+            AllowPolicy::ByQueue(queues) => queues.iter().any(|q| names.contains(&q.as_str())),
+        }
+    }
 }
 
 /// A message move task's handle: its queue and its number there, opaque to clients.
@@ -328,5 +413,64 @@ mod tests {
         let handle = move_task_handle("abc123", 7);
         assert_eq!(read_move_task_handle(&handle), Some(("abc123".into(), 7)));
         assert_eq!(read_move_task_handle("not a handle"), None);
+    }
+
+    #[test]
+    fn an_allow_policy_reads_as_aws_reads_it_and_allows_whom_it_names() {
+        let by_queue = r#"{"redrivePermission":"byQueue","sourceQueueArns":["arn:aws:sqs:eu-west-1:000000000000:orders"]}"#;
+        let policy = read_allow_policy(by_queue).unwrap();
+        assert!(policy.allows(&["orders", "q1"]));
+        assert!(!policy.allows(&["payments", "q2"]));
+        assert!(read_allow_policy(r#"{"redrivePermission":"denyAll"}"#)
+            .unwrap()
+            .allows(&[])
+            .eq(&false));
+        assert_eq!(
+            read_allow_policy(r#"{"redrivePermission":"allowAll"}"#),
+            Ok(AllowPolicy::AllowAll)
+        );
+        for refused in [
+            "not json",
+            r#"{"redrivePermission":"byQueue"}"#,
+            r#"{"redrivePermission":"byQueue","sourceQueueArns":[]}"#,
+            r#"{"redrivePermission":"byQueue","sourceQueueArns":["orders"]}"#,
+            r#"{"redrivePermission":"allowAll","sourceQueueArns":["arn:aws:sqs:r:1:orders"]}"#,
+            r#"{"redrivePermission":"some"}"#,
+        ] {
+            assert!(read_allow_policy(refused).is_err(), "{refused}");
+        }
+        let eleven: Vec<String> = (0..11).map(|i| format!("arn:aws:sqs:r:1:q{i}")).collect();
+        let text = serde_json::json!({"redrivePermission": "byQueue", "sourceQueueArns": eleven});
+        assert!(read_allow_policy(&text.to_string()).is_err());
+    }
+
+    #[test]
+    fn a_redrive_policy_names_its_target_by_arn() {
+        let policy = r#"{"deadLetterTargetArn":"arn:aws:sqs:eu-west-1:000000000000:dead","maxReceiveCount":"3"}"#;
+        assert_eq!(
+            dead_letter_target_arn(policy).as_deref(),
+            Some("arn:aws:sqs:eu-west-1:000000000000:dead")
+        );
+        assert_eq!(dead_letter_target_arn(r#"{"maxReceiveCount":3}"#), None);
+        assert_eq!(queue_of_arn("arn:aws:sqs:r:1:"), None);
+        assert_eq!(queue_of_arn("arn:aws:sns:r:1:topic"), None);
+        let mut given = serde_json::Map::new();
+        given.insert(
+            "RedrivePolicy".into(),
+            r#"{"deadLetterTargetArn":"dead","maxReceiveCount":3}"#.into(),
+        );
+        assert!(
+            settings_of(&given, false).is_err(),
+            "an ARN that does not read"
+        );
+        given.insert("RedrivePolicy".into(), policy.into());
+        given.insert(
+            "RedriveAllowPolicy".into(),
+            r#"{"redrivePermission":"denyAll"}"#.into(),
+        );
+        assert_eq!(
+            settings_of(&given, false).unwrap(),
+            [(Setting::MaxReceiveCount, 3)]
+        );
     }
 }

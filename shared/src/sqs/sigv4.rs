@@ -135,22 +135,14 @@ pub fn verify(
     if !amz_date.starts_with(authorization.date) || authorization.date.len() != 8 {
         return Err(Refused::Mismatch);
     }
-    let canonical = canonical_request(request, authorization.signed_headers)?;
-    let scope = format!(
-        "{}/{}/{}/aws4_request",
-        authorization.date, authorization.region, authorization.service
-    );
-    let to_sign = format!(
-        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-        crate::hex(&Sha256::digest(canonical.as_bytes()))
-    );
-    let key = signing_key(
-        secret,
-        authorization.date,
+    let expected = signature(
+        request,
+        authorization.signed_headers,
+        amz_date,
         authorization.region,
         authorization.service,
-    );
-    let expected = crate::hex(&hmac_sha256(&key, to_sign.as_bytes()));
+        secret,
+    )?;
     match bool::from(
         expected
             .as_bytes()
@@ -159,6 +151,69 @@ pub fn verify(
         true => Ok(()),
         false => Err(Refused::Mismatch),
     }
+}
+
+/// The `Authorization` header that signs `request` for SQS in `region` with key
+/// `access_key_id` and its `secret`: every header it holds is signed, and they must hold
+/// `host` and `x-amz-date` (see [`amz_date`]). What a node sends another queue's node its dead
+/// letters with.
+pub fn sign(
+    request: &Signed<'_>,
+    access_key_id: &str,
+    secret: &str,
+    region: &str,
+) -> Result<String, Refused> {
+    let amz_date =
+        header(request.headers, "x-amz-date").ok_or(Refused::Incomplete("no X-Amz-Date header"))?;
+    let date = amz_date
+        .get(..8)
+        .ok_or(Refused::Incomplete("X-Amz-Date does not read"))?;
+    let mut names: Vec<String> = request
+        .headers
+        .iter()
+        .map(|(name, _)| name.to_ascii_lowercase())
+        .collect();
+    names.sort();
+    names.dedup();
+    let signed_headers = names.join(";");
+    let signature = signature(request, &signed_headers, amz_date, region, "sqs", secret)?;
+    Ok(format!(
+        "AWS4-HMAC-SHA256 Credential={access_key_id}/{date}/{region}/sqs/aws4_request, \
+         SignedHeaders={signed_headers}, Signature={signature}"
+    ))
+}
+
+/// `now_secs` as `X-Amz-Date` gives it: `YYYYMMDDTHHMMSSZ`.
+pub fn amz_date(now_secs: u64) -> String {
+    let (year, month, day) = crate::calendar::civil_from_days(now_secs / 86_400);
+    let seconds = now_secs % 86_400;
+    format!(
+        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    )
+}
+
+/// The signature (hex) of `request` at `amz_date` with the headers `signed_headers` names,
+/// for `service` in `region`, by `secret`.
+fn signature(
+    request: &Signed<'_>,
+    signed_headers: &str,
+    amz_date: &str,
+    region: &str,
+    service: &str,
+    secret: &str,
+) -> Result<String, Refused> {
+    let date = amz_date.get(..8).unwrap_or_default();
+    let canonical = canonical_request(request, signed_headers)?;
+    let scope = format!("{date}/{region}/{service}/aws4_request");
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+        crate::hex(&Sha256::digest(canonical.as_bytes()))
+    );
+    let key = signing_key(secret, date, region, service);
+    Ok(crate::hex(&hmac_sha256(&key, to_sign.as_bytes())))
 }
 
 /// Whether `X-Amz-Date` (its value, if sent) reads and is within the skew of `now_secs`.
@@ -312,6 +367,46 @@ mod tests {
     const SECRET: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
     /// 2015-08-30 12:36:00 UTC.
     const THEN: u64 = 1_440_938_160;
+
+    #[test]
+    fn a_request_signed_here_is_verified_here_and_a_changed_one_is_not() {
+        let now = 1_790_000_000;
+        let date = amz_date(now);
+        assert_eq!(parse_amz_date(&date), Some(now), "{date}");
+        let headers = vec![
+            ("host".to_string(), "q1.q.example:9443".to_string()),
+            ("x-amz-date".to_string(), date),
+            (
+                "X-Amz-Target".to_string(),
+                "AmazonSQS.SendMessageBatch".to_string(),
+            ),
+        ];
+        let body = br#"{"QueueUrl":"x"}"#;
+        let request = Signed {
+            method: "POST",
+            path: "/",
+            query: "",
+            headers: &headers,
+            body,
+        };
+        let header = sign(&request, "QEDLKEY", SECRET, "eu-west-1").unwrap();
+        let authorization = parse_authorization(&header).unwrap();
+        assert_eq!(authorization.access_key_id, "QEDLKEY");
+        assert_eq!(authorization.signed_headers, "host;x-amz-date;x-amz-target");
+        assert_eq!(verify(&request, &authorization, SECRET, now), Ok(()));
+        let changed = Signed {
+            body: br#"{"QueueUrl":"y"}"#,
+            ..request
+        };
+        assert_eq!(
+            verify(&changed, &authorization, SECRET, now),
+            Err(Refused::Mismatch)
+        );
+        assert_eq!(
+            verify(&request, &authorization, "another", now),
+            Err(Refused::Mismatch)
+        );
+    }
 
     #[test]
     fn the_canonical_request_and_signing_key_are_the_documentations() {

@@ -137,8 +137,7 @@ impl History {
     ) -> Result<(), sled::Error> {
         let record = format!("{live_stats_csv},{},{}", flow.published, flow.delivered);
         self.stats.insert(time.to_be_bytes(), record.as_bytes())?;
-        self.recorded.notify_waiters();
-        Ok(())
+        self.keep()
     }
 
     pub fn record_usage(
@@ -159,6 +158,16 @@ impl History {
             usage_labels.ipv4 as u8
         );
         self.usage.insert(time.to_be_bytes(), line.as_bytes())?;
+        self.keep()
+    }
+
+    /// Syncs a record just made, and only then counts it as made (the reporter wakes for
+    /// it): the settings store syncs only when asked (`flush_every_ms(None)`), and a record
+    /// that was never synced is lost with the process (a kill -9, an OOM kill, a lost
+    /// instance) and never billed. A record whose sync failed is not counted; it stays
+    /// in the store, and the next sync that works takes it too.
+    fn keep(&self) -> Result<(), sled::Error> {
+        self.meta.flush()?;
         self.recorded.notify_waiters();
         Ok(())
     }
@@ -432,7 +441,10 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_secs(next - start)) => {}
             _ = stopping.wait_for(|stopping| *stopping) => {
                 let usage = meter.take(node.totals(), node.storage_held());
-                if let Err(error) = history.record_usage(now(), &usage, &node.usage_labels) {
+                let recorded = tokio::task::block_in_place(|| {
+                    history.record_usage(now(), &usage, &node.usage_labels)
+                });
+                if let Err(error) = recorded {
                     tracing::error!(%error, "recording the last usage failed");
                 }
                 return;
@@ -444,13 +456,19 @@ pub async fn run(
                 node.live_stats_csv(),
                 flow.take(node.queue.snapshot().totals),
             );
-            if let Err(error) = history.record_stats(next, &counters, flow) {
+            // A sync blocks: the other tasks move to another worker meanwhile.
+            let recorded =
+                tokio::task::block_in_place(|| history.record_stats(next, &counters, flow));
+            if let Err(error) = recorded {
                 tracing::error!(%error, "recording stats failed");
             }
         }
         if next == next_usage {
             let usage = meter.take(node.totals(), node.storage_held());
-            if let Err(error) = history.record_usage(next, &usage, &node.usage_labels) {
+            let recorded = tokio::task::block_in_place(|| {
+                history.record_usage(next, &usage, &node.usage_labels)
+            });
+            if let Err(error) = recorded {
                 tracing::error!(%error, "recording usage failed");
             }
         }

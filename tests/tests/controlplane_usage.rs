@@ -409,3 +409,68 @@ async fn stats_records_count_the_messages_published_and_delivered_in_their_inter
         assert_eq!(line.split(',').count(), 10, "{line}");
     }
 }
+
+/// Records made while the control plane is down outlive a kill -9 of the node: each is on
+/// the disk (synced) before the node counts it as made. Started again by the control plane
+/// once it is back, the node reports every record it had shown, each once.
+#[tokio::test]
+async fn records_made_while_the_control_plane_is_down_outlive_a_kill_of_the_node() {
+    let mut cp = ControlPlane::start_with(&format!("usage_record_secs = 1\n{PRICES}"));
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let (id, node) = (queue["id"].as_str().unwrap().to_string(), node_of(&queue));
+    let mut admin = login_with(node, &queue["logins"]["admin"], "admin", json!({})).await;
+    cp.kill();
+
+    // Three records made while it is down, as the node's own `getusage` shows them.
+    let day: Vec<u64> = today().split('-').map(|p| p.parse().unwrap()).collect();
+    let ask = json!({"cmd": "getusage", "year": day[0], "month": day[1], "day": day[2], "totals": false});
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let made = loop {
+        let reply = admin.request(ask.clone()).await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+        let times: Vec<u64> = reply["csv"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.split(',').next()?.parse().ok())
+            .collect();
+        if times.len() >= 3 {
+            break times;
+        }
+        assert!(std::time::Instant::now() < deadline, "no records: {reply}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let config = cp.node_dir(&id).join("bootstrap.toml");
+    let pid = process_naming(&config).expect("the node runs");
+    signal(pid, libc::SIGKILL);
+    while process_naming(&config) == Some(pid) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+
+    let cp = cp.start_again();
+    let path = format!("/v1/usage?from=1970-01-01&to=2999-12-31&queue={id}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (status, usage) = cp.call("GET", &path, None).await;
+        assert_eq!(status, 200, "{usage}");
+        let mut kept: Vec<u64> = usage["usage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|record| record["time"].as_u64().unwrap())
+            .collect();
+        let count = kept.len();
+        kept.sort();
+        kept.dedup();
+        assert_eq!(kept.len(), count, "each record once: {usage}");
+        if made.iter().all(|time| kept.contains(time)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "records made before the kill are missing: made {made:?}, kept {kept:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

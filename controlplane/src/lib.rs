@@ -48,22 +48,5 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Writes a file only its owner can read, synced (a node's config holds its token; the node
-/// secret is the key to every token).
-pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    std::io::Write::write_all(&mut file, bytes)?;
-    file.sync_all()
-}
-
-/// Syncs the directory holding `path`, so that a file just linked or renamed into it stays.
-pub fn sync_dir(path: &std::path::Path) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    std::fs::File::open(dir)?.sync_all()
-}
+/// Every secret and key is written whole, its owner's alone (`qe_shared::files`).
+pub use qe_shared::files::{sync_dir, write_private};

@@ -292,33 +292,9 @@ fn keep(data_dir: &Path, desired: &DesiredConfig) -> std::io::Result<()> {
     )
 }
 
-/// Writes `path` whole or not at all: readable by the node alone, synced, renamed, and the
-/// rename synced too (its directory): a rotated credential is used, and the old one retired,
-/// only once it would outlast a power loss (issue 28).
-pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_whole(path, bytes, 0o600)
-}
-
-/// Writes `path` whole or not at all, with permissions `mode`, as [`write_private`] does.
-pub(crate) fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let side = path.with_extension("new");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&side)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(side, path)?;
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    std::fs::File::open(dir)?.sync_all()
-}
+/// A rotated credential is used, and the old one retired, only once it would outlast a power
+/// loss (issue 28): every file the node keeps is written whole (`qe_shared::files`).
+pub(crate) use qe_shared::files::{write_private, write_whole};
 
 /// After the control plane refused the node's credential: a node that has a kept config
 /// reports itself as a stray ([`Channel::report_stray`]), in case the control plane no

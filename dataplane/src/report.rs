@@ -48,6 +48,8 @@ pub enum ReportError {
     Refused(reqwest::StatusCode),
     #[error("writing the certificate: {0}")]
     Write(#[from] std::io::Error),
+    #[error("the control plane's certificate reply is not a key and a chain: {0}")]
+    NotACertificate(&'static str),
 }
 
 impl From<Unanswered> for ReportError {
@@ -84,8 +86,9 @@ pub(crate) fn client(to: &ReportTo, timeout: Duration) -> reqwest::Client {
     builder.build().expect("an HTTP client")
 }
 
-/// Fetches the cluster certificate and writes it to `dir/cert.pem` and `dir/key.pem`, each to
-/// the side and then renamed, so a reload never reads half a file.
+/// Fetches the cluster certificate and writes it to `dir/cert.pem` and `dir/key.pem` (the
+/// node's alone), each whole, so a reload never reads half a file; a reply that is not a
+/// private key and a chain of certificates leaves both as they were.
 pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(), ReportError> {
     let client = client(to, REQUEST_WITHIN);
     let response = to
@@ -96,17 +99,30 @@ pub async fn fetch_certificate(to: &ReportTo, dir: &std::path::Path) -> Result<(
         })
         .await?;
     let issued: serde_json::Value = response.json().await?;
-    let field = |name: &str| issued[name].as_str().unwrap_or_default().to_string();
+    let (key, chain) = checked_key_and_chain(&issued)?;
     std::fs::create_dir_all(dir)?;
-    for (name, text) in [
-        ("key.pem", field("key_pem")),
-        ("cert.pem", field("chain_pem")),
-    ] {
-        let side = dir.join(format!("{name}.new"));
-        std::fs::write(&side, text)?;
-        std::fs::rename(&side, dir.join(name))?;
-    }
+    qe_shared::files::write_private(&dir.join("key.pem"), key.as_bytes())?;
+    qe_shared::files::write_whole(&dir.join("cert.pem"), chain.as_bytes(), 0o644)?;
     Ok(())
+}
+
+/// The `key_pem` and `chain_pem` of a certificate reply, once each reads as what it must be.
+fn checked_key_and_chain(issued: &serde_json::Value) -> Result<(&str, &str), ReportError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let key = issued["key_pem"].as_str().unwrap_or_default();
+    let chain = issued["chain_pem"].as_str().unwrap_or_default();
+    if PrivateKeyDer::from_pem_slice(key.as_bytes()).is_err() {
+        return Err(ReportError::NotACertificate("key_pem is not a private key"));
+    }
+    let certificates: Result<Vec<_>, _> =
+        CertificateDer::pem_slice_iter(chain.as_bytes()).collect();
+    match certificates {
+        Ok(certificates) if !certificates.is_empty() => Ok((key, chain)),
+        _ => Err(ReportError::NotACertificate(
+            "chain_pem is not a chain of certificates",
+        )),
+    }
 }
 
 impl Reporter {
@@ -265,4 +281,27 @@ fn read_lines<T>(lines: &[(u64, String)], read: impl Fn(&str) -> Option<T>) -> V
             record
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_reply_that_is_not_a_key_and_a_chain_is_refused() {
+        let made = rcgen::generate_simple_self_signed(vec!["q.example".into()]).unwrap();
+        let (key, chain) = (made.signing_key.serialize_pem(), made.cert.pem());
+        let good = serde_json::json!({"key_pem": key, "chain_pem": chain});
+        assert!(checked_key_and_chain(&good).is_ok());
+        let not_base64 = "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n";
+        for bad in [
+            serde_json::json!({}),
+            serde_json::json!({"key_pem": "", "chain_pem": chain}),
+            serde_json::json!({"key_pem": key, "chain_pem": ""}),
+            serde_json::json!({"key_pem": chain, "chain_pem": chain}),
+            serde_json::json!({"key_pem": key, "chain_pem": not_base64}),
+        ] {
+            assert!(checked_key_and_chain(&bad).is_err(), "{bad}");
+        }
+    }
 }

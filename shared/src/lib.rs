@@ -15,6 +15,7 @@ pub mod build;
 pub mod calendar;
 pub mod code;
 pub mod console_token;
+pub mod files;
 pub mod hmac;
 pub mod labels;
 pub mod node_channel;

@@ -424,7 +424,8 @@ async fn records_made_while_the_control_plane_is_down_outlive_a_kill_of_the_node
 
     // Three records made while it is down, as the node's own `getusage` shows them.
     let day: Vec<u64> = today().split('-').map(|p| p.parse().unwrap()).collect();
-    let ask = json!({"cmd": "getusage", "year": day[0], "month": day[1], "day": day[2], "totals": false});
+    let ask =
+        json!({"cmd": "getusage", "year": day[0], "month": day[1], "day": day[2], "totals": false});
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let made = loop {
         let reply = admin.request(ask.clone()).await;

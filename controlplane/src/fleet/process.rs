@@ -13,14 +13,26 @@ pub enum NodeProcess {
     Adopted { pid: u32, exit: AsyncFd<OwnedFd> },
 }
 
+/// Whether the process of pidfd `fd` has exited (the pidfd is readable then).
+fn has_exited(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut poll = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd we own, and a timeout of 0: it only looks.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready != 0
+}
+
 impl NodeProcess {
     /// Adopts the running process `pid`, if it is the node started with `bootstrap`.
+    ///
+    /// The pidfd is opened first, then the command line read, then the process checked to be
+    /// alive still: so the command line read is the pidfd's process's, and a pid reused
+    /// meanwhile by another process is never adopted (nor, later, signalled).
     pub fn adopt(pid: u32, bootstrap: &Path) -> Option<NodeProcess> {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let wanted = bootstrap.as_os_str().as_encoded_bytes();
-        if !cmdline.split(|b| *b == 0).any(|arg| arg == wanted) {
-            return None;
-        }
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         if fd < 0 {
@@ -28,6 +40,11 @@ impl NodeProcess {
         }
         // SAFETY: `fd` was just returned to us and nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let wanted = bootstrap.as_os_str().as_encoded_bytes();
+        if !cmdline.split(|b| *b == 0).any(|arg| arg == wanted) || has_exited(&fd) {
+            return None;
+        }
         // SAFETY: the OwnedFd is open and moves into the AsyncFd, which keeps it until dropped.
         let exit =
             unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()?;
@@ -100,5 +117,39 @@ impl NodeProcess {
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn only_a_live_process_started_with_the_bootstrap_is_adopted() {
+        let bootstrap = Path::new("/tmp/qe-adopt-test/bootstrap.toml");
+        // A shell that stays (two commands), with the path among its arguments.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30; true", bootstrap.to_str().unwrap()])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Its command line reads empty until its exec is through.
+        while std::fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap()
+            .is_empty()
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(NodeProcess::adopt(pid, Path::new("/elsewhere/bootstrap.toml")).is_none());
+        let mut adopted = NodeProcess::adopt(pid, bootstrap).expect("its own process");
+        assert_eq!(adopted.id(), pid);
+        child.kill().unwrap();
+        // Exited, not yet reaped: its pid still names it, and it is not adopted.
+        adopted.exited().await;
+        assert!(
+            NodeProcess::adopt(pid, bootstrap).is_none(),
+            "an exited process"
+        );
+        child.wait().unwrap();
     }
 }

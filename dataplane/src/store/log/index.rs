@@ -263,12 +263,12 @@ impl Index {
     pub fn compaction_candidate(
         &self,
         active: u32,
-        retiring: &BTreeSet<u32>,
+        skipped: impl Fn(&u32) -> bool,
         now_ms: u64,
     ) -> Option<u32> {
         self.segments
             .iter()
-            .filter(|(segment, _)| **segment != active && !retiring.contains(segment))
+            .filter(|(segment, _)| **segment != active && !skipped(segment))
             .filter(|(_, use_)| use_.dedup_until_ms <= now_ms)
             .filter(|(_, use_)| use_.live * 2 < use_.bytes || use_.bytes == 0)
             // The smallest share live: live_a / bytes_a < live_b / bytes_b, multiplied out.

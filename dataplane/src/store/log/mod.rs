@@ -146,6 +146,11 @@ struct State {
     /// Segments whose live messages compaction has copied; each is forgotten once its
     /// file's removal is synced.
     retiring: BTreeSet<u32>,
+    /// Segments compaction found damage in: never compacted in this run, since a damaged
+    /// record may be a live message's, which copying would leave behind. The next start's
+    /// recovery dead-letters the damage (reason `damaged`) and pads it over, as it does for
+    /// damage anywhere, and the segment is compacted from then on.
+    damaged: BTreeSet<u32>,
     /// The segment new records go to.
     active: u32,
     options: LogOptions,
@@ -188,8 +193,10 @@ impl State {
     /// The segment compaction should take next, if any is worth it (see [`Index`]).
     fn compaction_candidate(&self) -> Option<u32> {
         let now_ms = crate::engine::now_ms();
+        let skipped =
+            |segment: &u32| self.retiring.contains(segment) || self.damaged.contains(segment);
         self.index
-            .compaction_candidate(self.active, &self.retiring, now_ms)
+            .compaction_candidate(self.active, skipped, now_ms)
     }
 }
 
@@ -365,6 +372,7 @@ impl LogStore {
             unsynced_began: false,
             index,
             retiring: BTreeSet::new(),
+            damaged: BTreeSet::new(),
             active,
             options,
             stopping: false,

@@ -194,9 +194,17 @@ fn copy_worth_it(shared: &Shared) -> usize {
             // A segment's last records may still be pending: written, the file read below is
             // the whole segment. Records never reach a segment after it stops being active.
             shared.write_pending();
-            if let Err(error) = copy_live(shared, segment) {
-                tracing::error!(%error, segment, "compacting the message log failed");
-                break;
+            match copy_live(shared, segment) {
+                Ok(Copied::All) => {}
+                Ok(Copied::NothingDamaged) => {
+                    tracing::error!(segment, "a segment of the message log has damage: it is kept, and the next start dead-letters the damaged records");
+                    shared.lock().damaged.insert(segment);
+                    continue;
+                }
+                Err(error) => {
+                    tracing::error!(%error, segment, "compacting the message log failed");
+                    break;
+                }
             }
         }
         shared.lock().retiring.insert(segment);
@@ -254,7 +262,7 @@ fn retire(shared: &Shared) -> bool {
 /// Appends again what still matters of `segment`: its messages' latest records, and the
 /// removals and marks it must keep (see `index`), `COMPACTION_STEP_BYTES` at a time, each
 /// step written before the next.
-fn copy_live(shared: &Shared, segment: u32) -> std::io::Result<()> {
+fn copy_live(shared: &Shared, segment: u32) -> std::io::Result<Copied> {
     let bytes = match std::fs::read(segment_path(&shared.dir, segment)) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -264,7 +272,9 @@ fn copy_live(shared: &Shared, segment: u32) -> std::io::Result<()> {
     shared
         .bytes_read
         .fetch_add(read, std::sync::atomic::Ordering::Relaxed);
-    let rewritten = last_rewrites(&bytes);
+    let Some(rewritten) = last_rewrites(&bytes) else {
+        return Ok(Copied::NothingDamaged);
+    };
     let mut offset = 0;
     while offset < bytes.len() {
         let mut state = shared.lock();
@@ -289,7 +299,15 @@ fn copy_live(shared: &Shared, segment: u32) -> std::io::Result<()> {
         drop(state);
         shared.write_pending();
     }
-    Ok(())
+    Ok(Copied::All)
+}
+
+/// What [`copy_live`] did with a segment.
+enum Copied {
+    /// What still matters of it: it may go.
+    All,
+    /// Nothing, for it has damage: it must stay (see `State::damaged`).
+    NothingDamaged,
 }
 
 /// Where in `bytes` (a segment) each message written again by the delivery rules has its last
@@ -297,7 +315,9 @@ fn copy_live(shared: &Shared, segment: u32) -> std::io::Result<()> {
 /// [`Kind::MessageLife`] record) puts two records of one message in one segment. (A
 /// compaction copy goes to another segment than the one it copies from, and a publish is a
 /// message's first record.)
-fn last_rewrites(bytes: &[u8]) -> IdMap<MessageId, usize> {
+///
+/// None if the segment has damage anywhere.
+fn last_rewrites(bytes: &[u8]) -> Option<IdMap<MessageId, usize>> {
     let mut last = IdMap::default();
     let mut offset = 0;
     while offset < bytes.len() {
@@ -310,11 +330,11 @@ fn last_rewrites(bytes: &[u8]) -> IdMap<MessageId, usize> {
                 }
                 len
             }
-            Read::Damaged { len } => len,
+            Read::Damaged { .. } => return None,
             Read::Unfinished | Read::End => bytes.len() - offset,
         };
     }
-    last
+    Some(last)
 }
 
 /// Appends `record` of `segment` again if it still matters when `segment` goes; returns the

@@ -858,3 +858,39 @@ async fn a_deduplication_id_keeps_its_segment_until_its_window_ends() {
     let what = "the ended window's segment compacted away";
     eventually(&store, what, || !segment_path(dir.path(), segment).exists()).await;
 }
+
+/// A live message whose record is damaged on the disk: compaction keeps the segment it is
+/// in (copying the rest would leave the message behind, and retiring the segment would lose
+/// it), and the next start finds the damage and gives it to the dead letter queue, as
+/// recovery does for damage anywhere.
+#[tokio::test]
+async fn compaction_keeps_a_segment_with_damage_for_the_next_start_to_dead_letter() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let segment_bytes = 4 << 10;
+    let (mut store, _) = open(dir.path(), segment_bytes);
+    let kept = message(&mut ids, "kept but damaged", Durability::Immediate);
+    publish(&mut store, &kept).wait().await.unwrap();
+    let first = segment_path(dir.path(), 1);
+    let mut bytes = std::fs::read(&first).unwrap();
+    let at = bytes.windows(7).position(|w| w == b"damaged").unwrap();
+    bytes[at] = b'D';
+    std::fs::write(&first, &bytes).unwrap();
+
+    // Enough churn that the first segment is mostly dead, and later ones go.
+    churn(&mut store, &mut ids, 2_000, 64).await;
+    let second = segment_path(dir.path(), 2);
+    eventually(&store, "a later segment was compacted away", || {
+        !second.exists()
+    })
+    .await;
+    assert!(first.exists(), "the damaged segment is kept");
+    drop(store);
+
+    let (_store, recovered) = open(dir.path(), segment_bytes);
+    assert_eq!(recovered.damaged.len(), 1, "found at the next start");
+    assert!(recovered.damaged[0]
+        .bytes
+        .windows(7)
+        .any(|w| w == b"Damaged"));
+}

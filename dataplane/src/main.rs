@@ -284,12 +284,20 @@ async fn run() -> ExitCode {
             .as_ref()
             .map_or("queue".to_string(), |to| to.queue_id.clone());
         let control_plane = config.report_to.clone();
+        let receipt_key = match dataplane::sqs::ReceiptKey::kept_in(&config.data_dir) {
+            Ok(key) => key,
+            Err(error) => {
+                eprintln!("dataplane: the SQS receipt key cannot be kept: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
         let face = Sqs::new(
             node.clone(),
             queue_name,
             sqs_acceptor.is_some(),
             control_plane,
             sqs_channel,
+            receipt_key,
         );
         tokio::spawn(face.run(listener, sqs_acceptor));
         say(&format!("sqs: serving on {addr}"));

@@ -7,6 +7,7 @@ that one queue serves both faces). Each check prints one `ok` line; any failure 
 of the kill -9 test (messages received, the node killed, then visible again with their counts).
 """
 
+import base64
 import json
 import os
 import sys
@@ -127,6 +128,13 @@ def send_receive_delete_with_attributes_and_digests():
     chosen = {k: attributes[k] for k in ["trace", "count"]}
     assert some["MessageAttributes"] == chosen and "Attributes" not in some, some
     assert some["MD5OfMessageAttributes"] == attributes_md5(chosen)
+    # A handle is signed: one with another receive's number is refused before it acts.
+    handle = base64.urlsafe_b64decode(some["ReceiptHandle"] + "==").decode()
+    kind, message_id, number, mac = handle.split(":")
+    forged = f"{kind}:{message_id}:{int(number) ^ 1}:{mac}"
+    forged = base64.urlsafe_b64encode(forged.encode()).decode().rstrip("=")
+    assert error_code(lambda: SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=forged)) \
+        == "ReceiptHandleIsInvalid"
     for done in [message, some]:
         SUBSCRIBER.delete_message(QueueUrl=URL, ReceiptHandle=done["ReceiptHandle"])
     assert receive() == []

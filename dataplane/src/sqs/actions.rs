@@ -126,6 +126,8 @@ pub struct Context<'a> {
     /// The node's channel to its control plane, which keeps the queue's redrive; None on a
     /// node without one.
     pub channel: Option<&'a crate::channel::Channel>,
+    /// What receipt handles are signed with.
+    pub receipt_key: &'a ReceiptKey,
 }
 
 /// How long after a purge another is refused (`PurgeQueueInProgress`), as on AWS.
@@ -624,7 +626,7 @@ async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, 
     };
     let messages: Vec<Value> = pulled
         .iter()
-        .map(|pulled| received(pulled, &system, &wanted, is_fifo(context)))
+        .map(|pulled| received(context, pulled, &system, &wanted))
         .collect();
     Ok(match messages.is_empty() {
         true => json!({}),
@@ -651,13 +653,14 @@ pub(super) fn sqs_body(frame: &[u8]) -> (String, Attributes) {
 }
 
 /// A received message as ReceiveMessage gives it (`fifo`: the queue is a FIFO queue).
-fn received(pulled: &Pulled, system: &[String], wanted: &[String], fifo: bool) -> Value {
+fn received(context: &Context<'_>, pulled: &Pulled, system: &[String], wanted: &[String]) -> Value {
+    let (receipt_key, fifo) = (context.receipt_key, is_fifo(context));
     let (body, attributes) = sqs_body(&pulled.message.frame);
     let mut reply = Map::new();
     reply.insert("MessageId".into(), pulled.id.to_string().into());
     reply.insert(
         "ReceiptHandle".into(),
-        receipt_handle(pulled.id, pulled.receipt).into(),
+        receipt_handle(receipt_key, pulled.id, pulled.receipt).into(),
     );
     reply.insert("MD5OfBody".into(), attributes::body_digest(&body).into());
     let wants = |name: &str| system.iter().any(|n| n == "All" || n == name);
@@ -725,33 +728,94 @@ fn attribute_matches(wanted: &str, name: &str) -> bool {
     }
 }
 
-/// A receipt handle names the message and its receive's number: one from an earlier
-/// receive of the same message no longer acts on it.
-fn receipt_handle(id: MessageId, receipt: u64) -> String {
-    URL_SAFE_NO_PAD.encode(format!("qe1:{id}:{receipt}"))
+/// A receipt handle names the message and its receive's number (one from an earlier receive
+/// of the same message no longer acts on it), signed with the node's receipt key: a handle
+/// made up or changed is refused before anything is looked up.
+fn receipt_handle(key: &ReceiptKey, id: MessageId, receipt: u64) -> String {
+    let named = format!("{id}:{receipt}");
+    let mac = qe_shared::hex(&key.sign(&named));
+    URL_SAFE_NO_PAD.encode(format!("qe2:{named}:{mac}"))
 }
 
-fn read_receipt_handle(handle: &str) -> Option<(MessageId, u64)> {
+/// What a receipt handle names.
+#[derive(Debug, PartialEq, Eq)]
+enum Handle {
+    /// A receive of this node's: the message and the receive's number.
+    Signed(MessageId, u64),
+    /// A handle of a build before signed handles (`qe1`), so of an earlier run: it acts on
+    /// nothing, as any handle from before a restart.
+    Earlier,
+}
+
+fn read_receipt_handle(key: &ReceiptKey, handle: &str) -> Option<Handle> {
     let text = String::from_utf8(URL_SAFE_NO_PAD.decode(handle).ok()?).ok()?;
-    let mut parts = text.split(':');
-    if parts.next()? != "qe1" {
-        return None;
+    let parts: Vec<&str> = text.split(':').collect();
+    match parts[..] {
+        ["qe1", id, number] => {
+            MessageId::parse(id)?;
+            number.parse::<u64>().ok()?;
+            Some(Handle::Earlier)
+        }
+        ["qe2", id, number, mac] => {
+            let named = format!("{id}:{number}");
+            let expected = qe_shared::hex(&key.sign(&named));
+            if !bool::from(subtle::ConstantTimeEq::ct_eq(
+                expected.as_bytes(),
+                mac.as_bytes(),
+            )) {
+                return None;
+            }
+            Some(Handle::Signed(MessageId::parse(id)?, number.parse().ok()?))
+        }
+        _ => None,
     }
-    let id = MessageId::parse(parts.next()?)?;
-    let receipt = parts.next()?.parse().ok()?;
-    parts.next().is_none().then_some((id, receipt))
 }
 
-fn handle_of(entry: &Value) -> Result<(MessageId, u64), SqsError> {
+/// The key receipt handles are signed with: made once per data directory and kept in it, so
+/// a handle from before a restart reads (and acts on nothing: its receive's number is of the
+/// earlier run).
+pub struct ReceiptKey([u8; 32]);
+
+impl ReceiptKey {
+    /// The key kept in `data_dir` (`sqs-receipt-key`, 0600), made the first time.
+    pub fn kept_in(data_dir: &std::path::Path) -> std::io::Result<ReceiptKey> {
+        let path = data_dir.join("sqs-receipt-key");
+        match std::fs::read(&path) {
+            Ok(bytes) if bytes.len() == 32 => Ok(ReceiptKey(bytes.try_into().expect("32 bytes"))),
+            Ok(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} is not 32 bytes", path.display()),
+            )),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let mut key = [0u8; 32];
+                getrandom::fill(&mut key).expect("the OS random source");
+                qe_shared::files::write_private(&path, &key)?;
+                Ok(ReceiptKey(key))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The first 16 bytes of the HMAC-SHA256 of `text`.
+    fn sign(&self, text: &str) -> [u8; 16] {
+        let mac = qe_shared::hmac::hmac_sha256(&self.0, text.as_bytes());
+        mac[..16].try_into().expect("16 of 32 bytes")
+    }
+}
+
+fn handle_of(context: &Context<'_>, entry: &Value) -> Result<Handle, SqsError> {
     let handle =
         string(entry, "ReceiptHandle")?.ok_or(SqsError::missing_parameter("ReceiptHandle"))?;
-    read_receipt_handle(handle).ok_or_else(|| SqsError::receipt_handle_invalid(handle))
+    read_receipt_handle(context.receipt_key, handle)
+        .ok_or_else(|| SqsError::receipt_handle_invalid(handle))
 }
 
 /// Deletes a received message. A handle of a message that is gone, or that was received
 /// again since, succeeds without deleting (as AWS's standard queues do).
 async fn delete_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
-    let (id, number) = handle_of(entry)?;
+    let Handle::Signed(id, number) = handle_of(context, entry)? else {
+        return Ok(());
+    };
     if let Ok(receipt) = context.node.queue.delete_received(id, number) {
         // Gone from the queue now, but a restart may bring it back: said, not hidden.
         if receipt.wait().await.is_err() {
@@ -781,7 +845,9 @@ async fn delete_message_batch(context: &Context<'_>, input: &Value) -> Result<Va
 }
 
 fn change_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
-    let (id, receipt) = handle_of(entry)?;
+    let Handle::Signed(id, receipt) = handle_of(context, entry)? else {
+        return Err(SqsError::message_not_inflight());
+    };
     let timeout = number(entry, "VisibilityTimeout", 0..=MAX_VISIBILITY_SECS)?
         .ok_or(SqsError::missing_parameter("VisibilityTimeout"))?;
     context
@@ -945,17 +1011,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_receipt_handle_reads_back_and_nothing_else_does() {
+    fn a_receipt_handle_reads_back_signed_and_nothing_made_up_or_changed_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = ReceiptKey::kept_in(dir.path()).unwrap();
         let id = MessageId::parse("01a1c09f-62da-7000-a30b-0817c9a42e3f").unwrap();
-        let handle = receipt_handle(id, u64::MAX);
-        assert_eq!(read_receipt_handle(&handle), Some((id, u64::MAX)));
+        let handle = receipt_handle(&key, id, u64::MAX);
+        let read = |handle: &str| read_receipt_handle(&key, handle);
+        assert_eq!(read(&handle), Some(Handle::Signed(id, u64::MAX)));
+        // Kept: the same key after a restart, and only the node may read it.
+        let again = ReceiptKey::kept_in(dir.path()).unwrap();
+        assert_eq!(
+            read_receipt_handle(&again, &handle),
+            Some(Handle::Signed(id, u64::MAX))
+        );
+        let mode = std::fs::metadata(dir.path().join("sqs-receipt-key")).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
+        // Another node's key, a changed number, a made-up one: refused.
+        let other = ReceiptKey::kept_in(tempfile::tempdir().unwrap().path()).unwrap();
+        assert_eq!(read_receipt_handle(&other, &handle), None);
+        let text = String::from_utf8(URL_SAFE_NO_PAD.decode(&handle).unwrap()).unwrap();
+        let changed = text.replace(&format!(":{}:", u64::MAX), ":7:");
+        assert_eq!(read(&URL_SAFE_NO_PAD.encode(changed)), None);
+        // An earlier build's handle reads, and acts on nothing.
+        assert_eq!(
+            read(&URL_SAFE_NO_PAD.encode(format!("qe1:{id}:1"))),
+            Some(Handle::Earlier)
+        );
         for bad in [
             "",
             "x",
             &URL_SAFE_NO_PAD.encode("qe1:nope:1"),
             &URL_SAFE_NO_PAD.encode(format!("qe2:{id}:1")),
+            &URL_SAFE_NO_PAD.encode(format!("qe2:{id}:1:00")),
         ] {
-            assert_eq!(read_receipt_handle(bad), None, "{bad}");
+            assert_eq!(read(bad), None, "{bad}");
         }
     }
 

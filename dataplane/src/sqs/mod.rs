@@ -12,6 +12,7 @@
 //! protocol's XML with that code.
 
 mod actions;
+pub use actions::ReceiptKey;
 mod attributes;
 pub mod dead_letters;
 mod move_tasks;
@@ -96,6 +97,8 @@ pub struct Sqs {
     control_plane: Option<(ReportTo, reqwest::Client)>,
     /// The node's channel: a change to the queue's redrive is the control plane's to make.
     channel: Option<crate::channel::Channel>,
+    /// What receipt handles are signed with.
+    receipt_key: actions::ReceiptKey,
     /// The last message move tasks (ListMessageMoveTasks).
     move_tasks: std::sync::Mutex<move_tasks::MoveTasks>,
 }
@@ -122,6 +125,7 @@ impl Sqs {
         tls: bool,
         control_plane: Option<ReportTo>,
         channel: Option<crate::channel::Channel>,
+        receipt_key: actions::ReceiptKey,
     ) -> Arc<Sqs> {
         let control_plane = control_plane.map(|to| {
             let client = crate::report::client(&to, HAND_ON_WITHIN);
@@ -134,6 +138,7 @@ impl Sqs {
             last_purge: std::sync::Mutex::new(None),
             control_plane,
             channel,
+            receipt_key,
             move_tasks: Default::default(),
         })
     }
@@ -275,6 +280,7 @@ impl Sqs {
             move_tasks: &self.move_tasks,
             sender: &key.access_key_id,
             channel: self.channel.as_ref(),
+            receipt_key: &self.receipt_key,
         };
         let answer = actions::run(action, &context, &input).await?;
         Ok(Outcome::Answered(action, answer))

@@ -164,6 +164,10 @@ pub struct ConfigFile {
     /// The SQS face's access keys (from the control plane's desired config).
     #[serde(default)]
     pub sqs_keys: Vec<SqsKeyFile>,
+    /// The SQS port's HTTP limits (`qe_serve::Limits`: head and idle time, connections in
+    /// all and per source, body bytes read at once and their time); each left out keeps its
+    /// default.
+    pub sqs_http: Option<qe_serve::Limits>,
 }
 
 /// An SQS access key as the config holds it (SigV4 needs the secret itself).
@@ -291,6 +295,7 @@ pub struct Config {
 pub struct SqsConfig {
     pub listen: SocketAddr,
     pub keys: Vec<crate::sqs::SqsKey>,
+    pub limits: qe_serve::Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -464,6 +469,7 @@ impl Config {
             Some(listen) => Some(SqsConfig {
                 listen,
                 keys: sqs_keys,
+                limits: file.sqs_http.unwrap_or_default(),
             }),
             None if sqs_keys.is_empty() => None,
             None => return Err(invalid("--sqs-key needs --sqs-listen")),

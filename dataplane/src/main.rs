@@ -299,7 +299,12 @@ async fn run() -> ExitCode {
             sqs_channel,
             receipt_key,
         );
-        tokio::spawn(face.run(listener, sqs_acceptor));
+        let limits = config
+            .sqs
+            .as_ref()
+            .map(|sqs| sqs.limits)
+            .unwrap_or_default();
+        tokio::spawn(face.run(listener, sqs_acceptor, limits));
         say(&format!("sqs: serving on {addr}"));
         tracing::info!("sqs: serving on {addr}");
     }

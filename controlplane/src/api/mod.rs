@@ -214,7 +214,23 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             metrics::record,
         ))
+        // Outermost: whatever refused a request before its body was read closes the connection.
+        .layer(middleware::from_fn(close_unless_body_read))
         .with_state(state)
+}
+
+/// A reply given before the request's body was read (a missing or wrong token, a role that
+/// may not) says `Connection: close` (`qe_serve`): hyper would otherwise reset the
+/// connection with the body's bytes unread, and a keep-alive client's next request on it
+/// (a POST, which it does not retry) would fail.
+async fn close_unless_body_read(
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    let (request, body_read) = qe_serve::track_body(request);
+    let mut response = next.run(request.map(axum::body::Body::new)).await;
+    qe_serve::close_unless_read(&mut response, &body_read);
+    response
 }
 
 /// `POST /v1/certificate/renew`: every node gets a new certificate now: of its own (each

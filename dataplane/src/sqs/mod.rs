@@ -25,7 +25,6 @@ use crate::traffic::Counted;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -143,37 +142,41 @@ impl Sqs {
         })
     }
 
-    /// Accepts connections on `listener` for the life of the process, at most
-    /// [`MAX_CONNECTIONS`] at once (one past it is closed at once: the WebSocket port's
-    /// `max-tasks` does not count these).
-    pub async fn run(self: Arc<Sqs>, listener: TcpListener, tls: Option<TlsAcceptor>) {
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    /// Accepts connections on `listener` for the life of the process, within `limits`
+    /// (`qe_serve`: the connections at once in all and per source, the head and idle time,
+    /// the body bytes read at once; the WebSocket port's `max-tasks` does not count these).
+    pub async fn run(
+        self: Arc<Sqs>,
+        listener: TcpListener,
+        tls: Option<TlsAcceptor>,
+        limits: qe_serve::Limits,
+    ) {
+        let gate = qe_serve::Gate::new(limits);
         loop {
-            let Ok((tcp, _peer)) = listener.accept().await else {
-                continue;
-            };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                drop(tcp);
-                continue;
-            };
-            let (sqs, tls) = (self.clone(), tls.clone());
+            let (tcp, _peer, place) = qe_serve::accept(&gate, &listener).await;
+            let (sqs, tls, gate) = (self.clone(), tls.clone(), gate.clone());
             tokio::spawn(async move {
-                sqs.serve(tcp, tls).await;
-                drop(slot);
+                sqs.serve(tcp, tls, gate).await;
+                drop(place);
             });
         }
     }
 
     /// One connection: HTTP/1.1 requests, kept alive, its bytes counted as the WebSocket
     /// port's are (usage records bill both).
-    async fn serve(self: Arc<Sqs>, tcp: tokio::net::TcpStream, tls: Option<TlsAcceptor>) {
+    async fn serve(
+        self: Arc<Sqs>,
+        tcp: tokio::net::TcpStream,
+        tls: Option<TlsAcceptor>,
+        gate: Arc<qe_serve::Gate>,
+    ) {
         let _ = tcp.set_nodelay(true);
         let (counted, _writes) = Counted::new(tcp, self.node.traffic.clone());
         let service = service_fn(|request: Request<Incoming>| {
-            let sqs = self.clone();
-            async move { Ok::<_, Infallible>(sqs.answer(request).await) }
+            let (sqs, gate) = (self.clone(), gate.clone());
+            async move { Ok::<_, Infallible>(sqs.answer(request, &gate).await) }
         });
-        let builder = http1::Builder::new();
+        let builder = qe_serve::http1(gate.limits());
         match tls {
             None => {
                 let _ = builder
@@ -192,9 +195,25 @@ impl Sqs {
     }
 
     /// The answer in the protocol the request speaks (its errors too).
-    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    /// One whose body was not read (refused before it was) closes the connection after it.
+    async fn answer(
+        &self,
+        request: Request<Incoming>,
+        gate: &qe_serve::Gate,
+    ) -> Response<Full<Bytes>> {
+        let (request, body_read) = qe_serve::track_body(request);
+        let mut response = self.answer_tracked(request, gate).await;
+        qe_serve::close_unless_read(&mut response, &body_read);
+        response
+    }
+
+    async fn answer_tracked(
+        &self,
+        request: Request<qe_serve::TrackedBody<Incoming>>,
+        gate: &qe_serve::Gate,
+    ) -> Response<Full<Bytes>> {
         let query = is_query(request.headers());
-        let outcome = self.read_and_handle(request, query).await;
+        let outcome = self.read_and_handle(request, query, gate).await;
         if let Err(error) = &outcome {
             tracing::debug!(code = error.code, message = %error.message, "an SQS request was refused");
         }
@@ -221,17 +240,25 @@ impl Sqs {
     /// The action a request asks for, and its answer.
     async fn read_and_handle(
         &self,
-        request: Request<Incoming>,
+        request: Request<qe_serve::TrackedBody<Incoming>>,
         query: bool,
+        gate: &qe_serve::Gate,
     ) -> Result<Outcome, SqsError> {
         let (parts, body) = request.into_parts();
         // Nothing is read for a caller that could not be let in: a signature by a key of
         // this queue, made about now. (Whether it is right needs the body.)
         self.admissible(&parts.headers)?;
         let limit = self.body_limit();
-        let body = Limited::new(body, limit)
-            .collect()
+        // Room in the port's budget of body bytes first (waiting while others read theirs),
+        // then the body, within its time.
+        let declared = hyper::body::Body::size_hint(&body)
+            .upper()
+            .map_or(limit, |upper| upper as usize);
+        let _room = gate.body_room(declared.min(limit)).await;
+        let reading = Limited::new(body, limit).collect();
+        let body = tokio::time::timeout(gate.limits().body_within(), reading)
             .await
+            .map_err(|_| SqsError::incomplete_body())?
             .map_err(|_| SqsError::too_big())?
             .to_bytes();
         let pairs = parts.headers.iter();
@@ -403,9 +430,6 @@ const HOP_BY_HOP: [&str; 5] = [
 
 /// How long the control plane has to answer an action handed on to it.
 const HAND_ON_WITHIN: Duration = Duration::from_secs(30);
-
-/// The most SQS connections served at once.
-pub const MAX_CONNECTIONS: usize = 512;
 
 /// How long a client has for its TLS handshake.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(10);

@@ -118,6 +118,16 @@ impl SqsError {
         SqsError::new(500, "InternalFailure", "InternalFailure", message.into())
     }
 
+    /// A request whose body did not arrive whole in time.
+    pub fn incomplete_body() -> SqsError {
+        SqsError::new(
+            400,
+            "IncompleteBody",
+            "IncompleteBody",
+            "The request body did not arrive within the time allowed.".into(),
+        )
+    }
+
     pub fn over_limit(message: &str) -> SqsError {
         SqsError::new(403, "OverLimit", "OverLimit", message.into())
     }

@@ -112,7 +112,6 @@ impl Overrides {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    use std::io::IsTerminal;
     let command = Args::parse().command;
     // `dev` prints what a person needs; its log says only what goes wrong, unless RUST_LOG
     // asks for more. A served control plane logs its work.
@@ -120,12 +119,9 @@ async fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if quiet { "warn" } else { "info" })
     });
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter)
-        // Colours only for a person: a log file or a pipe gets plain text.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    // Colours only for a person; never blocks a worker: lines a stalled stderr cannot take
+    // are dropped and counted (`qe_log_lines_dropped_total`).
+    let _log = qe_shared::logging::init(filter);
     let result = match command {
         Command::Serve { config, overrides } => serve(config, overrides).await,
         Command::Dev(flags) => dev(flags).await,

@@ -10,7 +10,7 @@ use dataplane::server::Server;
 use dataplane::sqs::Sqs;
 use qe_shared::node_channel::{DesiredConfig, NodeTls};
 use qe_tls::Certificate;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -48,13 +48,10 @@ async fn run() -> ExitCode {
     let mut terminate = terminate_signal();
     // One crypto provider for the process: the TLS listener and the reporter's HTTP client.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Never blocks a worker: lines a stalled stderr cannot take are dropped and counted.
+    let _log = qe_shared::logging::init(filter);
 
     let mut flags = Flags::parse();
     let report_last = flags.report_last;

@@ -321,6 +321,7 @@ impl Node {
             max_messages: self.limits.max_messages,
             max_messages_memory: self.limits.max_messages_memory,
             certificate_expires: None,
+            log_lines_dropped: qe_shared::logging::dropped_lines(),
         }
     }
 

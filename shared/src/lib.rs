@@ -18,6 +18,8 @@ pub mod console_token;
 pub mod files;
 pub mod hmac;
 pub mod labels;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod node_channel;
 pub mod password;
 pub mod protocol;

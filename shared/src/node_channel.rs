@@ -411,6 +411,15 @@ pub struct LiveStats {
     /// when it serves plain ws://.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_expires: Option<u64>,
+    /// Log lines the node dropped since it started because its stderr did not take them in
+    /// time (`logging`). Left out while 0, so a control plane of the release before (which
+    /// refuses a field it does not know) reads the report as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub log_lines_dropped: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// One usage record (the manual's `getusage` line): its period ends at `time`.

@@ -192,7 +192,7 @@ impl ControlPlane {
             .arg(dir.path().join("controlplane.toml"))
             .args(flags)
             .stdout(Stdio::piped())
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", crate::log_level())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start controlplane");
@@ -223,6 +223,11 @@ impl ControlPlane {
             extra: extra.to_string(),
             etcd,
         }
+    }
+
+    /// Its stderr as the test reads it (and may stop reading it).
+    pub fn stderr(&self) -> &crate::Log {
+        &self.log
     }
 
     /// Everything it logged so far.

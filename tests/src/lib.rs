@@ -266,22 +266,51 @@ pub struct Node {
     log: Arc<Log>,
 }
 
+/// The `RUST_LOG` the processes a test starts log at: `QE_TEST_RUST_LOG`, or `info`. (A
+/// test binary that sets it sets it for all its tests.)
+pub fn log_level() -> String {
+    std::env::var("QE_TEST_RUST_LOG").unwrap_or_else(|_| "info".to_string())
+}
+
 /// A process's stderr, as it arrives.
 #[derive(Default)]
-struct Log {
+pub struct Log {
     text: Mutex<String>,
     /// Signalled on every append.
     grew: Condvar,
+    /// While true, stderr is not read: its pipe fills, as when journald stalls.
+    stalled: Mutex<bool>,
+    /// Signalled when `stalled` turns false.
+    resumed: Condvar,
 }
 
 impl Log {
+    /// Stops reading the process's stderr until [`Log::resume`].
+    pub fn stall(&self) {
+        *self.stalled.lock().unwrap() = true;
+    }
+
+    pub fn resume(&self) {
+        *self.stalled.lock().unwrap() = false;
+        self.resumed.notify_all();
+    }
+
     /// Collects everything `stderr` says, on a thread of its own.
     fn follow(mut stderr: impl Read + Send + 'static) -> Arc<Log> {
         let log = Arc::new(Log::default());
         let sink = log.clone();
         std::thread::spawn(move || {
             let mut buffer = [0u8; 4096];
-            while let Ok(n @ 1..) = stderr.read(&mut buffer) {
+            loop {
+                let stalled = sink.stalled.lock().unwrap();
+                drop(
+                    sink.resumed
+                        .wait_while(stalled, |stalled| *stalled)
+                        .unwrap(),
+                );
+                let Ok(n @ 1..) = stderr.read(&mut buffer) else {
+                    break;
+                };
                 let text = String::from_utf8_lossy(&buffer[..n]);
                 sink.lock().push_str(&text);
                 sink.grew.notify_all();
@@ -348,6 +377,11 @@ impl Node {
         node
     }
 
+    /// Its stderr as the test reads it (and may stop reading it).
+    pub fn stderr(&self) -> &Log {
+        &self.log
+    }
+
     /// What the node has written to its log so far.
     pub fn log(&self) -> String {
         self.log.lock().clone()
@@ -409,7 +443,7 @@ impl Node {
             .args(["--admin", &login(ADMIN)])
             .args(transport)
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", log_level())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -156,6 +156,12 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
     );
     render_counter(
         &mut out,
+        "qe_log_lines_dropped_total",
+        "Log lines this replica dropped because its stderr did not take them in time.",
+        qe_shared::logging::dropped_lines(),
+    );
+    render_counter(
+        &mut out,
         "qe_nodes_replaced_total",
         "Silent nodes this replica fenced and replaced while it led.",
         state.metrics.nodes_replaced.load(Ordering::Relaxed),
@@ -353,6 +359,12 @@ const FAMILIES: &[Family] = &[
         kind: "gauge",
         help: "When the certificate the queue's node serves expires (nodes with TLS).",
         series: &[("", |s| s.certificate_expires)],
+    },
+    Family {
+        name: "qe_queue_log_lines_dropped_total",
+        kind: "counter",
+        help: "Log lines the queue's node dropped because its stderr did not take them in time.",
+        series: &[("", |s| Some(s.log_lines_dropped))],
     },
 ];
 

@@ -1,10 +1,11 @@
 //! The audit log: who changed what, when, and how it went.
 //!
 //! Every request that may change something (any method but `GET` and `HEAD`) from a caller
-//! whose token was accepted is recorded once it is answered, refused ones too: the time, the
-//! actor (the operator, or an account and its key), the action (named by the route), the
-//! target and the HTTP status. A request without a valid token is not recorded: no caller
-//! without one can make the log grow. Entries are keyed by a cursor that sorts by time, so
+//! whose token was accepted is recorded once it is answered: the time, the actor (the
+//! operator, or an account and its key), the action (named by the route), the target and the
+//! HTTP status. A refused one (4xx) is counted (`qe_api_refused_changes_total`), not kept, and
+//! a request without a valid token is not recorded: no caller can make the log grow by being
+//! refused. Entries older than `audit_keep_days` go (`rollup.rs`). Entries are keyed by a cursor that sorts by time, so
 //! `GET /v1/audit` pages through them in order.
 
 use serde::{Deserialize, Serialize};

@@ -101,6 +101,10 @@ pub struct Config {
     /// plane was down) has its records handed over from its data. Default 86400, a day.
     #[serde(default = "default_delete_keeps_data_secs")]
     pub delete_keeps_data_secs: u64,
+    /// Days the audit log keeps an entry; older ones are removed by the leading replica
+    /// (`rollup.rs`, within an hour of their time). 0 keeps them for ever. Default 90.
+    #[serde(default = "default_audit_keep_days")]
+    pub audit_keep_days: u64,
     /// Seconds a new queue has to run (its node started and serving); one that does not, or
     /// whose provider refuses it for good (an instance type its region does not have), is
     /// `failed`, with the reason: its node is stopped and its data kept for
@@ -197,6 +201,10 @@ fn default_provision_within_secs() -> u64 {
 
 fn default_bootstrap_token_valid_secs() -> u64 {
     900
+}
+
+fn default_audit_keep_days() -> u64 {
+    90
 }
 
 fn default_delete_keeps_data_secs() -> u64 {

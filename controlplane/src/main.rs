@@ -353,7 +353,11 @@ async fn start(config: Config) -> Result<Running, Failure> {
         errors: state.metrics.reconcile_errors.clone(),
         failed: state.metrics.queues_failed.clone(),
     };
-    tokio::spawn(controlplane::rollup::run(store.clone(), leadership.clone()));
+    tokio::spawn(controlplane::rollup::run(
+        store.clone(),
+        leadership.clone(),
+        state.config.audit_keep_days,
+    ));
     tokio::spawn(controlplane::rollout::run(
         store.clone(),
         leadership.clone(),

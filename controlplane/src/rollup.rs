@@ -231,13 +231,30 @@ pub async fn pass(store: &Store, queues: &[Queue], now: u64) -> Result<Rolled, S
 
 /// Rolls up every queue's records every [`EVERY`] while this replica leads, its writes fenced
 /// by its leadership.
-pub async fn run(store: Store, leadership: crate::leadership::Leadership) {
-    leadership.while_leading(store, roll_up_while_leading).await
+/// Rolls records up, and lets audit entries older than `audit_keep_days` go (0: never), an
+/// hour apart, while this replica leads.
+pub async fn run(store: Store, leadership: crate::leadership::Leadership, audit_keep_days: u64) {
+    let pass = move |store| roll_up_while_leading(store, audit_keep_days);
+    leadership.while_leading(store, pass).await
 }
 
-async fn roll_up_while_leading(store: Store) {
+/// Removes the audit entries (and each account's pointers to them) made more than
+/// `keep_days` days before `now` (seconds).
+pub async fn prune_audit(store: &Store, now: u64, keep_days: u64) -> Result<(), StoreError> {
+    let accounts: Vec<String> = store.accounts().await?.into_iter().map(|a| a.id).collect();
+    let before_ms = now.saturating_sub(keep_days * DAY) * 1000;
+    store.prune_audit(before_ms, &accounts).await
+}
+
+async fn roll_up_while_leading(store: Store, audit_keep_days: u64) {
     let store = &store;
     loop {
+        if audit_keep_days > 0 {
+            let pruned = prune_audit(store, crate::unix_now(), audit_keep_days).await;
+            if let Err(error) = pruned {
+                tracing::warn!(%error, "letting old audit entries go: tried again later");
+            }
+        }
         let rolled = match store.list().await {
             Ok(queues) => pass(store, &queues, crate::unix_now()).await,
             Err(error) => Err(error),
@@ -260,6 +277,38 @@ async fn roll_up_while_leading(store: Store) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn audit_entries_past_their_keeping_go_with_their_accounts_pointers() {
+        use crate::audit::{Actor, Entry, Target};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&crate::store::StoreConfig::Sled, dir.path(), "c")
+            .await
+            .unwrap();
+        let account = Actor::Account {
+            account: "acc1".into(),
+            key: "k".into(),
+        };
+        let now = crate::unix_now();
+        let mut kept = Vec::new();
+        for age_days in [100, 91, 89, 0] {
+            let mut entry = Entry::new(account.clone(), "queue.create", Target::default(), 201);
+            entry.time_ms = (now - age_days * DAY) * 1000;
+            entry.cursor = format!("{:020}-{age_days}", entry.time_ms);
+            store.append_audit(&entry).await.unwrap();
+            if age_days < 90 {
+                kept.push(entry.cursor.clone());
+            }
+        }
+        prune_audit(&store, now, 90).await.unwrap();
+        let cursors = |entries: Vec<Entry>| -> Vec<String> {
+            entries.into_iter().map(|entry| entry.cursor).collect()
+        };
+        let all = store.audit(None, "", "~", 100).await.unwrap();
+        assert_eq!(cursors(all), kept);
+        let of_account = store.audit(Some("acc1"), "", "~", 100).await.unwrap();
+        assert_eq!(cursors(of_account), kept, "read through its pointers");
+    }
 
     fn usage(time: u64, sent: u64, held: u64, instance_type: &str) -> UsageRecord {
         UsageRecord {

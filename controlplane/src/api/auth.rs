@@ -19,6 +19,7 @@ use crate::queues::Queue;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -143,8 +144,17 @@ pub async fn authenticate(
             id: path_target,
             account: None,
         });
-        let entry = Entry::new(caller.actor(), action, target, status);
-        audit::record(&state.store, entry).await;
+        // A refusal is counted, not kept: a caller that is refused in a loop cannot grow
+        // the store (the audit log keeps what was done, and what failed on our side).
+        if (400..500).contains(&status) {
+            state
+                .metrics
+                .refused_changes
+                .fetch_add(1, Ordering::Relaxed);
+        } else {
+            let entry = Entry::new(caller.actor(), action, target, status);
+            audit::record(&state.store, entry).await;
+        }
     }
     response
 }

@@ -40,6 +40,9 @@ pub struct Metrics {
     pub queues_failed: Arc<AtomicU64>,
     /// Certificate orders for nodes that failed (the CA refused, or could not be reached).
     pub certificate_errors: AtomicU64,
+    /// Changes an authenticated caller asked for and was refused (4xx): counted here, not
+    /// kept in the audit log, so a caller cannot grow the store by being refused.
+    pub refused_changes: AtomicU64,
     /// The API's own certificate, when it serves HTTPS: its expiry is served.
     pub api_certificate: Option<Arc<qe_tls::Certificate>>,
 }
@@ -153,6 +156,12 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         "qe_live_reports_total",
         "Live reports this replica received from nodes.",
         state.metrics.live.received(),
+    );
+    render_counter(
+        &mut out,
+        "qe_api_refused_changes_total",
+        "Changes an authenticated caller asked for and was refused (4xx), not kept in the audit log.",
+        state.metrics.refused_changes.load(Ordering::Relaxed),
     );
     render_counter(
         &mut out,

@@ -81,14 +81,31 @@ impl Store {
     }
 
     /// Keeps an audit entry (under its account too, when it has one).
+    /// Keeps `entry` once, under its cursor; an entry of an account is also indexed under
+    /// the account by its cursor alone (a pointer, not a second copy).
     pub async fn append_audit(&self, entry: &Entry) -> Result<(), StoreError> {
         let value = serde_json::to_vec(entry)?;
-        let mut entries = vec![(format!("{AUDIT}{}", entry.cursor), value.clone())];
+        let mut entries = vec![(format!("{AUDIT}{}", entry.cursor), value)];
         if let Some(account) = &entry.account {
             let key = format!("{AUDIT_BY_ACCOUNT}{account}/{}", entry.cursor);
-            entries.push((key, value));
+            entries.push((key, entry.cursor.as_bytes().to_vec()));
         }
         self.kv.put_absent(entries).await?;
+        Ok(())
+    }
+
+    /// Removes the audit entries made before `before_ms` (each account's pointers too, for
+    /// `accounts`); what the retention (`audit_keep_days`) lets go.
+    pub async fn prune_audit(&self, before_ms: u64, accounts: &[String]) -> Result<(), StoreError> {
+        let cutoff = format!("{before_ms:020}");
+        let mut prefixes = vec![AUDIT.to_string()];
+        prefixes.extend(accounts.iter().map(|id| format!("{AUDIT_BY_ACCOUNT}{id}/")));
+        for prefix in prefixes {
+            let end = format!("{prefix}{cutoff}");
+            self.kv
+                .replace_range(&prefix, &end, Vec::new(), None)
+                .await?;
+        }
         Ok(())
     }
 
@@ -109,10 +126,20 @@ impl Store {
         let start = format!("{prefix}{after}\0");
         let end = format!("{prefix}{before}");
         let values = self.kv.range_first(&start, &end, limit).await?;
-        values
-            .iter()
-            .map(|value| Ok(serde_json::from_slice(value)?))
-            .collect()
+        let mut entries = Vec::with_capacity(values.len());
+        for value in values {
+            // An account's index holds cursors (stores from before it held whole entries).
+            if value.first() == Some(&b'{') {
+                entries.push(serde_json::from_slice(&value)?);
+                continue;
+            }
+            let cursor = String::from_utf8_lossy(&value);
+            // Gone when the retention let it go between the two reads.
+            if let Some(entry) = self.get_json(&format!("{AUDIT}{cursor}")).await? {
+                entries.push(entry);
+            }
+        }
+        Ok(entries)
     }
 
     pub(super) async fn get_json<T: DeserializeOwned>(

@@ -877,6 +877,35 @@ fn change_visibility_batch(context: &Context<'_>, input: &Value) -> Result<Value
 // ---- reading requests --------------------------------------------------------------------
 
 /// A batch's entries: 1 to 10, each with a distinct, well-formed `Id`.
+/// For the fuzz targets (`fuzz/fuzz_targets/sqs_*.rs`): what every action reads of `input`
+/// before it touches the queue: its queue attributes, its entries, each one's message
+/// attributes and receipt handle, a redrive policy and an allow policy. Nothing may panic.
+pub(super) fn read_input_for_fuzzing(input: &Value) {
+    if let Some(given) = input["Attributes"].as_object() {
+        let _ = qe_shared::sqs::settings_of(given, true);
+        if let Some(policy) = given.get("RedrivePolicy").and_then(Value::as_str) {
+            let _ = qe_shared::sqs::dead_letter_target_arn(policy);
+        }
+        if let Some(policy) = given.get("RedriveAllowPolicy").and_then(Value::as_str) {
+            let _ = qe_shared::sqs::read_allow_policy(policy);
+        }
+    }
+    let key = ReceiptKey([7; 32]);
+    let single = std::slice::from_ref(input);
+    let entries = batch_entries(input).map_or(single, Vec::as_slice);
+    for entry in entries {
+        if let Ok(attributes) =
+            serde_json::from_value::<Attributes>(entry["MessageAttributes"].clone())
+        {
+            let _ = attributes::check(&attributes);
+            let _ = attributes::digest(&attributes);
+        }
+        if let Some(handle) = entry["ReceiptHandle"].as_str() {
+            let _ = read_receipt_handle(&key, handle);
+        }
+    }
+}
+
 fn batch_entries(input: &Value) -> Result<&Vec<Value>, SqsError> {
     let entries = match &input["Entries"] {
         Value::Array(entries) => entries,

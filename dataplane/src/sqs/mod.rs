@@ -366,6 +366,23 @@ fn json_request(target: Option<&str>, body: &[u8]) -> Result<(actions::Action, V
     }
 }
 
+/// For the fuzz targets: reads a request body as the face does (a form of the query
+/// protocol, or JSON naming its action in `target`), then what its action reads of it before
+/// touching the queue; the action's name, or the refusal.
+#[doc(hidden)]
+pub fn read_request_for_fuzzing(
+    query: bool,
+    target: Option<&str>,
+    body: &[u8],
+) -> Result<&'static str, SqsError> {
+    let (action, input) = match query {
+        true => query_request(body)?,
+        false => json_request(target, body)?,
+    };
+    actions::read_input_for_fuzzing(&input);
+    Ok(action.name())
+}
+
 /// The query protocol's request: the action its `Action` names, and its parameters in the
 /// JSON protocol's shape.
 fn query_request(body: &[u8]) -> Result<(actions::Action, Value), SqsError> {

@@ -31,6 +31,30 @@ pub struct Limits {
     /// The tiers its queues may have.
     #[serde(default = "every_tier")]
     pub tiers: Vec<Tier>,
+    /// API keys at most, revoked ones included until they are let go (a key made past it is
+    /// refused with `limit_reached`; making one drops the account's revoked keys first).
+    #[serde(default = "default_max_api_keys")]
+    pub max_api_keys: u32,
+    /// Console sessions open at once: signing in past it ends the account's own session
+    /// idle longest, never another account's.
+    #[serde(default = "default_max_console_sessions")]
+    pub max_console_sessions: u32,
+    /// Requests per second of each of its API keys, at each replica, with a burst of twice
+    /// that: past it, `429 too_many_requests` with `Retry-After`.
+    #[serde(default = "default_api_requests_per_second")]
+    pub api_requests_per_second: u32,
+}
+
+fn default_max_api_keys() -> u32 {
+    20
+}
+
+fn default_max_console_sessions() -> u32 {
+    20
+}
+
+fn default_api_requests_per_second() -> u32 {
+    50
 }
 
 fn default_max_queues() -> u32 {
@@ -46,6 +70,9 @@ impl Default for Limits {
         Limits {
             max_queues: default_max_queues(),
             tiers: every_tier(),
+            max_api_keys: default_max_api_keys(),
+            max_console_sessions: default_max_console_sessions(),
+            api_requests_per_second: default_api_requests_per_second(),
         }
     }
 }
@@ -111,6 +138,9 @@ pub fn check_name(name: &str) -> Result<(), String> {
 pub fn check_limits(limits: &Limits) -> Result<(), String> {
     if limits.tiers.is_empty() {
         return Err("limits.tiers: at least one tier".into());
+    }
+    if limits.api_requests_per_second == 0 {
+        return Err("limits.api_requests_per_second: at least 1".into());
     }
     Ok(())
 }

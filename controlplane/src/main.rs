@@ -330,6 +330,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         reconcile: reconcile.clone(),
         leadership: leadership.clone(),
         builds,
+        limits: Default::default(),
     });
     // Served before any node starts: a starting node pulls its config from it.
     let router = api::router(state.clone());

@@ -183,7 +183,8 @@ pub struct SqsKeyRecord {
     pub revoked: bool,
 }
 
-/// The most SQS keys a queue holds, revoked ones included.
+/// The most SQS keys a queue (or an account) holds; revoked ones are let go when a new key
+/// needs their place.
 pub const MAX_SQS_KEYS: usize = 32;
 
 fn first_version() -> u64 {

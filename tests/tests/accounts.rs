@@ -579,3 +579,56 @@ async fn creates_at_once_never_pass_an_accounts_limit() {
         "limit_reached",
     );
 }
+
+/// An account's limits keep it from costing the others: its API keys (`max_api_keys`, the
+/// revoked ones let go when a new key needs the place), its keys' requests per second (past
+/// them `429 too_many_requests`, while another account's key goes on), and console sign-ins
+/// per source (past ten a minute, `429`).
+#[tokio::test]
+async fn an_accounts_limits_keep_it_from_costing_the_others() {
+    let cp = ControlPlane::start();
+    let limits = json!({"max_api_keys": 2, "api_requests_per_second": 2});
+    let (small, small_key) = account_with_key(&cp, json!({"name": "Small", "limits": limits})).await;
+    let (_, other_key) = account_with_key(&cp, json!({"name": "Other"})).await;
+
+    // Two keys at most (the first is one of them); a revoked one gives its place back.
+    let keys = format!("/v1/accounts/{small}/keys");
+    let (status, second) = cp.call("POST", &keys, Some(r#"{"scope":"full"}"#)).await;
+    assert_eq!(status, 201, "{second}");
+    let third = cp.call("POST", &keys, Some(r#"{"scope":"full"}"#)).await;
+    assert_refused(&third, 403, "limit_reached");
+    let second_id = second["id"].as_str().unwrap();
+    let (status, _) = cp.call("DELETE", &format!("{keys}/{second_id}"), None).await;
+    assert_eq!(status, 200);
+    let (status, third) = cp.call("POST", &keys, Some(r#"{"scope":"full"}"#)).await;
+    assert_eq!(status, 201, "{third}");
+    let listed = cp.call("GET", &keys, None).await.1;
+    let listed = listed["keys"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 2, "the revoked one is gone: {listed:?}");
+
+    // Two requests a second, four at once: a burst of ten sees 429s, another account none.
+    let mut refused = 0;
+    for _ in 0..10 {
+        let reply = small_key.call("GET", "/v1/queues", None).await;
+        match reply.0 {
+            200 => {}
+            _ => {
+                assert_refused(&reply, 429, "too_many_requests");
+                refused += 1;
+            }
+        }
+        let (status, _) = other_key.call("GET", "/v1/queues", None).await;
+        assert_eq!(status, 200, "another account's key is not held back");
+    }
+    assert!(refused >= 5, "{refused} of 10 refused");
+
+    // Console sign-ins: ten a minute from one source, then 429 (a right token too).
+    let wrong = json!({"token": "qek_AAAAAAAAAAAAAAAA_wrong"}).to_string();
+    for _ in 0..10 {
+        let (status, _) = http(cp.addr, "POST", "/console/session", None, Some(&wrong)).await;
+        assert_eq!(status, 401);
+    }
+    let right = json!({"token": other_key.token}).to_string();
+    let reply = http(cp.addr, "POST", "/console/session", None, Some(&right)).await;
+    assert_refused(&reply, 429, "too_many_requests");
+}

@@ -132,10 +132,32 @@ pub async fn create_key(
 ) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
     let account = seen(&state, &caller, &id).await?;
     let (key, token) = accounts::issue_key(&account.id, new).map_err(ApiError::BadRequest)?;
+    within_key_limit(&state, &account).await?;
     state.store.put_key(&key).await?;
     let mut shown = key_view(&key);
     shown["token"] = json!(token);
     Ok((StatusCode::CREATED, target(&key.id, &id), Json(shown)))
+}
+
+/// Refuses a key past the account's `max_api_keys`, once its revoked keys are let go.
+/// (Two keys made at once may pass it by one: the limit bounds a loop, not a race.)
+async fn within_key_limit(state: &AppState, account: &accounts::Account) -> Result<(), ApiError> {
+    let most = account.limits.max_api_keys as usize;
+    let mut keys = state.store.keys_of(&account.id).await?;
+    if keys.len() >= most {
+        for revoked in keys.iter().filter(|key| key.revoked.is_some()) {
+            state.store.drop_revoked_key(revoked).await?;
+        }
+        keys.retain(|key| key.revoked.is_none());
+    }
+    match keys.len() >= most {
+        true => Err(ApiError::LimitReached(format!(
+            "account {} has {} API keys, its max_api_keys",
+            account.id,
+            keys.len()
+        ))),
+        false => Ok(()),
+    }
 }
 
 /// `GET /v1/accounts/{id}/keys`: never a secret.
@@ -189,6 +211,10 @@ pub async fn create_sqs_key(
     let role = asked.role()?;
     let access_key_id = accounts::new_sqs_key_id(&account.id);
     let made = state.store.update_account(&account.id, |account| {
+        // Revoked keys are let go first: only the keys in use count.
+        if account.sqs_keys.len() >= crate::queues::MAX_SQS_KEYS {
+            account.sqs_keys.retain(|key| !key.revoked);
+        }
         if account.sqs_keys.len() >= crate::queues::MAX_SQS_KEYS {
             return Err(ApiError::Conflict(format!(
                 "account {id} has {} SQS keys, the most it may",

@@ -108,6 +108,7 @@ pub async fn authenticate(
             .await?
             .ok_or_else(|| unauthorized(presented))?,
     };
+    within_rate(&state, &caller).await?;
     let method = request.method().as_str().to_string();
     let route = request
         .extensions()
@@ -159,6 +160,29 @@ pub async fn authenticate(
     response
 }
 
+/// Refuses a request of an account's key past its account's `api_requests_per_second` at this
+/// replica (`429` with `Retry-After`); the operator has no limit.
+async fn within_rate(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+    let Caller::Account { account, key, .. } = caller else {
+        return Ok(());
+    };
+    let limits = &state.limits;
+    let rate = match limits.rates.known(account) {
+        Some(rate) => rate,
+        None => {
+            let read = state.store.account(account).await?;
+            let rate = read.map_or(1, |account| account.limits.api_requests_per_second);
+            limits.rates.keep(account, rate);
+            rate
+        }
+    };
+    let rate = f64::from(rate.max(1));
+    limits
+        .requests
+        .take(key, rate, 2.0 * rate)
+        .map_err(ApiError::TooManyRequests)
+}
+
 /// The last id in a path (`/v1/queues/ID/logins/publisher/rotate` → `ID`): what most routes
 /// act on, when the handler names nothing more precise.
 fn path_target(path: &str) -> String {
@@ -185,7 +209,12 @@ pub(crate) async fn caller_of(
     let Some((id, secret)) = accounts::parse_token(presented) else {
         return Ok(None);
     };
+    // A made-up key id costs one store read a minute, however often it is presented.
+    if state.limits.unknown_keys.knows_unknown(id) {
+        return Ok(None);
+    }
     let Some(key) = state.store.key(id).await? else {
+        state.limits.unknown_keys.remember(id);
         return Ok(None);
     };
     let valid = accounts::secret_matches(&key, secret) && key.is_valid_at(crate::unix_now());

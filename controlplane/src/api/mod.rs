@@ -15,6 +15,7 @@ mod builds;
 pub mod csv;
 mod error;
 mod extract;
+pub mod limits;
 mod metrics;
 pub mod nodes;
 pub mod queues;
@@ -61,6 +62,8 @@ pub struct AppState {
     pub leadership: crate::leadership::Leadership,
     /// The node builds this replica serves.
     pub builds: Arc<crate::builds::Builds>,
+    /// Per-caller limits: request rates, sign-ins, unknown keys (`limits.rs`).
+    pub limits: limits::CallerLimits,
 }
 
 /// The API's description, kept beside the code and checked against the router by tests.

@@ -335,6 +335,10 @@ pub async fn create_sqs_key(
                 queue.status
             )));
         }
+        // Revoked keys are let go first: only the keys in use count.
+        if queue.sqs_keys.len() >= queues::MAX_SQS_KEYS {
+            queue.sqs_keys.retain(|key| !key.revoked);
+        }
         if queue.sqs_keys.len() >= queues::MAX_SQS_KEYS {
             return Err(ApiError::Conflict(format!(
                 "queue {id} has {} SQS keys, the most it may",

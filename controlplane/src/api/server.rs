@@ -38,18 +38,28 @@ const STOP_WITHIN: Duration = Duration::from_secs(5);
 /// Answers requests on `listener`'s connections with `router` until `stop` completes.
 pub async fn serve<L>(mut listener: L, router: Router, stop: impl Future<Output = ()>)
 where
-    L: axum::serve::Listener,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     let http = qe_serve::http1(&LIMITS);
     let connections = GracefulShutdown::new();
     let places = Arc::new(Semaphore::new(LIMITS.connections));
     tokio::pin!(stop);
     loop {
-        let (place, (io, _peer)) = tokio::select! {
+        let (place, (io, peer)) = tokio::select! {
             accepted = room_then_accept(&places, &mut listener) => accepted,
             () = &mut stop => break,
         };
-        let service = TowerToHyperService::new(router.clone());
+        // Each request knows where it came from (the sign-in limit counts by source).
+        let with_peer = tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                request
+            },
+        );
+        let service = TowerToHyperService::new(with_peer);
         let connection = connections.watch(http.serve_connection(TokioIo::new(io), service));
         // A connection that ends in an error (a head too slow, a client gone) ends only
         // itself, and gives its place back.

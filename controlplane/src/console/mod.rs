@@ -14,7 +14,7 @@ mod session;
 
 pub use session::{Grant, Sessions, CSRF_HEADER};
 
-use crate::api::{ApiError, AppState, Caller};
+use crate::api::{limits, ApiError, AppState, Caller};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -114,12 +114,41 @@ pub struct SignIn {
     token: String,
 }
 
+/// Refuses a sign-in past [`limits::SIGN_INS_PER_MINUTE`] from its source (an IPv4 address or
+/// an IPv6 /64), or for its key id when the token names one (`429` with `Retry-After`).
+fn within_sign_in_limits(
+    state: &AppState,
+    peer: Option<std::net::SocketAddr>,
+    token: &str,
+) -> Result<(), ApiError> {
+    let per_sec = limits::SIGN_INS_PER_MINUTE / 60.0;
+    let burst = limits::SIGN_INS_PER_MINUTE;
+    if let Some(peer) = peer {
+        let source = qe_serve::source_of(peer.ip()).to_string();
+        let by_source = &state.limits.sign_ins_by_source;
+        by_source
+            .take(&source, per_sec, burst)
+            .map_err(ApiError::TooManyRequests)?;
+    }
+    if let Some((key_id, _)) = crate::accounts::parse_token(token) {
+        let by_key = &state.limits.sign_ins_by_key;
+        by_key
+            .take(key_id, per_sec, burst)
+            .map_err(ApiError::TooManyRequests)?;
+    }
+    Ok(())
+}
+
+/// Console sessions of the operator open at once: past it, its session idle longest ends.
+const OPERATOR_SESSIONS_AT_MOST: usize = 100;
+
 /// `POST /console/session {"token"}`: a session for a valid token (its cookie, and who it
 /// is with the CSRF token), else 401. A JSON body only (a cross-site form cannot send one
 /// without the browser asking first), and from this origin when the browser says where from.
 async fn sign_in(
     State(state): State<Arc<AppState>>,
     Extension(sessions): Extension<Arc<Sessions>>,
+    peer: Option<Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     headers: HeaderMap,
     crate::api::Json(asked): crate::api::Json<SignIn>,
 ) -> Result<Response, ApiError> {
@@ -128,14 +157,26 @@ async fn sign_in(
             "sign in from the console's own page".into(),
         ));
     }
+    within_sign_in_limits(&state, peer.map(|Extension(peer)| peer.0), &asked.token)?;
     let caller = crate::api::caller_of(&state, &asked.token)
         .await?
         .ok_or(ApiError::Unauthorized { token_given: true })?;
-    let grant = match &caller {
-        Caller::Operator => Grant::Operator,
-        Caller::Account { key, .. } => Grant::Key(key.clone()),
+    let (grant, account) = match &caller {
+        Caller::Operator => (Grant::Operator, None),
+        Caller::Account { key, account, .. } => (Grant::Key(key.clone()), Some(account.clone())),
     };
-    let (id, csrf) = sessions.open(grant);
+    // The operator's own sessions count as one account's.
+    let at_most = match &account {
+        Some(id) => state
+            .store
+            .account(id)
+            .await?
+            .map_or(1, |account| account.limits.max_console_sessions as usize),
+        None => OPERATOR_SESSIONS_AT_MOST,
+    };
+    let (id, csrf) = sessions
+        .open(grant, account.as_deref(), at_most)
+        .ok_or_else(|| ApiError::Unavailable("too many console sessions are open now".into()))?;
     tracing::info!(caller = ?caller_json(&caller), "a console session was opened");
     let mut response = Json(signed_in(&caller, &csrf)).into_response();
     set_cookie(&mut response, &sessions.cookie(&id));

@@ -22,8 +22,9 @@ use subtle::ConstantTimeEq;
 /// How long a session lasts without a request.
 pub const IDLE_AT_MOST: Duration = Duration::from_secs(12 * 3600);
 
-/// Sessions held at once at most: past it, the one idle longest is ended first. Only a valid
-/// token opens one, so this bounds memory against a key holder signing in in a loop.
+/// Sessions held at once at most, for every account together: past it, a sign-in is refused
+/// (another account's session is never ended for it). Each account holds at most its
+/// `max_console_sessions` ([`Sessions::open`]), so this bounds memory only.
 const SESSIONS_AT_MOST: usize = 10_000;
 
 /// The header a change made with a session cookie must carry.
@@ -41,6 +42,8 @@ pub enum Grant {
 /// One signed-in browser.
 struct Session {
     grant: Grant,
+    /// The account it is of; None: the operator's.
+    account: Option<String>,
     /// What the page must send as `X-CSRF-Token` with a change.
     csrf: String,
     /// Its last request: it ends [`IDLE_AT_MOST`] later.
@@ -91,29 +94,52 @@ impl Sessions {
         }
     }
 
-    /// Opens a session for `grant`; returns its id and CSRF token.
-    pub fn open(&self, grant: Grant) -> (String, String) {
-        self.open_at(grant, Instant::now())
+    /// Opens a session for `grant` of `account` (None: the operator), which holds at most
+    /// `at_most` at once: past it, the account's own session idle longest ends. Its id and
+    /// CSRF token; None when every account together holds [`SESSIONS_AT_MOST`].
+    pub fn open(
+        &self,
+        grant: Grant,
+        account: Option<&str>,
+        at_most: usize,
+    ) -> Option<(String, String)> {
+        self.open_at(grant, account, at_most, Instant::now())
     }
 
-    fn open_at(&self, grant: Grant, now: Instant) -> (String, String) {
+    fn open_at(
+        &self,
+        grant: Grant,
+        account: Option<&str>,
+        at_most: usize,
+        now: Instant,
+    ) -> Option<(String, String)> {
         let id = random_text::<32>();
         let csrf = random_text::<16>();
         let session = Session {
             grant,
+            account: account.map(str::to_string),
             csrf: csrf.clone(),
             last_seen: now,
         };
         let mut all = self.by_hash.lock().expect("never poisoned");
         all.retain(|_, session| now.duration_since(session.last_seen) < IDLE_AT_MOST);
+        let own = |s: &Session| s.account.as_deref() == account;
+        while all.values().filter(|s| own(s)).count() >= at_most.max(1) {
+            let idlest = all
+                .iter()
+                .filter(|(_, s)| own(s))
+                .min_by_key(|(_, s)| s.last_seen)
+                .map(|(hash, _)| *hash);
+            match idlest {
+                Some(hash) => all.remove(&hash),
+                None => break,
+            };
+        }
         if all.len() >= SESSIONS_AT_MOST {
-            let idlest = all.iter().min_by_key(|(_, s)| s.last_seen).map(|(h, _)| *h);
-            if let Some(hash) = idlest {
-                all.remove(&hash);
-            }
+            return None;
         }
         all.insert(hash_of(&id), session);
-        (id, csrf)
+        Some((id, csrf))
     }
 
     /// The session `id` names, if it is open; a request through it counts as use.
@@ -196,7 +222,9 @@ mod tests {
     fn a_session_is_found_by_its_id_until_it_is_idle_too_long_or_closed() {
         let sessions = Sessions::new(false);
         let start = Instant::now();
-        let (id, csrf) = sessions.open_at(Grant::Key("k1".into()), start);
+        let (id, csrf) = sessions
+            .open_at(Grant::Key("k1".into()), Some("a1"), 5, start)
+            .unwrap();
         assert_eq!(id.len(), 43, "256 bits, base64url");
         assert_eq!(csrf.len(), 22, "128 bits, base64url");
         assert!(sessions.find_at("not-an-id", start).is_none());
@@ -210,9 +238,31 @@ mod tests {
         assert!(sessions.find_at(&id, later + IDLE_AT_MOST / 2).is_some());
         let idle = later + IDLE_AT_MOST / 2 + IDLE_AT_MOST;
         assert!(sessions.find_at(&id, idle).is_none());
-        let (id, _) = sessions.open(Grant::Operator);
+        let (id, _) = sessions.open(Grant::Operator, None, 5).unwrap();
         sessions.close(&id);
         assert!(sessions.find(&id).is_none());
+    }
+
+    #[test]
+    fn an_account_signing_in_in_a_loop_ends_only_its_own_sessions() {
+        let sessions = Sessions::new(false);
+        let start = Instant::now();
+        let other = sessions
+            .open_at(Grant::Key("b-key".into()), Some("b"), 2, start)
+            .unwrap();
+        let mut own = Vec::new();
+        for n in 0..10 {
+            let at = start + Duration::from_secs(n);
+            let (id, _) = sessions
+                .open_at(Grant::Key("a-key".into()), Some("a"), 3, at)
+                .unwrap();
+            own.push(id);
+        }
+        let now = start + Duration::from_secs(10);
+        let open: Vec<bool> = own.iter().map(|id| sessions.find_at(id, now).is_some()).collect();
+        assert_eq!(open.iter().filter(|open| **open).count(), 3, "its latest three");
+        assert!(open[7] && open[8] && open[9], "{open:?}");
+        assert!(sessions.find_at(&other.0, now).is_some(), "another's stays");
     }
 
     #[test]

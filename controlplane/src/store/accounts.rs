@@ -71,6 +71,17 @@ impl Store {
         Ok(keys)
     }
 
+    /// Lets revoked key `key` go: its record and its place in its account's list (a revoked
+    /// key is refused whether it is kept or not; the list stops showing it).
+    pub async fn drop_revoked_key(&self, key: &ApiKey) -> Result<(), StoreError> {
+        let listed = format!("{ACCOUNT_KEYS}{}/{}", key.account, key.id);
+        for single in [format!("{API_KEYS}{}", key.id), listed] {
+            let end = format!("{single}\0");
+            self.kv.replace_range(&single, &end, Vec::new(), None).await?;
+        }
+        Ok(())
+    }
+
     /// Changes key `id` with `change` as one compare-and-swap.
     pub async fn update_key<T, E: From<StoreError>>(
         &self,
@@ -80,7 +91,6 @@ impl Store {
         self.update_json(&format!("{API_KEYS}{id}"), change).await
     }
 
-    /// Keeps an audit entry (under its account too, when it has one).
     /// Keeps `entry` once, under its cursor; an entry of an account is also indexed under
     /// the account by its cursor alone (a pointer, not a second copy).
     pub async fn append_audit(&self, entry: &Entry) -> Result<(), StoreError> {

@@ -126,7 +126,7 @@ async fn first_in_line(
 }
 
 /// Lets this process, and the node it starts, open as many descriptors as the system allows.
-fn raise_fd_limit() {
+pub(crate) fn raise_fd_limit() {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -54,6 +54,7 @@ mod ec2_pass;
 mod live_metrics;
 mod node;
 mod peers;
+mod sqs_abuse;
 mod sqs_sdk;
 mod stalls;
 mod store_bytes;
@@ -187,6 +188,10 @@ enum Command {
     /// SQS throughput through Amazon's Rust SDK against a node's SQS face (QE_SQS names it;
     /// scripts/bench-sqs starts the node).
     SqsSdk(sqs_sdk::Settings),
+    /// A node's SQS port under abuse without credentials (idle connections, slow heads, a
+    /// flood of made-up keys) while a client sends signed messages: its latency and errors,
+    /// and the node's memory (`--dataplane` is the node).
+    SqsAbuse(sqs_abuse::Settings),
     /// Many short runs of publishers with one durable publish in flight each against one
     /// long-lived node: each run's rate, worst publish reply and the log's writer and syncer
     /// latencies (a lost wake-up shows as a collapsed run).
@@ -228,6 +233,9 @@ async fn main() {
     }
     if let Command::Ec2Pass(settings) = &args.command {
         return ec2_pass::ec2_pass(settings).await;
+    }
+    if let Command::SqsAbuse(settings) = &args.command {
+        return sqs_abuse::sqs_abuse(&existing(&args.dataplane), &data_root, settings).await;
     }
     if let Command::StoreBytes(settings) = &args.command {
         return store_bytes::store_bytes(settings).await;
@@ -340,6 +348,7 @@ async fn main() {
         | Command::SqsSdk(_)
         | Command::Ec2Pass(_)
         | Command::StoreBytes(_)
+        | Command::SqsAbuse(_)
         | Command::Chaos(_) => {
             unreachable!("run above")
         }

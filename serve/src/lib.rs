@@ -48,7 +48,7 @@ impl Default for Limits {
     fn default() -> Limits {
         Limits {
             head_within_secs: 20,
-            connections: 512,
+            connections: 4096,
             per_source: 128,
             body_bytes: 64 << 20,
             body_within_secs: 60,

@@ -588,7 +588,8 @@ async fn creates_at_once_never_pass_an_accounts_limit() {
 async fn an_accounts_limits_keep_it_from_costing_the_others() {
     let cp = ControlPlane::start();
     let limits = json!({"max_api_keys": 2, "api_requests_per_second": 2});
-    let (small, small_key) = account_with_key(&cp, json!({"name": "Small", "limits": limits})).await;
+    let (small, small_key) =
+        account_with_key(&cp, json!({"name": "Small", "limits": limits})).await;
     let (_, other_key) = account_with_key(&cp, json!({"name": "Other"})).await;
 
     // Two keys at most (the first is one of them); a revoked one gives its place back.
@@ -598,7 +599,9 @@ async fn an_accounts_limits_keep_it_from_costing_the_others() {
     let third = cp.call("POST", &keys, Some(r#"{"scope":"full"}"#)).await;
     assert_refused(&third, 403, "limit_reached");
     let second_id = second["id"].as_str().unwrap();
-    let (status, _) = cp.call("DELETE", &format!("{keys}/{second_id}"), None).await;
+    let (status, _) = cp
+        .call("DELETE", &format!("{keys}/{second_id}"), None)
+        .await;
     assert_eq!(status, 200);
     let (status, third) = cp.call("POST", &keys, Some(r#"{"scope":"full"}"#)).await;
     assert_eq!(status, 201, "{third}");

@@ -144,9 +144,17 @@ mod tests {
             assert_eq!(buckets.take_at("k", 2.0, 4.0, start), Ok(()));
         }
         assert_eq!(buckets.take_at("k", 2.0, 4.0, start), Err(1));
-        assert_eq!(buckets.take_at("other", 2.0, 4.0, start), Ok(()), "its own bucket");
+        assert_eq!(
+            buckets.take_at("other", 2.0, 4.0, start),
+            Ok(()),
+            "its own bucket"
+        );
         let later = start + Duration::from_millis(500);
-        assert_eq!(buckets.take_at("k", 2.0, 4.0, later), Ok(()), "refilled by one");
+        assert_eq!(
+            buckets.take_at("k", 2.0, 4.0, later),
+            Ok(()),
+            "refilled by one"
+        );
         assert_eq!(buckets.take_at("k", 2.0, 4.0, later), Err(1));
         let slow = Buckets::default();
         assert_eq!(slow.take_at("k", 0.1, 1.0, start), Ok(()));

@@ -259,8 +259,15 @@ mod tests {
             own.push(id);
         }
         let now = start + Duration::from_secs(10);
-        let open: Vec<bool> = own.iter().map(|id| sessions.find_at(id, now).is_some()).collect();
-        assert_eq!(open.iter().filter(|open| **open).count(), 3, "its latest three");
+        let open: Vec<bool> = own
+            .iter()
+            .map(|id| sessions.find_at(id, now).is_some())
+            .collect();
+        assert_eq!(
+            open.iter().filter(|open| **open).count(),
+            3,
+            "its latest three"
+        );
         assert!(open[7] && open[8] && open[9], "{open:?}");
         assert!(sessions.find_at(&other.0, now).is_some(), "another's stays");
     }

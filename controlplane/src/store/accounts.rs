@@ -77,7 +77,9 @@ impl Store {
         let listed = format!("{ACCOUNT_KEYS}{}/{}", key.account, key.id);
         for single in [format!("{API_KEYS}{}", key.id), listed] {
             let end = format!("{single}\0");
-            self.kv.replace_range(&single, &end, Vec::new(), None).await?;
+            self.kv
+                .replace_range(&single, &end, Vec::new(), None)
+                .await?;
         }
         Ok(())
     }

@@ -1,0 +1,320 @@
+//! `bench sqs-abuse`: a node's SQS port under abuse without credentials (issue 31). It starts a
+//! release `dataplane` with its SQS face on loopback, then for `--seconds`:
+//!
+//! - **idle** connections (`--idle`, default 2,000) that send nothing, spread over 16 loopback
+//!   sources (127.0.1.1–16, under the port's per-source cap of 128 each), each opened again
+//!   when the node closes it;
+//! - **slow heads** (`--slow`, default 200) that send a request head one byte a second, from
+//!   127.0.2.1–16, opened again when closed;
+//! - a **flood** of requests with a made-up access key (`--flood` tasks, default 50, each a
+//!   keep-alive connection sending as fast as it is answered) from 127.0.3.1–16;
+//!
+//! while a **client** from 127.0.0.1 sends a signed `SendMessage` every 20 ms, each on a new
+//! connection, and counts what took longer than 5 s or was not answered 200 as an error. It
+//! prints the client's latency percentiles and errors, what the attackers got, and the node's
+//! memory (resident now and at its peak). 0 errors is the target.
+
+use qe_shared::sqs::sigv4;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+#[derive(clap::Args, Debug)]
+pub struct Settings {
+    /// Seconds the client sends while the attackers run.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=300))]
+    seconds: u64,
+    /// Idle connections held open.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    idle: u64,
+    /// Connections sending their head one byte a second.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=2_000))]
+    slow: u64,
+    /// Tasks sending requests with a made-up key as fast as they are answered.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=500))]
+    flood: u64,
+}
+
+const KEY_ID: &str = "AKIABENCHABUSE";
+const SECRET: &str = "bench-abuse-secret";
+const SOURCES: u8 = 16;
+
+/// What the attackers got, all kinds together.
+#[derive(Default)]
+struct Tally {
+    opened: AtomicU64,
+    closed_by_node: AtomicU64,
+    refused_connects: AtomicU64,
+    flood_answers: AtomicU64,
+}
+
+pub async fn sqs_abuse(
+    dataplane: &std::path::Path,
+    data_root: &std::path::Path,
+    settings: &Settings,
+) {
+    crate::connections::raise_fd_limit();
+    let dir = tempfile::tempdir_in(data_root).expect("a data directory");
+    let (mut node, sqs) = start(dataplane, dir.path().to_path_buf());
+    let pid = node.id();
+    println!(
+        "sqs-abuse: node {pid} serving SQS on {sqs}; {} idle, {} slow heads, {} flood tasks, {} s",
+        settings.idle, settings.slow, settings.flood, settings.seconds
+    );
+    let tally = Arc::new(Tally::default());
+    let until = Instant::now() + Duration::from_secs(settings.seconds);
+    let mut attackers = tokio::task::JoinSet::new();
+    for n in 0..settings.idle {
+        attackers.spawn(idle(sqs, source(1, n), tally.clone(), until));
+    }
+    for n in 0..settings.slow {
+        attackers.spawn(slow_head(sqs, source(2, n), tally.clone(), until));
+    }
+    for n in 0..settings.flood {
+        attackers.spawn(flood(sqs, source(3, n), tally.clone(), until));
+    }
+    // The attackers settle in first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (latencies, errors) = client(sqs, until).await;
+    attackers.shutdown().await;
+    let memory = memory_of(pid);
+    let _ = node.kill();
+    let _ = node.wait();
+    report(&latencies, errors, &tally, memory);
+}
+
+/// Attacker `n` of kind `kind`'s source: 127.0.KIND.1–16.
+fn source(kind: u8, n: u64) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(
+        127,
+        0,
+        kind,
+        1 + (n % u64::from(SOURCES)) as u8,
+    ))
+}
+
+/// Starts the node; its process and SQS address.
+fn start(dataplane: &std::path::Path, data_dir: PathBuf) -> (Child, SocketAddr) {
+    let mut child = Command::new(dataplane)
+        .args(["--plaintext", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data_dir)
+        .args([
+            "--publisher",
+            "p:p",
+            "--subscriber",
+            "s:s",
+            "--admin",
+            "a:a",
+        ])
+        .args(["--sqs-listen", "127.0.0.1:0", "--sqs-key"])
+        .arg(format!("publisher:{KEY_ID}:{SECRET}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the dataplane binary starts");
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let sqs = loop {
+        let line = lines
+            .next()
+            .expect("the node says where it serves")
+            .expect("text");
+        if let Some(addr) = line.strip_prefix("sqs: serving on ") {
+            break addr.trim().parse().expect("an address");
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, sqs)
+}
+
+async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    socket.connect(to).await
+}
+
+/// Holds a connection that sends nothing, and opens another when the node closes it.
+async fn idle(sqs: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant) {
+    while Instant::now() < until {
+        let Ok(mut stream) = connect_from(from, sqs).await else {
+            tally.refused_connects.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        tally.opened.fetch_add(1, Ordering::Relaxed);
+        let mut byte = [0u8; 1];
+        let left = until.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, stream.read(&mut byte))
+            .await
+            .is_ok()
+        {
+            tally.closed_by_node.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sends a request head a byte a second, never finished; again when the node closes it.
+async fn slow_head(sqs: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant) {
+    let head = b"POST / HTTP/1.1\r\nHost: q\r\nX-Long-Header: ";
+    while Instant::now() < until {
+        let Ok(mut stream) = connect_from(from, sqs).await else {
+            tally.refused_connects.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        tally.opened.fetch_add(1, Ordering::Relaxed);
+        let mut sent = 0;
+        while Instant::now() < until {
+            let byte = head.get(sent).copied().unwrap_or(b'x');
+            if stream.write_all(&[byte]).await.is_err() {
+                tally.closed_by_node.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            sent += 1;
+            let mut answer = [0u8; 1];
+            let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut answer));
+            if let Ok(Ok(0) | Err(_)) = read.await {
+                tally.closed_by_node.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+        }
+    }
+}
+
+/// Sends requests with a made-up key on one kept-alive connection, as fast as answered.
+async fn flood(sqs: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant) {
+    let request = "POST / HTTP/1.1\r\nHost: q\r\nContent-Type: application/x-amz-json-1.0\r\n\
+        X-Amz-Target: AmazonSQS.SendMessage\r\nX-Amz-Date: 20260101T000000Z\r\n\
+        Authorization: AWS4-HMAC-SHA256 Credential=AKIAMADEUP/20260101/r/sqs/aws4_request, \
+        SignedHeaders=host;x-amz-date, Signature=00\r\nContent-Length: 2\r\n\r\n{}";
+    while Instant::now() < until {
+        let Ok(mut stream) = connect_from(from, sqs).await else {
+            tally.refused_connects.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        tally.opened.fetch_add(1, Ordering::Relaxed);
+        let mut buffer = vec![0u8; 4096];
+        while Instant::now() < until {
+            if stream.write_all(request.as_bytes()).await.is_err() {
+                break;
+            }
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => tally.flood_answers.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+    }
+}
+
+/// The well-behaved client: a signed SendMessage every 20 ms on a new connection from
+/// 127.0.0.1 until `until`; each one's latency, and how many failed.
+async fn client(sqs: SocketAddr, until: Instant) -> (Vec<Duration>, u64) {
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut n = 0u64;
+    while Instant::now() < until {
+        tick.tick().await;
+        n += 1;
+        let started = Instant::now();
+        let sent = tokio::time::timeout(Duration::from_secs(5), send_one(sqs, n)).await;
+        match sent {
+            Ok(Ok(())) => latencies.push(started.elapsed()),
+            _ => errors += 1,
+        }
+    }
+    (latencies, errors)
+}
+
+/// One signed SendMessage, answered 200.
+async fn send_one(sqs: SocketAddr, n: u64) -> std::io::Result<()> {
+    let body = format!(r#"{{"QueueUrl":"http://{sqs}/queue","MessageBody":"message {n}"}}"#);
+    let host = sqs.to_string();
+    let date = sigv4::amz_date(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    );
+    let headers = vec![
+        (
+            "content-type".to_string(),
+            "application/x-amz-json-1.0".to_string(),
+        ),
+        ("host".to_string(), host.clone()),
+        ("x-amz-date".to_string(), date.clone()),
+        (
+            "x-amz-target".to_string(),
+            "AmazonSQS.SendMessage".to_string(),
+        ),
+    ];
+    let signed = sigv4::Signed {
+        method: "POST",
+        path: "/",
+        query: "",
+        headers: &headers,
+        body: body.as_bytes(),
+    };
+    let authorization = sigv4::sign(&signed, KEY_ID, SECRET, "bench").expect("signable");
+    let request = format!(
+        "POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/x-amz-json-1.0\r\n\
+         X-Amz-Date: {date}\r\nX-Amz-Target: AmazonSQS.SendMessage\r\n\
+         Authorization: {authorization}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = connect_from(IpAddr::V4(Ipv4Addr::LOCALHOST), sqs).await?;
+    stream.write_all(request.as_bytes()).await?;
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).await?;
+    match reply.starts_with(b"HTTP/1.1 200") {
+        true => Ok(()),
+        false => Err(std::io::Error::other(
+            String::from_utf8_lossy(&reply).into_owned(),
+        )),
+    }
+}
+
+/// The node's resident memory now and at its peak, in KiB (`/proc/PID/status`).
+fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn report(latencies: &[Duration], errors: u64, tally: &Tally, (rss, peak): (u64, u64)) {
+    let mut sorted = latencies.to_vec();
+    sorted.sort();
+    let at = |q: f64| {
+        let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+        sorted.get(index).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    println!(
+        "client: {} sends answered, {errors} errors; latency ms p50 {:.2}, p99 {:.2}, max {:.2}",
+        latencies.len(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+    println!(
+        "attackers: {} connections opened, {} closed by the node, {} connects refused, {} flood requests answered",
+        tally.opened.load(Ordering::Relaxed),
+        tally.closed_by_node.load(Ordering::Relaxed),
+        tally.refused_connects.load(Ordering::Relaxed),
+        tally.flood_answers.load(Ordering::Relaxed),
+    );
+    println!(
+        "node memory: {} KiB resident at the end, {} KiB at its peak",
+        rss, peak
+    );
+}

@@ -192,6 +192,16 @@ pub async fn redrive_of(state: &AppState, queue: &Queue) -> Result<DesiredRedriv
     })
 }
 
+/// Takes deleted queue `source` off its dead letter target's sources (its key there goes).
+pub async fn forget_source(state: &AppState, source: &Queue) -> Result<(), ApiError> {
+    if let Some(target) = &source.dead_letter_target {
+        link(state, target, &source.id, false)
+            .await
+            .map_err(|error| ApiError::Unavailable(error.message))?;
+    }
+    Ok(())
+}
+
 /// How `source`'s node sends its dead letters to `target`, once the target serves SQS.
 fn dead_letter_target(
     state: &AppState,

@@ -475,7 +475,18 @@ def dead_letter_checks():
     assert sqs.list_dead_letter_source_queues(QueueUrl=dead)["queueUrls"] == [orders]
     check("SetQueueAttributes names a target when its policy allows, and goes back to its own")
 
-    for url in (orders, second, dead):
+    # A FIFO queue's dead letters go to a FIFO queue only, whatever the target allows.
+    sqs.set_queue_attributes(QueueUrl=dead, Attributes={
+        "RedriveAllowPolicy": json.dumps({"redrivePermission": "allowAll"})})
+    refused = error_code(lambda: sqs.create_queue(QueueName=f"{prefix}-first.fifo", Attributes={
+        "FifoQueue": "true", "RedrivePolicy": redrive(dead_arn, 1)}))
+    assert refused == "InvalidParameterValue", refused
+
+    # A source deleted is no longer listed.
+    sqs.delete_queue(QueueUrl=orders)
+    assert sqs.list_dead_letter_source_queues(QueueUrl=dead)["queueUrls"] == []
+    check("a FIFO source needs a FIFO target; a deleted source is no longer listed")
+    for url in (second, dead):
         sqs.delete_queue(QueueUrl=url)
 
 

@@ -163,7 +163,7 @@ async fn dead_letters_go_to_another_queue_of_the_account_that_allows_it() {
     let output = run(&python(), "dead-letters", &setup, &cp).await;
     assert_eq!(
         output.lines().filter(|l| l.starts_with("ok ")).count(),
-        5,
+        6,
         "{output}"
     );
 }

@@ -592,9 +592,12 @@ pub async fn mark_deleting(state: &AppState, id: &str) -> Result<(), ApiError> {
         }
         Ok::<_, ApiError>(())
     });
-    marked
+    let (queue, ()) = marked
         .await?
         .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
+    // A queue that sent its dead letters to another no longer does: the target's node lets
+    // its key go, and its ListDeadLetterSourceQueues stops naming it.
+    crate::redrive::forget_source(state, &queue).await?;
     refresh_zone(state).await?;
     state.reconcile.notify_one();
     Ok(())

@@ -138,15 +138,27 @@ async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream
     socket.connect(to).await
 }
 
+/// A new connection from `from`, counted; None (after a pause) when it is refused.
+async fn opened(from: IpAddr, sqs: SocketAddr, tally: &Tally) -> Option<TcpStream> {
+    match connect_from(from, sqs).await {
+        Ok(stream) => {
+            tally.opened.fetch_add(1, Ordering::Relaxed);
+            Some(stream)
+        }
+        Err(_) => {
+            tally.refused_connects.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            None
+        }
+    }
+}
+
 /// Holds a connection that sends nothing, and opens another when the node closes it.
 async fn idle(sqs: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant) {
     while Instant::now() < until {
-        let Ok(mut stream) = connect_from(from, sqs).await else {
-            tally.refused_connects.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        let Some(mut stream) = opened(from, sqs, &tally).await else {
             continue;
         };
-        tally.opened.fetch_add(1, Ordering::Relaxed);
         let mut byte = [0u8; 1];
         let left = until.saturating_duration_since(Instant::now());
         if tokio::time::timeout(left, stream.read(&mut byte))
@@ -162,12 +174,9 @@ async fn idle(sqs: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant) 
 async fn slow_head(sqs: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant) {
     let head = b"POST / HTTP/1.1\r\nHost: q\r\nX-Long-Header: ";
     while Instant::now() < until {
-        let Ok(mut stream) = connect_from(from, sqs).await else {
-            tally.refused_connects.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        let Some(mut stream) = opened(from, sqs, &tally).await else {
             continue;
         };
-        tally.opened.fetch_add(1, Ordering::Relaxed);
         let mut sent = 0;
         while Instant::now() < until {
             let byte = head.get(sent).copied().unwrap_or(b'x');
@@ -193,12 +202,9 @@ async fn flood(sqs: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant)
         Authorization: AWS4-HMAC-SHA256 Credential=AKIAMADEUP/20260101/r/sqs/aws4_request, \
         SignedHeaders=host;x-amz-date, Signature=00\r\nContent-Length: 2\r\n\r\n{}";
     while Instant::now() < until {
-        let Ok(mut stream) = connect_from(from, sqs).await else {
-            tally.refused_connects.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        let Some(mut stream) = opened(from, sqs, &tally).await else {
             continue;
         };
-        tally.opened.fetch_add(1, Ordering::Relaxed);
         let mut buffer = vec![0u8; 4096];
         while Instant::now() < until {
             if stream.write_all(request.as_bytes()).await.is_err() {
@@ -235,38 +241,21 @@ async fn client(sqs: SocketAddr, until: Instant) -> (Vec<Duration>, u64) {
 /// One signed SendMessage, answered 200.
 async fn send_one(sqs: SocketAddr, n: u64) -> std::io::Result<()> {
     let body = format!(r#"{{"QueueUrl":"http://{sqs}/queue","MessageBody":"message {n}"}}"#);
-    let host = sqs.to_string();
-    let date = sigv4::amz_date(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    );
-    let headers = vec![
-        (
-            "content-type".to_string(),
-            "application/x-amz-json-1.0".to_string(),
-        ),
-        ("host".to_string(), host.clone()),
-        ("x-amz-date".to_string(), date.clone()),
-        (
-            "x-amz-target".to_string(),
-            "AmazonSQS.SendMessage".to_string(),
-        ),
-    ];
-    let signed = sigv4::Signed {
-        method: "POST",
-        path: "/",
-        query: "",
-        headers: &headers,
-        body: body.as_bytes(),
-    };
-    let authorization = sigv4::sign(&signed, KEY_ID, SECRET, "bench").expect("signable");
-    let request = format!(
-        "POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/x-amz-json-1.0\r\n\
-         X-Amz-Date: {date}\r\nX-Amz-Target: AmazonSQS.SendMessage\r\n\
-         Authorization: {authorization}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let key = (KEY_ID, SECRET, "bench");
+    let headers =
+        sigv4::signed_json_headers(&sqs.to_string(), "SendMessage", body.as_bytes(), key, now)
+            .expect("signable");
+    let mut request = String::from("POST / HTTP/1.1\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!(
+        "Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    );
+    ));
     let mut stream = connect_from(IpAddr::V4(Ipv4Addr::LOCALHOST), sqs).await?;
     stream.write_all(request.as_bytes()).await?;
     let mut reply = Vec::new();

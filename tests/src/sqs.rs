@@ -55,6 +55,17 @@ pub fn client(endpoint: &SqsEndpoint, key_id: &str, secret: &str) -> Client {
     Client::from_conf(config)
 }
 
+/// The URL of a lone node's queue (named `queue`), as GetQueueUrl gives it.
+pub async fn lone_queue_url(sqs: &Client) -> String {
+    let got = sqs
+        .get_queue_url()
+        .queue_name("queue")
+        .send()
+        .await
+        .unwrap();
+    got.queue_url().unwrap().to_string()
+}
+
 /// What a receive of up to `max` messages, waiting up to `wait` seconds, got.
 pub async fn receive(sqs: &Client, queue: &str, max: i32, wait: i32) -> Vec<Message> {
     let asked = sqs.receive_message().queue_url(queue);

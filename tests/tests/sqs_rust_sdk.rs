@@ -63,13 +63,7 @@ async fn admin_of(node: &Node) -> (Client, String) {
 
 /// The queue's URL, by GetQueueUrl.
 async fn queue_url(sqs: &Client) -> String {
-    let got = sqs
-        .get_queue_url()
-        .queue_name("queue")
-        .send()
-        .await
-        .unwrap();
-    got.queue_url().unwrap().to_string()
+    qe_tests::sqs::lone_queue_url(sqs).await
 }
 
 /// The node's SQS address, from its log.

@@ -281,13 +281,7 @@ async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
         client(&endpoint, "AKIAFAULTADMIN", "fault-secret")
     };
     let sqs = sqs_of(&node);
-    let queue = sqs
-        .get_queue_url()
-        .queue_name("queue")
-        .send()
-        .await
-        .unwrap();
-    let queue = queue.queue_url().unwrap().to_string();
+    let queue = qe_tests::sqs::lone_queue_url(&sqs).await;
     let send = |body: &str| {
         let sent = sqs.send_message().queue_url(&queue).message_body(body);
         sent.send()

@@ -192,44 +192,21 @@ impl Sender {
             Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
             None => url.host_str().unwrap_or_default().to_string(),
         };
-        let headers = vec![
-            (
-                "content-type".to_string(),
-                "application/x-amz-json-1.0".to_string(),
-            ),
-            ("host".to_string(), host),
-            (
-                "x-amz-date".to_string(),
-                sigv4::amz_date(crate::engine::now_ms() / 1000),
-            ),
-            (
-                "x-amz-target".to_string(),
-                "AmazonSQS.SendMessageBatch".to_string(),
-            ),
-        ];
-        let signed = sigv4::Signed {
-            method: "POST",
-            path: "/",
-            query: "",
-            headers: &headers,
-            body: body.as_bytes(),
-        };
         let target = &self.target;
-        let authorization = sigv4::sign(
-            &signed,
-            &target.access_key_id,
-            &target.secret,
-            &target.region,
-        )
-        .map_err(|e| Failure::Unreached(e.to_string()))?;
-        let mut request = self
-            .client
-            .post(format!("{}://{}/", url.scheme(), headers[1].1));
+        let key = (
+            target.access_key_id.as_str(),
+            target.secret.as_str(),
+            target.region.as_str(),
+        );
+        let now = crate::engine::now_ms() / 1000;
+        let headers =
+            sigv4::signed_json_headers(&host, "SendMessageBatch", body.as_bytes(), key, now)
+                .map_err(|e| Failure::Unreached(e.to_string()))?;
+        let mut request = self.client.post(format!("{}://{host}/", url.scheme()));
         for (name, value) in headers.iter().filter(|(name, _)| name != "host") {
             request = request.header(name, value);
         }
         let response = request
-            .header("authorization", authorization)
             .body(body)
             .send()
             .await

@@ -183,6 +183,38 @@ pub fn sign(
     ))
 }
 
+/// The headers of an SQS request of the JSON protocol calling `action` (`SendMessageBatch`)
+/// at `host` (`HOST[:PORT]`) with `body`, signed at `now_secs` with key `access_key_id` and
+/// its `secret` for `region`: `content-type`, `host`, `x-amz-date`, `x-amz-target` and
+/// `authorization`, as an SDK sends them.
+pub fn signed_json_headers(
+    host: &str,
+    action: &str,
+    body: &[u8],
+    (access_key_id, secret, region): (&str, &str, &str),
+    now_secs: u64,
+) -> Result<Vec<(String, String)>, Refused> {
+    let mut headers = vec![
+        (
+            "content-type".to_string(),
+            "application/x-amz-json-1.0".to_string(),
+        ),
+        ("host".to_string(), host.to_string()),
+        ("x-amz-date".to_string(), amz_date(now_secs)),
+        ("x-amz-target".to_string(), format!("AmazonSQS.{action}")),
+    ];
+    let signed = Signed {
+        method: "POST",
+        path: "/",
+        query: "",
+        headers: &headers,
+        body,
+    };
+    let authorization = sign(&signed, access_key_id, secret, region)?;
+    headers.push(("authorization".to_string(), authorization));
+    Ok(headers)
+}
+
 /// `now_secs` as `X-Amz-Date` gives it: `YYYYMMDDTHHMMSSZ`.
 pub fn amz_date(now_secs: u64) -> String {
     let (year, month, day) = crate::calendar::civil_from_days(now_secs / 86_400);

@@ -2,7 +2,7 @@
 //! release `dataplane` with its SQS face on loopback, then for `--seconds`:
 //!
 //! - **idle** connections (`--idle`, default 2,000) that send nothing, spread over 16 loopback
-//!   sources (127.0.1.1–16, under the port's per-source cap of 128 each), each opened again
+//!   sources (127.0.1.1–16, 125 each, under the port's per-source cap), each opened again
 //!   when the node closes it;
 //! - **slow heads** (`--slow`, default 200) that send a request head one byte a second, from
 //!   127.0.2.1–16, opened again when closed;

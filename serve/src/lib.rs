@@ -49,7 +49,9 @@ impl Default for Limits {
         Limits {
             head_within_secs: 20,
             connections: 4096,
-            per_source: 128,
+            // An eighth of the port: one source (the control plane handing SQS requests on,
+            // a NAT in front of a fleet) may be busy, and it takes eight to fill the port.
+            per_source: 512,
             body_bytes: 64 << 20,
             body_within_secs: 60,
         }

@@ -438,3 +438,121 @@ fn is_complete(response: &[u8]) -> bool {
     });
     length.is_some_and(|length| response.len() - (end + 4) >= length)
 }
+
+/// A one-member etcd that serves its clients over TLS only and asks each for a certificate
+/// signed by its CA (`--client-cert-auth`); its health is on a plain metrics port. Killed on
+/// drop.
+pub struct TlsEtcd {
+    child: Child,
+    /// Its data, its log, the CA and the client's certificate and key.
+    pub dir: tempfile::TempDir,
+    /// `https://127.0.0.1:PORT`.
+    pub endpoint: String,
+    pub ca_file: PathBuf,
+    pub client_cert_file: PathBuf,
+    pub client_key_file: PathBuf,
+}
+
+impl TlsEtcd {
+    pub fn start() -> TlsEtcd {
+        let dir = tempfile::tempdir().expect("a directory for etcd");
+        let path = |name: &str| dir.path().join(name);
+        let ca = crate::test_ca("etcd CA for tests");
+        let issue = |names: Vec<String>, cert: &str, key: &str| {
+            let pair = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(names).unwrap();
+            params.extended_key_usages = vec![
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            let made = params.signed_by(&pair, &ca).unwrap();
+            std::fs::write(path(cert), made.pem()).unwrap();
+            std::fs::write(path(key), pair.serialize_pem()).unwrap();
+        };
+        std::fs::write(path("ca.pem"), ca.pem()).unwrap();
+        issue(
+            vec!["127.0.0.1".into(), "localhost".into()],
+            "server.pem",
+            "server-key.pem",
+        );
+        issue(vec!["controlplane".into()], "client.pem", "client-key.pem");
+        let ports = free_ports(3);
+        let endpoint = format!("https://127.0.0.1:{}", ports[0]);
+        let peer = format!("http://127.0.0.1:{}", ports[1]);
+        let metrics = format!("http://127.0.0.1:{}", ports[2]);
+        let log = File::create(path("etcd.log")).expect("etcd's log");
+        let child = Command::new("etcd")
+            .args(["--name", "tls", "--data-dir"])
+            .arg(path("data"))
+            .args(["--listen-client-urls", &endpoint])
+            .args(["--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("tls={peer}")])
+            .args(["--listen-metrics-urls", &metrics])
+            .arg("--cert-file")
+            .arg(path("server.pem"))
+            .arg("--key-file")
+            .arg(path("server-key.pem"))
+            .arg("--trusted-ca-file")
+            .arg(path("ca.pem"))
+            .arg("--client-cert-auth")
+            .args([
+                "--logger",
+                "zap",
+                "--log-outputs",
+                "stderr",
+                "--log-level",
+                "warn",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("etcd's log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start etcd ({err}): run scripts/test"));
+        let etcd = TlsEtcd {
+            child,
+            endpoint,
+            ca_file: path("ca.pem"),
+            client_cert_file: path("client.pem"),
+            client_key_file: path("client-key.pem"),
+            dir,
+        };
+        let deadline = Instant::now() + START_WITHIN;
+        loop {
+            if let Ok((200, health)) = call(ports[2], "GET", "/health", "", REQUEST_TIMEOUT) {
+                if health["health"] == "true" {
+                    return etcd;
+                }
+            }
+            let log = std::fs::read_to_string(etcd.dir.path().join("etcd.log")).unwrap_or_default();
+            assert!(
+                Instant::now() < deadline,
+                "etcd over TLS never became healthy:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The control plane's `[store]` for it: with the client's certificate, or without.
+    pub fn store_config(&self, with_client_certificate: bool) -> String {
+        let mut config = format!(
+            "[store]\nkind = \"etcd\"\nendpoints = [{:?}]\nca_file = {:?}\n",
+            self.endpoint, self.ca_file
+        );
+        if with_client_certificate {
+            config.push_str(&format!(
+                "cert_file = {:?}\nkey_file = {:?}\n",
+                self.client_cert_file, self.client_key_file
+            ));
+        }
+        config
+    }
+}
+
+impl Drop for TlsEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

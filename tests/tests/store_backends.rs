@@ -338,3 +338,39 @@ async fn the_leaders_upkeep_compacts_etcds_history_and_defragments_its_members()
         assert_eq!(third.unwrap().defragmented, 0);
     }
 }
+
+/// etcd over TLS with client certificates (`[store] ca_file`, `cert_file`, `key_file`): the
+/// store works through it, and an etcd that asks for a client certificate refuses a store
+/// without one (its first read fails: nothing is served from a store it cannot reach).
+#[tokio::test]
+async fn etcd_over_tls_with_a_client_certificate_and_not_without() {
+    let etcd = qe_tests::etcd::TlsEtcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let with: StoreConfig = toml::from_str(&strip_table(&etcd.store_config(true))).unwrap();
+    let store = Store::open(&with, dir.path(), "tls").await.unwrap();
+    let (queue, _) = queues::create(NewQueue {
+        tier: Tier::Devtest,
+        region: "local".into(),
+        instance_type: "local".into(),
+        ..Default::default()
+    });
+    assert!(store.put(&queue).await.unwrap(), "written over TLS");
+    let read = store
+        .get(&queue.id)
+        .await
+        .unwrap()
+        .expect("read back over TLS");
+    assert_eq!(read.id, queue.id);
+
+    let without: StoreConfig = toml::from_str(&strip_table(&etcd.store_config(false))).unwrap();
+    let refused = match Store::open(&without, dir.path(), "tls").await {
+        Ok(store) => store.get(&queue.id).await.map(|_| ()),
+        Err(error) => Err(error),
+    };
+    assert!(refused.is_err(), "no client certificate, no store");
+}
+
+/// A `[store]` table's body, as `StoreConfig` reads it on its own.
+fn strip_table(config: &str) -> String {
+    config.trim_start_matches("[store]\n").to_string()
+}

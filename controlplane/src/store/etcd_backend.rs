@@ -59,6 +59,8 @@ pub struct EtcdBackend {
     prefix: String,
     /// Each member's URL, for a client of its own with time for a defragmentation.
     endpoints: Vec<String>,
+    /// Its TLS and user, for every client made later (`secured`).
+    secured: ConnectOptions,
 }
 
 impl From<etcd_client::Error> for StoreError {
@@ -67,11 +69,55 @@ impl From<etcd_client::Error> for StoreError {
     }
 }
 
+/// The options every client of `config`'s etcd starts from: its TLS (the root, and the
+/// client's certificate when given) and its user, when configured.
+fn secured(config: &EtcdConfig) -> Result<ConnectOptions, StoreError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| StoreError::Config(format!("[store] {}: {e}", path.display())))
+    };
+    let mut options = ConnectOptions::new();
+    if let Some(ca) = &config.ca_file {
+        let mut tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+        match (&config.cert_file, &config.key_file) {
+            (Some(cert), Some(key)) => {
+                tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(StoreError::Config(
+                    "[store] cert_file and key_file go together".into(),
+                ))
+            }
+        }
+        options = options.with_tls(tls);
+    } else if config.cert_file.is_some() || config.key_file.is_some() {
+        return Err(StoreError::Config(
+            "[store] a client certificate needs ca_file (TLS)".into(),
+        ));
+    }
+    match (&config.user, &config.password_file) {
+        (Some(user), Some(file)) => {
+            let password = String::from_utf8(read(file)?)
+                .map_err(|_| StoreError::Config("[store] password_file is not text".into()))?;
+            options = options.with_user(user.clone(), password.trim_end().to_string());
+        }
+        (None, None) => {}
+        _ => {
+            return Err(StoreError::Config(
+                "[store] user and password_file go together".into(),
+            ))
+        }
+    }
+    Ok(options)
+}
+
 impl EtcdBackend {
     pub async fn connect(config: &EtcdConfig, cluster: &str) -> Result<EtcdBackend, StoreError> {
         let timeout = Duration::from_secs(config.timeout_secs.max(1));
         let try_within = (timeout / TRIES_IN_BUDGET).max(SHORTEST_TRY).min(timeout);
-        let options = ConnectOptions::new()
+        let options = secured(config)?
             .with_timeout(timeout)
             .with_connect_timeout(timeout)
             .with_keep_alive(Duration::from_secs(2), timeout)
@@ -105,6 +151,7 @@ impl EtcdBackend {
             try_within,
             prefix,
             endpoints: config.endpoints.clone(),
+            secured: secured(config)?,
         })
     }
 
@@ -337,7 +384,9 @@ impl Backend for EtcdBackend {
             let status = member.clone().status().await?;
             let free = status.db_size() - status.raft_used_db_size();
             if free > defragment_over {
-                let patient = ConnectOptions::new()
+                let patient = self
+                    .secured
+                    .clone()
                     .with_timeout(DEFRAGMENT_WITHIN)
                     .with_connect_timeout(self.try_within);
                 let mut member = Client::connect([endpoint], Some(patient)).await?;

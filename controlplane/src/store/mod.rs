@@ -58,6 +58,17 @@ pub struct EtcdConfig {
     /// this. Default 5.
     #[serde(default = "default_lease_secs")]
     pub lease_secs: u64,
+    /// TLS to etcd (`https://` endpoints): the root (PEM file) the members' certificates are
+    /// checked against. None: plain HTTP (a private network only).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The control plane's client certificate and key (PEM files), for an etcd that asks
+    /// for one (`--client-cert-auth`).
+    pub cert_file: Option<std::path::PathBuf>,
+    pub key_file: Option<std::path::PathBuf>,
+    /// etcd's user (an etcd with `auth enable`), and the file its password is read from
+    /// (never the config itself, which is shown in logs and backups).
+    pub user: Option<String>,
+    pub password_file: Option<std::path::PathBuf>,
 }
 
 fn default_timeout_secs() -> u64 {

@@ -374,3 +374,65 @@ async fn etcd_over_tls_with_a_client_certificate_and_not_without() {
 fn strip_table(config: &str) -> String {
     config.trim_start_matches("[store]\n").to_string()
 }
+
+/// etcd's users (`[store] user`, `password_file`): with `auth enable`, the store works as its
+/// user, and is refused without it or with a wrong password.
+#[tokio::test]
+async fn etcd_with_users_takes_the_stores_user_and_refuses_others() {
+    let etcd = EtcdCluster::single();
+    let endpoint = etcd.endpoint(0);
+    let etcdctl = |args: &[&str]| {
+        let output = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &endpoint])
+            .args(args)
+            .output()
+            .expect("etcdctl runs (scripts/test installs etcd-client)");
+        assert!(output.status.success(), "etcdctl {args:?}: {output:?}");
+    };
+    etcdctl(&["user", "add", "root:root-password"]);
+    etcdctl(&["user", "add", "qe:qe-password"]);
+    etcdctl(&["role", "add", "qe-role"]);
+    etcdctl(&[
+        "role",
+        "grant-permission",
+        "qe-role",
+        "--prefix=true",
+        "readwrite",
+        "/qe/",
+    ]);
+    etcdctl(&["user", "grant-role", "qe", "qe-role"]);
+    etcdctl(&["auth", "enable"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let store_as = |password: &str| {
+        let file = dir.path().join(format!("password-{password}"));
+        std::fs::write(&file, format!("{password}\n")).unwrap();
+        let text = format!(
+            "kind = \"etcd\"\nendpoints = [{endpoint:?}]\nuser = \"qe\"\npassword_file = {file:?}\n"
+        );
+        toml::from_str::<StoreConfig>(&text).unwrap()
+    };
+    let (queue, _) = queues::create(NewQueue {
+        tier: Tier::Devtest,
+        region: "local".into(),
+        instance_type: "local".into(),
+        ..Default::default()
+    });
+    let store = Store::open(&store_as("qe-password"), dir.path(), "users")
+        .await
+        .unwrap();
+    assert!(store.put(&queue).await.unwrap(), "written as its user");
+    let wrong = match Store::open(&store_as("wrong"), dir.path(), "users").await {
+        Ok(store) => store.get(&queue.id).await.map(|_| ()),
+        Err(error) => Err(error),
+    };
+    assert!(wrong.is_err(), "a wrong password is refused");
+    let plain: StoreConfig =
+        toml::from_str(&format!("kind = \"etcd\"\nendpoints = [{endpoint:?}]\n")).unwrap();
+    let anonymous = match Store::open(&plain, dir.path(), "users").await {
+        Ok(store) => store.get(&queue.id).await.map(|_| ()),
+        Err(error) => Err(error),
+    };
+    assert!(anonymous.is_err(), "no user, no store");
+}

@@ -212,12 +212,8 @@ fn dead_letter_target(
         return Ok(None);
     };
     let access_key_id = dead_letter_key_id(&source.id);
-    let roots_pem = match &state.config.sqs.node_roots {
-        Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
-            ApiError::Internal(format!("[sqs] node_roots {}: {e}", path.display()))
-        })?),
-        None => None,
-    };
+    // What the control plane itself trusts for nodes, read once.
+    let roots_pem = crate::sqs::node_roots_pem(state).map(str::to_string);
     Ok(Some(DeadLetterTarget {
         arn: arn(target),
         queue_url: format!("{endpoint}/{}", target.id),

@@ -737,18 +737,27 @@ async fn forward(
     Ok(response)
 }
 
+/// The roots (PEM) nodes' certificates are checked against (`[sqs] node_roots`), read once;
+/// None: the public web's. A file that cannot be read trusts nothing (and says so once).
+pub(crate) fn node_roots_pem(state: &AppState) -> Option<&'static str> {
+    static PEM: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let pem = PEM.get_or_init(|| {
+        let path = state.config.sqs.node_roots.as_ref()?;
+        Some(std::fs::read_to_string(path).unwrap_or_else(|error| {
+            tracing::error!(%error, path = %path.display(), "[sqs] node_roots cannot be read");
+            String::new()
+        }))
+    });
+    pem.as_deref()
+}
+
 /// The client that hands requests on to nodes: trusting `[sqs] node_roots`, or the public
 /// web's roots; made once.
 fn node_client(state: &AppState) -> &'static reqwest::Client {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     CLIENT.get_or_init(|| {
-        let roots = match &state.config.sqs.node_roots {
-            Some(path) => qe_tls::roots_from_pem(&std::fs::read_to_string(path).unwrap_or_else(
-                |error| {
-                    tracing::error!(%error, path = %path.display(), "[sqs] node_roots cannot be read");
-                    String::new()
-                },
-            )),
+        let roots = match node_roots_pem(state) {
+            Some(pem) => qe_tls::roots_from_pem(pem),
             None => rustls::RootCertStore {
                 roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
             },

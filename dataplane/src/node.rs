@@ -262,6 +262,11 @@ impl Node {
         });
     }
 
+    /// The redrive now.
+    pub fn redrive_now(&self) -> qe_shared::node_channel::DesiredRedrive {
+        self.redrive.borrow().clone()
+    }
+
     /// The redrive now, and every change after.
     pub fn redrive(&self) -> tokio::sync::watch::Receiver<qe_shared::node_channel::DesiredRedrive> {
         self.redrive.subscribe()

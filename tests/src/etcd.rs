@@ -28,6 +28,17 @@ use serde_json::{json, Value};
 /// The longest a cluster (or a restarted member) gets to come up.
 const START_WITHIN: Duration = Duration::from_secs(20);
 
+/// Warnings and errors only, to its log file. (3.4's default logger, capnslog, ignores
+/// `--log-level`.)
+const LOG_FLAGS: [&str; 6] = [
+    "--logger",
+    "zap",
+    "--log-outputs",
+    "stderr",
+    "--log-level",
+    "warn",
+];
+
 /// How many times a cluster is started on fresh ports when a member exits at start.
 const ATTEMPTS: usize = 3;
 
@@ -249,15 +260,7 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.token])
             .args(["--heartbeat-interval", HEARTBEAT_MS])
             .args(["--election-timeout", ELECTION_MS])
-            // 3.4's default logger (capnslog) ignores --log-level.
-            .args([
-                "--logger",
-                "zap",
-                "--log-outputs",
-                "stderr",
-                "--log-level",
-                "warn",
-            ])
+            .args(LOG_FLAGS)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("etcd's log"))
             .stderr(log)
@@ -497,14 +500,7 @@ impl TlsEtcd {
             .arg("--trusted-ca-file")
             .arg(path("ca.pem"))
             .arg("--client-cert-auth")
-            .args([
-                "--logger",
-                "zap",
-                "--log-outputs",
-                "stderr",
-                "--log-level",
-                "warn",
-            ])
+            .args(LOG_FLAGS)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("etcd's log"))
             .stderr(log)

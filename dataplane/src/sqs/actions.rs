@@ -232,7 +232,7 @@ fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
     let node = context.node;
     let counts = node.queue.counts();
     let setting = |setting: Setting| node.setting(setting).to_string();
-    let redrive = node.redrive().borrow().clone();
+    let redrive = node.redrive_now();
     let mut attributes = Map::new();
     for name in ATTRIBUTE_NAMES {
         if !all && !asked.iter().any(|asked| asked == name) {
@@ -290,7 +290,7 @@ fn get_queue_attributes(context: &Context<'_>, input: &Value) -> Result<Value, S
 /// given ("" removes it).
 fn redrive_change(context: &Context<'_>, given: &Map<String, Value>) -> RedriveChange {
     let own_dead_letters = format!("{}-dlq", queue_arn(context));
-    let now_elsewhere = context.node.redrive().borrow().target.is_some();
+    let now_elsewhere = context.node.redrive_now().target.is_some();
     let target = given
         .get("RedrivePolicy")
         .and_then(Value::as_str)

@@ -53,13 +53,24 @@ pub async fn forward(node: Arc<Node>, queue_id: String) {
         let mut pause = RETRY_AFTER;
         // Halved while the target refuses a whole batch (too long together for it).
         let mut batch_size = BATCH;
+        // How many dead letters there were when a look found none to send (all damaged or
+        // refused): while that stays so, the dead letter queue is not read again (a look reads
+        // all of it). One that comes as another goes waits for the count's next change.
+        let mut none_to_send_at = None;
         // Until the route changes.
         while !redrive.has_changed().unwrap_or(true) {
-            let batch = oldest(&node, &refused, batch_size);
-            if batch.is_empty() {
+            let dead = node.queue.counts().dead_letter;
+            if none_to_send_at == Some(dead) {
                 tokio::time::sleep(LOOK_EVERY).await;
                 continue;
             }
+            let batch = oldest(&node, &refused, batch_size);
+            if batch.is_empty() {
+                none_to_send_at = Some(dead);
+                tokio::time::sleep(LOOK_EVERY).await;
+                continue;
+            }
+            none_to_send_at = None;
             match sender.send(&batch).await {
                 Ok(answer) => {
                     pause = RETRY_AFTER;

@@ -254,13 +254,15 @@ impl Sqs {
         let declared = hyper::body::Body::size_hint(&body)
             .upper()
             .map_or(limit, |upper| upper as usize);
-        let _room = gate.body_room(declared.min(limit)).await;
+        let room = gate.body_room(declared.min(limit)).await;
         let reading = Limited::new(body, limit).collect();
         let body = tokio::time::timeout(gate.limits().body_within(), reading)
             .await
             .map_err(|_| SqsError::incomplete_body())?
             .map_err(|_| SqsError::too_big())?
             .to_bytes();
+        // Read: the room is for bodies being read, not for the answer (a long poll's 20 s).
+        drop(room);
         let pairs = parts.headers.iter();
         let headers =
             sigv4::text_headers(pairs.map(|(name, value)| (name.as_str(), value.as_bytes())));

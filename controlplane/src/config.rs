@@ -41,14 +41,18 @@ pub struct Config {
     #[serde(default)]
     pub dns_names: Vec<String>,
     /// The sources allowed zone transfers (AXFR, IXFR) over TCP, as CIDR blocks
-    /// (`["192.0.2.53/32", "2001:db8::/64"]`): the outside secondaries. Address only, no
-    /// TSIG. Default: none, every transfer REFUSED.
+    /// (`["192.0.2.53/32", "2001:db8::/64"]`): the outside secondaries; with `[dns_tsig]`
+    /// they must also sign with its key. Default: none, every transfer REFUSED.
     #[serde(default)]
     pub dns_transfer_allow: Vec<crate::dns::Cidr>,
     /// Where each secondary takes NOTIFY (`["192.0.2.53:53"]`), sent over UDP each time the
     /// zone's serial moves. Default: none.
     #[serde(default)]
     pub dns_notify: Vec<SocketAddr>,
+    /// A TSIG key (HMAC-SHA256) shared with the outside secondaries: transfers must be signed
+    /// with it, NOTIFYs are, and so is every answer to a request signed with it. Default: none,
+    /// transfers by address alone.
+    pub dns_tsig: Option<DnsTsig>,
     /// The ACME CA the cluster's certificate comes from. Default: none.
     pub acme: Option<crate::certificates::acme::AcmeConfig>,
     /// Issue the cluster's certificate from a CA of our own, kept in `DATA_DIR/local-ca/`
@@ -348,7 +352,25 @@ impl Config {
         if secondaries && self.dns_listen.is_none() {
             return Err("dns_transfer_allow and dns_notify need dns_listen".into());
         }
+        if self.dns_tsig.is_some() && !secondaries {
+            return Err(
+                "[dns_tsig] signs for secondaries: give dns_transfer_allow or dns_notify".into(),
+            );
+        }
         Ok(())
+    }
+
+    /// The TSIG key `[dns_tsig]` names, its secret read from its file; none without one.
+    pub fn dns_tsig_key(&self) -> Result<Option<crate::dns::TsigKey>, String> {
+        let Some(tsig) = &self.dns_tsig else {
+            return Ok(None);
+        };
+        let file = tsig.secret_file.display();
+        let secret = std::fs::read_to_string(&tsig.secret_file)
+            .map_err(|e| format!("[dns_tsig] secret_file {file}: {e}"))?;
+        crate::dns::TsigKey::new(&tsig.key_name, &secret)
+            .map(Some)
+            .map_err(|e| format!("[dns_tsig] ({file}): {e}"))
     }
 
     /// The names the zone's NS records give, the SOA's primary first: `dns_names`, else
@@ -395,6 +417,17 @@ impl Config {
             exe.with_file_name("dataplane")
         })
     }
+}
+
+/// `[dns_tsig]`: the key shared with the outside secondaries.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsTsig {
+    /// The key's name, as the secondaries name it (`transfer.eu1.example.com`).
+    pub key_name: String,
+    /// A file holding its secret in base64 alone (what `keymgr -t NAME hmac-sha256` prints as
+    /// `secret`), readable by the control plane only.
+    pub secret_file: PathBuf,
 }
 
 #[cfg(test)]
@@ -514,5 +547,24 @@ mod tests {
         assert!(error.contains("starts at 10.0.0.0"), "{error}");
         let default = with("").dns_transfer_allow;
         assert!(default.is_empty(), "no transfers by default");
+
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("tsig.secret");
+        std::fs::write(&secret, "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTMyYg==\n").unwrap();
+        let tsig = format!("[dns_tsig]\nkey_name = \"t.example\"\nsecret_file = {secret:?}\n");
+        let signed = with(&format!(
+            "dns_listen = \"127.0.0.1:53\"\n{secondaries}{tsig}"
+        ));
+        assert!(signed.check().is_ok());
+        let key = signed.dns_tsig_key().unwrap().unwrap();
+        assert_eq!(format!("{key:?}"), "TsigKey(t.example.)");
+        let alone = with(&format!("dns_listen = \"127.0.0.1:53\"\n{tsig}"));
+        assert!(alone.check().unwrap_err().contains("secondaries"));
+        std::fs::write(&secret, "c2hvcnQ=").unwrap();
+        let short = signed.dns_tsig_key().unwrap_err();
+        assert!(short.contains("at least 16"), "{short}");
+        std::fs::remove_file(&secret).unwrap();
+        assert!(signed.dns_tsig_key().unwrap_err().contains("secret_file"));
+        assert!(with("").dns_tsig_key().unwrap().is_none());
     }
 }

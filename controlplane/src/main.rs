@@ -252,6 +252,7 @@ async fn start(config: Config) -> Result<Running, Failure> {
         let secondaries = dns::Secondaries {
             allow: config.dns_transfer_allow.clone(),
             notify: config.dns_notify.clone(),
+            key: config.dns_tsig_key()?,
         };
         let bound = dns::serve(zone.clone(), addr, secondaries)
             .await

@@ -1,7 +1,8 @@
 //! A real Knot DNS (Debian's `knot`, `knotd`) as a secondary of our zone: its own temporary
 //! directory and config, run in the foreground, killed on drop (its log printed if the test
 //! failed). It transfers the zone from the primary it is given and takes NOTIFY from
-//! 127.0.0.1; it logs each transfer and NOTIFY, which [`Knot::wait_for_log`] waits on.
+//! 127.0.0.1 (with a TSIG key, signed with it both ways); it logs each transfer and NOTIFY,
+//! which [`Knot::wait_for_log`] waits on.
 
 use crate::{Log, PROMPT};
 use std::net::SocketAddr;
@@ -27,16 +28,40 @@ impl Knot {
     /// A secondary for `zone` at `addr` (UDP and TCP there must be free), transferring it from
     /// `primary`. It holds the zone in memory only: no zone file written, no journal.
     pub fn secondary(zone: &str, primary: SocketAddr, addr: SocketAddr) -> Knot {
+        Knot::start(zone, primary, addr, None)
+    }
+
+    /// As [`Knot::secondary`], signing its requests to `primary` with the TSIG key `key`
+    /// (`(name, base64 secret)`, HMAC-SHA256), requiring its answers and the NOTIFYs it takes
+    /// to be signed with it too.
+    pub fn signed_secondary(
+        zone: &str,
+        primary: SocketAddr,
+        addr: SocketAddr,
+        key: (&str, &str),
+    ) -> Knot {
+        Knot::start(zone, primary, addr, Some(key))
+    }
+
+    fn start(zone: &str, primary: SocketAddr, addr: SocketAddr, key: Option<(&str, &str)>) -> Knot {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().display();
         // Knot writes an address's port after `@`.
         let at = |addr: SocketAddr| format!("{}@{}", addr.ip(), addr.port());
+        let (keys, use_key) = match key {
+            Some((name, secret)) => (
+                format!("key:\n  - id: {name}\n    algorithm: hmac-sha256\n    secret: {secret}\n"),
+                format!("    key: {name}\n"),
+            ),
+            None => (String::new(), String::new()),
+        };
         let config = format!(
             "server:\n  listen: {listen}\n  rundir: {path}\n\
              database:\n  storage: {path}\n\
              log:\n  - target: stderr\n    any: info\n\
-             remote:\n  - id: primary\n    address: {primary}\n\
-             acl:\n  - id: notify_from_primary\n    address: 127.0.0.1\n    action: notify\n\
+             {keys}\
+             remote:\n  - id: primary\n    address: {primary}\n{use_key}\
+             acl:\n  - id: notify_from_primary\n    address: 127.0.0.1\n    action: notify\n{use_key}\
              zone:\n  - domain: {zone}\n    master: primary\n    acl: notify_from_primary\n\
              \x20   zonefile-sync: -1\n    zonefile-load: none\n    journal-content: none\n",
             listen = at(addr),

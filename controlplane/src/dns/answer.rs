@@ -4,6 +4,7 @@
 //! sent, when, and whether at all.
 
 use super::transfer::{self, Cidr};
+use super::tsig::{self, Checked, TsigKey};
 use super::zone::Zone;
 use hickory_server::net::runtime::TokioTime;
 use hickory_server::net::xfer::Protocol;
@@ -29,11 +30,18 @@ pub(super) struct Answerer {
     zone: Arc<Zone>,
     /// The sources a zone transfer goes to.
     transfers_to: Vec<Cidr>,
+    /// The key shared with the secondaries: with one, a transfer must also be signed with it,
+    /// and every response to a request signed with it is signed.
+    key: Option<TsigKey>,
 }
 
 impl Answerer {
-    pub(super) fn new(zone: Arc<Zone>, transfers_to: Vec<Cidr>) -> Answerer {
-        Answerer { zone, transfers_to }
+    pub(super) fn new(zone: Arc<Zone>, transfers_to: Vec<Cidr>, key: Option<TsigKey>) -> Answerer {
+        Answerer {
+            zone,
+            transfers_to,
+            key,
+        }
     }
 
     /// The response to the message `raw` from `src`, as the messages to send in order: one,
@@ -54,12 +62,47 @@ impl Answerer {
         if header.counts.queries > 1 {
             return vec![error(&header, ResponseCode::FormErr, protocol)];
         }
+        let (raw, mut signer) = match &self.key {
+            None => (raw, None),
+            Some(key) => match tsig::check(raw, key, crate::unix_now()) {
+                Checked::Unsigned(raw) => (raw, None),
+                Checked::Signed(raw, signer) => (raw, Some(signer)),
+                Checked::Refused(response) => return vec![response],
+                Checked::Unreadable => {
+                    return vec![error(&header, ResponseCode::FormErr, protocol)]
+                }
+            },
+        };
+        let mut responses = self.respond(raw, src, protocol, signer.is_some()).await;
+        if let Some(signer) = &mut signer {
+            responses
+                .iter_mut()
+                .for_each(|response| signer.sign(response));
+        }
+        responses
+    }
+
+    /// The responses to `raw`, its TSIG (if it had one) checked and cut off: `signed` says
+    /// whether it had.
+    async fn respond(
+        &self,
+        raw: Vec<u8>,
+        src: SocketAddr,
+        protocol: Protocol,
+        signed: bool,
+    ) -> Vec<Vec<u8>> {
+        let Some(header) = query_header(&raw) else {
+            return Vec::new();
+        };
         let Ok(request) = Request::from_bytes(raw, src, protocol) else {
             return vec![error(&header, ResponseCode::FormErr, protocol)];
         };
         if transfer::is_transfer(&request) {
             let zone = self.zone.snapshot();
-            return transfer::respond(&request, &zone, &self.transfers_to)
+            // The address, and the key when there is one.
+            let permitted =
+                transfer::allowed(&self.transfers_to, src.ip()) && (self.key.is_none() || signed);
+            return transfer::respond(&request, &zone, permitted)
                 .unwrap_or_else(|_| vec![server_failure(header.metadata.id).1]);
         }
         let sent = Collector::new(protocol);
@@ -207,7 +250,11 @@ mod tests {
     fn answerer() -> Answerer {
         let ns = Nameserver::InZone("127.0.0.1".parse().unwrap());
         let transfers_to = vec!["192.0.2.0/24".parse().unwrap()];
-        Answerer::new(Zone::new("c", "example.test", ns).unwrap(), transfers_to)
+        Answerer::new(
+            Zone::new("c", "example.test", ns).unwrap(),
+            transfers_to,
+            None,
+        )
     }
 
     async fn ask(raw: Vec<u8>, protocol: Protocol) -> Option<Message> {

@@ -14,6 +14,8 @@
 //! - [`transfer`]: zone transfers (AXFR, and IXFR as AXFR) over TCP to the secondaries in
 //!   `dns_transfer_allow`, in messages under 64 KiB.
 //! - [`notify`]: tells the secondaries in `dns_notify` each time the serial moves (NOTIFY).
+//! - [`tsig`]: signs what passes between us and the secondaries with a shared key, and checks
+//!   what they sign (`[dns_tsig]`).
 //! - [`served`]: which DNS-01 values each replica serves, so that a CA is told to validate
 //!   only once all do.
 //!
@@ -27,10 +29,12 @@ pub mod served;
 mod tally;
 mod tcp;
 mod transfer;
+mod tsig;
 mod udp;
 mod zone;
 
 pub use transfer::{Cidr, CidrError};
+pub use tsig::{TsigKey, TsigKeyError};
 pub use zone::{Nameserver, Zone};
 
 use answer::Answerer;
@@ -56,6 +60,8 @@ pub struct Secondaries {
     pub allow: Vec<Cidr>,
     /// Where a NOTIFY goes each time the serial moves (`dns_notify`).
     pub notify: Vec<SocketAddr>,
+    /// The key transfers must be signed with, and NOTIFYs are (`[dns_tsig]`).
+    pub key: Option<TsigKey>,
 }
 
 /// Serves `zone` on UDP and TCP at `addr` until the process ends, with transfers to and
@@ -70,8 +76,14 @@ pub async fn serve(
     if let Err(error) = udp::enlarge_receive_buffer(&udp) {
         tracing::warn!(%error, "the DNS socket keeps its default receive buffer");
     }
-    notify::spawn(&zone, secondaries.notify, notify::Schedule::DEFAULT);
-    let service = Arc::new(Service::new(zone, secondaries.allow));
+    let key = secondaries.key;
+    notify::spawn(
+        &zone,
+        secondaries.notify,
+        key.clone(),
+        notify::Schedule::DEFAULT,
+    );
+    let service = Arc::new(Service::new(zone, secondaries.allow, key));
     tokio::spawn(udp::run(udp, service.clone()));
     tokio::spawn(tcp::run(tcp, service.clone(), tcp::Bounds::DEFAULT));
     tokio::spawn(tally::report(service));
@@ -90,9 +102,9 @@ struct Service {
 }
 
 impl Service {
-    fn new(zone: Arc<Zone>, transfers_to: Vec<Cidr>) -> Service {
+    fn new(zone: Arc<Zone>, transfers_to: Vec<Cidr>, key: Option<tsig::TsigKey>) -> Service {
         Service {
-            answerer: Answerer::new(zone, transfers_to),
+            answerer: Answerer::new(zone, transfers_to, key),
             rates: Mutex::default(),
             tally: Tally::default(),
         }

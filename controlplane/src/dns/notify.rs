@@ -7,7 +7,11 @@
 //! waiting twice as long each time, until a response comes back or its tries are spent
 //! ([`Schedule`]). It then pauses before looking for the next change, so a burst of changes (a
 //! batch of queues created) makes one more NOTIFY, with the latest serial, not one per change.
+//!
+//! With a TSIG key (`[dns_tsig]`), each NOTIFY is signed with it and only a response signed
+//! with it counts: any other is passed over as a stranger's datagram would be.
 
+use super::tsig::{self, TsigKey};
 use super::zone::{Snapshot, Zone};
 use hickory_server::proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_server::proto::rr::{Record, RecordType};
@@ -56,22 +60,45 @@ enum NotifyError {
     Io(#[from] io::Error),
 }
 
-/// Tells each of `secondaries` of every new serial of `zone`, for as long as the process runs.
-pub(super) fn spawn(zone: &Zone, secondaries: Vec<SocketAddr>, schedule: Schedule) {
+/// Tells each of `secondaries` of every new serial of `zone`, for as long as the process runs,
+/// signing with `key` if there is one.
+pub(super) fn spawn(
+    zone: &Zone,
+    secondaries: Vec<SocketAddr>,
+    key: Option<TsigKey>,
+    schedule: Schedule,
+) {
     for secondary in secondaries {
-        tokio::spawn(keep_told(zone.watch(), secondary, schedule));
+        let told = Told {
+            secondary,
+            key: key.clone(),
+            schedule,
+        };
+        tokio::spawn(keep_told(zone.watch(), told));
     }
 }
 
-/// Tells `secondary` of the zone's serial now (after a restart it may hold an older one), then
+/// One secondary, and how it is told.
+struct Told {
+    secondary: SocketAddr,
+    key: Option<TsigKey>,
+    schedule: Schedule,
+}
+
+/// Tells a secondary of the zone's serial now (after a restart it may hold an older one), then
 /// of each one after it.
-async fn keep_told(mut zone: watch::Receiver<Snapshot>, secondary: SocketAddr, schedule: Schedule) {
+async fn keep_told(mut zone: watch::Receiver<Snapshot>, told: Told) {
+    let Told {
+        secondary,
+        schedule,
+        ..
+    } = told;
     loop {
         let (soa, serial) = {
             let now = zone.borrow_and_update();
             (now.soa().clone(), now.serial)
         };
-        match notify(&soa, secondary, schedule).await {
+        match notify(&soa, &told).await {
             Ok(()) => tracing::info!(%secondary, serial, "NOTIFY answered"),
             Err(error) => tracing::warn!(%secondary, serial, %error, "NOTIFY failed"),
         }
@@ -82,12 +109,14 @@ async fn keep_told(mut zone: watch::Receiver<Snapshot>, secondary: SocketAddr, s
     }
 }
 
-/// Sends `secondary` a NOTIFY of `soa` until it answers, as many times as `schedule` tries.
-async fn notify(
-    soa: &Record,
-    secondary: SocketAddr,
-    schedule: Schedule,
-) -> Result<(), NotifyError> {
+/// Sends the secondary a NOTIFY of `soa` until it answers, as many times as its schedule tries.
+async fn notify(soa: &Record, told: &Told) -> Result<(), NotifyError> {
+    let Told {
+        secondary,
+        key,
+        schedule,
+    } = told;
+    let secondary = *secondary;
     let any: IpAddr = match secondary {
         SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
         SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
@@ -96,13 +125,20 @@ async fn notify(
     // Connected: datagrams from anyone else are not received.
     socket.connect(secondary).await?;
     let id = getrandom::u32().expect("the OS random source") as u16;
-    let message = notify_message(id, soa).to_vec()?;
+    let mut message = notify_message(id, soa).to_vec()?;
+    let signed = key.as_ref().map(|key| {
+        (
+            key,
+            tsig::sign_request(&mut message, key, crate::unix_now()),
+        )
+    });
     let mut wait = schedule.first_wait;
     for _ in 0..schedule.tries {
         let deadline = Instant::now() + wait;
         // A failed send counts as a NOTIFY lost.
         let _ = socket.send(&message).await;
-        match timeout_at(deadline, response_to(&socket, id)).await {
+        let response = response_to(&socket, id, signed.as_ref().map(|(k, m)| (*k, &m[..])));
+        match timeout_at(deadline, response).await {
             Ok(Ok(ResponseCode::NoError)) => return Ok(()),
             Ok(Ok(code)) => return Err(NotifyError::Refused(code)),
             // Nobody listening there yet (ICMP port unreachable): as good as no answer.
@@ -123,9 +159,13 @@ fn notify_message(id: u16, soa: &Record) -> Message {
     message
 }
 
-/// The response code of the next NOTIFY response `id` that arrives on `socket`; other
-/// datagrams are passed over.
-async fn response_to(socket: &UdpSocket, id: u16) -> io::Result<ResponseCode> {
+/// The response code of the next NOTIFY response `id` that arrives on `socket`, signed with
+/// the key against the request's MAC when `signed` gives them; other datagrams are passed over.
+async fn response_to(
+    socket: &UdpSocket,
+    id: u16,
+    signed: Option<(&TsigKey, &[u8])>,
+) -> io::Result<ResponseCode> {
     let mut buffer = [0; 512];
     loop {
         let length = socket.recv(&mut buffer).await?;
@@ -135,7 +175,10 @@ async fn response_to(socket: &UdpSocket, id: u16) -> io::Result<ResponseCode> {
         };
         let metadata = header.metadata;
         let ours = metadata.id == id && metadata.op_code == OpCode::Notify;
-        if ours && metadata.message_type == MessageType::Response {
+        let verified = signed.is_none_or(|(key, request_mac)| {
+            tsig::verify_response(&buffer[..length], key, request_mac, crate::unix_now())
+        });
+        if ours && metadata.message_type == MessageType::Response && verified {
             return Ok(metadata.response_code);
         }
     }
@@ -178,7 +221,7 @@ mod tests {
         /// Listening, and told of `zone`'s serials.
         async fn start(zone: &Zone) -> Secondary {
             let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-            spawn(zone, vec![socket.local_addr().unwrap()], QUICK);
+            spawn(zone, vec![socket.local_addr().unwrap()], None, QUICK);
             Secondary { socket }
         }
 
@@ -276,7 +319,7 @@ mod tests {
         let addr = socket.local_addr().unwrap();
         drop(socket);
         let zone = zone();
-        spawn(&zone, vec![addr], QUICK);
+        spawn(&zone, vec![addr], None, QUICK);
         tokio::time::sleep(Duration::from_millis(20)).await;
         let secondary = Secondary {
             socket: UdpSocket::bind(addr).await.unwrap(),

@@ -247,7 +247,11 @@ mod tests {
     fn service() -> Service {
         let ns = Nameserver::InZone("127.0.0.1".parse().unwrap());
         let transfers_to = vec!["192.0.2.0/24".parse().unwrap()];
-        Service::new(Zone::new("c", "example.test", ns).unwrap(), transfers_to)
+        Service::new(
+            Zone::new("c", "example.test", ns).unwrap(),
+            transfers_to,
+            None,
+        )
     }
 
     /// A framed SOA query for the zone.
@@ -304,7 +308,7 @@ mod tests {
         use crate::dns::transfer::{tests::zone, MAX_MESSAGE};
         use hickory_server::proto::rr::{Record, RecordType};
         let transfers_to = vec!["192.0.2.0/24".parse().unwrap()];
-        let service = Arc::new(Service::new(zone(3000), transfers_to));
+        let service = Arc::new(Service::new(zone(3000), transfers_to, None));
         let (mut client, _served) = connect(service, "192.0.2.1:1", Bounds::DEFAULT);
         let mut axfr = query();
         // The question's type, after the 2-byte length, the header and the name.

@@ -72,6 +72,12 @@ impl Wire {
         self.try_open(url, None).await
     }
 
+    /// Connects from `source` as [`Wire::connect_from`] does, saying what failed (a node
+    /// under attack may close a connection before its upgrade).
+    pub async fn try_connect_from(&self, url: &str, source: Ipv4Addr) -> Result<Socket, String> {
+        self.try_open(url, Some(source)).await
+    }
+
     async fn try_open(&self, url: &str, source: Option<Ipv4Addr>) -> Result<Socket, String> {
         let url: url::Url = url.parse().map_err(|e| format!("{url}: {e}"))?;
         let port = url.port_or_known_default().ok_or("a URL without a port")?;

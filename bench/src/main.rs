@@ -44,6 +44,7 @@
 //!   restarts a replica: connections cut, publish gaps, API 503s, and acknowledged messages
 //!   lost or delivered twice, per fault, against the targets. See docs/resilience.md.
 
+mod abuse;
 mod bulk;
 mod chaos;
 mod client;
@@ -54,7 +55,6 @@ mod ec2_pass;
 mod live_metrics;
 mod node;
 mod peers;
-mod sqs_abuse;
 mod sqs_sdk;
 mod stalls;
 mod store_bytes;
@@ -178,6 +178,12 @@ enum Command {
         #[arg(long, default_value_t = 200,
               value_parser = clap::value_parser!(u64).range(0..=controlplane_load::MAX_ATTACKERS))]
         attackers: u64,
+        /// Idle API connections held beside the mix (each opened again when closed).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+        idle: u64,
+        /// Slow-header API connections beside the mix's own.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+        slow: u64,
         /// Leave the control plane's directory (its log, its nodes' logs) under --data-root.
         #[arg(long)]
         keep: bool,
@@ -188,10 +194,10 @@ enum Command {
     /// SQS throughput through Amazon's Rust SDK against a node's SQS face (QE_SQS names it;
     /// scripts/bench-sqs starts the node).
     SqsSdk(sqs_sdk::Settings),
-    /// A node's SQS port under abuse without credentials (idle connections, slow heads, a
-    /// flood of made-up keys) while a client sends signed messages: its latency and errors,
-    /// and the node's memory (`--dataplane` is the node).
-    SqsAbuse(sqs_abuse::Settings),
+    /// A node's SQS or WebSocket port under abuse without credentials (idle connections,
+    /// slow heads, a flood of made-up keys or wrong passwords) while a client sends messages:
+    /// its latency and errors, and the node's memory (`--dataplane` is the node).
+    Abuse(abuse::Settings),
     /// Many short runs of publishers with one durable publish in flight each against one
     /// long-lived node: each run's rate, worst publish reply and the log's writer and syncer
     /// latencies (a lost wake-up shows as a collapsed run).
@@ -234,8 +240,8 @@ async fn main() {
     if let Command::Ec2Pass(settings) = &args.command {
         return ec2_pass::ec2_pass(settings).await;
     }
-    if let Command::SqsAbuse(settings) = &args.command {
-        return sqs_abuse::sqs_abuse(&existing(&args.dataplane), &data_root, settings).await;
+    if let Command::Abuse(settings) = &args.command {
+        return abuse::abuse(&existing(&args.dataplane), &data_root, settings).await;
     }
     if let Command::StoreBytes(settings) = &args.command {
         return store_bytes::store_bytes(settings).await;
@@ -249,6 +255,8 @@ async fn main() {
         controlplane,
         seconds,
         attackers,
+        idle,
+        slow,
         keep,
     } = &args.command
     {
@@ -258,6 +266,8 @@ async fn main() {
             data_root,
             time: Duration::from_secs(*seconds),
             attackers: *attackers as usize,
+            idle: *idle as usize,
+            slow: *slow as usize,
             keep: *keep,
         };
         return controlplane_load::controlplane_load(&settings).await;
@@ -348,7 +358,7 @@ async fn main() {
         | Command::SqsSdk(_)
         | Command::Ec2Pass(_)
         | Command::StoreBytes(_)
-        | Command::SqsAbuse(_)
+        | Command::Abuse(_)
         | Command::Chaos(_) => {
             unreachable!("run above")
         }

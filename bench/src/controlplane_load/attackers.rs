@@ -19,6 +19,7 @@ use tokio::time::{interval, sleep, timeout, MissedTickBehavior};
 const HTTP_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 2, 1);
 const DNS_FLOOD_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 3, 1);
 const IDLE_DNS_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 5, 1);
+const IDLE_HTTP_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 6, 1);
 
 /// The body of a report sent with a wrong token: about 1 MiB of valid JSON (one long usage
 /// line), so a server that reads and parses a body before it checks the token does all of it.
@@ -58,6 +59,9 @@ pub enum Kind {
     DnsFlood,
     /// A DNS TCP connection that sends nothing, opened again when the server closes it.
     IdleDnsTcp,
+    /// An API connection that sends nothing, opened again when the server closes it (not in
+    /// the mix: `--idle` adds them).
+    IdleHttp,
 }
 
 /// Out of every 20 attackers, how many of each kind (fixed, so runs compare). Idle DNS
@@ -99,6 +103,7 @@ impl Kind {
             Kind::SlowHeaders => "slow headers (1 B/500 ms)",
             Kind::DnsFlood => "DNS UDP flood, random names",
             Kind::IdleDnsTcp => "idle DNS TCP connection",
+            Kind::IdleHttp => "idle API connection",
         }
     }
 
@@ -107,7 +112,7 @@ impl Kind {
         match self {
             Kind::SlowHeaders => "bytes",
             Kind::DnsFlood => "queries",
-            Kind::IdleDnsTcp => "-",
+            Kind::IdleDnsTcp | Kind::IdleHttp => "-",
             _ => "requests",
         }
     }
@@ -186,8 +191,17 @@ impl Target {
 }
 
 /// Attacker number `index` until `stop` turns true (what it is doing then is dropped).
-pub async fn run(index: usize, target: Target, mut stop: watch::Receiver<bool>) -> (Kind, Tally) {
-    let kind = Kind::of(index);
+pub async fn run(index: usize, target: Target, stop: watch::Receiver<bool>) -> (Kind, Tally) {
+    run_as(Kind::of(index), index, target, stop).await
+}
+
+/// Attacker number `index`, of `kind` whatever the mix says.
+pub async fn run_as(
+    kind: Kind,
+    index: usize,
+    target: Target,
+    mut stop: watch::Receiver<bool>,
+) -> (Kind, Tally) {
     let mut tally = Tally {
         tasks: 1,
         ..Tally::default()
@@ -205,6 +219,7 @@ async fn attack(kind: Kind, target: &Target, rng: &mut Rng, tally: &mut Tally) {
         Kind::SlowHeaders => slow_headers(target.api, tally).await,
         Kind::DnsFlood => dns_flood(target.dns, rng, tally).await,
         Kind::IdleDnsTcp => idle_dns_tcp(target.dns, tally).await,
+        Kind::IdleHttp => idle_http(target.api, tally).await,
         _ => http_requests(kind, target, rng, tally).await,
     }
 }
@@ -263,7 +278,7 @@ fn request<'a>(kind: Kind, target: &'a Target, rng: &mut Rng) -> (Vec<u8>, &'a [
             (head("GET", &path, None, 0), &[])
         }
         Kind::RandomPath => (head("GET", &format!("/x/{}", rng.label()), None, 0), &[]),
-        Kind::SlowHeaders | Kind::DnsFlood | Kind::IdleDnsTcp => {
+        Kind::SlowHeaders | Kind::DnsFlood | Kind::IdleDnsTcp | Kind::IdleHttp => {
             unreachable!("{kind:?} sends no whole requests")
         }
     }
@@ -322,6 +337,22 @@ async fn trickle(mut stream: TcpStream, tally: &mut Tally) -> Option<u16> {
                 tally.sent += 1;
             }
         }
+    }
+}
+
+/// Holds an API connection that sends nothing; when the server closes it, opens another.
+async fn idle_http(api: SocketAddr, tally: &mut Tally) {
+    loop {
+        let Some(mut stream) = connect(IDLE_HTTP_SOURCE, api, tally).await else {
+            continue;
+        };
+        let mut answer = Vec::new();
+        while let Ok(read) = stream.read_buf(&mut answer).await {
+            if read == 0 {
+                break;
+            }
+        }
+        tally.closed += 1;
     }
 }
 

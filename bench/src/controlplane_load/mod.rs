@@ -41,11 +41,16 @@ pub struct Settings {
     /// How long the operator keeps starting loops and the resolver asks.
     pub time: Duration,
     pub attackers: usize,
+    /// Idle API connections beside the mix.
+    pub idle: usize,
+    /// Slow-header API connections beside the mix.
+    pub slow: usize,
     /// Leave the control plane's directory (its log, its nodes' logs) after the run.
     pub keep: bool,
 }
 
 pub async fn controlplane_load(settings: &Settings) {
+    crate::connections::raise_fd_limit();
     let mut control_plane = ControlPlane::start(
         &settings.controlplane,
         &settings.dataplane,
@@ -58,9 +63,16 @@ pub async fn controlplane_load(settings: &Settings) {
     let started = Instant::now();
     let (stop, stopped) = watch::channel(false);
     let target = Target::new(control_plane.api, control_plane.dns);
-    let attackers: Vec<_> = (0..settings.attackers)
+    let mut attackers: Vec<_> = (0..settings.attackers)
         .map(|index| tokio::spawn(attackers::run(index, target.clone(), stopped.clone())))
         .collect();
+    let held = std::iter::repeat_n(Kind::IdleHttp, settings.idle)
+        .chain(std::iter::repeat_n(Kind::SlowHeaders, settings.slow));
+    for (n, kind) in held.enumerate() {
+        let index = settings.attackers + n;
+        let attacker = attackers::run_as(kind, index, target.clone(), stopped.clone());
+        attackers.push(tokio::spawn(attacker));
+    }
     let until = started + settings.time;
     let measured = clients::start(control_plane.api, control_plane.dns, until);
     let measured = tokio::select! {
@@ -116,9 +128,12 @@ fn print_setup(settings: &Settings, control_plane: &ControlPlane) {
     );
     println!(
         "{} attackers for {} s (HTTP from 127.0.2.1, DNS flood from 127.0.3.1, idle DNS TCP \
-         from 127.0.5.1); the operator from 127.0.0.1, the resolver from 127.0.4.1",
+         from 127.0.5.1), and {} idle API connections (from 127.0.6.1) and {} more slow heads; \
+         the operator from 127.0.0.1, the resolver from 127.0.4.1",
         settings.attackers,
-        settings.time.as_secs()
+        settings.time.as_secs(),
+        settings.idle,
+        settings.slow,
     );
 }
 

@@ -1,19 +1,23 @@
-//! `bench sqs-abuse`: a node's SQS port under abuse without credentials (issue 31). It starts a
-//! release `dataplane` with its SQS face on loopback, then for `--seconds`:
+//! `bench abuse`: one of a node's ports (`--port sqs`, the SQS face, or `--port ws`, the
+//! WebSocket port) under abuse without credentials (issue 31). It starts a release `dataplane`
+//! with its SQS face on loopback, then for `--seconds`:
 //!
 //! - **idle** connections (`--idle`, default 2,000) that send nothing, spread over 16 loopback
-//!   sources (127.0.1.1–16, 125 each, under the port's per-source cap), each opened again
-//!   when the node closes it;
+//!   sources (127.0.1.1–16, 125 each), each opened again when the node closes it;
 //! - **slow heads** (`--slow`, default 200) that send a request head one byte a second, from
 //!   127.0.2.1–16, opened again when closed;
-//! - a **flood** of requests with a made-up access key (`--flood` tasks, default 50, each a
-//!   keep-alive connection sending as fast as it is answered) from 127.0.3.1–16;
+//! - a **flood** (`--flood` tasks, default 50, from 127.0.3.1–16): on the SQS port requests
+//!   with a made-up access key, each task on a keep-alive connection sending as fast as it is
+//!   answered; on the WebSocket port logins with a wrong password, each on a new connection;
 //!
-//! while a **client** from 127.0.0.1 sends a signed `SendMessage` every 20 ms, each on a new
-//! connection, and counts what took longer than 5 s or was not answered 200 as an error. It
-//! prints the client's latency percentiles and errors, what the attackers got, and the node's
-//! memory (resident now and at its peak). 0 errors is the target.
+//! while a **client** from 127.0.0.1 sends a message every 20 ms, each on a new connection (a
+//! signed `SendMessage`, or a login and a publish at durability 1), and counts what took longer
+//! than 5 s or was not answered with success as an error. It prints the client's latency
+//! percentiles and errors, what the attackers got, and the node's memory (resident now and at
+//! its peak). 0 errors is the target.
 
+use crate::client::{next_text, Wire};
+use futures::SinkExt;
 use qe_shared::sqs::sigv4;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -23,9 +27,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
+use yawc::frame::Frame;
 
 #[derive(clap::Args, Debug)]
 pub struct Settings {
+    /// The port under attack.
+    #[arg(long, value_enum, default_value_t = Port::Sqs)]
+    port: Port,
     /// Seconds the client sends while the attackers run.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=300))]
     seconds: u64,
@@ -38,6 +46,12 @@ pub struct Settings {
     /// Tasks sending requests with a made-up key as fast as they are answered.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=500))]
     flood: u64,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Port {
+    Sqs,
+    Ws,
 }
 
 const KEY_ID: &str = "AKIABENCHABUSE";
@@ -53,34 +67,51 @@ struct Tally {
     flood_answers: AtomicU64,
 }
 
-pub async fn sqs_abuse(
-    dataplane: &std::path::Path,
-    data_root: &std::path::Path,
-    settings: &Settings,
-) {
+pub async fn abuse(dataplane: &std::path::Path, data_root: &std::path::Path, settings: &Settings) {
     crate::connections::raise_fd_limit();
     let dir = tempfile::tempdir_in(data_root).expect("a data directory");
-    let (mut node, sqs) = start(dataplane, dir.path().to_path_buf());
+    let (mut node, ports) = start(dataplane, dir.path().to_path_buf());
     let pid = node.id();
+    let port = settings.port;
+    let target = match port {
+        Port::Sqs => ports.sqs,
+        Port::Ws => ports.ws,
+    };
     println!(
-        "sqs-abuse: node {pid} serving SQS on {sqs}; {} idle, {} slow heads, {} flood tasks, {} s",
+        "abuse: node {pid}, its {port:?} port {target} under {} idle, {} slow heads, {} flood tasks, {} s",
         settings.idle, settings.slow, settings.flood, settings.seconds
     );
     let tally = Arc::new(Tally::default());
     let until = Instant::now() + Duration::from_secs(settings.seconds);
     let mut attackers = tokio::task::JoinSet::new();
     for n in 0..settings.idle {
-        attackers.spawn(idle(sqs, source(1, n), tally.clone(), until));
+        attackers.spawn(idle(target, source(1, n), tally.clone(), until));
     }
     for n in 0..settings.slow {
-        attackers.spawn(slow_head(sqs, source(2, n), tally.clone(), until));
+        attackers.spawn(slow_head(target, source(2, n), tally.clone(), until));
     }
     for n in 0..settings.flood {
-        attackers.spawn(flood(sqs, source(3, n), tally.clone(), until));
+        let from = source(3, n);
+        match port {
+            Port::Sqs => attackers.spawn(flood(target, from, tally.clone(), until)),
+            Port::Ws => attackers.spawn(wrong_logins(target, from, tally.clone(), until)),
+        };
     }
     // The attackers settle in first.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (latencies, errors) = client(sqs, until).await;
+    // The client on a thread and runtime of its own, so the attackers' tasks never sit
+    // between a reply's arrival and its clock (they still share the machine's cores).
+    let measured = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(client(port, target, until))
+    });
+    let (latencies, errors) = tokio::task::spawn_blocking(move || measured.join())
+        .await
+        .expect("joined")
+        .expect("the client's thread");
     attackers.shutdown().await;
     let memory = memory_of(pid);
     let _ = node.kill();
@@ -98,8 +129,14 @@ fn source(kind: u8, n: u64) -> IpAddr {
     ))
 }
 
-/// Starts the node; its process and SQS address.
-fn start(dataplane: &std::path::Path, data_dir: PathBuf) -> (Child, SocketAddr) {
+/// Where the node serves.
+struct Ports {
+    ws: SocketAddr,
+    sqs: SocketAddr,
+}
+
+/// Starts the node; its process and where it serves.
+fn start(dataplane: &std::path::Path, data_dir: PathBuf) -> (Child, Ports) {
     let mut child = Command::new(dataplane)
         .args(["--plaintext", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(&data_dir)
@@ -119,17 +156,25 @@ fn start(dataplane: &std::path::Path, data_dir: PathBuf) -> (Child, SocketAddr) 
         .expect("the dataplane binary starts");
     let stdout = child.stdout.take().expect("piped");
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
-    let sqs = loop {
+    let (mut ws, mut sqs) = (None, None);
+    while ws.is_none() || sqs.is_none() {
         let line = lines
             .next()
             .expect("the node says where it serves")
             .expect("text");
+        let address = |text: &str| text.trim().parse::<SocketAddr>().expect("an address");
         if let Some(addr) = line.strip_prefix("sqs: serving on ") {
-            break addr.trim().parse().expect("an address");
+            sqs = Some(address(addr));
+        } else if let Some(addr) = line.strip_prefix("listening on ") {
+            ws = Some(address(addr));
         }
-    };
+    }
     std::thread::spawn(move || lines.for_each(drop));
-    (child, sqs)
+    let ports = Ports {
+        ws: ws.expect("read"),
+        sqs: sqs.expect("read"),
+    };
+    (child, ports)
 }
 
 async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
@@ -218,9 +263,34 @@ async fn flood(sqs: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant)
     }
 }
 
-/// The well-behaved client: a signed SendMessage every 20 ms on a new connection from
-/// 127.0.0.1 until `until`; each one's latency, and how many failed.
-async fn client(sqs: SocketAddr, until: Instant) -> (Vec<Duration>, u64) {
+/// Logs in with a wrong password on a new WebSocket connection, as fast as refused.
+async fn wrong_logins(ws: SocketAddr, from: IpAddr, tally: Arc<Tally>, until: Instant) {
+    let IpAddr::V4(from) = from else {
+        unreachable!("loopback IPv4 sources")
+    };
+    let wire = Wire {
+        tls: None,
+        compress: false,
+    };
+    let url = wire.url(ws);
+    let login =
+        r#"{"username":"p","password":"wrong","role":"publisher","queuetype":"distribute"}"#;
+    while Instant::now() < until {
+        let Ok(mut socket) = wire.try_connect_from(&url, from).await else {
+            tally.refused_connects.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        tally.opened.fetch_add(1, Ordering::Relaxed);
+        if socket.send(Frame::text(login)).await.is_ok() && next_text(&mut socket).await.is_some() {
+            tally.flood_answers.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The well-behaved client: a message every 20 ms on a new connection from 127.0.0.1 until
+/// `until`; each one's latency, and how many failed.
+async fn client(port: Port, target: SocketAddr, until: Instant) -> (Vec<Duration>, u64) {
     let mut latencies = Vec::new();
     let mut errors = 0;
     let mut tick = tokio::time::interval(Duration::from_millis(20));
@@ -229,8 +299,13 @@ async fn client(sqs: SocketAddr, until: Instant) -> (Vec<Duration>, u64) {
         tick.tick().await;
         n += 1;
         let started = Instant::now();
-        let sent = tokio::time::timeout(Duration::from_secs(5), send_one(sqs, n)).await;
-        match sent {
+        let sent = async {
+            match port {
+                Port::Sqs => send_one(target, n).await,
+                Port::Ws => publish_one(target, n).await,
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(5), sent).await {
             Ok(Ok(())) => latencies.push(started.elapsed()),
             _ => errors += 1,
         }
@@ -266,6 +341,33 @@ async fn send_one(sqs: SocketAddr, n: u64) -> std::io::Result<()> {
             String::from_utf8_lossy(&reply).into_owned(),
         )),
     }
+}
+
+/// A login as the publisher, one publish at durability 1 answered with success, and a close.
+async fn publish_one(ws: SocketAddr, n: u64) -> std::io::Result<()> {
+    let wire = Wire {
+        tls: None,
+        compress: false,
+    };
+    let url = wire.url(ws);
+    let mut socket = wire
+        .try_connect_from(&url, Ipv4Addr::LOCALHOST)
+        .await
+        .map_err(std::io::Error::other)?;
+    let login = r#"{"username":"p","password":"p","role":"publisher","queuetype":"distribute"}"#;
+    let publish = format!(r#"{{"body":"message {n}","durability":1}}"#);
+    for frame in [login.to_string(), publish] {
+        socket
+            .send(Frame::text(frame))
+            .await
+            .map_err(std::io::Error::other)?;
+        let reply = next_text(&mut socket).await.unwrap_or_default();
+        if !reply.contains("Success.") {
+            return Err(std::io::Error::other(reply));
+        }
+    }
+    let _ = socket.close().await;
+    Ok(())
 }
 
 /// The node's resident memory now and at its peak, in KiB (`/proc/PID/status`).

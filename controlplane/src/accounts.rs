@@ -43,6 +43,22 @@ pub struct Limits {
     /// that: past it, `429 too_many_requests` with `Retry-After`.
     #[serde(default = "default_api_requests_per_second")]
     pub api_requests_per_second: u32,
+    /// Its own SQS access keys at most (the control plane's SQS endpoint), revoked ones
+    /// included: one more is refused with `limit_reached`.
+    #[serde(default = "default_max_sqs_keys")]
+    pub max_sqs_keys: u32,
+    /// Audit entries of its changes kept at most: the oldest past it go within the hour
+    /// (`rollup.rs`), as those older than `audit_keep_days` do. 0 keeps them all.
+    #[serde(default = "default_max_audit_entries")]
+    pub max_audit_entries: u64,
+}
+
+fn default_max_sqs_keys() -> u32 {
+    crate::queues::MAX_SQS_KEYS as u32
+}
+
+fn default_max_audit_entries() -> u64 {
+    100_000
 }
 
 fn default_max_api_keys() -> u32 {
@@ -73,6 +89,8 @@ impl Default for Limits {
             max_api_keys: default_max_api_keys(),
             max_console_sessions: default_max_console_sessions(),
             api_requests_per_second: default_api_requests_per_second(),
+            max_sqs_keys: default_max_sqs_keys(),
+            max_audit_entries: default_max_audit_entries(),
         }
     }
 }

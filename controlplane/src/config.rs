@@ -109,6 +109,11 @@ pub struct Config {
     /// (`rollup.rs`, within an hour of their time). 0 keeps them for ever. Default 90.
     #[serde(default = "default_audit_keep_days")]
     pub audit_keep_days: u64,
+    /// Entries the audit log keeps at most, the newest; the oldest past it go within the
+    /// hour, as old ones do (each account's own are also kept to its `max_audit_entries`).
+    /// 0 keeps them all. Default 1,000,000.
+    #[serde(default = "default_audit_keep_entries")]
+    pub audit_keep_entries: u64,
     /// Seconds a new queue has to run (its node started and serving); one that does not, or
     /// whose provider refuses it for good (an instance type its region does not have), is
     /// `failed`, with the reason: its node is stopped and its data kept for
@@ -209,6 +214,10 @@ fn default_bootstrap_token_valid_secs() -> u64 {
 
 fn default_audit_keep_days() -> u64 {
     90
+}
+
+fn default_audit_keep_entries() -> u64 {
+    1_000_000
 }
 
 fn default_delete_keeps_data_secs() -> u64 {

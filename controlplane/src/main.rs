@@ -358,7 +358,10 @@ async fn start(config: Config) -> Result<Running, Failure> {
     tokio::spawn(controlplane::rollup::run(
         store.clone(),
         leadership.clone(),
-        state.config.audit_keep_days,
+        controlplane::rollup::AuditRetention {
+            days: state.config.audit_keep_days,
+            entries: state.config.audit_keep_entries,
+        },
     ));
     tokio::spawn(controlplane::rollout::run(
         store.clone(),

@@ -229,31 +229,56 @@ pub async fn pass(store: &Store, queues: &[Queue], now: u64) -> Result<Rolled, S
     Ok(total)
 }
 
-/// Rolls up every queue's records every [`EVERY`] while this replica leads, its writes fenced
-/// by its leadership.
-/// Rolls records up, and lets audit entries older than `audit_keep_days` go (0: never), an
-/// hour apart, while this replica leads.
-pub async fn run(store: Store, leadership: crate::leadership::Leadership, audit_keep_days: u64) {
-    let pass = move |store| roll_up_while_leading(store, audit_keep_days);
+/// How long and how much of the audit log is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct AuditRetention {
+    /// Days an entry is kept (`audit_keep_days`); 0 keeps it for ever.
+    pub days: u64,
+    /// Entries of the whole log kept at most (`audit_keep_entries`), the newest; 0: all.
+    /// Each account's own are also kept to its `max_audit_entries`.
+    pub entries: u64,
+}
+
+/// Rolls records up, and lets audit entries past their retention go, an hour apart, while
+/// this replica leads (its writes fenced by its leadership).
+pub async fn run(store: Store, leadership: crate::leadership::Leadership, audit: AuditRetention) {
+    let pass = move |store| roll_up_while_leading(store, audit);
     leadership.while_leading(store, pass).await
 }
 
 /// Removes the audit entries (and each account's pointers to them) made more than
-/// `keep_days` days before `now` (seconds).
-pub async fn prune_audit(store: &Store, now: u64, keep_days: u64) -> Result<(), StoreError> {
-    let accounts: Vec<String> = store.accounts().await?.into_iter().map(|a| a.id).collect();
-    let before_ms = now.saturating_sub(keep_days * DAY) * 1000;
-    store.prune_audit(before_ms, &accounts).await
+/// `keep.days` days before `now` (seconds), then the oldest past each account's
+/// `max_audit_entries` and past `keep.entries` in all.
+pub async fn prune_audit(store: &Store, now: u64, keep: AuditRetention) -> Result<(), StoreError> {
+    let accounts = store.accounts().await?;
+    if keep.days > 0 {
+        let ids: Vec<String> = accounts.iter().map(|a| a.id.clone()).collect();
+        let before_ms = now.saturating_sub(keep.days * DAY) * 1000;
+        store.prune_audit(before_ms, &ids).await?;
+    }
+    for account in accounts.iter().filter(|a| a.limits.max_audit_entries > 0) {
+        let removed = store
+            .trim_audit(Some(&account.id), account.limits.max_audit_entries)
+            .await?;
+        if removed > 0 {
+            tracing::info!(account = %account.id, removed, "audit entries past the account's max_audit_entries let go");
+        }
+    }
+    if keep.entries > 0 {
+        let removed = store.trim_audit(None, keep.entries).await?;
+        if removed > 0 {
+            tracing::info!(removed, "audit entries past audit_keep_entries let go");
+        }
+    }
+    Ok(())
 }
 
-async fn roll_up_while_leading(store: Store, audit_keep_days: u64) {
+async fn roll_up_while_leading(store: Store, audit: AuditRetention) {
     let store = &store;
     loop {
-        if audit_keep_days > 0 {
-            let pruned = prune_audit(store, crate::unix_now(), audit_keep_days).await;
-            if let Err(error) = pruned {
-                tracing::warn!(%error, "letting old audit entries go: tried again later");
-            }
+        let pruned = prune_audit(store, crate::unix_now(), audit).await;
+        if let Err(error) = pruned {
+            tracing::warn!(%error, "letting old audit entries go: tried again later");
         }
         let rolled = match store.list().await {
             Ok(queues) => pass(store, &queues, crate::unix_now()).await,
@@ -300,7 +325,11 @@ mod tests {
                 kept.push(entry.cursor.clone());
             }
         }
-        prune_audit(&store, now, 90).await.unwrap();
+        let keep = AuditRetention {
+            days: 90,
+            entries: 0,
+        };
+        prune_audit(&store, now, keep).await.unwrap();
         let cursors = |entries: Vec<Entry>| -> Vec<String> {
             entries.into_iter().map(|entry| entry.cursor).collect()
         };
@@ -308,6 +337,50 @@ mod tests {
         assert_eq!(cursors(all), kept);
         let of_account = store.audit(Some("acc1"), "", "~", 100).await.unwrap();
         assert_eq!(cursors(of_account), kept, "read through its pointers");
+    }
+
+    #[tokio::test]
+    async fn trimming_by_count_goes_a_page_at_a_time_and_takes_an_accounts_entries_from_the_log() {
+        use crate::audit::{Actor, Entry, Target};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&crate::store::StoreConfig::Sled, dir.path(), "c")
+            .await
+            .unwrap();
+        let account = Actor::Account {
+            account: "busy".into(),
+            key: "k".into(),
+        };
+        let mut cursors = Vec::new();
+        // More than two pages of the trim's.
+        for n in 0..2100u64 {
+            let mut entry = Entry::new(account.clone(), "queue.create", Target::default(), 201);
+            entry.cursor = format!("{:020}-{n:08}", entry.time_ms);
+            store.append_audit(&entry).await.unwrap();
+            cursors.push(entry.cursor);
+        }
+        let operator = Entry::new(Actor::Operator, "account.create", Target::default(), 201);
+        store.append_audit(&operator).await.unwrap();
+        let cursors_of = |entries: Vec<Entry>| -> Vec<String> {
+            entries.into_iter().map(|entry| entry.cursor).collect()
+        };
+
+        assert_eq!(store.trim_audit(Some("busy"), 10).await.unwrap(), 2090);
+        let newest = cursors[2090..].to_vec();
+        let of_busy = store.audit(Some("busy"), "", "~", 5000).await.unwrap();
+        assert_eq!(cursors_of(of_busy), newest);
+        let all = store.audit(None, "", "~", 5000).await.unwrap();
+        let mut expected = newest.clone();
+        expected.push(operator.cursor.clone());
+        assert_eq!(cursors_of(all), expected, "gone from the log too");
+
+        assert_eq!(store.trim_audit(None, 4).await.unwrap(), 7);
+        let all = store.audit(None, "", "~", 5000).await.unwrap();
+        assert_eq!(cursors_of(all), [&newest[7..], &[operator.cursor]].concat());
+        assert_eq!(
+            store.trim_audit(None, 4).await.unwrap(),
+            0,
+            "nothing past it"
+        );
     }
 
     fn usage(time: u64, sent: u64, held: u64, instance_type: &str) -> UsageRecord {

@@ -154,6 +154,12 @@ impl ControlPlane {
         self.start_again()
     }
 
+    /// As [`ControlPlane::restart`], with `extra` as its config's extra lines from now on.
+    pub fn restart_with(mut self, extra: &str) -> ControlPlane {
+        self.extra = extra.to_string();
+        self.restart()
+    }
+
     fn start_at(dir: tempfile::TempDir, listen: &str, extra: &str, flags: &[&str]) -> ControlPlane {
         // A test that chose its store keeps it.
         let etcd = (on_etcd() && !extra.contains("[store]"))

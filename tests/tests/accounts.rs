@@ -581,13 +581,13 @@ async fn creates_at_once_never_pass_an_accounts_limit() {
 }
 
 /// An account's limits keep it from costing the others: its API keys (`max_api_keys`, the
-/// revoked ones let go when a new key needs the place), its keys' requests per second (past
-/// them `429 too_many_requests`, while another account's key goes on), and console sign-ins
-/// per source (past ten a minute, `429`).
+/// revoked ones let go when a new key needs the place) and SQS keys (`max_sqs_keys`), its
+/// keys' requests per second (past them `429 too_many_requests`, while another account's key
+/// goes on), and console sign-ins per source (past ten a minute, `429`).
 #[tokio::test]
 async fn an_accounts_limits_keep_it_from_costing_the_others() {
     let cp = ControlPlane::start();
-    let limits = json!({"max_api_keys": 2, "api_requests_per_second": 2});
+    let limits = json!({"max_api_keys": 2, "api_requests_per_second": 2, "max_sqs_keys": 1});
     let (small, small_key) =
         account_with_key(&cp, json!({"name": "Small", "limits": limits})).await;
     let (_, other_key) = account_with_key(&cp, json!({"name": "Other"})).await;
@@ -608,6 +608,23 @@ async fn an_accounts_limits_keep_it_from_costing_the_others() {
     let listed = cp.call("GET", &keys, None).await.1;
     let listed = listed["keys"].as_array().unwrap().clone();
     assert_eq!(listed.len(), 2, "the revoked one is gone: {listed:?}");
+
+    // One SQS key at most; another account may still make its own.
+    let sqs_keys = format!("/v1/accounts/{small}/sqs-keys");
+    let publisher = Some(r#"{"role":"publisher"}"#);
+    let (status, made) = cp.call("POST", &sqs_keys, publisher).await;
+    assert_eq!(status, 201, "{made}");
+    assert_refused(
+        &cp.call("POST", &sqs_keys, publisher).await,
+        403,
+        "limit_reached",
+    );
+    let (status, shown) = cp.call("GET", &format!("/v1/accounts/{small}"), None).await;
+    assert_eq!(
+        (status, &shown["limits"]["max_sqs_keys"]),
+        (200, &json!(1)),
+        "{shown}"
+    );
 
     // Two requests a second, four at once: a burst of ten sees 429s, another account none.
     let mut refused = 0;
@@ -634,4 +651,88 @@ async fn an_accounts_limits_keep_it_from_costing_the_others() {
     let right = json!({"token": other_key.token}).to_string();
     let reply = http(cp.addr, "POST", "/console/session", None, Some(&right)).await;
     assert_refused(&reply, 429, "too_many_requests");
+}
+
+/// The audit log keeps its newest entries: each account's to its `max_audit_entries` (the
+/// entries go from the whole log too, so one busy account does not push the others' out),
+/// and `audit_keep_entries` in all; the oldest past them go when the leading replica looks
+/// (at its start, then hourly).
+#[tokio::test]
+async fn the_audit_log_keeps_its_newest_entries_in_all_and_per_account() {
+    let cp = ControlPlane::start();
+    let (busy, busy_key) = account_with_key(&cp, json!({"name": "Busy"})).await;
+    let (quiet, quiet_key) = account_with_key(&cp, json!({"name": "Quiet"})).await;
+    for (account, key) in [(&busy, &busy_key), (&quiet, &quiet_key)] {
+        let sqs_keys = format!("/v1/accounts/{account}/sqs-keys");
+        for _ in 0..6 {
+            let made = key
+                .call("POST", &sqs_keys, Some(r#"{"role":"publisher"}"#))
+                .await;
+            assert_eq!(made.0, 201, "{}", made.1);
+        }
+    }
+    let operator = Caller {
+        cp: &cp,
+        token: cp.token.clone(),
+    };
+    // Read before any limit is set: the control plane looks at its start, maybe later than
+    // these reads.
+    let before = audit_of(&operator, "").await;
+    let busy_before = audit_of(&operator, &format!("&account={busy}")).await;
+    assert!(busy_before.len() >= 8 && before.len() > 8, "{before:#?}");
+    // Busy keeps 3 from now: its change of limits (audited too) and the 2 before it.
+    let limits = json!({"limits": {"max_audit_entries": 3}}).to_string();
+    let changed = operator
+        .call("PATCH", &format!("/v1/accounts/{busy}"), Some(&limits))
+        .await;
+    assert_eq!(changed.0, 200, "{}", changed.1);
+    drop((busy_key, quiet_key, operator));
+
+    let cp = cp.restart_with("audit_keep_entries = 8\n");
+    let operator = Caller {
+        cp: &cp,
+        token: cp.token.clone(),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // One page each (the look may be under way: pages read across it would not join up).
+    let whole = |filter: String| {
+        let operator = &operator;
+        async move {
+            let page = operator.get(&format!("/v1/audit?limit=1000{filter}")).await;
+            page["entries"].as_array().unwrap().clone()
+        }
+    };
+    loop {
+        let all = whole(String::new()).await;
+        let of_busy = whole(format!("&account={busy}")).await;
+        let change = all.iter().find(|entry| entry["action"] == "account.change");
+        if let Some(change) = change {
+            // Busy's 3 newest; of what is left, the 8 newest in all (some of Quiet's go too,
+            // and Busy sees those of its 3 still in the log).
+            let busy_kept = [
+                &busy_before[busy_before.len() - 2..],
+                std::slice::from_ref(change),
+            ]
+            .concat();
+            let left: Vec<Value> = before
+                .iter()
+                .filter(|entry| entry["account"] != busy.as_str() || busy_kept.contains(entry))
+                .chain([change])
+                .cloned()
+                .collect();
+            let expected = left[left.len() - 8..].to_vec();
+            let busy_sees: Vec<Value> = busy_kept
+                .into_iter()
+                .filter(|entry| expected.contains(entry))
+                .collect();
+            if all == expected && of_busy == busy_sees {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kept {all:#?}\nof Busy {of_busy:#?}\nbefore {before:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

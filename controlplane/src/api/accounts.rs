@@ -212,13 +212,13 @@ pub async fn create_sqs_key(
     let access_key_id = accounts::new_sqs_key_id(&account.id);
     let made = state.store.update_account(&account.id, |account| {
         // Revoked keys are let go first: only the keys in use count.
-        if account.sqs_keys.len() >= crate::queues::MAX_SQS_KEYS {
+        let most = account.limits.max_sqs_keys as usize;
+        if account.sqs_keys.len() >= most {
             account.sqs_keys.retain(|key| !key.revoked);
         }
-        if account.sqs_keys.len() >= crate::queues::MAX_SQS_KEYS {
-            return Err(ApiError::Conflict(format!(
-                "account {id} has {} SQS keys, the most it may",
-                crate::queues::MAX_SQS_KEYS
+        if account.sqs_keys.len() >= most {
+            return Err(ApiError::LimitReached(format!(
+                "account {id} has {most} SQS keys, its max_sqs_keys"
             )));
         }
         account.sqs_keys.push(crate::queues::SqsKeyRecord {

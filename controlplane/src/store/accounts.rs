@@ -19,6 +19,19 @@ const ACCOUNT_KEYS: &str = "account-keys/";
 const AUDIT: &str = "audit/";
 const AUDIT_BY_ACCOUNT: &str = "audit-by-account/";
 
+/// Audit entries read and removed at once by [`Store::trim_audit`].
+const TRIM_PAGE: u64 = 1000;
+
+/// The cursor a value under the audit log holds: an entry's, or (an account's pointer) the
+/// cursor itself.
+fn cursor_in(value: &[u8]) -> Result<String, StoreError> {
+    if value.first() == Some(&b'{') {
+        let entry: Entry = serde_json::from_slice(value)?;
+        return Ok(entry.cursor);
+    }
+    Ok(String::from_utf8_lossy(value).into_owned())
+}
+
 impl Store {
     /// Saves a new account; `false` if one with its id exists.
     pub async fn put_account(&self, account: &Account) -> Result<bool, StoreError> {
@@ -119,6 +132,51 @@ impl Store {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Removes the oldest audit entries past the newest `keep`: of the whole log, or of
+    /// `account` (its pointers and the entries they point to), a page at a time; how many
+    /// went. What the retention's counts (`audit_keep_entries`, an account's
+    /// `max_audit_entries`) let go.
+    pub async fn trim_audit(&self, account: Option<&str>, keep: u64) -> Result<u64, StoreError> {
+        let prefix = match account {
+            Some(account) => format!("{AUDIT_BY_ACCOUNT}{account}/"),
+            None => AUDIT.to_string(),
+        };
+        let end = end_of(&prefix);
+        let mut over = self.kv.count(&prefix, &end).await?.saturating_sub(keep);
+        let mut removed = 0;
+        while over > 0 {
+            let page = self
+                .kv
+                .range_first(&prefix, &end, over.min(TRIM_PAGE) as usize)
+                .await?;
+            let cursors: Vec<String> = page
+                .iter()
+                .map(|value| cursor_in(value))
+                .collect::<Result<_, _>>()?;
+            let Some(last) = cursors.last() else {
+                break;
+            };
+            if account.is_some() {
+                // The entries themselves, so that one account's flood of changes leaves the
+                // others' entries in the whole log.
+                for cursor in &cursors {
+                    let single = format!("{AUDIT}{cursor}");
+                    let end = format!("{single}\0");
+                    self.kv
+                        .replace_range(&single, &end, Vec::new(), None)
+                        .await?;
+                }
+            }
+            let through = format!("{prefix}{last}\0");
+            self.kv
+                .replace_range(&prefix, &through, Vec::new(), None)
+                .await?;
+            removed += cursors.len() as u64;
+            over = over.saturating_sub(cursors.len() as u64);
+        }
+        Ok(removed)
     }
 
     /// At most `limit` audit entries (of `account` only, if given) whose cursors are after

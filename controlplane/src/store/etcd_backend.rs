@@ -345,6 +345,14 @@ impl Backend for EtcdBackend {
         ))
     }
 
+    async fn count(&self, start: &str, end: &str) -> Result<u64, StoreError> {
+        let options = GetOptions::new()
+            .with_range(self.key(end))
+            .with_count_only();
+        let counted = self.read(self.key(start), Some(options)).await?;
+        Ok(counted.count().max(0) as u64)
+    }
+
     async fn range_first(
         &self,
         start: &str,

@@ -126,6 +126,8 @@ pub trait Backend: Send + Sync + 'static {
         end: &str,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, StoreError>;
+    /// How many keys there are from `start` to `end`, values unread.
+    async fn count(&self, start: &str, end: &str) -> Result<u64, StoreError>;
     /// Puts `value` at `key` if the key is still at `expected` (`None`: absent) and `fence`
     /// holds; durable. `false` if it was not.
     async fn swap(

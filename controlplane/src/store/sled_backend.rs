@@ -92,6 +92,24 @@ impl Backend for SledBackend {
         .await
     }
 
+    async fn count(&self, start: &str, end: &str) -> Result<u64, StoreError> {
+        let (start, end) = (start.to_string(), end.to_string());
+        self.blocking(move |this| {
+            let (tree, from) = this.place(&start);
+            let keys = match this.place(&end) {
+                (end_tree, to) if std::ptr::eq(end_tree, tree) => tree.range(from..to),
+                _ => tree.range(from..),
+            };
+            let mut count = 0;
+            for key in keys.keys() {
+                key?;
+                count += 1;
+            }
+            Ok((count, false))
+        })
+        .await
+    }
+
     async fn range_first(
         &self,
         start: &str,

@@ -327,3 +327,80 @@ async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
         .collect();
     assert!(back.contains(&"before".to_string()), "{back:?}");
 }
+
+/// The SQS face when a sync fails (a FUSE layer whose syncs return EIO, the fsyncgate case):
+/// once the node knows its log may have lost what it wrote, a send is refused
+/// (`ServiceUnavailable`, 503, as the WebSocket face's 502) and a delete answered as failed
+/// (`InternalFailure`, 500) until a restart, also after syncs work again: both are errors the
+/// SDKs retry, never a false success.
+#[tokio::test]
+async fn sqs_answers_failed_after_a_failed_sync_and_does_not_trust_the_disk_again() {
+    use qe_tests::sqs::aws_sdk_sqs::error::ProvideErrorMetadata;
+    use qe_tests::sqs::{client, receive, SqsEndpoint};
+    let disk = FailingSyncs::mount();
+    let (data, _meta) = data_dir_on(disk.dir());
+    let flags = [
+        "--sqs-listen",
+        "127.0.0.1:0",
+        "--sqs-key",
+        "admin:AKIAFAULTADMIN:fault-secret",
+    ];
+    let node = Node::start_in(data, &flags);
+    let line = node.wait_for_log("sqs: serving on ");
+    let url = format!(
+        "http://{}",
+        line.rsplit("sqs: serving on ").next().unwrap().trim()
+    );
+    let endpoint = SqsEndpoint {
+        url: &url,
+        ca_pem: None,
+        resolve_to: None,
+    };
+    let sqs = client(&endpoint, "AKIAFAULTADMIN", "fault-secret");
+    let queue = qe_tests::sqs::lone_queue_url(&sqs).await;
+    let send = |body: &str| {
+        sqs.send_message()
+            .queue_url(&queue)
+            .message_body(body)
+            .send()
+    };
+    send("before").await.expect("a send while the disk works");
+    let held = receive(&sqs, &queue, 1, 1).await;
+    let handle = held[0].receipt_handle().unwrap().to_string();
+
+    // A durable publish meets the failed sync: from then on the log is not trusted.
+    disk.fail_syncs();
+    let mut publisher = node.publisher().await;
+    assert_eq!(code(&publish(&mut publisher, "not synced", 2).await), 507);
+    let failed = |error: &dyn ProvideErrorMetadata| error.code().map(str::to_string);
+    let sent = send("after the failure").await.unwrap_err();
+    let service = sent.as_service_error().expect("an answer from the node");
+    assert_eq!(
+        failed(service).as_deref(),
+        Some("ServiceUnavailable"),
+        "{sent:?}"
+    );
+    assert_eq!(sent.raw_response().unwrap().status().as_u16(), 503);
+    let delete = sqs
+        .delete_message()
+        .queue_url(&queue)
+        .receipt_handle(&handle);
+    let deleted = delete.send().await.unwrap_err();
+    let service = deleted.as_service_error().expect("an answer from the node");
+    assert_eq!(
+        failed(service).as_deref(),
+        Some("InternalFailure"),
+        "{deleted:?}"
+    );
+    assert_eq!(deleted.raw_response().unwrap().status().as_u16(), 500);
+
+    // Syncs that work again change nothing: what the failed one lost may be gone.
+    disk.heal();
+    let again = send("healed").await.unwrap_err();
+    let service = again.as_service_error().expect("an answer from the node");
+    assert_eq!(
+        failed(service).as_deref(),
+        Some("ServiceUnavailable"),
+        "{again:?}"
+    );
+}

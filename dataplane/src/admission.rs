@@ -11,7 +11,7 @@
 //! the login) from a pool all connections share ([`Admission::big_logins`]).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -32,34 +32,14 @@ const MAX_PRE_LOGIN_PER_SOURCE: usize = 64;
 /// The least pre-login budget, whatever `max-tasks` (Dev/test's is 100).
 const MIN_PRE_LOGIN: usize = 128;
 
-/// Where connections come from, for the cap per source: an IPv4 address, or the /64 an IPv6
-/// address is in (one host's share of a network).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Source {
-    V4([u8; 4]),
-    V6([u8; 8]),
-}
-
-impl Source {
-    fn of(ip: IpAddr) -> Source {
-        match ip.to_canonical() {
-            IpAddr::V4(v4) => Source::V4(v4.octets()),
-            IpAddr::V6(v6) => Source::V6(prefix_64(v6)),
-        }
-    }
-}
-
-fn prefix_64(v6: Ipv6Addr) -> [u8; 8] {
-    v6.octets()[..8].try_into().expect("8 of 16 bytes")
-}
-
 pub struct Admission {
     /// One permit per logged-in connection: `max-tasks` of them.
     sessions: Arc<Semaphore>,
     /// One permit per connection that has not logged in yet.
     pre_login: Arc<Semaphore>,
-    /// Connections that have not logged in yet, by source.
-    waiting_by_source: Mutex<HashMap<Source, usize>>,
+    /// Connections that have not logged in yet, by source ([`qe_serve::source_of`]: an IPv4
+    /// address, or the /64 an IPv6 address is in, one host's share of a network).
+    waiting_by_source: Mutex<HashMap<IpAddr, usize>>,
     max_per_source: usize,
     /// Bytes for login frames bigger than [`PRE_LOGIN_FRAME_BYTES`].
     pub big_logins: Arc<Semaphore>,
@@ -106,7 +86,7 @@ impl Admission {
             return None;
         }
         let permit = self.pre_login.clone().try_acquire_owned().ok()?;
-        let source = Source::of(peer);
+        let source = qe_serve::source_of(peer);
         let mut waiting = self.lock();
         let count = waiting.entry(source).or_default();
         if *count >= self.max_per_source {
@@ -120,7 +100,7 @@ impl Admission {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Source, usize>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
         self.waiting_by_source
             .lock()
             .expect("the admission lock is never poisoned")
@@ -130,7 +110,7 @@ impl Admission {
 /// A connection that has not logged in yet. Dropped, it gives back its pre-login slot.
 pub struct PreLogin {
     admission: Arc<Admission>,
-    source: Source,
+    source: IpAddr,
     _permit: OwnedSemaphorePermit,
 }
 

@@ -106,15 +106,7 @@ struct Setup {
 /// Accepts from `listener` for good; each connection admitted is served.
 async fn accept_each(listener: TcpListener, setup: Setup) {
     loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of file descriptors and the like: wait a moment rather than spin.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (tcp, peer) = qe_serve::accept_retrying(&listener).await;
         match setup.node.admission.admit(peer.ip()) {
             Some(admitted) => {
                 tokio::spawn(serve(tcp, setup.clone(), admitted));

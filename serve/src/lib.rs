@@ -1,5 +1,9 @@
-//! HTTP/1.1 as every port of both planes serves it (the control plane's API, a node's SQS
-//! face, a node's WebSocket upgrade), so that nobody can lock a port up without credentials:
+//! HTTP/1.1 as the ports of both planes serve it (the control plane's API, a node's SQS
+//! face), so that nobody can lock a port up without credentials. A node's WebSocket port
+//! keeps the manual's admission (`dataplane/src/admission.rs`: `max-tasks`, a pre-login
+//! budget, the login deadline from accept) and takes from here the accept that backs off and
+//! what counts as one source ([`accept_retrying`], [`source_of`]). What a port served here
+//! gets:
 //!
 //! - a request's whole head (line and headers) must arrive within [`Limits::head_within_secs`]
 //!   of when the server starts waiting for it, which also closes a kept-alive connection left
@@ -183,19 +187,25 @@ const ACCEPT_PAUSE_AT_MOST: Duration = Duration::from_secs(1);
 /// fails (out of descriptors, most likely) is retried after a pause that grows, so a full
 /// descriptor table does not spin a core.
 pub async fn accept(gate: &Arc<Gate>, listener: &TcpListener) -> (TcpStream, SocketAddr, Place) {
-    let mut pause = ACCEPT_PAUSE;
     loop {
         let room = gate.room().await;
+        let (tcp, peer) = accept_retrying(listener).await;
+        if let Some(place) = gate.admit(room, peer.ip()) {
+            return (tcp, peer, place);
+        }
+    }
+}
+
+/// The next connection on `listener`. An accept that fails (out of descriptors, most likely)
+/// is retried after a pause that grows, so a full descriptor table does not spin a core. (The
+/// WebSocket port, whose admission is the manual's, accepts with this alone.)
+pub async fn accept_retrying(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    let mut pause = ACCEPT_PAUSE;
+    loop {
         match listener.accept().await {
-            Ok((tcp, peer)) => {
-                pause = ACCEPT_PAUSE;
-                if let Some(place) = gate.admit(room, peer.ip()) {
-                    return (tcp, peer, place);
-                }
-            }
+            Ok(accepted) => return accepted,
             Err(error) => {
                 tracing::warn!(%error, retry_in = ?pause, "accepting a connection failed");
-                drop(room);
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(ACCEPT_PAUSE_AT_MOST);
             }

@@ -67,6 +67,8 @@ pub struct Connection {
     pub writes: SocketWrites,
     /// Its slot until the login.
     pub admitted: PreLogin,
+    /// Where it comes from (`qe_serve::source_of`): the log lines it causes count there.
+    pub source: std::net::IpAddr,
 }
 
 /// Runs a connection from its first frame to its end.
@@ -77,6 +79,7 @@ pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
         assembly,
         writes,
         admitted,
+        source,
     } = connection;
     let login = timeout_at(login_deadline, login_frame(&mut socket, &node, &assembly)).await;
     let Ok(Ok(login)) = login else {
@@ -133,6 +136,7 @@ pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
         &node,
         &assembly,
         &writes,
+        source,
     )
     .await;
     // No longer an open connection, before the session's end is made known.
@@ -228,9 +232,10 @@ async fn serve(
     node: &Node,
     assembly: &Assembly,
     writes: &SocketWrites,
+    source: std::net::IpAddr,
 ) -> Ended {
     let overflow = frames.as_ref().map(Frames::overflow);
-    let mut link = Link::new(socket, frames.as_mut(), node, assembly, writes);
+    let mut link = Link::new(socket, frames.as_mut(), node, assembly, writes, source);
     let mut replies = VecDeque::new();
     let mut reading = true;
     let overdue = assembly.overdue(node.message_timeout);
@@ -242,7 +247,7 @@ async fn serve(
             return Poll::Ready(Ended::Refused(CloseCode::Policy, reason));
         }
         if overflowed.as_mut().poll(cx).is_ready() {
-            tracing::info!("dropping a client that reads too slowly");
+            link.log_drop("dropping a client that reads too slowly");
             return Poll::Ready(Ended::Gone);
         }
         if let Poll::Ready(ended) = link.poll_keepalive(cx) {
@@ -312,6 +317,8 @@ struct Link<'a> {
     stall_limit: Duration,
     /// Bytes the socket had taken when the stall timer was last set.
     stall_mark: Option<u64>,
+    /// Where the client comes from: the lines its dropping writes count there.
+    source: std::net::IpAddr,
 }
 
 /// What one round of writing did.
@@ -331,6 +338,7 @@ impl<'a> Link<'a> {
         node: &Node,
         assembly: &'a Assembly,
         writes: &'a SocketWrites,
+        source: std::net::IpAddr,
     ) -> Link<'a> {
         let keepalive = &node.keepalive;
         Link {
@@ -350,6 +358,14 @@ impl<'a> Link<'a> {
             stall: Box::pin(tokio::time::sleep(keepalive.write_stall_limit)),
             stall_limit: keepalive.write_stall_limit,
             stall_mark: None,
+            source,
+        }
+    }
+
+    /// Logs `what` (the client is dropped, and why) while its source has lines left.
+    fn log_drop(&self, what: &str) {
+        if qe_shared::logging::client_line_allowed(self.source) {
+            tracing::info!(silent_for = ?self.last_heard.elapsed(), "{what}");
         }
     }
 
@@ -358,7 +374,7 @@ impl<'a> Link<'a> {
     fn poll_keepalive(&mut self, cx: &mut Context<'_>) -> Poll<Ended> {
         while self.ping.poll_tick(cx).is_ready() {
             if self.last_heard.elapsed() >= self.silence_limit {
-                tracing::info!(silent_for = ?self.last_heard.elapsed(), "dropping a silent peer");
+                self.log_drop("dropping a silent peer");
                 return Poll::Ready(Ended::Gone);
             }
             self.ping_due = true;
@@ -378,7 +394,7 @@ impl<'a> Link<'a> {
             ready!(self.stall.as_mut().poll(cx));
             let at_limit = self.frames.as_ref().is_some_and(|f| f.at_limit());
             if written == mark && at_limit {
-                tracing::info!("dropping a client that reads too slowly");
+                self.log_drop("dropping a client that reads too slowly");
                 return Poll::Ready(Ended::Gone);
             }
             // It took something, or has little waiting: watch the next period.

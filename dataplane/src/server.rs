@@ -22,7 +22,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use qe_shared::settings::Setting;
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -109,7 +109,8 @@ async fn accept_each(listener: TcpListener, setup: Setup) {
         let (tcp, peer) = qe_serve::accept_retrying(&listener).await;
         match setup.node.admission.admit(peer.ip()) {
             Some(admitted) => {
-                tokio::spawn(serve(tcp, setup.clone(), admitted));
+                let source = qe_serve::source_of(peer.ip());
+                tokio::spawn(serve(tcp, setup.clone(), admitted, source));
             }
             None => drop(tcp),
         }
@@ -135,7 +136,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// One connection, from accept to close; `admitted` is its slot until its login.
-async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin) {
+async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin, source: IpAddr) {
     let Setup { node, tls, options } = setup;
     let login_time = Duration::from_secs(node.setting(Setting::NoReplyTimeoutSecs));
     let login_deadline = Instant::now() + login_time;
@@ -175,6 +176,7 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin) {
             assembly,
             writes,
             admitted,
+            source,
         };
         connection::run(websocket, connection, node).await;
     }

@@ -2,8 +2,17 @@
 //! that drops lines when full rather than wait. A reader of stderr that stalls (journald busy
 //! or restarting, a full pipe) then costs lines, counted ([`dropped_lines`]), never a worker
 //! of the runtime blocked in a write, and with it every connection it drives.
+//!
+//! A line a client can cause at will (its connection dropped for not reading, a token
+//! refused) is written only while its source has lines left this minute
+//! ([`client_line_allowed`]): past them its lines are dropped and counted with the others, so
+//! no client can fill the log, nor push the node's own lines out of it.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Lines waiting for stderr at most: past them, lines are dropped.
 const LINES_WAITING_AT_MOST: usize = 16_384;
@@ -28,9 +37,72 @@ pub fn init(filter: tracing_subscriber::EnvFilter) -> tracing_appender::non_bloc
     guard
 }
 
-/// Log lines dropped since the process started because stderr did not take them in time.
+/// Log lines dropped since the process started: stderr did not take them in time, or their
+/// client's source had written its share ([`client_line_allowed`]).
 pub fn dropped_lines() -> u64 {
-    COUNTER
+    let unwritten = COUNTER
         .get()
-        .map_or(0, |counter| counter.dropped_lines() as u64)
+        .map_or(0, |counter| counter.dropped_lines() as u64);
+    unwritten + CLIENT_LINES_DROPPED.load(Ordering::Relaxed)
+}
+
+/// Lines one source's clients may cause a minute.
+pub const CLIENT_LINES_PER_MINUTE: u32 = 20;
+
+/// Sources whose lines are counted at once at most: past it, the counts start again (each
+/// source gets a fresh minute: bounded memory beats exactness here).
+const SOURCES_AT_MOST: usize = 10_000;
+
+static CLIENT_LINES: Mutex<Option<HashMap<IpAddr, (Instant, u32)>>> = Mutex::new(None);
+static CLIENT_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a line caused by a client at `source` (as the per-source caps count it:
+/// `qe_serve::source_of`) may be written now: [`CLIENT_LINES_PER_MINUTE`] a minute each.
+/// Ask before writing the line; one refused is counted as dropped.
+pub fn client_line_allowed(source: IpAddr) -> bool {
+    client_line_allowed_at(source, Instant::now())
+}
+
+fn client_line_allowed_at(source: IpAddr, now: Instant) -> bool {
+    let mut lines = CLIENT_LINES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let by_source = lines.get_or_insert_with(HashMap::new);
+    if by_source.len() >= SOURCES_AT_MOST && !by_source.contains_key(&source) {
+        by_source.clear();
+    }
+    let (minute_from, count) = by_source.entry(source).or_insert((now, 0));
+    if now.duration_since(*minute_from) >= Duration::from_secs(60) {
+        (*minute_from, *count) = (now, 0);
+    }
+    if *count < CLIENT_LINES_PER_MINUTE {
+        *count += 1;
+        return true;
+    }
+    CLIENT_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_writes_its_share_a_minute_and_the_rest_are_counted_dropped() {
+        let (one, other): (IpAddr, IpAddr) =
+            ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let start = Instant::now();
+        let dropped_before = dropped_lines();
+        let allowed = (0..50)
+            .filter(|_| client_line_allowed_at(one, start))
+            .count();
+        assert_eq!(allowed, CLIENT_LINES_PER_MINUTE as usize);
+        assert_eq!(dropped_lines() - dropped_before, 30);
+        assert!(
+            client_line_allowed_at(other, start),
+            "another source has its own"
+        );
+        let later = start + Duration::from_secs(61);
+        assert!(client_line_allowed_at(one, later), "a new minute");
+    }
 }

@@ -62,6 +62,11 @@ pub struct Config {
     /// Serve the API over HTTPS with this certificate (TLS 1.2 and 1.3). Default: plain
     /// HTTP, which is refused on any address but loopback unless `insecure_plain_http`.
     pub api_tls: Option<crate::api::tls::ApiTls>,
+    /// `[http]`: the API port's limits, `head_within_secs` (default 20: a request's head must
+    /// arrive within it, and a kept-alive connection may sit idle no longer) and `connections`
+    /// (default 4096 at once; past it new ones wait in the kernel's backlog).
+    #[serde(default)]
+    pub http: crate::api::server::HttpLimits,
     /// Allow plain HTTP on an address that is not loopback (tokens and node credentials then
     /// cross the network in the clear). Default false.
     #[serde(default)]

@@ -339,13 +339,15 @@ async fn start(config: Config) -> Result<Running, Failure> {
     let stopped = async move {
         let _ = stopping.await;
     };
+    let limits = state.config.http;
     let api = match api_tls {
         Some(acceptor) => tokio::spawn(api::server::serve(
             TlsListener::new(listener, acceptor),
             router,
+            limits,
             stopped,
         )),
-        None => tokio::spawn(api::server::serve(listener, router, stopped)),
+        None => tokio::spawn(api::server::serve(listener, router, limits, stopped)),
     };
     let settings = controlplane::reconciler::Settings {
         recheck_every: std::time::Duration::from_secs(state.config.reconcile_every_secs.max(1)),

@@ -161,3 +161,26 @@ async fn an_api_reply_before_the_body_was_read_closes_the_connection() {
         "{reply}"
     );
 }
+
+/// The API port's `[http]` limits are settings: with `head_within_secs = 1` an idle
+/// connection, and one whose head drips, is closed within about a second (20 s by default),
+/// while a request sent in time is answered.
+#[tokio::test]
+async fn the_api_ports_head_time_is_a_setting() {
+    let cp = ControlPlane::start_with("[http]\nhead_within_secs = 1\nconnections = 64\n");
+    let mut idle = TcpStream::connect(cp.addr).await.unwrap();
+    let mut dripping = TcpStream::connect(cp.addr).await.unwrap();
+    dripping
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost")
+        .await
+        .unwrap();
+    let mut fresh = TcpStream::connect(cp.addr).await.unwrap();
+    let request = "GET /healthz HTTP/1.1\r\nHost: q\r\nConnection: close\r\n\r\n";
+    fresh.write_all(request.as_bytes()).await.unwrap();
+    let reply = read_until_closed(&mut fresh, PROMPT).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    // Far sooner than the default's 20 s.
+    for stream in [&mut idle, &mut dripping] {
+        read_until_closed(stream, Duration::from_secs(5)).await;
+    }
+}

@@ -1,7 +1,7 @@
 //! Serves the API's router over a listener's connections (plain TCP, or `tls.rs`'s) with
 //! hyper's HTTP/1.1 as `qe_serve` sets it up, and what `axum::serve` lacks: a connection
 //! waiting for a request's head (a new one, or one kept alive after a response) is closed
-//! unless the whole head arrives in time ([`LIMITS`]), so a client that drips its headers, or
+//! unless the whole head arrives in time ([`HttpLimits`]), so a client that drips its headers, or
 //! sits idle, holds nothing for long, with or without a token; a bounded number of
 //! connections at once (past that, new ones wait in the kernel's backlog), each reading a
 //! bounded buffer ahead; and on shutdown, connections have [`STOP_WITHIN`] to finish what they are
@@ -16,33 +16,59 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// The API port's limits (`qe_serve`): a request's whole head within 20 s (also how long a
-/// kept-alive connection may sit idle; the nodes' clients drop theirs sooner,
-/// `dataplane/src/report.rs`, so they never send on a connection being closed); 4096
-/// connections at once, far more than the operator and the nodes need and well under the
-/// descriptors the process has (past that, new ones wait in the kernel's backlog). No cap
-/// per source beyond the TLS handshakes' (`tls.rs`): every node of the local provider, and
-/// every node behind one NAT, comes from one address.
-const LIMITS: qe_serve::Limits = qe_serve::Limits {
-    head_within_secs: 20,
-    connections: 4096,
-    per_source: 4096,
-    body_bytes: 64 << 20,
-    body_within_secs: 60,
-};
+/// The API port's limits (`[http]`): a request's whole head within `head_within_secs`
+/// (default 20 s; also how long a kept-alive connection may sit idle; the nodes' clients drop
+/// theirs sooner, `dataplane/src/report.rs`, so they never send on a connection being
+/// closed); `connections` at once (default 4096, far more than the operator and the nodes need
+/// and well under the descriptors the process has; past that, new ones wait in the kernel's
+/// backlog). No cap per source beyond the TLS handshakes' (`tls.rs`): every node of the local
+/// provider, and every node behind one NAT, comes from one address. Bodies are bounded per
+/// route (axum's limit), not by a shared budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpLimits {
+    pub head_within_secs: u64,
+    pub connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            head_within_secs: 20,
+            connections: 4096,
+        }
+    }
+}
+
+impl HttpLimits {
+    fn serve_limits(self) -> qe_serve::Limits {
+        qe_serve::Limits {
+            head_within_secs: self.head_within_secs,
+            connections: self.connections,
+            per_source: self.connections,
+            ..qe_serve::Limits::default()
+        }
+    }
+}
 
 /// How long open connections have on shutdown. A node's config watch is held for up to
 /// `WATCH_HOLD_SECS`; it is told to close and asks again elsewhere, or of the next process.
 const STOP_WITHIN: Duration = Duration::from_secs(5);
 
-/// Answers requests on `listener`'s connections with `router` until `stop` completes.
-pub async fn serve<L>(mut listener: L, router: Router, stop: impl Future<Output = ()>)
-where
+/// Answers requests on `listener`'s connections with `router`, within `limits`, until `stop`
+/// completes.
+pub async fn serve<L>(
+    mut listener: L,
+    router: Router,
+    limits: HttpLimits,
+    stop: impl Future<Output = ()>,
+) where
     L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
-    let http = qe_serve::http1(&LIMITS);
+    let limits = limits.serve_limits();
+    let http = qe_serve::http1(&limits);
     let connections = GracefulShutdown::new();
-    let places = Arc::new(Semaphore::new(LIMITS.connections));
+    let places = Arc::new(Semaphore::new(limits.connections));
     tokio::pin!(stop);
     loop {
         let (place, (io, peer)) = tokio::select! {

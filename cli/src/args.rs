@@ -21,6 +21,11 @@ pub struct Cli {
     /// Print CSV (RFC 4180) with a header line.
     #[arg(long, global = true)]
     pub csv: bool,
+    /// Seconds a call to the control plane may take before `qe` gives up (exit 4, `timed out
+    /// after N s`).
+    #[arg(long, global = true, env = "QE_TIMEOUT", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub timeout: u64,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -19,6 +19,8 @@ pub struct Context {
     pub profile_name: String,
     /// How to print.
     pub format: Format,
+    /// How long a call to the control plane may take (`--timeout`).
+    pub api_within: Duration,
 }
 
 /// How long connecting to the API or a queue may take.
@@ -70,7 +72,7 @@ impl Context {
                 self.profile_name
             )));
         };
-        let mut builder = ControlPlane::builder(api, token.clone()).timeout(CONNECT_WITHIN * 3);
+        let mut builder = ControlPlane::builder(api, token.clone()).timeout(self.api_within);
         if let Some(pem) = self.roots()? {
             builder = builder.add_root_certificates_pem(&pem)?;
         }
@@ -98,7 +100,9 @@ impl Context {
         match self.api()?.queue(queue).await {
             Ok(found) => Ok(found.url),
             // The API is out of reach, but the queue may not be.
-            Err(Error::Http(_)) if saved.is_some() => Ok(saved.expect("checked")),
+            Err(Error::Http(_) | Error::Timeout(_)) if saved.is_some() => {
+                Ok(saved.expect("checked"))
+            }
             Err(error) => Err(error.into()),
         }
     }
@@ -123,7 +127,12 @@ impl Context {
     /// the addresses that server gives for its name (kept for TLS).
     pub async fn endpoint(&self, queue: &str) -> Result<Endpoint, Failure> {
         let url = self.queue_url(queue).await?;
-        let mut endpoint = Endpoint::new(&url)?.connect_timeout(CONNECT_WITHIN);
+        // The queue's own max-ws-msg-len decides (an administrator may have raised it to
+        // 1 MiB, or lowered it): a frame over it is closed with 1009, which exits 3 as a
+        // refusal, rather than the library refusing past its default of 64 KiB.
+        let mut endpoint = Endpoint::new(&url)?
+            .connect_timeout(CONNECT_WITHIN)
+            .max_frame_bytes(None);
         if let Some(pem) = self.roots()? {
             endpoint = endpoint.add_root_certificates_pem(&pem)?;
         }

@@ -9,8 +9,12 @@ Exit codes:
   0  done
   1  usage: bad arguments, no such profile or login, a config file that does not read
   2  not found: no such queue, message or setting (the API's 404, the queue's 301)
-  3  refused by the queue or the API (the manual's code is printed: `refused: 414 …`)
-  4  cannot connect, or the queue or API is unavailable (a timeout, a 5xx, a 503)
+  3  refused by the queue or the API: a failure code (the manual's code is printed:
+     `refused: 414 …`), or the queue closing the connection over what was sent
+     (1002, 1003, 1007, 1008, 1009: `refused: closed 1009 …`)
+  4  cannot reach or hear from the queue or the API: no connection, a timeout
+     (`timed out after N s`), a 5xx or 503, the queue's 500–504, or a connection that
+     ended without the queue refusing anything (no close frame, 1001, 1011–1013)
   5  unauthorized: a bad token or key (401, 403), or a login the queue refuses (107)";
 
 /// A failure, with the exit code it ends `qe` with.
@@ -97,6 +101,13 @@ impl From<Error> for Failure {
                     code: None,
                     message: error.to_string(),
                 },
+            },
+            Error::Closed {
+                close_code: Some(code @ (1002 | 1003 | 1007 | 1008 | 1009)),
+                reason,
+            } => Failure::Refused {
+                code: None,
+                message: format!("closed {code} by the queue: {reason}"),
             },
             Error::Connect { .. } | Error::Timeout(_) | Error::Closed { .. } | Error::Http(_) => {
                 Failure::Unavailable(error.to_string())

@@ -67,6 +67,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         config,
         profile_name,
         format,
+        api_within: std::time::Duration::from_secs(cli.timeout),
     };
     commands::run(&mut context, cli.command).await
 }

@@ -36,6 +36,8 @@ pub struct ControlPlane {
     http: reqwest::Client,
     base: Url,
     token: String,
+    /// How long a request may take, unless it says otherwise.
+    timeout: Duration,
 }
 
 /// How a [`ControlPlane`] client connects: extra roots, a timeout.
@@ -102,6 +104,7 @@ impl ControlPlaneBuilder {
             http,
             base,
             token: self.token,
+            timeout: self.timeout,
         })
     }
 }
@@ -528,16 +531,20 @@ impl ControlPlane {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<T> {
-        let response = request
+        let request = request
             .bearer_auth(&self.token)
-            .send()
-            .await
+            .build()
             .map_err(|e| Error::Http(e.to_string()))?;
+        let within = request.timeout().copied().unwrap_or(self.timeout);
+        // A control plane that takes the connection and never answers is a timeout, said as
+        // one (reqwest's own words are "error sending request").
+        let failed = |error: reqwest::Error| match error.is_timeout() {
+            true => Error::Timeout(within),
+            false => Error::Http(error.to_string()),
+        };
+        let response = self.http.execute(request).await.map_err(failed)?;
         let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| Error::Http(e.to_string()))?;
+        let body = response.bytes().await.map_err(failed)?;
         if !status.is_success() {
             return Err(match serde_json::from_slice::<ApiError>(&body) {
                 Ok(error) => Error::Api {

@@ -75,8 +75,9 @@ pub enum Error {
         reason: String,
     },
     /// No answer in time: the connection and login (see
-    /// [`Endpoint::connect_timeout`](crate::Endpoint::connect_timeout)).
-    #[error("no answer within {0:?}")]
+    /// [`Endpoint::connect_timeout`](crate::Endpoint::connect_timeout)), or a control plane's
+    /// request (see [`ControlPlane::builder`](crate::ControlPlane::builder)).
+    #[error("timed out after {} s", .0.as_secs_f64())]
     Timeout(std::time::Duration),
     /// The subscriber's session ended while the connection was down and could not be resumed:
     /// the delivery being acknowledged belongs to it, so the ack was not sent. The queue

@@ -603,3 +603,66 @@ async fn a_queue_made_with_a_name_and_tags_shows_them() {
     let again = qe.expect(3, &create[1..]);
     assert!(again.stderr.contains("named orders"), "{again:?}");
 }
+
+/// Issue 32: the queue's own `max-ws-msg-len` decides what `qe send` may send. Raised, a body
+/// past the default's 64 KiB goes and comes back whole; lowered, a bigger one is closed with
+/// 1009 by the queue, which is a refusal (exit 3), not an outage (4).
+#[tokio::test]
+async fn the_queues_own_message_limit_decides_and_1009_is_a_refusal() {
+    let cp = ControlPlane::start();
+    let qe = Qe::new();
+    let (queue, _) = qe.login_and_create(&cp);
+    qe.ok(&["config", "set", &queue, "max-ws-msg-len=131072"]);
+    let big = "b".repeat(70_000);
+    qe.ok(&["send", &queue, "--body", &big]);
+    let args = [
+        "--json",
+        "receive",
+        &queue,
+        "--max-messages",
+        "1",
+        "--delete",
+    ];
+    let received = qe.ok(&[&args[..], &["--wait-seconds", "20"]].concat());
+    let received = received.json_lines();
+    assert_eq!(received[0]["body"].as_str().map(str::len), Some(70_000));
+
+    qe.ok(&["config", "set", &queue, "max-ws-msg-len=1024"]);
+    let over = qe.expect(3, &["send", &queue, "--body", &"o".repeat(2000)]);
+    assert!(over.stderr.contains("refused: closed 1009"), "{over:?}");
+    qe.ok(&["send", &queue, "--body", "small"]);
+}
+
+/// Issue 32: a control plane that takes the connection and never answers is a timeout, said
+/// as one, after `--timeout` seconds: exit 4.
+#[tokio::test]
+async fn a_silent_api_times_out_with_exit_4() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = format!("http://{}", silent.local_addr().unwrap());
+    // Accepts (the kernel's backlog does), never answers.
+    let qe = Qe::new();
+    let args = ["--timeout", "1", "login", "--api", &api, "--token-stdin"];
+    let timed_out = qe.run_with(&args, "qet_token");
+    assert_eq!(timed_out.code, 4, "{timed_out:?}");
+    assert!(
+        timed_out.stderr.contains("timed out after 1 s"),
+        "{timed_out:?}"
+    );
+    drop(silent);
+}
+
+/// The exit codes' table is one: `qe --help` ends with it, and the README shows it as it is.
+#[test]
+fn the_exit_codes_in_help_and_the_readme_are_one_table() {
+    let qe = Qe::new();
+    let help = qe.ok(&["--help"]).stdout;
+    let table = &help[help.find("Exit codes:").expect("the table in --help")..];
+    let readme = std::fs::read_to_string(qe_tests::workspace().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!(
+            "```text\n{}```",
+            table.trim_end().to_string() + "\n"
+        )),
+        "README.md shows another table than --help's:\n{table}"
+    );
+}

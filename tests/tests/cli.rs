@@ -666,3 +666,83 @@ fn the_exit_codes_in_help_and_the_readme_are_one_table() {
         "README.md shows another table than --help's:\n{table}"
     );
 }
+
+/// Issue 32: `qe tail` draining a backlog of durability-2 messages that `qe send` confirmed
+/// keeps running while the node is killed (SIGKILL) three times and brought back by the
+/// control plane, and prints every confirmed message at least once: it prints before it
+/// acknowledges, and an ack the restarted node can no longer take is no failure (the message
+/// comes again, and is printed again).
+#[tokio::test]
+async fn tail_carries_on_through_three_node_kills_and_prints_every_confirmed_message() {
+    use std::collections::HashSet;
+    use std::io::BufRead;
+    let cp = ControlPlane::start();
+    let qe = Qe::new();
+    let (queue, _) = qe.login_and_create(&cp);
+    let mut confirmed = HashSet::new();
+    for batch in 0..6 {
+        let bodies: Vec<String> = (0..500).map(|n| format!("m{batch}-{n}")).collect();
+        let body = serde_json::to_string(&bodies).unwrap();
+        let args = ["--json", "send", &queue, "--durability", "2", "--batch"];
+        let sent = qe.ok(&[&args[..], &["--body", &body]].concat()).json();
+        confirmed.extend(ids_of(sent.as_array().unwrap()));
+    }
+    assert_eq!(confirmed.len(), 3000);
+
+    let mut tail = Command::new(qe_binary())
+        .args(["--json", "tail", &queue, "--capacity", "1"])
+        .env("QE_CONFIG", qe.config_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = std::io::BufReader::new(tail.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let bootstrap = cp.node_dir(&queue).join("bootstrap.toml");
+    let (mut printed, mut seen) = (0usize, HashSet::new());
+    let mut kills_at = vec![2000, 1000, 200];
+    let mut pid = process_naming(&bootstrap).expect("the node runs");
+    while seen.len() < confirmed.len() {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("tail stopped printing at {} of 3000", seen.len()));
+        let printed_id = serde_json::from_str::<Value>(&line).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(confirmed.contains(&printed_id), "{line}");
+        seen.insert(printed_id);
+        printed += 1;
+        if kills_at.last() == Some(&seen.len()) {
+            kills_at.pop();
+            signal(pid, libc::SIGKILL);
+            // The control plane starts it again (its own process, a new pid).
+            let deadline = std::time::Instant::now() + PROMPT;
+            pid = loop {
+                match process_naming(&bootstrap) {
+                    Some(new) if new != pid => break new,
+                    _ => assert!(std::time::Instant::now() < deadline, "no new node"),
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
+        }
+        assert!(tail.try_wait().unwrap().is_none(), "tail ended early");
+    }
+    assert!(kills_at.is_empty(), "killed three times");
+    signal(tail.id(), libc::SIGINT);
+    let output = tail.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // At least once: a message whose ack the kill lost is printed again.
+    println!(
+        "printed {printed} lines for 3000 messages: {} again",
+        printed - 3000
+    );
+}

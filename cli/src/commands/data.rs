@@ -215,17 +215,30 @@ pub async fn receive(context: &Context, args: ReceiveArgs) -> Result<(), Failure
         let Event::Message(delivery) = event else {
             continue;
         };
+        // Shown first, then acknowledged: a stop between the two shows it again later (at
+        // least once), never loses it.
         let (row, json) = delivery_line(&delivery);
-        if args.delete {
-            delivery.ack().await?;
-        }
+        let shown = lines.item(&row, &json);
         received += 1;
-        if lines.item(&row, &json).is_err() {
+        if args.delete {
+            acknowledge(delivery).await?;
+        }
+        if shown.is_err() {
             break;
         }
     }
     subscriber.logout().await?;
     Ok(())
+}
+
+/// Acknowledges a delivery already shown. One whose session ended meanwhile (the node
+/// restarted and could not resume it) cannot be acknowledged: the queue delivers it again,
+/// and it is shown again (at least once), which is not a failure.
+async fn acknowledge(delivery: qe_client::Delivery) -> Result<(), Failure> {
+    match delivery.ack().await {
+        Ok(()) | Err(qe_client::Error::SessionEnded) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// `qe tail`: every message as it arrives, until Ctrl-C, `--count` of them, or stdout closes.
@@ -267,11 +280,12 @@ async fn tail_distribute(
             continue;
         };
         let (row, json) = delivery_line(&delivery);
-        delivery.ack().await?;
-        printed += 1;
         if lines.item(&row, &json).is_err() {
+            // Not shown (stdout closed): not acknowledged, so it stays in the queue.
             break;
         }
+        printed += 1;
+        acknowledge(delivery).await?;
     }
     // Waits for the acks' replies, so none of those messages comes again.
     subscriber.logout().await?;

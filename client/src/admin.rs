@@ -419,6 +419,10 @@ pub struct StoredMessage {
     pub durability: Durability,
     /// What it holds.
     pub content: Content,
+    /// Why it is in the dead letter queue (`getdlqmsg` only): `rejected` (a subscriber's nack,
+    /// or an administrator's `movetodlq`), `max-receive-count` (its last allowed delivery
+    /// failed) or `damaged` (its record did not read back from the disk).
+    pub dead_reason: Option<String>,
 }
 
 /// A stored message's content.
@@ -441,7 +445,8 @@ pub enum Content {
 }
 
 impl StoredMessage {
-    fn read(reply: &Fields) -> Result<StoredMessage> {
+    /// A `getmsg` reply, or with `dead` a `getdlqmsg` one.
+    fn read(reply: &Fields, dead: bool) -> Result<StoredMessage> {
         let bad = || Error::protocol(format!("a getmsg reply that does not read: {reply:?}"));
         let number = |name: &str| reply.get(name).and_then(Value::as_u64);
         let msg = reply
@@ -473,6 +478,12 @@ impl StoredMessage {
                 }
             }
         };
+        // The queue names the reason when it is not a rejection (README, "Delivery rules").
+        let dead_reason = dead.then(|| match (&content, reply.get("dlqreason")) {
+            (Content::Damaged { .. }, _) => "damaged".to_string(),
+            (_, Some(Value::String(reason))) => reason.clone(),
+            _ => "rejected".to_string(),
+        });
         Ok(StoredMessage {
             id: MessageId::from(id),
             len: number("len").unwrap_or(0),
@@ -481,6 +492,7 @@ impl StoredMessage {
                 .and_then(Durability::from_number)
                 .unwrap_or_default(),
             content,
+            dead_reason,
         })
     }
 }
@@ -903,12 +915,12 @@ impl Admin {
 
     /// `getmsg`: one message of the queue, with its content; it is not changed.
     pub async fn message(&self, id: &MessageId) -> Result<StoredMessage> {
-        StoredMessage::read(&self.command(with_id("getmsg", id)).await?)
+        StoredMessage::read(&self.command(with_id("getmsg", id)).await?, false)
     }
 
     /// `getdlqmsg`: one message of the dead letter queue.
     pub async fn dlq_message(&self, id: &MessageId) -> Result<StoredMessage> {
-        StoredMessage::read(&self.command(with_id("getdlqmsg", id)).await?)
+        StoredMessage::read(&self.command(with_id("getdlqmsg", id)).await?, true)
     }
 
     /// `addmsg`: publishes a message (the same fields and checks as a publish); its id.
@@ -1137,8 +1149,15 @@ mod tests {
         let Value::Object(reply) = reply else {
             unreachable!()
         };
-        let stored = StoredMessage::read(&reply).unwrap();
+        let stored = StoredMessage::read(&reply, false).unwrap();
         assert_eq!(stored.len, 89);
+        assert_eq!(stored.dead_reason, None, "getmsg: not dead");
+        let rejected = StoredMessage::read(&reply, true).unwrap();
+        assert_eq!(rejected.dead_reason.as_deref(), Some("rejected"));
+        let mut expired = reply.clone();
+        expired.insert("dlqreason".into(), "max-receive-count".into());
+        let expired = StoredMessage::read(&expired, true).unwrap();
+        assert_eq!(expired.dead_reason.as_deref(), Some("max-receive-count"));
         assert_eq!(
             stored.content,
             Content::Message {
@@ -1152,11 +1171,13 @@ mod tests {
         let Value::Object(damaged) = damaged else {
             unreachable!()
         };
+        let damaged = StoredMessage::read(&damaged, true).unwrap();
         assert_eq!(
-            StoredMessage::read(&damaged).unwrap().content,
+            damaged.content,
             Content::Damaged {
                 file: Some(b"hi".to_vec())
             }
         );
+        assert_eq!(damaged.dead_reason.as_deref(), Some("damaged"));
     }
 }

@@ -385,6 +385,12 @@ async fn purge_dlq_settings_and_each_failure_has_its_code() {
     assert_eq!(ids_of(listed.as_array().unwrap()), dead);
     let got = qe.ok(&["--json", "dlq", "get", &queue, &dead[0]]).json();
     assert_eq!(got["body"], "d1");
+    assert_eq!(
+        got["dlq_reason"], "rejected",
+        "moved by an administrator: {got}"
+    );
+    let live = qe.ok(&["--json", "messages", "list", &queue]).json();
+    assert!(live.as_array().unwrap().is_empty(), "{live}");
     let one = qe
         .ok(&["--json", "dlq", "redrive", &queue, "--count", "1"])
         .json();

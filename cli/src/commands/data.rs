@@ -439,6 +439,10 @@ pub(super) fn stored_output(stored: &StoredMessage) -> Output {
     ];
     let mut json = json!({"id": stored.id, "len": stored.len, "delay_secs": stored.delay_secs,
                           "durability": stored.durability.number()});
+    if let Some(reason) = &stored.dead_reason {
+        rows.push(vec!["DLQ REASON".to_string(), reason.clone()]);
+        json["dlq_reason"] = reason.clone().into();
+    }
     match &stored.content {
         Content::Message {
             body,

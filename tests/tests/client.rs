@@ -1107,3 +1107,84 @@ async fn the_control_plane_makes_a_queue_that_the_client_then_uses() {
     let deleted = api.delete_queue(&id).await.unwrap();
     assert_eq!(deleted.status, QueueStatus::Deleted);
 }
+
+/// Issue 32: a subscriber draining a backlog of durability-2 messages keeps going while the
+/// node is killed (SIGKILL) three times and brought back by the control plane: every confirmed
+/// message is delivered at least once, and an ack the restarted node can no longer take fails
+/// with `SessionEnded` only (the message is delivered again), as the crate documents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_carries_on_through_three_node_kills_and_gets_every_confirmed_message() {
+    let cp = qe_tests::ControlPlane::start();
+    let body = r#"{"tier":"devtest","region":"local","instance_type":"local","ipv4":false}"#;
+    let queue = cp.create_queue(body).await;
+    let id = queue["id"].as_str().unwrap().to_string();
+    let url = queue["url"].as_str().unwrap().to_string();
+    let credentials = |role: &str| {
+        let login = &queue["logins"][role];
+        Credentials::new(
+            login["username"].as_str().unwrap(),
+            login["password"].as_str().unwrap(),
+        )
+    };
+    let endpoint = endpoint(&url);
+    let publisher = Publisher::connect(&endpoint, credentials("publisher"))
+        .await
+        .unwrap();
+    let messages =
+        (0..3000).map(|n| Message::text(format!("m{n}")).durability(Durability::Immediate));
+    let confirmed: HashSet<MessageId> = publisher
+        .publish_all(messages)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(confirmed.len(), 3000);
+
+    let mut subscriber = Subscriber::builder(&endpoint, credentials("subscriber"))
+        .capacity(1)
+        .reconnect(quick_reconnect())
+        .connect()
+        .await
+        .unwrap();
+    let bootstrap = cp.node_dir(&id).join("bootstrap.toml");
+    let mut pid = qe_tests::process_naming(&bootstrap).expect("the node runs");
+    let (mut seen, mut delivered, mut acks_of_ended_sessions) = (HashSet::new(), 0, 0);
+    let mut kills_at = vec![2000, 1000, 200];
+    while seen.len() < confirmed.len() {
+        let event = tokio::time::timeout(Duration::from_secs(60), subscriber.next())
+            .await
+            .unwrap_or_else(|_| panic!("stalled at {} of 3000", seen.len()))
+            .expect("the stream goes on")
+            .expect("no error from the stream");
+        let Event::Message(delivery) = event else {
+            continue;
+        };
+        assert!(confirmed.contains(delivery.id()));
+        seen.insert(delivery.id().clone());
+        delivered += 1;
+        match delivery.ack().await {
+            Ok(()) => {}
+            Err(Error::SessionEnded) => acks_of_ended_sessions += 1,
+            Err(other) => panic!("an ack failed otherwise: {other}"),
+        }
+        if kills_at.last() == Some(&seen.len()) {
+            kills_at.pop();
+            qe_tests::signal(pid, libc::SIGKILL);
+            let deadline = std::time::Instant::now() + PROMPT;
+            pid = loop {
+                match qe_tests::process_naming(&bootstrap) {
+                    Some(new) if new != pid => break new,
+                    _ => assert!(std::time::Instant::now() < deadline, "no new node"),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+        }
+    }
+    assert!(kills_at.is_empty());
+    println!(
+        "{delivered} deliveries of 3000 messages ({} again); {acks_of_ended_sessions} acks of \
+         ended sessions",
+        delivered - 3000
+    );
+    subscriber.logout().await.unwrap();
+}

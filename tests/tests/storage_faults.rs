@@ -253,33 +253,39 @@ async fn a_segment_compaction_cannot_remove_is_kept_so_no_acked_message_comes_ba
     );
 }
 
+/// A node's flags for its SQS face on loopback, with an admin key.
+const SQS_FLAGS: [&str; 4] = [
+    "--sqs-listen",
+    "127.0.0.1:0",
+    "--sqs-key",
+    "admin:AKIAFAULTADMIN:fault-secret",
+];
+
+/// An SQS client of `node`'s SQS face, with the key of [`SQS_FLAGS`].
+fn sqs_of(node: &Node) -> qe_tests::sqs::aws_sdk_sqs::Client {
+    use qe_tests::sqs::{client, SqsEndpoint};
+    let line = node.wait_for_log("sqs: serving on ");
+    let addr = line.rsplit("sqs: serving on ").next().unwrap().trim();
+    let url = format!("http://{addr}");
+    let endpoint = SqsEndpoint {
+        url: &url,
+        ca_pem: None,
+        resolve_to: None,
+    };
+    client(&endpoint, "AKIAFAULTADMIN", "fault-secret")
+}
+
 /// The SQS face on a file system gone read-only: a send, a delete and a purge whose write
 /// failed are answered as failed (`InternalFailure`, 500, which the SDKs retry), never as
 /// success; after a restart, what was answered as not deleted is still there.
 #[tokio::test]
 async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
     use qe_tests::sqs::aws_sdk_sqs::error::ProvideErrorMetadata;
-    use qe_tests::sqs::{client, receive, SqsEndpoint};
+    use qe_tests::sqs::receive;
     let disk = Ext4Image::new(64);
     let (data, _meta) = data_dir_on(disk.dir());
-    let flags = [
-        "--sqs-listen",
-        "127.0.0.1:0",
-        "--sqs-key",
-        "admin:AKIAFAULTADMIN:fault-secret",
-    ];
+    let flags = SQS_FLAGS;
     let node = Node::start_in(data, &flags);
-    let sqs_of = |node: &Node| {
-        let line = node.wait_for_log("sqs: serving on ");
-        let addr = line.rsplit("sqs: serving on ").next().unwrap().trim();
-        let url = format!("http://{addr}");
-        let endpoint = SqsEndpoint {
-            url: &url,
-            ca_pem: None,
-            resolve_to: None,
-        };
-        client(&endpoint, "AKIAFAULTADMIN", "fault-secret")
-    };
     let sqs = sqs_of(&node);
     let queue = qe_tests::sqs::lone_queue_url(&sqs).await;
     let send = |body: &str| {
@@ -336,27 +342,11 @@ async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
 #[tokio::test]
 async fn sqs_answers_failed_after_a_failed_sync_and_does_not_trust_the_disk_again() {
     use qe_tests::sqs::aws_sdk_sqs::error::ProvideErrorMetadata;
-    use qe_tests::sqs::{client, receive, SqsEndpoint};
+    use qe_tests::sqs::receive;
     let disk = FailingSyncs::mount();
     let (data, _meta) = data_dir_on(disk.dir());
-    let flags = [
-        "--sqs-listen",
-        "127.0.0.1:0",
-        "--sqs-key",
-        "admin:AKIAFAULTADMIN:fault-secret",
-    ];
-    let node = Node::start_in(data, &flags);
-    let line = node.wait_for_log("sqs: serving on ");
-    let url = format!(
-        "http://{}",
-        line.rsplit("sqs: serving on ").next().unwrap().trim()
-    );
-    let endpoint = SqsEndpoint {
-        url: &url,
-        ca_pem: None,
-        resolve_to: None,
-    };
-    let sqs = client(&endpoint, "AKIAFAULTADMIN", "fault-secret");
+    let node = Node::start_in(data, &SQS_FLAGS);
+    let sqs = sqs_of(&node);
     let queue = qe_tests::sqs::lone_queue_url(&sqs).await;
     let send = |body: &str| {
         sqs.send_message()

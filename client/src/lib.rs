@@ -58,6 +58,13 @@
 //! come again ([`Event::Reconnected`] with `resumed: false`). See [`Subscriber`] and
 //! [`Reconnect`].
 //!
+//! So handle a message first and acknowledge it after: a process that stops between the two
+//! gets the message again (at least once), while one that acknowledges first and stops before
+//! handling it has lost it. When the node restarts and cannot resume the session, an ack of a
+//! message delivered before fails with [`Error::SessionEnded`]: nothing was lost, the message
+//! comes again, and the usual answer is to go on (`qe tail` does; tested through three
+//! SIGKILLs of the node in `tests/tests/client.rs`).
+//!
 //! # Errors
 //!
 //! A request the queue refuses is [`Error::Refused`] with the manual's failure code

@@ -205,7 +205,21 @@ pub async fn receive(context: &Context, args: ReceiveArgs) -> Result<(), Failure
         .connect()
         .await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(args.wait_seconds);
-    let mut lines = Lines::new(context.format, DELIVERY_COLUMNS.to_vec());
+    let received = receive_until(&mut subscriber, &args, deadline, context.format).await;
+    // Logged out whatever ended it, so what the session holds goes back to the queue now.
+    let logged_out = subscriber.logout().await;
+    received?;
+    Ok(logged_out?)
+}
+
+/// Shows up to `--max-messages` until `deadline`, acknowledging each after it with --delete.
+async fn receive_until(
+    subscriber: &mut Subscriber,
+    args: &ReceiveArgs,
+    deadline: tokio::time::Instant,
+    format: crate::output::Format,
+) -> Result<(), Failure> {
+    let mut lines = Lines::new(format, DELIVERY_COLUMNS.to_vec());
     let mut received = 0;
     while received < args.max_messages {
         let event = match tokio::time::timeout_at(deadline, subscriber.next()).await {
@@ -227,7 +241,6 @@ pub async fn receive(context: &Context, args: ReceiveArgs) -> Result<(), Failure
             break;
         }
     }
-    subscriber.logout().await?;
     Ok(())
 }
 
@@ -268,6 +281,17 @@ async fn tail_distribute(
     mut lines: Lines,
     count: u64,
 ) -> Result<(), Failure> {
+    let drained = drain(&mut subscriber, &mut lines, count).await;
+    // Logged out whatever ended it (a failure too), so what the session holds goes back to
+    // the queue now rather than when its saved session expires; this waits for the acks'
+    // replies, so none of the messages shown comes again.
+    let logged_out = subscriber.logout().await;
+    drained?;
+    Ok(logged_out?)
+}
+
+/// Shows and acknowledges messages until Ctrl-C, `count` of them, or stdout closes.
+async fn drain(subscriber: &mut Subscriber, lines: &mut Lines, count: u64) -> Result<(), Failure> {
     let mut stop = std::pin::pin!(tokio::signal::ctrl_c());
     let mut printed = 0;
     while printed < count {
@@ -287,8 +311,6 @@ async fn tail_distribute(
         printed += 1;
         acknowledge(delivery).await?;
     }
-    // Waits for the acks' replies, so none of those messages comes again.
-    subscriber.logout().await?;
     Ok(())
 }
 

@@ -319,6 +319,9 @@ impl Config {
             }
         }
         self.check_dns()?;
+        if self.http.connections == 0 || self.http.head_within_secs == 0 {
+            return Err("[http] connections and head_within_secs are 1 at least".into());
+        }
         if self
             .live_stats_secs
             .is_some_and(|secs| !(1..=3600).contains(&secs))
@@ -580,5 +583,10 @@ mod tests {
         std::fs::remove_file(&secret).unwrap();
         assert!(signed.dns_tsig_key().unwrap_err().contains("secret_file"));
         assert!(with("").dns_tsig_key().unwrap().is_none());
+
+        let closed = with("[http]\nconnections = 0\n").check().unwrap_err();
+        assert!(closed.contains("[http]"), "{closed}");
+        assert!(with("[http]\nhead_within_secs = 0\n").check().is_err());
+        assert!(with("[http]\nhead_within_secs = 5\n").check().is_ok());
     }
 }

@@ -752,3 +752,33 @@ async fn tail_carries_on_through_three_node_kills_and_prints_every_confirmed_mes
         printed - 3000
     );
 }
+
+/// A message `qe receive --delete` could not print (its stdout closed, as in `| head -0`) is
+/// not acknowledged: it stays in the queue.
+#[tokio::test]
+async fn a_message_receive_could_not_print_is_not_deleted() {
+    let cp = ControlPlane::start();
+    let qe = Qe::new();
+    let (queue, _) = qe.login_and_create(&cp);
+    qe.ok(&["send", &queue, "--batch", "--body", r#"["x","y"]"#]);
+    let mut child = Command::new(qe_binary())
+        .args([
+            "--json",
+            "receive",
+            &queue,
+            "--delete",
+            "--max-messages",
+            "2",
+        ])
+        .args(["--wait-seconds", "10"])
+        .env("QE_CONFIG", qe.config_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Nobody reads: the first line meets a closed pipe.
+    drop(child.stdout.take());
+    child.wait().unwrap();
+    let left = qe.ok(&["--json", "messages", "list", &queue]).json();
+    assert_eq!(left.as_array().unwrap().len(), 2, "{left}");
+}

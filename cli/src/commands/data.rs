@@ -232,13 +232,13 @@ async fn receive_until(
         // Shown first, then acknowledged: a stop between the two shows it again later (at
         // least once), never loses it.
         let (row, json) = delivery_line(&delivery);
-        let shown = lines.item(&row, &json);
+        if lines.item(&row, &json).is_err() {
+            // Not shown (stdout closed): not acknowledged, so it stays in the queue.
+            break;
+        }
         received += 1;
         if args.delete {
             acknowledge(delivery).await?;
-        }
-        if shown.is_err() {
-            break;
         }
     }
     Ok(())

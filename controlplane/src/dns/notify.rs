@@ -166,7 +166,8 @@ async fn response_to(
     id: u16,
     signed: Option<(&TsigKey, &[u8])>,
 ) -> io::Result<ResponseCode> {
-    let mut buffer = [0; 512];
+    // Room for a signed response with long names (a plain one is far under 512 bytes).
+    let mut buffer = [0; 4096];
     loop {
         let length = socket.recv(&mut buffer).await?;
         let mut decoder = BinDecoder::new(&buffer[..length]);

@@ -122,7 +122,7 @@ pub(super) fn check(raw: Vec<u8>, key: &TsigKey, now: u64) -> Checked {
     if found.mac.len() != expected.len() || !bool::from(found.mac.ct_eq(&expected)) {
         return refuse(TsigError::BadSig, &[]);
     }
-    if now.abs_diff(found.fields.time) > u64::from(found.fields.fudge) {
+    if now.abs_diff(found.fields.time) > allowed_skew(&found.fields) {
         let mac = found.mac.to_vec();
         return refuse(TsigError::BadTime, &mac);
     }
@@ -199,7 +199,13 @@ pub(super) fn verify_response(raw: &[u8], key: &TsigKey, request_mac: &[u8], now
     variables(&mut data, key, &found.fields);
     let expected = key.mac(&data);
     let mac_matches = found.mac.len() == expected.len() && bool::from(found.mac.ct_eq(&expected));
-    mac_matches && now.abs_diff(found.fields.time) <= u64::from(found.fields.fudge)
+    mac_matches && now.abs_diff(found.fields.time) <= allowed_skew(&found.fields)
+}
+
+/// How far from our clock a signature may be: the signer's fudge, but never more than ours,
+/// so that a captured request cannot be replayed for the 18 hours a fudge of 65535 would give.
+fn allowed_skew(fields: &Fields) -> u64 {
+    u64::from(fields.fudge.min(FUDGE))
 }
 
 /// The TSIG variables after the MAC (RFC 8945 §4.2): the same in a request and a response.
@@ -584,6 +590,21 @@ mod tests {
         data.extend_from_slice(&unsigned_part(&late, &found));
         variables(&mut data, &key(), &found.fields);
         assert_eq!(found.mac, key().mac(&data));
+    }
+
+    #[test]
+    fn a_signers_wide_fudge_does_not_stretch_ours() {
+        // Signed 1,000 s ago with a fudge of 65535: within theirs, past ours (300).
+        let fields = Fields {
+            fudge: u16::MAX,
+            ..Fields::ours(NOW - 1000, 0, Vec::new())
+        };
+        let mut request = axfr();
+        let mut data = request.clone();
+        variables(&mut data, &key(), &fields);
+        append(&mut request, &key().name, &fields, &key().mac(&data));
+        let (_, error, _) = refused_with(check(request, &key(), NOW));
+        assert_eq!(error, TsigError::BadTime as u16);
     }
 
     #[test]

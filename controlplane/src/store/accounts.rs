@@ -22,14 +22,14 @@ const AUDIT_BY_ACCOUNT: &str = "audit-by-account/";
 /// Audit entries read and removed at once by [`Store::trim_audit`].
 const TRIM_PAGE: u64 = 1000;
 
-/// The cursor a value under the audit log holds: an entry's, or (an account's pointer) the
-/// cursor itself.
-fn cursor_in(value: &[u8]) -> Result<String, StoreError> {
+/// The cursor a value under the audit log holds, with the entry's account when it is a whole
+/// entry (an account's pointer holds the cursor alone).
+fn cursor_in(value: &[u8]) -> Result<(String, Option<String>), StoreError> {
     if value.first() == Some(&b'{') {
         let entry: Entry = serde_json::from_slice(value)?;
-        return Ok(entry.cursor);
+        return Ok((entry.cursor, entry.account));
     }
-    Ok(String::from_utf8_lossy(value).into_owned())
+    Ok((String::from_utf8_lossy(value).into_owned(), None))
 }
 
 impl Store {
@@ -151,30 +151,34 @@ impl Store {
                 .kv
                 .range_first(&prefix, &end, over.min(TRIM_PAGE) as usize)
                 .await?;
-            let cursors: Vec<String> = page
+            let found: Vec<(String, Option<String>)> = page
                 .iter()
                 .map(|value| cursor_in(value))
                 .collect::<Result<_, _>>()?;
-            let Some(last) = cursors.last() else {
+            let Some((last, _)) = found.last() else {
                 break;
             };
-            if account.is_some() {
-                // The entries themselves, so that one account's flood of changes leaves the
-                // others' entries in the whole log.
-                for cursor in &cursors {
-                    let single = format!("{AUDIT}{cursor}");
-                    let end = format!("{single}\0");
-                    self.kv
-                        .replace_range(&single, &end, Vec::new(), None)
-                        .await?;
-                }
+            // The other side of each: an account's trim takes the entries themselves (so one
+            // account's flood of changes leaves the others' entries in the whole log), the
+            // whole log's takes their accounts' pointers (left, they would make an account's
+            // pages come up short).
+            for (cursor, of_account) in &found {
+                let single = match (account, of_account) {
+                    (Some(_), _) => format!("{AUDIT}{cursor}"),
+                    (None, Some(of_account)) => format!("{AUDIT_BY_ACCOUNT}{of_account}/{cursor}"),
+                    (None, None) => continue,
+                };
+                let end = format!("{single}\0");
+                self.kv
+                    .replace_range(&single, &end, Vec::new(), None)
+                    .await?;
             }
             let through = format!("{prefix}{last}\0");
             self.kv
                 .replace_range(&prefix, &through, Vec::new(), None)
                 .await?;
-            removed += cursors.len() as u64;
-            over = over.saturating_sub(cursors.len() as u64);
+            removed += found.len() as u64;
+            over = over.saturating_sub(found.len() as u64);
         }
         Ok(removed)
     }

@@ -614,10 +614,30 @@ fn runs_a_fetched_build(pid: u32, node_dir: &Path) -> bool {
 
 /// A port free on both loopback addresses now, to give a node for good (a restart keeps its
 /// address): its name's A record is 127.0.0.1 and its AAAA record ::1.
+///
+/// Picked at random below the kernel's range of ephemeral ports: a port the kernel hands out
+/// for a bind to port 0 (every test's listener, every outgoing connection) could be taken by
+/// another process between this choice and the node's start, and again at each restart.
 fn free_port() -> std::io::Result<u16> {
     let mut last_error = None;
-    for _ in 0..20 {
-        let v4 = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let below = ephemeral_ports_start().filter(|start| *start > FIXED_PORTS_FROM + 1000);
+    for _ in 0..50 {
+        let wanted = match below {
+            Some(start) => {
+                let span = u32::from(start - FIXED_PORTS_FROM);
+                let pick =
+                    getrandom::u32().map_err(|e| std::io::Error::other(e.to_string()))? % span;
+                FIXED_PORTS_FROM + pick as u16
+            }
+            None => 0,
+        };
+        let v4 = match std::net::TcpListener::bind(("127.0.0.1", wanted)) {
+            Ok(v4) => v4,
+            Err(error) => {
+                last_error = Some(error);
+                continue;
+            }
+        };
         let port = v4.local_addr()?.port();
         match std::net::TcpListener::bind(("::1", port)) {
             Ok(_) => return Ok(port),
@@ -625,4 +645,31 @@ fn free_port() -> std::io::Result<u16> {
         }
     }
     Err(last_error.expect("tried"))
+}
+
+/// Where the ports [`free_port`] picks from start.
+const FIXED_PORTS_FROM: u16 = 10_000;
+
+/// The first port the kernel gives out for a bind to port 0
+/// (`/proc/sys/net/ipv4/ip_local_port_range`).
+fn ephemeral_ports_start() -> Option<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_port_is_free_on_both_loopbacks_and_never_an_ephemeral_one() {
+        let start = ephemeral_ports_start().expect("Linux says its range");
+        for _ in 0..20 {
+            let port = free_port().unwrap();
+            // Another process's bind to port 0 cannot be given it before the node binds it.
+            assert!((FIXED_PORTS_FROM..start).contains(&port), "{port}");
+            std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+            std::net::TcpListener::bind(("::1", port)).unwrap();
+        }
+    }
 }

@@ -4,9 +4,9 @@
 //! of the runtime blocked in a write, and with it every connection it drives.
 //!
 //! A line a client can cause at will (its connection dropped for not reading, a token
-//! refused) is written only while its source has lines left this minute
-//! ([`client_line_allowed`]): past them its lines are dropped and counted with the others, so
-//! no client can fill the log, nor push the node's own lines out of it.
+//! refused) is written only while its source, and all clients together, have lines left this
+//! minute ([`client_line_allowed`]): past them its lines are dropped and counted with the
+//! others, so no client, nor many, can fill the log, nor push the node's own lines out of it.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -53,11 +53,54 @@ pub const CLIENT_LINES_PER_MINUTE: u32 = 20;
 /// source gets a fresh minute: bounded memory beats exactness here).
 const SOURCES_AT_MOST: usize = 10_000;
 
-static CLIENT_LINES: Mutex<Option<HashMap<IpAddr, (Instant, u32)>>> = Mutex::new(None);
+/// Lines all clients together may cause a minute: many sources (an attacker with many IPv6
+/// /64s) cannot fill the log either.
+pub const CLIENT_LINES_IN_ALL_PER_MINUTE: u32 = 600;
+
+/// Each source's minute and lines in it, and everyone's.
+#[derive(Default)]
+struct ClientLines {
+    by_source: HashMap<IpAddr, Minute>,
+    all: Minute,
+}
+
+/// A minute from its start, and the lines written in it.
+#[derive(Clone, Copy)]
+struct Minute {
+    from: Instant,
+    lines: u32,
+}
+
+impl Default for Minute {
+    fn default() -> Minute {
+        Minute {
+            from: Instant::now(),
+            lines: 0,
+        }
+    }
+}
+
+impl Minute {
+    /// Takes a line if fewer than `at_most` were written in the minute `now` is in.
+    fn take(&mut self, now: Instant, at_most: u32) -> bool {
+        if now.duration_since(self.from) >= Duration::from_secs(60) {
+            *self = Minute {
+                from: now,
+                lines: 0,
+            };
+        }
+        let room = self.lines < at_most;
+        self.lines += u32::from(room);
+        room
+    }
+}
+
+static CLIENT_LINES: Mutex<Option<ClientLines>> = Mutex::new(None);
 static CLIENT_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// Whether a line caused by a client at `source` (as the per-source caps count it:
-/// `qe_serve::source_of`) may be written now: [`CLIENT_LINES_PER_MINUTE`] a minute each.
+/// `qe_serve::source_of`) may be written now: [`CLIENT_LINES_PER_MINUTE`] a minute each, and
+/// [`CLIENT_LINES_IN_ALL_PER_MINUTE`] for all together.
 /// Ask before writing the line; one refused is counted as dropped.
 pub fn client_line_allowed(source: IpAddr) -> bool {
     client_line_allowed_at(source, Instant::now())
@@ -67,16 +110,18 @@ fn client_line_allowed_at(source: IpAddr, now: Instant) -> bool {
     let mut lines = CLIENT_LINES
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let by_source = lines.get_or_insert_with(HashMap::new);
-    if by_source.len() >= SOURCES_AT_MOST && !by_source.contains_key(&source) {
-        by_source.clear();
+    let lines = lines.get_or_insert_with(ClientLines::default);
+    if lines.by_source.len() >= SOURCES_AT_MOST && !lines.by_source.contains_key(&source) {
+        lines.by_source.clear();
     }
-    let (minute_from, count) = by_source.entry(source).or_insert((now, 0));
-    if now.duration_since(*minute_from) >= Duration::from_secs(60) {
-        (*minute_from, *count) = (now, 0);
-    }
-    if *count < CLIENT_LINES_PER_MINUTE {
-        *count += 1;
+    let of_source = lines.by_source.entry(source).or_insert(Minute {
+        from: now,
+        lines: 0,
+    });
+    // The source's share first: a line it may not write takes nothing from everyone's.
+    if of_source.take(now, CLIENT_LINES_PER_MINUTE)
+        && lines.all.take(now, CLIENT_LINES_IN_ALL_PER_MINUTE)
+    {
         return true;
     }
     CLIENT_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
@@ -104,5 +149,14 @@ mod tests {
         );
         let later = start + Duration::from_secs(61);
         assert!(client_line_allowed_at(one, later), "a new minute");
+
+        // Many sources together write their share in all, no more.
+        let much_later = later + Duration::from_secs(61);
+        let sources = (0..100u32).map(|n| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n)));
+        let written = sources
+            .flat_map(|source| (0..CLIENT_LINES_PER_MINUTE).map(move |_| source))
+            .filter(|source| client_line_allowed_at(*source, much_later))
+            .count();
+        assert_eq!(written, CLIENT_LINES_IN_ALL_PER_MINUTE as usize);
     }
 }

@@ -73,7 +73,8 @@ impl Answerer {
                 }
             },
         };
-        let mut responses = self.respond(raw, src, protocol, signer.is_some()).await;
+        let signed = signer.is_some();
+        let mut responses = self.respond(raw, &header, src, protocol, signed).await;
         if let Some(signer) = &mut signer {
             responses
                 .iter_mut()
@@ -82,20 +83,18 @@ impl Answerer {
         responses
     }
 
-    /// The responses to `raw`, its TSIG (if it had one) checked and cut off: `signed` says
-    /// whether it had.
+    /// The responses to `raw` (whose `header` was read already), its TSIG (if it had one)
+    /// checked and cut off: `signed` says whether it had.
     async fn respond(
         &self,
         raw: Vec<u8>,
+        header: &Header,
         src: SocketAddr,
         protocol: Protocol,
         signed: bool,
     ) -> Vec<Vec<u8>> {
-        let Some(header) = query_header(&raw) else {
-            return Vec::new();
-        };
         let Ok(request) = Request::from_bytes(raw, src, protocol) else {
-            return vec![error(&header, ResponseCode::FormErr, protocol)];
+            return vec![error(header, ResponseCode::FormErr, protocol)];
         };
         if transfer::is_transfer(&request) {
             let zone = self.zone.snapshot();

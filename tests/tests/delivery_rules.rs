@@ -2,7 +2,8 @@
 //! WebSocket: `max-receive-count` sends a message whose last allowed delivery failed to the
 //! dead letter queue, with its reason, kept across a `kill -9`; `message-retention-secs`
 //! deletes a message that stays too long, and its holder is told. Off by default: the
-//! manual's behaviour (a message comes back however often its holders leave).
+//! manual's behaviour (a message comes back however often its holders leave). The dead
+//! letter queue says when each message went there (README, "The dead letter queue").
 
 use qe_tests::{Client, Node};
 use serde_json::json;
@@ -43,8 +44,38 @@ async fn dlq_soon(admin: &mut Client) -> Vec<String> {
     }
 }
 
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `getdlqmsgs` with `"dlqinfo":true`: each line's id, dead-letter time and reason; and the
+/// same page without it has the manual's six columns.
+async fn dlq_info(admin: &mut Client) -> Vec<(String, String, String)> {
+    let plain = admin
+        .success(json!({"cmd": "getdlqmsgs", "after": "", "count": 100}))
+        .await;
+    for line in plain["csv"].as_str().unwrap().lines() {
+        assert_eq!(line.split(',').count(), 6, "the manual's columns: {line}");
+    }
+    let reply = admin
+        .success(json!({"cmd": "getdlqmsgs", "after": "", "count": 100, "dlqinfo": true}))
+        .await;
+    let csv = reply["csv"].as_str().unwrap();
+    csv.lines()
+        .map(|line| {
+            let columns: Vec<&str> = line.split(',').collect();
+            assert_eq!(columns.len(), 8, "{line}");
+            (columns[0].into(), columns[6].into(), columns[7].into())
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn max_receive_count_dead_letters_after_the_last_failed_delivery_and_a_restart_keeps_it() {
+    let started_secs = now_secs();
     let node = Node::start();
     let mut admin_client = node.admin().await;
     let reply = admin_client
@@ -71,6 +102,8 @@ async fn max_receive_count_dead_letters_after_the_last_failed_delivery_and_a_res
         .await;
     assert_eq!(shown["dlqreason"], "max-receive-count", "{shown}");
     assert_eq!(shown["msg"]["body"], "poison");
+    let capped_at = shown["dlqdat"].as_u64().expect("when it was dead-lettered");
+    assert!((started_secs..=now_secs()).contains(&capped_at), "{shown}");
     // A nack is a rejection: no dlqreason, as the manual's reply.
     let nacked = publisher
         .success(json!({"body": "bad", "durability": 1}))
@@ -87,6 +120,17 @@ async fn max_receive_count_dead_letters_after_the_last_failed_delivery_and_a_res
         .success(json!({"cmd": "getdlqmsg", "id": nacked["id"]}))
         .await;
     assert!(shown.get("dlqreason").is_none(), "{shown}");
+    let nacked_at = shown["dlqdat"].as_u64().expect("a nack says when too");
+    assert!((capped_at..=now_secs()).contains(&nacked_at), "{shown}");
+    let listed = [
+        (id.clone(), capped_at.to_string(), "max-receive-count".into()),
+        (
+            nacked["id"].as_str().unwrap().into(),
+            nacked_at.to_string(),
+            "rejected".into(),
+        ),
+    ];
+    assert_eq!(dlq_info(&mut admin_client).await, listed);
     drop((subscriber, publisher, admin_client));
 
     let node = node.restart(&[]);
@@ -95,6 +139,8 @@ async fn max_receive_count_dead_letters_after_the_last_failed_delivery_and_a_res
         .success(json!({"cmd": "getdlqmsg", "id": id}))
         .await;
     assert_eq!(shown["dlqreason"], "max-receive-count", "kept: {shown}");
+    assert_eq!(shown["dlqdat"], capped_at, "kept: {shown}");
+    assert_eq!(dlq_info(&mut admin_client).await, listed, "kept");
     let config = admin_client.success(json!({"cmd": "getcfg"})).await;
     assert!(config["csv"]
         .as_str()

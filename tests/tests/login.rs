@@ -329,3 +329,48 @@ async fn after_a_login_there_is_no_idle_limit_and_pings_are_answered() {
     let reply = publisher.request(json!({"body": "still here"})).await;
     assert_eq!(reply["status"], "Success.");
 }
+
+/// Beyond the manual (README, "Limits at login"): a login with `"limits":true` learns the
+/// queue's current `max-ws-msg-len`, whatever the role; without it the reply is the manual's.
+#[tokio::test]
+async fn a_login_that_asks_learns_the_queues_frame_limit() {
+    let node = Node::start();
+    let (_, plain) = node.login("publisher", "distribute", json!({})).await;
+    assert_eq!(plain, json!({"status": "Success."}), "the manual's reply");
+    let asked = json!({"limits": true, "context": 7});
+    let (_, reply) = node.login("publisher", "distribute", asked.clone()).await;
+    assert_eq!(
+        reply,
+        json!({"status": "Success.", "maxwsmsglen": 65536, "context": 7})
+    );
+    let mut admin = node.admin().await;
+    admin
+        .success(json!({"cmd": "setcfg", "max-ws-msg-len": 131072}))
+        .await;
+    let logins = [
+        ("publisher", "distribute", json!({"limits": true})),
+        ("subscriber", "distribute", json!({"limits": true, "capacity": 1})),
+        ("subscriber", "copy", json!({"limits": true})),
+        ("admin", "distribute", json!({"limits": true})),
+    ];
+    for (role, queue_type, extra) in logins {
+        let (_, reply) = node.login(role, queue_type, extra).await;
+        assert_eq!(reply["maxwsmsglen"], 131072, "{role} {queue_type}: {reply}");
+    }
+    // A resumed session learns it too.
+    let (mut subscriber, session) = node.subscriber(1).await;
+    let mut publisher = node.publisher().await;
+    publisher.success(json!({"body": "held"})).await;
+    subscriber.recv().await;
+    drop(subscriber);
+    assert!(node.dropped(&session));
+    let resume = json!({"limits": true, "sessionid": session});
+    let (_, reply) = node.login("subscriber", "distribute", resume).await;
+    assert_eq!(reply["maxwsmsglen"], 131072, "{reply}");
+    assert!(reply["sessionid"].is_string(), "resumed: {reply}");
+    // Anything but true asks nothing.
+    let (_, reply) = node
+        .login("publisher", "distribute", json!({"limits": "yes"}))
+        .await;
+    assert!(reply.get("maxwsmsglen").is_none(), "{reply}");
+}

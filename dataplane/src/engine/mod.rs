@@ -18,7 +18,7 @@ pub mod outbox;
 pub mod queue;
 
 pub use crate::message::ids::{IdMap, MessageId, SessionId};
-pub use crate::message::{BodyType, DeadReason, Durability, Message, NewMessage};
+pub use crate::message::{BodyType, Dead, DeadReason, Durability, Message, NewMessage};
 pub use copy::{CopyQueue, CopySubscription};
 pub use outbox::{Frames, Outbound};
 pub use queue::{
@@ -189,9 +189,11 @@ impl Queue {
         changed
     }
 
-    /// Why a dead-lettered message is there.
-    pub fn dead_reason(&self, id: MessageId) -> Option<DeadReason> {
-        self.lock().dead_reason(id)
+    /// Why and since when each of `ids` is in the dead letter queue (None: it is not), under
+    /// one lock.
+    pub fn deaths(&self, ids: impl IntoIterator<Item = MessageId>) -> Vec<Option<Dead>> {
+        let state = self.lock();
+        ids.into_iter().map(|id| state.death(id)).collect()
     }
 
     /// The live counters (`getlivestats`) that the queue keeps.

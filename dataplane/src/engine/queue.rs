@@ -20,7 +20,7 @@ use super::line::Line;
 use super::outbox::Outbox;
 use crate::message::ids::{IdGenerator, IdMap, MessageId, SessionId};
 use crate::message::{
-    frame_body_type, notice_frame, DeadReason, Durability, Message, NewMessage, RecoveredMessage,
+    frame_body_type, notice_frame, Dead, DeadReason, Durability, Message, NewMessage, RecoveredMessage,
 };
 use crate::store::{Change, Life, Receipt, Store};
 use qe_shared::Code;
@@ -236,8 +236,8 @@ pub struct QueueState {
     invisible: BTreeSet<(u64, MessageId)>,
     /// Messages with an expiry by (expiry in ms, id): the first entry expires first.
     expiring: BTreeSet<(u64, MessageId)>,
-    /// Why each dead-lettered message is there, for those not simply rejected.
-    dead_reasons: IdMap<MessageId, DeadReason>,
+    /// Why and since when each dead-lettered message is there.
+    deaths: IdMap<MessageId, Dead>,
     rules: Rules,
     /// The next pull receive's number ([`Pulled::receipt`]).
     next_receipt: u64,
@@ -272,7 +272,7 @@ impl QueueState {
             totals: Totals::default(),
             invisible: BTreeSet::new(),
             expiring: BTreeSet::new(),
-            dead_reasons: IdMap::default(),
+            deaths: IdMap::default(),
             rules: Rules::default(),
             next_receipt: random_start(),
             dedup: Dedup::default(),
@@ -441,9 +441,11 @@ impl QueueState {
             self.memory_used += memory_cost(&message);
             self.durable_count += 1;
             if recovered.dead {
-                if recovered.dead_reason != DeadReason::Rejected {
-                    self.dead_reasons.insert(id, recovered.dead_reason);
-                }
+                let dead = Dead {
+                    reason: recovered.dead_reason,
+                    at_ms: recovered.dead_at_ms,
+                };
+                self.deaths.insert(id, dead);
                 self.dead.insert(id, message);
                 continue;
             }
@@ -499,13 +501,20 @@ impl QueueState {
         let message = Message::damaged(id, file, now_ms / 1000);
         self.memory_used += memory_cost(&message);
         self.durable_count += 1;
-        let _ = self.store.record(Change::Published {
+        let dead = Dead {
+            reason: DeadReason::Rejected,
+            at_ms: now_ms,
+        };
+        let receipt = self.store.record(Change::Published {
             id,
             message: &message,
-            life: Life::default(),
+            life: Life {
+                dead: Some(dead),
+                ..Life::default()
+            },
             dedup: None,
         });
-        let receipt = self.store.record(Change::DeadLettered(id));
+        self.deaths.insert(id, dead);
         self.dead.insert(id, message);
         (id, receipt)
     }
@@ -615,39 +624,35 @@ impl QueueState {
         }
     }
 
-    /// Puts a message taken out of the queue in the dead letter queue, recording why: a
-    /// rejection as a mark, another reason in a new record of the whole message (the mark
-    /// has no room for one).
+    /// Puts a message taken out of the queue in the dead letter queue, recording why and when
+    /// in a new record of the whole message (a mark, which older nodes wrote for a rejection,
+    /// has room for neither: `qe dlq list` shows both). The time is the wall clock's, not a
+    /// caller's `now_ms`: it is only ever shown, and the paths here (a nack, a session's end,
+    /// a visibility timeout, a restart) do not all carry one.
     fn dead_letter(&mut self, id: MessageId, entry: Entry, reason: DeadReason) -> Receipt {
-        let receipt = match reason {
-            DeadReason::Rejected => self.store.record(Change::DeadLettered(id)),
-            _ => {
-                let life = Life {
-                    dead: Some(reason),
-                    ..QueueState::life_of(&entry)
-                };
-                self.dead_reasons.insert(id, reason);
-                let message = &entry.message;
-                self.store.record(Change::Published {
-                    id,
-                    message,
-                    life,
-                    dedup: None,
-                })
-            }
+        let dead = Dead {
+            reason,
+            at_ms: super::now_ms(),
         };
+        let life = Life {
+            dead: Some(dead),
+            ..QueueState::life_of(&entry)
+        };
+        self.deaths.insert(id, dead);
+        let receipt = self.store.record(Change::Published {
+            id,
+            message: &entry.message,
+            life,
+            dedup: None,
+        });
         self.dead.insert(id, entry.message);
         receipt
     }
 
-    /// Why a dead-lettered message is there; None if it is not in the dead letter queue.
-    pub fn dead_reason(&self, id: MessageId) -> Option<DeadReason> {
-        self.dead.contains_key(&id).then(|| {
-            self.dead_reasons
-                .get(&id)
-                .copied()
-                .unwrap_or(DeadReason::Rejected)
-        })
+    /// Why and since when a dead-lettered message is there; None if it is not in the dead
+    /// letter queue.
+    pub fn death(&self, id: MessageId) -> Option<Dead> {
+        self.deaths.get(&id).copied()
     }
 
     /// A message left the queue (not for the dead letter queue's keeping): its expiry goes.
@@ -1010,7 +1015,7 @@ impl QueueState {
     /// An administrator deletes a message from the dead letter queue.
     pub fn delete_dead_letter(&mut self, id: MessageId) -> Result<Receipt, Refused> {
         let message = self.dead.remove(&id).ok_or(Refused::NotFound)?;
-        self.dead_reasons.remove(&id);
+        self.deaths.remove(&id);
         self.forget(&message);
         Ok(self.store.record(Change::Acked(id)))
     }
@@ -1105,7 +1110,7 @@ impl QueueState {
                 forget(&message);
                 gone.push(id);
             }
-            self.dead_reasons.clear();
+            self.deaths.clear();
         }
         self.memory_used -= forgotten.0;
         self.durable_count -= forgotten.1;
@@ -1159,7 +1164,7 @@ impl QueueState {
             let Some(message) = self.dead.remove(&id) else {
                 continue;
             };
-            self.dead_reasons.remove(&id);
+            self.deaths.remove(&id);
             // A redriven message starts again: no receives counted, no expiry.
             let place = self.enqueue(id, message.group);
             let entry = Entry {

@@ -67,6 +67,16 @@ impl DeadReason {
     }
 }
 
+/// Why and since when a message is in the dead letter queue (`getdlqmsg`'s `dlqreason` and
+/// `dlqdat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dead {
+    pub reason: DeadReason,
+    /// When it went there (ms since 1970); 0 when unknown: a log written by a node before
+    /// 2026-12-04 kept no time.
+    pub at_ms: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BodyType {
     #[default]
@@ -338,5 +348,7 @@ pub struct RecoveredMessage {
     pub expires_ms: Option<u64>,
     /// Why it is dead-lettered, when it is.
     pub dead_reason: DeadReason,
+    /// When it was dead-lettered (ms since 1970); 0 when it is not, or unknown.
+    pub dead_at_ms: u64,
     pub frame: Arc<[u8]>,
 }

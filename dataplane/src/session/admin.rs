@@ -212,6 +212,9 @@ impl Admin {
     }
 
     /// `getmsgs` / `getdlqmsgs`: a page, as `id,len,delay,durability,type,recdat` lines.
+    /// Beyond the manual (README, "The dead letter queue"): `getdlqmsgs` with `"dlqinfo":true`
+    /// adds two columns, when the message was dead-lettered (seconds since 1970; empty when
+    /// unknown) and why, so that a listing shows both without a `getdlqmsg` per row.
     fn list(&self, fields: &Fields, shelf: Shelf) -> Reply {
         let anchor = match (fields.get("after"), fields.get("before")) {
             (Some(after), None) => anchor_id(after, Code::InvalidAfter).map(Anchor::After),
@@ -227,13 +230,16 @@ impl Admin {
             (Ok(_), None) => return Reply::failure(Code::InvalidCount),
             (Ok(anchor), Some(count)) => (anchor, count as usize),
         };
-        let page = self
-            .node
-            .queue
-            .page(matches!(shelf, Shelf::DeadLetter), anchor, count);
+        let dead = matches!(shelf, Shelf::DeadLetter);
+        let page = self.node.queue.page(dead, anchor, count);
+        let with_deaths = dead && fields.get("dlqinfo") == Some(&Value::Bool(true));
+        let deaths = match with_deaths {
+            true => self.node.queue.deaths(page.iter().map(|(id, _)| *id)),
+            false => Vec::new(),
+        };
         let mut csv = String::new();
-        for (id, message) in page {
-            let _ = writeln!(
+        for (row, (id, message)) in page.iter().enumerate() {
+            let _ = write!(
                 csv,
                 "{},{},{},{},{},{}",
                 id,
@@ -243,6 +249,19 @@ impl Admin {
                 message.body_type as u8,
                 message.recdat
             );
+            // A row whose message left the dead letter queue between the two locks has no
+            // death: its columns stay empty.
+            if let Some(death) = deaths.get(row) {
+                let at = death.map(|d| d.at_ms / 1000).filter(|&secs| secs != 0);
+                let reason = match (death, message.is_damaged()) {
+                    (None, _) => "",
+                    (Some(_), true) => "damaged",
+                    (Some(death), false) => death.reason.name(),
+                };
+                let at = at.map_or(String::new(), |secs| secs.to_string());
+                let _ = write!(csv, ",{at},{reason}");
+            }
+            csv.push('\n');
         }
         Reply::success().with("csv", csv)
     }
@@ -256,15 +275,23 @@ impl Admin {
         let Some(message) = self.node.queue.get(id, dead) else {
             return Reply::failure(Code::InvalidMessageId);
         };
-        let reply = shown(id, &message);
-        // Beyond the manual (README, "Delivery rules"): why it is dead-lettered, when it is
-        // not a nack or a movetodlq (what the manual's replies never needed to say).
-        match self.node.queue.dead_reason(id).filter(|_| dead) {
-            Some(reason) if reason != DeadReason::Rejected => {
-                reply.with("dlqreason", reason.name())
-            }
-            _ => reply,
+        let mut reply = shown(id, &message);
+        if !dead {
+            return reply;
         }
+        // Beyond the manual (README, "The dead letter queue"): why it is dead-lettered, when
+        // it is not a nack or a movetodlq (what the manual's replies never needed to say),
+        // and when, if the node knows.
+        let Some(death) = self.node.queue.deaths([id]).pop().flatten() else {
+            return reply;
+        };
+        if death.reason != DeadReason::Rejected {
+            reply = reply.with("dlqreason", death.reason.name());
+        }
+        if death.at_ms >= 1000 {
+            reply = reply.with("dlqdat", death.at_ms / 1000);
+        }
+        reply
     }
 
     /// `delmsg`, `movetodlq`, `deldlqmsg`: a change to one message, durable as the message is.

@@ -45,13 +45,11 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
     };
     let context = request::context(&fields).map_err(Reply::failure)?;
     let refuse = |code: Code| Reply::failure(code).context(context.clone());
+    let success = || limits_asked(&fields, node, Reply::success()).context(context.clone());
 
     if fields.contains_key("console_token") {
         let rights = console_login(&fields, node).map_err(refuse)?;
-        return Ok((
-            Session::Admin(Admin::with_rights(node, rights)),
-            Reply::success().context(context),
-        ));
+        return Ok((Session::Admin(Admin::with_rights(node, rights)), success()));
     }
     let max_capacity = node.setting(Setting::MaxSubscriberCapacity);
     let form = LoginForm::read(&fields, max_capacity).map_err(refuse)?;
@@ -70,7 +68,7 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
                     .await
                     .0
             } else {
-                Reply::success().context(context)
+                success()
             };
             Ok((Session::Publisher(publisher), reply))
         }
@@ -83,24 +81,27 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
                     Subscriber::join(node, capacity)
                 }
             };
-            let reply = Reply::success()
-                .with("sessionid", subscriber.session_id().to_string())
-                .context(context);
+            let reply = success().with("sessionid", subscriber.session_id().to_string());
             Ok((Session::Subscriber(subscriber), reply))
         }
         (Role::Subscriber, QueueType::Copy) => {
             let subscriber = CopySubscriber::join(node);
-            Ok((
-                Session::CopySubscriber(subscriber),
-                Reply::success().context(context),
-            ))
+            Ok((Session::CopySubscriber(subscriber), success()))
         }
-        (Role::Admin, QueueType::Distribute) => Ok((
-            Session::Admin(Admin::new(node)),
-            Reply::success().context(context),
-        )),
+        (Role::Admin, QueueType::Distribute) => Ok((Session::Admin(Admin::new(node)), success())),
         // LoginForm::read refuses this already; answering beats a panic that stops the node.
         (Role::Admin, QueueType::Copy) => Err(refuse(Code::AdminNotOnCopy)),
+    }
+}
+
+/// Beyond the manual (README, "Limits at login"): a login with `"limits":true` learns the
+/// queue's `max-ws-msg-len` in its reply, so a client library sends what the queue takes
+/// rather than assuming the default. Any other value of `limits` asks nothing; a publish in
+/// the login answers with the publish's reply alone.
+fn limits_asked(fields: &Fields, node: &Node, reply: Reply) -> Reply {
+    match fields.get("limits") {
+        Some(Value::Bool(true)) => reply.with("maxwsmsglen", node.setting(Setting::MaxWsMsgLen)),
+        _ => reply,
     }
 }
 

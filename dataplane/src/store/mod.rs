@@ -14,7 +14,7 @@ pub use memory::MemoryStore;
 pub use meta::Meta;
 
 use crate::message::ids::{MessageId, SessionId};
-use crate::message::{DeadReason, Message};
+use crate::message::{Dead, Message};
 
 /// What a message's record says of it beyond the message itself (README, "Delivery rules").
 /// The default is a new message that waits: what every record said before these rules.
@@ -26,8 +26,8 @@ pub struct Life {
     pub expires_ms: Option<u64>,
     /// Deliveries so far (WebSocket and SQS).
     pub receives: u32,
-    /// In the dead letter queue, and why.
-    pub dead: Option<DeadReason>,
+    /// In the dead letter queue, why, and since when.
+    pub dead: Option<Dead>,
 }
 
 impl Life {
@@ -57,7 +57,10 @@ pub enum Change<'a> {
     Delivered { id: MessageId, session: SessionId },
     /// A message is gone: acknowledged (or deleted).
     Acked(MessageId),
-    /// A message moved to the dead letter queue.
+    /// A message moved to the dead letter queue, as a mark that says neither why nor when:
+    /// how nodes before 2026-12-04 dead-lettered a rejected message. The engine now writes
+    /// [`Change::Published`] with `life.dead` instead; the store still writes a mark when told,
+    /// so that its tests make the logs older nodes left (which it must read and compact).
     DeadLettered(MessageId),
     /// A held message went back to waiting (its holder left).
     Returned(MessageId),

@@ -406,7 +406,12 @@ struct RecordingStore(Arc<Mutex<Vec<String>>>);
 impl Store for RecordingStore {
     fn record(&mut self, change: Change<'_>) -> Receipt {
         let line = match change {
-            Change::Published { id, life, .. } if life.receives > 0 || life.dead.is_some() => {
+            // A move to the dead letter queue writes the whole message again, with why and
+            // when.
+            Change::Published { id, life, .. } if life.dead.is_some() => {
+                format!("dead-lettered {id}")
+            }
+            Change::Published { id, life, .. } if life.receives > 0 => {
                 format!("rewritten {id} receives {}", life.receives)
             }
             Change::Published { id, .. } => format!("published {id}"),
@@ -1124,7 +1129,7 @@ fn the_last_allowed_receive_that_times_out_sends_the_message_to_the_dead_letter_
     }
     // The third receive timed out: no fourth.
     assert_eq!(q.dead_letter_count(), 1);
-    assert_eq!(q.dead_reason(m), Some(DeadReason::MaxReceives));
+    assert_eq!(q.death(m).map(|d| d.reason), Some(DeadReason::MaxReceives));
     assert!(q
         .receive(10, VISIBILITY_MS, T0 + 10 * VISIBILITY_MS)
         .is_empty());
@@ -1143,16 +1148,20 @@ fn a_poison_message_that_ends_its_subscribers_sessions_is_capped_too() {
     assert_eq!(q.dead_letter_count(), 0);
     q.leave(second.session);
     assert_eq!(q.dead_letter_count(), 1);
-    assert_eq!(q.dead_reason(m), Some(DeadReason::MaxReceives));
+    assert_eq!(q.death(m).map(|d| d.reason), Some(DeadReason::MaxReceives));
     // A nack is a rejection, whatever the count.
     let n = publish(&mut q, "rejected");
     let third = Sub::join(&mut q, 1);
+    let before = crate::engine::now_ms();
     let _ = q.nack(third.session, n).unwrap();
-    assert_eq!(q.dead_reason(n), Some(DeadReason::Rejected));
+    assert_eq!(q.death(n).map(|d| d.reason), Some(DeadReason::Rejected));
+    // It says when (the wall clock's time: it is only shown).
+    let at_ms = q.death(n).unwrap().at_ms;
+    assert!((before..=crate::engine::now_ms()).contains(&at_ms), "{at_ms}");
     // A redrive starts the count again.
     let (moved, _) = q.redrive(&[m]);
     assert_eq!(moved, 1);
-    assert_eq!(q.dead_reason(m), None);
+    assert_eq!(q.death(m).map(|d| d.reason), None);
     assert_eq!(q.messages[&m].receives, 1, "delivered to the third at once");
 }
 
@@ -1249,6 +1258,7 @@ fn recovered(n: u128, receives: u32, expires_ms: Option<u64>) -> RecoveredMessag
         receives,
         expires_ms,
         dead_reason: DeadReason::Rejected,
+        dead_at_ms: 0,
         frame: Arc::from(format!(r#"{{"id":"x","type":1,"body":"b{n}","recdat":1}}"#).as_bytes()),
     }
 }
@@ -1316,7 +1326,7 @@ fn a_restart_during_the_last_allowed_delivery_counts_it_as_failed() {
     q.set_rules(rules(2, 0));
     q.restore(vec![recovered(1, 2, None), recovered(2, 1, None)], T0);
     let poison = MessageId(uuid::Uuid::from_u128(1));
-    assert_eq!(q.dead_reason(poison), Some(DeadReason::MaxReceives));
+    assert_eq!(q.death(poison).map(|d| d.reason), Some(DeadReason::MaxReceives));
     let pulled = q.receive(10, VISIBILITY_MS, T0);
     assert_eq!(pulled.len(), 1, "only the one with a delivery left");
     assert_eq!(pulled[0].receives, 2);
@@ -1541,6 +1551,7 @@ fn a_purge_takes_blocked_messages_and_a_restore_lines_groups_up_again() {
             receives: 0,
             expires_ms: None,
             dead_reason: DeadReason::default(),
+            dead_at_ms: 0,
             frame: message.frame.clone(),
         });
     }

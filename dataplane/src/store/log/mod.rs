@@ -469,7 +469,8 @@ impl Store for LogStore {
                     recdat: message.recdat as u64,
                     receives: life.receives,
                     expires_ms: life.expires_ms.unwrap_or(0),
-                    dead_reason: life.dead.unwrap_or_default() as u8,
+                    dead_reason: life.dead.map_or(0, |dead| dead.reason as u8),
+                    dead_at_ms: life.dead.map_or(0, |dead| dead.at_ms),
                     dedup,
                     frame: &message.frame,
                 };

@@ -32,6 +32,8 @@ const LIFE_LEN: usize = 4 + 8 + 1;
 /// What a [`Kind::MessageDeduplicated`] record adds after the life: the key's hash and when
 /// its window ends.
 const DEDUP_LEN: usize = 16 + 8;
+/// What a [`Kind::MessageDead`] record adds after the life: when it was dead-lettered.
+const DEAD_AT_LEN: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -61,6 +63,11 @@ pub enum Kind {
     /// then the frame. Only a message's first record is one: its segment is kept until the
     /// window ends (`index`), so a restart within it still knows the id.
     MessageDeduplicated = 8,
+    /// A message in the dead letter queue, with when it went there (README, "The dead letter
+    /// queue"): a [`Kind::MessageLife`] record's fields, then `[dead-lettered at, ms: u64]`,
+    /// then the frame. Nodes since 2026-12-04 dead-letter by writing one (a mark, which has no
+    /// room for the time, is read but no longer written); an older node reads it as damage.
+    MessageDead = 9,
 }
 
 impl Kind {
@@ -75,6 +82,7 @@ impl Kind {
             6 => Some(Kind::Redriven),
             7 => Some(Kind::MessageLife),
             8 => Some(Kind::MessageDeduplicated),
+            9 => Some(Kind::MessageDead),
             _ => None,
         }
     }
@@ -96,6 +104,9 @@ pub struct MessageRecord<'a> {
     pub expires_ms: u64,
     /// Why it is dead-lettered ([`crate::message::DeadReason`]); 0 when it is not, or rejected.
     pub dead_reason: u8,
+    /// When it was dead-lettered (ms since 1970); 0 when it is not, or the time is unknown (a
+    /// mark, or a record of an older node, put it there).
+    pub dead_at_ms: u64,
     /// Its deduplication id's hash and when its window ends: in its first record only.
     pub dedup: Option<Dedup>,
     /// The frame a subscriber receives.
@@ -118,10 +129,14 @@ impl MessageRecord<'_> {
 
 /// Appends a message record to `out`; returns its length.
 pub fn encode_message(out: &mut Vec<u8>, record: &MessageRecord<'_>) -> usize {
-    let kind = match (record.dedup.is_some(), record.has_life()) {
-        (true, _) => Kind::MessageDeduplicated,
-        (false, true) => Kind::MessageLife,
-        (false, false) => Kind::Message,
+    // A message's first record alone has its deduplication id, and a first record is never
+    // dead-lettered.
+    debug_assert!(record.dedup.is_none() || record.dead_at_ms == 0);
+    let kind = match (record.dedup.is_some(), record.dead_at_ms != 0, record.has_life()) {
+        (true, _, _) => Kind::MessageDeduplicated,
+        (false, true, _) => Kind::MessageDead,
+        (false, false, true) => Kind::MessageLife,
+        (false, false, false) => Kind::Message,
     };
     let start = begin(out, kind);
     out.extend_from_slice(record.id.0.as_bytes());
@@ -138,6 +153,9 @@ pub fn encode_message(out: &mut Vec<u8>, record: &MessageRecord<'_>) -> usize {
     if let Some(dedup) = record.dedup {
         out.extend_from_slice(&dedup.key.to_le_bytes());
         out.extend_from_slice(&dedup.until_ms.to_le_bytes());
+    }
+    if kind == Kind::MessageDead {
+        out.extend_from_slice(&record.dead_at_ms.to_le_bytes());
     }
     out.extend_from_slice(record.frame);
     finish(out, start)
@@ -354,9 +372,13 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
                 held_in: HeldIn(segments),
             })
         }
-        kind @ (Kind::Message | Kind::MessageLife | Kind::MessageDeduplicated) => {
+        kind @ (Kind::Message
+        | Kind::MessageLife
+        | Kind::MessageDeduplicated
+        | Kind::MessageDead) => {
             let frame_at = match kind {
                 Kind::MessageDeduplicated => MESSAGE_FIXED_LEN + LIFE_LEN + DEDUP_LEN,
+                Kind::MessageDead => MESSAGE_FIXED_LEN + LIFE_LEN + DEAD_AT_LEN,
                 Kind::MessageLife => MESSAGE_FIXED_LEN + LIFE_LEN,
                 _ => MESSAGE_FIXED_LEN,
             };
@@ -386,6 +408,14 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
                     until_ms: u64_at(at + 16),
                 }
             });
+            let dead_at_ms = match kind {
+                Kind::MessageDead => u64_at(MESSAGE_FIXED_LEN + LIFE_LEN),
+                _ => 0,
+            };
+            // A dead record says it is dead, and when.
+            if kind == Kind::MessageDead && (payload[17] == 0 || dead_at_ms == 0) {
+                return None;
+            }
             crate::message::DeadReason::from_byte(dead_reason)?;
             Some(Record::Message(MessageRecord {
                 id: id_of(payload)?,
@@ -397,6 +427,7 @@ fn parse(body: &[u8]) -> Option<Record<'_>> {
                 receives,
                 expires_ms,
                 dead_reason,
+                dead_at_ms,
                 dedup,
                 frame: &payload[frame_at..],
             }))
@@ -428,9 +459,36 @@ mod tests {
             receives: 0,
             expires_ms: 0,
             dead_reason: 0,
+            dead_at_ms: 0,
             dedup: None,
             frame,
         }
+    }
+
+    #[test]
+    fn a_dead_lettered_message_keeps_when_it_went_there() {
+        let dead = MessageRecord {
+            dead: true,
+            dead_at_ms: 1_794_233_100_123,
+            ..message(4, b"{\"body\":\"d\"}")
+        };
+        let mut out = Vec::new();
+        let len = encode_message(&mut out, &dead);
+        assert_eq!(out[HEADER_LEN], Kind::MessageDead as u8);
+        assert_eq!(
+            len,
+            HEADER_LEN + 1 + MESSAGE_FIXED_LEN + LIFE_LEN + DEAD_AT_LEN + 12
+        );
+        match read_at(&out, 0) {
+            Read::Sound { record, .. } => assert_eq!(record, Record::Message(dead)),
+            other => panic!("{other:?}"),
+        }
+        // A dead record that says it is not dead is no record.
+        let mut bad = out.clone();
+        bad[HEADER_LEN + 1 + 17] = 0;
+        let body = bad[HEADER_LEN..].to_vec();
+        bad[4..8].copy_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        assert!(!matches!(read_at(&bad, 0), Read::Sound { .. }));
     }
 
     #[test]

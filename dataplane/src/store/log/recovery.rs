@@ -161,6 +161,7 @@ fn apply(
                     receives: record.receives,
                     expires_ms: (record.expires_ms != 0).then_some(record.expires_ms),
                     dead_reason: DeadReason::from_byte(record.dead_reason).unwrap_or_default(),
+                    dead_at_ms: record.dead_at_ms,
                     frame: Arc::from(record.frame),
                 },
             );
@@ -187,6 +188,7 @@ fn apply(
                 message.receives = 0;
                 message.expires_ms = None;
                 message.dead_reason = DeadReason::Rejected;
+                message.dead_at_ms = 0;
             }
             if let Some(live) = index.live.get_mut(&id) {
                 live.mark_redriven();
@@ -198,6 +200,7 @@ fn apply(
             if let Some(message) = messages.get_mut(&id) {
                 message.dead = true;
                 message.dead_reason = DeadReason::Rejected;
+                message.dead_at_ms = 0; // a mark (an older node's) has no time
             }
             if let Some(live) = index.live.get_mut(&id) {
                 live.mark_dead();

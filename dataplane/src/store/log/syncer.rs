@@ -397,7 +397,7 @@ fn copy_if_live(state: &mut State, segment: u32, record: &MessageRecord<'_>) -> 
     // Marks since the record (a dead-letter mark, a redrive) changed what it says: a
     // redriven message waits, whatever its old due time said, and starts again, with no
     // receives and no expiry (as the engine redrives it); a mark puts a message in the dead
-    // letter queue as rejected.
+    // letter queue as rejected, at a time the mark does not say.
     let marked = live.undelayed() || live.dead() != record.dead;
     let copy = MessageRecord {
         dead: live.dead(),
@@ -416,6 +416,10 @@ fn copy_if_live(state: &mut State, segment: u32, record: &MessageRecord<'_>) -> 
         dead_reason: match marked || !live.dead() {
             true => 0,
             false => record.dead_reason,
+        },
+        dead_at_ms: match marked || !live.dead() {
+            true => 0,
+            false => record.dead_at_ms,
         },
         // Copied only once its deduplication window ended (`Index::compaction_candidate`).
         dedup: None,

@@ -700,7 +700,7 @@ fn a_redrive_clears_the_dead_flag_and_keeps_the_rest() {
 /// copied its record; a redrive starts its count again.
 #[tokio::test]
 async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_compaction() {
-    use crate::message::DeadReason;
+    use crate::message::{Dead, DeadReason};
     let dir = tempfile::tempdir().unwrap();
     let mut ids = IdGenerator::new();
     let segment_bytes = 4 << 10;
@@ -726,7 +726,7 @@ async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_co
         m: &Msg,
         expires_ms: Option<u64>,
         receives: u32,
-        dead: Option<DeadReason>,
+        dead: Option<Dead>,
     ) -> Change<'_> {
         Change::Published {
             id: m.id,
@@ -742,9 +742,14 @@ async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_co
     }
     let counted_change = rewrite(&counted, expires_ms, 3, None);
     store.record(counted_change).wait().await.unwrap();
-    let capped_change = rewrite(&capped, expires_ms, 5, Some(DeadReason::MaxReceives));
+    let dead_at_ms = NOW_MS + 1_234;
+    let capped_dead = Dead {
+        reason: DeadReason::MaxReceives,
+        at_ms: dead_at_ms,
+    };
+    let capped_change = rewrite(&capped, expires_ms, 5, Some(capped_dead));
     store.record(capped_change).wait().await.unwrap();
-    let redriven_change = rewrite(&redriven, expires_ms, 2, Some(DeadReason::MaxReceives));
+    let redriven_change = rewrite(&redriven, expires_ms, 2, Some(capped_dead));
     store.record(redriven_change).wait().await.unwrap();
     store
         .record(Change::Redriven(redriven.id))
@@ -766,9 +771,11 @@ async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_co
         let capped = by_body("\"capped\"");
         assert_eq!((capped.receives, capped.dead), (5, true));
         assert_eq!(capped.dead_reason, DeadReason::MaxReceives);
+        assert_eq!(capped.dead_at_ms, dead_at_ms, "when it was dead-lettered");
         let redriven = by_body("\"redriven\"");
         assert_eq!((redriven.receives, redriven.dead), (0, false));
         assert_eq!(redriven.dead_reason, DeadReason::Rejected);
+        assert_eq!(redriven.dead_at_ms, 0);
         assert_eq!(
             redriven.expires_ms, None,
             "a redrive starts a message again"

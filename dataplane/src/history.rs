@@ -1,12 +1,14 @@
 //! The queue's history: a stats record every `stats-frequency-secs` and a usage record every
 //! `usage-frequency-secs`, kept in sled for their retention periods, read back a UTC day at a
-//! time by `getstats` and `getusage`.
+//! time by `getstats` and `getusage`. What must last is synced with [`MetaDisk::sync`]: sled's
+//! own flush is not a sync (`store/meta.rs`).
 //!
 //! Everything here takes the time as an argument; [`run`] is the only part that reads the
 //! clock, so the recording, aggregation and pruning rules are tested with a clock in hand.
 
 use crate::engine::Totals as EngineTotals;
 use crate::node::Node;
+use crate::store::meta::{MetaDisk, NotSynced};
 use qe_shared::calendar::{civil_from_days, days_from_civil, days_in_month};
 use qe_shared::node_channel::StatsRecord;
 use qe_shared::settings::Setting;
@@ -73,6 +75,15 @@ pub struct DayRefused {
     pub reason: Option<String>,
 }
 
+/// Why the history could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("the history store: {0}")]
+    Store(#[from] sled::Error),
+    #[error(transparent)]
+    NotSynced(#[from] NotSynced),
+}
+
 pub struct History {
     /// time (u64 BE) → the nine `getlivestats` columns, as CSV text.
     stats: sled::Tree,
@@ -80,6 +91,8 @@ pub struct History {
     usage: sled::Tree,
     /// `created`, and how far the records have been reported (`report.rs`).
     meta: sled::Tree,
+    /// The store's sync.
+    disk: MetaDisk,
     /// When the queue first started: days that end before it have no data (407).
     created: u64,
     /// Signalled after every record, for the reporter.
@@ -108,13 +121,15 @@ impl History {
         self.created
     }
 
-    /// Opens the history in `db`; `now` becomes the queue's first day if it has none yet.
-    pub fn open(db: &sled::Db, now: u64) -> Result<History, sled::Error> {
+    /// Opens the history on `disk`; `now` becomes the queue's first day if it has none yet.
+    pub fn open(disk: &MetaDisk, now: u64) -> Result<History, HistoryError> {
+        let db = disk.db();
         let meta = db.open_tree("history")?;
         let created = match meta.get("created")? {
             Some(bytes) => u64::from_be_bytes(bytes.as_ref().try_into().unwrap_or_default()),
             None => {
                 meta.insert("created", &now.to_be_bytes())?;
+                disk.sync()?;
                 now
             }
         };
@@ -122,6 +137,7 @@ impl History {
             stats: db.open_tree("stats")?,
             usage: db.open_tree("usage")?,
             meta,
+            disk: disk.clone(),
             created,
             recorded: tokio::sync::Notify::new(),
         })
@@ -134,7 +150,7 @@ impl History {
         time: u64,
         live_stats_csv: &str,
         flow: Flow,
-    ) -> Result<(), sled::Error> {
+    ) -> Result<(), HistoryError> {
         let record = format!("{live_stats_csv},{},{}", flow.published, flow.delivered);
         self.stats.insert(time.to_be_bytes(), record.as_bytes())?;
         self.keep()
@@ -145,7 +161,7 @@ impl History {
         time: u64,
         usage: &Usage,
         usage_labels: &UsageLabels,
-    ) -> Result<(), sled::Error> {
+    ) -> Result<(), HistoryError> {
         let line = format!(
             "{},{},{},{},{},{},{},{}",
             usage.network_sent,
@@ -164,16 +180,17 @@ impl History {
     /// Syncs a record just made, and only then counts it as made (the reporter wakes for
     /// it): the settings store syncs only when asked (`flush_every_ms(None)`), and a record
     /// that was never synced is lost with the process (a kill -9, an OOM kill, a lost
-    /// instance) and never billed. A record whose sync failed is not counted; it stays
-    /// in the store, and the next sync that works takes it too.
-    fn keep(&self) -> Result<(), sled::Error> {
-        self.meta.flush()?;
+    /// instance) and never billed. A record whose sync failed is not counted as on the disk,
+    /// and neither is any after it until a restart ([`MetaDisk::sync`]): it stays in the
+    /// store, and may still be reported from there when the reporter wakes for another reason.
+    fn keep(&self) -> Result<(), HistoryError> {
+        self.disk.sync()?;
         self.recorded.notify_waiters();
         Ok(())
     }
 
     /// Up to `limit` records of `kind` not reported yet, oldest first, as `TIME,COLUMNS…` lines.
-    pub fn unreported(&self, kind: Kind, limit: usize) -> Result<Vec<(u64, String)>, sled::Error> {
+    pub fn unreported(&self, kind: Kind, limit: usize) -> Result<Vec<(u64, String)>, HistoryError> {
         let after = self.reported(kind)?;
         let tree = self.tree(kind);
         let from = match after {
@@ -191,18 +208,17 @@ impl History {
     }
 
     /// Syncs every record made so far to the disk.
-    pub fn flush(&self) -> Result<(), sled::Error> {
-        self.meta.flush().map(|_| ())
+    pub fn flush(&self) -> Result<(), HistoryError> {
+        Ok(self.disk.sync()?)
     }
 
     /// Notes that the records of `kind` up to `time` have been received.
-    pub fn mark_reported(&self, kind: Kind, time: u64) -> Result<(), sled::Error> {
+    pub fn mark_reported(&self, kind: Kind, time: u64) -> Result<(), HistoryError> {
         self.meta.insert(kind.cursor_key(), &time.to_be_bytes())?;
-        self.meta.flush()?;
-        Ok(())
+        Ok(self.disk.sync()?)
     }
 
-    fn reported(&self, kind: Kind) -> Result<Option<u64>, sled::Error> {
+    fn reported(&self, kind: Kind) -> Result<Option<u64>, HistoryError> {
         let value = self.meta.get(kind.cursor_key())?;
         Ok(value.map(|bytes| u64::from_be_bytes(bytes.as_ref().try_into().unwrap_or_default())))
     }
@@ -215,7 +231,7 @@ impl History {
     }
 
     /// Drops records older than their retention periods.
-    pub fn prune(&self, now: u64, stats_years: u64, usage_years: u64) -> Result<(), sled::Error> {
+    pub fn prune(&self, now: u64, stats_years: u64, usage_years: u64) -> Result<(), HistoryError> {
         for (tree, years) in [(&self.stats, stats_years), (&self.usage, usage_years)] {
             let oldest_kept = now.saturating_sub(years * YEAR_SECS);
             for key in tree.range(..oldest_kept.to_be_bytes()).keys() {
@@ -240,7 +256,7 @@ impl History {
     }
 
     /// `getstats`: every record of the day, or one line of averages (rounded to whole numbers).
-    pub fn stats_of(&self, day: Day, average: bool) -> Result<String, sled::Error> {
+    pub fn stats_of(&self, day: Day, average: bool) -> Result<String, HistoryError> {
         let mut records = records(&self.stats, day)?;
         for (_, fields) in &mut records {
             fields.truncate(StatsRecord::COLUMNS.len());
@@ -267,7 +283,7 @@ impl History {
 
     /// `getusage`: every record of the day, or one line with the bytes added up and the
     /// storage held averaged.
-    pub fn usage_of(&self, day: Day, totals: bool) -> Result<String, sled::Error> {
+    pub fn usage_of(&self, day: Day, totals: bool) -> Result<String, HistoryError> {
         let records = records(&self.usage, day)?;
         if !totals {
             return Ok(lines(&records));

@@ -1,6 +1,7 @@
 //! What every connection of the node shares, and how the node starts from its data directory.
 //!
-//! The data directory holds `messages/` (the message log) and `meta/` (sled: settings).
+//! The data directory holds `messages/` (the message log) and `meta/` (sled: settings and
+//! history, synced by `store::meta::MetaDisk`).
 
 use crate::admission::{Admission, Budgets};
 use crate::auth::Logins;
@@ -99,6 +100,8 @@ pub enum StartError {
     Log(#[from] std::io::Error),
     #[error("the settings store: {0}")]
     Meta(#[from] sled::Error),
+    #[error("the history: {0}")]
+    History(#[from] crate::history::HistoryError),
     #[error("the damaged records' dead-letter entries could not be synced")]
     Damaged,
 }
@@ -145,7 +148,7 @@ impl Node {
         log::repair(&log_dir, &damaged)?;
         tracing::info!(restored, damaged = damaged.len(), "queue read back");
 
-        let history = History::open(meta.db(), crate::engine::now_ms() / 1000)?;
+        let history = History::open(meta.disk(), crate::engine::now_ms() / 1000)?;
         Ok(Arc::new(Node {
             admission: Admission::new(Budgets::for_max_tasks(limits.max_tasks)),
             queue,

@@ -41,7 +41,7 @@ struct Target {
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("reading the history: {0}")]
-    History(#[from] sled::Error),
+    History(#[from] crate::history::HistoryError),
     #[error("sending: {0}")]
     Send(#[from] reqwest::Error),
     #[error("the control plane replied {0}")]
@@ -255,7 +255,7 @@ impl Reporter {
                 .into_iter()
                 .filter_map(|(kind, records)| Some((kind, records.last()?.0)))
                 .collect();
-            // Each mark is synced (a sled flush): on a blocking thread, not the runtime's.
+            // Each mark is synced (sled flush, then fsync): on a blocking thread, not the runtime's.
             let node = self.node.clone();
             let marked = tokio::task::spawn_blocking(move || {
                 let history = &node.history;

@@ -394,3 +394,76 @@ async fn sqs_answers_failed_after_a_failed_sync_and_does_not_trust_the_disk_agai
         "{again:?}"
     );
 }
+
+/// The settings and the stats and usage history (sled, beside the message log) meet the
+/// same rule as the log: a change is answered as saved only once it is synced with a real
+/// fsync (sled's own flush is `sync_file_range`, which a failing disk never reports: before
+/// the fix this `setcfg` answered Success), and a failed sync is final until a restart. The
+/// whole data directory sits on the failing disk here.
+#[tokio::test]
+async fn settings_and_history_records_are_answered_as_failed_once_their_sync_failed() {
+    let disk = FailingSyncs::mount();
+    let data = tempfile::tempdir_in(disk.dir()).unwrap();
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("node.toml");
+    std::fs::write(&config, "stats_record_secs = 1\n").unwrap();
+    let flags = ["--config", config.to_str().unwrap()];
+    let node = Node::start_in(data, &flags);
+    let mut admin = node.admin().await;
+    let set = |secs: u64| json!({"cmd": "setcfg", "saved-session-timeout-secs": secs});
+    admin.success(set(60)).await;
+    let synced_record = stats_times(&mut admin, 1).await[0];
+
+    disk.fail_syncs();
+    let reply = admin.request(set(61)).await;
+    assert_eq!(code(&reply), 506, "saved, but not synced: {reply}");
+    node.wait_for_log("the settings and history store failed a sync");
+    node.wait_for_log("recording stats failed");
+    // A sync that works again changes nothing: what the failed one lost may be gone.
+    disk.heal();
+    let reply = admin.request(set(62)).await;
+    assert_eq!(code(&reply), 506, "still not trusted: {reply}");
+    drop(admin);
+
+    // After a restart the node reads back what the disk has, and trusts it again.
+    let node = node.restart(&flags);
+    let mut admin = node.admin().await;
+    let kept = stats_times(&mut admin, 1).await;
+    assert!(kept.contains(&synced_record), "{kept:?}");
+    let settings = admin.success(json!({"cmd": "getcfg"})).await;
+    assert!(
+        settings["csv"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .any(|line| line.starts_with("saved-session-timeout-secs,w,6")),
+        "{settings}"
+    );
+    admin.success(set(63)).await;
+}
+
+/// Today's stats records' times, once there are at least `count` (a record a second here).
+async fn stats_times(admin: &mut Client, count: usize) -> Vec<u64> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let (year, month, day) = qe_shared::calendar::civil_from_days(now / 86_400);
+        let ask = json!({"cmd": "getstats", "average": false,
+                         "year": year, "month": month, "day": day});
+        let reply = admin.success(ask).await;
+        let times: Vec<u64> = reply["csv"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.split(',').next()?.parse().ok())
+            .collect();
+        if times.len() >= count {
+            return times;
+        }
+        assert!(std::time::Instant::now() < deadline, "no stats records");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

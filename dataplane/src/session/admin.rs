@@ -419,7 +419,7 @@ impl Admin {
         if let Some(fault) = faults.into_iter().min_by_key(|f| f.code()) {
             return fault;
         }
-        // The save syncs (a sled flush): the runtime hands this thread's other work on while
+        // The save syncs (sled flush, then fsync): the runtime hands this thread's other work on while
         // it waits, and this connection's next request waits for the change, as it should.
         let node = &self.node;
         match blocking(|| node.change_settings(&changes)) {

@@ -1,14 +1,66 @@
-//! The node's small, rarely written state, kept in sled: today the administrator's settings.
-//! (Stats and usage history join it in part 4.)
+//! The node's small, rarely written state, kept in sled: the administrator's settings, and
+//! the stats and usage history (`history.rs`).
+//!
+//! sled's own flush is not a sync: sled 0.34 writes its log with `pwrite` and then
+//! `sync_file_range` on Linux, which flushes neither the drive's write cache nor the file's
+//! metadata, and whose failure a pass-through file system never even sees. A setting or a
+//! billing record "on the disk" after it would be lost with the machine. So every write here
+//! that must last is flushed by sled and then synced by [`MetaDisk::sync`] with a real fsync of
+//! sled's file, as the message log syncs its segments (README, "Durability and the data directory").
+//! A failed sync is final, as the log's is: the kernel may have dropped the pages it could not
+//! write and a later sync would report success without them, so nothing written to this store
+//! is counted as on the disk again until the node restarts and reads back what is there.
 
 use qe_shared::settings::{Setting, Settings, Tier};
 use qe_shared::Code;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 pub struct Meta {
-    db: sled::Db,
+    disk: MetaDisk,
     /// Setting name → value (u64, big-endian): only settings an administrator changed.
     settings: sled::Tree,
+}
+
+/// sled's database and its file, synced for real; shared by the settings and the history.
+#[derive(Clone)]
+pub struct MetaDisk(Arc<Disk>);
+
+struct Disk {
+    db: sled::Db,
+    /// sled's one data file (`DIR/db`), opened again to fsync it.
+    file: std::fs::File,
+    /// A sync failed: none is trusted again in this process.
+    failed: AtomicBool,
+}
+
+/// A write to the meta store that may not be on the disk: its sync failed now or before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the settings and history store could not be synced; nothing written to it since counts as on the disk until the node restarts")]
+pub struct NotSynced;
+
+impl MetaDisk {
+    /// The database itself, for its trees.
+    pub fn db(&self) -> &sled::Db {
+        &self.0.db
+    }
+
+    /// Makes everything written so far durable: sled's flush (its writes and
+    /// `sync_file_range`), then an fsync of its file. Fails at once after any failure before.
+    pub fn sync(&self) -> Result<(), NotSynced> {
+        let disk = &self.0;
+        if disk.failed.load(Ordering::Acquire) {
+            return Err(NotSynced);
+        }
+        let synced = disk.db.flush().is_ok() && disk.file.sync_all().is_ok();
+        if !synced {
+            disk.failed.store(true, Ordering::Release);
+            tracing::error!("the settings and history store failed a sync: nothing written to it is trusted to the disk until the node restarts");
+            return Err(NotSynced);
+        }
+        Ok(())
+    }
 }
 
 /// Why a settings change did not fully take.
@@ -43,7 +95,15 @@ impl Meta {
             .flush_every_ms(None)
             .open()?;
         let settings = db.open_tree("settings")?;
-        Ok(Meta { db, settings })
+        let file = std::fs::File::open(dir.join("db"))?;
+        // sled made its files: their names last once the directory is synced too.
+        std::fs::File::open(dir)?.sync_all()?;
+        let disk = MetaDisk(Arc::new(Disk {
+            db,
+            file,
+            failed: AtomicBool::new(false),
+        }));
+        Ok(Meta { disk, settings })
     }
 
     /// When a setting was last saved (seconds since 1970); None if none ever was.
@@ -52,9 +112,9 @@ impl Meta {
         Some(u64::from_be_bytes(saved.as_ref().try_into().ok()?))
     }
 
-    /// The database, for other small state (the history).
-    pub fn db(&self) -> &sled::Db {
-        &self.db
+    /// The database and its sync, for other small state (the history).
+    pub fn disk(&self) -> &MetaDisk {
+        &self.disk
     }
 
     /// The tier's defaults with every saved change laid over them. A saved value out of range
@@ -82,8 +142,7 @@ impl Meta {
         self.settings
             .apply_batch(batch)
             .map_err(|_| SaveError::NotSaved)?;
-        self.db.flush().map_err(|_| SaveError::NotSynced)?;
-        Ok(())
+        self.disk.sync().map_err(|NotSynced| SaveError::NotSynced)
     }
 }
 

@@ -128,11 +128,9 @@ impl Context {
     pub async fn endpoint(&self, queue: &str) -> Result<Endpoint, Failure> {
         let url = self.queue_url(queue).await?;
         // The queue's own max-ws-msg-len decides (an administrator may have raised it to
-        // 1 MiB, or lowered it): a frame over it is closed with 1009, which exits 3 as a
-        // refusal, rather than the library refusing past its default of 64 KiB.
-        let mut endpoint = Endpoint::new(&url)?
-            .connect_timeout(CONNECT_WITHIN)
-            .max_frame_bytes(None);
+        // 1 MiB, or lowered it): the library learns it at each login (`"limits":true`), and
+        // refuses a bigger frame before sending it, which exits 3 as a refusal.
+        let mut endpoint = Endpoint::new(&url)?.connect_timeout(CONNECT_WITHIN);
         if let Some(pem) = self.roots()? {
             endpoint = endpoint.add_root_certificates_pem(&pem)?;
         }

@@ -10,8 +10,10 @@ Exit codes:
   1  usage: bad arguments, no such profile or login, a config file that does not read
   2  not found: no such queue, message or setting (the API's 404, the queue's 301)
   3  refused by the queue or the API: a failure code (the manual's code is printed:
-     `refused: 414 …`), or the queue closing the connection over what was sent
-     (1002, 1003, 1007, 1008, 1009: `refused: closed 1009 …`)
+     `refused: 414 …`), a message over the queue's max-ws-msg-len (refused before it
+     is sent: `refused: a frame of N bytes is over the limit of L`), or the queue
+     closing the connection over what was sent (1002, 1003, 1007, 1008, 1009:
+     `refused: closed 1009 …`)
   4  cannot reach or hear from the queue or the API: no connection, a timeout
      (`timed out after N s`), a 5xx or 503, the queue's 500–504, or a connection that
      ended without the queue refusing anything (no close frame, 1001, 1011–1013)
@@ -117,5 +119,33 @@ impl From<Error> for Failure {
                 message: error.to_string(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The exit code of each kind of client error, as the table in `EXIT_CODES` says.
+    #[test]
+    fn each_error_has_the_exit_code_of_its_row() {
+        let closed = |close_code: Option<u16>| Error::Closed {
+            close_code,
+            reason: "why".into(),
+        };
+        let exit = |error: Error| Failure::from(error).exit_code();
+        for code in [1002, 1003, 1007, 1008, 1009] {
+            assert_eq!(exit(closed(Some(code))), 3, "closed {code}");
+        }
+        for code in [None, Some(1001), Some(1011), Some(1013)] {
+            assert_eq!(exit(closed(code)), 4, "closed {code:?}");
+        }
+        let too_large = Error::TooLarge {
+            bytes: 2000,
+            limit: 1024,
+        };
+        assert_eq!(exit(too_large), 3, "over the queue's max-ws-msg-len");
+        let timeout = Error::Timeout(std::time::Duration::from_secs(5));
+        assert_eq!(exit(timeout), 4);
     }
 }

@@ -375,15 +375,36 @@ pub struct MessageSummary {
     pub binary: bool,
     /// When the queue received it, in seconds since 1970 (UTC).
     pub received_at: u64,
+    /// When it went to the dead letter queue, in seconds since 1970 (a `getdlqmsgs` line;
+    /// `None` in a `getmsgs` one, from a node that keeps no time, or for a message
+    /// dead-lettered before its node did).
+    pub dead_lettered_at: Option<u64>,
+    /// Why it is in the dead letter queue (a `getdlqmsgs` line; `None` from a node that
+    /// does not say): as [`StoredMessage::dead_reason`].
+    pub dead_reason: Option<String>,
 }
 
 impl FromStr for MessageSummary {
     type Err = Error;
 
+    /// The manual's six columns, or with a node's `dlqinfo` (README, "The dead letter
+    /// queue") two more: when it was dead-lettered (empty when unknown) and why.
     fn from_str(line: &str) -> Result<MessageSummary> {
         let bad = || Error::protocol(format!("a message line that does not read: {line:?}"));
-        let (id, rest) = line.trim().split_once(',').ok_or_else(bad)?;
-        let n = numbers(rest, 5).map_err(|_| bad())?;
+        let columns: Vec<&str> = line.trim().split(',').collect();
+        let (id, numbered, dead) = match columns.len() {
+            6 => (columns[0], &columns[1..6], None),
+            8 => (columns[0], &columns[1..6], Some((columns[6], columns[7]))),
+            _ => return Err(bad()),
+        };
+        let n = numbers(&numbered.join(","), 5).map_err(|_| bad())?;
+        let dead_lettered_at = match dead {
+            Some((at, _)) if !at.is_empty() => Some(at.parse::<u64>().map_err(|_| bad())?),
+            _ => None,
+        };
+        let dead_reason = dead
+            .map(|(_, reason)| reason.to_string())
+            .filter(|reason| !reason.is_empty());
         Ok(MessageSummary {
             id: MessageId::from(id),
             len: n[0],
@@ -391,6 +412,8 @@ impl FromStr for MessageSummary {
             durability: Durability::from_number(n[2]).ok_or_else(bad)?,
             binary: n[3] == 2,
             received_at: n[4],
+            dead_lettered_at,
+            dead_reason,
         })
     }
 }
@@ -423,6 +446,9 @@ pub struct StoredMessage {
     /// or an administrator's `movetodlq`), `max-receive-count` (its last allowed delivery
     /// failed) or `damaged` (its record did not read back from the disk).
     pub dead_reason: Option<String>,
+    /// When it went to the dead letter queue, in seconds since 1970 (`getdlqmsg` only; `None`
+    /// when the node does not know: a message dead-lettered by an older node).
+    pub dead_lettered_at: Option<u64>,
 }
 
 /// A stored message's content.
@@ -493,6 +519,7 @@ impl StoredMessage {
                 .unwrap_or_default(),
             content,
             dead_reason,
+            dead_lettered_at: dead.then(|| number("dlqdat")).flatten(),
         })
     }
 }
@@ -769,7 +796,7 @@ impl Admin {
         reconnect: bool,
     ) -> Result<Admin> {
         credentials.check()?;
-        let login = Value::Object(credentials.login(Role::Admin, Kind::Distribute)).to_string();
+        let login = credentials.login(Role::Admin, Kind::Distribute);
         let pushes = Pushes::default();
         let on_open = forward_pushes(pushes.clone());
         let (connection, _) = Redial::open(endpoint, login, reconnect, on_open).await?;
@@ -783,6 +810,13 @@ impl Admin {
     pub async fn command(&self, fields: Fields) -> Result<Fields> {
         let link = self.core.connection.link().await?;
         link.request_fields(fields)?.await
+    }
+
+    /// The largest frame (a command's JSON, an added message's body included) the connection
+    /// there is now sends: the queue's `max-ws-msg-len` learned at its login, unless the
+    /// [`Endpoint`] fixed one. `None`: any size is sent.
+    pub fn max_frame_bytes(&self) -> Option<usize> {
+        self.core.connection.current().max_frame_bytes()
     }
 
     /// `getlivestats`: the counters right now.
@@ -856,9 +890,12 @@ impl Admin {
         lines(csv(&self.command(page.fields("getmsgs")?).await?)?)
     }
 
-    /// `getdlqmsgs`: a page of the dead letter queue.
+    /// `getdlqmsgs`: a page of the dead letter queue, each line with when and why its message
+    /// went there (as far as the node says).
     pub async fn dlq_messages(&self, page: Page) -> Result<Vec<MessageSummary>> {
-        lines(csv(&self.command(page.fields("getdlqmsgs")?).await?)?)
+        let mut fields = page.fields("getdlqmsgs")?;
+        fields.insert("dlqinfo".into(), true.into());
+        lines(csv(&self.command(fields).await?)?)
     }
 
     /// Every message in the queue, in id order, fetched a page of 1600 at a time as the
@@ -1086,7 +1123,24 @@ mod tests {
                 durability: Durability::Eventual,
                 binary: false,
                 received_at: 1_794_233_033,
+                dead_lettered_at: None,
+                dead_reason: None,
             }
+        );
+        // A getdlqmsgs line with the node's dlqinfo columns; the time may be unknown.
+        let dead: Vec<MessageSummary> = lines(
+            "01a1c09f-62da-7000-a30b-0817c9a42e3f,89,0,1,1,1794233033,1794233099,max-receive-count\n\
+             01a1c09f-62da-7000-a30b-0817c9a42e40,89,0,1,1,1794233033,,rejected\n",
+        )
+        .unwrap();
+        assert_eq!(dead[0].dead_lettered_at, Some(1_794_233_099));
+        assert_eq!(dead[0].dead_reason.as_deref(), Some("max-receive-count"));
+        assert_eq!(dead[1].dead_lettered_at, None);
+        assert_eq!(dead[1].dead_reason.as_deref(), Some("rejected"));
+        assert!(
+            "01a1c09f-62da-7000-a30b-0817c9a42e3f,89,0,1,1,1794233033,x,rejected"
+                .parse::<MessageSummary>()
+                .is_err()
         );
         let settings: Settings = "max-ws-msg-len,w,65536\nlog-level,r,info\n"
             .parse()

@@ -79,8 +79,8 @@ impl CopySubscriber {
         reconnect: Reconnect,
     ) -> Result<CopySubscriber> {
         credentials.check()?;
-        let login = Value::Object(credentials.login(Role::Subscriber, Kind::Copy)).to_string();
-        let (link, _, frames) = Link::open(endpoint, login.clone()).await?;
+        let login = credentials.login(Role::Subscriber, Kind::Copy);
+        let (link, _, frames) = Link::open(endpoint, &login).await?;
         let (events, events_out) = mpsc::unbounded_channel();
         let (stop, stopped) = oneshot::channel();
         let task = Listener {
@@ -119,7 +119,7 @@ impl Stream for CopySubscriber {
 /// The copy subscriber's task.
 struct Listener {
     endpoint: Endpoint,
-    login: String,
+    login: Fields,
     policy: Reconnect,
     link: Link,
     frames: mpsc::UnboundedReceiver<Fields>,
@@ -181,7 +181,7 @@ impl Listener {
         loop {
             let attempt = tokio::select! {
                 _ = &mut self.stop => return Ok(false),
-                attempt = Link::open(&self.endpoint, self.login.clone()) => attempt,
+                attempt = Link::open(&self.endpoint, &self.login) => attempt,
             };
             match attempt {
                 Ok((link, _, frames)) => {

@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use qe_shared::protocol::MAX_CREDENTIAL_BYTES;
+use qe_shared::settings::{Setting, Tier};
 use qe_shared::Code;
 use rustls::pki_types::CertificateDer;
 use std::fmt;
@@ -13,7 +14,8 @@ use url::Url;
 /// A queue's address and how to connect to it: TLS roots, compression, timeouts, limits.
 ///
 /// Cheap to clone; every connection made from it (and every reconnection) uses the same
-/// settings.
+/// settings. Each connection learns the largest frame the queue takes when it logs in
+/// ([`FrameLimit`]).
 ///
 /// ```
 /// use qe_client::Endpoint;
@@ -39,9 +41,9 @@ pub struct Endpoint {
     pub(crate) compression: bool,
     /// The connection, TLS, upgrade and login together must take no longer. Default 10 s.
     pub(crate) connect_timeout: Duration,
-    /// The largest frame the client sends; `None` sends any. Default 65536, the queue's
-    /// default `max-ws-msg-len`.
-    pub(crate) max_frame_bytes: Option<usize>,
+    /// How each connection limits the frames it sends. Default: learned from the queue at
+    /// every login.
+    pub(crate) frame_limit: FrameLimit,
     /// A ping goes out after this long without a frame from the queue. Default 15 s.
     pub(crate) ping_every: Duration,
     /// A queue silent this long (not even a pong) is taken as gone. Default 45 s.
@@ -72,7 +74,7 @@ impl Endpoint {
             tls: Arc::default(),
             compression: false,
             connect_timeout: Duration::from_secs(10),
-            max_frame_bytes: Some(65_536),
+            frame_limit: FrameLimit::Learned,
             ping_every: Duration::from_secs(15),
             silence_limit: Duration::from_secs(45),
             connect_to: Vec::new(),
@@ -143,12 +145,33 @@ impl Endpoint {
         self
     }
 
-    /// The largest frame to send (the queue's `max-ws-msg-len`, 65536 unless an
-    /// administrator changed it): a bigger request is refused with [`Error::TooLarge`]
-    /// before it is sent, rather than the queue closing the connection with 1009. `None`
-    /// sends any size.
-    pub fn max_frame_bytes(mut self, limit: Option<usize>) -> Endpoint {
-        self.max_frame_bytes = limit;
+    /// Fixes the largest frame to send, instead of learning the queue's `max-ws-msg-len` at
+    /// login ([`FrameLimit::Learned`], the default): `Some(n)` refuses a bigger request with
+    /// [`Error::TooLarge`] before it is sent, whatever the queue would take; `None` sends any
+    /// size, and the queue closes the connection (1009) on one over its limit.
+    ///
+    /// The same as [`Endpoint::frame_limit`] with [`FrameLimit::Fixed`] or
+    /// [`FrameLimit::Unlimited`].
+    pub fn max_frame_bytes(self, limit: Option<usize>) -> Endpoint {
+        match limit {
+            Some(bytes) => self.frame_limit(FrameLimit::Fixed(bytes)),
+            None => self.frame_limit(FrameLimit::Unlimited),
+        }
+    }
+
+    /// How each connection limits the frames it sends: [`FrameLimit::Learned`] (the default)
+    /// takes the queue's `max-ws-msg-len` at every login.
+    ///
+    /// ```
+    /// use qe_client::{Endpoint, FrameLimit};
+    /// // Back to learning, on an endpoint that had a fixed limit.
+    /// let endpoint = Endpoint::new("ws://127.0.0.1:8080/")?
+    ///     .max_frame_bytes(Some(8192))
+    ///     .frame_limit(FrameLimit::Learned);
+    /// # Ok::<(), qe_client::Error>(())
+    /// ```
+    pub fn frame_limit(mut self, limit: FrameLimit) -> Endpoint {
+        self.frame_limit = limit;
         self
     }
 
@@ -195,10 +218,40 @@ impl fmt::Debug for Endpoint {
             .field("public_roots", &self.public_roots)
             .field("compression", &self.compression)
             .field("connect_timeout", &self.connect_timeout)
-            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("frame_limit", &self.frame_limit)
             .field("connect_to", &self.connect_to)
             .finish_non_exhaustive()
     }
+}
+
+/// How a connection limits the frames it sends, so that a request too big for the queue is
+/// refused with [`Error::TooLarge`] before it is sent, rather than the queue closing the
+/// connection with 1009 (the queue's `max-ws-msg-len`, which an administrator may set from
+/// 1,024 to 1,048,576 bytes, counts the whole frame: the JSON around the body too, and a binary
+/// body as base64).
+///
+/// A connection's limit is fixed when it logs in. An administrator who lowers
+/// `max-ws-msg-len` meanwhile makes a frame between the two limits close the connection (1009,
+/// [`Error::Closed`]); the next connection (a publisher's next request, a subscriber's
+/// reconnection) learns the new limit. One who raises it is heard from at the next login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FrameLimit {
+    /// The queue's own `max-ws-msg-len`, learned at every login (the login asks with
+    /// `"limits":true` and the reply says `"maxwsmsglen"`); 65,536, the queue's default, from a
+    /// node too old to say. The default.
+    #[default]
+    Learned,
+    /// This many bytes, whatever the queue takes; nothing is learned.
+    Fixed(usize),
+    /// No limit: any size is sent, and the queue closes the connection (1009) on a frame over
+    /// its `max-ws-msg-len`.
+    Unlimited,
+}
+
+impl FrameLimit {
+    /// The limit a node too old to say its own is taken to have: the queue's default.
+    pub const DEFAULT_BYTES: usize = Setting::MaxWsMsgLen.default_for(Tier::Standard) as usize;
 }
 
 /// A TLS client (rustls with ring, TLS 1.2 and 1.3) trusting `added` and, if `public`,

@@ -44,9 +44,11 @@ pub enum Error {
         /// Why, for people.
         reason: String,
     },
-    /// A frame would be bigger than the limit the [`Endpoint`](crate::Endpoint) was given
-    /// (the queue's `max-ws-msg-len`, 65536 bytes by default): the queue would have closed
-    /// the connection with 1009. Nothing was sent.
+    /// A frame would be bigger than the connection's limit: the queue's `max-ws-msg-len`
+    /// learned at its login (65536 bytes unless an administrator changed it), or the one the
+    /// [`Endpoint`](crate::Endpoint) fixed ([`FrameLimit`](crate::FrameLimit)). The queue
+    /// would have closed the connection with 1009. Nothing was sent, and the connection is
+    /// untouched.
     #[error("a frame of {bytes} bytes is over the limit of {limit}")]
     TooLarge {
         /// The frame's size, JSON included.

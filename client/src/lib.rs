@@ -14,9 +14,9 @@
 //!
 //! | Type | What it does |
 //! |---|---|
-//! | [`Endpoint`] | where the queue is: URL, TLS roots, compression, timeouts |
+//! | [`Endpoint`] | where the queue is: URL, TLS roots, compression, timeouts, the largest frame ([`FrameLimit`], learned from the queue) |
 //! | [`Publisher`] | publishes [`Message`]s, many in flight at once, each answered with its [`MessageId`] |
-//! | [`Subscriber`] | a [`Stream`](futures::Stream) of [`Event`]s: deliveries to [`ack`](Delivery::ack) or [`nack`](Delivery::nack), notices, reconnections; resumes its session after a drop |
+//! | [`Subscriber`] | [`handle_each`](Subscriber::handle_each) message then acknowledge it; or a [`Stream`](futures::Stream) of [`Event`]s: deliveries to [`ack`](Delivery::ack) or [`nack`](Delivery::nack), notices, reconnections; resumes its session after a drop |
 //! | [`Admin`] | every admin command, typed, with streams that page through the queue and the dead letter queue |
 //! | [`CopyPublisher`], [`CopySubscriber`] | the copy type of the queue: fan-out, nothing stored |
 //! | [`ControlPlane`] | the control plane's HTTP API: queues, logins, usage, stats, bills |
@@ -25,8 +25,7 @@
 //! # A worker
 //!
 //! ```no_run
-//! use futures::StreamExt;
-//! use qe_client::{Credentials, Endpoint, Event, Message, Publisher, Subscriber};
+//! use qe_client::{Credentials, Endpoint, Message, Publisher, Subscriber, Verdict};
 //!
 //! #[tokio::main]
 //! async fn main() -> qe_client::Result<()> {
@@ -38,13 +37,13 @@
 //!
 //!     let login = Credentials::new("SUBSCRIBER-NAME", "SUBSCRIBER-PASSWORD");
 //!     let mut subscriber = Subscriber::connect(&endpoint, login, 10).await?;
-//!     while let Some(event) = subscriber.next().await {
-//!         if let Event::Message(delivery) = event? {
+//!     // Each message is acknowledged once its handler has returned: at least once.
+//!     subscriber
+//!         .handle_each(|delivery| async move {
 //!             println!("working on {:?}", delivery.text());
-//!             delivery.ack().await?;
-//!         }
-//!     }
-//!     Ok(())
+//!             Verdict::Ack
+//!         })
+//!         .await
 //! }
 //! ```
 //!
@@ -64,6 +63,21 @@
 //! message delivered before fails with [`Error::SessionEnded`]: nothing was lost, the message
 //! comes again, and the usual answer is to go on (`qe tail` does; tested through three
 //! SIGKILLs of the node in `tests/tests/client.rs`).
+//!
+//! [`Subscriber::handle_each`] is that order, written once: it calls your handler with each
+//! message, acknowledges it when the handler returns (or rejects it to the dead letter queue
+//! if the handler's [`Verdict`] says so), and goes on through reconnections and
+//! `SessionEnded`. A handler may therefore see a message more than once, never zero times:
+//! make it idempotent (tested with a SIGKILL of the node mid-handler in
+//! `tests/tests/client_limits.rs`).
+//!
+//! # The largest frame
+//!
+//! The queue closes a connection (1009) that sends a frame over its `max-ws-msg-len` (65,536
+//! bytes unless an administrator set it between 1,024 and 1,048,576). Each connection this
+//! client opens learns that limit at its login, and refuses a bigger request with
+//! [`Error::TooLarge`] before sending it; see [`FrameLimit`] to fix it instead, or to send any
+//! size.
 //!
 //! # Errors
 //!
@@ -98,7 +112,7 @@ mod transport;
 pub use admin::{Admin, Day, LiveStats, Page};
 pub use control_plane::ControlPlane;
 pub use copy_subscriber::{CopyEvent, CopyMessage, CopySubscriber};
-pub use endpoint::{Credentials, Endpoint};
+pub use endpoint::{Credentials, Endpoint, FrameLimit};
 pub use error::{Error, Result};
 pub use message::{Body, Durability, Message, MessageId};
 pub use publisher::{
@@ -108,4 +122,4 @@ pub use qe_shared::protocol::Role;
 pub use qe_shared::settings::Setting;
 pub use qe_shared::Code;
 pub use reconnect::Reconnect;
-pub use subscriber::{Delivery, Event, Subscriber, SubscriberBuilder, SubscriberHandle};
+pub use subscriber::{Delivery, Event, Subscriber, SubscriberBuilder, SubscriberHandle, Verdict};

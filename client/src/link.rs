@@ -6,8 +6,11 @@
 //! connection's owner. When the connection ends, every request still waiting is answered
 //! with the same [`Error::Closed`], and only then does the owner's channel end: whoever reads
 //! it has seen every reply of the connection by then.
+//!
+//! The largest frame a connection sends is fixed at its login: by default the login asks for
+//! the queue's `max-ws-msg-len` (`"limits":true`) and the reply's `maxwsmsglen` is it.
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, FrameLimit};
 use crate::error::{code_of, Error, Result};
 use crate::message::MessageId;
 use crate::transport::{self, Socket};
@@ -47,7 +50,7 @@ struct Shared {
     state: Mutex<State>,
     /// The next request's `context`.
     next_context: AtomicU64,
-    /// The endpoint's limit on a frame sent.
+    /// The largest frame to send (learned at the login, or the endpoint's); `None`: any.
     max_frame_bytes: Option<usize>,
 }
 
@@ -97,15 +100,17 @@ impl Shared {
 }
 
 impl Link {
-    /// Connects, sends `login`, and waits for its reply (nothing else may be sent before it).
-    /// Returns the connection, the login's reply (checked: a failure is
-    /// [`Error::Refused`]), and the frames that answer no request.
+    /// Connects, sends the `login` (asking for the queue's limits when the endpoint learns
+    /// them), and waits for its reply (nothing else may be sent before it). Returns the
+    /// connection, the login's reply (checked: a failure is [`Error::Refused`]), and the frames
+    /// that answer no request.
     pub(crate) async fn open(
         endpoint: &Endpoint,
-        login: String,
+        login: &Fields,
     ) -> Result<(Link, Fields, mpsc::UnboundedReceiver<Fields>)> {
         let timeout = endpoint.connect_timeout;
-        let (socket, reply) = tokio::time::timeout(timeout, log_in(endpoint, login))
+        let text = login_text(login, endpoint.frame_limit);
+        let (socket, reply) = tokio::time::timeout(timeout, log_in(endpoint, text))
             .await
             .map_err(|_| Error::Timeout(timeout))??;
         let (sink, stream) = socket.split();
@@ -114,7 +119,7 @@ impl Link {
         let shared = Arc::new(Shared {
             state: Mutex::default(),
             next_context: AtomicU64::new(1),
-            max_frame_bytes: endpoint.max_frame_bytes,
+            max_frame_bytes: max_frame_bytes(endpoint.frame_limit, &reply),
         });
         let (written, writer_done) = oneshot::channel();
         let (read_all, reader_done) = oneshot::channel();
@@ -187,6 +192,11 @@ impl Link {
             },
             None,
         )
+    }
+
+    /// The largest frame this connection sends (`None`: any).
+    pub(crate) fn max_frame_bytes(&self) -> Option<usize> {
+        self.shared.max_frame_bytes
     }
 
     /// Whether the connection is still up (as far as the client knows).
@@ -267,6 +277,35 @@ fn closed_by_client() -> Error {
     Error::Closed {
         close_code: None,
         reason: "the client closed the connection".into(),
+    }
+}
+
+/// The login as sent: with `"limits":true` when the limit is to be learned from the reply.
+fn login_text(login: &Fields, limit: FrameLimit) -> String {
+    let mut fields = login.clone();
+    if limit == FrameLimit::Learned {
+        fields.insert("limits".into(), Value::Bool(true));
+    }
+    Value::Object(fields).to_string()
+}
+
+/// The largest frame a connection sends, given its login's `reply`. A node too old to know
+/// `"limits"` says nothing (and a publish in the login is answered by the publish alone): the
+/// queue's default then, which is what such a node has unless an administrator changed it.
+fn max_frame_bytes(limit: FrameLimit, reply: &Fields) -> Option<usize> {
+    match limit {
+        FrameLimit::Fixed(bytes) => Some(bytes),
+        FrameLimit::Unlimited => None,
+        FrameLimit::Learned => match reply.get("maxwsmsglen") {
+            None => Some(FrameLimit::DEFAULT_BYTES),
+            Some(learned) => match learned.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                Some(bytes) => Some(bytes),
+                None => {
+                    tracing::warn!(%learned, "a maxwsmsglen that is no size; the default is used");
+                    Some(FrameLimit::DEFAULT_BYTES)
+                }
+            },
+        },
     }
 }
 
@@ -466,8 +505,8 @@ pub(crate) type OnOpen = Box<dyn Fn(mpsc::UnboundedReceiver<Fields>) + Send + Sy
 /// a new connection.
 pub(crate) struct Redial {
     endpoint: Endpoint,
-    /// The login, as sent.
-    login: String,
+    /// The login's fields (each connection asks for the queue's limits afresh).
+    login: Fields,
     /// Whether to open it again at all.
     reconnect: bool,
     link: Mutex<Link>,
@@ -485,11 +524,11 @@ impl Redial {
     /// Connects and logs in; returns the login's reply too.
     pub(crate) async fn open(
         endpoint: &Endpoint,
-        login: String,
+        login: Fields,
         reconnect: bool,
         on_open: OnOpen,
     ) -> Result<(Redial, Fields)> {
-        let (link, reply, frames) = Link::open(endpoint, login.clone()).await?;
+        let (link, reply, frames) = Link::open(endpoint, &login).await?;
         on_open(frames);
         let redial = Redial {
             endpoint: endpoint.clone(),
@@ -514,7 +553,7 @@ impl Redial {
             return Ok(link);
         }
         tracing::debug!(url = %self.endpoint.url, "connecting again");
-        let (link, _, frames) = Link::open(&self.endpoint, self.login.clone()).await?;
+        let (link, _, frames) = Link::open(&self.endpoint, &self.login).await?;
         (self.on_open)(frames);
         *self.link.lock().expect("redial") = link.clone();
         Ok(link)
@@ -523,5 +562,44 @@ impl Redial {
     /// The connection as it is now.
     pub(crate) fn current(&self) -> Link {
         self.link.lock().expect("redial").clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(value: Value) -> Fields {
+        match value {
+            Value::Object(fields) => fields,
+            _ => unreachable!("an object"),
+        }
+    }
+
+    #[test]
+    fn only_a_login_that_learns_asks_for_the_limits() {
+        let login = fields(json!({"username": "u", "password": "p", "role": "publisher"}));
+        let asked = |limit| {
+            let text = login_text(&login, limit);
+            let sent: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(sent["username"], "u", "{text}");
+            sent.get("limits").cloned()
+        };
+        assert_eq!(asked(FrameLimit::Learned), Some(Value::Bool(true)));
+        assert_eq!(asked(FrameLimit::Fixed(65_536)), None);
+        assert_eq!(asked(FrameLimit::Unlimited), None);
+    }
+
+    #[test]
+    fn the_limit_is_the_replys_or_else_the_default_unless_the_endpoint_fixes_one() {
+        let told = fields(json!({"status": "Success.", "maxwsmsglen": 131_072}));
+        let silent = fields(json!({"status": "Success."}));
+        let garbled = fields(json!({"status": "Success.", "maxwsmsglen": "big"}));
+        assert_eq!(max_frame_bytes(FrameLimit::Learned, &told), Some(131_072));
+        assert_eq!(max_frame_bytes(FrameLimit::Learned, &silent), Some(65_536));
+        assert_eq!(max_frame_bytes(FrameLimit::Learned, &garbled), Some(65_536));
+        assert_eq!(max_frame_bytes(FrameLimit::Fixed(8192), &told), Some(8192));
+        assert_eq!(max_frame_bytes(FrameLimit::Unlimited, &told), None);
     }
 }

@@ -136,7 +136,7 @@ impl PublisherBuilder {
 
     async fn open(self, kind: Kind) -> Result<Core> {
         self.credentials.check()?;
-        let login = Value::Object(self.credentials.login(Role::Publisher, kind)).to_string();
+        let login = self.credentials.login(Role::Publisher, kind);
         let ignore = Box::new(|_| {});
         let (connection, _) = Redial::open(&self.endpoint, login, self.reconnect, ignore).await?;
         Ok(Core {
@@ -271,7 +271,7 @@ impl Publisher {
         for (name, value) in fields.into_iter().filter(|(name, _)| name != "context") {
             login.insert(name, value);
         }
-        let (link, reply, _) = Link::open(endpoint, Value::Object(login).to_string()).await?;
+        let (link, reply, _) = Link::open(endpoint, &login).await?;
         link.close();
         read_id(reply)
     }
@@ -279,6 +279,14 @@ impl Publisher {
     /// Publishes waiting for their replies now.
     pub fn in_flight(&self) -> usize {
         self.core.connection.current().in_flight()
+    }
+
+    /// The largest frame (a publish's JSON, body included) the connection there is now sends:
+    /// the queue's `max-ws-msg-len` learned at its login, unless the [`Endpoint`] fixed one
+    /// ([`FrameLimit`](crate::FrameLimit)). `None`: any size is sent. A bigger publish is
+    /// refused with [`Error::TooLarge`] before it is sent.
+    pub fn max_frame_bytes(&self) -> Option<usize> {
+        self.core.connection.current().max_frame_bytes()
     }
 
     /// Closes the connection (publishes in flight fail with [`Error::Closed`]). Dropping the
@@ -318,6 +326,12 @@ impl CopyPublisher {
     /// Publishes waiting for their replies now.
     pub fn in_flight(&self) -> usize {
         self.core.connection.current().in_flight()
+    }
+
+    /// The largest frame the connection there is now sends (see
+    /// [`Publisher::max_frame_bytes`]).
+    pub fn max_frame_bytes(&self) -> Option<usize> {
+        self.core.connection.current().max_frame_bytes()
     }
 
     /// Closes the connection.

@@ -3,7 +3,8 @@
 //!
 //! One task owns the session: the connection, the session id, the messages held, the acks in
 //! flight. The [`Subscriber`] (a stream of [`Event`]s) and its [`SubscriberHandle`]s talk to it
-//! through channels.
+//! through channels. [`Subscriber::handle_each`] reads that stream for the application: a
+//! handler per message, then its ack.
 //!
 //! # Reconnection, exactly
 //!
@@ -36,6 +37,7 @@ use qe_shared::settings::Setting;
 use qe_shared::Code;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -196,6 +198,27 @@ impl Delivery {
     }
 }
 
+/// What a handler given to [`Subscriber::handle_each`] decided about a message: the
+/// subscriber acknowledges or rejects it accordingly, once the handler has returned.
+///
+/// There is no "try again later": a message the subscriber neither acknowledges nor rejects
+/// stays held by its session, and goes back to the queue only when the session ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Handled: acknowledge it, and the queue removes it.
+    Ack,
+    /// Never to be handled (a poison message): reject it (a nack). It moves to the dead letter
+    /// queue **for good**, is not delivered again, and waits there for an administrator
+    /// (who can put it back). Only what the handler decides is rejected, never a failure of
+    /// its own: a handler that cannot handle a message *now* should wait and try again, or
+    /// stop the process and let the message come again.
+    ///
+    /// A message with durability 0 cannot go to the dead letter queue (305): it is
+    /// acknowledged instead, as the manual advises, and a warning logged.
+    Reject,
+}
+
 /// A subscriber on a distribute queue: a [`Stream`] of [`Event`]s.
 ///
 /// It stands in the queue's line with a capacity: the number of messages it can hold before
@@ -206,6 +229,11 @@ impl Delivery {
 /// Dropping it closes the connection without a logout: the queue keeps the session for its
 /// saved-session time, then gives what it held to others. [`Subscriber::logout`] gives them
 /// back at once.
+///
+/// The simplest worker is [`Subscriber::handle_each`]: it calls a handler with each message and
+/// acknowledges the message once the handler has returned (delivery is at least once; see
+/// there). The stream is for everything else: several messages handled at once, the
+/// reconnection events, acks sent from other tasks.
 ///
 /// ```no_run
 /// use futures::StreamExt;
@@ -406,7 +434,7 @@ impl SubscriberBuilder {
         self.credentials.check()?;
         check_capacity(self.capacity)?;
         let login = login(&self.credentials, self.capacity, None, self.replay);
-        let (link, reply, frames) = Link::open(&self.endpoint, login).await?;
+        let (link, reply, frames) = Link::open(&self.endpoint, &login).await?;
         let session_id = session_id(&reply)?;
         let (events, events_out) = mpsc::unbounded_channel();
         let (commands, commands_in) = mpsc::unbounded_channel();
@@ -514,6 +542,155 @@ impl Subscriber {
             .map_err(|_| subscriber_ended())?;
         answer.await.map_err(|_| subscriber_ended())?
     }
+
+    /// Handles every message, one at a time, until the subscriber cannot go on: calls
+    /// `handler` with each delivery, and only once it has returned sends the ack (or, for
+    /// [`Verdict::Reject`], the nack), and waits for the queue's answer before the next.
+    ///
+    /// **Delivery is at least once.** A message is acknowledged only after its handler
+    /// returned, so a process that stops in between (or a node that restarts, so that the
+    /// session cannot be resumed and the ack cannot be taken: [`Error::SessionEnded`]) gets
+    /// the message again later, here or in another subscriber: the handler may see a message
+    /// twice, never zero times. Make it idempotent (the message's [`id`](Delivery::id) stays
+    /// the same), or check for what it has done before.
+    ///
+    /// The loop goes on through what is not the handler's business: a dropped connection and
+    /// its resumption or replacement ([`Event::Disconnected`], [`Event::Reconnected`]), an ack
+    /// that could not be taken because its session ended (the message comes again), and a
+    /// message an administrator deleted or moved to the dead letter queue while its handler
+    /// ran (the ack is refused with 301: the message is gone; its notice, which arrived
+    /// meanwhile, is skipped). It returns the error that ends the subscriber (a login refused
+    /// on reconnection, reconnection turned off, an ack refused otherwise); `Ok(())` only if
+    /// the stream had ended already.
+    ///
+    /// The handler takes the delivery: it should not acknowledge or reject it itself (the
+    /// verdict does). For several messages handled at once, read the stream instead and
+    /// acknowledge from tasks ([`SubscriberHandle`]).
+    ///
+    /// ```no_run
+    /// use qe_client::{Credentials, Endpoint, Subscriber, Verdict};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { id: u64 }
+    ///
+    /// # async fn ship(order: Order) {}
+    /// # async fn run() -> qe_client::Result<()> {
+    /// let endpoint = Endpoint::new("wss://QUEUE-ID.q.CLUSTER.thequeueexpert.com/")?;
+    /// let login = Credentials::new("SUBSCRIBER-NAME", "SUBSCRIBER-PASSWORD");
+    /// let mut subscriber = Subscriber::connect(&endpoint, login, 10).await?;
+    /// subscriber
+    ///     .handle_each(|delivery| async move {
+    ///         match delivery.json::<Order>() {
+    ///             Ok(order) => {
+    ///                 ship(order).await; // acknowledged after this returns
+    ///                 Verdict::Ack
+    ///             }
+    ///             // Not an order, and never will be: to the dead letter queue.
+    ///             Err(_) => Verdict::Reject,
+    ///         }
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub async fn handle_each<F, Fut>(&mut self, handler: F) -> Result<()>
+    where
+        F: FnMut(Delivery) -> Fut,
+        Fut: Future<Output = Verdict>,
+    {
+        self.handle_next(usize::MAX, handler).await.map(|_| ())
+    }
+
+    /// Handles the next `count` messages as [`Subscriber::handle_each`] does, then returns how
+    /// many it handled: `count`, or fewer if the stream ended first. A message that comes
+    /// again (at least once) counts again. The subscriber goes on: the messages it holds
+    /// beyond those stay held until handled or the session ends.
+    pub async fn handle_next<F, Fut>(&mut self, count: usize, mut handler: F) -> Result<usize>
+    where
+        F: FnMut(Delivery) -> Fut,
+        Fut: Future<Output = Verdict>,
+    {
+        let mut handled = 0;
+        while handled < count {
+            let delivery = match self.next().await {
+                None => break,
+                Some(Err(error)) => return Err(error),
+                Some(Ok(Event::Message(delivery))) => delivery,
+                Some(Ok(event)) => {
+                    tracing::debug!(?event, "not a message: the handler goes on");
+                    continue;
+                }
+            };
+            let (id, session) = (delivery.id.clone(), delivery.session);
+            let verdict = handler(delivery).await;
+            handled += 1;
+            let answer = self.settle(&id, session, verdict).await;
+            if let Err(error) = answer {
+                return Err(self.failure_or(error));
+            }
+        }
+        Ok(handled)
+    }
+
+    /// Acknowledges or rejects a handled message as `verdict` says; `Err` only for what stops
+    /// the handler's loop.
+    async fn settle(&self, id: &MessageId, session: u64, verdict: Verdict) -> Result<()> {
+        let ack = verdict == Verdict::Ack;
+        let mut answer = self.handle.finish(id.clone(), ack, Some(session)).await;
+        if let Err(Error::Refused {
+            code: Code::NackDurabilityZero,
+            ..
+        }) = answer
+        {
+            tracing::warn!(%id, "rejected, but durability 0 cannot go to the dead letter queue: acknowledged");
+            answer = self.handle.finish(id.clone(), true, Some(session)).await;
+        }
+        match answer {
+            Ok(()) => Ok(()),
+            // The node restarted, or the session could not be resumed: not lost, the queue
+            // delivers the message again.
+            Err(Error::SessionEnded) => {
+                tracing::info!(%id, "its session ended before the ack: it comes again");
+                Ok(())
+            }
+            // Not held any more: an administrator deleted it or moved it to the dead letter
+            // queue while the handler ran.
+            Err(Error::Refused {
+                code: Code::InvalidMessageId,
+                ..
+            }) => {
+                tracing::info!(%id, "taken away by an administrator while it was handled");
+                Ok(())
+            }
+            // Done (acknowledged, or in the dead letter queue); only its sync failed, so it
+            // may not survive a crash of the machine, and the message may come again.
+            Err(
+                error @ Error::Refused {
+                    code: Code::SyncFailed,
+                    ..
+                },
+            ) => {
+                tracing::warn!(%id, %error, "done, but not synced");
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Why the subscriber ended, if it has (its stream's last item), rather than `error`, the
+    /// ack's "the subscriber has ended": the session's task yields its failure before it drops
+    /// the acks waiting, so the failure is in the channel by then.
+    fn failure_or(&mut self, error: Error) -> Error {
+        if !matches!(error, Error::Closed { .. }) {
+            return error;
+        }
+        while let Ok(event) = self.events.try_recv() {
+            if let Err(failure) = event {
+                self.ended = true;
+                return failure;
+            }
+        }
+        error
+    }
 }
 
 impl Stream for Subscriber {
@@ -544,14 +721,14 @@ fn check_capacity(capacity: u32) -> Result<()> {
 }
 
 /// A subscriber's login: fresh, or resuming `session`.
-fn login(credentials: &Credentials, capacity: u32, session: Option<&str>, replay: bool) -> String {
+fn login(credentials: &Credentials, capacity: u32, session: Option<&str>, replay: bool) -> Fields {
     let mut fields = credentials.login(Role::Subscriber, Kind::Distribute);
     fields.insert("capacity".into(), capacity.into());
     if let Some(session) = session {
         fields.insert("sessionid".into(), session.into());
         fields.insert("replay".into(), replay.into());
     }
-    Value::Object(fields).to_string()
+    fields
 }
 
 fn session_id(reply: &Fields) -> Result<String> {
@@ -956,7 +1133,7 @@ impl Session {
                 );
                 let attempt = tokio::select! {
                     _ = &mut self.stop => return Err(subscriber_ended()),
-                    attempt = Link::open(&self.endpoint, login) => attempt,
+                    attempt = Link::open(&self.endpoint, &login) => attempt,
                 };
                 match attempt {
                     Ok((link, reply, frames)) => {
@@ -998,7 +1175,7 @@ impl Session {
             let login = login(&self.credentials, self.capacity, None, self.replay);
             let attempt = tokio::select! {
                 _ = &mut self.stop => return Err(subscriber_ended()),
-                attempt = Link::open(&self.endpoint, login) => attempt,
+                attempt = Link::open(&self.endpoint, &login) => attempt,
             };
             match attempt {
                 Ok((link, reply, frames)) => {

@@ -371,6 +371,10 @@ async fn purge_dlq_settings_and_each_failure_has_its_code() {
 
     // Into the dead letter queue by the admin's movetodlq, then back, a part at a time.
     let dead = send(r#"["d1","d2","d3"]"#);
+    let moved_from = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let endpoint = Endpoint::new(&url).unwrap();
     let admin = Admin::connect(&endpoint, qe.saved_login(&queue, "admin"))
         .await
@@ -381,14 +385,27 @@ async fn purge_dlq_settings_and_each_failure_has_its_code() {
             .await
             .unwrap();
     }
+    let moved_by = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let moved_when = |at: &serde_json::Value| {
+        let at = at.as_u64().expect("a time");
+        (moved_from..=moved_by).contains(&at)
+    };
     let listed = qe.ok(&["--json", "dlq", "list", &queue]).json();
     assert_eq!(ids_of(listed.as_array().unwrap()), dead);
+    for line in listed.as_array().unwrap() {
+        assert_eq!(line["dlq_reason"], "rejected", "{line}");
+        assert!(moved_when(&line["dead_lettered_at"]), "{line}");
+    }
     let got = qe.ok(&["--json", "dlq", "get", &queue, &dead[0]]).json();
     assert_eq!(got["body"], "d1");
     assert_eq!(
         got["dlq_reason"], "rejected",
         "moved by an administrator: {got}"
     );
+    assert_eq!(got["dead_lettered_at"], listed[0]["dead_lettered_at"]);
     let live = qe.ok(&["--json", "messages", "list", &queue]).json();
     assert!(live.as_array().unwrap().is_empty(), "{live}");
     let one = qe
@@ -402,6 +419,9 @@ async fn purge_dlq_settings_and_each_failure_has_its_code() {
     let csv = qe.ok(&["--csv", "dlq", "list", &queue]).csv();
     assert_eq!(csv.len(), 2, "the header and one left: {csv:?}");
     assert_eq!(csv[1][0], dead[2]);
+    assert_eq!(csv[0][6..], ["DEAD-LETTERED", "REASON"], "{csv:?}");
+    assert!(csv[1][6].ends_with('Z'), "a UTC time: {csv:?}");
+    assert_eq!(csv[1][7], "rejected", "{csv:?}");
     // A message not in the DLQ is not found; a count out of range is refused.
     qe.expect(2, &["dlq", "redrive", &queue, &dead[0]]);
     let refused = qe.expect(3, &["dlq", "redrive", &queue, "--count", "0"]);
@@ -610,9 +630,11 @@ async fn a_queue_made_with_a_name_and_tags_shows_them() {
     assert!(again.stderr.contains("named orders"), "{again:?}");
 }
 
-/// Issue 32: the queue's own `max-ws-msg-len` decides what `qe send` may send. Raised, a body
-/// past the default's 64 KiB goes and comes back whole; lowered, a bigger one is closed with
-/// 1009 by the queue, which is a refusal (exit 3), not an outage (4).
+/// Issue 32: the queue's own `max-ws-msg-len` decides what `qe send` may send (learned at the
+/// login). Raised, a body past the default's 64 KiB goes and comes back whole; lowered, a
+/// bigger one is refused before it is sent, as the queue would have refused it with 1009: a
+/// refusal (exit 3), not an outage (4). (The 1009 close itself exits 3 too: `failure.rs`'s
+/// unit test, and the library's tests in `client_limits.rs` meet a real one.)
 #[tokio::test]
 async fn the_queues_own_message_limit_decides_and_1009_is_a_refusal() {
     let cp = ControlPlane::start();
@@ -635,7 +657,10 @@ async fn the_queues_own_message_limit_decides_and_1009_is_a_refusal() {
 
     qe.ok(&["config", "set", &queue, "max-ws-msg-len=1024"]);
     let over = qe.expect(3, &["send", &queue, "--body", &"o".repeat(2000)]);
-    assert!(over.stderr.contains("refused: closed 1009"), "{over:?}");
+    assert!(
+        over.stderr.contains("over the limit of 1024"),
+        "the queue's limit, learned: {over:?}"
+    );
     qe.ok(&["send", &queue, "--body", "small"]);
 }
 
@@ -754,7 +779,9 @@ async fn tail_carries_on_through_three_node_kills_and_prints_every_confirmed_mes
 }
 
 /// A message `qe receive --delete` could not print (its stdout closed, as in `| head -0`) is
-/// not acknowledged: it stays in the queue.
+/// not acknowledged: it stays in the queue. And the early end logs the session out, so what it
+/// held waits again at once (a saved session would keep it for the saved-session time): the
+/// next `qe receive`, and a `qe tail` after a `qe tail` that failed the same way, get it.
 #[tokio::test]
 async fn a_message_receive_could_not_print_is_not_deleted() {
     let cp = ControlPlane::start();
@@ -778,7 +805,24 @@ async fn a_message_receive_could_not_print_is_not_deleted() {
         .unwrap();
     // Nobody reads: the first line meets a closed pipe.
     drop(child.stdout.take());
+    // A closed stdout ends it as `| head` does (exit 0): what matters is what it left.
     child.wait().unwrap();
     let left = qe.ok(&["--json", "messages", "list", &queue]).json();
     assert_eq!(left.as_array().unwrap().len(), 2, "{left}");
+    let receive = ["--json", "receive", &queue, "--max-messages", "2"];
+    let again = qe.ok(&[&receive[..], &["--wait-seconds", "5"]].concat());
+    assert_eq!(again.stdout.lines().count(), 2, "given back: {again:?}");
+
+    // The same for tail.
+    let mut tail = Command::new(qe_binary())
+        .args(["--json", "tail", &queue, "--capacity", "2"])
+        .env("QE_CONFIG", qe.config_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(tail.stdout.take());
+    tail.wait().unwrap();
+    let again = qe.ok(&[&receive[..], &["--wait-seconds", "5"]].concat());
+    assert_eq!(again.stdout.lines().count(), 2, "given back: {again:?}");
 }

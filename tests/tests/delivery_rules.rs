@@ -123,7 +123,11 @@ async fn max_receive_count_dead_letters_after_the_last_failed_delivery_and_a_res
     let nacked_at = shown["dlqdat"].as_u64().expect("a nack says when too");
     assert!((capped_at..=now_secs()).contains(&nacked_at), "{shown}");
     let listed = [
-        (id.clone(), capped_at.to_string(), "max-receive-count".into()),
+        (
+            id.clone(),
+            capped_at.to_string(),
+            "max-receive-count".into(),
+        ),
         (
             nacked["id"].as_str().unwrap().into(),
             nacked_at.to_string(),

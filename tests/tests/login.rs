@@ -349,7 +349,11 @@ async fn a_login_that_asks_learns_the_queues_frame_limit() {
         .await;
     let logins = [
         ("publisher", "distribute", json!({"limits": true})),
-        ("subscriber", "distribute", json!({"limits": true, "capacity": 1})),
+        (
+            "subscriber",
+            "distribute",
+            json!({"limits": true, "capacity": 1}),
+        ),
         ("subscriber", "copy", json!({"limits": true})),
         ("admin", "distribute", json!({"limits": true})),
     ];

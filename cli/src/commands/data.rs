@@ -393,7 +393,7 @@ pub async fn messages(context: &Context, command: MessagesCommand) -> Result<(),
         MessagesCommand::List { queue } => {
             let admin = admin(context, &queue).await?;
             let list = every_page(admin.all_messages(), "listing messages").await?;
-            summaries(&list).print(context.format);
+            summaries(&list, false).print(context.format);
         }
         MessagesCommand::Get { queue, id } => {
             let admin = admin(context, &queue).await?;
@@ -420,31 +420,45 @@ pub(super) async fn every_page(
     Ok(list)
 }
 
-/// A listing of messages (getmsgs, getdlqmsgs) as a table and JSON.
-pub(super) fn summaries(list: &[MessageSummary]) -> Output {
+/// A listing of messages (getmsgs, or with `dlq` getdlqmsgs, which adds when and why each
+/// was dead-lettered) as a table and JSON.
+pub(super) fn summaries(list: &[MessageSummary], dlq: bool) -> Output {
     let kind = |binary: bool| if binary { "binary" } else { "text" };
     let rows = list
         .iter()
         .map(|m| {
-            vec![
+            let mut row = vec![
                 m.id.to_string(),
                 m.len.to_string(),
                 m.delay_secs.to_string(),
                 m.durability.number().to_string(),
                 kind(m.binary).to_string(),
                 utc(m.received_at),
-            ]
+            ];
+            if dlq {
+                row.push(m.dead_lettered_at.map_or("-".to_string(), utc));
+                row.push(m.dead_reason.clone().unwrap_or_else(|| "-".to_string()));
+            }
+            row
         })
         .collect();
     let json: Vec<Value> = list
         .iter()
         .map(|m| {
-            json!({"id": m.id, "len": m.len, "delay_secs": m.delay_secs,
+            let mut line = json!({"id": m.id, "len": m.len, "delay_secs": m.delay_secs,
                    "durability": m.durability.number(), "binary": m.binary,
-                   "received_at": m.received_at})
+                   "received_at": m.received_at});
+            if dlq {
+                line["dead_lettered_at"] = m.dead_lettered_at.into();
+                line["dlq_reason"] = m.dead_reason.clone().into();
+            }
+            line
         })
         .collect();
-    let headers = vec!["ID", "LEN", "DELAY", "DURABILITY", "TYPE", "RECEIVED"];
+    let mut headers = vec!["ID", "LEN", "DELAY", "DURABILITY", "TYPE", "RECEIVED"];
+    if dlq {
+        headers.extend(["DEAD-LETTERED", "REASON"]);
+    }
     Output::new(headers, rows, json.into())
 }
 
@@ -464,6 +478,12 @@ pub(super) fn stored_output(stored: &StoredMessage) -> Output {
     if let Some(reason) = &stored.dead_reason {
         rows.push(vec!["DLQ REASON".to_string(), reason.clone()]);
         json["dlq_reason"] = reason.clone().into();
+        let at = stored.dead_lettered_at;
+        rows.push(vec![
+            "DEAD-LETTERED".to_string(),
+            at.map_or("-".into(), utc),
+        ]);
+        json["dead_lettered_at"] = at.into();
     }
     match &stored.content {
         Content::Message {

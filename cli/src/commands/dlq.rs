@@ -19,7 +19,7 @@ pub async fn run(context: &Context, command: DlqCommand) -> Result<(), Failure> 
         DlqCommand::List { queue } => {
             let admin = admin(context, &queue).await?;
             let list = every_page(admin.all_dlq_messages(), "listing the DLQ").await?;
-            summaries(&list).print(context.format);
+            summaries(&list, true).print(context.format);
             Ok(())
         }
         DlqCommand::Get { queue, id } => {

@@ -20,7 +20,8 @@ use super::line::Line;
 use super::outbox::Outbox;
 use crate::message::ids::{IdGenerator, IdMap, MessageId, SessionId};
 use crate::message::{
-    frame_body_type, notice_frame, Dead, DeadReason, Durability, Message, NewMessage, RecoveredMessage,
+    frame_body_type, notice_frame, Dead, DeadReason, Durability, Message, NewMessage,
+    RecoveredMessage,
 };
 use crate::store::{Change, Life, Receipt, Store};
 use qe_shared::Code;

@@ -1157,7 +1157,10 @@ fn a_poison_message_that_ends_its_subscribers_sessions_is_capped_too() {
     assert_eq!(q.death(n).map(|d| d.reason), Some(DeadReason::Rejected));
     // It says when (the wall clock's time: it is only shown).
     let at_ms = q.death(n).unwrap().at_ms;
-    assert!((before..=crate::engine::now_ms()).contains(&at_ms), "{at_ms}");
+    assert!(
+        (before..=crate::engine::now_ms()).contains(&at_ms),
+        "{at_ms}"
+    );
     // A redrive starts the count again.
     let (moved, _) = q.redrive(&[m]);
     assert_eq!(moved, 1);
@@ -1326,7 +1329,10 @@ fn a_restart_during_the_last_allowed_delivery_counts_it_as_failed() {
     q.set_rules(rules(2, 0));
     q.restore(vec![recovered(1, 2, None), recovered(2, 1, None)], T0);
     let poison = MessageId(uuid::Uuid::from_u128(1));
-    assert_eq!(q.death(poison).map(|d| d.reason), Some(DeadReason::MaxReceives));
+    assert_eq!(
+        q.death(poison).map(|d| d.reason),
+        Some(DeadReason::MaxReceives)
+    );
     let pulled = q.receive(10, VISIBILITY_MS, T0);
     assert_eq!(pulled.len(), 1, "only the one with a delivery left");
     assert_eq!(pulled[0].receives, 2);

@@ -132,7 +132,11 @@ pub fn encode_message(out: &mut Vec<u8>, record: &MessageRecord<'_>) -> usize {
     // A message's first record alone has its deduplication id, and a first record is never
     // dead-lettered.
     debug_assert!(record.dedup.is_none() || record.dead_at_ms == 0);
-    let kind = match (record.dedup.is_some(), record.dead_at_ms != 0, record.has_life()) {
+    let kind = match (
+        record.dedup.is_some(),
+        record.dead_at_ms != 0,
+        record.has_life(),
+    ) {
         (true, _, _) => Kind::MessageDeduplicated,
         (false, true, _) => Kind::MessageDead,
         (false, false, true) => Kind::MessageLife,

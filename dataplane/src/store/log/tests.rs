@@ -722,12 +722,7 @@ async fn receive_counts_expiries_and_dead_letter_reasons_survive_restarts_and_co
         };
         store.record(published).wait().await.unwrap();
     }
-    fn rewrite(
-        m: &Msg,
-        expires_ms: Option<u64>,
-        receives: u32,
-        dead: Option<Dead>,
-    ) -> Change<'_> {
+    fn rewrite(m: &Msg, expires_ms: Option<u64>, receives: u32, dead: Option<Dead>) -> Change<'_> {
         Change::Published {
             id: m.id,
             message: &m.message,

@@ -10,6 +10,7 @@
 //! - [`console_token`]: the web console's short-lived logins to a node; [`hmac`] signs them
 //!   and node credentials.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
+//! - `synced_sled` (feature `sled`): sled made durable by a real fsync, for both planes' stores.
 
 pub mod build;
 pub mod calendar;
@@ -25,6 +26,8 @@ pub mod password;
 pub mod protocol;
 pub mod settings;
 pub mod sqs;
+#[cfg(feature = "sled")]
+pub mod synced_sled;
 
 pub use code::Code;
 

@@ -713,6 +713,16 @@ impl Client {
     }
 }
 
+/// The times (first column) of a history reply's CSV lines (`getstats`, `getusage`).
+pub fn record_times(reply: &Value) -> Vec<u64> {
+    reply["csv"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(',').next()?.parse().ok())
+        .collect()
+}
+
 /// Asserts `reply` is a failure with `code` and the manual's reason.
 pub fn assert_failure(reply: &Value, code: u16) {
     assert_eq!(reply["status"], "Failure.", "{reply}");

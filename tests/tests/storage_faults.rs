@@ -453,17 +453,47 @@ async fn stats_times(admin: &mut Client, count: usize) -> Vec<u64> {
         let (year, month, day) = qe_shared::calendar::civil_from_days(now / 86_400);
         let ask = json!({"cmd": "getstats", "average": false,
                          "year": year, "month": month, "day": day});
-        let reply = admin.success(ask).await;
-        let times: Vec<u64> = reply["csv"]
-            .as_str()
-            .unwrap()
-            .lines()
-            .filter_map(|line| line.split(',').next()?.parse().ok())
-            .collect();
+        let times = qe_tests::record_times(&admin.success(ask).await);
         if times.len() >= count {
             return times;
         }
         assert!(std::time::Instant::now() < deadline, "no stats records");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// The control plane's own store (sled, on one host) keeps the same rule: an API write is
+/// answered only once synced for real, and after a failed sync every write is answered as
+/// failed (500), also once the disk works again, until a restart reads back what is there.
+/// Before the fix a write on the failing disk answered 201.
+#[tokio::test]
+async fn the_control_planes_store_answers_writes_as_failed_once_a_sync_failed() {
+    let disk = FailingSyncs::mount();
+    let dir = tempfile::tempdir_in(disk.dir()).unwrap();
+    let cp = qe_tests::ControlPlane::start_in(dir, "");
+    let account = |name: &str| json!({ "name": name }).to_string();
+    let (status, made) = cp
+        .call("POST", "/v1/accounts", Some(&account("kept")))
+        .await;
+    assert_eq!(status, 201, "{made}");
+
+    disk.fail_syncs();
+    let (status, reply) = cp
+        .call("POST", "/v1/accounts", Some(&account("lost")))
+        .await;
+    assert_eq!(status, 500, "may not last: {reply}");
+    disk.heal();
+    let (status, reply) = cp
+        .call("POST", "/v1/accounts", Some(&account("still")))
+        .await;
+    assert_eq!(status, 500, "not trusted until a restart: {reply}");
+
+    let cp = cp.restart();
+    let (status, listed) = cp.call("GET", "/v1/accounts", None).await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(listed.to_string().contains("\"kept\""), "{listed}");
+    let (status, made) = cp
+        .call("POST", "/v1/accounts", Some(&account("after")))
+        .await;
+    assert_eq!(status, 201, "{made}");
 }

@@ -126,7 +126,9 @@ impl From<crate::store::StoreError> for ApiError {
             StoreError::Unavailable(_) | StoreError::NotLeader => {
                 ApiError::Unavailable(error.to_string())
             }
+            // A write whose sync failed may or may not last: a failure, never a success.
             StoreError::Sled(_)
+            | StoreError::NotSynced(_)
             | StoreError::Record(_)
             | StoreError::NotEmpty
             | StoreError::Config(_) => ApiError::Internal(error.to_string()),

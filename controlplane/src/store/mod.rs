@@ -216,6 +216,9 @@ pub enum Report {
 pub enum StoreError {
     #[error("the store: {0}")]
     Sled(#[from] ::sled::Error),
+    /// A write whose sync failed, now or before (`qe_shared::synced_sled`).
+    #[error(transparent)]
+    NotSynced(#[from] qe_shared::synced_sled::NotSynced),
     /// etcd did not answer (no majority, no member reachable) or refused.
     #[error("the store is unavailable: {0}")]
     Unavailable(String),

@@ -2,14 +2,19 @@
 //!
 //! Keys map onto the trees stores made before the backend trait keep: `queues/ID` in tree
 //! `queues` as `ID`, `usage/…` and `stats/…` in trees of those names, everything else in the
-//! default tree. Every write is flushed before it is answered; sled's calls block, so they
+//! default tree. Every write is synced before it is answered, with a real fsync after sled's
+//! flush ([`qe_shared::synced_sled`]: sled's own flush is `sync_file_range`, not a sync); a
+//! failed sync is final, and every write after it is answered as failed until the control
+//! plane restarts and reads back what the disk has. sled's calls block, so they
 //! run on tokio's blocking threads, never on the runtime's workers: a slow disk delays the
 //! requests that wrote, not the rest (health checks, node watches, DNS). Only this process
 //! writes, so the changes to follow are its own (the [`super::Store`] wakes its waiters).
 
 use super::{Backend, Fence, Listed, StoreError, Stored, Version};
 use async_trait::async_trait;
+use qe_shared::synced_sled::SyncedSled;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The trees that hold keys of one prefix, without it.
 const TREES: [&str; 3] = ["queues", "usage", "stats"];
@@ -17,6 +22,7 @@ const TREES: [&str; 3] = ["queues", "usage", "stats"];
 /// Cheap to clone: sled's handles are shared.
 #[derive(Clone)]
 pub struct SledBackend {
+    store: Arc<SyncedSled>,
     db: sled::Db,
     /// The trees of [`TREES`], in that order.
     trees: Vec<sled::Tree>,
@@ -24,12 +30,17 @@ pub struct SledBackend {
 
 impl SledBackend {
     pub fn open(dir: &Path) -> Result<SledBackend, StoreError> {
-        let db = sled::Config::new().path(dir).flush_every_ms(None).open()?;
+        let store = SyncedSled::open(sled::Config::new().flush_every_ms(None), dir)?;
+        let db = store.db().clone();
         let trees = TREES
             .iter()
             .map(|name| db.open_tree(name))
             .collect::<Result<_, _>>()?;
-        Ok(SledBackend { db, trees })
+        Ok(SledBackend {
+            store: Arc::new(store),
+            db,
+            trees,
+        })
     }
 
     /// The tree `key` is in, and its key there.
@@ -53,7 +64,7 @@ impl SledBackend {
         values.values().map(|value| Ok(value?.to_vec())).collect()
     }
 
-    /// Runs `work` on a blocking thread, then flushes if it wrote.
+    /// Runs `work` on a blocking thread, then syncs if it wrote.
     async fn blocking<T: Send + 'static>(
         &self,
         work: impl FnOnce(&SledBackend) -> Result<(T, bool), StoreError> + Send + 'static,
@@ -62,7 +73,7 @@ impl SledBackend {
         tokio::task::spawn_blocking(move || {
             let (answer, wrote) = work(&this)?;
             if wrote {
-                this.db.flush()?;
+                this.store.sync()?;
             }
             Ok(answer)
         })

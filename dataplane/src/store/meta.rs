@@ -1,20 +1,16 @@
 //! The node's small, rarely written state, kept in sled: the administrator's settings, and
 //! the stats and usage history (`history.rs`).
 //!
-//! sled's own flush is not a sync: sled 0.34 writes its log with `pwrite` and then
-//! `sync_file_range` on Linux, which flushes neither the drive's write cache nor the file's
-//! metadata, and whose failure a pass-through file system never even sees. A setting or a
-//! billing record "on the disk" after it would be lost with the machine. So every write here
-//! that must last is flushed by sled and then synced by [`MetaDisk::sync`] with a real fsync of
-//! sled's file, as the message log syncs its segments (README, "Durability and the data directory").
-//! A failed sync is final, as the log's is: the kernel may have dropped the pages it could not
-//! write and a later sync would report success without them, so nothing written to this store
-//! is counted as on the disk again until the node restarts and reads back what is there.
+//! Every write here that must last is flushed by sled and then synced with a real fsync
+//! ([`qe_shared::synced_sled`]: sled's own flush is not a sync), as the message log syncs its
+//! segments (README, "Durability and the data directory"); a failed sync is final, as the
+//! log's: nothing written to this store counts as on the disk again until the node restarts.
 
 use qe_shared::settings::{Setting, Settings, Tier};
+pub use qe_shared::synced_sled::NotSynced;
+use qe_shared::synced_sled::SyncedSled;
 use qe_shared::Code;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub struct Meta {
@@ -23,43 +19,23 @@ pub struct Meta {
     settings: sled::Tree,
 }
 
-/// sled's database and its file, synced for real; shared by the settings and the history.
+/// sled's database and its real sync; shared by the settings and the history.
 #[derive(Clone)]
-pub struct MetaDisk(Arc<Disk>);
-
-struct Disk {
-    db: sled::Db,
-    /// sled's one data file (`DIR/db`), opened again to fsync it.
-    file: std::fs::File,
-    /// A sync failed: none is trusted again in this process.
-    failed: AtomicBool,
-}
-
-/// A write to the meta store that may not be on the disk: its sync failed now or before.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the settings and history store could not be synced; nothing written to it since counts as on the disk until the node restarts")]
-pub struct NotSynced;
+pub struct MetaDisk(Arc<SyncedSled>);
 
 impl MetaDisk {
     /// The database itself, for its trees.
     pub fn db(&self) -> &sled::Db {
-        &self.0.db
+        self.0.db()
     }
 
-    /// Makes everything written so far durable: sled's flush (its writes and
-    /// `sync_file_range`), then an fsync of its file. Fails at once after any failure before.
+    /// Makes everything written so far durable; fails at once after any failure before.
     pub fn sync(&self) -> Result<(), NotSynced> {
-        let disk = &self.0;
-        if disk.failed.load(Ordering::Acquire) {
-            return Err(NotSynced);
-        }
-        let synced = disk.db.flush().is_ok() && disk.file.sync_all().is_ok();
-        if !synced {
-            disk.failed.store(true, Ordering::Release);
+        let synced = self.0.sync();
+        if synced.is_err() {
             tracing::error!("the settings and history store failed a sync: nothing written to it is trusted to the disk until the node restarts");
-            return Err(NotSynced);
         }
-        Ok(())
+        synced
     }
 }
 
@@ -86,23 +62,14 @@ const CHANGED_AT: &str = "changed-at";
 
 impl Meta {
     pub fn open(dir: &Path) -> Result<Meta, sled::Error> {
-        let db = sled::Config::new()
-            .path(dir)
+        let config = sled::Config::new()
             // Settings and history are small: a small cache is plenty.
             .cache_capacity(8 << 20)
-            // Every save flushes (syncs) itself; no background flusher thread is needed, and
-            // without one a dropped database lets go of its files at once.
-            .flush_every_ms(None)
-            .open()?;
-        let settings = db.open_tree("settings")?;
-        let file = std::fs::File::open(dir.join("db"))?;
-        // sled made its files: their names last once the directory is synced too.
-        std::fs::File::open(dir)?.sync_all()?;
-        let disk = MetaDisk(Arc::new(Disk {
-            db,
-            file,
-            failed: AtomicBool::new(false),
-        }));
+            // Every save syncs itself; no background flusher thread is needed, and without
+            // one a dropped database lets go of its files at once.
+            .flush_every_ms(None);
+        let disk = MetaDisk(Arc::new(SyncedSled::open(config, dir)?));
+        let settings = disk.db().open_tree("settings")?;
         Ok(Meta { disk, settings })
     }
 

@@ -1,7 +1,7 @@
 //! One error type for the whole library: what the queue refused (with the manual's failure
 //! code), what the client refused before sending, and what happened to the connection.
 
-use crate::message::MessageId;
+use crate::id::MessageId;
 use qe_shared::Code;
 
 /// What can go wrong. Every fallible call of this crate returns it.

@@ -102,6 +102,7 @@ pub mod control_plane;
 mod copy_subscriber;
 mod endpoint;
 mod error;
+mod id;
 mod link;
 mod message;
 mod publisher;

@@ -157,11 +157,7 @@ pub const NODE_BOOTSTRAP: &str = "node.bootstrap";
 /// queue's instances): someone else may hold it; `reason` says which.
 pub const NODE_BOOTSTRAP_REFUSED: &str = "node.bootstrap-refused";
 
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub use qe_shared::clock::now_ms;
 
 #[cfg(test)]
 mod tests {

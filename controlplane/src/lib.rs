@@ -42,11 +42,7 @@ pub mod store;
 pub mod usage;
 
 /// Seconds since 1970 now: the time every record, serial and certificate date is kept in.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+pub use qe_shared::clock::now_secs as unix_now;
 
 /// Every secret and key is written whole, its owner's alone (`qe_shared::files`).
 pub use qe_shared::files::{sync_dir, write_private};

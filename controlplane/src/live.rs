@@ -99,11 +99,7 @@ pub fn fresh_for(live_stats_secs: u64) -> Duration {
 }
 
 /// Milliseconds since 1970 now.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64)
-}
+pub use qe_shared::clock::now_ms;
 
 #[cfg(test)]
 mod tests {

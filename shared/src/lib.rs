@@ -9,11 +9,13 @@
 //!   both check of a node build.
 //! - [`console_token`]: the web console's short-lived logins to a node; [`hmac`] signs them
 //!   and node credentials.
+//! - [`clock`]: the one wall clock, in ms or seconds since 1970.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
 //! - `synced_sled` (feature `sled`): sled made durable by a real fsync, for both planes' stores.
 
 pub mod build;
 pub mod calendar;
+pub mod clock;
 pub mod code;
 pub mod console_token;
 pub mod files;

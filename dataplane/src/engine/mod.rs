@@ -28,16 +28,11 @@ pub use queue::{
 use crate::store::{Receipt, Store};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 /// Milliseconds since 1970, from the wall clock (delays must survive restarts, part 2).
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("the clock is after 1970")
-        .as_millis() as u64
-}
+pub use qe_shared::clock::now_ms;
 
 /// What [`Queue::snapshot`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -192,7 +192,7 @@ impl State {
 
     /// The segment compaction should take next, if any is worth it (see [`Index`]).
     fn compaction_candidate(&self) -> Option<u32> {
-        let now_ms = crate::engine::now_ms();
+        let now_ms = qe_shared::clock::now_ms();
         let skipped =
             |segment: &u32| self.retiring.contains(segment) || self.damaged.contains(segment);
         self.index

@@ -1,5 +1,6 @@
 //! When and how often a subscriber connects again after its connection drops.
 
+use qe_shared::backoff::Backoff;
 use std::time::Duration;
 
 /// How a subscriber reconnects after its connection drops.
@@ -63,24 +64,7 @@ impl Reconnect {
     }
 
     pub(crate) fn backoff(&self) -> Backoff {
-        Backoff {
-            next: self.initial_backoff,
-            max: self.max_backoff,
-        }
-    }
-}
-
-/// Waits that double from the first up to a cap.
-pub(crate) struct Backoff {
-    next: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn next_wait(&mut self) -> Duration {
-        let wait = self.next.min(self.max);
-        self.next = (wait * 2).min(self.max);
-        wait
+        Backoff::new(self.initial_backoff, self.max_backoff)
     }
 }
 

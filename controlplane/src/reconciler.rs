@@ -22,6 +22,7 @@ use crate::nodes::Bootstraps;
 use crate::queues::{Failure, Queue, Status};
 use crate::silence::{self, Rules};
 use crate::store::{Store, StoreError};
+use qe_shared::backoff::Backoff;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -402,7 +403,7 @@ impl Reconciler {
         // A failed queue whose node never said it serves has made no record to wait for.
         let never_ran = queue.failure.is_some() && queue.applied_version == 0;
         let mut reported = never_ran || self.last_report_within(queue, LAST_REPORT_SOON).await?;
-        let mut again_after = Duration::from_secs(1);
+        let mut again_after = Backoff::new(Duration::from_secs(1), HAND_OVER_AGAIN_AT_MOST);
         while !reported && !left().is_zero() {
             tracing::warn!(queue = %queue.id, "its node's last report has not come: handing its records over from its data");
             let bootstrap = self.bootstraps.for_queue(queue);
@@ -418,8 +419,7 @@ impl Reconciler {
                 .last_report_within(queue, LAST_REPORT_SOON.min(left()))
                 .await?;
             if !reported {
-                tokio::time::sleep(again_after.min(left())).await;
-                again_after = (again_after * 2).min(HAND_OVER_AGAIN_AT_MOST);
+                tokio::time::sleep(again_after.next_wait().min(left())).await;
             }
         }
         if !reported {

@@ -6,6 +6,7 @@
 //! start.
 
 use crate::channel::{write_private, Channel, ChannelError};
+use qe_shared::backoff::Backoff;
 use qe_tls::Certificate;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,7 +65,7 @@ impl OwnCertificate {
         if kept && fresh && self.due_in().is_some_and(|due| !due.is_zero()) {
             return;
         }
-        let mut wait = RETRY_AFTER;
+        let mut backoff = Backoff::new(RETRY_AFTER, Duration::from_secs(30));
         loop {
             match self.renew().await {
                 Ok(()) => return,
@@ -73,9 +74,9 @@ impl OwnCertificate {
                     return;
                 }
                 Err(error) => {
+                    let wait = backoff.next_wait();
                     tracing::warn!(%error, retry_in = ?wait, "no certificate of its own yet");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(30));
                 }
             }
         }
@@ -100,7 +101,7 @@ impl OwnCertificate {
     /// Renews two thirds into each certificate's validity, and retries one the control plane
     /// asked for that failed, for the life of the node.
     pub async fn keep_renewed(self) {
-        let mut wait = RETRY_AFTER;
+        let mut backoff = Backoff::new(RETRY_AFTER, RETRY_AFTER_AT_MOST);
         loop {
             let asked =
                 self.kept_generation().unwrap_or(0) < self.generation.load(Ordering::Relaxed);
@@ -114,11 +115,11 @@ impl OwnCertificate {
                 _ = self.retry.notified() => {}
             }
             match self.renew().await {
-                Ok(()) => wait = RETRY_AFTER,
+                Ok(()) => backoff.reset(),
                 Err(error) => {
+                    let wait = backoff.next_wait();
                     tracing::warn!(%error, retry_in = ?wait, "the certificate could not be renewed");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
                 }
             }
         }

@@ -10,6 +10,7 @@ use crate::config::{Config, ConfigFile, LoginFile, ReportTo};
 use crate::control_planes::{ControlPlanes, Unanswered};
 use crate::node::Node;
 use crate::report::{self, Reporter};
+use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{
     Applied, Bootstrap, CertificateRequest, DesiredConfig, DesiredRedrive, IssuedCertificate,
     LoginHash, NodeBuild, NodeTls, RedriveChange, RedriveRefused, WATCH_HOLD_SECS,
@@ -193,7 +194,7 @@ impl Channel {
     /// Confirms the version confirmed last once more: the control plane hears of a build
     /// refused since (retried until it does).
     pub async fn confirm_again(&self) {
-        let mut wait = RETRY_AFTER;
+        let mut backoff = Backoff::new(RETRY_AFTER, RETRY_AFTER_AT_MOST);
         loop {
             let version = *self.confirmed.borrow();
             // Nothing confirmed yet: the first confirmation, which is on its way, says it.
@@ -203,9 +204,9 @@ impl Channel {
             match self.applied(version).await {
                 Ok(()) => return,
                 Err(error) => {
+                    let wait = backoff.next_wait();
                     tracing::warn!(%error, retry_in = ?wait, "telling the control plane of a refused build failed");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
                 }
             }
         }
@@ -320,8 +321,10 @@ fn kept(data_dir: &Path) -> Option<DesiredConfig> {
 /// The config to start with: the control plane's, retried while it refuses; the kept one
 /// when it cannot be reached and there is one.
 pub async fn first_config(channel: &Channel, data_dir: &Path) -> DesiredConfig {
-    let mut wait = RETRY_AFTER;
+    let mut backoff = Backoff::new(RETRY_AFTER, RETRY_AFTER_AT_MOST);
     loop {
+        // How long this round waits if it gets nothing.
+        let wait = backoff.next_wait();
         match channel.desired(None).await {
             Ok(Some(desired)) => {
                 if let Err(error) = keep(data_dir, &desired) {
@@ -340,7 +343,6 @@ pub async fn first_config(channel: &Channel, data_dir: &Path) -> DesiredConfig {
             }
         }
         tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
     }
 }
 
@@ -432,7 +434,7 @@ pub trait Apply: Send + Sync {
 /// Confirms `started` (the version the node started with), then applies each new version and
 /// confirms it. Runs for the life of the node.
 pub async fn watch(channel: Channel, data_dir: PathBuf, started: u64, apply: Arc<dyn Apply>) {
-    let mut wait = RETRY_AFTER;
+    let mut backoff = Backoff::new(RETRY_AFTER, RETRY_AFTER_AT_MOST);
     let mut serving = started;
     let mut confirmed = None;
     loop {
@@ -440,16 +442,16 @@ pub async fn watch(channel: Channel, data_dir: PathBuf, started: u64, apply: Arc
             match channel.applied(serving).await {
                 Ok(()) => confirmed = Some(serving),
                 Err(error) => {
+                    let wait = backoff.next_wait();
                     tracing::warn!(%error, retry_in = ?wait, "the applied version could not be confirmed");
                     refused(&channel, &data_dir, &error).await;
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
                     continue;
                 }
             }
         }
         match channel.desired(Some(serving)).await {
-            Ok(None) => wait = RETRY_AFTER,
+            Ok(None) => backoff.reset(),
             Ok(Some(desired)) => match apply.apply(&desired).await {
                 Ok(()) => {
                     if let Err(error) = keep(&data_dir, &desired) {
@@ -457,19 +459,19 @@ pub async fn watch(channel: Channel, data_dir: PathBuf, started: u64, apply: Arc
                     }
                     tracing::info!(version = desired.version, "config applied");
                     serving = desired.version;
-                    wait = RETRY_AFTER;
+                    backoff.reset();
                 }
                 Err(error) => {
+                    let wait = backoff.next_wait();
                     tracing::warn!(%error, version = desired.version, retry_in = ?wait, "a config could not be applied");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
                 }
             },
             Err(error) => {
+                let wait = backoff.next_wait();
                 tracing::warn!(%error, retry_in = ?wait, "watching the config failed");
                 refused(&channel, &data_dir, &error).await;
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
             }
         }
     }

@@ -8,6 +8,7 @@ use dataplane::node::Node;
 use dataplane::report::{self, Reporter};
 use dataplane::server::Server;
 use dataplane::sqs::Sqs;
+use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{DesiredConfig, NodeTls};
 use qe_tls::Certificate;
 use std::io::Write;
@@ -395,7 +396,8 @@ async fn wait_for_certificate(config: &Config) {
     let Some(to) = &config.report_to else { return };
     let dir = config.data_dir.join("tls");
     let kept = dir.join("cert.pem").exists() && dir.join("key.pem").exists();
-    let mut wait = std::time::Duration::from_millis(250);
+    let most = std::time::Duration::from_secs(30);
+    let mut backoff = Backoff::new(std::time::Duration::from_millis(250), most);
     loop {
         match report::fetch_certificate(to, &dir).await {
             Ok(()) => return,
@@ -404,9 +406,9 @@ async fn wait_for_certificate(config: &Config) {
                 return;
             }
             Err(error) => {
+                let wait = backoff.next_wait();
                 tracing::warn!(%error, retry_in = ?wait, "no certificate from the control plane yet");
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(std::time::Duration::from_secs(30));
             }
         }
     }
@@ -435,8 +437,11 @@ async fn report_last_and_exit(
         }
     };
     let reporter = Reporter::new(node, to);
-    let mut wait = std::time::Duration::from_secs(1);
+    let most = std::time::Duration::from_secs(30);
+    let mut backoff = Backoff::new(std::time::Duration::from_secs(1), most);
     loop {
+        // How long this round waits if the report does not go.
+        let wait = backoff.next_wait();
         match until_terminated(reporter.push_last(), terminate).await {
             Some(Ok(())) => {
                 tracing::info!("the last usage record was reported");
@@ -456,7 +461,6 @@ async fn report_last_and_exit(
         {
             return ExitCode::FAILURE;
         }
-        wait = (wait * 2).min(std::time::Duration::from_secs(30));
     }
 }
 

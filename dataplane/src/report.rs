@@ -15,6 +15,7 @@ use crate::config::ReportTo;
 use crate::control_planes::Unanswered;
 use crate::history::Kind;
 use crate::node::Node;
+use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{LiveStats, NodeReport, StatsRecord, UsageRecord};
 use qe_tls::Certificate;
 use std::sync::{Arc, RwLock};
@@ -158,7 +159,7 @@ impl Reporter {
     /// Pushes whatever is new, then waits for the next record; backs off while pushes fail.
     /// Runs until aborted.
     pub async fn run(self) {
-        let mut wait = RETRY_AFTER;
+        let mut backoff = Backoff::new(RETRY_AFTER, RETRY_AFTER_AT_MOST);
         loop {
             let recorded = self.node.history.recorded.notified();
             tokio::pin!(recorded);
@@ -166,13 +167,13 @@ impl Reporter {
             recorded.as_mut().enable();
             match self.push_all().await {
                 Ok(()) => {
-                    wait = RETRY_AFTER;
+                    backoff.reset();
                     recorded.await;
                 }
                 Err(error) => {
+                    let wait = backoff.next_wait();
                     tracing::warn!(%error, retry_in = ?wait, "reporting to the control plane failed");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
                 }
             }
         }

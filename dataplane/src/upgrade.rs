@@ -23,6 +23,7 @@
 //! halts the roll.
 
 use crate::channel::{write_private, Channel};
+use qe_shared::backoff::Backoff;
 use qe_shared::build::is_sha256;
 use qe_shared::node_channel::{DesiredBuild, RefusedBuild};
 use sha2::Digest;
@@ -309,7 +310,7 @@ impl Upgrader {
         }
         let dir = builds_dir(&self.data_dir);
         let path = binary(&dir, sha256);
-        let mut wait = FETCH_RETRY;
+        let mut backoff = Backoff::new(FETCH_RETRY, Duration::from_secs(60));
         loop {
             match self.fetch(build, &dir, &path).await {
                 Ok(()) => break,
@@ -320,9 +321,9 @@ impl Upgrader {
                     return;
                 }
                 Err(FetchError::Failed(error)) => {
+                    let wait = backoff.next_wait();
                     tracing::warn!(build = %sha256, %error, retry_in = ?wait, "fetching a build failed");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(60));
                 }
             }
         }

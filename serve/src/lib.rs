@@ -20,6 +20,7 @@
 //!   ([`accept`]).
 
 use hyper_util::rt::TokioTimer;
+use qe_shared::backoff::Backoff;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -200,14 +201,14 @@ pub async fn accept(gate: &Arc<Gate>, listener: &TcpListener) -> (TcpStream, Soc
 /// is retried after a pause that grows, so a full descriptor table does not spin a core. (The
 /// WebSocket port, whose admission is the manual's, accepts with this alone.)
 pub async fn accept_retrying(listener: &TcpListener) -> (TcpStream, SocketAddr) {
-    let mut pause = ACCEPT_PAUSE;
+    let mut backoff = Backoff::new(ACCEPT_PAUSE, ACCEPT_PAUSE_AT_MOST);
     loop {
         match listener.accept().await {
             Ok(accepted) => return accepted,
             Err(error) => {
+                let pause = backoff.next_wait();
                 tracing::warn!(%error, retry_in = ?pause, "accepting a connection failed");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(ACCEPT_PAUSE_AT_MOST);
             }
         }
     }

@@ -9,10 +9,12 @@
 //!   both check of a node build.
 //! - [`console_token`]: the web console's short-lived logins to a node; [`hmac`] signs them
 //!   and node credentials.
+//! - [`backoff`]: waits that double after each failure, for every retry loop.
 //! - [`clock`]: the one wall clock, in ms or seconds since 1970.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
 //! - `synced_sled` (feature `sled`): sled made durable by a real fsync, for both planes' stores.
 
+pub mod backoff;
 pub mod build;
 pub mod calendar;
 pub mod clock;

@@ -19,6 +19,7 @@ use crate::dns::Zone;
 use crate::leadership::Leadership;
 use crate::store::Store;
 use crate::unix_now as now;
+use qe_shared::backoff::Backoff;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,14 +140,14 @@ impl Issuer {
 /// Puts `issued` in the store, trying again (with backoff) while the store is unavailable:
 /// ordering again would spend the CA's limits on a certificate already issued.
 async fn keep_certificate(store: &Store, issued: &Issued) {
-    let mut wait = RETRY_AFTER;
+    let mut backoff = Backoff::new(RETRY_AFTER, RETRY_AFTER_AT_MOST);
     while let Err(error) = store.put_certificate(issued).await {
         if matches!(error, crate::store::StoreError::NotLeader) {
             return;
         }
+        let wait = backoff.next_wait();
         tracing::warn!(%error, retry_in = ?wait, "the new certificate could not be kept yet");
         tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
     }
 }
 
@@ -191,7 +192,7 @@ async fn keep_certified_while_leading(
     store: &Store,
     renew_now: &Notify,
 ) {
-    let mut wait = RETRY_AFTER;
+    let mut backoff = Backoff::new(RETRY_AFTER, RETRY_AFTER_AT_MOST);
     let mut forced = false;
     loop {
         let due = match store.certificate().await {
@@ -228,12 +229,12 @@ async fn keep_certified_while_leading(
                 crate::audit::record(store, entry).await;
                 tracing::info!("certificate issued for {}", zone.wildcard());
                 forced = false;
-                wait = RETRY_AFTER;
+                backoff.reset();
             }
             Err(error) => {
+                let wait = backoff.next_wait();
                 tracing::warn!(%error, retry_in = ?wait, "no certificate yet");
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RETRY_AFTER_AT_MOST);
             }
         }
     }

@@ -11,6 +11,7 @@ use crate::queues::{Addresses, Placement, Queue};
 use crate::write_private;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::Bootstrap;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -547,18 +548,15 @@ async fn supervise(
             }
             _ = child.exited() => {}
         }
-        let mut wait = RESTART_AFTER;
+        let mut backoff = Backoff::new(RESTART_AFTER, RESTART_AFTER_AT_MOST);
         child = loop {
             tokio::select! {
                 _ = &mut stop => return,
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep(backoff.next_wait()) => {}
             }
             match launcher.launch().await {
                 Ok(child) => break child,
-                Err(error) => {
-                    tracing::error!(%error, "a node could not be restarted");
-                    wait = (wait * 2).min(RESTART_AFTER_AT_MOST);
-                }
+                Err(error) => tracing::error!(%error, "a node could not be restarted"),
             }
         };
         pid.store(child.id(), std::sync::atomic::Ordering::Relaxed);

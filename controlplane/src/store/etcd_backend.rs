@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
+use qe_shared::backoff::Backoff;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -242,7 +243,8 @@ impl EtcdBackend {
         request: impl Fn(etcd_client::KvClient) -> F,
     ) -> Result<Attempted<T>, StoreError> {
         let deadline = Instant::now() + self.give_up_after;
-        let (mut wait, mut failed_in_round, mut after_failure) = (FIRST_WAIT, 0, false);
+        let mut backoff = Backoff::new(FIRST_WAIT, LONGEST_WAIT);
+        let (mut failed_in_round, mut after_failure) = (0, false);
         loop {
             let member = self.current.load(Ordering::Relaxed);
             let left = deadline.saturating_duration_since(Instant::now());
@@ -272,8 +274,8 @@ impl EtcdBackend {
             tracing::info!(%error, member, "an etcd request is tried on the next member");
             failed_in_round += 1;
             if failed_in_round == self.members.len() {
-                tokio::time::sleep(wait.min(left)).await;
-                (wait, failed_in_round) = ((wait * 2).min(LONGEST_WAIT), 0);
+                tokio::time::sleep(backoff.next_wait().min(left)).await;
+                failed_in_round = 0;
             }
         }
     }

@@ -16,6 +16,7 @@
 use super::actions::sqs_body;
 use crate::engine::{Anchor, MessageId};
 use crate::node::Node;
+use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::DeadLetterTarget;
 use qe_shared::sqs::sigv4;
 use serde_json::{json, Value};
@@ -50,7 +51,7 @@ pub async fn forward(node: Arc<Node>, queue_id: String) {
             continue;
         };
         let sender = Sender::new(&queue_id, target);
-        let mut pause = RETRY_AFTER;
+        let mut backoff = Backoff::new(RETRY_AFTER, RETRY_AT_MOST);
         // Halved while the target refuses a whole batch (too long together for it).
         let mut batch_size = BATCH;
         // How many dead letters there were when a look found none to send (all damaged or
@@ -73,7 +74,7 @@ pub async fn forward(node: Arc<Node>, queue_id: String) {
             none_to_send_at = None;
             match sender.send(&batch).await {
                 Ok(answer) => {
-                    pause = RETRY_AFTER;
+                    backoff.reset();
                     batch_size = BATCH;
                     for (id, reason) in answer.refused {
                         refuse(&sender, &mut refused, id, &reason);
@@ -86,12 +87,12 @@ pub async fn forward(node: Arc<Node>, queue_id: String) {
                 }
                 Err(Failure::Refused(reason)) => refuse(&sender, &mut refused, batch[0].0, &reason),
                 Err(Failure::Unreached(error)) => {
+                    let pause = backoff.next_wait();
                     tracing::warn!(%error, target = %sender.target.arn, retry_in = ?pause, "dead letters could not be sent to their target");
                     tokio::select! {
                         _ = tokio::time::sleep(pause) => {}
                         _ = redrive.changed() => {}
                     }
-                    pause = (pause * 2).min(RETRY_AT_MOST);
                 }
             }
         }

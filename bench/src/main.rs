@@ -117,6 +117,11 @@ enum Command {
         /// the node compact segments full of them while it is measured.
         #[arg(long, default_value_t = 0)]
         preload: usize,
+        /// SQS long-polling receivers (aws-sdk-sqs, 20 s waits) held beside the WebSocket load
+        /// all along: what idle pull receivers cost the push path. A message one of them gets
+        /// is deleted and counted as delivered.
+        #[arg(long, default_value_t = 0)]
+        sqs_pollers: usize,
     },
     /// Restart time and memory with many stored messages.
     Recovery {
@@ -294,6 +299,7 @@ async fn main() {
         no_compaction: args.no_compaction,
         count_allocations: args.count_allocations,
         count_syscalls: args.count_syscalls,
+        sqs_face: matches!(args.command, Command::Run { sqs_pollers, .. } if sqs_pollers > 0),
     };
     match args.command {
         Command::Run {
@@ -302,6 +308,7 @@ async fn main() {
             durabilities,
             seconds,
             preload,
+            sqs_pollers,
         } => {
             let probe = node::fdatasync_probe(&config.data_root, Duration::from_secs(2));
             println!("fdatasync probe (4 KiB append + fdatasync, serial): {probe:.0}/s");
@@ -317,6 +324,7 @@ async fn main() {
                             durability,
                             Duration::from_secs(seconds),
                             workload::Preload { messages: preload },
+                            sqs_pollers,
                         )
                         .await;
                         let mut line = report.line();

@@ -27,11 +27,18 @@ pub struct NodeConfig {
     pub count_allocations: bool,
     /// Count the node's system calls with `perf stat` during each run.
     pub count_syscalls: bool,
+    /// Serve the SQS face too (on a port of its own), with the key [`SQS_KEY`].
+    pub sqs_face: bool,
 }
+
+/// The SQS key of a node started with `sqs_face`: an administrator's.
+pub const SQS_KEY: (&str, &str) = ("AKIABENCH", "bench-secret");
 
 pub struct Node {
     child: Child,
     url: String,
+    /// The SQS face's address, when it serves one.
+    pub sqs: Option<std::net::SocketAddr>,
     /// Time from spawn to the `listening on` line.
     pub startup: Duration,
     /// The counts the node prints at SIGUSR1 (`allocations N`), when it counts them.
@@ -68,19 +75,33 @@ impl Node {
                     .flatten(),
             )
             .args(config.no_compaction.then_some("--no-compaction"))
+            .args(match config.sqs_face {
+                true => vec![
+                    "--sqs-listen".to_string(),
+                    "127.0.0.1:0".to_string(),
+                    "--sqs-key".to_string(),
+                    format!("admin:{}:{}", SQS_KEY.0, SQS_KEY.1),
+                ],
+                false => Vec::new(),
+            })
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start the node (is taskset installed and the release binary built?)");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let addr = loop {
+        let (mut addr, mut sqs) = (None, None);
+        while addr.is_none() || (config.sqs_face && sqs.is_none()) {
             let mut line = String::new();
             assert!(stdout.read_line(&mut line).unwrap() > 0, "the node exited");
-            if let Some(addr) = line.trim().strip_prefix("listening on ") {
-                break addr.parse::<std::net::SocketAddr>().unwrap();
+            if let Some(listening) = line.trim().strip_prefix("listening on ") {
+                addr = Some(listening.parse::<std::net::SocketAddr>().unwrap());
             }
-        };
+            if let Some(serving) = line.trim().strip_prefix("sqs: serving on ") {
+                sqs = Some(serving.parse::<std::net::SocketAddr>().unwrap());
+            }
+        }
+        let addr = addr.expect("read");
         let startup = started.elapsed();
         let (counts, allocation_counts) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -94,6 +115,7 @@ impl Node {
         Node {
             child,
             url: config.wire.url(addr),
+            sqs,
             startup,
             allocation_counts: config.count_allocations.then_some(allocation_counts),
         }

@@ -97,7 +97,7 @@ pub async fn sqs_sdk(settings: &Settings) {
 
 /// A client of plain HTTP to the endpoint (the node's TLS is not what is measured), without
 /// retries: a refusal fails the run.
-fn client(setup: &serde_json::Value) -> Client {
+pub(crate) fn client(setup: &serde_json::Value) -> Client {
     let key = &setup["key"];
     let credentials = Credentials::new(
         key[0].as_str().expect("a key id"),

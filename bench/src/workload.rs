@@ -314,6 +314,66 @@ pub(crate) async fn subscriber(
     }
 }
 
+/// SQS long-polling receivers beside a run's WebSocket load (`bench run --sqs-pollers`).
+struct PullReceivers {
+    sqs: std::net::SocketAddr,
+    delivered: Arc<(AtomicUsize, Notify)>,
+    budget: Arc<Semaphore>,
+    stop: watch::Receiver<bool>,
+}
+
+impl PullReceivers {
+    /// `count` receivers, each waiting 20 s at a time until the run stops, all of them waiting
+    /// before this returns. What one gets it deletes and counts as delivered; returns the ids.
+    async fn start(self, count: usize) -> Vec<tokio::task::JoinHandle<Vec<String>>> {
+        let setup = serde_json::json!({
+            "endpoint": format!("http://{}", self.sqs),
+            "key": [crate::node::SQS_KEY.0, crate::node::SQS_KEY.1],
+        });
+        let client = crate::sqs_sdk::client(&setup);
+        let url = client.get_queue_url().queue_name("queue").send().await;
+        let url = url.expect("the queue").queue_url.expect("its URL");
+        let handles = (0..count)
+            .map(|_| {
+                let (client, url) = (client.clone(), url.clone());
+                let (delivered, budget) = (self.delivered.clone(), self.budget.clone());
+                let mut stop = self.stop.clone();
+                tokio::spawn(async move {
+                    let mut ids = Vec::new();
+                    loop {
+                        let receive = client
+                            .receive_message()
+                            .queue_url(&url)
+                            .max_number_of_messages(10)
+                            .wait_time_seconds(20)
+                            .send();
+                        let answer = tokio::select! {
+                            answer = receive => answer.expect("a receive"),
+                            _ = stop.changed() => return ids,
+                        };
+                        for message in answer.messages() {
+                            let handle = message.receipt_handle().expect("a handle");
+                            let delete = client.delete_message().queue_url(&url);
+                            delete
+                                .receipt_handle(handle)
+                                .send()
+                                .await
+                                .expect("a delete");
+                            ids.push(message.message_id().expect("an id").to_string());
+                            delivered.0.fetch_add(1, Ordering::Relaxed);
+                            delivered.1.notify_one();
+                            budget.add_permits(1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Let every receive reach the node and start to wait.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        handles
+    }
+}
+
 /// Live messages stored before a run, and where, so that the run's churn makes the node
 /// compact: its old segments are full of them, and every compaction copies them on.
 #[derive(Debug, Clone, Copy, Default)]
@@ -385,6 +445,7 @@ pub async fn run(
     durability: u8,
     time: Duration,
     preload: Preload,
+    sqs_pollers: usize,
 ) -> Report {
     let dir = tempfile::tempdir_in(&config.data_root).unwrap();
     let node = Node::start(config, dir.path());
@@ -411,6 +472,18 @@ pub async fn run(
             tokio::spawn(subscriber)
         })
         .collect();
+    let pollers = match node.sqs {
+        Some(sqs) if sqs_pollers > 0 => {
+            let pollers = PullReceivers {
+                sqs,
+                delivered: delivered.clone(),
+                budget: budget.clone(),
+                stop: stopped.clone(),
+            };
+            pollers.start(sqs_pollers).await
+        }
+        _ => Vec::new(),
+    };
     let cpu_before = node.cpu_time();
     let allocations_before = node.allocations();
     let syscall_count = node.count_syscalls(config);
@@ -452,6 +525,9 @@ pub async fn run(
         let part = handle.await.unwrap();
         received.ids.extend(part.ids);
         received.delivery_ns.extend(part.delivery_ns);
+    }
+    for handle in pollers {
+        received.ids.extend(handle.await.unwrap());
     }
     check_exactly_once(&mut published.ids, &mut received.ids);
     let messages = published.ids.len();

@@ -553,17 +553,24 @@ async fn settings_the_full_disk_cannot_take_get_506_or_505_as_they_applied_or_no
         csv.lines().nth(1).unwrap().to_string()
     };
     meta.fill();
-    // Saved where the disk could not sync it: it applies, and says so (506). Unless the
-    // settings store already failed on a write of its own (the history's): then nothing is
-    // saved, and nothing changes (505).
-    let reply = command(
-        &mut admin,
-        json!({"cmd": "setcfg", "max-subscriber-capacity": 5}),
-    )
-    .await;
+    // A change that still fits in what the store's file holds already is saved (Success:
+    // it is on the disk). The first that needs more of the full disk is saved where the disk
+    // could not sync it: it applies, and says so (506). Unless the settings store already
+    // failed on a write of its own (the history's): then nothing is saved, and nothing
+    // changes (505).
+    let (mut value, mut last_saved) = (5, 1024);
+    let reply = loop {
+        let change = json!({"cmd": "setcfg", "max-subscriber-capacity": value});
+        let reply = command(&mut admin, change).await;
+        if reply["status"] != "Success." {
+            break reply;
+        }
+        assert!(value < 1000, "a full disk took {value} changes");
+        (last_saved, value) = (value, value + 1);
+    };
     let (code, expected) = match reply["code"].as_u64() {
-        Some(506) => (506, "max-subscriber-capacity,w,5"),
-        Some(505) => (505, "max-subscriber-capacity,w,1024"),
+        Some(506) => (506, format!("max-subscriber-capacity,w,{value}")),
+        Some(505) => (505, format!("max-subscriber-capacity,w,{last_saved}")),
         _ => panic!("a full disk, and {reply}"),
     };
     assert_failure(&reply, code);
@@ -572,7 +579,7 @@ async fn settings_the_full_disk_cannot_take_get_506_or_505_as_they_applied_or_no
     // The settings store has failed since: nothing is saved, and nothing changes.
     let reply = command(
         &mut admin,
-        json!({"cmd": "setcfg", "max-subscriber-capacity": 7}),
+        json!({"cmd": "setcfg", "max-subscriber-capacity": 1001}),
     )
     .await;
     assert_failure(&reply, 505);

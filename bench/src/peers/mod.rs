@@ -151,7 +151,7 @@ async fn measure(
         System::Dataplane => {
             let time = settings.time;
             let preload = Preload::default();
-            let report = workload::run(config, workload, size, durability, time, preload).await;
+            let report = workload::run(config, workload, size, durability, time, preload, 0).await;
             Ok(Measured::from(report))
         }
         System::Nats => nats::run(settings, workload, size, durability).await,

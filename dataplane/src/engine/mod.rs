@@ -26,7 +26,7 @@ pub use queue::{
 };
 
 use crate::store::{Receipt, Store};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -54,11 +54,17 @@ struct Shared {
     /// Wakes the timer task when a delayed message or a saved session may have become the
     /// next thing due.
     timers_changed: Notify,
-    /// Wakes long-polling pull receivers ([`Queue::receive_within`]) when messages may have
+    /// Wakes one long-polling pull receiver ([`Queue::receive_within`]) when messages may have
     /// started to wait; only while there are any (`pullers`), so a publish with nobody
-    /// polling costs one atomic load.
+    /// polling costs one atomic load. One, not all: 200 idle receivers woken by every publish
+    /// would each take the queue's lock, which every WebSocket delivery needs. The one woken
+    /// wakes the next if it leaves messages waiting, and one that stops before it looks hands
+    /// its wake-up on (tokio's `Notified`, dropped after a `notify_one`).
     arrivals: Notify,
     pullers: AtomicUsize,
+    /// Looks long-polling receivers took for waiting messages, found or not: what a wake-up
+    /// costs (the queue's lock), counted.
+    pull_looks: AtomicU64,
 }
 
 impl Queue {
@@ -69,6 +75,7 @@ impl Queue {
                 timers_changed: Notify::new(),
                 arrivals: Notify::new(),
                 pullers: AtomicUsize::new(0),
+                pull_looks: AtomicU64::new(0),
             }),
         }
     }
@@ -83,25 +90,30 @@ impl Queue {
     }
 
     pub fn publish(&self, new: &NewMessage<'_>) -> Result<(MessageId, Receipt), Refused> {
-        let (published, expiring, first_id) = {
+        let (published, expiring, first_id, waiting) = {
             let mut state = self.lock();
             let ids_before = state.next_dedup_end().is_some();
             let published = state.publish(new, now_ms());
             let first_id = !ids_before && state.next_dedup_end().is_some();
-            (published, state.next_expiring(), first_id)
+            let waiting = state.waiting_count() > 0;
+            (published, state.next_expiring(), first_id, waiting)
         };
         // (Only the first deduplication id held needs the timers told: later ones end after it.)
         if published.is_ok() && (new.delay_secs > 0 || expiring.is_some() || first_id) {
             self.shared.timers_changed.notify_one();
         }
-        self.wake_pullers();
+        // A message a WebSocket subscriber took at once wakes no pull receiver.
+        if published.is_ok() && waiting {
+            self.wake_pullers();
+        }
         published
     }
 
-    /// Messages may have started to wait: long-polling receivers look again.
+    /// Messages may have started to wait: one long-polling receiver looks again (see
+    /// `arrivals`).
     fn wake_pullers(&self) {
         if self.shared.pullers.load(Ordering::SeqCst) > 0 {
-            self.shared.arrivals.notify_waiters();
+            self.shared.arrivals.notify_one();
         }
     }
 
@@ -129,7 +141,12 @@ impl Queue {
             let arrived = self.shared.arrivals.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
-            let pulled = self.receive(max, visibility);
+            self.shared.pull_looks.fetch_add(1, Ordering::Relaxed);
+            let (pulled, more_wait) = self.receive_and_look(max, visibility);
+            if more_wait {
+                // What this receiver left is the next one's.
+                self.wake_pullers();
+            }
             if !pulled.is_empty() || tokio::time::Instant::now() >= deadline {
                 return pulled;
             }
@@ -139,6 +156,11 @@ impl Queue {
         }
     }
 
+    /// How many looks long-polling receivers have taken since start.
+    pub fn pull_looks(&self) -> u64 {
+        self.shared.pull_looks.load(Ordering::Relaxed)
+    }
+
     /// New delivery rules (`max-receive-count`, `message-retention-secs`), from now on.
     pub fn set_rules(&self, rules: Rules) {
         self.lock().set_rules(rules);
@@ -146,13 +168,24 @@ impl Queue {
 
     /// A pull receiver takes up to `max` waiting messages, invisible for `visibility`.
     pub fn receive(&self, max: usize, visibility: Duration) -> Vec<Pulled> {
-        let pulled = self
-            .lock()
-            .receive(max, visibility.as_millis() as u64, now_ms());
+        self.receive_and_look(max, visibility).0
+    }
+
+    /// [`Queue::receive`], and whether messages may still wait for another receiver: it took
+    /// all it could (`max`) and some wait. (One that took fewer took everything it could:
+    /// what still waits is held back, by its group, and a wake-up passed on would go round the
+    /// receivers for nothing.)
+    fn receive_and_look(&self, max: usize, visibility: Duration) -> (Vec<Pulled>, bool) {
+        let (pulled, more_wait) = {
+            let mut state = self.lock();
+            let pulled = state.receive(max, visibility.as_millis() as u64, now_ms());
+            let more_wait = pulled.len() == max && state.waiting_count() > 0;
+            (pulled, more_wait)
+        };
         if !pulled.is_empty() {
             self.shared.timers_changed.notify_one();
         }
-        pulled
+        (pulled, more_wait)
     }
 
     /// A pull receiver deletes a message it received (receive number `receipt`).
@@ -443,5 +476,104 @@ impl Drop for Subscription {
             self.queue.lock().leave(self.session);
             self.queue.wake_pullers();
         }
+    }
+}
+
+#[cfg(test)]
+mod pull_tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn queue() -> Arc<Queue> {
+        let limits = Limits {
+            max_messages: 1_000_000,
+            max_memory: 1 << 30,
+        };
+        Arc::new(Queue::new(Box::new(MemoryStore), limits))
+    }
+
+    fn publish(queue: &Queue, body: &str) {
+        let new = NewMessage {
+            body: body.into(),
+            ..NewMessage::default()
+        };
+        let _receipt = queue.publish(&new).unwrap();
+    }
+
+    /// `count` long-polling receivers of up to `max`, each waiting up to a minute.
+    async fn pollers(queue: &Arc<Queue>, count: usize, max: usize) -> Vec<JoinHandle> {
+        let handles: Vec<JoinHandle> = (0..count)
+            .map(|_| {
+                let queue = queue.clone();
+                tokio::spawn(async move {
+                    let minute = Duration::from_secs(60);
+                    queue.receive_within(max, minute, minute).await.len()
+                })
+            })
+            .collect();
+        while queue.shared.pullers.load(Ordering::SeqCst) < count {
+            tokio::task::yield_now().await;
+        }
+        // Each is waiting (its look found nothing) before anything is published.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        handles
+    }
+
+    type JoinHandle = tokio::task::JoinHandle<usize>;
+
+    /// One message wakes one receiver, not all: the others go on waiting (before, every
+    /// publish woke every receiver, and each took the queue's lock).
+    #[tokio::test]
+    async fn a_message_wakes_one_long_polling_receiver() {
+        let queue = queue();
+        let mut waiting = pollers(&queue, 5, 10).await;
+        publish(&queue, "one");
+        let (got, index, rest) = futures::future::select_all(waiting.drain(..)).await;
+        assert_eq!(got.unwrap(), 1);
+        let _ = index;
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            rest.iter().all(|handle| !handle.is_finished()),
+            "the others wait on"
+        );
+        assert_eq!(queue.shared.pullers.load(Ordering::SeqCst), 4);
+        // Five first looks, and one for the message: the others were never woken.
+        assert_eq!(queue.pull_looks(), 6);
+        rest.iter().for_each(|handle| handle.abort());
+    }
+
+    /// Messages released at once go to as many receivers as they need: the one woken takes
+    /// its most and wakes the next while some wait.
+    #[tokio::test]
+    async fn a_receiver_that_takes_its_most_wakes_the_next() {
+        let queue = queue();
+        let waiting = pollers(&queue, 4, 10).await;
+        // A subscriber's session ends with 25 held: they wait again all at once.
+        let (subscription, _frames) = queue.subscribe(100, usize::MAX);
+        for n in 0..25 {
+            publish(&queue, &format!("m{n}"));
+        }
+        subscription.logout();
+        let mut taken = Vec::new();
+        let mut left = waiting;
+        while taken.iter().sum::<usize>() < 25 {
+            let (got, _, rest) = futures::future::select_all(left).await;
+            taken.push(got.unwrap());
+            left = rest;
+        }
+        taken.sort();
+        assert_eq!(taken, [5, 10, 10]);
+        assert_eq!(left.len(), 1, "the fourth was not needed");
+        // Four first looks and three takes: the 25 publishes, which the subscriber took at
+        // once, woke nobody, and the fourth receiver was never woken.
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(queue.pull_looks(), 7);
+        left.iter().for_each(|handle| handle.abort());
     }
 }

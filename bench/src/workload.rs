@@ -526,8 +526,14 @@ pub async fn run(
         received.ids.extend(part.ids);
         received.delivery_ns.extend(part.delivery_ns);
     }
+    let mut pulled = 0;
     for handle in pollers {
-        received.ids.extend(handle.await.unwrap());
+        let ids = handle.await.unwrap();
+        pulled += ids.len();
+        received.ids.extend(ids);
+    }
+    if sqs_pollers > 0 {
+        println!("(SQS long-pollers: {sqs_pollers}, and they received {pulled} of the messages)");
     }
     check_exactly_once(&mut published.ids, &mut received.ids);
     let messages = published.ids.len();

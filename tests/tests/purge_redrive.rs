@@ -12,7 +12,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 /// Record kinds of the message log (`dataplane/src/store/log/record.rs`).
 const MESSAGE: u8 = 1;
-const DEAD_LETTERED: u8 = 3;
+/// A message in the dead letter queue with when it went there: what `movetodlq` writes.
+const MESSAGE_DEAD: u8 = 9;
 const REMOVED: u8 = 2;
 const REMOVED_FROM: u8 = 4;
 const PURGED: u8 = 5;
@@ -210,7 +211,7 @@ async fn a_purge_is_one_record_and_what_it_took_stays_gone_after_a_kill() {
     assert_eq!(files.len(), 1, "{files:?}");
     let written = records_in(&files[0]);
     assert_eq!(count(&written, MESSAGE), 42);
-    assert_eq!(count(&written, DEAD_LETTERED), 2);
+    assert_eq!(count(&written, MESSAGE_DEAD), 2, "a move writes the message again");
     assert_eq!(count(&written, REMOVED) + count(&written, REMOVED_FROM), 0);
     assert_eq!(count(&written, PURGED), 1);
     let purge_len = written.iter().find(|(k, _)| *k == PURGED).unwrap().1;

@@ -211,7 +211,11 @@ async fn a_purge_is_one_record_and_what_it_took_stays_gone_after_a_kill() {
     assert_eq!(files.len(), 1, "{files:?}");
     let written = records_in(&files[0]);
     assert_eq!(count(&written, MESSAGE), 42);
-    assert_eq!(count(&written, MESSAGE_DEAD), 2, "a move writes the message again");
+    assert_eq!(
+        count(&written, MESSAGE_DEAD),
+        2,
+        "a move writes the message again"
+    );
     assert_eq!(count(&written, REMOVED) + count(&written, REMOVED_FROM), 0);
     assert_eq!(count(&written, PURGED), 1);
     let purge_len = written.iter().find(|(k, _)| *k == PURGED).unwrap().1;

@@ -49,6 +49,10 @@ pub struct Queue {
     shared: Arc<Shared>,
 }
 
+/// How long a woken long-polling receiver leaves a waiting message to the WebSocket line
+/// first (see [`Queue::receive_within`]): far below what an SQS receive's round trip takes.
+const PUSH_FIRST: Duration = Duration::from_millis(1);
+
 struct Shared {
     state: Mutex<QueueState>,
     /// Wakes the timer task when a delayed message or a saved session may have become the
@@ -152,6 +156,14 @@ impl Queue {
             }
             if tokio::time::timeout_at(deadline, arrived).await.is_err() {
                 return self.receive(max, visibility);
+            }
+            // Woken for a message that waits. While WebSocket subscribers are in the line, the
+            // line comes first for a moment: a message waits there mostly because every
+            // subscriber's slots were full for an instant (an ack not yet read), one is about to
+            // take it, and a pull receive costs the node far more than a push
+            // (docs/performance.md, "Idle SQS long-pollers").
+            if self.lock().has_subscribers() {
+                tokio::time::sleep(PUSH_FIRST).await;
             }
         }
     }

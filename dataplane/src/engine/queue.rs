@@ -1257,6 +1257,11 @@ impl QueueState {
         self.waiting_count
     }
 
+    /// Whether a WebSocket subscriber is in the line (with room or not).
+    pub fn has_subscribers(&self) -> bool {
+        !self.line.is_empty()
+    }
+
     pub fn delayed_count(&self) -> usize {
         self.delayed.len()
     }

@@ -23,7 +23,6 @@ const TREES: [&str; 3] = ["queues", "usage", "stats"];
 #[derive(Clone)]
 pub struct SledBackend {
     store: Arc<SyncedSled>,
-    db: sled::Db,
     /// The trees of [`TREES`], in that order.
     trees: Vec<sled::Tree>,
 }
@@ -31,14 +30,12 @@ pub struct SledBackend {
 impl SledBackend {
     pub fn open(dir: &Path) -> Result<SledBackend, StoreError> {
         let store = SyncedSled::open(sled::Config::new().flush_every_ms(None), dir)?;
-        let db = store.db().clone();
         let trees = TREES
             .iter()
-            .map(|name| db.open_tree(name))
+            .map(|name| store.db().open_tree(name))
             .collect::<Result<_, _>>()?;
         Ok(SledBackend {
             store: Arc::new(store),
-            db,
             trees,
         })
     }
@@ -50,7 +47,7 @@ impl SledBackend {
                 return (tree, rest);
             }
         }
-        (&self.db, key)
+        (self.store.db(), key)
     }
 
     /// The keys from `start` to `end` in the tree `start` is in; an `end` past that tree's
@@ -223,7 +220,7 @@ impl Backend for SledBackend {
     async fn dump(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         self.blocking(|this| {
             let mut all = Vec::new();
-            for (key, value) in this.db.iter().collect::<Result<Vec<_>, _>>()? {
+            for (key, value) in this.store.db().iter().collect::<Result<Vec<_>, _>>()? {
                 all.push((String::from_utf8_lossy(&key).into_owned(), value.to_vec()));
             }
             for (name, tree) in TREES.iter().zip(&this.trees) {

@@ -77,6 +77,13 @@ pub struct Dead {
     pub at_ms: u64,
 }
 
+impl Dead {
+    /// When it went there, in seconds since 1970 (`dlqdat`); None when unknown.
+    pub fn at_secs(self) -> Option<u64> {
+        Some(self.at_ms / 1000).filter(|&secs| secs != 0)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BodyType {
     #[default]

@@ -24,7 +24,7 @@ use super::request::{self, whole_number, Fields, Parsed};
 use super::{as_str, Data, Reply, Response};
 use crate::engine::outbox::{outbox, Outbox};
 use crate::engine::{
-    Anchor, DeadReason, Frames, Message, MessageId, Queue, Redrive, Refused, Scope,
+    Anchor, Dead, DeadReason, Frames, Message, MessageId, Queue, Redrive, Refused, Scope,
 };
 use crate::history;
 use crate::node::Node;
@@ -252,7 +252,7 @@ impl Admin {
             // A row whose message left the dead letter queue between the two locks has no
             // death: its columns stay empty.
             if let Some(death) = deaths.get(row) {
-                let at = death.map(|d| d.at_ms / 1000).filter(|&secs| secs != 0);
+                let at = death.and_then(Dead::at_secs);
                 let reason = match (death, message.is_damaged()) {
                     (None, _) => "",
                     (Some(_), true) => "damaged",
@@ -288,8 +288,8 @@ impl Admin {
         if death.reason != DeadReason::Rejected {
             reply = reply.with("dlqreason", death.reason.name());
         }
-        if death.at_ms >= 1000 {
-            reply = reply.with("dlqdat", death.at_ms / 1000);
+        if let Some(secs) = death.at_secs() {
+            reply = reply.with("dlqdat", secs);
         }
         reply
     }

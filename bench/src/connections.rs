@@ -5,6 +5,9 @@
 //! are opened, divided by their number (user-space memory; the kernel's socket buffers are
 //! not in it). Connections come from many loopback addresses, as the node lets only a few
 //! of one source wait for their login at once.
+//!
+//! Last, a reconnect storm: every subscriber cut at once and then all reconnecting at once,
+//! timed until the last is logged in, with the node's peak memory meanwhile.
 
 use crate::client::{next_text, Socket, Wire};
 use crate::node::{Node, NodeConfig, PUBLISHER, SUBSCRIBER};
@@ -32,18 +35,7 @@ pub async fn connections(config: &NodeConfig, count: usize, pre_login: usize, pu
         "pre-login: {pre_login} connections upgraded, no login: {:.1} KiB each",
         bytes / 1024.0
     );
-    let (bytes, node) = measure(config, count, |wire, url, n| async move {
-        let login = serde_json::json!({
-            "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
-            "queuetype": "distribute", "capacity": 1,
-        });
-        let mut socket = wire.connect_from(&url, source(n)).await;
-        socket.send(Frame::text(login.to_string())).await.unwrap();
-        let reply = next_text(&mut socket).await.expect("a reply");
-        assert!(reply.contains("Success."), "login: {reply}");
-        socket
-    })
-    .await;
+    let (bytes, node) = measure(config, count, subscriber).await;
     println!(
         "logged in: {count} idle subscribers (capacity 1): {:.1} KiB each",
         bytes / 1024.0
@@ -56,6 +48,81 @@ pub async fn connections(config: &NodeConfig, count: usize, pre_login: usize, pu
         latencies.0.as_secs_f64() * 1000.0,
         latencies.1.as_secs_f64() * 1000.0
     );
+    let storm = reconnect_storm(config, &node, subscribers).await;
+    println!(
+        "reconnect storm over {}: {count} subscribers cut at once, then all reconnecting at \
+         once: all logged in again {:.2} s after the first connect (median login {:.3} s, \
+         slowest {:.3} s); node peak RSS during the storm {:.1} MB (before it {:.1} MB)",
+        config.wire.describe(),
+        storm.all_in.as_secs_f64(),
+        storm.median.as_secs_f64(),
+        storm.slowest.as_secs_f64(),
+        storm.peak_rss as f64 / (1 << 20) as f64,
+        storm.rss_before as f64 / (1 << 20) as f64,
+    );
+}
+
+/// A subscriber (capacity 1) from the `n`th source address, logged in.
+async fn subscriber(wire: Wire, url: String, n: usize) -> Socket {
+    let login = serde_json::json!({
+        "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
+        "queuetype": "distribute", "capacity": 1,
+    });
+    let mut socket = wire.connect_from(&url, source(n)).await;
+    socket.send(Frame::text(login.to_string())).await.unwrap();
+    let reply = next_text(&mut socket).await.expect("a reply");
+    assert!(reply.contains("Success."), "login: {reply}");
+    socket
+}
+
+/// What a reconnect storm took.
+struct Storm {
+    /// From the first connect to the last login's reply.
+    all_in: Duration,
+    /// Each client's connect to its login's reply: the median and the slowest.
+    median: Duration,
+    slowest: Duration,
+    /// The node's resident memory just before, and its peak from then to the last login.
+    rss_before: u64,
+    peak_rss: u64,
+}
+
+/// Every connection in `connected` cut at once (a node restarted, a load balancer gone),
+/// then as many clients reconnecting and logging in all at once, as after a deploy: each
+/// over the bench's wire (TLS handshakes included with `--tls`), from its own source
+/// address as before.
+async fn reconnect_storm(config: &NodeConfig, node: &Node, connected: Vec<Socket>) -> Storm {
+    let count = connected.len();
+    drop(connected);
+    // The node notices them gone (each closes its session) before the storm.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, rss_before) = node.memory();
+    // Writing 5 to clear_refs starts the peak (VmHWM) again from the current RSS.
+    std::fs::write(format!("/proc/{}/clear_refs", node.pid()), "5").expect("clear_refs");
+    let url = node.url();
+    let started = Instant::now();
+    let logins = futures::stream::iter(0..count)
+        .map(|n| {
+            let (wire, url) = (config.wire.clone(), url.clone());
+            async move {
+                let began = Instant::now();
+                let socket = subscriber(wire, url, n).await;
+                (socket, began.elapsed())
+            }
+        })
+        .buffer_unordered(count);
+    let (sockets, mut took): (Vec<Socket>, Vec<Duration>) = logins.unzip().await;
+    let all_in = started.elapsed();
+    let (peak_rss, _) = node.memory();
+    drop(sockets);
+    took.sort_unstable();
+    Storm {
+        all_in,
+        median: took[took.len() / 2],
+        slowest: took[took.len() - 1],
+        rss_before,
+        peak_rss,
+    }
 }
 
 /// Starts a node, opens `count` connections with `open`, and returns the resident memory

@@ -384,45 +384,7 @@ pub async fn dedup(config: &NodeConfig, settings: &Settings) {
         with_ids.finish().await;
     }
 
-    println!(
-        "{:<20} {:>2} {:>8} {:>9} {:>8} {:>9} {:>9} {:>14}",
-        "run", "d", "messages", "msg/s", "cpu/msg", "RSS", "peakRSS", "memory-used"
-    );
-    for phase in &phases {
-        println!(
-            "{:<20} {:>2} {:>8} {:>9.0} {:>6.2}us {:>7.1}MB {:>7.1}MB {:>14}",
-            phase.what,
-            phase.durability,
-            phase.messages,
-            phase.rate,
-            phase.cpu_us_per_message,
-            phase.rss as f64 / (1 << 20) as f64,
-            phase.peak_rss as f64 / (1 << 20) as f64,
-            phase.memory_used,
-        );
-    }
-    println!(
-        "idle node RSS before each run (MB): {}",
-        idle.iter()
-            .map(|rss| format!("{:.1}", *rss as f64 / (1 << 20) as f64))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    for phase in &phases {
-        if !phase.refused.is_empty() {
-            println!(
-                "ODD: {} (d{}): refused {:?}",
-                phase.what, phase.durability, phase.refused
-            );
-        }
-        if phase.other_ids > 0 || phase.new_deliveries > 0 {
-            println!(
-                "ODD: {} (d{}): {} replies named another message than the first, {} new \
-                 deliveries",
-                phase.what, phase.durability, phase.other_ids, phase.new_deliveries
-            );
-        }
-    }
+    print_phases(&phases, &idle);
     // Durability 0: [no ids, distinct ids, repeats].
     let (plain, ids, repeats) = (&phases[0], &phases[1], &phases[2]);
     let n = ids.messages as f64;
@@ -463,4 +425,47 @@ pub async fn dedup(config: &NodeConfig, settings: &Settings) {
         (ids.rate / plain.rate - 1.0) * 100.0,
         ids.cpu_us_per_message - plain.cpu_us_per_message,
     );
+}
+
+/// Each phase's line, the idle RSS before each run, and what looked odd.
+fn print_phases(phases: &[Phase], idle: &[u64]) {
+    println!(
+        "{:<20} {:>2} {:>8} {:>9} {:>8} {:>9} {:>9} {:>14}",
+        "run", "d", "messages", "msg/s", "cpu/msg", "RSS", "peakRSS", "memory-used"
+    );
+    for phase in phases {
+        println!(
+            "{:<20} {:>2} {:>8} {:>9.0} {:>6.2}us {:>7.1}MB {:>7.1}MB {:>14}",
+            phase.what,
+            phase.durability,
+            phase.messages,
+            phase.rate,
+            phase.cpu_us_per_message,
+            phase.rss as f64 / (1 << 20) as f64,
+            phase.peak_rss as f64 / (1 << 20) as f64,
+            phase.memory_used,
+        );
+    }
+    println!(
+        "idle node RSS before each run (MB): {}",
+        idle.iter()
+            .map(|rss| format!("{:.1}", *rss as f64 / (1 << 20) as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for phase in phases {
+        if !phase.refused.is_empty() {
+            println!(
+                "ODD: {} (d{}): refused {:?}",
+                phase.what, phase.durability, phase.refused
+            );
+        }
+        if phase.other_ids > 0 || phase.new_deliveries > 0 {
+            println!(
+                "ODD: {} (d{}): {} replies named another message than the first, {} new \
+                 deliveries",
+                phase.what, phase.durability, phase.other_ids, phase.new_deliveries
+            );
+        }
+    }
 }

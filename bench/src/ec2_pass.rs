@@ -17,7 +17,7 @@
 use controlplane::fleet::cloud_init::{NodeBoot, BUILT_IN};
 use controlplane::fleet::ec2::Ec2Provider;
 use controlplane::fleet::Provider;
-use controlplane::queues::{self, Addresses, NewQueue, Placement, Queue, Status, Tier};
+use controlplane::model::queue::{self, Addresses, NewQueue, Placement, Queue, Status, Tier};
 use futures::StreamExt;
 use qe_ec2::aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification, VolumeType};
 use qe_ec2::{CLUSTER_TAG, DATA_VOLUME, PURPOSE_TAG, QUEUE_TAG};
@@ -117,43 +117,7 @@ pub async fn ec2_pass(settings: &Settings) {
         bootstrap_token: None,
         control_plane_ca_pem: None,
     };
-    let mut queues: Vec<Queue> = (0..settings.queues)
-        .map(|_| {
-            let (mut queue, _) = queues::create(NewQueue {
-                tier: Tier::Devtest,
-                region: REGION.into(),
-                instance_type: "t3.small".into(),
-                ipv4: false,
-                account: None,
-                ..Default::default()
-            });
-            queue.status = Status::Running;
-            queue
-        })
-        .collect();
-
-    println!(
-        "{} queues, {} at a time, against moto",
-        settings.queues, settings.concurrency
-    );
-    let started = Instant::now();
-    if settings.bulk_setup {
-        bulk_setup(&ec2, &mut queues, &zone_of_nodes(), settings).await;
-        println!(
-            "placing them in bulk ({} to a launch, then a volume and an attach each): {:.1} s",
-            settings.launch_batch.max(1),
-            started.elapsed().as_secs_f64()
-        );
-    } else {
-        let placed = pass(&provider, &queues, &bootstrap, settings.concurrency).await;
-        for (queue, placement) in queues.iter_mut().zip(placed) {
-            placement.record_in(queue);
-        }
-        println!(
-            "placing them (a launch, a volume, an attach each): {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-    }
+    let queues = placed_fleet(&ec2, &provider, &bootstrap, settings).await;
 
     println!(
         "{:<26} {:>10} {:>14} {:>12} {:>12}",
@@ -189,25 +153,7 @@ pub async fn ec2_pass(settings: &Settings) {
 
     let (before, changed, sent) = (reads(&ec2), changes(&ec2), ec2.requests());
     let started = Instant::now();
-    provider.survey().await.expect("a survey");
-    let (survey_reads, survey_took) = (reads(&ec2) - before, started.elapsed());
-    let by_operation: Vec<String> = ec2
-        .requests()
-        .into_iter()
-        .map(|(operation, count)| {
-            (
-                count - sent.get(&operation).copied().unwrap_or(0),
-                operation,
-            )
-        })
-        .filter(|(count, _)| *count > 0)
-        .map(|(count, operation)| format!("{operation} {count}"))
-        .collect();
-    println!(
-        "the survey: {survey_reads} reads ({}) in {:.2} s",
-        by_operation.join(", "),
-        survey_took.as_secs_f64()
-    );
+    let (survey_reads, survey_took) = survey(&ec2, &provider, before, &sent).await;
     if survey_took >= SURVEY_FRESH {
         println!(
             "the survey took longer than the provider trusts one ({} s): a pass after it \
@@ -256,6 +202,86 @@ pub async fn ec2_pass(settings: &Settings) {
     );
 }
 
+/// The bench's queues, created and placed (instances, volumes, attaches) in moto: in bulk,
+/// or by a pass of the provider.
+async fn placed_fleet(
+    ec2: &qe_ec2::Ec2,
+    provider: &Ec2Provider,
+    bootstrap: &Bootstrap,
+    settings: &Settings,
+) -> Vec<Queue> {
+    let mut queues: Vec<Queue> = (0..settings.queues)
+        .map(|_| {
+            let (mut queue, _) = queue::create(NewQueue {
+                tier: Tier::Devtest,
+                region: REGION.into(),
+                instance_type: "t3.small".into(),
+                ipv4: false,
+                account: None,
+                ..Default::default()
+            });
+            queue.status = Status::Running;
+            queue
+        })
+        .collect();
+
+    println!(
+        "{} queues, {} at a time, against moto",
+        settings.queues, settings.concurrency
+    );
+    let started = Instant::now();
+    if settings.bulk_setup {
+        bulk_setup(ec2, &mut queues, &zone_of_nodes(), settings).await;
+        println!(
+            "placing them in bulk ({} to a launch, then a volume and an attach each): {:.1} s",
+            settings.launch_batch.max(1),
+            started.elapsed().as_secs_f64()
+        );
+    } else {
+        let placed = pass(provider, &queues, bootstrap, settings.concurrency).await;
+        for (queue, placement) in queues.iter_mut().zip(placed) {
+            placement.record_in(queue);
+        }
+        println!(
+            "placing them (a launch, a volume, an attach each): {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    queues
+}
+
+/// One survey of the fleet: its reads (`before`: the count before it; `sent`: each
+/// operation's count before it, printed by operation) and how long it took.
+async fn survey(
+    ec2: &qe_ec2::Ec2,
+    provider: &Ec2Provider,
+    before: u64,
+    sent: &std::collections::BTreeMap<String, u64>,
+) -> (u64, Duration) {
+    let started = Instant::now();
+    provider.survey().await.expect("a survey");
+    let (survey_reads, survey_took) = (reads(ec2) - before, started.elapsed());
+    let by_operation: Vec<String> = ec2
+        .requests()
+        .into_iter()
+        .map(|(operation, count)| {
+            (
+                count - sent.get(&operation).copied().unwrap_or(0),
+                operation,
+            )
+        })
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, operation)| format!("{operation} {count}"))
+        .collect();
+    println!(
+        "the survey: {survey_reads} reads ({}) in {:.2} s",
+        by_operation.join(", "),
+        survey_took.as_secs_f64()
+    );
+    (survey_reads, survey_took)
+}
+
 /// The zone the bench's nodes are named in.
 fn zone_of_nodes() -> String {
     "q.bench.example.com".to_string()
@@ -287,48 +313,7 @@ async fn bulk_setup(ec2: &qe_ec2::Ec2, queues: &mut [Queue], zone: &str, setting
     // and interface (with the queue's tags too when the queue is alone in it).
     let started = Instant::now();
     let launches = futures::stream::iter(queues.chunks(batch))
-        .map(|chunk| {
-            let (client, place, cluster) = (client, &place, &cluster);
-            async move {
-                let mut tags = vec![tag(CLUSTER_TAG, cluster)];
-                if let [queue] = chunk {
-                    tags.extend(queue_tags(&queue.id));
-                }
-                let reply = client
-                    .run_instances()
-                    .image_id(&place.image_id)
-                    .instance_type(InstanceType::from(chunk[0].instance_type.as_str()))
-                    .min_count(chunk.len() as i32)
-                    .max_count(chunk.len() as i32)
-                    .subnet_id(&place.subnet_id)
-                    .set_security_group_ids(Some(place.security_group_ids.clone()))
-                    .ipv6_address_count(1)
-                    .tag_specifications(tagged(ResourceType::Instance, tags.clone()))
-                    .tag_specifications(tagged(ResourceType::Volume, tags.clone()))
-                    .tag_specifications(tagged(ResourceType::NetworkInterface, tags))
-                    .send()
-                    .await
-                    .expect("RunInstances");
-                let mut instances = reply.instances().to_vec();
-                instances.sort_by_key(|instance| instance.ami_launch_index());
-                assert_eq!(instances.len(), chunk.len(), "RunInstances: every instance");
-                instances
-                    .iter()
-                    .map(|instance| {
-                        let id = instance.instance_id().expect("an instance id").to_string();
-                        let v6 = instance
-                            .network_interfaces()
-                            .iter()
-                            .flat_map(|nic| nic.ipv6_addresses())
-                            .find_map(|address| address.ipv6_address())
-                            .or(instance.ipv6_address())
-                            .and_then(|ip| ip.parse().ok())
-                            .unwrap_or_else(|| panic!("instance {id}: no IPv6 address"));
-                        (id, v6)
-                    })
-                    .collect::<Vec<_>>()
-            }
-        })
+        .map(|chunk| launch(client, &place, &cluster, chunk))
         .buffered(settings.concurrency)
         .collect::<Vec<_>>()
         .await;
@@ -344,44 +329,15 @@ async fn bulk_setup(ec2: &qe_ec2::Ec2, queues: &mut [Queue], zone: &str, setting
     let started = Instant::now();
     let volumes = futures::stream::iter(queues.iter().zip(&instances))
         .map(|(queue, (instance, _))| {
-            let (client, cluster, availability_zone) = (client, &cluster, &availability_zone);
-            async move {
-                if batch > 1 {
-                    client
-                        .create_tags()
-                        .resources(instance)
-                        .set_tags(Some(queue_tags(&queue.id)))
-                        .send()
-                        .await
-                        .expect("CreateTags");
-                }
-                let tags = vec![
-                    tag(CLUSTER_TAG, cluster),
-                    tag(QUEUE_TAG, &queue.id),
-                    tag("Name", &format!("qe-{}-data", queue.id)),
-                    tag(PURPOSE_TAG, DATA_VOLUME),
-                ];
-                let volume = client
-                    .create_volume()
-                    .availability_zone(availability_zone)
-                    .size(ec2.settings().volume_size_gib)
-                    .volume_type(VolumeType::from(ec2.settings().volume_type.as_str()))
-                    .encrypted(true)
-                    .tag_specifications(tagged(ResourceType::Volume, tags))
-                    .send()
-                    .await
-                    .expect("CreateVolume");
-                let volume = volume.volume_id().expect("a volume id").to_string();
-                client
-                    .attach_volume()
-                    .volume_id(&volume)
-                    .instance_id(instance)
-                    .device(VOLUME_DEVICE)
-                    .send()
-                    .await
-                    .expect("AttachVolume");
-                volume
-            }
+            give_volume(
+                ec2,
+                client,
+                &cluster,
+                &availability_zone,
+                queue,
+                instance,
+                batch > 1,
+            )
         })
         .buffered(settings.concurrency)
         .collect::<Vec<_>>()
@@ -406,6 +362,101 @@ async fn bulk_setup(ec2: &qe_ec2::Ec2, queues: &mut [Queue], zone: &str, setting
         };
         placement.record_in(queue);
     }
+}
+
+/// Launches one instance per queue of `chunk` in one call (one reservation), tagged as the
+/// provider tags them; each instance's id and IPv6 address, in the chunk's order.
+async fn launch(
+    client: &qe_ec2::aws_sdk_ec2::Client,
+    place: &qe_ec2::RegionSettings,
+    cluster: &str,
+    chunk: &[Queue],
+) -> Vec<(String, std::net::Ipv6Addr)> {
+    let mut tags = vec![tag(CLUSTER_TAG, cluster)];
+    if let [queue] = chunk {
+        tags.extend(queue_tags(&queue.id));
+    }
+    let reply = client
+        .run_instances()
+        .image_id(&place.image_id)
+        .instance_type(InstanceType::from(chunk[0].instance_type.as_str()))
+        .min_count(chunk.len() as i32)
+        .max_count(chunk.len() as i32)
+        .subnet_id(&place.subnet_id)
+        .set_security_group_ids(Some(place.security_group_ids.clone()))
+        .ipv6_address_count(1)
+        .tag_specifications(tagged(ResourceType::Instance, tags.clone()))
+        .tag_specifications(tagged(ResourceType::Volume, tags.clone()))
+        .tag_specifications(tagged(ResourceType::NetworkInterface, tags))
+        .send()
+        .await
+        .expect("RunInstances");
+    let mut instances = reply.instances().to_vec();
+    instances.sort_by_key(|instance| instance.ami_launch_index());
+    assert_eq!(instances.len(), chunk.len(), "RunInstances: every instance");
+    instances
+        .iter()
+        .map(|instance| {
+            let id = instance.instance_id().expect("an instance id").to_string();
+            let v6 = instance
+                .network_interfaces()
+                .iter()
+                .flat_map(|nic| nic.ipv6_addresses())
+                .find_map(|address| address.ipv6_address())
+                .or(instance.ipv6_address())
+                .and_then(|ip| ip.parse().ok())
+                .unwrap_or_else(|| panic!("instance {id}: no IPv6 address"));
+            (id, v6)
+        })
+        .collect::<Vec<_>>()
+}
+
+/// Gives the queue on `instance` its data volume and attaches it; first tags the instance
+/// with the queue's tags when it was launched with others (`tag_queue`).
+async fn give_volume(
+    ec2: &qe_ec2::Ec2,
+    client: &qe_ec2::aws_sdk_ec2::Client,
+    cluster: &str,
+    availability_zone: &str,
+    queue: &Queue,
+    instance: &str,
+    tag_queue: bool,
+) -> String {
+    if tag_queue {
+        client
+            .create_tags()
+            .resources(instance)
+            .set_tags(Some(queue_tags(&queue.id)))
+            .send()
+            .await
+            .expect("CreateTags");
+    }
+    let tags = vec![
+        tag(CLUSTER_TAG, cluster),
+        tag(QUEUE_TAG, &queue.id),
+        tag("Name", &format!("qe-{}-data", queue.id)),
+        tag(PURPOSE_TAG, DATA_VOLUME),
+    ];
+    let volume = client
+        .create_volume()
+        .availability_zone(availability_zone)
+        .size(ec2.settings().volume_size_gib)
+        .volume_type(VolumeType::from(ec2.settings().volume_type.as_str()))
+        .encrypted(true)
+        .tag_specifications(tagged(ResourceType::Volume, tags))
+        .send()
+        .await
+        .expect("CreateVolume");
+    let volume = volume.volume_id().expect("a volume id").to_string();
+    client
+        .attach_volume()
+        .volume_id(&volume)
+        .instance_id(instance)
+        .device(VOLUME_DEVICE)
+        .send()
+        .await
+        .expect("AttachVolume");
+    volume
 }
 
 /// The queue's own tags on its instance, as a launch writes them.

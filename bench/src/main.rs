@@ -236,47 +236,55 @@ async fn main() {
     }
     let data_root: std::path::PathBuf = args.data_root.clone().into();
     std::fs::create_dir_all(&data_root).expect("the data root");
-    if let Command::LiveMetrics(settings) = &args.command {
-        return live_metrics::live_metrics(settings, &data_root).await;
+    if run_alone(&args, &data_root).await {
+        return;
     }
-    if let Command::SqsSdk(settings) = &args.command {
-        return sqs_sdk::sqs_sdk(settings).await;
+    let config = node_config(&args, data_root);
+    run_on_node(args.command, &config).await
+}
+
+/// The commands that start what they need themselves (or nothing); false for the others.
+async fn run_alone(args: &Args, data_root: &std::path::Path) -> bool {
+    match &args.command {
+        Command::LiveMetrics(settings) => live_metrics::live_metrics(settings, data_root).await,
+        Command::SqsSdk(settings) => sqs_sdk::sqs_sdk(settings).await,
+        Command::Ec2Pass(settings) => ec2_pass::ec2_pass(settings).await,
+        Command::Abuse(settings) => {
+            abuse::abuse(&existing(&args.dataplane), data_root, settings).await
+        }
+        Command::StoreBytes(settings) => store_bytes::store_bytes(settings).await,
+        Command::Chaos(settings) => {
+            let passed = chaos::chaos(settings, &existing(&args.dataplane), data_root).await;
+            // Everything the run started has ended by now (its owners were dropped).
+            std::process::exit(if passed { 0 } else { 1 });
+        }
+        Command::ControlplaneLoad {
+            controlplane,
+            seconds,
+            attackers,
+            idle,
+            slow,
+            keep,
+        } => {
+            let settings = controlplane_load::Settings {
+                controlplane: existing(controlplane),
+                dataplane: existing(&args.dataplane),
+                data_root: data_root.to_path_buf(),
+                time: Duration::from_secs(*seconds),
+                attackers: *attackers as usize,
+                idle: *idle as usize,
+                slow: *slow as usize,
+                keep: *keep,
+            };
+            controlplane_load::controlplane_load(&settings).await
+        }
+        _ => return false,
     }
-    if let Command::Ec2Pass(settings) = &args.command {
-        return ec2_pass::ec2_pass(settings).await;
-    }
-    if let Command::Abuse(settings) = &args.command {
-        return abuse::abuse(&existing(&args.dataplane), &data_root, settings).await;
-    }
-    if let Command::StoreBytes(settings) = &args.command {
-        return store_bytes::store_bytes(settings).await;
-    }
-    if let Command::Chaos(settings) = &args.command {
-        let passed = chaos::chaos(settings, &existing(&args.dataplane), &data_root).await;
-        // Everything the run started has ended by now (its owners were dropped).
-        std::process::exit(if passed { 0 } else { 1 });
-    }
-    if let Command::ControlplaneLoad {
-        controlplane,
-        seconds,
-        attackers,
-        idle,
-        slow,
-        keep,
-    } = &args.command
-    {
-        let settings = controlplane_load::Settings {
-            controlplane: existing(controlplane),
-            dataplane: existing(&args.dataplane),
-            data_root,
-            time: Duration::from_secs(*seconds),
-            attackers: *attackers as usize,
-            idle: *idle as usize,
-            slow: *slow as usize,
-            keep: *keep,
-        };
-        return controlplane_load::controlplane_load(&settings).await;
-    }
+    true
+}
+
+/// How the commands that measure a node start it: the flags' binary, CPU, wire and store.
+fn node_config(args: &Args, data_root: std::path::PathBuf) -> node::NodeConfig {
     let (tls, tls_files) = match args.tls {
         true => {
             let (cert, key, connector) = client::test_pki(&data_root.join("tls"));
@@ -289,7 +297,7 @@ async fn main() {
         compress: args.compress,
     };
     println!("clients connect over {}", wire.describe());
-    let config = node::NodeConfig {
+    node::NodeConfig {
         binary: args.dataplane.clone(),
         cpu: args.server_cpu,
         data_root,
@@ -300,8 +308,12 @@ async fn main() {
         count_allocations: args.count_allocations,
         count_syscalls: args.count_syscalls,
         sqs_face: matches!(args.command, Command::Run { sqs_pollers, .. } if sqs_pollers > 0),
-    };
-    match args.command {
+    }
+}
+
+/// The commands that measure one node (or the peers beside it).
+async fn run_on_node(command: Command, config: &node::NodeConfig) {
+    match command {
         Command::Run {
             workloads,
             sizes,
@@ -310,31 +322,17 @@ async fn main() {
             preload,
             sqs_pollers,
         } => {
-            let probe = node::fdatasync_probe(&config.data_root, Duration::from_secs(2));
-            println!("fdatasync probe (4 KiB append + fdatasync, serial): {probe:.0}/s");
-            println!("{}", workload::Report::header());
-            for name in &workloads {
-                let workload = workload::Workload::named(name).expect("w1, w4, w5 or w6");
-                for &size in &sizes {
-                    for &durability in &durabilities {
-                        let report = workload::run(
-                            &config,
-                            workload,
-                            size,
-                            durability,
-                            Duration::from_secs(seconds),
-                            workload::Preload { messages: preload },
-                            sqs_pollers,
-                        )
-                        .await;
-                        let mut line = report.line();
-                        if durability == 2 {
-                            line.push_str(&format!("  ({:.1}x fdatasync)", report.rate / probe));
-                        }
-                        println!("{line}");
-                    }
-                }
-            }
+            let time = Duration::from_secs(seconds);
+            let preload = workload::Preload { messages: preload };
+            let plan = RunPlan {
+                workloads,
+                sizes,
+                durabilities,
+                time,
+                preload,
+                sqs_pollers,
+            };
+            run_workloads(config, plan).await
         }
         Command::Peers {
             systems,
@@ -358,27 +356,56 @@ async fn main() {
                 durabilities,
                 time: Duration::from_secs(seconds),
             };
-            peers::peers(&config, &choice).await
+            peers::peers(config, &choice).await
         }
-        Command::EchoServer { .. }
-        | Command::ControlplaneLoad { .. }
-        | Command::LiveMetrics(_)
-        | Command::SqsSdk(_)
-        | Command::Ec2Pass(_)
-        | Command::StoreBytes(_)
-        | Command::Abuse(_)
-        | Command::Chaos(_) => {
-            unreachable!("run above")
-        }
-        Command::Stalls(settings) => stalls::stalls(&config, &settings).await,
-        Command::Dedup(settings) => dedup::dedup(&config, &settings).await,
-        Command::Recovery { messages } => workload::recovery(&config, messages).await,
-        Command::Bulk { messages } => bulk::bulk(&config, messages).await,
+        Command::Stalls(settings) => stalls::stalls(config, &settings).await,
+        Command::Dedup(settings) => dedup::dedup(config, &settings).await,
+        Command::Recovery { messages } => workload::recovery(config, messages).await,
+        Command::Bulk { messages } => bulk::bulk(config, messages).await,
         Command::Connections {
             count,
             pre_login,
             publishes,
-        } => connections::connections(&config, count, pre_login, publishes).await,
+        } => connections::connections(config, count, pre_login, publishes).await,
+        _ => unreachable!("run alone (run_alone)"),
+    }
+}
+
+/// What `bench run` measures: every workload, at every size and durability.
+struct RunPlan {
+    workloads: Vec<String>,
+    sizes: Vec<usize>,
+    durabilities: Vec<u8>,
+    time: Duration,
+    preload: workload::Preload,
+    sqs_pollers: usize,
+}
+
+async fn run_workloads(config: &node::NodeConfig, plan: RunPlan) {
+    let probe = node::fdatasync_probe(&config.data_root, Duration::from_secs(2));
+    println!("fdatasync probe (4 KiB append + fdatasync, serial): {probe:.0}/s");
+    println!("{}", workload::Report::header());
+    for name in &plan.workloads {
+        let workload = workload::Workload::named(name).expect("w1, w4, w5 or w6");
+        for &size in &plan.sizes {
+            for &durability in &plan.durabilities {
+                let report = workload::run(
+                    config,
+                    workload,
+                    size,
+                    durability,
+                    plan.time,
+                    plan.preload,
+                    plan.sqs_pollers,
+                )
+                .await;
+                let mut line = report.line();
+                if durability == 2 {
+                    line.push_str(&format!("  ({:.1}x fdatasync)", report.rate / probe));
+                }
+                println!("{line}");
+            }
+        }
     }
 }
 

@@ -142,6 +142,10 @@ impl Node {
         self.url.clone()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// User plus system CPU time the node has used.
     pub fn cpu_time(&self) -> Duration {
         cpu_time(self.child.id())

@@ -6,7 +6,7 @@
 //! as stored (what a backup holds and etcd's database keeps, before its own overhead per
 //! key). See docs/deploy.md §12.
 
-use controlplane::queues::{self, NewQueue, Tier};
+use controlplane::model::queue::{self, NewQueue, Tier};
 use controlplane::store::{Store, StoreConfig};
 use qe_shared::node_channel::{StatsRecord, UsageRecord};
 
@@ -65,7 +65,7 @@ async fn simulate(settings: &Settings, rollups: bool) -> (Held, usize) {
         account: None,
         ..Default::default()
     };
-    let (queue, _) = queues::create(new);
+    let (queue, _) = queue::create(new);
     store.put(&queue).await.expect("the queue's record");
     let start = controlplane::usage::parse_date("2026-01-01").expect("a date");
     let days = settings.months * 30;

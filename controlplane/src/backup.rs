@@ -130,7 +130,7 @@ fn config_versions_past_any_served(
         .iter_mut()
         .filter(|(key, _)| key.starts_with("queues/"))
     {
-        let mut queue: crate::queues::Queue =
+        let mut queue: crate::model::queue::Queue =
             serde_json::from_slice(value).map_err(|e| BackupError::Format {
                 line: 0,
                 why: format!("{key}: {e}"),

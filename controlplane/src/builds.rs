@@ -8,34 +8,11 @@
 //! asking one that lacks the file is answered 503 and asks the next).
 
 use crate::config::Config;
+pub use crate::model::build::Build;
 use crate::store::{Store, StoreError};
 use qe_shared::node_channel::DesiredBuild;
-use serde::{Deserialize, Serialize};
 use sha2::Digest;
 use std::path::{Path, PathBuf};
-
-/// A published build.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Build {
-    pub sha256: String,
-    pub size: u64,
-    /// The CPU it is built for: `x86_64` or `aarch64` (its ELF header's).
-    pub architecture: String,
-    /// The operator's name for it (a version, a commit), if given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub label: Option<String>,
-    /// When it was published, in seconds since 1970.
-    pub published: u64,
-}
-
-impl Build {
-    pub fn desired(&self) -> DesiredBuild {
-        DesiredBuild {
-            binary_sha256: self.sha256.clone(),
-            size: self.size,
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {

@@ -2,9 +2,11 @@
 
 use crate::certificates::local_ca::LocalCa;
 use crate::certificates::Issuer;
+use crate::model::queue::Tier;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -61,12 +63,12 @@ pub struct Config {
     pub local_ca: bool,
     /// Serve the API over HTTPS with this certificate (TLS 1.2 and 1.3). Default: plain
     /// HTTP, which is refused on any address but loopback unless `insecure_plain_http`.
-    pub api_tls: Option<crate::api::tls::ApiTls>,
+    pub api_tls: Option<ApiTls>,
     /// `[http]`: the API port's limits, `head_within_secs` (default 20: a request's head must
     /// arrive within it, and a kept-alive connection may sit idle no longer) and `connections`
     /// (default 4096 at once; past it new ones wait in the kernel's backlog).
     #[serde(default)]
-    pub http: crate::api::server::HttpLimits,
+    pub http: HttpLimits,
     /// Allow plain HTTP on an address that is not loopback (tokens and node credentials then
     /// cross the network in the clear). Default false.
     #[serde(default)]
@@ -152,7 +154,7 @@ pub struct Config {
     /// The SQS endpoint (`POST /` on the API's port, docs/sqs.md): how queues `CreateQueue`
     /// makes are made, and where clients reach it.
     #[serde(default)]
-    pub sqs: crate::sqs::SqsConfig,
+    pub sqs: SqsConfig,
 }
 
 /// `[provider]`: what runs the queues' nodes.
@@ -445,6 +447,119 @@ pub struct DnsTsig {
     /// A file holding its secret in base64 alone (what `keymgr -t NAME hmac-sha256` prints as
     /// `secret`), readable by the control plane only.
     pub secret_file: PathBuf,
+}
+
+/// `[api_tls]` in the config.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTls {
+    /// The certificate chain (PEM) the API serves; it must name the address nodes use.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The root (PEM) that signed `cert`, given to local nodes to trust it, when it is a
+    /// private one. Default: nodes trust the system's roots.
+    pub ca: Option<PathBuf>,
+}
+
+impl ApiTls {
+    /// The certificate to serve, reread on SIGHUP and when its files change.
+    pub fn certificate(&self) -> Result<Arc<qe_tls::Certificate>, qe_tls::TlsError> {
+        qe_tls::Certificate::load(&self.cert, &self.key)
+    }
+}
+
+/// The API port's limits (`[http]`): a request's whole head within `head_within_secs`
+/// (default 20 s; also how long a kept-alive connection may sit idle; the nodes' clients drop
+/// theirs sooner, `dataplane/src/report.rs`, so they never send on a connection being
+/// closed); `connections` at once (default 4096, far more than the operator and the nodes need
+/// and well under the descriptors the process has; past that, new ones wait in the kernel's
+/// backlog). No cap per source beyond the TLS handshakes' (`tls.rs`): every node of the local
+/// provider, and every node behind one NAT, comes from one address. Bodies are bounded per
+/// route (axum's limit), not by a shared budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpLimits {
+    pub head_within_secs: u64,
+    pub connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            head_within_secs: 20,
+            connections: 4096,
+        }
+    }
+}
+
+impl HttpLimits {
+    pub fn serve_limits(self) -> qe_serve::Limits {
+        qe_serve::Limits {
+            head_within_secs: self.head_within_secs,
+            connections: self.connections,
+            per_source: self.connections,
+            ..qe_serve::Limits::default()
+        }
+    }
+}
+
+/// `[sqs]` in the config: how queues made through SQS are made.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SqsConfig {
+    /// The endpoint's URL as clients reach it (`endpoint_url`). Default: the first URL
+    /// nodes reach the control plane at (the API's own port).
+    pub endpoint: Option<String>,
+    /// The tier of a queue `CreateQueue` makes (an account that may not have it gets its
+    /// first allowed tier). Default `standard`.
+    #[serde(default)]
+    pub tier: Tier,
+    /// Its instance type. Default `local` (the local provider's); an EC2 cluster names one.
+    #[serde(default = "default_instance_type")]
+    pub instance_type: String,
+    /// Whether it has IPv4. Default true: most SQS clients reach their endpoint over IPv4.
+    #[serde(default = "yes")]
+    pub ipv4: bool,
+    /// PEM roots trusted for the nodes' certificates when a queue's action is handed on to
+    /// its node over HTTPS. Default: the public web's roots (webpki-roots).
+    pub node_roots: Option<std::path::PathBuf>,
+}
+
+fn default_instance_type() -> String {
+    "local".into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl SqsConfig {
+    /// The roots (PEM) nodes' certificates are checked against (`[sqs] node_roots`), read once;
+    /// None: the public web's. A file that cannot be read trusts nothing (and says so once).
+    pub fn node_roots_pem(&self) -> Option<&'static str> {
+        static PEM: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        let pem = PEM.get_or_init(|| {
+            let path = self.node_roots.as_ref()?;
+            Some(std::fs::read_to_string(path).unwrap_or_else(|error| {
+                tracing::error!(%error, path = %path.display(), "[sqs] node_roots cannot be read");
+                String::new()
+            }))
+        });
+        pem.as_deref()
+    }
+}
+
+impl Default for SqsConfig {
+    fn default() -> SqsConfig {
+        SqsConfig {
+            endpoint: None,
+            tier: Tier::Standard,
+            instance_type: default_instance_type(),
+            ipv4: true,
+            node_roots: None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! another, a rotation (N moving on) retires the old token, and a deleted queue's token stops
 //! working at once.
 
-use crate::queues::{Queue, Status};
+use crate::model::queue::{Queue, Status};
 use qe_shared::hmac::hmac_sha256;
 use std::path::Path;
 use subtle::ConstantTimeEq;
@@ -220,7 +220,7 @@ impl Bootstraps {
             node_token: self.tokens.token_for(&queue.id, queue.node_credential),
             bootstrap_token: Some(
                 self.tokens
-                    .bootstrap_token(&queue.id, crate::audit::now_ms()),
+                    .bootstrap_token(&queue.id, qe_shared::clock::now_ms()),
             ),
             control_plane_ca_pem: self.ca_pem.clone(),
         }
@@ -244,16 +244,16 @@ mod tests {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         let tokens = NodeTokens { secret: [7; 32] };
-        let new = crate::queues::NewQueue {
-            tier: crate::queues::Tier::Devtest,
+        let new = crate::model::queue::NewQueue {
+            tier: crate::model::queue::Tier::Devtest,
             region: "r".into(),
             instance_type: "t".into(),
             ipv4: false,
             account: None,
             ..Default::default()
         };
-        let (mut a, _) = crate::queues::create(new.clone());
-        let (b, _) = crate::queues::create(new);
+        let (mut a, _) = crate::model::queue::create(new.clone());
+        let (b, _) = crate::model::queue::create(new);
         let token = tokens.token_for(&a.id, 0);
         assert_eq!(tokens.check(&a, &token), Some(0));
         assert_eq!(tokens.check(&b, &token), None, "another queue's");

@@ -3,7 +3,7 @@
 //! can run; with them, only what a rule for the queue's tier and account allows: a key of an
 //! account cannot launch an instance type nobody meant it to have.
 
-use crate::queues::{NewQueue, Tier};
+use crate::model::queue::{NewQueue, Tier};
 use serde::Deserialize;
 
 /// One `[[allow]]` rule: these instance types, in these regions, for queues of this tier and

@@ -14,12 +14,12 @@
 //! with its own fenced store; when it ends, every drive of the term is aborted before
 //! another replica can lead, and the next leader's first pass carries on from the store.
 
-use crate::audit::{self, Actor, Entry, Target};
 use crate::dns::Zone;
 use crate::fleet::{FleetError, Provider};
 use crate::leadership::Leadership;
+use crate::model::audit::{self, Actor, Entry, Target};
+use crate::model::queue::{Failure, Queue, Status};
 use crate::nodes::Bootstraps;
-use crate::queues::{Failure, Queue, Status};
 use crate::silence::{self, Rules};
 use crate::store::{Store, StoreError};
 use qe_shared::backoff::Backoff;
@@ -352,7 +352,7 @@ impl Reconciler {
             account: queue.account.clone(),
         };
         let entry = Entry::new(Actor::ControlPlane, action, target, 200).because(reason);
-        audit::record(&self.store, entry).await;
+        self.store.record_audit(entry).await;
     }
 
     /// Makes sure its node runs, and records where (the zone follows).

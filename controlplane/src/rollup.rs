@@ -15,7 +15,7 @@
 //! rolling up what is rolled up already changes nothing, so a pass missed is made up by the
 //! next, and each day is replaced in one write (`Store::replace_reports`).
 
-use crate::queues::Queue;
+use crate::model::queue::Queue;
 use crate::store::{Report, Store, StoreError};
 use qe_shared::node_channel::{StatsRecord, UsageRecord};
 use std::collections::BTreeMap;
@@ -312,7 +312,7 @@ mod tests {
 
     #[tokio::test]
     async fn audit_entries_past_their_keeping_go_with_their_accounts_pointers() {
-        use crate::audit::{Actor, Entry, Target};
+        use crate::model::audit::{Actor, Entry, Target};
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&crate::store::StoreConfig::Sled, dir.path(), "c")
             .await
@@ -348,7 +348,7 @@ mod tests {
 
     #[tokio::test]
     async fn trimming_by_count_goes_a_page_at_a_time_and_takes_an_accounts_entries_from_the_log() {
-        use crate::audit::{Actor, Entry, Target};
+        use crate::model::audit::{Actor, Entry, Target};
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&crate::store::StoreConfig::Sled, dir.path(), "c")
             .await

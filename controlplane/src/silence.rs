@@ -15,7 +15,7 @@
 //! silence that came before it.
 
 use crate::live::LiveNumbers;
-use crate::queues::{Queue, Status};
+use crate::model::queue::{Queue, Status};
 use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -170,7 +170,7 @@ mod tests {
     use super::*;
 
     fn queue(id: &str, status: Status, placed: bool) -> Queue {
-        let mut queue = crate::queues::a_queue(id, status);
+        let mut queue = crate::model::queue::a_queue(id, status);
         queue.node = placed.then(|| "ws://127.0.0.1:1/".to_string());
         queue
     }

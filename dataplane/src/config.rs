@@ -1,15 +1,15 @@
 //! The node's configuration: a TOML file (what the control plane writes) overridden by flags.
 
 use crate::auth::{Login, Logins, PasswordHash};
-use crate::connection::Keepalive;
-use crate::control_planes::ControlPlanes;
+use crate::control_plane::replicas::ControlPlanes;
+use crate::control_plane::ReportTo;
 use crate::history::{RecordEvery, UsageLabels};
 use clap::Parser;
-use qe_shared::node_channel::LIVE_STATS_SECS;
+use qe_shared::node_channel::{DesiredConfig, LoginHash, NodeTls, LIVE_STATS_SECS};
 use qe_shared::settings::{fixed, Tier};
 use serde::Deserialize;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Command-line flags; each overrides the same setting in `--config`.
@@ -189,28 +189,6 @@ impl From<&qe_shared::node_channel::SqsKeySecret> for SqsKeyFile {
     }
 }
 
-/// Where the node reports its history, and as whom.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ReportTo {
-    /// The control plane's replicas; clones share which one is talked to now.
-    pub control_planes: ControlPlanes,
-    pub queue_id: String,
-    pub token: String,
-    /// The only roots trusted for the control plane's certificate (PEM), if not the system's.
-    pub ca_pem: Option<Vec<u8>>,
-}
-
-impl std::fmt::Debug for ReportTo {
-    /// Never the token.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "ReportTo({:?} as {})",
-            self.control_planes, self.queue_id
-        )
-    }
-}
-
 /// The PEM roots in `path`, checked to be certificates.
 fn read_roots(path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
     let fail =
@@ -294,9 +272,35 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct SqsConfig {
     pub listen: SocketAddr,
-    pub keys: Vec<crate::sqs::SqsKey>,
+    pub keys: Vec<crate::auth::SqsKey>,
     pub limits: qe_serve::Limits,
 }
+
+/// How often an idle connection is pinged, and how long a peer may stay silent (no frame,
+/// not even a pong) before it counts as gone: a peer that vanished without a FIN is noticed
+/// within `silence_limit` plus one `ping_every`. TCP keepalive (set at accept) backs this up.
+/// A client whose outbox is full (`max-write-queue-bytes` wait for it) and whose socket takes
+/// nothing for `write_stall_limit` does not read, and is cut off.
+#[derive(Debug, Clone, Copy)]
+pub struct Keepalive {
+    pub ping_every: Duration,
+    pub silence_limit: Duration,
+    pub write_stall_limit: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            ping_every: Duration::from_secs(15),
+            silence_limit: Duration::from_secs(45),
+            write_stall_limit: WRITE_STALL_LIMIT,
+        }
+    }
+}
+
+/// How long a connection whose outbox is at `max-write-queue-bytes` may go without the socket
+/// taking a byte before its client counts as not reading and is cut off.
+pub const WRITE_STALL_LIMIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -370,7 +374,6 @@ impl Config {
 
     /// Lays `flags` over `file`.
     pub fn merge(file: ConfigFile, flags: Flags) -> Result<Config, ConfigError> {
-        let invalid = |text: &str| ConfigError::Invalid(text.to_string());
         let tier = match flags.tier.as_deref() {
             Some(name) => {
                 Tier::parse(name).ok_or_else(|| invalid("--tier is standard or devtest"))?
@@ -382,105 +385,36 @@ impl Config {
             .clone()
             .or(file.data_dir.clone())
             .ok_or_else(|| invalid("--data-dir is required"))?;
-        let from_control_plane = file.tls_from_control_plane.then(|| {
-            let dir = data_dir.join("tls");
-            (dir.join("cert.pem"), dir.join("key.pem"))
-        });
-        if from_control_plane.is_some() && file.control_plane.is_none() {
-            return Err(invalid("tls_from_control_plane needs control_plane"));
-        }
-        let (file_cert, file_key) = match from_control_plane {
-            Some((cert, key)) => (Some(cert), Some(key)),
-            None => (file.tls_cert, file.tls_key),
-        };
-        let transport = match (
-            flags.plaintext || file.plaintext,
-            flags.tls_cert.or(file_cert),
-            flags.tls_key.or(file_key),
-        ) {
-            (true, None, None) => Transport::Plaintext,
-            (false, Some(cert), Some(key)) => Transport::Tls { cert, key },
-            (true, _, _) => return Err(invalid("--plaintext excludes --tls-cert and --tls-key")),
-            (false, None, None) => {
-                return Err(invalid("give --plaintext, or --tls-cert and --tls-key"));
-            }
-            (false, _, _) => return Err(invalid("--tls-cert and --tls-key go together")),
-        };
-        let login = |flag: Option<String>, file: Option<LoginFile>, role: &str| match (flag, file) {
-            (Some(flag), _) => login_from_flag(&flag, role),
+        let transport = transport(&file, &flags, &data_dir)?;
+        let login = |flag: &Option<String>, file: Option<LoginFile>, role: &str| match (flag, file)
+        {
+            (Some(flag), _) => login_from_flag(flag, role),
             (None, Some(file)) => login_from_file(file, role),
             (None, None) => Err(ConfigError::Invalid(format!(
                 "--{role} NAME:PASSWORD is required"
             ))),
         };
-        if !file.control_planes.is_empty() && file.control_plane.is_none() {
-            return Err(invalid(
-                "control_planes needs control_plane (the preferred one)",
-            ));
-        }
-        let report_to = match (file.control_plane, file.queue_id, file.node_token) {
-            (Some(url), Some(queue_id), Some(token)) => Some(ReportTo {
-                control_planes: ControlPlanes::new(&url, &file.control_planes),
-                queue_id,
-                token,
-                ca_pem: match file.control_plane_ca {
-                    Some(path) => Some(read_roots(&path)?),
-                    None => None,
-                },
-            }),
-            (None, None, None) => None,
-            _ => {
-                return Err(invalid(
-                    "control_plane, queue_id and node_token go together",
-                ));
-            }
+        let logins = Logins {
+            publisher: login(&flags.publisher, file.publisher, "publisher")?,
+            subscriber: login(&flags.subscriber, file.subscriber, "subscriber")?,
+            admin: login(&flags.admin, file.admin, "admin")?,
         };
+        let report_to = report_to(
+            file.control_plane,
+            file.control_planes,
+            file.queue_id,
+            file.node_token,
+            file.control_plane_ca,
+        )?;
+        let keepalive = Keepalive::of(&flags, file.ping_secs, file.silence_limit_secs);
         let live_stats_secs = file.live_stats_secs.unwrap_or(LIVE_STATS_SECS);
         if !(1..=3600).contains(&live_stats_secs) {
             return Err(invalid("live_stats_secs is 1 to 3600"));
         }
-        if file
-            .usage_record_secs
-            .is_some_and(|secs| !(1..=1800).contains(&secs))
-        {
-            return Err(invalid("usage_record_secs is 1 to 1800"));
-        }
-        if file
-            .stats_record_secs
-            .is_some_and(|secs| !(1..=300).contains(&secs))
-        {
-            return Err(invalid("stats_record_secs is 1 to 300"));
-        }
-        let from_file = file
-            .sqs_keys
-            .iter()
-            .map(|key| format!("{}:{}:{}", key.role, key.access_key_id, key.secret));
-        let sqs_keys = flags
-            .sqs_key
-            .iter()
-            .cloned()
-            .chain(from_file)
-            .map(|text| {
-                crate::sqs::SqsKey::parse(&text)
-                    .ok_or_else(|| invalid("an SQS key is not ROLE:ACCESS_KEY_ID:SECRET"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let sqs = match flags.sqs_listen.or(file.sqs_listen) {
-            Some(listen) => Some(SqsConfig {
-                listen,
-                keys: sqs_keys,
-                limits: file.sqs_http.unwrap_or_default(),
-            }),
-            None if sqs_keys.is_empty() => None,
-            None => return Err(invalid("--sqs-key needs --sqs-listen")),
-        };
         Ok(Config {
-            sqs,
+            sqs: sqs(&flags, &file.sqs_keys, file.sqs_listen, file.sqs_http)?,
             live_stats_every: Duration::from_secs(live_stats_secs),
-            record_every: RecordEvery {
-                stats_secs: file.stats_record_secs,
-                usage_secs: file.usage_record_secs,
-            },
+            record_every: record_every(file.stats_record_secs, file.usage_record_secs)?,
             tls_from_control_plane: file.tls_from_control_plane,
             report_to,
             listen: match (flags.listen, file.listen.map(Listen::addresses)) {
@@ -491,11 +425,7 @@ impl Config {
             data_dir,
             transport,
             tier,
-            logins: Logins {
-                publisher: login(flags.publisher.clone(), file.publisher, "publisher")?,
-                subscriber: login(flags.subscriber.clone(), file.subscriber, "subscriber")?,
-                admin: login(flags.admin.clone(), file.admin, "admin")?,
-            },
+            logins,
             config_file: flags.config.clone(),
             login_flags: [flags.publisher, flags.subscriber, flags.admin],
             max_messages: flags.max_messages.or(file.max_messages),
@@ -512,26 +442,137 @@ impl Config {
                 region: label("region", file.region)?,
                 ipv4: file.ipv4,
             },
-            keepalive: {
-                let default = Keepalive::default();
-                let secs = |flag: Option<u64>, file: Option<u64>, default: Duration| {
-                    flag.or(file).map_or(default, Duration::from_secs)
-                };
-                Keepalive {
-                    ping_every: secs(flags.ping_secs, file.ping_secs, default.ping_every),
-                    silence_limit: secs(
-                        flags.silence_limit_secs,
-                        file.silence_limit_secs,
-                        default.silence_limit,
-                    ),
-                    write_stall_limit: secs(
-                        flags.write_stall_secs,
-                        None,
-                        default.write_stall_limit,
-                    ),
-                }
-            },
+            keepalive,
         })
+    }
+}
+
+fn invalid(text: &str) -> ConfigError {
+    ConfigError::Invalid(text.to_string())
+}
+
+/// Plain ws://, or TLS with the files the flags or the file name (the control plane's
+/// certificate, fetched into `DATA_DIR/tls/`, with `tls_from_control_plane`).
+fn transport(file: &ConfigFile, flags: &Flags, data_dir: &Path) -> Result<Transport, ConfigError> {
+    let from_control_plane = file.tls_from_control_plane.then(|| {
+        let dir = data_dir.join("tls");
+        (dir.join("cert.pem"), dir.join("key.pem"))
+    });
+    if from_control_plane.is_some() && file.control_plane.is_none() {
+        return Err(invalid("tls_from_control_plane needs control_plane"));
+    }
+    let (file_cert, file_key) = match from_control_plane {
+        Some((cert, key)) => (Some(cert), Some(key)),
+        None => (file.tls_cert.clone(), file.tls_key.clone()),
+    };
+    match (
+        flags.plaintext || file.plaintext,
+        flags.tls_cert.clone().or(file_cert),
+        flags.tls_key.clone().or(file_key),
+    ) {
+        (true, None, None) => Ok(Transport::Plaintext),
+        (false, Some(cert), Some(key)) => Ok(Transport::Tls { cert, key }),
+        (true, _, _) => Err(invalid("--plaintext excludes --tls-cert and --tls-key")),
+        (false, None, None) => Err(invalid("give --plaintext, or --tls-cert and --tls-key")),
+        (false, _, _) => Err(invalid("--tls-cert and --tls-key go together")),
+    }
+}
+
+/// Where the node reports, from the file's `control_plane`, `control_planes`, `queue_id`,
+/// `node_token` and `control_plane_ca`: all of the first three, or none.
+fn report_to(
+    control_plane: Option<String>,
+    control_planes: Vec<String>,
+    queue_id: Option<String>,
+    node_token: Option<String>,
+    control_plane_ca: Option<PathBuf>,
+) -> Result<Option<ReportTo>, ConfigError> {
+    if !control_planes.is_empty() && control_plane.is_none() {
+        return Err(invalid(
+            "control_planes needs control_plane (the preferred one)",
+        ));
+    }
+    match (control_plane, queue_id, node_token) {
+        (Some(url), Some(queue_id), Some(token)) => Ok(Some(ReportTo {
+            control_planes: ControlPlanes::new(&url, &control_planes),
+            queue_id,
+            token,
+            ca_pem: match control_plane_ca {
+                Some(path) => Some(read_roots(&path)?),
+                None => None,
+            },
+        })),
+        (None, None, None) => Ok(None),
+        _ => Err(invalid(
+            "control_plane, queue_id and node_token go together",
+        )),
+    }
+}
+
+/// Records more often than the settings allow (dev and tests), within their ranges.
+fn record_every(
+    stats_secs: Option<u64>,
+    usage_secs: Option<u64>,
+) -> Result<RecordEvery, ConfigError> {
+    if usage_secs.is_some_and(|secs| !(1..=1800).contains(&secs)) {
+        return Err(invalid("usage_record_secs is 1 to 1800"));
+    }
+    if stats_secs.is_some_and(|secs| !(1..=300).contains(&secs)) {
+        return Err(invalid("stats_record_secs is 1 to 300"));
+    }
+    Ok(RecordEvery {
+        stats_secs,
+        usage_secs,
+    })
+}
+
+/// The SQS face, if a listen address is given: the flags' keys and then the file's.
+fn sqs(
+    flags: &Flags,
+    file_keys: &[SqsKeyFile],
+    file_listen: Option<SocketAddr>,
+    limits: Option<qe_serve::Limits>,
+) -> Result<Option<SqsConfig>, ConfigError> {
+    let from_file = file_keys
+        .iter()
+        .map(|key| format!("{}:{}:{}", key.role, key.access_key_id, key.secret));
+    let keys = flags
+        .sqs_key
+        .iter()
+        .cloned()
+        .chain(from_file)
+        .map(|text| {
+            crate::auth::SqsKey::parse(&text)
+                .ok_or_else(|| invalid("an SQS key is not ROLE:ACCESS_KEY_ID:SECRET"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    match flags.sqs_listen.or(file_listen) {
+        Some(listen) => Ok(Some(SqsConfig {
+            listen,
+            keys,
+            limits: limits.unwrap_or_default(),
+        })),
+        None if keys.is_empty() => Ok(None),
+        None => Err(invalid("--sqs-key needs --sqs-listen")),
+    }
+}
+
+impl Keepalive {
+    /// The flags' times, else the file's, else the defaults.
+    fn of(flags: &Flags, ping_secs: Option<u64>, silence_limit_secs: Option<u64>) -> Keepalive {
+        let default = Keepalive::default();
+        let secs = |flag: Option<u64>, file: Option<u64>, default: Duration| {
+            flag.or(file).map_or(default, Duration::from_secs)
+        };
+        Keepalive {
+            ping_every: secs(flags.ping_secs, ping_secs, default.ping_every),
+            silence_limit: secs(
+                flags.silence_limit_secs,
+                silence_limit_secs,
+                default.silence_limit,
+            ),
+            write_stall_limit: secs(flags.write_stall_secs, None, default.write_stall_limit),
+        }
     }
 }
 
@@ -539,6 +580,64 @@ impl ConfigFile {
     pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
         Ok(toml::from_str(text)?)
     }
+
+    /// The config file a desired config from the control plane amounts to, for the node's
+    /// usual loader: the flags are laid over it as over any file.
+    pub fn from_desired(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> ConfigFile {
+        let login = |login: &LoginHash| LoginFile {
+            username: login.username.clone(),
+            password_hash: login.password_hash.clone(),
+        };
+        let (plaintext, tls_cert, tls_key, tls_from_control_plane) = match &desired.tls {
+            NodeTls::None => (true, None, None, false),
+            NodeTls::Queue { .. } => {
+                let (cert, key) = own_certificate_paths(data_dir);
+                (false, Some(cert), Some(key), false)
+            }
+            NodeTls::Cluster { .. } => (false, None, None, true),
+        };
+        ConfigFile {
+            listen: Some(Listen::Several(desired.listen.clone())),
+            data_dir: Some(data_dir.to_path_buf()),
+            plaintext,
+            tls_cert,
+            tls_key,
+            tls_from_control_plane,
+            tier: Some(desired.tier),
+            max_messages: desired.max_messages,
+            max_messages_memory: desired.max_messages_memory,
+            publisher: Some(login(&desired.logins.publisher)),
+            subscriber: Some(login(&desired.logins.subscriber)),
+            admin: Some(login(&desired.logins.admin)),
+            instance_type: Some(desired.instance_type.clone()),
+            region: Some(desired.region.clone()),
+            ipv4: desired.ipv4,
+            control_plane: Some(to.control_planes.preferred().to_string()),
+            control_planes: to.control_planes.urls().to_vec(),
+            queue_id: Some(to.queue_id.clone()),
+            node_token: Some(to.token.clone()),
+            live_stats_secs: desired.live_stats_secs,
+            usage_record_secs: desired.usage_record_secs,
+            stats_record_secs: desired.stats_record_secs,
+            sqs_listen: desired
+                .sqs
+                .as_ref()
+                .and_then(|sqs| sqs.listen.first().copied()),
+            sqs_keys: desired
+                .sqs
+                .as_ref()
+                .map(|sqs| sqs.keys.iter().map(SqsKeyFile::from).collect())
+                .unwrap_or_default(),
+            ..ConfigFile::default()
+        }
+    }
+}
+
+/// The certificate chain and key files: `DATA_DIR/tls/own-cert.pem` and `own-key.pem` (apart
+/// from a fetched cluster certificate's).
+pub fn own_certificate_paths(data_dir: &Path) -> (PathBuf, PathBuf) {
+    let dir = data_dir.join("tls");
+    (dir.join("own-cert.pem"), dir.join("own-key.pem"))
 }
 
 fn login_from_flag(flag: &str, role: &str) -> Result<Login, ConfigError> {

@@ -14,8 +14,8 @@ use crate::admission::PreLogin;
 use crate::engine::outbox::Overflow;
 use crate::engine::Frames;
 use crate::fragments::Assembly;
-use crate::node::Node;
 use crate::session::{self, Data, Reply, Session, Then};
+use crate::state::Node;
 use crate::traffic::SocketWrites;
 use bytes::Bytes;
 use futures::{FutureExt, SinkExt};
@@ -155,28 +155,6 @@ pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
     }
 }
 
-/// How often an idle connection is pinged, and how long a peer may stay silent (no frame,
-/// not even a pong) before it counts as gone: a peer that vanished without a FIN is noticed
-/// within `silence_limit` plus one `ping_every`. TCP keepalive (set at accept) backs this up.
-/// A client whose outbox is full (`max-write-queue-bytes` wait for it) and whose socket takes
-/// nothing for `write_stall_limit` does not read, and is cut off.
-#[derive(Debug, Clone, Copy)]
-pub struct Keepalive {
-    pub ping_every: Duration,
-    pub silence_limit: Duration,
-    pub write_stall_limit: Duration,
-}
-
-impl Default for Keepalive {
-    fn default() -> Self {
-        Keepalive {
-            ping_every: Duration::from_secs(15),
-            silence_limit: Duration::from_secs(45),
-            write_stall_limit: WRITE_STALL_LIMIT,
-        }
-    }
-}
-
 /// The login: the first text or binary message (pings and pongs are skipped).
 async fn login_frame(socket: &mut Socket, node: &Node, assembly: &Assembly) -> Result<Data, Ended> {
     loop {
@@ -290,10 +268,6 @@ async fn serve(
     })
     .await
 }
-
-/// How long a connection whose outbox is at `max-write-queue-bytes` may go without the socket
-/// taking a byte before its client counts as not reading and is cut off.
-pub const WRITE_STALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// The socket side of a logged-in connection: what it has fed to the socket and not yet
 /// flushed, and the timers that watch the peer.

@@ -12,32 +12,34 @@
 //!   dead-lettered messages; the copy queue type.
 //! - [`store`]: the boundary every change to the messages passes.
 //!
-//! Beside the path: [`config`] (flags and the TOML file), [`auth`] (the three logins),
-//! [`node`] (what every connection shares), [`history`] (stats and usage records),
-//! [`report`] (pushing those records to the control plane), [`channel`] (a node started from
-//! a bootstrap: its config from the control plane, watched), [`control_planes`] (the control
-//! plane's replicas, and which one both of those talk to now), [`certificate`] (its own TLS
-//! certificate: key made here, CSR sent) and [`traffic`] (bytes on the sockets).
+//! - [`sqs`]: the SQS face, a second way in to the same [`engine`].
+//!
+//! What the path shares: [`state`] (the node every connection shares: the queue, its
+//! settings, logins, limits, counters), [`config`] (flags and the TOML file, every small
+//! config type), [`auth`] (the three logins, SQS keys, console tokens), [`history`] (stats
+//! and usage records), [`admission`], [`limits`] and [`traffic`] (bytes on the sockets).
+//!
+//! Beside the path, the node's life: [`node`] starts it from a [`node::Source`], runs its
+//! services (records and their reports, the control plane's config applied, certificates,
+//! builds) under one stop, and stops it; [`control_plane`] is its link to the control plane
+//! (the replicas, the node channel), used by the SQS face and by [`node`].
 
 pub mod admission;
 #[cfg(feature = "count-allocations")]
 pub mod allocations;
 pub mod auth;
-pub mod certificate;
-pub mod channel;
 pub mod config;
 pub mod connection;
-pub mod control_planes;
+pub mod control_plane;
 pub mod engine;
 pub mod fragments;
 pub mod history;
 pub mod limits;
 pub mod message;
 pub mod node;
-pub mod report;
 pub mod server;
 pub mod session;
 pub mod sqs;
+pub mod state;
 pub mod store;
 pub mod traffic;
-pub mod upgrade;

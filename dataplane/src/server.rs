@@ -10,7 +10,7 @@
 use crate::admission::PreLogin;
 use crate::connection::{self, Closer, Connection};
 use crate::fragments::{Assembly, FragmentWatch};
-use crate::node::Node;
+use crate::state::Node;
 use crate::traffic::Counted;
 use bytes::Bytes;
 use http_body_util::Full;

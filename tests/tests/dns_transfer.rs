@@ -301,8 +301,8 @@ async fn knot_checks_the_chained_signature_of_every_message_of_a_large_transfer(
 }
 
 /// Queue `n` of a made-up zone, running at 2001:db8::`n` and 10.0.0.`n`.
-fn placed(n: u32) -> controlplane::queues::Queue {
-    use controlplane::queues::{create, Addresses, NewQueue, Status, Tier};
+fn placed(n: u32) -> controlplane::model::queue::Queue {
+    use controlplane::model::queue::{create, Addresses, NewQueue, Status, Tier};
     let (mut queue, _) = create(NewQueue {
         tier: Tier::Devtest,
         region: "local".into(),

@@ -3,7 +3,7 @@
 //! same calls give the same answers: compare-and-swap under races, records kept once, reads
 //! of more records than one etcd response holds, and writes fenced by a leadership.
 
-use controlplane::queues::{self, NewQueue, Queue, Tier};
+use controlplane::model::queue::{self, NewQueue, Queue, Tier};
 use controlplane::store::{Fence, Report, Store, StoreConfig, StoreError};
 use qe_tests::etcd::EtcdCluster;
 
@@ -32,7 +32,7 @@ fn a_queue() -> Queue {
         account: None,
         ..Default::default()
     };
-    queues::create(new).0
+    queue::create(new).0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -348,7 +348,7 @@ async fn etcd_over_tls_with_a_client_certificate_and_not_without() {
     let dir = tempfile::tempdir().unwrap();
     let with: StoreConfig = toml::from_str(&strip_table(&etcd.store_config(true))).unwrap();
     let store = Store::open(&with, dir.path(), "tls").await.unwrap();
-    let (queue, _) = queues::create(NewQueue {
+    let (queue, _) = queue::create(NewQueue {
         tier: Tier::Devtest,
         region: "local".into(),
         instance_type: "local".into(),
@@ -413,7 +413,7 @@ async fn etcd_with_users_takes_the_stores_user_and_refuses_others() {
         );
         toml::from_str::<StoreConfig>(&text).unwrap()
     };
-    let (queue, _) = queues::create(NewQueue {
+    let (queue, _) = queue::create(NewQueue {
         tier: Tier::Devtest,
         region: "local".into(),
         instance_type: "local".into(),

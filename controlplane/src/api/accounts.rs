@@ -4,8 +4,8 @@
 use super::auth::Caller;
 use super::extract::{Json, Path};
 use super::{ApiError, AppState};
-use crate::accounts::{self, Account, AccountChange, ApiKey, NewAccount, NewKey};
-use crate::audit::Target;
+use crate::model::account::{self, Account, AccountChange, ApiKey, NewAccount, NewKey};
+use crate::model::audit::Target;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -44,11 +44,11 @@ pub async fn create(
     State(state): State<Arc<AppState>>,
     Json(new): Json<NewAccount>,
 ) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
-    accounts::check_name(&new.name).map_err(ApiError::BadRequest)?;
+    account::check_name(&new.name).map_err(ApiError::BadRequest)?;
     if let Some(limits) = &new.limits {
-        accounts::check_limits(limits).map_err(ApiError::BadRequest)?;
+        account::check_limits(limits).map_err(ApiError::BadRequest)?;
     }
-    let account = accounts::create(new);
+    let account = account::create(new);
     if !state.store.put_account(&account).await? {
         return Err(ApiError::Conflict(
             "that account id is taken: try again".into(),
@@ -103,10 +103,10 @@ pub async fn change(
     Json(change): Json<AccountChange>,
 ) -> Result<(Extension<Target>, Json<Value>), ApiError> {
     if let Some(name) = &change.name {
-        accounts::check_name(name).map_err(ApiError::BadRequest)?;
+        account::check_name(name).map_err(ApiError::BadRequest)?;
     }
     if let Some(limits) = &change.limits {
-        accounts::check_limits(limits).map_err(ApiError::BadRequest)?;
+        account::check_limits(limits).map_err(ApiError::BadRequest)?;
     }
     let changed = state.store.update_account(&id, |account| {
         if let Some(name) = &change.name {
@@ -131,7 +131,7 @@ pub async fn create_key(
     Json(new): Json<NewKey>,
 ) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
     let account = seen(&state, &caller, &id).await?;
-    let (key, token) = accounts::issue_key(&account.id, new).map_err(ApiError::BadRequest)?;
+    let (key, token) = account::issue_key(&account.id, new).map_err(ApiError::BadRequest)?;
     within_key_limit(&state, &account).await?;
     state.store.put_key(&key).await?;
     let mut shown = key_view(&key);
@@ -141,7 +141,7 @@ pub async fn create_key(
 
 /// Refuses a key past the account's `max_api_keys`, once its revoked keys are let go.
 /// (Two keys made at once may pass it by one: the limit bounds a loop, not a race.)
-async fn within_key_limit(state: &AppState, account: &accounts::Account) -> Result<(), ApiError> {
+async fn within_key_limit(state: &AppState, account: &account::Account) -> Result<(), ApiError> {
     let most = account.limits.max_api_keys as usize;
     let mut keys = state.store.keys_of(&account.id).await?;
     if keys.len() >= most {
@@ -209,7 +209,7 @@ pub async fn create_sqs_key(
 ) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
     let account = seen(&state, &caller, &id).await?;
     let role = asked.role()?;
-    let access_key_id = accounts::new_sqs_key_id(&account.id);
+    let access_key_id = account::new_sqs_key_id(&account.id);
     let made = state.store.update_account(&account.id, |account| {
         // Revoked keys are let go first: only the keys in use count.
         let most = account.limits.max_sqs_keys as usize;
@@ -221,7 +221,7 @@ pub async fn create_sqs_key(
                 "account {id} has {most} SQS keys, its max_sqs_keys"
             )));
         }
-        account.sqs_keys.push(crate::queues::SqsKeyRecord {
+        account.sqs_keys.push(crate::model::queue::SqsKeyRecord {
             access_key_id: access_key_id.clone(),
             role: role.name().to_string(),
             created: crate::unix_now(),
@@ -238,7 +238,7 @@ pub async fn create_sqs_key(
         "access_key_id": access_key_id,
         "secret": state.node_tokens.account_sqs_secret(&account.id, &access_key_id),
         "role": role.name(),
-        "endpoint": crate::sqs::endpoint(&state.config),
+        "endpoint": crate::api::sqs::endpoint(&state.config),
         "applied": applied,
     });
     Ok((
@@ -256,7 +256,7 @@ pub async fn list_sqs_keys(
 ) -> Result<Json<Value>, ApiError> {
     let account = seen(&state, &caller, &id).await?;
     Ok(Json(json!({
-        "endpoint": crate::sqs::endpoint(&state.config),
+        "endpoint": crate::api::sqs::endpoint(&state.config),
         "keys": account.sqs_keys,
     })))
 }

@@ -1,4 +1,4 @@
-//! `GET /v1/audit`: the audit log ([`crate::audit`]), oldest first, a page at a time; an
+//! `GET /v1/audit`: the audit log ([`crate::model::audit`]), oldest first, a page at a time; an
 //! account sees only the entries of its own account.
 
 use super::auth::Caller;

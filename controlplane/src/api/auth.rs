@@ -11,11 +11,11 @@
 //!   ([`crate::console`]): the caller is the one its sign-in found, checked again now (a key
 //!   revoked since is refused), and a change must carry the session's `X-CSRF-Token`.
 
+use super::sessions::{self, Grant, Sessions};
 use super::{bearer, unauthorized, ApiError, AppState};
-use crate::accounts::{self, Scope};
-use crate::audit::{self, Actor, Entry, Target};
-use crate::console::{self, Grant, Sessions};
-use crate::queues::Queue;
+use crate::model::account::{self, Scope};
+use crate::model::audit::{self, Actor, Entry, Target};
+use crate::model::queue::Queue;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -95,10 +95,10 @@ pub async fn authenticate(
                 .ok_or(ApiError::Unauthorized { token_given: true })?;
             let csrf = request
                 .headers()
-                .get(console::CSRF_HEADER)
+                .get(sessions::CSRF_HEADER)
                 .and_then(|value| value.to_str().ok());
-            if console::is_change(request.method()) && !found.csrf_matches(csrf) {
-                return Err(console::csrf_refused());
+            if sessions::is_change(request.method()) && !found.csrf_matches(csrf) {
+                return Err(sessions::csrf_refused());
             }
             caller_of_grant(&state, &found.grant)
                 .await?
@@ -154,7 +154,7 @@ pub async fn authenticate(
                 .fetch_add(1, Ordering::Relaxed);
         } else {
             let entry = Entry::new(caller.actor(), action, target, status);
-            audit::record(&state.store, entry).await;
+            state.store.record_audit(entry).await;
         }
     }
     response
@@ -206,7 +206,7 @@ pub(crate) async fn caller_of(
     if is_operator && !expected.is_empty() {
         return Ok(Some(Caller::Operator));
     }
-    let Some((id, secret)) = accounts::parse_token(presented) else {
+    let Some((id, secret)) = account::parse_token(presented) else {
         return Ok(None);
     };
     // A made-up key id costs one store read a minute, however often it is presented.
@@ -217,7 +217,7 @@ pub(crate) async fn caller_of(
         state.limits.unknown_keys.remember(id);
         return Ok(None);
     };
-    let valid = accounts::secret_matches(&key, secret) && key.is_valid_at(crate::unix_now());
+    let valid = account::secret_matches(&key, secret) && key.is_valid_at(crate::unix_now());
     Ok(valid.then_some(Caller::Account {
         account: key.account,
         key: key.id,

@@ -12,8 +12,8 @@
 
 use super::extract::{Json, Path};
 use super::{ApiError, AppState};
-use crate::audit::{self, Actor, Entry, Target};
-use crate::queues::{Queue, Status};
+use crate::model::audit::{self, Actor, Entry, Target};
+use crate::model::queue::{Queue, Status};
 use crate::store::StoreError;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -118,7 +118,7 @@ pub async fn exchange(
         200,
     )
     .because(&format!("instance {}", asked.instance_id));
-    audit::record(&state.store, entry).await;
+    state.store.record_audit(entry).await;
     tracing::info!(queue = %queue.id, instance = %asked.instance_id, "a node exchanged its bootstrap token");
     let node_token = state
         .node_tokens
@@ -154,7 +154,7 @@ async fn refuse(state: &AppState, queue: &Queue, instance_id: &str, refusal: Ref
         401,
     )
     .because(&reason);
-    audit::record(&state.store, entry).await;
+    state.store.record_audit(entry).await;
     ApiError::Unauthorized { token_given: true }
 }
 

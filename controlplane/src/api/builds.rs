@@ -4,8 +4,8 @@
 
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
-use crate::audit::Target;
 use crate::builds::BuildError;
+use crate::model::audit::Target;
 use crate::rollout::{Plan, RolloutError};
 use axum::extract::State;
 use axum::http::StatusCode;

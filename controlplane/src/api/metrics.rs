@@ -8,7 +8,7 @@
 use super::{ApiError, AppState};
 use crate::certificates::NodeCertificates;
 use crate::live::{Latest, LiveNumbers};
-use crate::queues::{Queue, Status};
+use crate::model::queue::{Queue, Status};
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -111,8 +111,8 @@ pub async fn record(State(state): State<Arc<AppState>>, request: Request, next: 
     response
 }
 
-pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiError> {
-    let queues = state.store.list().await?;
+/// `qe_queues`: how many queues there are of each status (every status, zero or not).
+fn render_queues_by_status(out: &mut String, queues: &[Queue]) {
     let mut by_status: BTreeMap<&str, u64> = [
         ("provisioning", 0),
         ("running", 0),
@@ -121,7 +121,7 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         ("deleted", 0),
     ]
     .into();
-    for queue in &queues {
+    for queue in queues {
         let status = match queue.status {
             Status::Provisioning => "provisioning",
             Status::Running => "running",
@@ -131,11 +131,16 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         };
         *by_status.entry(status).or_default() += 1;
     }
-    let mut out = String::new();
     out.push_str("# HELP qe_queues Queues by status.\n# TYPE qe_queues gauge\n");
     for (status, count) in by_status {
         let _ = writeln!(out, "qe_queues{{status=\"{status}\"}} {count}");
     }
+}
+
+pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiError> {
+    let queues = state.store.list().await?;
+    let mut out = String::new();
+    render_queues_by_status(&mut out, &queues);
     render_rollouts(&state, &mut out).await?;
     let reports = state.metrics.node_reports.load(Ordering::Relaxed);
     out.push_str("# HELP qe_node_reports_total Node reports received.\n");
@@ -408,8 +413,8 @@ fn render_queues(
     let _ = writeln!(out, "# TYPE {name} gauge");
     for (queue, labels) in live.iter().zip(&labels) {
         let tier = match queue.tier {
-            crate::queues::Tier::Standard => "standard",
-            crate::queues::Tier::Devtest => "devtest",
+            crate::model::queue::Tier::Standard => "standard",
+            crate::model::queue::Tier::Devtest => "devtest",
         };
         let _ = writeln!(out, "{name}{{{labels},tier=\"{tier}\"}} 1");
     }
@@ -486,10 +491,10 @@ fn escape(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queues::{NewQueue, Tier};
+    use crate::model::queue::{NewQueue, Tier};
 
     fn queue(account: Option<&str>, status: Status) -> Queue {
-        let (mut queue, _) = crate::queues::create(NewQueue {
+        let (mut queue, _) = crate::model::queue::create(NewQueue {
             tier: Tier::Devtest,
             region: "local".into(),
             instance_type: "local".into(),

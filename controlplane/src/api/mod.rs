@@ -4,8 +4,13 @@
 //! read; every change asked for is audited (`auth.rs`, `audit.rs`). Every error is JSON
 //! (`error.rs`), also the router's own and the extractors' (`extract.rs`); the queue routes
 //! are in `queues.rs`, accounts and keys in `accounts.rs`, `/metrics` in `metrics.rs`.
-//! The web console (`/console/`, [`crate::console`]) signs in with the same tokens and then
-//! calls these routes with a session cookie instead (`auth.rs`).
+//! The web console (`/console/`, [`crate::console`], put beside these routes by
+//! [`crate::app`]) signs in with the same tokens and then calls these routes with a session
+//! cookie instead (`auth.rs`, [`sessions`]).
+//!
+//! The SQS wire is a face of this API too: [`sqs`] answers `POST /` (an account's actions,
+//! a queue's handed on to its node) and [`redrive`] routes dead letters between an account's
+//! queues.
 
 mod accounts;
 mod audit;
@@ -19,7 +24,10 @@ pub mod limits;
 mod metrics;
 pub mod nodes;
 pub mod queues;
+pub mod redrive;
 pub mod server;
+pub mod sessions;
+pub mod sqs;
 mod strays;
 pub mod tls;
 mod usage;
@@ -31,6 +39,7 @@ pub use metrics::Metrics;
 
 use crate::config::Config;
 use crate::fleet::Provider;
+use crate::model::queue::Queue;
 use crate::store::Store;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
@@ -66,6 +75,33 @@ pub struct AppState {
     pub limits: limits::CallerLimits,
 }
 
+impl AppState {
+    /// Where `queue`'s SQS face answers: its node's address with the SQS port (https where the
+    /// node serves wss); None where its provider runs no SQS face, or before it has a node.
+    pub(crate) fn sqs_endpoint(&self, queue: &Queue) -> Result<Option<String>, ApiError> {
+        let Some(listen) = self
+            .fleet
+            .sqs_listen(queue)
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+        else {
+            return Ok(None);
+        };
+        let Some(node) = &queue.node else {
+            return Ok(None);
+        };
+        let (scheme, rest) = match node.split_once("://") {
+            Some(("wss", rest)) => ("https", rest),
+            Some((_, rest)) => ("http", rest),
+            None => return Ok(None),
+        };
+        let host_port = rest.trim_end_matches('/');
+        let host = host_port
+            .rsplit_once(':')
+            .map_or(host_port, |(host, _)| host);
+        Ok(Some(format!("{scheme}://{host}:{}", listen.port())))
+    }
+}
+
 /// The API's description, kept beside the code and checked against the router by tests.
 const OPENAPI: &str = include_str!("../../openapi.json");
 
@@ -84,7 +120,11 @@ async fn backup(State(state): State<Arc<AppState>>) -> Result<Response, ApiError
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], backup).into_response())
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
+pub fn router(
+    state: Arc<AppState>,
+    sessions: Arc<sessions::Sessions>,
+    pages: Router<Arc<AppState>>,
+) -> Router {
     // The operator's alone: an account's key is refused (403) before anything is read.
     let operator = Router::new()
         .route("/v1/accounts", post(accounts::create).get(accounts::list))
@@ -151,10 +191,6 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/accounts/{id}/sqs-keys/{key}",
             axum::routing::delete(accounts::revoke_sqs_key),
         );
-    // One set of console sessions for every route (this router is built once per process).
-    let sessions = Arc::new(crate::console::Sessions::new(
-        state.config.api_tls.is_some(),
-    ));
     let gate = auth::Gate {
         state: state.clone(),
         sessions: sessions.clone(),
@@ -162,6 +198,27 @@ pub fn router(state: Arc<AppState>) -> Router {
     let authenticated = operator
         .merge(callers)
         .route_layer(middleware::from_fn_with_state(gate, auth::authenticate));
+    authenticated
+        .merge(metrics)
+        .merge(node_routes(&state))
+        .merge(open_routes())
+        .merge(pages)
+        .fallback(|| async { ApiError::NoSuchRoute })
+        // Last, so it reaches every route; axum adds the `Allow` header.
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(BODY_AT_MOST))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::record,
+        ))
+        // Outermost: whatever refused a request before its body was read closes the connection.
+        .layer(middleware::from_fn(close_unless_body_read))
+        .with_state(state)
+}
+
+/// The routes nodes call: with their own tokens (checked before the body is read), as a stray
+/// its restored store does not know, or with a cloud node's one-time bootstrap token.
+fn node_routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
     // Nodes call with their own tokens, checked before the body is read.
     let node = Router::new()
         .route(
@@ -190,36 +247,21 @@ pub fn router(state: Arc<AppState>) -> Router {
         ));
     // A cloud node's first boot: its one-time bootstrap token is its credential here.
     let bootstrap = Router::new().route("/v1/nodes/{id}/bootstrap", post(bootstrap::exchange));
-    let open = Router::new()
+    node.merge(stray).merge(bootstrap)
+}
+
+/// The routes anyone may call: the health check, the SQS wire (signed, checked there) and
+/// the API's description.
+fn open_routes() -> Router<Arc<AppState>> {
+    Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         // SQS's wire: signed with an account's SQS key (checked there before the body is
         // read), and as large as ten of the largest messages.
-        .route(
-            "/",
-            post(crate::sqs::serve).layer(DefaultBodyLimit::disable()),
-        )
+        .route("/", post(sqs::serve).layer(DefaultBodyLimit::disable()))
         .route(
             "/openapi.json",
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
-        );
-    authenticated
-        .merge(metrics)
-        .merge(node)
-        .merge(stray)
-        .merge(bootstrap)
-        .merge(open)
-        .merge(crate::console::router(sessions))
-        .fallback(|| async { ApiError::NoSuchRoute })
-        // Last, so it reaches every route; axum adds the `Allow` header.
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(DefaultBodyLimit::max(BODY_AT_MOST))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            metrics::record,
-        ))
-        // Outermost: whatever refused a request before its body was read closes the connection.
-        .layer(middleware::from_fn(close_unless_body_read))
-        .with_state(state)
+        )
 }
 
 /// A reply given before the request's body was read (a missing or wrong token, a role that
@@ -245,7 +287,7 @@ async fn renew_certificates(
         crate::certificates::NodeCertificates::Wildcard { .. } => {
             state.renew_certificate.notify_one()
         }
-        _ => crate::queues::renew_certificates(&state.store).await?,
+        _ => crate::certificates::renew_certificates(&state.store).await?,
     }
     Ok((StatusCode::ACCEPTED, Json(json!({"status": "renewing"}))))
 }

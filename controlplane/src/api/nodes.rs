@@ -4,9 +4,9 @@
 
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
-use crate::audit::{self, Actor, Entry, Target};
 use crate::certificates::NodeCertificates;
-use crate::queues::{Queue, Status};
+use crate::model::audit::{self, Actor, Entry, Target};
+use crate::model::queue::{Queue, Status};
 use crate::store::StoreError;
 use axum::extract::{Extension, Request, State};
 use axum::http::StatusCode;
@@ -103,12 +103,13 @@ async fn sqs_of(
     let Some(listen) = listen else {
         return Ok(None);
     };
-    let secret =
-        |key: &crate::queues::SqsKeyRecord, secret: String| qe_shared::node_channel::SqsKeySecret {
+    let secret = |key: &crate::model::queue::SqsKeyRecord, secret: String| {
+        qe_shared::node_channel::SqsKeySecret {
             access_key_id: key.access_key_id.clone(),
             role: key.role.clone(),
             secret,
-        };
+        }
+    };
     let mut keys: Vec<_> = queue
         .sqs_keys
         .iter()
@@ -134,7 +135,7 @@ async fn sqs_of(
         }
     }
     // The queues that send their dead letters here, each with its own publisher key.
-    keys.extend(crate::redrive::source_keys(state, queue));
+    keys.extend(crate::api::redrive::source_keys(state, queue));
     Ok(Some(qe_shared::node_channel::DesiredSqs {
         listen: vec![listen],
         keys,
@@ -162,7 +163,7 @@ pub async fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredCo
     desired.usage_record_secs = state.config.usage_record_secs;
     desired.stats_record_secs = state.config.stats_record_secs;
     desired.sqs = sqs_of(state, queue).await?;
-    desired.redrive = crate::redrive::desired(state, queue).await?;
+    desired.redrive = crate::api::redrive::desired(state, queue).await?;
     desired.node_token = queue
         .next_node_credential
         .map(|next| state.node_tokens.token_for(&queue.id, next));
@@ -267,9 +268,9 @@ pub async fn redrive(
     Json(change): Json<qe_shared::node_channel::RedriveChange>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    match crate::redrive::change(&state, &queue, &change).await {
+    match crate::api::redrive::change(&state, &queue, &change).await {
         Ok(changed) => {
-            let redrive = crate::redrive::redrive_of(&state, &changed).await?;
+            let redrive = crate::api::redrive::redrive_of(&state, &changed).await?;
             Ok(Json(redrive).into_response())
         }
         Err(refused) if refused.status == 400 => {
@@ -353,7 +354,7 @@ pub async fn certificate_for_csr(
         queue: queue.id.clone(),
     };
     let entry = Entry::new(by_node, audit::CERTIFICATE_ISSUE, target, 200);
-    audit::record(&state.store, entry).await;
+    state.store.record_audit(entry).await;
     Ok(Json(IssuedCertificate { chain_pem }))
 }
 

@@ -5,9 +5,9 @@
 use super::auth::Caller;
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
-use crate::accounts;
-use crate::audit::Target;
-use crate::queues::{self, IssuedLogins, NewQueue, Queue, Status};
+use crate::model::account;
+use crate::model::audit::Target;
+use crate::model::queue::{self, IssuedLogins, NewQueue, Queue, Status};
 use crate::store::StoreError;
 use axum::extract::Extension;
 use axum::extract::State;
@@ -123,15 +123,15 @@ pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, Issued
     state.fleet.can_run(&new).map_err(ApiError::BadRequest)?;
     crate::policy::check(&state.config.allow, &new).map_err(ApiError::BadRequest)?;
     if let Some(name) = &new.name {
-        queues::check_name(name).map_err(ApiError::BadRequest)?;
+        queue::check_name(name).map_err(ApiError::BadRequest)?;
         if new.account.is_none() {
             return Err(ApiError::BadRequest(
                 "a name is unique within an account: a queue of no account has none".into(),
             ));
         }
     }
-    queues::check_tags(&new.tags).map_err(ApiError::BadRequest)?;
-    let (mut queue, logins) = queues::create(new);
+    queue::check_tags(&new.tags).map_err(ApiError::BadRequest)?;
+    let (mut queue, logins) = queue::create(new);
     // It starts from the installed build: told the rolled-out one, if there is one.
     queue.desired_build = crate::rollout::fleet_build(&state.store).await?;
     if let Some(account) = &queue.account {
@@ -156,7 +156,7 @@ async fn reserve(state: &AppState, account_id: &str, queue: &Queue) -> Result<()
         let held = state.store.get(id).await?;
         let over = match &held {
             Some(held) => held.status == Status::Deleted,
-            None => now >= reserved + accounts::RESERVATION_EXPIRES_SECS,
+            None => now >= reserved + account::RESERVATION_EXPIRES_SECS,
         };
         if over {
             gone.push(id.clone());
@@ -284,7 +284,7 @@ pub async fn console_token(
     }
     let rights = match &caller {
         Caller::Account {
-            scope: accounts::Scope::ReadOnly,
+            scope: account::Scope::ReadOnly,
             ..
         } => Rights::Read,
         _ => Rights::Write,
@@ -336,16 +336,16 @@ pub async fn create_sqs_key(
             )));
         }
         // Revoked keys are let go first: only the keys in use count.
-        if queue.sqs_keys.len() >= queues::MAX_SQS_KEYS {
+        if queue.sqs_keys.len() >= queue::MAX_SQS_KEYS {
             queue.sqs_keys.retain(|key| !key.revoked);
         }
-        if queue.sqs_keys.len() >= queues::MAX_SQS_KEYS {
+        if queue.sqs_keys.len() >= queue::MAX_SQS_KEYS {
             return Err(ApiError::Conflict(format!(
                 "queue {id} has {} SQS keys, the most it may",
-                queues::MAX_SQS_KEYS
+                queue::MAX_SQS_KEYS
             )));
         }
-        queue.sqs_keys.push(queues::SqsKeyRecord {
+        queue.sqs_keys.push(queue::SqsKeyRecord {
             access_key_id: access_key_id.clone(),
             role: role.name().to_string(),
             created: crate::unix_now(),
@@ -356,7 +356,7 @@ pub async fn create_sqs_key(
     });
     let (queue, ()) = made.await?.ok_or_else(|| ApiError::NotFound(id.clone()))?;
     let applied = wait_applied(&state, &queue).await?;
-    let endpoint = sqs_endpoint(&state, &queue)?;
+    let endpoint = state.sqs_endpoint(&queue)?;
     let reply = json!({
         "access_key_id": access_key_id,
         "secret": state.node_tokens.sqs_secret(&queue.id, &access_key_id),
@@ -385,7 +385,7 @@ impl NewSqsKey {
 /// says whether all their nodes served it within [`CONFIRM_WITHIN`].
 pub async fn tell_account_queues(
     state: &AppState,
-    account: &accounts::Account,
+    account: &account::Account,
 ) -> Result<bool, ApiError> {
     let mut told = Vec::new();
     for id in account.queues.keys() {
@@ -426,7 +426,7 @@ pub async fn list_sqs_keys(
         })
         .collect();
     Ok(Json(json!({
-        "endpoint": sqs_endpoint(&state, &queue)?,
+        "endpoint": state.sqs_endpoint(&queue)?,
         "keys": keys,
     })))
 }
@@ -469,31 +469,6 @@ async fn wait_applied(state: &AppState, queue: &Queue) -> Result<bool, ApiError>
         .is_some_and(|queue| queue.applied_version >= version))
 }
 
-/// Where `queue`'s SQS face answers: its node's address with the SQS port (https where the
-/// node serves wss); None where its provider runs no SQS face, or before it has a node.
-pub(crate) fn sqs_endpoint(state: &AppState, queue: &Queue) -> Result<Option<String>, ApiError> {
-    let Some(listen) = state
-        .fleet
-        .sqs_listen(queue)
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-    else {
-        return Ok(None);
-    };
-    let Some(node) = &queue.node else {
-        return Ok(None);
-    };
-    let (scheme, rest) = match node.split_once("://") {
-        Some(("wss", rest)) => ("https", rest),
-        Some((_, rest)) => ("http", rest),
-        None => return Ok(None),
-    };
-    let host_port = rest.trim_end_matches('/');
-    let host = host_port
-        .rsplit_once(':')
-        .map_or(host_port, |(host, _)| host);
-    Ok(Some(format!("{scheme}://{host}:{}", listen.port())))
-}
-
 /// An access key id as AWS's look: 20 capitals and digits, here starting `QE`.
 fn new_access_key_id() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
@@ -528,7 +503,7 @@ pub async fn rotate(
                 queue.status
             )));
         }
-        Ok(queues::rotate(queue, role))
+        Ok(queue::rotate(queue, role))
     });
     let rotated = rotated.await?;
     let (queue, credentials) = rotated.ok_or_else(|| ApiError::NotFound(id.clone()))?;
@@ -597,7 +572,7 @@ pub async fn mark_deleting(state: &AppState, id: &str) -> Result<(), ApiError> {
         .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     // A queue that sent its dead letters to another no longer does: the target's node lets
     // its key go, and its ListDeadLetterSourceQueues stops naming it.
-    crate::redrive::forget_source(state, &queue).await?;
+    super::redrive::forget_source(state, &queue).await?;
     refresh_zone(state).await?;
     state.reconcile.notify_one();
     Ok(())

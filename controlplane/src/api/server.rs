@@ -7,6 +7,7 @@
 //! bounded buffer ahead; and on shutdown, connections have [`STOP_WITHIN`] to finish what they are
 //! answering, so none can keep the process from stopping.
 
+use crate::config::HttpLimits;
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -15,41 +16,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// The API port's limits (`[http]`): a request's whole head within `head_within_secs`
-/// (default 20 s; also how long a kept-alive connection may sit idle; the nodes' clients drop
-/// theirs sooner, `dataplane/src/report.rs`, so they never send on a connection being
-/// closed); `connections` at once (default 4096, far more than the operator and the nodes need
-/// and well under the descriptors the process has; past that, new ones wait in the kernel's
-/// backlog). No cap per source beyond the TLS handshakes' (`tls.rs`): every node of the local
-/// provider, and every node behind one NAT, comes from one address. Bodies are bounded per
-/// route (axum's limit), not by a shared budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpLimits {
-    pub head_within_secs: u64,
-    pub connections: usize,
-}
-
-impl Default for HttpLimits {
-    fn default() -> HttpLimits {
-        HttpLimits {
-            head_within_secs: 20,
-            connections: 4096,
-        }
-    }
-}
-
-impl HttpLimits {
-    fn serve_limits(self) -> qe_serve::Limits {
-        qe_serve::Limits {
-            head_within_secs: self.head_within_secs,
-            connections: self.connections,
-            per_source: self.connections,
-            ..qe_serve::Limits::default()
-        }
-    }
-}
 
 /// How long open connections have on shutdown. A node's config watch is held for up to
 /// `WATCH_HOLD_SECS`; it is told to close and asks again elsewhere, or of the next process.

@@ -11,8 +11,8 @@
 
 use super::extract::{Json, Path};
 use super::{ApiError, AppState};
-use crate::audit::Target;
-use crate::queues::Queue;
+use crate::model::audit::Target;
+use crate::model::queue::Queue;
 use axum::extract::{Extension, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;

@@ -6,10 +6,7 @@
 //! [`qe_tls::Certificate`], as the nodes serve theirs: read again on SIGHUP or when its files
 //! change; new connections get it, open ones go on.
 
-use serde::Deserialize;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -23,26 +20,6 @@ const HANDSHAKES_AT_MOST: usize = 512;
 /// Handshakes under way at most from one address; past this, its next connection is closed
 /// at once, so one source cannot take every slot.
 const HANDSHAKES_PER_SOURCE: usize = 16;
-
-/// `[api_tls]` in the config.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ApiTls {
-    /// The certificate chain (PEM) the API serves; it must name the address nodes use.
-    pub cert: PathBuf,
-    /// Its private key (PEM).
-    pub key: PathBuf,
-    /// The root (PEM) that signed `cert`, given to local nodes to trust it, when it is a
-    /// private one. Default: nodes trust the system's roots.
-    pub ca: Option<PathBuf>,
-}
-
-impl ApiTls {
-    /// The certificate to serve, reread on SIGHUP and when its files change.
-    pub fn certificate(&self) -> Result<Arc<qe_tls::Certificate>, qe_tls::TlsError> {
-        qe_tls::Certificate::load(&self.cert, &self.key)
-    }
-}
 
 pub struct TlsListener {
     tcp: TcpListener,

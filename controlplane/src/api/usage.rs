@@ -7,7 +7,7 @@ use super::csv;
 use super::extract::{Json, Query};
 use super::nodes::NodeCaller;
 use super::{ApiError, AppState};
-use crate::queues::Queue;
+use crate::model::queue::Queue;
 use crate::store::Report;
 use crate::usage::{self, StatsRecord, UsageRecord};
 use axum::extract::{Extension, State};

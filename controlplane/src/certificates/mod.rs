@@ -17,33 +17,13 @@ pub mod local_ca;
 
 use crate::dns::Zone;
 use crate::leadership::Leadership;
-use crate::store::Store;
+pub use crate::model::certificate::Issued;
+use crate::store::{Store, StoreError};
 use crate::unix_now as now;
 use qe_shared::backoff::Backoff;
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
-
-/// A certificate chain and its private key, in PEM.
-#[derive(Clone, Serialize, Deserialize)]
-pub struct Issued {
-    pub chain_pem: String,
-    pub key_pem: String,
-    /// When it was issued, in seconds since 1970.
-    pub issued_at: u64,
-    /// Which CA issued it ([`Issuer::name`]): one from another CA (another ACME directory, a
-    /// restarted Pebble, a new local CA) is replaced at once.
-    #[serde(default)]
-    pub issuer: String,
-}
-
-impl std::fmt::Debug for Issued {
-    /// Never the key.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Issued(at {})", self.issued_at)
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertificateError {
@@ -213,20 +193,20 @@ async fn keep_certified_while_leading(
                 keep_certificate(store, &issued).await;
                 // Every node is told before this is said: whoever waits for the log line
                 // then finds the change asked for.
-                if let Err(error) = crate::queues::renew_certificates(store).await {
+                if let Err(error) = renew_certificates(store).await {
                     tracing::warn!(%error, "the nodes could not be told of the new certificate");
                 }
-                let target = crate::audit::Target {
+                let target = crate::model::audit::Target {
                     id: zone.wildcard(),
                     account: None,
                 };
-                let entry = crate::audit::Entry::new(
-                    crate::audit::Actor::ControlPlane,
-                    crate::audit::CERTIFICATE_ISSUE,
+                let entry = crate::model::audit::Entry::new(
+                    crate::model::audit::Actor::ControlPlane,
+                    crate::model::audit::CERTIFICATE_ISSUE,
                     target,
                     200,
                 );
-                crate::audit::record(store, entry).await;
+                store.record_audit(entry).await;
                 tracing::info!("certificate issued for {}", zone.wildcard());
                 forced = false;
                 backoff.reset();
@@ -238,4 +218,39 @@ async fn keep_certified_while_leading(
             }
         }
     }
+}
+
+/// Has every live queue's node get a new certificate now (a forced renewal, or a new
+/// cluster wildcard): their certificate generation and config move on.
+pub async fn renew_certificates(store: &Store) -> Result<(), StoreError> {
+    renew_certificates_where(store, |_| true).await
+}
+
+/// Has every live queue whose certificate another CA issued get a new one now: another
+/// ACME directory, a restarted Pebble, a new local CA. Its clients trust only the new CA.
+pub async fn renew_certificates_not_from(store: &Store, issuer: &str) -> Result<(), StoreError> {
+    renew_certificates_where(store, |queue| {
+        queue
+            .certificate_issuer
+            .as_ref()
+            .is_some_and(|name| name != issuer)
+    })
+    .await
+}
+
+async fn renew_certificates_where(
+    store: &Store,
+    which: impl Fn(&crate::model::queue::Queue) -> bool,
+) -> Result<(), StoreError> {
+    for queue in store.list().await? {
+        let renewed = store.update(&queue.id, |queue| {
+            if queue.status.is_live() && which(queue) {
+                queue.certificate_generation += 1;
+                queue.config_version += 1;
+            }
+            Ok::<_, StoreError>(())
+        });
+        renewed.await?;
+    }
+    Ok(())
 }

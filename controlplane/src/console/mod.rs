@@ -2,21 +2,19 @@
 //! (`controlplane/console/`, built into the binary: no CDN, no build step) that calls the
 //! same `/v1` API as everyone else, with a session cookie instead of a bearer token.
 //!
-//! - [`session`]: the sessions, kept in memory; `POST /console/session` exchanges a token
-//!   for one, `GET` says who is signed in (and the CSRF token), `DELETE` signs out.
+//! - The sessions are the API's ([`crate::api::sessions`], kept in memory): `POST
+//!   /console/session` exchanges a token for one, `GET` says who is signed in (and the CSRF
+//!   token), `DELETE` signs out.
 //! - `api/auth.rs` takes the session cookie as a second way in, demanding the session's
 //!   `X-CSRF-Token` header on every change, and then acts as the key would: the console
 //!   can do nothing its key could not.
 //! - Every console response carries a strict Content-Security-Policy (no inline script or
 //!   style, nothing from elsewhere, never in a frame) and `nosniff`.
 
-mod session;
-
-pub use session::{Grant, Sessions, CSRF_HEADER};
-
+use crate::api::sessions::{self, Grant, Sessions, CSRF_HEADER};
 use crate::api::{limits, ApiError, AppState, Caller};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
@@ -130,7 +128,7 @@ fn within_sign_in_limits(
             .take(&source, per_sec, burst)
             .map_err(ApiError::TooManyRequests)?;
     }
-    if let Some((key_id, _)) = crate::accounts::parse_token(token) {
+    if let Some((key_id, _)) = crate::model::account::parse_token(token) {
         let by_key = &state.limits.sign_ins_by_key;
         by_key
             .take(key_id, per_sec, burst)
@@ -217,22 +215,12 @@ async fn sign_out(
         .ok_or(ApiError::Unauthorized { token_given: true })?;
     let presented = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
     if !found.csrf_matches(presented) {
-        return Err(csrf_refused());
+        return Err(sessions::csrf_refused());
     }
     sessions.close(id);
     let mut response = StatusCode::NO_CONTENT.into_response();
     set_cookie(&mut response, &sessions.expired_cookie());
     Ok(response)
-}
-
-/// The refusal of a change made with a session cookie but without its CSRF token.
-pub fn csrf_refused() -> ApiError {
-    ApiError::Forbidden("a change made from the console needs its X-CSRF-Token header".into())
-}
-
-/// Whether a method may change something (it then needs the CSRF token).
-pub fn is_change(method: &Method) -> bool {
-    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
 /// Whether the request came from this origin, when the browser names one (`Origin`'s host

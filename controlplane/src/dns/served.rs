@@ -10,8 +10,8 @@
 //! [`ALIVE_WITHIN`] has passed.
 
 use super::Zone;
+pub use crate::model::served::Served;
 use crate::store::{Store, StoreError};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,17 +23,6 @@ const SAY_AGAIN_EVERY: Duration = Duration::from_secs(2);
 pub const ALIVE_WITHIN: Duration = Duration::from_secs(5);
 /// How often a wait reads what the replicas said.
 const LOOK_AGAIN_EVERY: Duration = Duration::from_millis(50);
-
-/// What one replica said its zone serves.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Served {
-    /// Who said it: the replica's host and API address.
-    pub replica: String,
-    /// When it said it, in milliseconds since 1970 by its clock.
-    pub at_ms: u64,
-    /// The DNS-01 values (the name ordered, the value).
-    pub challenges: Vec<(String, String)>,
-}
 
 /// Runs on every replica for the life of the process: says what `zone` serves, as
 /// `replica`, whenever that changes and every [`SAY_AGAIN_EVERY`].

@@ -231,7 +231,7 @@ fn serial_at_least(a: u32, b: u32) -> bool {
 pub(super) mod tests {
     use super::*;
     use crate::dns::{Nameserver, Zone};
-    use crate::queues::{create, Addresses, NewQueue, Queue, Status, Tier};
+    use crate::model::queue::{create, Addresses, NewQueue, Queue, Status, Tier};
     use hickory_server::proto::op::MessageType;
     use hickory_server::proto::rr::rdata::SOA;
     use hickory_server::proto::rr::Name;

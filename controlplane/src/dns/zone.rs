@@ -7,7 +7,7 @@
 //! SOA serial moving forward; a query reads whichever zone is current.
 
 use super::DnsError;
-use crate::queues::Queue;
+use crate::model::queue::Queue;
 use hickory_server::net::runtime::TokioRuntimeProvider;
 use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, TXT};
 use hickory_server::proto::rr::{LowerName, Name, RData, Record};
@@ -399,7 +399,7 @@ fn address(ip: IpAddr) -> RData {
 mod tests {
     use super::*;
     use crate::dns::{serve, Secondaries};
-    use crate::queues::Status;
+    use crate::model::queue::Status;
     use hickory_server::proto::op::{Message, Query, ResponseCode};
     use hickory_server::proto::rr::RecordType;
     use std::net::SocketAddr;
@@ -425,7 +425,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_queue_resolves_to_where_its_provider_placed_it_once_placed() {
-        use crate::queues::{create, Addresses, NewQueue, Tier};
+        use crate::model::queue::{create, Addresses, NewQueue, Tier};
         let zone = Zone::new(
             "c",
             "example.test",

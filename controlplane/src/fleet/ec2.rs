@@ -6,7 +6,7 @@
 
 use super::cloud_init::{Mode, NodeBoot};
 use super::{FleetError, Provider};
-use crate::queues::{Addresses, NewQueue, Placement, Queue};
+use crate::model::queue::{Addresses, NewQueue, Placement, Queue};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use qe_ec2::{Ec2, Ec2Error, Instance, Launch, Volume};

@@ -7,7 +7,7 @@
 
 use super::process::NodeProcess;
 use super::{FleetError, Provider};
-use crate::queues::{Addresses, Placement, Queue};
+use crate::model::queue::{Addresses, Placement, Queue};
 use crate::write_private;
 use futures::future::BoxFuture;
 use futures::FutureExt;

@@ -8,7 +8,7 @@ pub mod ec2;
 pub mod local;
 mod process;
 
-use crate::queues::{NewQueue, Placement, Queue};
+use crate::model::queue::{NewQueue, Placement, Queue};
 use futures::future::BoxFuture;
 use qe_shared::node_channel::Bootstrap;
 use std::net::SocketAddr;

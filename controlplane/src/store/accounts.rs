@@ -8,8 +8,8 @@
 //!   without reading the other accounts' entries.
 
 use super::{end_of, Store, StoreError};
-use crate::accounts::{Account, ApiKey};
-use crate::audit::Entry;
+use crate::model::account::{Account, ApiKey};
+use crate::model::audit::Entry;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -108,6 +108,14 @@ impl Store {
 
     /// Keeps `entry` once, under its cursor; an entry of an account is also indexed under
     /// the account by its cursor alone (a pointer, not a second copy).
+    /// Keeps `entry`; a store that cannot take it now is logged, and the change it records
+    /// stands (it is made already).
+    pub async fn record_audit(&self, entry: Entry) {
+        if let Err(error) = self.append_audit(&entry).await {
+            tracing::error!(%error, action = %entry.action, "an audit entry could not be kept");
+        }
+    }
+
     pub async fn append_audit(&self, entry: &Entry) -> Result<(), StoreError> {
         let value = serde_json::to_vec(entry)?;
         let mut entries = vec![(format!("{AUDIT}{}", entry.cursor), value)];

@@ -5,8 +5,8 @@
 //! - `rollouts/ID`: a [`Rollout`], ids in time order, changed only by compare-and-swap.
 
 use super::{end_of, Store, StoreError};
-use crate::builds::Build;
-use crate::rollout::Rollout;
+use crate::model::build::Build;
+use crate::model::rollout::Rollout;
 
 const BUILDS: &str = "builds/";
 const ROLLOUTS: &str = "rollouts/";

@@ -372,8 +372,8 @@ impl Backend for EtcdBackend {
         &self,
         compact_before: Option<i64>,
         defragment_over: i64,
-    ) -> Result<Option<super::upkeep::Done>, StoreError> {
-        let mut done = super::upkeep::Done::default();
+    ) -> Result<Option<super::UpkeepDone>, StoreError> {
+        let mut done = super::UpkeepDone::default();
         let mut client = self.client.clone();
         let status = client.status().await?;
         done.revision = status.header().map_or(0, |header| header.revision());

@@ -19,9 +19,8 @@ mod builds;
 mod changes;
 mod etcd_backend;
 mod sled_backend;
-pub mod upkeep;
 
-use crate::queues::Queue;
+use crate::model::queue::Queue;
 use async_trait::async_trait;
 use qe_shared::node_channel::Counted;
 use serde::Deserialize;
@@ -29,6 +28,18 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use etcd_backend::EtcdBackend;
+
+/// What one look of the store's upkeep ([`crate::upkeep`]) did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UpkeepDone {
+    /// The store's revision as it began.
+    pub revision: i64,
+    /// The revision the history was compacted to, if it was.
+    pub compacted_to: Option<i64>,
+    /// Members defragmented, and the bytes they had free.
+    pub defragmented: usize,
+    pub freed: i64,
+}
 
 /// `[store]`: where the state lives.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -182,7 +193,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         _compact_before: Option<i64>,
         _defragment_over: i64,
-    ) -> Result<Option<upkeep::Done>, StoreError> {
+    ) -> Result<Option<UpkeepDone>, StoreError> {
         Ok(None)
     }
 }
@@ -553,7 +564,9 @@ impl Store {
     }
 
     /// The cluster's certificate, if one was issued.
-    pub async fn certificate(&self) -> Result<Option<crate::certificates::Issued>, StoreError> {
+    pub async fn certificate(
+        &self,
+    ) -> Result<Option<crate::model::certificate::Issued>, StoreError> {
         match self.kv.get(CERTIFICATE).await? {
             Some(stored) => Ok(Some(serde_json::from_slice(&stored.value)?)),
             None => Ok(None),
@@ -562,7 +575,7 @@ impl Store {
 
     pub async fn put_certificate(
         &self,
-        issued: &crate::certificates::Issued,
+        issued: &crate::model::certificate::Issued,
     ) -> Result<(), StoreError> {
         self.put_value(CERTIFICATE, serde_json::to_vec(issued)?)
             .await
@@ -663,13 +676,16 @@ impl Store {
     }
 
     /// Keeps what a replica says its DNS serves.
-    pub async fn put_served(&self, served: &crate::dns::served::Served) -> Result<(), StoreError> {
+    pub async fn put_served(
+        &self,
+        served: &crate::model::served::Served,
+    ) -> Result<(), StoreError> {
         let key = format!("{SERVED}{}", served.replica);
         self.put_value(&key, serde_json::to_vec(served)?).await
     }
 
     /// What each replica said its DNS serves.
-    pub async fn served(&self) -> Result<Vec<crate::dns::served::Served>, StoreError> {
+    pub async fn served(&self) -> Result<Vec<crate::model::served::Served>, StoreError> {
         let kept = self.kv.range(SERVED, &end_of(SERVED)).await?;
         let read = kept
             .values

@@ -27,7 +27,7 @@ use crate::engine::{
     Anchor, Dead, DeadReason, Frames, Message, MessageId, Queue, Redrive, Refused, Scope,
 };
 use crate::history;
-use crate::node::Node;
+use crate::state::Node;
 use crate::store::Receipt;
 use qe_shared::console_token::Rights;
 use qe_shared::protocol::QueueType;

@@ -10,7 +10,7 @@ use super::request::{self, optional_number_in, Fields, Parsed};
 use super::subscriber::{CopySubscriber, Subscriber};
 use super::{as_str, Data, Reply, Session};
 use crate::engine::SessionId;
-use crate::node::Node;
+use crate::state::Node;
 use qe_shared::console_token::Rights;
 use qe_shared::protocol::{QueueType, Role, MAX_CREDENTIAL_BYTES};
 use qe_shared::settings::Setting;
@@ -106,7 +106,7 @@ fn limits_asked(fields: &Fields, node: &Node, reply: Reply) -> Reply {
 }
 
 /// The rights of a console login (`console_token` instead of username and password;
-/// [`super::console`]): its role and queue type are checked as any login's, then the token.
+/// [`crate::auth::console`]): its role and queue type are checked as any login's, then the token.
 fn console_login(fields: &Fields, node: &Node) -> Result<Rights, Code> {
     let role = text(fields, "role")
         .and_then(Role::parse)

@@ -8,7 +8,6 @@
 //! layer's business; this layer only says how to end.
 
 mod admin;
-pub mod console;
 mod login;
 mod publisher;
 pub mod reply;

@@ -4,7 +4,7 @@ use super::reply::Context;
 use super::request::{self, number_field, number_in, text_field, Field, Fields, Parsed, Text};
 use super::{as_str, Data, Reply, Response};
 use crate::engine::{now_ms, BodyType, Durability, NewMessage};
-use crate::node::Node;
+use crate::state::Node;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use qe_shared::protocol::{is_valid_publisher_key, QueueType, MAX_DELAY_SECS};

@@ -5,7 +5,7 @@ use super::reply::Context;
 use super::request::{self, number_field, whole_number, Field, Fields, Parsed};
 use super::{as_str, Data, Reply, Response, Then};
 use crate::engine::{CopySubscription, Frames, MessageId, SessionId, Subscription};
-use crate::node::Node;
+use crate::state::Node;
 use qe_shared::settings::Setting;
 use qe_shared::Code;
 use serde::de::IgnoredAny;

@@ -2,9 +2,8 @@
 //! does to the engine, what it answers. docs/sqs.md has the table of what matches AWS.
 
 use super::attributes::{self, Attributes};
-use super::SqsError;
+use super::{Context, SqsError};
 use crate::engine::{BodyType, Durability, MessageId, NewMessage, Pulled, Refused, Scope};
-use crate::node::Node;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use qe_shared::node_channel::RedriveChange;
@@ -13,7 +12,6 @@ use qe_shared::settings::Setting;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The most entries a batch takes, and a receive returns.
@@ -109,25 +107,6 @@ impl Action {
             | Action::CancelMessageMoveTask => role == Role::Admin,
         }
     }
-}
-
-/// What an action runs with.
-pub struct Context<'a> {
-    pub node: &'a Arc<Node>,
-    pub queue_name: &'a str,
-    /// The queue's URL as this request's client reaches it.
-    pub queue_url: &'a str,
-    /// When the last `PurgeQueue` began (SQS takes one a minute).
-    pub last_purge: &'a std::sync::Mutex<Option<std::time::Instant>>,
-    /// The last message move tasks.
-    pub move_tasks: &'a std::sync::Mutex<super::move_tasks::MoveTasks>,
-    /// The access key id the request was signed with: the `SenderId` of what it sends.
-    pub sender: &'a str,
-    /// The node's channel to its control plane, which keeps the queue's redrive; None on a
-    /// node without one.
-    pub channel: Option<&'a crate::channel::Channel>,
-    /// What receipt handles are signed with.
-    pub receipt_key: &'a ReceiptKey,
 }
 
 /// How long after a purge another is refused (`PurgeQueueInProgress`), as on AWS.

@@ -15,7 +15,7 @@
 
 use super::actions::sqs_body;
 use crate::engine::{Anchor, MessageId};
-use crate::node::Node;
+use crate::state::Node;
 use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::DeadLetterTarget;
 use qe_shared::sqs::sigv4;

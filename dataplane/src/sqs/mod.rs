@@ -19,8 +19,9 @@ mod move_tasks;
 
 pub use qe_shared::sqs::{query, sigv4, SqsError};
 
-use crate::config::ReportTo;
-use crate::node::Node;
+use crate::auth::SqsKey;
+use crate::control_plane::ReportTo;
+use crate::state::Node;
 use crate::traffic::Counted;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -28,7 +29,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use qe_shared::protocol::Role;
 use qe_shared::settings::Setting;
 use serde_json::Value;
 use sigv4::header;
@@ -39,36 +39,23 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-/// An SQS access key of this queue: what signs requests, and the role it acts as.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SqsKey {
-    pub access_key_id: String,
-    pub secret: String,
-    pub role: Role,
-}
-
-impl std::fmt::Debug for SqsKey {
-    /// Never the secret.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SqsKey({} as {:?})", self.access_key_id, self.role)
-    }
-}
-
-impl SqsKey {
-    /// Reads `ROLE:ACCESS_KEY_ID:SECRET` (the `--sqs-key` flag).
-    pub fn parse(text: &str) -> Option<SqsKey> {
-        let (role, rest) = text.split_once(':')?;
-        let (access_key_id, secret) = rest.split_once(':')?;
-        let valid_id = !access_key_id.is_empty()
-            && access_key_id.len() <= 128
-            && access_key_id.bytes().all(|b| b.is_ascii_alphanumeric());
-        let role = Role::parse(role)?;
-        (valid_id && !secret.is_empty()).then(|| SqsKey {
-            access_key_id: access_key_id.to_string(),
-            secret: secret.to_string(),
-            role,
-        })
-    }
+/// What an action runs with.
+pub struct Context<'a> {
+    pub node: &'a Arc<Node>,
+    pub queue_name: &'a str,
+    /// The queue's URL as this request's client reaches it.
+    pub queue_url: &'a str,
+    /// When the last `PurgeQueue` began (SQS takes one a minute).
+    pub last_purge: &'a std::sync::Mutex<Option<std::time::Instant>>,
+    /// The last message move tasks.
+    pub move_tasks: &'a std::sync::Mutex<move_tasks::MoveTasks>,
+    /// The access key id the request was signed with: the `SenderId` of what it sends.
+    pub sender: &'a str,
+    /// The node's channel to its control plane, which keeps the queue's redrive; None on a
+    /// node without one.
+    pub channel: Option<&'a crate::control_plane::channel::Channel>,
+    /// What receipt handles are signed with.
+    pub receipt_key: &'a ReceiptKey,
 }
 
 /// `error` as AWS's JSON protocol sends it.
@@ -95,7 +82,7 @@ pub struct Sqs {
     /// (the JavaScript SDK's default) sends them here, and they are handed on as signed.
     control_plane: Option<(ReportTo, reqwest::Client)>,
     /// The node's channel: a change to the queue's redrive is the control plane's to make.
-    channel: Option<crate::channel::Channel>,
+    channel: Option<crate::control_plane::channel::Channel>,
     /// What receipt handles are signed with.
     receipt_key: actions::ReceiptKey,
     /// The last message move tasks (ListMessageMoveTasks).
@@ -123,11 +110,11 @@ impl Sqs {
         queue_name: String,
         tls: bool,
         control_plane: Option<ReportTo>,
-        channel: Option<crate::channel::Channel>,
+        channel: Option<crate::control_plane::channel::Channel>,
         receipt_key: actions::ReceiptKey,
     ) -> Arc<Sqs> {
         let control_plane = control_plane.map(|to| {
-            let client = crate::report::client(&to, HAND_ON_WITHIN);
+            let client = crate::control_plane::client(&to, HAND_ON_WITHIN);
             (to, client)
         });
         Arc::new(Sqs {
@@ -301,7 +288,7 @@ impl Sqs {
             input["QueueUrl"] = Value::String(url);
         }
         let queue_url = format!("{scheme}://{host}/{}", self.queue_name);
-        let context = actions::Context {
+        let context = Context {
             node: &self.node,
             queue_name: &self.queue_name,
             queue_url: &queue_url,
@@ -418,7 +405,10 @@ async fn hand_on(
         .control_planes
         .call(|base| {
             let sent = request(&base).send();
-            async move { sent.await.map_err(crate::control_planes::Unanswered::from) }
+            async move {
+                sent.await
+                    .map_err(crate::control_plane::replicas::Unanswered::from)
+            }
         })
         .await
         .map_err(|_| unreachable())?;

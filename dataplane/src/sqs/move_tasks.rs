@@ -6,8 +6,7 @@
 //! task to cancel. The node keeps its last [`KEPT`] tasks for ListMessageMoveTasks (a restart
 //! forgets them).
 
-use super::actions::Context;
-use super::SqsError;
+use super::{Context, SqsError};
 use crate::engine::Redrive;
 use serde_json::{json, Value};
 use std::collections::VecDeque;

@@ -158,6 +158,94 @@ struct State {
 }
 
 impl State {
+    /// Appends the record `change` makes (the index told where it lies and what it keeps):
+    /// its LSN, and the durability its receipt waits for; None when nothing is written (a
+    /// message the log does not hold, or one kept in memory only).
+    fn append_change(&mut self, change: Change<'_>) -> Option<(u64, Durability)> {
+        let written = match change {
+            Change::Published {
+                id,
+                message,
+                life,
+                dedup,
+            } => {
+                let record = MessageRecord {
+                    id,
+                    durability: message.durability as u8,
+                    dead: life.dead.is_some(),
+                    delay_secs: message.delay_secs,
+                    due_ms: life.due_ms.unwrap_or(0),
+                    recdat: message.recdat as u64,
+                    receives: life.receives,
+                    expires_ms: life.expires_ms.unwrap_or(0),
+                    dead_reason: life.dead.map_or(0, |dead| dead.reason as u8),
+                    dead_at_ms: life.dead.map_or(0, |dead| dead.at_ms),
+                    dedup,
+                    frame: &message.frame,
+                };
+                let (segment, lsn, len) = self.append(|out| encode_message(out, &record));
+                if let Some(dedup) = dedup {
+                    self.index.holds_dedup(segment, dedup.until_ms);
+                }
+                // The record says it all: whatever marks came before, this replaces them.
+                let live = Live::new(segment, len, record.dead, message.durability);
+                self.index.remember(id, live);
+                // A rewrite for the delivery rules (a receive counted) is not waited on and
+                // does not ask for a sync of its own: a sync per delivery would halve a
+                // durability-2 queue's rate for a count (README, "Delivery rules").
+                let rewrite = life.receives > 0 && life.dead.is_none();
+                match rewrite {
+                    true => (lsn, Durability::Eventual),
+                    false => (lsn, message.durability),
+                }
+            }
+            Change::Acked(id) => {
+                let Some((live, held_in)) = self.index.remove(id) else {
+                    return None; // durability 0: never written
+                };
+                let (segment, lsn, len) = self.append(|out| encode_removed(out, id, &held_in));
+                // Kept while another segment holds a record of the message.
+                self.index.keep_for_each(segment, &held_in, len as u64);
+                (lsn, live.durability())
+            }
+            Change::DeadLettered(id) => {
+                let live = self.index.live.get_mut(&id)?;
+                live.mark_dead();
+                let (latest, durability) = (live.segment, live.durability());
+                let (segment, lsn, len) = self.append(|out| encode_id(out, Kind::DeadLettered, id));
+                // Kept while the message's latest record, which says it is not dead, is older.
+                self.index.keep_for(segment, latest, len as u64);
+                (lsn, durability)
+            }
+            Change::Redriven(id) => {
+                let live = self.index.live.get_mut(&id)?;
+                live.mark_redriven();
+                let (latest, durability) = (live.segment, live.durability());
+                let (segment, lsn, len) = self.append(|out| encode_id(out, Kind::Redriven, id));
+                // As a dead-letter mark: kept while the latest record, which says dead, is older.
+                self.index.keep_for(segment, latest, len as u64);
+                (lsn, durability)
+            }
+            Change::Purged(ids) => {
+                let purge = self.index.remove_all(ids);
+                let Some(durability) = purge.durability else {
+                    return None; // durability 0 only: nothing was written
+                };
+                // Only the ids that were written: a restart knows nothing of the others.
+                let (segment, lsn, len) = self.append(|out| {
+                    encode_purged(out, purge.written.iter().copied(), &purge.held_in)
+                });
+                // Kept while another segment holds a record of a purged message.
+                self.index
+                    .keep_for_each(segment, &purge.held_in, len as u64);
+                (lsn, durability)
+            }
+            // Not kept (above).
+            Change::Delivered { .. } | Change::Returned(_) => return None,
+        };
+        Some(written)
+    }
+
     /// Appends one record; returns the segment it lands in, its LSN and its length.
     fn append(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> usize) -> (u32, u64, u32) {
         if self
@@ -453,92 +541,8 @@ impl Store for LogStore {
         }
         let mut state = self.shared.lock();
         let compaction_was_due = state.compaction_due;
-        let (lsn, durability) = match change {
-            Change::Published {
-                id,
-                message,
-                life,
-                dedup,
-            } => {
-                let record = MessageRecord {
-                    id,
-                    durability: message.durability as u8,
-                    dead: life.dead.is_some(),
-                    delay_secs: message.delay_secs,
-                    due_ms: life.due_ms.unwrap_or(0),
-                    recdat: message.recdat as u64,
-                    receives: life.receives,
-                    expires_ms: life.expires_ms.unwrap_or(0),
-                    dead_reason: life.dead.map_or(0, |dead| dead.reason as u8),
-                    dead_at_ms: life.dead.map_or(0, |dead| dead.at_ms),
-                    dedup,
-                    frame: &message.frame,
-                };
-                let (segment, lsn, len) = state.append(|out| encode_message(out, &record));
-                if let Some(dedup) = dedup {
-                    state.index.holds_dedup(segment, dedup.until_ms);
-                }
-                // The record says it all: whatever marks came before, this replaces them.
-                let live = Live::new(segment, len, record.dead, message.durability);
-                state.index.remember(id, live);
-                // A rewrite for the delivery rules (a receive counted) is not waited on and
-                // does not ask for a sync of its own: a sync per delivery would halve a
-                // durability-2 queue's rate for a count (README, "Delivery rules").
-                let rewrite = life.receives > 0 && life.dead.is_none();
-                match rewrite {
-                    true => (lsn, Durability::Eventual),
-                    false => (lsn, message.durability),
-                }
-            }
-            Change::Acked(id) => {
-                let Some((live, held_in)) = state.index.remove(id) else {
-                    return Receipt::Done; // durability 0: never written
-                };
-                let (segment, lsn, len) = state.append(|out| encode_removed(out, id, &held_in));
-                // Kept while another segment holds a record of the message.
-                state.index.keep_for_each(segment, &held_in, len as u64);
-                (lsn, live.durability())
-            }
-            Change::DeadLettered(id) => {
-                let Some(live) = state.index.live.get_mut(&id) else {
-                    return Receipt::Done;
-                };
-                live.mark_dead();
-                let (latest, durability) = (live.segment, live.durability());
-                let (segment, lsn, len) =
-                    state.append(|out| encode_id(out, Kind::DeadLettered, id));
-                // Kept while the message's latest record, which says it is not dead, is older.
-                state.index.keep_for(segment, latest, len as u64);
-                (lsn, durability)
-            }
-            Change::Redriven(id) => {
-                let Some(live) = state.index.live.get_mut(&id) else {
-                    return Receipt::Done;
-                };
-                live.mark_redriven();
-                let (latest, durability) = (live.segment, live.durability());
-                let (segment, lsn, len) = state.append(|out| encode_id(out, Kind::Redriven, id));
-                // As a dead-letter mark: kept while the latest record, which says dead, is older.
-                state.index.keep_for(segment, latest, len as u64);
-                (lsn, durability)
-            }
-            Change::Purged(ids) => {
-                let purge = state.index.remove_all(ids);
-                let Some(durability) = purge.durability else {
-                    return Receipt::Done; // durability 0 only: nothing was written
-                };
-                // Only the ids that were written: a restart knows nothing of the others.
-                let (segment, lsn, len) = state.append(|out| {
-                    encode_purged(out, purge.written.iter().copied(), &purge.held_in)
-                });
-                // Kept while another segment holds a record of a purged message.
-                state
-                    .index
-                    .keep_for_each(segment, &purge.held_in, len as u64);
-                (lsn, durability)
-            }
-            // Not kept (above).
-            Change::Delivered { .. } | Change::Returned(_) => return Receipt::Done,
+        let Some((lsn, durability)) = state.append_change(change) else {
+            return Receipt::Done;
         };
         if durability == Durability::Immediate {
             state.sync_wanted = true;

@@ -6,7 +6,7 @@
 use crate::admission::{Admission, Budgets};
 use crate::auth::Logins;
 use crate::config::Config;
-use crate::connection::Keepalive;
+use crate::config::Keepalive;
 use crate::engine::{CopyQueue, Limits, Queue};
 use crate::history::{History, Totals, UsageLabels};
 use crate::limits::{raise_descriptor_limit, usable_memory, NodeLimits};
@@ -32,7 +32,7 @@ pub struct Node {
     /// The three logins; a rotation replaces them while connections go on.
     logins: RwLock<Logins>,
     /// The SQS face's access keys (docs/sqs.md): its logins.
-    sqs_keys: RwLock<Vec<crate::sqs::SqsKey>>,
+    sqs_keys: RwLock<Vec<crate::auth::SqsKey>>,
     /// Where its dead letters go and who may send it theirs (SQS's redrive, kept by the
     /// control plane): the dead letter forwarder watches it.
     redrive: tokio::sync::watch::Sender<qe_shared::node_channel::DesiredRedrive>,
@@ -59,7 +59,7 @@ pub struct Node {
     /// Bytes of the message log.
     pub storage: StorageMeter,
     /// What the web console's admin logins are checked with.
-    pub console: crate::session::console::ConsoleTokens,
+    pub console: crate::auth::console::ConsoleTokens,
 }
 
 /// Counts of open connections by role. [`Presence::enter`] counts one until dropped.
@@ -174,7 +174,7 @@ impl Node {
             usage_labels: config.usage_labels.clone(),
             traffic: Arc::default(),
             storage,
-            console: crate::session::console::ConsoleTokens::new(
+            console: crate::auth::console::ConsoleTokens::new(
                 config
                     .report_to
                     .as_ref()
@@ -251,7 +251,7 @@ impl Node {
     }
 
     /// New SQS keys, from the next SQS request on (a key made, or one revoked).
-    pub fn replace_sqs_keys(&self, keys: Vec<crate::sqs::SqsKey>) {
+    pub fn replace_sqs_keys(&self, keys: Vec<crate::auth::SqsKey>) {
         *self.sqs_keys.write().expect("never poisoned") = keys;
     }
 
@@ -276,7 +276,7 @@ impl Node {
     }
 
     /// The SQS key with this access key id, if the queue has it.
-    pub fn sqs_key(&self, access_key_id: &str) -> Option<crate::sqs::SqsKey> {
+    pub fn sqs_key(&self, access_key_id: &str) -> Option<crate::auth::SqsKey> {
         let keys = self.sqs_keys.read().expect("never poisoned");
         keys.iter()
             .find(|key| key.access_key_id == access_key_id)

@@ -64,7 +64,7 @@ impl Entry {
             _ => "failed",
         };
         Entry {
-            cursor: format!("{time_ms:020}-{}", crate::queues::random_label(8)),
+            cursor: format!("{time_ms:020}-{}", crate::model::queue::random_label(8)),
             time_ms,
             actor,
             action: action.to_string(),
@@ -82,14 +82,6 @@ impl Entry {
             reason: Some(reason.to_string()),
             ..self
         }
-    }
-}
-
-/// Keeps `entry`; a store that cannot take it now is logged, and the change it records
-/// stands (it is made already).
-pub async fn record(store: &crate::store::Store, entry: Entry) {
-    if let Err(error) = store.append_audit(&entry).await {
-        tracing::error!(%error, action = %entry.action, "an audit entry could not be kept");
     }
 }
 

@@ -86,7 +86,7 @@ pub struct Queue {
     /// report from then for at most `delete_keeps_data_secs` (`reconciler.rs`).
     #[serde(default)]
     pub deleting_since: Option<u64>,
-    /// The account it belongs to ([`crate::accounts`]); `None` for a queue the operator
+    /// The account it belongs to ([`crate::model::account`]); `None` for a queue the operator
     /// made for no account (and for every queue made before there were accounts).
     #[serde(default)]
     pub account: Option<String>,
@@ -514,46 +514,6 @@ pub fn rotate(queue: &mut Queue, role: Role) -> Credentials {
         username: login.username.clone(),
         password,
     }
-}
-
-/// Has every live queue's node get a new certificate now (a forced renewal, or a new
-/// cluster wildcard): their certificate generation and config move on.
-pub async fn renew_certificates(
-    store: &crate::store::Store,
-) -> Result<(), crate::store::StoreError> {
-    renew_certificates_where(store, |_| true).await
-}
-
-/// Has every live queue whose certificate another CA issued get a new one now: another
-/// ACME directory, a restarted Pebble, a new local CA. Its clients trust only the new CA.
-pub async fn renew_certificates_not_from(
-    store: &crate::store::Store,
-    issuer: &str,
-) -> Result<(), crate::store::StoreError> {
-    renew_certificates_where(store, |queue| {
-        queue
-            .certificate_issuer
-            .as_ref()
-            .is_some_and(|name| name != issuer)
-    })
-    .await
-}
-
-async fn renew_certificates_where(
-    store: &crate::store::Store,
-    which: impl Fn(&Queue) -> bool,
-) -> Result<(), crate::store::StoreError> {
-    for queue in store.list().await? {
-        let renewed = store.update(&queue.id, |queue| {
-            if queue.status.is_live() && which(queue) {
-                queue.certificate_generation += 1;
-                queue.config_version += 1;
-            }
-            Ok::<_, crate::store::StoreError>(())
-        });
-        renewed.await?;
-    }
-    Ok(())
 }
 
 /// Lowercase letters and digits, safe in a DNS label.

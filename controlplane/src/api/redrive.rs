@@ -14,7 +14,8 @@
 //! `ListDeadLetterSourceQueues`).
 
 use crate::api::{ApiError, AppState};
-use crate::queues::Queue;
+use crate::model::account::Account;
+use crate::model::queue::Queue;
 use qe_shared::node_channel::{DeadLetterTarget, DesiredRedrive, RedriveChange};
 use qe_shared::sqs::{self, AllowPolicy, SqsError};
 use sha2::Digest;
@@ -63,7 +64,7 @@ pub async fn resolve_target(
         .await
         .map_err(|e| SqsError::unavailable(&e.to_string()))?
         .ok_or_else(|| invalid("the account is gone."))?;
-    let target = crate::sqs::named(state, &account, named)
+    let target = live_queue_named(state, &account, named)
         .await?
         .ok_or_else(|| invalid("Dead letter target does not exist."))?;
     if source_names.contains(&target.id.as_str()) {
@@ -208,12 +209,12 @@ fn dead_letter_target(
     source: &Queue,
     target: &Queue,
 ) -> Result<Option<DeadLetterTarget>, ApiError> {
-    let Some(endpoint) = crate::api::queues::sqs_endpoint(state, target)? else {
+    let Some(endpoint) = state.sqs_endpoint(target)? else {
         return Ok(None);
     };
     let access_key_id = dead_letter_key_id(&source.id);
     // What the control plane itself trusts for nodes, read once.
-    let roots_pem = crate::sqs::node_roots_pem(state).map(str::to_string);
+    let roots_pem = state.config.sqs.node_roots_pem().map(str::to_string);
     Ok(Some(DeadLetterTarget {
         arn: arn(target),
         queue_url: format!("{endpoint}/{}", target.id),
@@ -257,6 +258,24 @@ pub async fn sources(state: &AppState, target: &Queue) -> Result<Vec<Queue>, Sqs
         }
     }
     Ok(found)
+}
+
+/// The account's live queue named `name` (a queue made without a name goes by its id).
+pub(crate) async fn live_queue_named(
+    state: &AppState,
+    account: &Account,
+    name: &str,
+) -> Result<Option<Queue>, SqsError> {
+    let id = account.names.get(name).map_or(name, String::as_str);
+    if !account.queues.contains_key(id) {
+        return Ok(None);
+    }
+    let queue = state
+        .store
+        .get(id)
+        .await
+        .map_err(|e| SqsError::unavailable(&e.to_string()))?;
+    Ok(queue.filter(|queue| queue.status.is_live() && queue.account == Some(account.id.clone())))
 }
 
 #[cfg(test)]

@@ -22,9 +22,10 @@
 //! with the next confirmed config ([`qe_shared::node_channel::Applied::refused_build`]) and
 //! halts the roll.
 
-use crate::channel::{write_private, Channel};
+use crate::control_plane::channel::Channel;
 use qe_shared::backoff::Backoff;
 use qe_shared::build::is_sha256;
+use qe_shared::files::{write_private, write_whole};
 use qe_shared::node_channel::{DesiredBuild, RefusedBuild};
 use sha2::Digest;
 use std::path::{Path, PathBuf};
@@ -251,6 +252,7 @@ impl Upgrader {
     ) -> (Upgrader, tokio::sync::watch::Receiver<Option<Ready>>) {
         let (wanted, _) = tokio::sync::watch::channel(None);
         let (ready, ready_rx) = tokio::sync::watch::channel(None);
+        channel.tell_refused(last_refused(&data_dir));
         let upgrader = Upgrader {
             channel,
             data_dir,
@@ -301,7 +303,7 @@ impl Upgrader {
         }
         let running = match fetched_build_running(&self.data_dir) {
             Some(running) => Some(running),
-            None => crate::channel::this_build()
+            None => crate::control_plane::channel::this_build()
                 .await
                 .map(|build| build.binary_sha256),
         };
@@ -317,6 +319,7 @@ impl Upgrader {
                 Err(FetchError::Mismatch(reason)) => {
                     tracing::error!(build = %sha256, %reason, "a build did not check out: refused");
                     refuse(&dir, sha256, &reason);
+                    self.channel.tell_refused(last_refused(&self.data_dir));
                     self.channel.confirm_again().await;
                     return;
                 }
@@ -412,7 +415,7 @@ fn not_runnable_here(binary: &[u8]) -> Option<String> {
 /// Writes `bytes` to `path` whole (beside it first, synced, renamed, the rename synced),
 /// executable by the node's user alone.
 fn write_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    crate::channel::write_whole(path, bytes, 0o700)
+    write_whole(path, bytes, 0o700)
 }
 
 /// Removes fetched builds other than `keep` and the one running.

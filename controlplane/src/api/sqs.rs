@@ -10,63 +10,20 @@
 //! the node knows the account's keys (they are in every config of the account's queues), so
 //! an SDK that keeps this endpoint for every call works unchanged.
 
-use crate::accounts::{self, Account};
 use crate::api::{ApiError, AppState};
-use crate::audit::{self, Actor, Entry, Target};
-use crate::queues::{self, NewQueue, Queue, Tier};
+use crate::model::account::{self, Account};
+use crate::model::audit::{Actor, Entry, Target};
+use crate::model::queue::{self, NewQueue, Queue};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use qe_shared::protocol::Role;
 use qe_shared::sqs::{query, sigv4, SqsError};
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// `[sqs]` in the config: how queues made through SQS are made.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct SqsConfig {
-    /// The endpoint's URL as clients reach it (`endpoint_url`). Default: the first URL
-    /// nodes reach the control plane at (the API's own port).
-    pub endpoint: Option<String>,
-    /// The tier of a queue `CreateQueue` makes (an account that may not have it gets its
-    /// first allowed tier). Default `standard`.
-    #[serde(default)]
-    pub tier: Tier,
-    /// Its instance type. Default `local` (the local provider's); an EC2 cluster names one.
-    #[serde(default = "default_instance_type")]
-    pub instance_type: String,
-    /// Whether it has IPv4. Default true: most SQS clients reach their endpoint over IPv4.
-    #[serde(default = "yes")]
-    pub ipv4: bool,
-    /// PEM roots trusted for the nodes' certificates when a queue's action is handed on to
-    /// its node over HTTPS. Default: the public web's roots (webpki-roots).
-    pub node_roots: Option<std::path::PathBuf>,
-}
-
-fn default_instance_type() -> String {
-    "local".into()
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl Default for SqsConfig {
-    fn default() -> SqsConfig {
-        SqsConfig {
-            endpoint: None,
-            tier: Tier::Standard,
-            instance_type: default_instance_type(),
-            ipv4: true,
-            node_roots: None,
-        }
-    }
-}
 
 /// The endpoint's URL as clients reach it (the control plane's start fills it in from the
 /// API's own address when the config does not give it).
@@ -282,7 +239,10 @@ async fn handle(state: &AppState, request: Request, query: bool) -> Result<Answe
             account: Some(signer.account.id.clone()),
         };
         let action_name = format!("sqs.{}", action.name());
-        audit::record(&state.store, Entry::new(actor, &action_name, target, 200)).await;
+        state
+            .store
+            .record_audit(Entry::new(actor, &action_name, target, 200))
+            .await;
     }
     Ok(Answer::Made(action, answer))
 }
@@ -300,7 +260,7 @@ async fn admissible(
     let authorization = sigv4::parse_authorization(authorization).map_err(SqsError::signature)?;
     sigv4::check_time(text("x-amz-date"), crate::unix_now()).map_err(SqsError::signature)?;
     let key_id = authorization.access_key_id;
-    let account_id = accounts::account_of_sqs_key(key_id).ok_or_else(unknown)?;
+    let account_id = account::account_of_sqs_key(key_id).ok_or_else(unknown)?;
     let account = state
         .store
         .account(&account_id)
@@ -344,7 +304,7 @@ async fn run(
         Action::CreateQueue => create_queue(state, signer, input).await,
         Action::GetQueueUrl => {
             let name = text(input, "QueueName")?;
-            let queue = named(state, account, name)
+            let queue = super::redrive::live_queue_named(state, account, name)
                 .await?
                 .ok_or_else(SqsError::queue_does_not_exist)?;
             Ok((json!({ "QueueUrl": queue_url(state, &queue)? }), queue.id))
@@ -352,7 +312,7 @@ async fn run(
         Action::ListQueues => Ok((list_queues(state, account, input).await?, String::new())),
         Action::DeleteQueue => {
             let queue = queue_at(state, account, input).await?;
-            crate::api::queues::mark_deleting(state, &queue.id)
+            super::queues::mark_deleting(state, &queue.id)
                 .await
                 .map_err(unavailable)?;
             Ok((json!({}), queue.id))
@@ -384,7 +344,7 @@ async fn run(
         }
         Action::ListDeadLetterSourceQueues => {
             let queue = queue_at(state, account, input).await?;
-            let sources = crate::redrive::sources(state, &queue).await?;
+            let sources = super::redrive::sources(state, &queue).await?;
             let urls: Result<Vec<String>, SqsError> = sources
                 .iter()
                 .map(|source| queue_url(state, source))
@@ -403,7 +363,7 @@ async fn create_queue(
     input: &Value,
 ) -> Result<(Value, String), SqsError> {
     let name = text(input, "QueueName")?;
-    queues::check_name(name).map_err(SqsError::invalid_parameter)?;
+    queue::check_name(name).map_err(SqsError::invalid_parameter)?;
     let attributes = match &input["Attributes"] {
         Value::Null => BTreeMap::new(),
         given => string_map(given, "Attributes")?,
@@ -413,7 +373,7 @@ async fn create_queue(
         (Value::Null, Value::Null) => BTreeMap::new(),
         (Value::Null, given) | (given, _) => string_map(given, "tags")?,
     };
-    queues::check_tags(&tags).map_err(SqsError::invalid_parameter)?;
+    queue::check_tags(&tags).map_err(SqsError::invalid_parameter)?;
     // A FIFO queue has both the `.fifo` name and `FifoQueue` true, as on AWS.
     let fifo = attributes.get("FifoQueue").is_some_and(|v| v == "true");
     if fifo != name.ends_with(".fifo") {
@@ -447,7 +407,7 @@ async fn create_queue(
     };
     if let Some(arn) = &redrive.dead_letter_target_arn {
         let account = Some(signer.account.id.as_str());
-        crate::redrive::resolve_target(state, account, &[name], fifo, arn).await?;
+        super::redrive::resolve_target(state, account, &[name], fifo, arn).await?;
     }
     // AWS's default message size, where the manual's WebSocket default is 64 KiB.
     initial
@@ -485,13 +445,13 @@ async fn create_queue(
             sqs_attributes: attributes.clone(),
             initial_settings: initial.clone(),
         };
-        match crate::api::queues::provision(state, new).await {
+        match super::queues::provision(state, new).await {
             Ok((queue, _logins)) => {
                 let queue = match redrive != Default::default() {
-                    true => crate::redrive::change(state, &queue, &redrive).await?,
+                    true => super::redrive::change(state, &queue, &redrive).await?,
                     false => queue,
                 };
-                crate::api::queues::refresh_zone(state)
+                super::queues::refresh_zone(state)
                     .await
                     .map_err(|e| SqsError::unavailable(&e.to_string()))?;
                 let queue = placed(state, &queue).await?;
@@ -614,25 +574,11 @@ async fn being_made(
         let made = state.store.wait_for_record(id, RECORD_WITHIN);
         made.await.map_err(store_error)?;
     }
-    named(state, account, name).await
+    super::redrive::live_queue_named(state, account, name).await
 }
 
 /// How long a create waits for the record of a queue whose name another create reserved.
 const RECORD_WITHIN: Duration = Duration::from_secs(5);
-
-/// The account's live queue named `name` (a queue made without a name goes by its id).
-pub(crate) async fn named(
-    state: &AppState,
-    account: &Account,
-    name: &str,
-) -> Result<Option<Queue>, SqsError> {
-    let id = account.names.get(name).map_or(name, String::as_str);
-    if !account.queues.contains_key(id) {
-        return Ok(None);
-    }
-    let queue = state.store.get(id).await.map_err(store_error)?;
-    Ok(queue.filter(|queue| queue.status.is_live() && queue.account == Some(account.id.clone())))
-}
 
 /// The account's queue a request names: by its `QueueUrl`'s last part (the queue's id, or
 /// its name), or, for a message move task, by its dead letter queue's ARN or its handle.
@@ -655,14 +601,15 @@ async fn queue_at(state: &AppState, account: &Account, input: &Value) -> Result<
             .unwrap_or("")
             .to_string()
     };
-    named(state, account, &named_by)
+    super::redrive::live_queue_named(state, account, &named_by)
         .await?
         .ok_or_else(SqsError::queue_does_not_exist)
 }
 
 /// Where `queue` answers SQS: its node's SQS endpoint and its id.
 fn queue_url(state: &AppState, queue: &Queue) -> Result<String, SqsError> {
-    let endpoint = crate::api::queues::sqs_endpoint(state, queue)
+    let endpoint = state
+        .sqs_endpoint(queue)
         .map_err(unavailable)?
         .ok_or_else(|| SqsError::unavailable("The queue's node does not serve SQS yet."))?;
     Ok(format!("{endpoint}/{}", queue.id))
@@ -677,7 +624,7 @@ async fn change_tags(
     let changed = state.store.update(&queue.id, |held| {
         let mut tags = held.tags.clone();
         change(&mut tags);
-        queues::check_tags(&tags).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        queue::check_tags(&tags).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         held.tags = tags;
         Ok::<_, ApiError>(())
     });
@@ -697,7 +644,8 @@ async fn forward(
     parts: axum::http::request::Parts,
     body: bytes::Bytes,
 ) -> Result<Response, SqsError> {
-    let endpoint = crate::api::queues::sqs_endpoint(state, queue)
+    let endpoint = state
+        .sqs_endpoint(queue)
         .map_err(unavailable)?
         .ok_or_else(|| SqsError::unavailable("The queue's node does not serve SQS yet."))?;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -737,26 +685,12 @@ async fn forward(
     Ok(response)
 }
 
-/// The roots (PEM) nodes' certificates are checked against (`[sqs] node_roots`), read once;
-/// None: the public web's. A file that cannot be read trusts nothing (and says so once).
-pub(crate) fn node_roots_pem(state: &AppState) -> Option<&'static str> {
-    static PEM: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let pem = PEM.get_or_init(|| {
-        let path = state.config.sqs.node_roots.as_ref()?;
-        Some(std::fs::read_to_string(path).unwrap_or_else(|error| {
-            tracing::error!(%error, path = %path.display(), "[sqs] node_roots cannot be read");
-            String::new()
-        }))
-    });
-    pem.as_deref()
-}
-
 /// The client that hands requests on to nodes: trusting `[sqs] node_roots`, or the public
 /// web's roots; made once.
 fn node_client(state: &AppState) -> &'static reqwest::Client {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     CLIENT.get_or_init(|| {
-        let roots = match node_roots_pem(state) {
+        let roots = match state.config.sqs.node_roots_pem() {
             Some(pem) => qe_tls::roots_from_pem(pem),
             None => rustls::RootCertStore {
                 roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),

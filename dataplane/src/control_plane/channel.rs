@@ -3,22 +3,17 @@
 //! says which version it serves, and keeps a watch open for the next one. The node opens
 //! every exchange, so this works behind NAT as well as beside the control plane. Each
 //! exchange goes to one of the control plane's replicas, the next one when that one fails
-//! ([`crate::control_planes`]).
+//! ([`crate::control_plane::replicas`]).
 
-use crate::certificate::OwnCertificate;
-use crate::config::{Config, ConfigFile, LoginFile, ReportTo};
-use crate::control_planes::{ControlPlanes, Unanswered};
-use crate::node::Node;
-use crate::report::{self, Reporter};
+use crate::control_plane::replicas::{ControlPlanes, Unanswered};
+use crate::control_plane::ReportTo;
 use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{
     Applied, Bootstrap, CertificateRequest, DesiredConfig, DesiredRedrive, IssuedCertificate,
-    LoginHash, NodeBuild, NodeTls, RedriveChange, RedriveRefused, WATCH_HOLD_SECS,
+    NodeBuild, RedriveChange, RedriveRefused, RefusedBuild, WATCH_HOLD_SECS,
 };
-use qe_tls::Certificate;
 use sha2::Digest;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -57,12 +52,14 @@ pub struct Channel {
     token: Arc<RwLock<String>>,
     /// Where a rotated credential is kept (`DATA_DIR/node-token`, 0600).
     kept_token: PathBuf,
-    data_dir: PathBuf,
     /// The config version the control plane last heard the node serves (with its build); 0
     /// before the first.
     confirmed: Arc<tokio::sync::watch::Sender<u64>>,
     /// Waits longer than the control plane holds a watch.
     client: reqwest::Client,
+    /// The build refused last, told by the upgrader: the control plane hears of it with every
+    /// confirmed config.
+    refused_build: Arc<RwLock<Option<RefusedBuild>>>,
 }
 
 /// Reads the bootstrap file: TOML, the fields of [`Bootstrap`].
@@ -94,7 +91,7 @@ impl Channel {
                 .as_ref()
                 .map(|pem| pem.as_bytes().to_vec()),
         };
-        let client = report::client(&to, Duration::from_secs(WATCH_HOLD_SECS + 15));
+        let client = super::client(&to, Duration::from_secs(WATCH_HOLD_SECS + 15));
         let kept_token = data_dir.join("node-token");
         let token = std::fs::read_to_string(&kept_token)
             .ok()
@@ -105,9 +102,9 @@ impl Channel {
             to,
             token: Arc::new(RwLock::new(token)),
             kept_token,
-            data_dir: data_dir.to_path_buf(),
             confirmed: Arc::new(tokio::sync::watch::channel(0).0),
             client,
+            refused_build: Arc::default(),
         }
     }
 
@@ -125,12 +122,12 @@ impl Channel {
         !self.token().is_empty()
     }
 
-    fn token(&self) -> String {
+    pub(crate) fn token(&self) -> String {
         self.token.read().expect("never poisoned").clone()
     }
 
     /// Takes on a rotated credential: kept first (synced), then used for every call.
-    fn take_token(&self, token: &str) -> std::io::Result<()> {
+    pub(crate) fn take_token(&self, token: &str) -> std::io::Result<()> {
         write_private(&self.kept_token, token.as_bytes())?;
         *self.token.write().expect("never poisoned") = token.to_string();
         Ok(())
@@ -180,7 +177,7 @@ impl Channel {
         let applied = Applied {
             version,
             build: this_build().await,
-            refused_build: crate::upgrade::last_refused(&self.data_dir),
+            refused_build: self.refused_build.read().expect("never poisoned").clone(),
             accepts_builds: true,
             takes_initial_settings: true,
             takes_redrive: true,
@@ -189,6 +186,11 @@ impl Channel {
             .await?;
         self.confirmed.send_replace(version);
         Ok(())
+    }
+
+    /// The build refused last, said with every confirmation from now on.
+    pub fn tell_refused(&self, refused: Option<RefusedBuild>) {
+        *self.refused_build.write().expect("never poisoned") = refused;
     }
 
     /// Confirms the version confirmed last once more: the control plane hears of a build
@@ -295,7 +297,7 @@ fn keep(data_dir: &Path, desired: &DesiredConfig) -> std::io::Result<()> {
 
 /// A rotated credential is used, and the old one retired, only once it would outlast a power
 /// loss (issue 28): every file the node keeps is written whole (`qe_shared::files`).
-pub(crate) use qe_shared::files::{write_private, write_whole};
+use qe_shared::files::write_private;
 
 /// After the control plane refused the node's credential: a node that has a kept config
 /// reports itself as a stray ([`Channel::report_stray`]), in case the control plane no
@@ -343,61 +345,6 @@ pub async fn first_config(channel: &Channel, data_dir: &Path) -> DesiredConfig {
             }
         }
         tokio::time::sleep(wait).await;
-    }
-}
-
-/// The config file the desired config amounts to, for the node's usual loader.
-pub fn config_file(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> ConfigFile {
-    let login = |login: &LoginHash| LoginFile {
-        username: login.username.clone(),
-        password_hash: login.password_hash.clone(),
-    };
-    let (plaintext, tls_cert, tls_key, tls_from_control_plane) = match &desired.tls {
-        NodeTls::None => (true, None, None, false),
-        NodeTls::Queue { .. } => {
-            let (cert, key) = crate::certificate::paths(data_dir);
-            (false, Some(cert), Some(key), false)
-        }
-        NodeTls::Cluster { .. } => (false, None, None, true),
-    };
-    ConfigFile {
-        listen: Some(crate::config::Listen::Several(desired.listen.clone())),
-        data_dir: Some(data_dir.to_path_buf()),
-        plaintext,
-        tls_cert,
-        tls_key,
-        tls_from_control_plane,
-        tier: Some(desired.tier),
-        max_messages: desired.max_messages,
-        max_messages_memory: desired.max_messages_memory,
-        publisher: Some(login(&desired.logins.publisher)),
-        subscriber: Some(login(&desired.logins.subscriber)),
-        admin: Some(login(&desired.logins.admin)),
-        instance_type: Some(desired.instance_type.clone()),
-        region: Some(desired.region.clone()),
-        ipv4: desired.ipv4,
-        control_plane: Some(to.control_planes.preferred().to_string()),
-        control_planes: to.control_planes.urls().to_vec(),
-        queue_id: Some(to.queue_id.clone()),
-        node_token: Some(to.token.clone()),
-        live_stats_secs: desired.live_stats_secs,
-        usage_record_secs: desired.usage_record_secs,
-        stats_record_secs: desired.stats_record_secs,
-        sqs_listen: desired
-            .sqs
-            .as_ref()
-            .and_then(|sqs| sqs.listen.first().copied()),
-        sqs_keys: desired
-            .sqs
-            .as_ref()
-            .map(|sqs| {
-                sqs.keys
-                    .iter()
-                    .map(crate::config::SqsKeyFile::from)
-                    .collect()
-            })
-            .unwrap_or_default(),
-        ..ConfigFile::default()
     }
 }
 
@@ -474,163 +421,5 @@ pub async fn watch(channel: Channel, data_dir: PathBuf, started: u64, apply: Arc
                 tokio::time::sleep(wait).await;
             }
         }
-    }
-}
-
-/// The logins of a desired config, as the node checks them.
-/// The SQS keys a desired config gives, checked.
-pub fn sqs_keys(
-    keys: &[qe_shared::node_channel::SqsKeySecret],
-) -> Result<Vec<crate::sqs::SqsKey>, String> {
-    keys.iter()
-        .map(|key| {
-            let text = format!("{}:{}:{}", key.role, key.access_key_id, key.secret);
-            crate::sqs::SqsKey::parse(&text)
-                .ok_or_else(|| format!("SQS key {} does not read", key.access_key_id))
-        })
-        .collect()
-}
-
-pub fn logins(desired: &DesiredConfig) -> Result<crate::auth::Logins, String> {
-    let login = |login: &LoginHash, role: &str| {
-        let password = crate::auth::PasswordHash::parse(&login.password_hash)
-            .ok_or_else(|| format!("{role}.password_hash is not sha256:SALT:HASH"))?;
-        Ok::<_, String>(crate::auth::Login {
-            username: login.username.clone(),
-            password,
-        })
-    };
-    Ok(crate::auth::Logins {
-        publisher: login(&desired.logins.publisher, "publisher")?,
-        subscriber: login(&desired.logins.subscriber, "subscriber")?,
-        admin: login(&desired.logins.admin, "admin")?,
-    })
-}
-
-/// A running node's [`Apply`]: new logins; a rotated credential; a new certificate of its
-/// own, or the cluster's renewed one, when the control plane asks.
-pub struct NodeApply {
-    node: Arc<Node>,
-    channel: Channel,
-    /// Told of a rotated credential too.
-    reporter: Option<Reporter>,
-    own_certificate: Option<OwnCertificate>,
-    /// The cluster certificate in service, its files, and the generation last fetched.
-    cluster: Option<(Arc<Certificate>, PathBuf, AtomicU64)>,
-    /// Told which build the config names.
-    upgrader: Option<crate::upgrade::Upgrader>,
-}
-
-impl NodeApply {
-    pub fn new(
-        node: Arc<Node>,
-        channel: Channel,
-        reporter: Option<Reporter>,
-        own_certificate: Option<OwnCertificate>,
-        served: Option<Arc<Certificate>>,
-        config: &Config,
-        desired: &DesiredConfig,
-    ) -> NodeApply {
-        let cluster = match (&desired.tls, served) {
-            (NodeTls::Cluster { generation }, Some(served)) => Some((
-                served,
-                config.data_dir.join("tls"),
-                AtomicU64::new(*generation),
-            )),
-            _ => None,
-        };
-        NodeApply {
-            node,
-            channel,
-            reporter,
-            own_certificate,
-            cluster,
-            upgrader: None,
-        }
-    }
-
-    /// Fetches the builds the configs name, with `upgrader`.
-    pub fn upgrading_with(self, upgrader: crate::upgrade::Upgrader) -> NodeApply {
-        NodeApply {
-            upgrader: Some(upgrader),
-            ..self
-        }
-    }
-
-    /// Fetches the cluster certificate again if `generation` is past the one fetched; one that
-    /// cannot be had now is tried again with the next generation (the old one serves on).
-    async fn refetch_cluster_certificate(&self, generation: u64) {
-        let Some((served, dir, fetched)) = &self.cluster else {
-            return;
-        };
-        if generation <= fetched.load(Ordering::Relaxed) {
-            return;
-        }
-        let refetched = report::fetch_certificate(&self.channel.report_to(), dir)
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|()| served.reload().map_err(|e| e.to_string()));
-        match refetched {
-            Ok(()) => {
-                fetched.fetch_max(generation, Ordering::Relaxed);
-            }
-            Err(error) => tracing::warn!(%error, "the cluster certificate could not be fetched"),
-        }
-    }
-
-    /// Takes on a rotated credential, for the channel and the reports alike.
-    fn take_token(&self, token: &str) -> Result<(), String> {
-        if self.channel.token() == token {
-            return Ok(());
-        }
-        self.channel
-            .take_token(token)
-            .map_err(|e| format!("keeping the new credential: {e}"))?;
-        self.node.console.rotate(token);
-        if let Some(reporter) = &self.reporter {
-            reporter.retarget(self.channel.report_to());
-        }
-        tracing::info!("the node's credential was rotated");
-        Ok(())
-    }
-}
-
-impl Apply for NodeApply {
-    fn apply<'a>(
-        &'a self,
-        desired: &'a DesiredConfig,
-    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            // The logins and the credential first: they must never wait for a CA.
-            let logins = logins(desired)?;
-            if let Some(token) = &desired.node_token {
-                self.take_token(token)?;
-            }
-            self.node.replace_logins(logins);
-            if let Some(sqs) = &desired.sqs {
-                self.node.replace_sqs_keys(sqs_keys(&sqs.keys)?);
-            }
-            // After the keys: a revoked key must stop working even if the settings cannot
-            // be saved now (they are tried again with the next config).
-            if let Some(initial) = &desired.initial_settings {
-                if let Err(error) = self.node.take_initial_settings(initial) {
-                    tracing::warn!(%error, "the queue's initial settings were not taken");
-                }
-            }
-            self.node.set_redrive(desired.redrive.clone());
-            match (&self.own_certificate, &desired.tls) {
-                (Some(own), NodeTls::Queue { generation, .. }) => {
-                    own.renew_if_asked(*generation).await
-                }
-                (_, NodeTls::Cluster { generation }) => {
-                    self.refetch_cluster_certificate(*generation).await
-                }
-                _ => {}
-            }
-            if let Some(upgrader) = &self.upgrader {
-                upgrader.want(desired.build.as_ref());
-            }
-            Ok(())
-        })
     }
 }

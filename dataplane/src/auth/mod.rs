@@ -1,5 +1,8 @@
-//! The queue's three logins, one per role. Passwords are kept only as hashes
-//! ([`PasswordHash`], shared with the control plane) and compared in constant time.
+//! Who may use the queue: its three logins, one per role (passwords kept only as hashes,
+//! [`PasswordHash`], shared with the control plane, and compared in constant time); the SQS
+//! face's access keys ([`SqsKey`]); and the web console's short-lived logins ([`console`]).
+
+pub mod console;
 
 pub use qe_shared::password::PasswordHash;
 use qe_shared::protocol::Role;
@@ -32,6 +35,38 @@ impl Logins {
         let name_matches = username.as_bytes().ct_eq(login.username.as_bytes());
         let password_matches = subtle::Choice::from(login.password.matches(password) as u8);
         (name_matches & password_matches).into()
+    }
+}
+
+/// An SQS access key of this queue: what signs requests, and the role it acts as.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SqsKey {
+    pub access_key_id: String,
+    pub secret: String,
+    pub role: Role,
+}
+
+impl std::fmt::Debug for SqsKey {
+    /// Never the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SqsKey({} as {:?})", self.access_key_id, self.role)
+    }
+}
+
+impl SqsKey {
+    /// Reads `ROLE:ACCESS_KEY_ID:SECRET` (the `--sqs-key` flag).
+    pub fn parse(text: &str) -> Option<SqsKey> {
+        let (role, rest) = text.split_once(':')?;
+        let (access_key_id, secret) = rest.split_once(':')?;
+        let valid_id = !access_key_id.is_empty()
+            && access_key_id.len() <= 128
+            && access_key_id.bytes().all(|b| b.is_ascii_alphanumeric());
+        let role = Role::parse(role)?;
+        (valid_id && !secret.is_empty()).then(|| SqsKey {
+            access_key_id: access_key_id.to_string(),
+            secret: secret.to_string(),
+            role,
+        })
     }
 }
 

@@ -6,7 +6,7 @@
 //! keys there are) and its secret's hash compared in constant time. A slow password hash is
 //! not needed: nobody can guess 192 random bits, so a fast one guards them as well.
 
-use crate::queues::{random_label, random_secret, Tier};
+use crate::model::queue::{random_label, random_secret, Tier};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -54,7 +54,7 @@ pub struct Limits {
 }
 
 fn default_max_sqs_keys() -> u32 {
-    crate::queues::MAX_SQS_KEYS as u32
+    crate::model::queue::MAX_SQS_KEYS as u32
 }
 
 fn default_max_audit_entries() -> u64 {
@@ -118,7 +118,7 @@ pub struct Account {
     /// too. Their secrets are not kept: each is derived from the cluster's node secret
     /// ([`crate::nodes::NodeTokens::account_sqs_secret`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sqs_keys: Vec<crate::queues::SqsKeyRecord>,
+    pub sqs_keys: Vec<crate::model::queue::SqsKeyRecord>,
 }
 
 /// How long a reservation may wait for its queue's record before it counts as a create that

@@ -5,8 +5,10 @@
 //! certificate are put in service as one checked pair, then written to disk for the next
 //! start.
 
-use crate::channel::{write_private, Channel, ChannelError};
+use crate::config::own_certificate_paths as paths;
+use crate::control_plane::channel::{Channel, ChannelError};
 use qe_shared::backoff::Backoff;
+use qe_shared::files::write_private;
 use qe_tls::Certificate;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,13 +20,6 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 const RETRY_AFTER_AT_MOST: Duration = Duration::from_secs(600);
 /// The least time between two renewals the node decides on itself.
 const RENEW_AT_MOST_EVERY: Duration = Duration::from_secs(60);
-
-/// The certificate chain and key files: `DATA_DIR/tls/own-cert.pem` and `own-key.pem` (apart
-/// from a fetched cluster certificate's).
-pub fn paths(data_dir: &Path) -> (PathBuf, PathBuf) {
-    let dir = data_dir.join("tls");
-    (dir.join("own-cert.pem"), dir.join("own-key.pem"))
-}
 
 #[derive(Clone)]
 pub struct OwnCertificate {

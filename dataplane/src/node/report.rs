@@ -4,17 +4,17 @@
 //! history notes how far the control plane has acknowledged (a cursor in sled), so a push that
 //! fails is sent again, through outages and restarts, and none is lost. The control plane
 //! keeps records by (queue, kind, time), so one sent twice is stored once. Pushes go to the
-//! replica the channel talks to, and on to the next when it fails ([`crate::control_planes`]).
+//! replica the channel talks to, and on to the next when it fails ([`crate::control_plane::replicas`]).
 //!
 //! Beside the records, the node's live numbers ([`LiveStats`]) go every few seconds
 //! ([`Reporter::run_live`]), each in a report of its own: they are worth only their latest
 //! value, so one that fails is not sent again (the next replaces it), and they never wait
 //! for, delay or share a request with the records.
 
-use crate::config::ReportTo;
-use crate::control_planes::Unanswered;
+use crate::control_plane::replicas::Unanswered;
+use crate::control_plane::{client, ReportTo};
 use crate::history::Kind;
-use crate::node::Node;
+use crate::state::Node;
 use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{LiveStats, NodeReport, StatsRecord, UsageRecord};
 use qe_tls::Certificate;
@@ -62,30 +62,8 @@ impl From<Unanswered> for ReportError {
     }
 }
 
-/// How long an idle connection to the control plane is kept for the next request: longer
-/// than the live reports' default 10 s, so each reuses the last one's connection (no new TCP
-/// and TLS handshake per report, on either side).
-const POOLED_AT_MOST: Duration = Duration::from_secs(15);
-
 /// How long one report or certificate request may take.
 const REQUEST_WITHIN: Duration = Duration::from_secs(10);
-
-/// An HTTP client for the control plane: its own roots only, when the config names them.
-pub(crate) fn client(to: &ReportTo, timeout: Duration) -> reqwest::Client {
-    // Idle connections are dropped before the control plane closes them (it allows 20 s),
-    // so a request is never sent on one the server is closing.
-    let builder = reqwest::Client::builder()
-        .timeout(timeout)
-        .pool_idle_timeout(POOLED_AT_MOST);
-    let builder = match &to.ca_pem {
-        // Checked when the config was read.
-        Some(pem) => builder.tls_certs_only(
-            reqwest::Certificate::from_pem_bundle(pem).expect("roots checked at load"),
-        ),
-        None => builder,
-    };
-    builder.build().expect("an HTTP client")
-}
 
 /// Fetches the cluster certificate and writes it to `dir/cert.pem` and `dir/key.pem` (the
 /// node's alone), each whole, so a reload never reads half a file; a reply that is not a
@@ -224,7 +202,7 @@ impl Reporter {
 
     /// Sends `report` to the current replica, or the next ones ([`ControlPlanes::send`]).
     ///
-    /// [`ControlPlanes::send`]: crate::control_planes::ControlPlanes::send
+    /// [`ControlPlanes::send`]: crate::control_plane::replicas::ControlPlanes::send
     async fn send(&self, report: &NodeReport) -> Result<(), ReportError> {
         let (to, client) = self.target();
         to.control_planes

@@ -12,6 +12,8 @@
 //!   `GET /console/session` and sends back as `X-CSRF-Token` with every change; it is
 //!   compared in constant time.
 
+use super::ApiError;
+use axum::http::Method;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -211,6 +213,16 @@ fn random_text<const N: usize>() -> String {
     let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).expect("the OS random source");
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// The refusal of a change made with a session cookie but without its CSRF token.
+pub fn csrf_refused() -> ApiError {
+    ApiError::Forbidden("a change made from the console needs its X-CSRF-Token header".into())
+}
+
+/// Whether a method may change something (it then needs the CSRF token).
+pub fn is_change(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
 #[cfg(test)]

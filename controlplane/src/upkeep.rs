@@ -9,25 +9,13 @@
 //! look, an hour later.
 //! sled needs none of it.
 
-use super::Store;
+use crate::store::Store;
 use std::time::Duration;
 
 /// How often the leader looks.
 pub const EVERY: Duration = Duration::from_secs(3600);
 /// Free space inside a member's file past which it is defragmented: 256 MiB.
 pub const DEFRAGMENT_OVER: i64 = 256 << 20;
-
-/// What one look did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Done {
-    /// The store's revision as it began.
-    pub revision: i64,
-    /// The revision the history was compacted to, if it was.
-    pub compacted_to: Option<i64>,
-    /// Members defragmented, and the bytes they had free.
-    pub defragmented: usize,
-    pub freed: i64,
-}
 
 /// Looks after the store every [`EVERY`] while this replica leads.
 pub async fn run(store: Store, mut leadership: crate::leadership::Leadership) {

@@ -52,11 +52,14 @@ pub async fn connections(config: &NodeConfig, count: usize, pre_login: usize, pu
     println!(
         "reconnect storm over {}: {count} subscribers cut at once, then all reconnecting at \
          once: all logged in again {:.2} s after the first connect (median login {:.3} s, \
-         slowest {:.3} s); node peak RSS during the storm {:.1} MB (before it {:.1} MB)",
+         slowest {:.3} s; {} clients retried, {} tries again in all, backing off as the \
+         library does); node peak RSS during the storm {:.1} MB (before it {:.1} MB)",
         config.wire.describe(),
         storm.all_in.as_secs_f64(),
         storm.median.as_secs_f64(),
         storm.slowest.as_secs_f64(),
+        storm.retried,
+        storm.retries,
         storm.peak_rss as f64 / (1 << 20) as f64,
         storm.rss_before as f64 / (1 << 20) as f64,
     );
@@ -75,6 +78,34 @@ async fn subscriber(wire: Wire, url: String, n: usize) -> Socket {
     socket
 }
 
+/// A subscriber from the `n`th source address, logged in as a client of the library
+/// reconnects: a connection the node closes (its pre-login budget is full: it closes those
+/// past it right after accept) or a login it refuses is tried again after the library's
+/// default backoff (100 ms, doubling to 5 s). Returns the socket and how many tries failed.
+async fn subscriber_retrying(wire: Wire, url: String, n: usize) -> (Socket, u32) {
+    let login = serde_json::json!({
+        "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
+        "queuetype": "distribute", "capacity": 1,
+    });
+    let mut backoff =
+        qe_shared::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut failed = 0;
+    loop {
+        if let Ok(mut socket) = wire.try_connect_from(&url, source(n)).await {
+            let sent = socket.send(Frame::text(login.to_string())).await;
+            if sent.is_ok() {
+                if let Some(reply) = next_text(&mut socket).await {
+                    if reply.contains("Success.") {
+                        return (socket, failed);
+                    }
+                }
+            }
+        }
+        failed += 1;
+        tokio::time::sleep(backoff.next_wait()).await;
+    }
+}
+
 /// What a reconnect storm took.
 struct Storm {
     /// From the first connect to the last login's reply.
@@ -85,6 +116,9 @@ struct Storm {
     /// The node's resident memory just before, and its peak from then to the last login.
     rss_before: u64,
     peak_rss: u64,
+    /// Tries that failed and were made again (over all clients), and by how many clients.
+    retries: u64,
+    retried: usize,
 }
 
 /// Every connection in `connected` cut at once (a node restarted, a load balancer gone),
@@ -106,12 +140,15 @@ async fn reconnect_storm(config: &NodeConfig, node: &Node, connected: Vec<Socket
             let (wire, url) = (config.wire.clone(), url.clone());
             async move {
                 let began = Instant::now();
-                let socket = subscriber(wire, url, n).await;
-                (socket, began.elapsed())
+                let (socket, failed) = subscriber_retrying(wire, url, n).await;
+                (socket, (began.elapsed(), failed))
             }
         })
         .buffer_unordered(count);
-    let (sockets, mut took): (Vec<Socket>, Vec<Duration>) = logins.unzip().await;
+    let (sockets, outcomes): (Vec<Socket>, Vec<(Duration, u32)>) = logins.unzip().await;
+    let mut took: Vec<Duration> = outcomes.iter().map(|(took, _)| *took).collect();
+    let retries = outcomes.iter().map(|(_, failed)| u64::from(*failed)).sum();
+    let retried = outcomes.iter().filter(|(_, failed)| *failed > 0).count();
     let all_in = started.elapsed();
     let (peak_rss, _) = node.memory();
     drop(sockets);
@@ -122,6 +159,8 @@ async fn reconnect_storm(config: &NodeConfig, node: &Node, connected: Vec<Socket
         slowest: took[took.len() - 1],
         rss_before,
         peak_rss,
+        retries,
+        retried,
     }
 }
 

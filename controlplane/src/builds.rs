@@ -114,9 +114,8 @@ impl Builds {
         use tokio::io::AsyncWriteExt;
         let io = |e: std::io::Error| BuildError::Io(e.to_string());
         tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
-        let mut nonce = [0u8; 8];
-        getrandom::fill(&mut nonce).expect("the OS random source");
-        let partial = Partial(self.dir.join(format!("upload-{}", qe_shared::hex(&nonce))));
+        let nonce = qe_shared::hex(&qe_shared::random::bytes::<8>());
+        let partial = Partial(self.dir.join(format!("upload-{nonce}")));
         let mut file = tokio::fs::File::create(&partial.0).await.map_err(io)?;
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;

@@ -30,8 +30,7 @@ impl NodeTokens {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(named(error)),
             Err(_) => {}
         }
-        let mut secret = [0u8; 32];
-        getrandom::fill(&mut secret).expect("the OS random source");
+        let secret = qe_shared::random::bytes::<32>();
         let beside = path.with_extension(format!("new-{}", std::process::id()));
         crate::write_private(&beside, &secret).map_err(named)?;
         let linked = std::fs::hard_link(&beside, path);
@@ -52,8 +51,7 @@ impl NodeTokens {
     /// The secret every replica on a shared store uses: the store's, made by the first
     /// replica that found none.
     pub async fn shared(store: &crate::store::Store) -> Result<NodeTokens, String> {
-        let mut made = [0u8; 32];
-        getrandom::fill(&mut made).expect("the OS random source");
+        let made = qe_shared::random::bytes::<32>();
         let kept = store
             .node_secret(made.to_vec())
             .await

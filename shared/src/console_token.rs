@@ -57,9 +57,7 @@ pub fn console_key(node_token: &str) -> [u8; 32] {
 
 /// A new token id: 16 random bytes, base64url.
 pub fn new_jti() -> String {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).expect("the system has randomness");
-    URL_SAFE_NO_PAD.encode(bytes)
+    crate::random::text::<16>()
 }
 
 /// The most MACs a token carries: one per credential the node may hold (two during a

@@ -10,7 +10,8 @@
 //! - [`console_token`]: the web console's short-lived logins to a node; [`hmac`] signs them
 //!   and node credentials.
 //! - [`backoff`]: waits that double after each failure, for every retry loop.
-//! - [`clock`]: the one wall clock, in ms or seconds since 1970.
+//! - [`clock`]: the one wall clock, in ms or seconds since 1970; [`random`]: every random id,
+//!   secret, salt and nonce.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
 //! - `synced_sled` (feature `sled`): sled made durable by a real fsync, for both planes' stores.
 
@@ -28,6 +29,7 @@ pub mod logging;
 pub mod node_channel;
 pub mod password;
 pub mod protocol;
+pub mod random;
 pub mod settings;
 pub mod sqs;
 #[cfg(feature = "sled")]

@@ -18,8 +18,7 @@ pub struct PasswordHash {
 impl PasswordHash {
     /// Hashes `password` with a fresh random salt.
     pub fn new(password: &str) -> PasswordHash {
-        let mut salt = [0u8; 16];
-        getrandom::fill(&mut salt).expect("the OS random source");
+        let salt = crate::random::bytes::<16>();
         PasswordHash {
             salt,
             hash: salted_hash(&salt, password),

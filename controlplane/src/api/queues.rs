@@ -472,13 +472,7 @@ async fn wait_applied(state: &AppState, queue: &Queue) -> Result<bool, ApiError>
 /// An access key id as AWS's look: 20 capitals and digits, here starting `QE`.
 fn new_access_key_id() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-    let mut bytes = [0u8; 18];
-    getrandom::fill(&mut bytes).expect("the OS random source");
-    let tail: String = bytes
-        .iter()
-        .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
-        .collect();
-    format!("QE{tail}")
+    format!("QE{}", qe_shared::random::drawn_from(ALPHABET, 18))
 }
 
 /// How long a console token lives: long enough to open a WebSocket, short enough that one

@@ -14,7 +14,6 @@
 
 use super::ApiError;
 use axum::http::Method;
-use base64::Engine;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -115,8 +114,8 @@ impl Sessions {
         at_most: usize,
         now: Instant,
     ) -> Option<(String, String)> {
-        let id = random_text::<32>();
-        let csrf = random_text::<16>();
+        let id = qe_shared::random::text::<32>();
+        let csrf = qe_shared::random::text::<16>();
         let session = Session {
             grant,
             account: account.map(str::to_string),
@@ -206,13 +205,6 @@ impl Sessions {
 
 fn hash_of(id: &str) -> [u8; 32] {
     Sha256::digest(id.as_bytes()).into()
-}
-
-/// `N` random bytes from the OS, base64url without padding.
-fn random_text<const N: usize>() -> String {
-    let mut bytes = [0u8; N];
-    getrandom::fill(&mut bytes).expect("the OS random source");
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
 /// The refusal of a change made with a session cookie but without its CSRF token.

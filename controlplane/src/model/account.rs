@@ -6,7 +6,7 @@
 //! keys there are) and its secret's hash compared in constant time. A slow password hash is
 //! not needed: nobody can guess 192 random bits, so a fast one guards them as well.
 
-use crate::model::queue::{random_label, random_secret, Tier};
+use crate::model::queue::Tier;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -165,7 +165,7 @@ pub fn check_limits(limits: &Limits) -> Result<(), String> {
 
 pub fn create(new: NewAccount) -> Account {
     Account {
-        id: format!("a{}", random_label(ACCOUNT_ID_LEN - 1)),
+        id: format!("a{}", qe_shared::random::label(ACCOUNT_ID_LEN - 1)),
         name: new.name,
         created: crate::unix_now(),
         limits: new.limits.unwrap_or_default(),
@@ -178,7 +178,7 @@ pub fn create(new: NewAccount) -> Account {
 /// A new SQS access key id of account `account_id`: `QE`, the account's id in capitals (so
 /// the key's account is read from it: one store read per request), six random characters.
 pub fn new_sqs_key_id(account_id: &str) -> String {
-    let tail = random_label(6).to_ascii_uppercase();
+    let tail = qe_shared::random::label(6).to_ascii_uppercase();
     format!("QE{}{tail}", account_id.to_ascii_uppercase())
 }
 
@@ -252,8 +252,8 @@ pub fn issue_key(account: &str, new: NewKey) -> Result<(ApiKey, String), String>
         Some(secs) => Some(now + secs),
         None => None,
     };
-    let id = random_label(16);
-    let secret = random_secret();
+    let id = qe_shared::random::label(16);
+    let secret = qe_shared::random::text::<24>();
     let key = ApiKey {
         id: id.clone(),
         account: account.to_string(),

@@ -64,7 +64,7 @@ impl Entry {
             _ => "failed",
         };
         Entry {
-            cursor: format!("{time_ms:020}-{}", crate::model::queue::random_label(8)),
+            cursor: format!("{time_ms:020}-{}", qe_shared::random::label(8)),
             time_ms,
             actor,
             action: action.to_string(),

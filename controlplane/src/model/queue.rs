@@ -475,11 +475,11 @@ pub struct IssuedLogins {
 
 /// Makes a queue's record and its logins; the passwords leave only in the returned logins.
 pub fn create(new: NewQueue) -> (Queue, IssuedLogins) {
-    let id = random_label(12);
+    let id = qe_shared::random::label(12);
     let issue = |role: Role| {
         let credentials = Credentials {
-            username: format!("{}-{}", role.name(), random_label(8)),
-            password: random_secret(),
+            username: format!("{}-{}", role.name(), qe_shared::random::label(8)),
+            password: qe_shared::random::text::<24>(),
         };
         let stored = StoredLogin {
             username: credentials.username.clone(),
@@ -508,43 +508,12 @@ pub fn rotate(queue: &mut Queue, role: Role) -> Credentials {
         Role::Subscriber => &mut queue.subscriber,
         Role::Admin => &mut queue.admin,
     };
-    let password = random_secret();
+    let password = qe_shared::random::text::<24>();
     login.password_hash = PasswordHash::new(&password).to_string();
     Credentials {
         username: login.username.clone(),
         password,
     }
-}
-
-/// Lowercase letters and digits, safe in a DNS label.
-pub(crate) fn random_label(len: usize) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut bytes = vec![0u8; len];
-    getrandom::fill(&mut bytes).expect("the OS random source");
-    // The first character is a letter, so the label never looks like a number.
-    bytes
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let letters = if i == 0 { 26 } else { ALPHABET.len() };
-            ALPHABET[*b as usize % letters] as char
-        })
-        .collect()
-}
-
-/// 192 random bits, as 32 characters of URL-safe base64 without padding.
-pub(crate) fn random_secret() -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut bytes = [0u8; 24];
-    getrandom::fill(&mut bytes).expect("the OS random source");
-    let mut out = String::with_capacity(32);
-    for chunk in bytes.chunks(3) {
-        let n = (chunk[0] as u32) << 16 | (chunk[1] as u32) << 8 | chunk[2] as u32;
-        for shift in [18, 12, 6, 0] {
-            out.push(ALPHABET[(n >> shift) as usize & 63] as char);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1367,9 +1367,7 @@ impl QueueState {
 
 /// Where receive numbers start: at random, so those of one run are not those of the last.
 fn random_start() -> u64 {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).expect("the OS random source");
-    u64::from_le_bytes(bytes)
+    u64::from_le_bytes(qe_shared::random::bytes())
 }
 
 /// A page's row from the queue's map.

@@ -120,8 +120,7 @@ const COUNTER_MAX: u16 = 0x0FFF;
 
 impl IdGenerator {
     pub fn new() -> IdGenerator {
-        let mut seed = [0u8; 8];
-        getrandom::fill(&mut seed).expect("the OS random source");
+        let seed = qe_shared::random::bytes::<8>();
         IdGenerator {
             last_ms: 0,
             counter: 0,

@@ -766,8 +766,7 @@ impl ReceiptKey {
                 format!("{} is not 32 bytes", path.display()),
             )),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                let mut key = [0u8; 32];
-                getrandom::fill(&mut key).expect("the OS random source");
+                let key = qe_shared::random::bytes::<32>();
                 qe_shared::files::write_private(&path, &key)?;
                 Ok(ReceiptKey(key))
             }

@@ -60,11 +60,7 @@ pub(crate) async fn dev(flags: DevFlags) -> Result<(), Failure> {
         .and_then(|text| serde_json::from_slice(&text).ok());
     let token = match earlier.as_ref().and_then(|demo| demo["token"].as_str()) {
         Some(token) => token.to_string(),
-        None => {
-            let mut secret = [0u8; 16];
-            getrandom::fill(&mut secret).expect("the OS random source");
-            qe_shared::hex(&secret)
-        }
+        None => qe_shared::hex(&qe_shared::random::bytes::<16>()),
     };
     // Pebble is told where our DNS answers before the DNS server starts: a free port now.
     let dns_listen = match flags.dns_listen.port() {

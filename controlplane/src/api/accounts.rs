@@ -291,7 +291,7 @@ pub async fn revoke_sqs_key(
 /// Tells every queue of `account` its keys changed; whether all their nodes served it soon.
 /// A store error here is logged, not answered: the key change itself is already made.
 async fn tell_nodes(state: &AppState, account: &Account) -> bool {
-    match super::queues::tell_account_queues(state, account).await {
+    match super::queue_operations::tell_account_queues(state, account).await {
         Ok(applied) => applied,
         Err(error) => {
             tracing::warn!(%error, account = %account.id, "the account's queues were not all told of an SQS key change");

@@ -23,6 +23,7 @@ mod extract;
 pub mod limits;
 mod metrics;
 pub mod nodes;
+pub mod queue_operations;
 pub mod queues;
 pub mod redrive;
 pub mod server;

@@ -312,7 +312,7 @@ async fn run(
         Action::ListQueues => Ok((list_queues(state, account, input).await?, String::new())),
         Action::DeleteQueue => {
             let queue = queue_at(state, account, input).await?;
-            super::queues::mark_deleting(state, &queue.id)
+            super::queue_operations::mark_deleting(state, &queue.id)
                 .await
                 .map_err(unavailable)?;
             Ok((json!({}), queue.id))
@@ -445,13 +445,13 @@ async fn create_queue(
             sqs_attributes: attributes.clone(),
             initial_settings: initial.clone(),
         };
-        match super::queues::provision(state, new).await {
+        match super::queue_operations::provision(state, new).await {
             Ok((queue, _logins)) => {
                 let queue = match redrive != Default::default() {
                     true => super::redrive::change(state, &queue, &redrive).await?,
                     false => queue,
                 };
-                super::queues::refresh_zone(state)
+                super::queue_operations::refresh_zone(state)
                     .await
                     .map_err(|e| SqsError::unavailable(&e.to_string()))?;
                 let queue = placed(state, &queue).await?;

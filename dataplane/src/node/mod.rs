@@ -163,8 +163,15 @@ pub struct Running {
 /// handed its last records over (`--report-last`).
 pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Running>, StartError> {
     let report_last = source.report_last();
-    let Some(configured) = until_terminated(source.config(), terminate).await else {
-        return Ok(stopped_before_serving());
+    // Only the control plane may keep the node waiting for its config: a SIGTERM then stops
+    // it. Flags and a file are read at once, and a SIGTERM already pending is taken once the
+    // node serves (it stops with its last record, as ever).
+    let configured = match source {
+        Source::Flags(_) => source.config().await,
+        Source::ControlPlane { .. } => match until_terminated(source.config(), terminate).await {
+            Some(configured) => configured,
+            None => return Ok(stopped_before_serving()),
+        },
     };
     let (config, bootstrapped) = configured?;
     if report_last {

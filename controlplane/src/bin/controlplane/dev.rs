@@ -3,7 +3,7 @@
 
 use crate::serve::start;
 use crate::Failure;
-use controlplane::api::queues;
+use controlplane::api::queue_operations;
 use controlplane::config::Config;
 use controlplane::dns::{self};
 use controlplane::model::queue::{NewQueue, Tier};
@@ -231,7 +231,7 @@ async fn new_demo(state: &controlplane::api::AppState) -> Result<Demo, Failure> 
         account: Some(account.id.clone()),
         ..Default::default()
     };
-    let (queue, logins) = queues::provision(state, new)
+    let (queue, logins) = queue_operations::provision(state, new)
         .await
         .map_err(|e| e.to_string())?;
     Ok(Demo {

@@ -124,7 +124,7 @@ async fn notify(soa: &Record, told: &Told) -> Result<(), NotifyError> {
     let socket = UdpSocket::bind((any, 0)).await?;
     // Connected: datagrams from anyone else are not received.
     socket.connect(secondary).await?;
-    let id = getrandom::u32().expect("the OS random source") as u16;
+    let id = u16::from_le_bytes(qe_shared::random::bytes());
     let mut message = notify_message(id, soa).to_vec()?;
     let signed = key.as_ref().map(|key| {
         (

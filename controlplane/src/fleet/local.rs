@@ -623,8 +623,7 @@ fn free_port() -> std::io::Result<u16> {
         let wanted = match below {
             Some(start) => {
                 let span = u32::from(start - FIXED_PORTS_FROM);
-                let pick =
-                    getrandom::u32().map_err(|e| std::io::Error::other(e.to_string()))? % span;
+                let pick = u32::from_le_bytes(qe_shared::random::bytes()) % span;
                 FIXED_PORTS_FROM + pick as u16
             }
             None => 0,

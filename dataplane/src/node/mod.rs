@@ -560,3 +560,45 @@ pub(crate) fn say(line: &str) {
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source_error(flags: Flags) -> StartError {
+        match Source::of(flags) {
+            Ok(_) => panic!("a source"),
+            Err(error) => error,
+        }
+    }
+
+    #[test]
+    fn a_bootstrap_the_node_cannot_use_is_a_usage_error() {
+        // As `main` does before anything else: the channel's HTTP client needs it.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let unreadable = Flags {
+            bootstrap: Some(dir.path().join("no-such-bootstrap.toml")),
+            data_dir: Some(dir.path().join("data")),
+            ..Flags::default()
+        };
+        assert_eq!(source_error(unreadable).exit_code(), 2);
+        // A cloud node's bootstrap carries no node token; without one kept from its first
+        // boot, it has nothing to present.
+        let path = dir.path().join("bootstrap.toml");
+        std::fs::write(&path, "control_plane = \"https://cp\"\nqueue_id = \"q1\"\n").unwrap();
+        let tokenless = Flags {
+            bootstrap: Some(path),
+            data_dir: Some(dir.path().join("data")),
+            ..Flags::default()
+        };
+        let error = source_error(tokenless);
+        assert_eq!(error.exit_code(), 2);
+        assert!(error.to_string().contains("no node token"), "{error}");
+    }
+
+    #[test]
+    fn flags_alone_are_a_source_of_their_own() {
+        assert!(matches!(Source::of(Flags::default()), Ok(Source::Flags(_))));
+    }
+}

@@ -46,3 +46,41 @@ impl Services {
         self.cut.shutdown().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// Sets its flag when dropped: a task cut off drops what it holds.
+    struct Dropped(Arc<AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stop_waits_for_what_services_finish_and_cuts_off_the_rest() {
+        let mut services = Services::new();
+        let finished = Arc::new(AtomicBool::new(false));
+        let told = finished.clone();
+        services.spawn_stopped_by(|mut stopping| async move {
+            let _ = stopping.wait_for(|stopping| *stopping).await;
+            // Something to finish after the signal: the stop waits for it.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            told.store(true, Ordering::SeqCst);
+        });
+        let cut = Arc::new(AtomicBool::new(false));
+        let held = Dropped(cut.clone());
+        services.spawn(async move {
+            let _held = held;
+            std::future::pending::<()>().await
+        });
+        services.stop().await;
+        assert!(finished.load(Ordering::SeqCst), "the told service finished");
+        assert!(cut.load(Ordering::SeqCst), "the other one was cut off");
+    }
+}

@@ -65,14 +65,19 @@ pub async fn connections(config: &NodeConfig, count: usize, pre_login: usize, pu
     );
 }
 
-/// A subscriber (capacity 1) from the `n`th source address, logged in.
-async fn subscriber(wire: Wire, url: String, n: usize) -> Socket {
-    let login = serde_json::json!({
+/// A subscriber's login: capacity 1.
+fn subscriber_login() -> String {
+    serde_json::json!({
         "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
         "queuetype": "distribute", "capacity": 1,
-    });
+    })
+    .to_string()
+}
+
+/// A subscriber from the `n`th source address, logged in.
+async fn subscriber(wire: Wire, url: String, n: usize) -> Socket {
     let mut socket = wire.connect_from(&url, source(n)).await;
-    socket.send(Frame::text(login.to_string())).await.unwrap();
+    socket.send(Frame::text(subscriber_login())).await.unwrap();
     let reply = next_text(&mut socket).await.expect("a reply");
     assert!(reply.contains("Success."), "login: {reply}");
     socket
@@ -83,16 +88,13 @@ async fn subscriber(wire: Wire, url: String, n: usize) -> Socket {
 /// past it right after accept) or a login it refuses is tried again after the library's
 /// default backoff (100 ms, doubling to 5 s). Returns the socket and how many tries failed.
 async fn subscriber_retrying(wire: Wire, url: String, n: usize) -> (Socket, u32) {
-    let login = serde_json::json!({
-        "username": SUBSCRIBER.0, "password": SUBSCRIBER.1, "role": "subscriber",
-        "queuetype": "distribute", "capacity": 1,
-    });
+    let login = subscriber_login();
     let mut backoff =
         qe_shared::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut failed = 0;
     loop {
         if let Ok(mut socket) = wire.try_connect_from(&url, source(n)).await {
-            let sent = socket.send(Frame::text(login.to_string())).await;
+            let sent = socket.send(Frame::text(login.clone())).await;
             if sent.is_ok() {
                 if let Some(reply) = next_text(&mut socket).await {
                     if reply.contains("Success.") {

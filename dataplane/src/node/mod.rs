@@ -115,26 +115,35 @@ impl Source {
         }
     }
 
-    /// The config, and the control plane's desired config it came from, if it did.
-    async fn config(self) -> Result<(Config, Option<(Channel, DesiredConfig)>), StartError> {
+    /// The config, and the control plane's desired config it came from, if it did; None when
+    /// a SIGTERM came while the control plane kept the node waiting for it. Flags and a file
+    /// are read at once: a SIGTERM already pending is taken once the node serves (it stops
+    /// with its last record, as ever).
+    async fn config(self, terminate: &mut Signal) -> Result<Option<Configured>, StartError> {
         match self {
-            Source::Flags(flags) => Ok((Config::load(flags)?, None)),
+            Source::Flags(flags) => Ok(Some((Config::load(flags)?, None))),
             Source::ControlPlane { channel, flags } => {
                 let data_dir = flags.data_dir.clone().expect("set with the channel");
                 std::fs::create_dir_all(&data_dir).map_err(|source| ConfigError::Read {
                     path: data_dir.clone(),
                     source,
                 })?;
-                let desired = channel::first_config(&channel, &data_dir).await;
+                let first = channel::first_config(&channel, &data_dir);
+                let Some(desired) = until_terminated(first, terminate).await else {
+                    return Ok(None);
+                };
                 let to = channel.report_to();
                 let file = ConfigFile::from_desired(&desired, &data_dir, &to);
                 let mut config = Config::merge(file, flags)?;
                 config.report_to = Some(to);
-                Ok((config, Some((channel, desired))))
+                Ok(Some((config, Some((channel, desired)))))
             }
         }
     }
 }
+
+/// A node's config, with the channel and the desired config it came from if it did.
+type Configured = (Config, Option<(Channel, DesiredConfig)>);
 
 /// How the node ended.
 pub enum Stopped {
@@ -163,17 +172,9 @@ pub struct Running {
 /// handed its last records over (`--report-last`).
 pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Running>, StartError> {
     let report_last = source.report_last();
-    // Only the control plane may keep the node waiting for its config: a SIGTERM then stops
-    // it. Flags and a file are read at once, and a SIGTERM already pending is taken once the
-    // node serves (it stops with its last record, as ever).
-    let configured = match source {
-        Source::Flags(_) => source.config().await,
-        Source::ControlPlane { .. } => match until_terminated(source.config(), terminate).await {
-            Some(configured) => configured,
-            None => return Ok(stopped_before_serving()),
-        },
+    let Some((config, bootstrapped)) = source.config(terminate).await? else {
+        return Ok(stopped_before_serving());
     };
-    let (config, bootstrapped) = configured?;
     if report_last {
         report_last_and_exit(&config, terminate).await?;
         return Ok(None);
@@ -233,6 +234,7 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
         confirmed: None,
     };
     running.start_reports(tls.clone());
+    running.reread_on_hangup(tls.clone());
     running.watch_certificates(tls.clone(), own_certificate.as_ref());
     let channel = bootstrapped.as_ref().map(|(channel, _)| channel.clone());
     if let Some((channel, desired)) = bootstrapped {
@@ -264,14 +266,18 @@ impl Running {
         self.reporter = Some(reporter);
     }
 
-    /// The served certificate's files, reloaded when they change; the queue's own one,
-    /// renewed before it expires; the config file read again on SIGHUP.
-    fn watch_certificates(&mut self, tls: Option<Arc<Certificate>>, own: Option<&OwnCertificate>) {
+    /// The config file read again on SIGHUP (a node started from one).
+    fn reread_on_hangup(&mut self, tls: Option<Arc<Certificate>>) {
         if self.config.config_file.is_some() {
             let (node, config) = (self.node.clone(), self.config.clone());
-            let reload = hangup::reload_on_hangup(node, config, tls.clone(), self.reporter.clone());
+            let reload = hangup::reload_on_hangup(node, config, tls, self.reporter.clone());
             self.services.spawn(reload);
         }
+    }
+
+    /// The served certificate's files, reloaded when they change; the queue's own one,
+    /// renewed before it expires.
+    fn watch_certificates(&mut self, tls: Option<Arc<Certificate>>, own: Option<&OwnCertificate>) {
         let Some(certificate) = tls else { return };
         self.services.spawn(certificate.clone().watch());
         if let Some(own) = own {

@@ -200,9 +200,8 @@ impl State {
                 }
             }
             Change::Acked(id) => {
-                let Some((live, held_in)) = self.index.remove(id) else {
-                    return None; // durability 0: never written
-                };
+                // None at durability 0: never written.
+                let (live, held_in) = self.index.remove(id)?;
                 let (segment, lsn, len) = self.append(|out| encode_removed(out, id, &held_in));
                 // Kept while another segment holds a record of the message.
                 self.index.keep_for_each(segment, &held_in, len as u64);
@@ -228,9 +227,8 @@ impl State {
             }
             Change::Purged(ids) => {
                 let purge = self.index.remove_all(ids);
-                let Some(durability) = purge.durability else {
-                    return None; // durability 0 only: nothing was written
-                };
+                // None at durability 0 only: nothing was written.
+                let durability = purge.durability?;
                 // Only the ids that were written: a restart knows nothing of the others.
                 let (segment, lsn, len) = self.append(|out| {
                     encode_purged(out, purge.written.iter().copied(), &purge.held_in)

@@ -1,11 +1,13 @@
-//! The node's configuration: a TOML file (what the control plane writes) overridden by flags.
+//! The node's configuration: what one source gives ([`Given`]: a TOML file, or the control
+//! plane's desired config, each read straight into the node's types), with the flags laid over
+//! it ([`Config::merge`]).
 
-use crate::auth::{Login, Logins, PasswordHash};
+use crate::auth::{Login, Logins, PasswordHash, SqsKey};
 use crate::control_plane::replicas::ControlPlanes;
 use crate::control_plane::ReportTo;
 use crate::history::{RecordEvery, UsageLabels};
 use clap::Parser;
-use qe_shared::node_channel::{DesiredConfig, LoginHash, NodeTls, LIVE_STATS_SECS};
+use qe_shared::node_channel::{DesiredConfig, LoginHash, NodeTls, SqsKeySecret, LIVE_STATS_SECS};
 use qe_shared::settings::{fixed, Tier};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -179,16 +181,6 @@ pub struct SqsKeyFile {
     pub secret: String,
 }
 
-impl From<&qe_shared::node_channel::SqsKeySecret> for SqsKeyFile {
-    fn from(key: &qe_shared::node_channel::SqsKeySecret) -> SqsKeyFile {
-        SqsKeyFile {
-            access_key_id: key.access_key_id.clone(),
-            role: key.role.clone(),
-            secret: key.secret.clone(),
-        }
-    }
-}
-
 /// The PEM roots in `path`, checked to be certificates.
 fn read_roots(path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
     let fail =
@@ -272,7 +264,7 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct SqsConfig {
     pub listen: SocketAddr,
-    pub keys: Vec<crate::auth::SqsKey>,
+    pub keys: Vec<SqsKey>,
     pub limits: qe_serve::Limits,
 }
 
@@ -317,12 +309,181 @@ pub enum ConfigError {
 
 const DEFAULT_LISTEN: &str = "[::]:443";
 
-/// A usage label from the file, "local" by default; it goes into every usage record, so it
-/// must be one ([`qe_shared::labels`]).
+/// What one source gives (a config file, or the control plane's desired config), read and
+/// checked into the node's own types; the flags are laid over it ([`Config::merge`]). Each
+/// source makes it straight from its own typed form: nothing goes back through text.
+#[derive(Debug)]
+pub struct Given {
+    listen: Vec<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    plaintext: bool,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    /// The certificate is the control plane's, fetched into `DATA_DIR/tls/` (the data
+    /// directory the flags may still choose).
+    tls_from_control_plane: bool,
+    tier: Tier,
+    max_messages: Option<u64>,
+    max_messages_memory: Option<u64>,
+    log_segment_bytes: Option<u64>,
+    publisher: Option<Login>,
+    subscriber: Option<Login>,
+    admin: Option<Login>,
+    usage_labels: UsageLabels,
+    report_to: Option<ReportTo>,
+    ping_secs: Option<u64>,
+    silence_limit_secs: Option<u64>,
+    live_stats_every: Duration,
+    record_every: RecordEvery,
+    sqs_listen: Option<SocketAddr>,
+    sqs_keys: Vec<SqsKey>,
+    sqs_limits: Option<qe_serve::Limits>,
+}
+
+impl Given {
+    /// What the control plane's desired config gives a node that keeps its data in
+    /// `data_dir` and reports to `to`.
+    pub fn from_desired(
+        desired: &DesiredConfig,
+        data_dir: &Path,
+        to: ReportTo,
+    ) -> Result<Given, ConfigError> {
+        let (plaintext, tls_cert, tls_key, tls_from_control_plane) = match &desired.tls {
+            NodeTls::None => (true, None, None, false),
+            NodeTls::Queue { .. } => {
+                let (cert, key) = own_certificate_paths(data_dir);
+                (false, Some(cert), Some(key), false)
+            }
+            NodeTls::Cluster { .. } => (false, None, None, true),
+        };
+        let logins = desired_logins(desired).map_err(ConfigError::Invalid)?;
+        let sqs = desired.sqs.as_ref();
+        let sqs_keys = sqs.map_or(Ok(Vec::new()), |sqs| desired_sqs_keys(&sqs.keys));
+        Ok(Given {
+            listen: desired.listen.clone(),
+            data_dir: Some(data_dir.to_path_buf()),
+            plaintext,
+            tls_cert,
+            tls_key,
+            tls_from_control_plane,
+            tier: desired.tier,
+            max_messages: desired.max_messages,
+            max_messages_memory: desired.max_messages_memory,
+            log_segment_bytes: None,
+            publisher: Some(logins.publisher),
+            subscriber: Some(logins.subscriber),
+            admin: Some(logins.admin),
+            usage_labels: UsageLabels {
+                instance_type: label("instance_type", Some(desired.instance_type.clone()))?,
+                region: label("region", Some(desired.region.clone()))?,
+                ipv4: desired.ipv4,
+            },
+            report_to: Some(to),
+            ping_secs: None,
+            silence_limit_secs: None,
+            live_stats_every: live_stats_every(desired.live_stats_secs)?,
+            record_every: record_every(desired.stats_record_secs, desired.usage_record_secs)?,
+            sqs_listen: sqs.and_then(|sqs| sqs.listen.first().copied()),
+            sqs_keys: sqs_keys.map_err(ConfigError::Invalid)?,
+            sqs_limits: None,
+        })
+    }
+}
+
+impl ConfigFile {
+    pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// What the file gives, checked.
+    pub fn given(self) -> Result<Given, ConfigError> {
+        if self.tls_from_control_plane && self.control_plane.is_none() {
+            return Err(invalid("tls_from_control_plane needs control_plane"));
+        }
+        let login = |file: Option<LoginFile>, role: &str| file.map(|f| login_from_file(f, role));
+        let sqs_keys = self.sqs_keys.iter().map(|key| {
+            SqsKey::new(&key.role, &key.access_key_id, &key.secret)
+                .ok_or_else(|| invalid("an SQS key's role, access_key_id or secret is not one"))
+        });
+        Ok(Given {
+            report_to: report_to(
+                self.control_plane,
+                self.control_planes,
+                self.queue_id,
+                self.node_token,
+                self.control_plane_ca,
+            )?,
+            listen: self.listen.map(Listen::addresses).unwrap_or_default(),
+            data_dir: self.data_dir,
+            plaintext: self.plaintext,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            tls_from_control_plane: self.tls_from_control_plane,
+            tier: self.tier.unwrap_or_default(),
+            max_messages: self.max_messages,
+            max_messages_memory: self.max_messages_memory,
+            log_segment_bytes: self.log_segment_bytes,
+            publisher: login(self.publisher, "publisher").transpose()?,
+            subscriber: login(self.subscriber, "subscriber").transpose()?,
+            admin: login(self.admin, "admin").transpose()?,
+            usage_labels: UsageLabels {
+                instance_type: label("instance_type", self.instance_type)?,
+                region: label("region", self.region)?,
+                ipv4: self.ipv4,
+            },
+            ping_secs: self.ping_secs,
+            silence_limit_secs: self.silence_limit_secs,
+            live_stats_every: live_stats_every(self.live_stats_secs)?,
+            record_every: record_every(self.stats_record_secs, self.usage_record_secs)?,
+            sqs_listen: self.sqs_listen,
+            sqs_keys: sqs_keys.collect::<Result<_, _>>()?,
+            sqs_limits: self.sqs_http,
+        })
+    }
+}
+
+/// The logins of a desired config, as the node checks them.
+pub fn desired_logins(desired: &DesiredConfig) -> Result<Logins, String> {
+    let login = |login: &LoginHash, role: &str| {
+        let password = PasswordHash::parse(&login.password_hash)
+            .ok_or_else(|| format!("{role}.password_hash is not sha256:SALT:HASH"))?;
+        Ok::<_, String>(Login {
+            username: login.username.clone(),
+            password,
+        })
+    };
+    Ok(Logins {
+        publisher: login(&desired.logins.publisher, "publisher")?,
+        subscriber: login(&desired.logins.subscriber, "subscriber")?,
+        admin: login(&desired.logins.admin, "admin")?,
+    })
+}
+
+/// The SQS keys a desired config gives, checked.
+pub fn desired_sqs_keys(keys: &[SqsKeySecret]) -> Result<Vec<SqsKey>, String> {
+    keys.iter()
+        .map(|key| {
+            SqsKey::new(&key.role, &key.access_key_id, &key.secret)
+                .ok_or_else(|| format!("SQS key {} does not read", key.access_key_id))
+        })
+        .collect()
+}
+
+/// A usage label, "local" when not given; it goes into every usage record, so it must be one
+/// ([`qe_shared::labels`]).
 fn label(field: &str, value: Option<String>) -> Result<String, ConfigError> {
     let value = value.unwrap_or_else(|| "local".into());
     qe_shared::labels::check(field, &value).map_err(ConfigError::Invalid)?;
     Ok(value)
+}
+
+/// Seconds between live reports, [`LIVE_STATS_SECS`] when not given.
+fn live_stats_every(secs: Option<u64>) -> Result<Duration, ConfigError> {
+    let secs = secs.unwrap_or(LIVE_STATS_SECS);
+    if !(1..=3600).contains(&secs) {
+        return Err(invalid("live_stats_secs is 1 to 3600"));
+    }
+    Ok(Duration::from_secs(secs))
 }
 
 impl Config {
@@ -338,7 +499,7 @@ impl Config {
             }
             None => ConfigFile::default(),
         };
-        Config::merge(file, flags)
+        Config::merge(file.given()?, flags)
     }
 
     /// The config as the file has it now (flags still win; the transport stays): how a
@@ -352,7 +513,7 @@ impl Config {
             path: path.clone(),
             source,
         })?;
-        let file = ConfigFile::parse(&text)?;
+        let given = ConfigFile::parse(&text)?.given()?;
         let [publisher, subscriber, admin] = self.login_flags.clone();
         // The transport as it is: only the logins are read again.
         let (plaintext, tls_cert, tls_key) = match &self.transport {
@@ -369,57 +530,45 @@ impl Config {
             data_dir: Some(self.data_dir.clone()),
             ..Flags::default()
         };
-        Config::merge(file, flags)
+        Config::merge(given, flags)
     }
 
-    /// Lays `flags` over `file`.
-    pub fn merge(file: ConfigFile, flags: Flags) -> Result<Config, ConfigError> {
+    /// Lays `flags` over what a source gave.
+    pub fn merge(given: Given, flags: Flags) -> Result<Config, ConfigError> {
         let tier = match flags.tier.as_deref() {
             Some(name) => {
                 Tier::parse(name).ok_or_else(|| invalid("--tier is standard or devtest"))?
             }
-            None => file.tier.unwrap_or_default(),
+            None => given.tier,
         };
         let data_dir = flags
             .data_dir
             .clone()
-            .or(file.data_dir.clone())
+            .or(given.data_dir.clone())
             .ok_or_else(|| invalid("--data-dir is required"))?;
-        let transport = transport(&file, &flags, &data_dir)?;
-        let login = |flag: &Option<String>, file: Option<LoginFile>, role: &str| match (flag, file)
-        {
+        let transport = transport(&given, &flags, &data_dir)?;
+        let login = |flag: &Option<String>, given: Option<Login>, role: &str| match (flag, given) {
             (Some(flag), _) => login_from_flag(flag, role),
-            (None, Some(file)) => login_from_file(file, role),
+            (None, Some(given)) => Ok(given),
             (None, None) => Err(ConfigError::Invalid(format!(
                 "--{role} NAME:PASSWORD is required"
             ))),
         };
         let logins = Logins {
-            publisher: login(&flags.publisher, file.publisher, "publisher")?,
-            subscriber: login(&flags.subscriber, file.subscriber, "subscriber")?,
-            admin: login(&flags.admin, file.admin, "admin")?,
+            publisher: login(&flags.publisher, given.publisher, "publisher")?,
+            subscriber: login(&flags.subscriber, given.subscriber, "subscriber")?,
+            admin: login(&flags.admin, given.admin, "admin")?,
         };
-        let report_to = report_to(
-            file.control_plane,
-            file.control_planes,
-            file.queue_id,
-            file.node_token,
-            file.control_plane_ca,
-        )?;
-        let keepalive = Keepalive::of(&flags, file.ping_secs, file.silence_limit_secs);
-        let live_stats_secs = file.live_stats_secs.unwrap_or(LIVE_STATS_SECS);
-        if !(1..=3600).contains(&live_stats_secs) {
-            return Err(invalid("live_stats_secs is 1 to 3600"));
-        }
+        let keepalive = Keepalive::of(&flags, given.ping_secs, given.silence_limit_secs);
         Ok(Config {
-            sqs: sqs(&flags, &file.sqs_keys, file.sqs_listen, file.sqs_http)?,
-            live_stats_every: Duration::from_secs(live_stats_secs),
-            record_every: record_every(file.stats_record_secs, file.usage_record_secs)?,
-            tls_from_control_plane: file.tls_from_control_plane,
-            report_to,
-            listen: match (flags.listen, file.listen.map(Listen::addresses)) {
+            sqs: sqs(&flags, given.sqs_keys, given.sqs_listen, given.sqs_limits)?,
+            live_stats_every: given.live_stats_every,
+            record_every: given.record_every,
+            tls_from_control_plane: given.tls_from_control_plane,
+            report_to: given.report_to,
+            listen: match (flags.listen, given.listen) {
                 (flags, _) if !flags.is_empty() => flags,
-                (_, Some(file)) if !file.is_empty() => file,
+                (_, given) if !given.is_empty() => given,
                 _ => vec![DEFAULT_LISTEN.parse().expect("a valid default address")],
             },
             data_dir,
@@ -428,20 +577,16 @@ impl Config {
             logins,
             config_file: flags.config.clone(),
             login_flags: [flags.publisher, flags.subscriber, flags.admin],
-            max_messages: flags.max_messages.or(file.max_messages),
-            max_messages_memory: flags.max_messages_memory.or(file.max_messages_memory),
-            log_segment_bytes: flags.log_segment_bytes.or(file.log_segment_bytes),
+            max_messages: flags.max_messages.or(given.max_messages),
+            max_messages_memory: flags.max_messages_memory.or(given.max_messages_memory),
+            log_segment_bytes: flags.log_segment_bytes.or(given.log_segment_bytes),
             no_compaction: flags.no_compaction,
             message_timeout: Duration::from_secs(
                 flags
                     .message_timeout_secs
                     .unwrap_or(fixed::MESSAGE_TIMEOUT_SECS),
             ),
-            usage_labels: UsageLabels {
-                instance_type: label("instance_type", file.instance_type)?,
-                region: label("region", file.region)?,
-                ipv4: file.ipv4,
-            },
+            usage_labels: given.usage_labels,
             keepalive,
         })
     }
@@ -451,24 +596,20 @@ fn invalid(text: &str) -> ConfigError {
     ConfigError::Invalid(text.to_string())
 }
 
-/// Plain ws://, or TLS with the files the flags or the file name (the control plane's
+/// Plain ws://, or TLS with the files the flags or the source name (the control plane's
 /// certificate, fetched into `DATA_DIR/tls/`, with `tls_from_control_plane`).
-fn transport(file: &ConfigFile, flags: &Flags, data_dir: &Path) -> Result<Transport, ConfigError> {
-    let from_control_plane = file.tls_from_control_plane.then(|| {
-        let dir = data_dir.join("tls");
-        (dir.join("cert.pem"), dir.join("key.pem"))
-    });
-    if from_control_plane.is_some() && file.control_plane.is_none() {
-        return Err(invalid("tls_from_control_plane needs control_plane"));
-    }
-    let (file_cert, file_key) = match from_control_plane {
-        Some((cert, key)) => (Some(cert), Some(key)),
-        None => (file.tls_cert.clone(), file.tls_key.clone()),
+fn transport(given: &Given, flags: &Flags, data_dir: &Path) -> Result<Transport, ConfigError> {
+    let (given_cert, given_key) = match given.tls_from_control_plane {
+        true => {
+            let dir = data_dir.join("tls");
+            (Some(dir.join("cert.pem")), Some(dir.join("key.pem")))
+        }
+        false => (given.tls_cert.clone(), given.tls_key.clone()),
     };
     match (
-        flags.plaintext || file.plaintext,
-        flags.tls_cert.clone().or(file_cert),
-        flags.tls_key.clone().or(file_key),
+        flags.plaintext || given.plaintext,
+        flags.tls_cert.clone().or(given_cert),
+        flags.tls_key.clone().or(given_key),
     ) {
         (true, None, None) => Ok(Transport::Plaintext),
         (false, Some(cert), Some(key)) => Ok(Transport::Tls { cert, key }),
@@ -526,27 +667,19 @@ fn record_every(
     })
 }
 
-/// The SQS face, if a listen address is given: the flags' keys and then the file's.
+/// The SQS face, if a listen address is given: the flags' keys and then the source's.
 fn sqs(
     flags: &Flags,
-    file_keys: &[SqsKeyFile],
-    file_listen: Option<SocketAddr>,
+    given_keys: Vec<SqsKey>,
+    given_listen: Option<SocketAddr>,
     limits: Option<qe_serve::Limits>,
 ) -> Result<Option<SqsConfig>, ConfigError> {
-    let from_file = file_keys
-        .iter()
-        .map(|key| format!("{}:{}:{}", key.role, key.access_key_id, key.secret));
-    let keys = flags
-        .sqs_key
-        .iter()
-        .cloned()
-        .chain(from_file)
-        .map(|text| {
-            crate::auth::SqsKey::parse(&text)
-                .ok_or_else(|| invalid("an SQS key is not ROLE:ACCESS_KEY_ID:SECRET"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    match flags.sqs_listen.or(file_listen) {
+    let from_flags = flags.sqs_key.iter().map(|text| {
+        SqsKey::parse(text).ok_or_else(|| invalid("an SQS key is not ROLE:ACCESS_KEY_ID:SECRET"))
+    });
+    let mut keys = from_flags.collect::<Result<Vec<_>, _>>()?;
+    keys.extend(given_keys);
+    match flags.sqs_listen.or(given_listen) {
         Some(listen) => Ok(Some(SqsConfig {
             listen,
             keys,
@@ -558,11 +691,11 @@ fn sqs(
 }
 
 impl Keepalive {
-    /// The flags' times, else the file's, else the defaults.
+    /// The flags' times, else the source's, else the defaults.
     fn of(flags: &Flags, ping_secs: Option<u64>, silence_limit_secs: Option<u64>) -> Keepalive {
         let default = Keepalive::default();
-        let secs = |flag: Option<u64>, file: Option<u64>, default: Duration| {
-            flag.or(file).map_or(default, Duration::from_secs)
+        let secs = |flag: Option<u64>, given: Option<u64>, default: Duration| {
+            flag.or(given).map_or(default, Duration::from_secs)
         };
         Keepalive {
             ping_every: secs(flags.ping_secs, ping_secs, default.ping_every),
@@ -572,63 +705,6 @@ impl Keepalive {
                 default.silence_limit,
             ),
             write_stall_limit: secs(flags.write_stall_secs, None, default.write_stall_limit),
-        }
-    }
-}
-
-impl ConfigFile {
-    pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
-        Ok(toml::from_str(text)?)
-    }
-
-    /// The config file a desired config from the control plane amounts to, for the node's
-    /// usual loader: the flags are laid over it as over any file.
-    pub fn from_desired(desired: &DesiredConfig, data_dir: &Path, to: &ReportTo) -> ConfigFile {
-        let login = |login: &LoginHash| LoginFile {
-            username: login.username.clone(),
-            password_hash: login.password_hash.clone(),
-        };
-        let (plaintext, tls_cert, tls_key, tls_from_control_plane) = match &desired.tls {
-            NodeTls::None => (true, None, None, false),
-            NodeTls::Queue { .. } => {
-                let (cert, key) = own_certificate_paths(data_dir);
-                (false, Some(cert), Some(key), false)
-            }
-            NodeTls::Cluster { .. } => (false, None, None, true),
-        };
-        ConfigFile {
-            listen: Some(Listen::Several(desired.listen.clone())),
-            data_dir: Some(data_dir.to_path_buf()),
-            plaintext,
-            tls_cert,
-            tls_key,
-            tls_from_control_plane,
-            tier: Some(desired.tier),
-            max_messages: desired.max_messages,
-            max_messages_memory: desired.max_messages_memory,
-            publisher: Some(login(&desired.logins.publisher)),
-            subscriber: Some(login(&desired.logins.subscriber)),
-            admin: Some(login(&desired.logins.admin)),
-            instance_type: Some(desired.instance_type.clone()),
-            region: Some(desired.region.clone()),
-            ipv4: desired.ipv4,
-            control_plane: Some(to.control_planes.preferred().to_string()),
-            control_planes: to.control_planes.urls().to_vec(),
-            queue_id: Some(to.queue_id.clone()),
-            node_token: Some(to.token.clone()),
-            live_stats_secs: desired.live_stats_secs,
-            usage_record_secs: desired.usage_record_secs,
-            stats_record_secs: desired.stats_record_secs,
-            sqs_listen: desired
-                .sqs
-                .as_ref()
-                .and_then(|sqs| sqs.listen.first().copied()),
-            sqs_keys: desired
-                .sqs
-                .as_ref()
-                .map(|sqs| sqs.keys.iter().map(SqsKeyFile::from).collect())
-                .unwrap_or_default(),
-            ..ConfigFile::default()
         }
     }
 }
@@ -688,7 +764,7 @@ mod tests {
             "--plaintext",
         ];
         args.extend(LOGINS);
-        let config = Config::merge(ConfigFile::default(), flags(&args)).unwrap();
+        let config = Config::merge(ConfigFile::default().given().unwrap(), flags(&args)).unwrap();
         assert_eq!(config.listen, vec!["127.0.0.1:0".parse().unwrap()]);
         assert_eq!(config.transport, Transport::Plaintext);
         assert_eq!(config.tier, Tier::Standard);
@@ -700,7 +776,7 @@ mod tests {
         let text =
             "listen = [\"127.0.0.1:9000\", \"[::1]:9000\"]\ndata_dir = \"/q\"\nplaintext = true\n";
         let file = ConfigFile::parse(text).unwrap();
-        let config = Config::merge(file, flags(&LOGINS)).unwrap();
+        let config = Config::merge(file.given().unwrap(), flags(&LOGINS)).unwrap();
         let both: Vec<SocketAddr> = vec![
             "127.0.0.1:9000".parse().unwrap(),
             "[::1]:9000".parse().unwrap(),
@@ -710,7 +786,7 @@ mod tests {
             .unwrap();
         let mut args = vec!["--listen", "127.0.0.1:2", "--listen", "[::1]:2"];
         args.extend(LOGINS);
-        let config = Config::merge(file, flags(&args)).unwrap();
+        let config = Config::merge(file.given().unwrap(), flags(&args)).unwrap();
         let flagged: Vec<SocketAddr> =
             vec!["127.0.0.1:2".parse().unwrap(), "[::1]:2".parse().unwrap()];
         assert_eq!(config.listen, flagged, "flags win");
@@ -727,8 +803,11 @@ mod tests {
              [admin]\nusername = \"fa\"\npassword_hash = \"{hash}\"\n"
         );
         let file = ConfigFile::parse(&text).unwrap();
-        let config =
-            Config::merge(file, flags(&["--data-dir", "/tmp/b", "--admin", "x:y"])).unwrap();
+        let config = Config::merge(
+            file.given().unwrap(),
+            flags(&["--data-dir", "/tmp/b", "--admin", "x:y"]),
+        )
+        .unwrap();
         assert_eq!(config.listen, vec!["127.0.0.1:9000".parse().unwrap()]);
         assert_eq!(config.data_dir, PathBuf::from("/tmp/b"));
         assert_eq!(config.tier, Tier::Devtest);
@@ -742,7 +821,7 @@ mod tests {
         let base = "data_dir = \"/q\"\nplaintext = true\nqueue_id = \"q\"\nnode_token = \"t\"\n";
         let report_to = |extra: &str| {
             let file = ConfigFile::parse(&format!("{base}{extra}")).unwrap();
-            Config::merge(file, flags(&LOGINS)).map(|config| config.report_to.unwrap())
+            Config::merge(file.given()?, flags(&LOGINS)).map(|config| config.report_to.unwrap())
         };
         let alone = report_to("control_plane = \"https://cp1/\"\n").unwrap();
         assert_eq!(alone.control_planes.urls(), ["https://cp1"]);
@@ -761,7 +840,7 @@ mod tests {
         let base = "data_dir = \"/q\"\nplaintext = true\n";
         let every = |extra: &str| {
             let file = ConfigFile::parse(&format!("{base}{extra}")).unwrap();
-            Config::merge(file, flags(&LOGINS)).map(|config| config.live_stats_every)
+            Config::merge(file.given()?, flags(&LOGINS)).map(|config| config.live_stats_every)
         };
         assert_eq!(every("").unwrap(), Duration::from_secs(10));
         assert_eq!(
@@ -772,16 +851,105 @@ mod tests {
         assert!(every("live_stats_secs = 3601\n").is_err());
     }
 
+    fn desired(password_hash: &str) -> DesiredConfig {
+        use qe_shared::node_channel::{DesiredSqs, Logins as DesiredLogins};
+        let login = |name: &str| LoginHash {
+            username: name.into(),
+            password_hash: password_hash.into(),
+        };
+        DesiredConfig {
+            version: 1,
+            tier: Tier::Devtest,
+            listen: vec!["[::]:8443".parse().unwrap()],
+            tls: NodeTls::Queue {
+                host: "a.q.c.d".into(),
+                generation: 1,
+            },
+            logins: DesiredLogins {
+                publisher: login("p"),
+                subscriber: login("s"),
+                admin: login("a"),
+            },
+            instance_type: "t4g.small".into(),
+            region: "eu-west-1".into(),
+            ipv4: true,
+            max_messages: Some(9),
+            max_messages_memory: None,
+            node_token: None,
+            live_stats_secs: Some(2),
+            usage_record_secs: None,
+            stats_record_secs: None,
+            sqs: Some(DesiredSqs {
+                listen: vec!["[::]:9324".parse().unwrap()],
+                keys: vec![SqsKeySecret {
+                    access_key_id: "QEKEY1".into(),
+                    role: "publisher".into(),
+                    secret: "s3cret".into(),
+                }],
+            }),
+            build: None,
+            initial_settings: None,
+            redrive: None,
+        }
+    }
+
+    #[test]
+    fn a_desired_config_makes_the_config_and_flags_still_win() {
+        let to = ReportTo {
+            control_planes: ControlPlanes::new("https://cp1", &["https://cp2".into()]),
+            queue_id: "q".into(),
+            token: "t".into(),
+            ca_pem: Some(b"the roots".to_vec()),
+        };
+        let hash = PasswordHash::new("pw").to_string();
+        let data_dir = Path::new("/var/lib/q");
+        let given = Given::from_desired(&desired(&hash), data_dir, to.clone()).unwrap();
+        let args = [
+            "--data-dir",
+            "/var/lib/q",
+            "--admin",
+            "x:y",
+            "--ping-secs",
+            "1",
+        ];
+        let config = Config::merge(given, flags(&args)).unwrap();
+        assert_eq!(config.listen, vec!["[::]:8443".parse().unwrap()]);
+        let (cert, key) = own_certificate_paths(data_dir);
+        assert_eq!(config.transport, Transport::Tls { cert, key });
+        assert_eq!(config.tier, Tier::Devtest);
+        assert_eq!(config.max_messages, Some(9));
+        assert!(config.logins.publisher.password.matches("pw"));
+        assert_eq!(config.logins.admin.username, "x", "a flag wins");
+        assert_eq!(config.keepalive.ping_every, Duration::from_secs(1));
+        assert_eq!(config.live_stats_every, Duration::from_secs(2));
+        assert_eq!(config.usage_labels.region, "eu-west-1");
+        assert!(config.usage_labels.ipv4);
+        let report_to = config.report_to.unwrap();
+        assert_eq!(report_to.control_planes.urls(), to.control_planes.urls());
+        assert_eq!(
+            report_to.ca_pem, to.ca_pem,
+            "the bootstrap's roots, as they are"
+        );
+        let sqs = config.sqs.unwrap();
+        assert_eq!(sqs.listen, "[::]:9324".parse().unwrap());
+        assert_eq!(sqs.keys[0].access_key_id, "QEKEY1");
+        assert_eq!(sqs.keys[0].role, qe_shared::protocol::Role::Publisher);
+        assert!(Given::from_desired(&desired("sha256:zz"), data_dir, to).is_err());
+    }
+
     #[test]
     fn bad_configs_are_refused() {
         assert!(ConfigFile::parse("no_such_setting = 1").is_err());
-        let no_transport = Config::merge(ConfigFile::default(), flags(&["--data-dir", "/d"]));
+        let no_transport = Config::merge(
+            ConfigFile::default().given().unwrap(),
+            flags(&["--data-dir", "/d"]),
+        );
         assert!(no_transport.is_err());
         let mut args = vec!["--data-dir", "/d", "--plaintext", "--tier", "gold"];
         args.extend(LOGINS);
-        assert!(Config::merge(ConfigFile::default(), flags(&args)).is_err());
+        assert!(Config::merge(ConfigFile::default().given().unwrap(), flags(&args)).is_err());
         let mut args = vec!["--data-dir", "/d", "--plaintext", "--publisher", "nocolon"];
         args.extend(&LOGINS[2..]);
-        assert!(Config::merge(ConfigFile::default(), flags(&args)).is_err());
+        assert!(Config::merge(ConfigFile::default().given().unwrap(), flags(&args)).is_err());
     }
 }

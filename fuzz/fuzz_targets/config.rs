@@ -1,5 +1,6 @@
-//! The node's TOML config file: any text is read, or refused with a `ConfigError`; with
-//! default flags, what it reads is merged into a `Config` or refused.
+//! The node's TOML config file: any text is read and checked (`ConfigFile::given`), or refused
+//! with a `ConfigError`; with default flags, what it gives is merged into a `Config` or
+//! refused.
 
 #![no_main]
 
@@ -10,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Ok(file) = ConfigFile::parse(text) {
-        let _ = Config::merge(file, Flags::default());
+    if let Ok(given) = ConfigFile::parse(text).and_then(ConfigFile::given) {
+        let _ = Config::merge(given, Flags::default());
     }
 });

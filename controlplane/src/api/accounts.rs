@@ -3,6 +3,7 @@
 
 use super::auth::Caller;
 use super::extract::{Json, Path};
+use super::queue_operations;
 use super::{ApiError, AppState};
 use crate::model::account::{self, Account, AccountChange, ApiKey, NewAccount, NewKey};
 use crate::model::audit::Target;
@@ -209,41 +210,17 @@ pub async fn create_sqs_key(
 ) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
     let account = seen(&state, &caller, &id).await?;
     let role = asked.role()?;
-    let access_key_id = account::new_sqs_key_id(&account.id);
-    let made = state.store.update_account(&account.id, |account| {
-        // Revoked keys are let go first: only the keys in use count.
-        let most = account.limits.max_sqs_keys as usize;
-        if account.sqs_keys.len() >= most {
-            account.sqs_keys.retain(|key| !key.revoked);
-        }
-        if account.sqs_keys.len() >= most {
-            return Err(ApiError::LimitReached(format!(
-                "account {id} has {most} SQS keys, its max_sqs_keys"
-            )));
-        }
-        account.sqs_keys.push(crate::model::queue::SqsKeyRecord {
-            access_key_id: access_key_id.clone(),
-            role: role.name().to_string(),
-            created: crate::unix_now(),
-            revoked: false,
-        });
-        Ok(())
-    });
-    let (account, ()) = made
-        .await?
-        .ok_or_else(|| ApiError::NoSuch(format!("no account {id}")))?;
-    // The key is made: the reply must carry its secret whatever telling the nodes met.
-    let applied = tell_nodes(&state, &account).await;
+    let made = queue_operations::add_account_sqs_key(&state, &account.id, role).await?;
     let reply = json!({
-        "access_key_id": access_key_id,
-        "secret": state.node_tokens.account_sqs_secret(&account.id, &access_key_id),
+        "access_key_id": made.access_key_id,
+        "secret": made.secret,
         "role": role.name(),
         "endpoint": crate::api::sqs::endpoint(&state.config),
-        "applied": applied,
+        "applied": made.applied,
     });
     Ok((
         StatusCode::CREATED,
-        target(&access_key_id, &id),
+        target(&made.access_key_id, &id),
         Json(reply),
     ))
 }
@@ -269,33 +246,9 @@ pub async fn revoke_sqs_key(
     Path((id, key)): Path<(String, String)>,
 ) -> Result<(Extension<Target>, Json<Value>), ApiError> {
     let account = seen(&state, &caller, &id).await?;
-    let revoked = state.store.update_account(&account.id, |account| {
-        let found = account
-            .sqs_keys
-            .iter_mut()
-            .find(|record| record.access_key_id == key && !record.revoked)
-            .ok_or_else(|| ApiError::NoSuch(format!("no SQS key {key} in account {id}")))?;
-        found.revoked = true;
-        Ok::<_, ApiError>(())
-    });
-    let (account, ()) = revoked
-        .await?
-        .ok_or_else(|| ApiError::NoSuch(format!("no account {id}")))?;
-    let applied = tell_nodes(&state, &account).await;
+    let applied = queue_operations::revoke_account_sqs_key(&state, &account.id, &key).await?;
     Ok((
         target(&key, &id),
         Json(json!({ "revoked": key, "applied": applied })),
     ))
-}
-
-/// Tells every queue of `account` its keys changed; whether all their nodes served it soon.
-/// A store error here is logged, not answered: the key change itself is already made.
-async fn tell_nodes(state: &AppState, account: &Account) -> bool {
-    match super::queue_operations::tell_account_queues(state, account).await {
-        Ok(applied) => applied,
-        Err(error) => {
-            tracing::warn!(%error, account = %account.id, "the account's queues were not all told of an SQS key change");
-            false
-        }
-    }
 }

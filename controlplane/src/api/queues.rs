@@ -8,7 +8,7 @@ use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
 use crate::model::account;
 use crate::model::audit::Target;
-use crate::model::queue::{self, NewQueue, Queue, Status};
+use crate::model::queue::{NewQueue, Queue, Status};
 use axum::extract::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::queue_operations::{mark_deleting, provision, wait_applied, CONFIRM_WITHIN};
+use super::queue_operations::{self, mark_deleting, provision};
 /// How long a delete waits for the node to be gone (its last usage record reported).
 const DELETE_WITHIN: Duration = Duration::from_secs(20);
 /// The longest `?until=` wait a request may ask for.
@@ -172,20 +172,15 @@ pub async fn get(
 /// ([`qe_shared::console_token`]), so the web console's page can open a WebSocket to the node
 /// and log in as its administrator: `"read"` rights for a read-only key (the node then takes
 /// read commands only), `"write"` for a full key or the operator. It lives
-/// [`CONSOLE_TOKEN_SECS`] and opens one login. A queue that does not run yet is a `409`.
+/// [`queue_operations::CONSOLE_TOKEN_SECS`] and opens one login. A queue that does not run yet
+/// is a `409`.
 pub async fn console_token(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<(Extension<Target>, Json<Value>), ApiError> {
-    use qe_shared::console_token::{new_jti, sign_for_either, Claims, Rights};
+    use qe_shared::console_token::Rights;
     let queue = seen(&state, &caller, &id).await?;
-    if !queue.status.is_live() || queue.node.is_none() {
-        return Err(ApiError::Conflict(format!(
-            "queue {id} is {:?}: its node does not serve",
-            queue.status
-        )));
-    }
     let rights = match &caller {
         Caller::Account {
             scope: account::Scope::ReadOnly,
@@ -193,26 +188,9 @@ pub async fn console_token(
         } => Rights::Read,
         _ => Rights::Write,
     };
-    let expires = crate::unix_now() + CONSOLE_TOKEN_SECS;
-    let claims = Claims {
-        q: queue.id.clone(),
-        r: rights,
-        exp: expires,
-        jti: new_jti(),
-    };
-    // Signed with the credential the node holds; during a rotation the node may hold either
-    // one, so with both. A finished rotation voids tokens of the old one.
-    let credentials = [Some(queue.node_credential), queue.next_node_credential];
-    let node_tokens: Vec<String> = credentials
-        .into_iter()
-        .flatten()
-        .map(|credential| state.node_tokens.token_for(&queue.id, credential))
-        .collect();
-    let node_tokens: Vec<&str> = node_tokens.iter().map(String::as_str).collect();
-    let token = sign_for_either(&node_tokens, &claims);
-    let shown = view(&state, &queue);
+    let (token, expires) = queue_operations::console_token(&state, &queue, rights)?;
     let reply = json!({
-        "url": shown["url"],
+        "url": view(&state, &queue)["url"],
         "token": token,
         "rights": rights,
         "expires": expires,
@@ -231,43 +209,15 @@ pub async fn create_sqs_key(
 ) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
     let target = target(&seen(&state, &caller, &id).await?);
     let role = asked.role()?;
-    let access_key_id = new_access_key_id();
-    let made = state.store.update(&id, |queue| {
-        if !queue.status.is_live() {
-            return Err(ApiError::Conflict(format!(
-                "queue {id} is {:?}",
-                queue.status
-            )));
-        }
-        // Revoked keys are let go first: only the keys in use count.
-        if queue.sqs_keys.len() >= queue::MAX_SQS_KEYS {
-            queue.sqs_keys.retain(|key| !key.revoked);
-        }
-        if queue.sqs_keys.len() >= queue::MAX_SQS_KEYS {
-            return Err(ApiError::Conflict(format!(
-                "queue {id} has {} SQS keys, the most it may",
-                queue::MAX_SQS_KEYS
-            )));
-        }
-        queue.sqs_keys.push(queue::SqsKeyRecord {
-            access_key_id: access_key_id.clone(),
-            role: role.name().to_string(),
-            created: crate::unix_now(),
-            revoked: false,
-        });
-        queue.config_version += 1;
-        Ok::<(), ApiError>(())
-    });
-    let (queue, ()) = made.await?.ok_or_else(|| ApiError::NotFound(id.clone()))?;
-    let applied = wait_applied(&state, &queue).await?;
-    let endpoint = state.sqs_endpoint(&queue)?;
+    let made = queue_operations::add_sqs_key(&state, &id, role).await?;
+    let endpoint = state.sqs_endpoint(&made.queue)?;
     let reply = json!({
-        "access_key_id": access_key_id,
-        "secret": state.node_tokens.sqs_secret(&queue.id, &access_key_id),
+        "access_key_id": made.access_key_id,
+        "secret": made.secret,
         "role": role.name(),
-        "queue_url": endpoint.as_ref().map(|e| format!("{e}/{}", queue.id)),
+        "queue_url": endpoint.as_ref().map(|e| format!("{e}/{}", made.queue.id)),
         "endpoint": endpoint,
-        "applied": applied,
+        "applied": made.applied,
     });
     Ok((StatusCode::CREATED, target, Json(reply)))
 }
@@ -319,36 +269,14 @@ pub async fn revoke_sqs_key(
     Path((id, key)): Path<(String, String)>,
 ) -> Result<(Extension<Target>, Json<Value>), ApiError> {
     let target = target(&seen(&state, &caller, &id).await?);
-    let revoked = state.store.update(&id, |queue| {
-        let found = queue
-            .sqs_keys
-            .iter_mut()
-            .find(|record| record.access_key_id == key && !record.revoked)
-            .ok_or_else(|| ApiError::NoSuch(format!("no SQS key {key} on queue {id}")))?;
-        found.revoked = true;
-        queue.config_version += 1;
-        Ok::<(), ApiError>(())
-    });
-    let (queue, ()) = revoked
-        .await?
-        .ok_or_else(|| ApiError::NotFound(id.clone()))?;
-    let applied = wait_applied(&state, &queue).await?;
+    let applied = queue_operations::revoke_sqs_key(&state, &id, &key).await?;
     Ok((target, Json(json!({ "revoked": key, "applied": applied }))))
 }
 
-/// An access key id as AWS's look: 20 capitals and digits, here starting `QE`.
-fn new_access_key_id() -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-    format!("QE{}", qe_shared::random::drawn_from(ALPHABET, 18))
-}
-
-/// How long a console token lives: long enough to open a WebSocket, short enough that one
-/// seen by someone else is soon worth nothing.
-const CONSOLE_TOKEN_SECS: u64 = 120;
-
 /// A new password for one of the queue's logins. The reply comes once the node serves it
-/// (open connections go on); if it does not say so within [`CONFIRM_WITHIN`], the reply is
-/// `202` with `"applied":false`, and the queue shows the change pending.
+/// (open connections go on); if it does not say so within
+/// [`queue_operations::CONFIRM_WITHIN`], the reply is `202` with `"applied":false`, and the
+/// queue shows the change pending.
 pub async fn rotate(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
@@ -357,63 +285,34 @@ pub async fn rotate(
     let target = target(&seen(&state, &caller, &id).await?);
     let role =
         Role::parse(&role).ok_or_else(|| ApiError::NotFound(format!("{id} login {role}")))?;
-    let rotated = state.store.update(&id, |queue| {
-        if !queue.status.is_live() {
-            return Err(ApiError::Conflict(format!(
-                "queue {id} is {:?}",
-                queue.status
-            )));
-        }
-        Ok(queue::rotate(queue, role))
-    });
-    let rotated = rotated.await?;
-    let (queue, credentials) = rotated.ok_or_else(|| ApiError::NotFound(id.clone()))?;
-    let confirmed = wait_applied(&state, &queue).await?;
+    let (credentials, applied) = queue_operations::rotate_login(&state, &id, role).await?;
     let mut reply = serde_json::to_value(credentials).expect("strings serialize");
-    reply["applied"] = json!(confirmed);
-    let status = match confirmed {
-        true => StatusCode::OK,
-        false => StatusCode::ACCEPTED,
-    };
-    Ok((status, target, Json(reply)))
+    reply["applied"] = json!(applied);
+    Ok((applied_or_accepted(applied), target, Json(reply)))
 }
 
-/// A new credential for the queue's node: sent to it over the channel (authenticated with
-/// the old one), which it keeps; its first use retires the old one. `200` with
-/// `"applied":true` once that happened, else `202` after [`CONFIRM_WITHIN`] (the old one
-/// still works until the node takes the new one).
+/// A new credential for the queue's node (operator only). `200` with `"applied":true` once
+/// the node took it, else `202` after [`queue_operations::CONFIRM_WITHIN`] (the old one still
+/// works until the node takes the new one).
 pub async fn rotate_node_credential(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Extension<Target>, Json<Value>), ApiError> {
     let target = target(&seen(&state, &Caller::Operator, &id).await?);
-    let rotated = state.store.update(&id, |queue| {
-        if !queue.status.is_live() {
-            return Err(ApiError::Conflict(format!(
-                "queue {id} is {:?}",
-                queue.status
-            )));
-        }
-        let next = queue
-            .next_node_credential
-            .unwrap_or(queue.node_credential + 1);
-        queue.next_node_credential = Some(next);
-        queue.config_version += 1;
-        Ok(next)
-    });
-    let rotated = rotated.await?;
-    let (_, next) = rotated.ok_or_else(|| ApiError::NotFound(id.clone()))?;
-    let taken = |queue: &Queue| queue.node_credential >= next || queue.status == Status::Deleted;
-    let confirmed = state
-        .store
-        .wait_for(&id, CONFIRM_WITHIN, taken)
-        .await?
-        .is_some_and(|queue| queue.node_credential >= next);
-    let status = match confirmed {
+    let applied = queue_operations::rotate_node_credential(&state, &id).await?;
+    Ok((
+        applied_or_accepted(applied),
+        target,
+        Json(json!({ "applied": applied })),
+    ))
+}
+
+/// `200` for a change the node serves, `202` for one it does not yet.
+fn applied_or_accepted(applied: bool) -> StatusCode {
+    match applied {
         true => StatusCode::OK,
         false => StatusCode::ACCEPTED,
-    };
-    Ok((status, target, Json(json!({ "applied": confirmed }))))
+    }
 }
 
 /// Marks the queue to be deleted; the reconciler removes its node, which reports its last

@@ -58,6 +58,12 @@ impl SqsKey {
     pub fn parse(text: &str) -> Option<SqsKey> {
         let (role, rest) = text.split_once(':')?;
         let (access_key_id, secret) = rest.split_once(':')?;
+        SqsKey::new(role, access_key_id, secret)
+    }
+
+    /// A key of the role named `role`, if each part is one: an id of 1 to 128 letters and
+    /// digits, a secret not empty.
+    pub fn new(role: &str, access_key_id: &str, secret: &str) -> Option<SqsKey> {
         let valid_id = !access_key_id.is_empty()
             && access_key_id.len() <= 128
             && access_key_id.bytes().all(|b| b.is_ascii_alphanumeric());

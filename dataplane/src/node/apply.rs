@@ -4,43 +4,14 @@
 
 use super::certificate::OwnCertificate;
 use super::report::{self, Reporter};
-use crate::auth::{Login, Logins, PasswordHash, SqsKey};
-use crate::config::Config;
+use crate::config::{desired_logins, desired_sqs_keys, Config};
 use crate::control_plane::channel::{Apply, Channel};
 use crate::state::Node;
-use qe_shared::node_channel::{DesiredConfig, LoginHash, NodeTls, SqsKeySecret};
+use qe_shared::node_channel::{DesiredConfig, NodeTls};
 use qe_tls::Certificate;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// The SQS keys a desired config gives, checked.
-pub fn sqs_keys(keys: &[SqsKeySecret]) -> Result<Vec<SqsKey>, String> {
-    keys.iter()
-        .map(|key| {
-            let text = format!("{}:{}:{}", key.role, key.access_key_id, key.secret);
-            SqsKey::parse(&text)
-                .ok_or_else(|| format!("SQS key {} does not read", key.access_key_id))
-        })
-        .collect()
-}
-
-/// The logins of a desired config, as the node checks them.
-pub fn logins(desired: &DesiredConfig) -> Result<Logins, String> {
-    let login = |login: &LoginHash, role: &str| {
-        let password = PasswordHash::parse(&login.password_hash)
-            .ok_or_else(|| format!("{role}.password_hash is not sha256:SALT:HASH"))?;
-        Ok::<_, String>(Login {
-            username: login.username.clone(),
-            password,
-        })
-    };
-    Ok(Logins {
-        publisher: login(&desired.logins.publisher, "publisher")?,
-        subscriber: login(&desired.logins.subscriber, "subscriber")?,
-        admin: login(&desired.logins.admin, "admin")?,
-    })
-}
 
 /// A running node's [`Apply`]: new logins; a rotated credential; a new certificate of its
 /// own, or the cluster's renewed one, when the control plane asks.
@@ -137,13 +108,13 @@ impl Apply for NodeApply {
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             // The logins and the credential first: they must never wait for a CA.
-            let logins = logins(desired)?;
+            let logins = desired_logins(desired)?;
             if let Some(token) = &desired.node_token {
                 self.take_token(token)?;
             }
             self.node.replace_logins(logins);
             if let Some(sqs) = &desired.sqs {
-                self.node.replace_sqs_keys(sqs_keys(&sqs.keys)?);
+                self.node.replace_sqs_keys(desired_sqs_keys(&sqs.keys)?);
             }
             // After the keys: a revoked key must stop working even if the settings cannot
             // be saved now (they are tried again with the next config).

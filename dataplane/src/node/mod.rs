@@ -20,7 +20,7 @@ pub mod report;
 mod services;
 pub mod upgrade;
 
-use crate::config::{Config, ConfigError, ConfigFile, Flags, Transport};
+use crate::config::{Config, ConfigError, Flags, Given, Transport};
 use crate::control_plane::channel::{self, Channel};
 use crate::server::Server;
 use crate::sqs::Sqs;
@@ -132,10 +132,8 @@ impl Source {
                 let Some(desired) = until_terminated(first, terminate).await else {
                     return Ok(None);
                 };
-                let to = channel.report_to();
-                let file = ConfigFile::from_desired(&desired, &data_dir, &to);
-                let mut config = Config::merge(file, flags)?;
-                config.report_to = Some(to);
+                let given = Given::from_desired(&desired, &data_dir, channel.report_to())?;
+                let config = Config::merge(given, flags)?;
                 Ok(Some((config, Some((channel, desired)))))
             }
         }

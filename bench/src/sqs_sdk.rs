@@ -48,8 +48,10 @@ pub async fn sqs_sdk(settings: &Settings) {
         n => format!("FIFO, {n} groups"),
     };
     println!(
-        "{:>7} {:>12} {:>17} {:>20}  (messages/s, {total} messages each, aws-sdk-sqs, {kind})",
-        "tasks", "SendMessage", "SendMessageBatch", "Receive+DeleteBatch"
+        "{:>7} {:>12} {:>17} {:>20} {:>13} {:>13}  (messages/s, {total} messages each, aws-sdk-sqs, \
+         {kind}; node CPU per message sent, received and deleted, in µs, with single sends and \
+         with batched sends)",
+        "tasks", "SendMessage", "SendMessageBatch", "Receive+DeleteBatch", "cpu/msg one", "cpu/msg batch"
     );
     let sends = std::sync::atomic::AtomicUsize::new(0);
     let sending = Sending {
@@ -69,15 +71,19 @@ pub async fn sqs_sdk(settings: &Settings) {
             let took = last.map_or(took, |last| took.min(last - started));
             (took, seen)
         };
+        let cpu_before = node_cpu();
         let (sent_one, _) = in_tasks(tasks, |_| send_one(&client, &url, share, &sending)).await;
         let started = Instant::now();
         let (received_one, seen_one) = timed(in_tasks(tasks, receive).await, started);
+        let cpu_one = node_cpu() - cpu_before;
         left.store(share * tasks, std::sync::atomic::Ordering::SeqCst);
         *last.lock().unwrap() = None;
+        let cpu_before = node_cpu();
         let (sent_batch, _) =
             in_tasks(tasks, |_| send_batches(&client, &url, share, &sending)).await;
         let started = Instant::now();
         let (received_batch, seen_batch) = timed(in_tasks(tasks, receive).await, started);
+        let cpu_batch = node_cpu() - cpu_before;
         for seen in [seen_one, seen_batch] {
             let ids: Vec<String> = seen.into_iter().flatten().collect();
             let distinct: HashSet<&String> = ids.iter().collect();
@@ -87,11 +93,26 @@ pub async fn sqs_sdk(settings: &Settings) {
         let rate = |took: Duration| (share * tasks) as f64 / took.as_secs_f64();
         let receive_rate =
             2.0 * (share * tasks) as f64 / (received_one + received_batch).as_secs_f64();
+        let per_message = |cpu: Duration| cpu.as_secs_f64() * 1e6 / (share * tasks) as f64;
         println!(
-            "{tasks:>7} {:>12.0} {:>17.0} {receive_rate:>20.0}",
+            "{tasks:>7} {:>12.0} {:>17.0} {receive_rate:>20.0} {:>13.1} {:>13.1}",
             rate(sent_one),
-            rate(sent_batch)
+            rate(sent_batch),
+            per_message(cpu_one),
+            per_message(cpu_batch),
         );
+    }
+}
+
+/// The node's CPU time so far, when `QE_SQS_NODE_PID` names it (scripts/bench-sqs does);
+/// zero otherwise (the columns then read 0).
+fn node_cpu() -> Duration {
+    match std::env::var("QE_SQS_NODE_PID")
+        .ok()
+        .and_then(|pid| pid.parse().ok())
+    {
+        Some(pid) => crate::node::cpu_time(pid),
+        None => Duration::ZERO,
     }
 }
 

@@ -151,12 +151,12 @@ pub fn digest(attributes: &Attributes) -> String {
             (None, None) => {}
         }
     }
-    hex::encode(Md5::digest(&bytes))
+    qe_shared::hex(&Md5::digest(&bytes))
 }
 
 /// `MD5OfMessageBody`: hex.
 pub fn body_digest(body: &str) -> String {
-    hex::encode(Md5::digest(body.as_bytes()))
+    qe_shared::hex(&Md5::digest(body.as_bytes()))
 }
 
 #[cfg(test)]
@@ -184,7 +184,7 @@ mod tests {
         let mut bytes = vec![0, 0, 0, 1, b'a', 0, 0, 0, 6];
         bytes.extend_from_slice(b"String");
         bytes.extend_from_slice(&[1, 0, 0, 0, 1, b'b']);
-        assert_eq!(digest(&one), hex::encode(Md5::digest(&bytes)));
+        assert_eq!(digest(&one), qe_shared::hex(&Md5::digest(&bytes)));
     }
 
     #[test]

@@ -87,6 +87,8 @@ pub struct Sqs {
     receipt_key: actions::ReceiptKey,
     /// The last message move tasks (ListMessageMoveTasks).
     move_tasks: std::sync::Mutex<move_tasks::MoveTasks>,
+    /// The day's SigV4 signing key of each access key that signed lately.
+    signing_keys: sigv4::SigningKeys,
 }
 
 /// The actions an account's endpoint (the control plane) serves that name a queue by its URL.
@@ -126,6 +128,7 @@ impl Sqs {
             channel,
             receipt_key,
             move_tasks: Default::default(),
+            signing_keys: Default::default(),
         })
     }
 
@@ -327,7 +330,8 @@ impl Sqs {
             .sqs_key(authorization.access_key_id)
             .ok_or(SqsError::signature(sigv4::Refused::UnknownKey))?;
         let now = crate::engine::now_ms() / 1000;
-        sigv4::verify(signed, &authorization, &key.secret, now).map_err(SqsError::signature)?;
+        sigv4::verify_with(signed, &authorization, &key.secret, now, &self.signing_keys)
+            .map_err(SqsError::signature)?;
         Ok(key)
     }
 
@@ -444,7 +448,8 @@ const HAND_ON_WITHIN: Duration = Duration::from_secs(30);
 const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
 
 fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    let text = serde_json::to_vec(body).expect("a JSON value serializes");
+    let mut response = Response::new(Full::new(Bytes::from(text)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

@@ -126,6 +126,23 @@ pub fn verify(
     secret: &str,
     now_secs: u64,
 ) -> Result<(), Refused> {
+    verify_with(
+        request,
+        authorization,
+        secret,
+        now_secs,
+        &SigningKeys::default(),
+    )
+}
+
+/// [`verify`], with the day's signing key taken from `keys` (and kept there) when it holds it.
+pub fn verify_with(
+    request: &Signed<'_>,
+    authorization: &Authorization<'_>,
+    secret: &str,
+    now_secs: u64,
+    keys: &SigningKeys,
+) -> Result<(), Refused> {
     if authorization.service != "sqs" {
         return Err(Refused::Incomplete("the service in the scope is not sqs"));
     }
@@ -135,14 +152,13 @@ pub fn verify(
     if !amz_date.starts_with(authorization.date) || authorization.date.len() != 8 {
         return Err(Refused::Mismatch);
     }
-    let expected = signature(
-        request,
-        authorization.signed_headers,
-        amz_date,
+    let key = keys.get(
+        secret,
+        authorization.date,
         authorization.region,
         authorization.service,
-        secret,
-    )?;
+    );
+    let expected = signature_by(request, authorization.signed_headers, amz_date, &key)?;
     match bool::from(
         expected
             .as_bytes()
@@ -238,14 +254,81 @@ fn signature(
     secret: &str,
 ) -> Result<String, Refused> {
     let date = amz_date.get(..8).unwrap_or_default();
+    let key = SigningKey {
+        date: date.to_string(),
+        region: region.to_string(),
+        service: service.to_string(),
+        key: signing_key(secret, date, region, service),
+    };
+    signature_by(request, signed_headers, amz_date, &key)
+}
+
+/// The signature (hex) of `request` at `amz_date` by the day's signing `key`.
+fn signature_by(
+    request: &Signed<'_>,
+    signed_headers: &str,
+    amz_date: &str,
+    key: &SigningKey,
+) -> Result<String, Refused> {
     let canonical = canonical_request(request, signed_headers)?;
-    let scope = format!("{date}/{region}/{service}/aws4_request");
-    let to_sign = format!(
-        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-        crate::hex(&Sha256::digest(canonical.as_bytes()))
-    );
-    let key = signing_key(secret, date, region, service);
-    Ok(crate::hex(&hmac_sha256(&key, to_sign.as_bytes())))
+    let mut to_sign = String::with_capacity(160);
+    for part in [
+        "AWS4-HMAC-SHA256\n",
+        amz_date,
+        "\n",
+        &key.date,
+        "/",
+        &key.region,
+        "/",
+        &key.service,
+        "/aws4_request\n",
+        &crate::hex(&Sha256::digest(canonical.as_bytes())),
+    ] {
+        to_sign.push_str(part);
+    }
+    Ok(crate::hex(&hmac_sha256(&key.key, to_sign.as_bytes())))
+}
+
+/// A day's signing key of one secret for one region's service.
+#[derive(Clone)]
+struct SigningKey {
+    date: String,
+    region: String,
+    service: String,
+    key: [u8; 32],
+}
+
+/// The signing keys of the secrets seen lately: deriving one takes four HMACs, and it serves
+/// every request its secret signs that day for that region and service. One per secret, the
+/// latest; forgotten all at once past [`SigningKeys::MOST`] (the secrets are the node's keys,
+/// so a handful).
+#[derive(Default)]
+pub struct SigningKeys {
+    keys: std::sync::Mutex<std::collections::HashMap<String, SigningKey>>,
+}
+
+impl SigningKeys {
+    const MOST: usize = 1024;
+
+    fn get(&self, secret: &str, date: &str, region: &str, service: &str) -> SigningKey {
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = keys.get(secret) {
+            if kept.date == date && kept.region == region && kept.service == service {
+                return kept.clone();
+            }
+        }
+        let made = SigningKey {
+            date: date.to_string(),
+            region: region.to_string(),
+            service: service.to_string(),
+            key: signing_key(secret, date, region, service),
+        };
+        if keys.len() >= Self::MOST {
+            keys.clear();
+        }
+        keys.insert(secret.to_string(), made.clone());
+        made
+    }
 }
 
 /// Whether `X-Amz-Date` (its value, if sent) reads and is within the skew of `now_secs`.
@@ -270,49 +353,70 @@ pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8
 }
 
 /// The canonical request: method, path, sorted query, the signed headers' lines, their
-/// names, and the body's SHA-256 (or `X-Amz-Content-Sha256` when the client sent it).
+/// names, and the body's SHA-256 (or `X-Amz-Content-Sha256` when the client sent it). Built
+/// in one string: it is made for every request.
 fn canonical_request(request: &Signed<'_>, signed_headers: &str) -> Result<String, Refused> {
-    let mut lines = String::new();
-    let names: Vec<&str> = signed_headers.split(';').collect();
-    if names.iter().any(|name| name.is_empty())
-        || names.windows(2).any(|pair| pair[0] >= pair[1])
-        || !names.contains(&"host")
-    {
-        return Err(Refused::Incomplete(
-            "SignedHeaders are not sorted lowercase names with host",
-        ));
-    }
-    for name in &names {
-        let values: Vec<&str> = request
+    let names = signed_headers.split(';');
+    let mut sorted_with_host = false;
+    let mut previous = "";
+    let mut text = String::with_capacity(512);
+    text.push_str(request.method);
+    text.push('\n');
+    text.push_str(match request.path {
+        "" => "/",
+        path => path,
+    });
+    text.push('\n');
+    text.push_str(&canonical_query(request.query));
+    text.push('\n');
+    for name in names {
+        if name <= previous {
+            // Empty, or not after the one before.
+            return Err(not_sorted());
+        }
+        sorted_with_host |= name == "host";
+        previous = name;
+        text.push_str(name);
+        text.push(':');
+        let mut values = request
             .headers
             .iter()
             .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-            .collect();
-        if values.is_empty() {
+            .peekable();
+        if values.peek().is_none() {
             return Err(Refused::Incomplete("a signed header is missing"));
         }
-        let joined: Vec<String> = values.iter().map(|v| collapse_spaces(v)).collect();
-        lines.push_str(&format!("{name}:{}\n", joined.join(",")));
+        for (i, (_, value)) in values.enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            push_collapsed(&mut text, value);
+        }
+        text.push('\n');
     }
+    if !sorted_with_host {
+        return Err(not_sorted());
+    }
+    text.push('\n');
+    text.push_str(signed_headers);
+    text.push('\n');
     // The payload's hash as the client signed it: the body's, or the literal
     // UNSIGNED-PAYLOAD when it chose not to sign the body (TLS still protects it).
-    let body_hash = crate::hex(&Sha256::digest(request.body));
-    let payload_hash = match header(request.headers, "x-amz-content-sha256") {
-        Some("UNSIGNED-PAYLOAD") => "UNSIGNED-PAYLOAD".to_string(),
-        Some(hash) if !hash.eq_ignore_ascii_case(&body_hash) => return Err(Refused::Mismatch),
-        _ => body_hash,
-    };
-    let path = match request.path {
-        "" => "/",
-        path => path,
-    };
-    Ok(format!(
-        "{}\n{}\n{}\n{lines}\n{signed_headers}\n{payload_hash}",
-        request.method,
-        path,
-        canonical_query(request.query)
-    ))
+    match header(request.headers, "x-amz-content-sha256") {
+        Some("UNSIGNED-PAYLOAD") => text.push_str("UNSIGNED-PAYLOAD"),
+        sent => {
+            let body_hash = crate::hex(&Sha256::digest(request.body));
+            if sent.is_some_and(|hash| !hash.eq_ignore_ascii_case(&body_hash)) {
+                return Err(Refused::Mismatch);
+            }
+            text.push_str(&body_hash);
+        }
+    }
+    Ok(text)
+}
+
+fn not_sorted() -> Refused {
+    Refused::Incomplete("SignedHeaders are not sorted lowercase names with host")
 }
 
 /// The query's pairs, each name and value URI-encoded as SigV4 says, sorted.
@@ -345,8 +449,14 @@ fn reencode(part: &str) -> String {
     percent_encoding::percent_encode(&decoded, SIGV4).to_string()
 }
 
-fn collapse_spaces(value: &str) -> String {
-    value.split_whitespace().collect::<Vec<_>>().join(" ")
+/// `value` with its runs of spaces made one and its ends trimmed, as SigV4 signs a header.
+fn push_collapsed(text: &mut String, value: &str) {
+    for (i, word) in value.split_whitespace().enumerate() {
+        if i > 0 {
+            text.push(' ');
+        }
+        text.push_str(word);
+    }
 }
 
 /// The value of header `name` (any case), trimmed.
@@ -545,6 +655,68 @@ mod tests {
         assert_eq!(parse_amz_date("20150230T123600Z"), None);
         assert_eq!(parse_amz_date("19691231T235959Z"), None, "before 1970");
         assert_eq!(parse_amz_date("2015-08-30T12:36:00Z"), None);
+    }
+
+    #[test]
+    fn a_kept_signing_key_serves_its_own_day_region_and_secret_only() {
+        let headers = example_headers();
+        let body = br#"{"QueueUrl":"q"}"#;
+        let request = Signed {
+            method: "POST",
+            path: "/",
+            query: "",
+            headers: &headers,
+            body,
+        };
+        let keys = SigningKeys::default();
+        let header = signed_for(SECRET, body, &headers);
+        let authorization = parse_authorization(&header).unwrap();
+        for _ in 0..2 {
+            let verified = verify_with(&request, &authorization, SECRET, THEN, &keys);
+            assert_eq!(verified, Ok(()), "made, then kept");
+        }
+        // The same secret for another region, and another secret: each its own key.
+        let elsewhere = header.replace("eu-west-1", "us-east-1");
+        let elsewhere = parse_authorization(&elsewhere).unwrap();
+        let verified = verify_with(&request, &elsewhere, SECRET, THEN, &keys);
+        assert_eq!(verified, Err(Refused::Mismatch));
+        let verified = verify_with(&request, &authorization, "another", THEN, &keys);
+        assert_eq!(verified, Err(Refused::Mismatch));
+        let verified = verify_with(&request, &authorization, SECRET, THEN, &keys);
+        assert_eq!(
+            verified,
+            Ok(()),
+            "the region's key did not replace it wrongly"
+        );
+    }
+
+    #[test]
+    fn signed_headers_must_be_sorted_lowercase_names_with_host() {
+        let headers = example_headers();
+        let request = Signed {
+            method: "GET",
+            path: "/",
+            query: "",
+            headers: &headers,
+            body: b"",
+        };
+        for bad in [
+            "x-amz-date;host",
+            "host;host",
+            "content-type;x-amz-date",
+            "host;",
+            "",
+        ] {
+            assert!(
+                matches!(
+                    canonical_request(&request, bad),
+                    Err(Refused::Incomplete(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(canonical_request(&request, "host;x-amz-content-sha256").is_err());
+        assert!(canonical_request(&request, "content-type;host").is_ok());
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! Writing the pending buffer to segment files, under one lock, by the log's own threads only
-//! (the writer, and the syncer while it compacts): never on the async runtime's. Records are
-//! written at their place in the segment (a spare segment is full of zeros ahead of them),
-//! not appended.
+//! Writing the pending buffer to segment files, under one lock: by the log's writer thread, the
+//! syncer while it compacts, and the round writer on the runtime where the write is quick
+//! ([`Shared::try_write_pending`], `inline.rs`). Records are written at their place in the
+//! segment (a spare segment is full of zeros ahead of them), not appended.
 
 use super::{segment_path, Chunk, Shared};
 use std::fs::File;
@@ -92,9 +92,40 @@ impl Shared {
     /// kept and retried, and `failed_through` tells their waiters). A batch that holds a
     /// durability-2 change asks for a sync once it is written.
     pub(super) fn write_pending(&self) {
-        let mut files = self.files.lock().expect("never poisoned");
+        let files = self.files.lock().expect("never poisoned");
+        self.write_pending_to(files);
+    }
+
+    /// [`Shared::write_pending`] on the async runtime (the round writer, `inline.rs`), where
+    /// it is quick: false, and nothing written, when the files are busy, a failed write waits
+    /// for its retry, the log stops, or a record pending begins a segment file.
+    pub(super) fn try_write_pending(&self) -> bool {
+        let files = match self.files.try_lock() {
+            Ok(files) => files,
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+            Err(std::sync::TryLockError::Poisoned(_)) => panic!("never poisoned"),
+        };
+        if !files.retry.is_empty() {
+            return false;
+        }
+        let current = files.current.as_ref().map(|c| c.segment);
+        {
+            let state = self.lock();
+            let in_current = |chunk: &Chunk| Some(chunk.segment) == current;
+            if state.stopping || !state.pending.iter().all(in_current) {
+                return false;
+            }
+        }
+        self.write_pending_to(files);
+        true
+    }
+
+    /// Writes everything pending to `files`, whose lock the caller holds.
+    fn write_pending_to(&self, mut files: std::sync::MutexGuard<'_, Files>) {
         let (mut chunks, end, wants_sync, since) = {
             let mut state = self.lock();
+            // Whoever writes takes the round the round writer was asked for.
+            state.round_asked = false;
             if self.is_broken() {
                 // After a failed sync nothing more is written; the records are not needed
                 // (the queue holds their messages in memory).

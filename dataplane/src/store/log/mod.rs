@@ -2,10 +2,12 @@
 //!
 //! [`LogStore::record`] runs under the queue's lock: it encodes the change into a pending
 //! buffer, notes where it will land, and returns a receipt for the record's end position (its
-//! LSN, counted in bytes appended since start). No file is touched on the async runtime's
-//! threads. The log's `writer` thread writes the whole pending buffer with one `write` as soon
-//! as it has any, and every receipt waiting for its record to be written completes then
-//! (durability 1). A batch with a durability-2 change asks the [`syncer`] thread for a sync,
+//! LSN, counted in bytes appended since start). One `write` takes the whole pending buffer,
+//! and every receipt waiting for its record to be written completes then (durability 1). It
+//! is made by the round writer, a task of the runtime the log runs in, once the requests
+//! ready in the same turn have added their records ([`inline`]: no thread switch), or by the
+//! log's `writer` thread wherever that write might not be quick (files busy, a new segment
+//! file, a failed write, a slow disk) and where there is no runtime. A batch with a durability-2 change asks the [`syncer`] thread for a sync,
 //! and one `fdatasync` answers every change written before it; what is written during a sync
 //! goes in the next one. That is the group commit, and no timer delays a lone publisher.
 //!
@@ -20,6 +22,12 @@
 //!
 //! Why no wake-up is lost between the queue, the writer, the syncer and a waiting reply (each
 //! handoff is a flag or a position changed under the lock its waiter checks before sleeping):
+//! - Records → round writer: the first `record` of a round sets `round_asked` under the state
+//!   lock and wakes the task through a `Notify`, which keeps the wake as a permit if the task
+//!   is not waiting yet; whoever writes clears `round_asked` in the same hold in which it takes
+//!   `pending`, so a record appended after that take asks again. A round the task does not
+//!   write stays pending with `round_asked` set, and the task wakes the writer thread for it
+//!   (below), which takes everything pending.
 //! - Records → writer: `record` appends under the state lock and wakes the writer if it
 //!   found `writer_idle`; the writer sets `writer_idle` and waits on `records` in the same
 //!   hold of that lock in which it found nothing pending (a condvar's wait lets the lock go
@@ -54,6 +62,7 @@
 
 mod files;
 mod index;
+mod inline;
 pub mod record;
 mod recovery;
 pub mod rounds;
@@ -133,6 +142,9 @@ struct State {
     sync_wanted: bool,
     /// The writer thread waits for records (and wants to be woken for them).
     writer_idle: bool,
+    /// The round writer on the runtime ([`inline`]) is woken for the records pending, and has
+    /// not taken them yet (or handed them to the writer thread, which has not either).
+    round_asked: bool,
     /// A sync is asked for, since when (the sync round's start).
     sync_requested: Option<Instant>,
     /// A segment filled up since the syncer last looked: time to consider compacting.
@@ -306,6 +318,8 @@ struct Shared {
     bytes_read: AtomicU64,
     /// How long writes and syncs take.
     rounds: rounds::Rounds,
+    /// The round writer on the runtime, when the log runs in one ([`inline`]).
+    round_writer: Option<inline::RoundWriter>,
     /// Tests only: run by a write of records once it has let go of the files and before it
     /// says how far it wrote, so a test can put a sync in between (see `files`).
     #[cfg(test)]
@@ -323,6 +337,15 @@ impl Shared {
 
     fn wake_writer(&self) {
         self.records.notify_one();
+    }
+
+    /// Leaves the records pending to the writer thread (woken if it waits): the round writer
+    /// on the runtime does not write them.
+    fn hand_round_to_writer(&self) {
+        let wake = std::mem::take(&mut self.lock().writer_idle);
+        if wake {
+            self.wake_writer();
+        }
     }
 
     fn is_broken(&self) -> bool {
@@ -432,6 +455,8 @@ impl StorageMeter {
 /// The log, as the queue's [`Store`].
 pub struct LogStore {
     shared: Arc<Shared>,
+    /// The round writer on the runtime, if the log runs in one.
+    round_task: Option<tokio::task::JoinHandle<()>>,
     writer: Option<JoinHandle<()>>,
     syncer: Option<JoinHandle<()>>,
     spare_maker: Option<JoinHandle<()>>,
@@ -453,6 +478,7 @@ impl LogStore {
             appended: 0,
             sync_wanted: false,
             writer_idle: false,
+            round_asked: false,
             sync_requested: None,
             compaction_due: false,
             unsynced_began: false,
@@ -476,12 +502,16 @@ impl LogStore {
             bytes_written: AtomicU64::new(0),
             bytes_read: AtomicU64::new(scan.bytes_read),
             rounds: rounds::Rounds::default(),
+            round_writer: tokio::runtime::Handle::try_current()
+                .is_ok()
+                .then(inline::RoundWriter::new),
             #[cfg(test)]
             after_write: Mutex::new(None),
         });
         let writer = writer::spawn(shared.clone())?;
         let syncer = syncer::spawn(shared.clone())?;
         let store = LogStore {
+            round_task: inline::spawn(&shared),
             shared,
             writer: Some(writer),
             syncer: Some(syncer),
@@ -545,12 +575,21 @@ impl Store for LogStore {
         if durability == Durability::Immediate {
             state.sync_wanted = true;
         }
-        // One wake each, by the change that finds the thread waiting: the writer runs on
-        // the node's core only once the runtime lets it, and until then every change would
-        // find it still idle, a futex call per change (two per message at durability 1).
-        let wake_writer = std::mem::take(&mut state.writer_idle);
+        // One wake a round. The round writer on the runtime when it takes rounds: the
+        // first change of the round wakes it, and the rest find it asked. Else the writer
+        // thread, by the change that finds it waiting: it runs on the node's core only once
+        // the runtime lets it, and until then every change would find it still idle, a futex
+        // call per change (two per message at durability 1).
+        let round_writer = (self.shared.round_writer.as_ref()).filter(|w| w.takes_rounds());
+        let (wake_round_writer, wake_writer) = match round_writer {
+            Some(_) => (!std::mem::replace(&mut state.round_asked, true), false),
+            None => (false, std::mem::take(&mut state.writer_idle)),
+        };
         let wake_syncer = state.compaction_due && !compaction_was_due;
         drop(state);
+        if let (true, Some(round_writer)) = (wake_round_writer, round_writer) {
+            round_writer.wake();
+        }
         if wake_writer {
             self.shared.wake_writer();
         }
@@ -603,6 +642,9 @@ impl Drop for LogStore {
     /// Writes and syncs what is pending, then stops the syncer; leaves the last segment
     /// without its unwritten zeros.
     fn drop(&mut self) {
+        if let Some(task) = self.round_task.take() {
+            task.abort();
+        }
         self.shared.lock().stopping = true;
         self.shared.wake_writer();
         if let Some(writer) = self.writer.take() {

@@ -275,6 +275,56 @@ async fn a_sync_between_a_write_and_its_announcement_answers_the_record() {
     );
 }
 
+#[tokio::test]
+#[allow(clippy::await_holding_lock)] // the files' lock, held on purpose (below)
+async fn the_runtime_writes_a_round_itself_and_hands_it_to_the_writer_while_the_files_are_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = IdGenerator::new();
+    let (mut store, _) = open(dir.path(), 1 << 20);
+    let shared = store.shared.clone();
+    let round_writer = shared
+        .round_writer
+        .as_ref()
+        .expect("a log in a runtime has one");
+    // The first write of a run begins its segment file: the writer thread's.
+    let first = message(&mut ids, "first", Durability::Eventual);
+    publish(&mut store, &first).wait().await.unwrap();
+    let before = round_writer.rounds_written();
+    // Three records of one turn: one round, written on the runtime.
+    let round: Vec<Receipt> = ["r0", "r1", "r2"]
+        .iter()
+        .map(|body| publish(&mut store, &message(&mut ids, body, Durability::Eventual)))
+        .collect();
+    for receipt in round {
+        receipt.wait().await.unwrap();
+    }
+    assert_eq!(round_writer.rounds_written(), before + 1);
+    // The files busy (the syncer compacting, say): the round goes to the writer thread. The
+    // lock is held across the yields on purpose: the round writer must find it taken.
+    let files = shared.files.lock().unwrap();
+    let busy = publish(&mut store, &message(&mut ids, "busy", Durability::Eventual));
+    let answered = tokio::spawn(busy.wait());
+    for _ in 0..100 {
+        // The round writer tries, finds the files taken and hands the round over.
+        tokio::task::yield_now().await;
+    }
+    assert!(!answered.is_finished());
+    drop(files);
+    let answered = tokio::time::timeout(Duration::from_secs(5), answered).await;
+    assert!(
+        matches!(answered, Ok(Ok(Ok(())))),
+        "written once the files are free"
+    );
+    assert_eq!(
+        round_writer.rounds_written(),
+        before + 1,
+        "by the writer thread"
+    );
+    drop(store);
+    let (_store, recovered) = open(dir.path(), 1 << 20);
+    assert_eq!(bodies(&recovered), ["first", "r0", "r1", "r2", "busy"]);
+}
+
 /// Waits (10 s at most: durability 1 promises a sync within one) until `lsn` is synced.
 async fn wait_until_synced(store: &LogStore, lsn: u64) {
     let mut progress = store.shared.progress.subscribe();

@@ -1,6 +1,7 @@
-//! The log's writer thread: writes the pending records as soon as there are any, so that
-//! no request writes a file on the async runtime's threads. While it writes, more records
-//! gather, and the next write takes them all: under load one `write` serves many requests.
+//! The log's writer thread: writes the pending records the round writer on the runtime
+//! (`inline.rs`) leaves to it, or all of them where the log runs without a runtime. While it
+//! writes, more records gather, and the next write takes them all: under load one `write`
+//! serves many requests.
 //! It runs `SCHED_BATCH` (see `batch_scheduling`): a request that woke it is not
 //! interrupted, and it and the others ready go on adding records until the runtime has
 //! nothing more to do; one write then takes them all. On a machine with a core to spare the

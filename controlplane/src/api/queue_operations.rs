@@ -164,15 +164,15 @@ pub async fn revoke_account_sqs_key(
     id: &str,
     key: &str,
 ) -> Result<bool, ApiError> {
-    let revoked = state.store.update_account(id, |account| {
-        let found = account
-            .sqs_keys
-            .iter_mut()
-            .find(|record| record.access_key_id == key && !record.revoked)
-            .ok_or_else(|| ApiError::NoSuch(format!("no SQS key {key} in account {id}")))?;
-        found.revoked = true;
-        Ok::<_, ApiError>(())
-    });
+    let revoked =
+        state
+            .store
+            .update_account(id, |account| match revoke_in(&mut account.sqs_keys, key) {
+                true => Ok(()),
+                false => Err(ApiError::NoSuch(format!(
+                    "no SQS key {key} in account {id}"
+                ))),
+            });
     let (account, ()) = revoked
         .await?
         .ok_or_else(|| ApiError::NoSuch(format!("no account {id}")))?;
@@ -353,19 +353,24 @@ pub async fn add_sqs_key(state: &AppState, id: &str, role: Role) -> Result<NewSq
 /// the next config). A queue being deleted may still have its keys revoked.
 pub async fn revoke_sqs_key(state: &AppState, id: &str, key: &str) -> Result<bool, ApiError> {
     let revoked = state.store.update(id, |queue| {
-        let found = queue
-            .sqs_keys
-            .iter_mut()
-            .find(|record| record.access_key_id == key && !record.revoked)
-            .ok_or_else(|| ApiError::NoSuch(format!("no SQS key {key} on queue {id}")))?;
-        found.revoked = true;
+        if !revoke_in(&mut queue.sqs_keys, key) {
+            return Err(ApiError::NoSuch(format!("no SQS key {key} on queue {id}")));
+        }
         queue.config_version += 1;
-        Ok::<(), ApiError>(())
+        Ok(())
     });
     let (queue, ()) = revoked
         .await?
         .ok_or_else(|| ApiError::NotFound(id.to_string()))?;
     wait_applied(state, &queue).await
+}
+
+/// Marks key `key` of `keys` revoked; false when none of that id is in use.
+fn revoke_in(keys: &mut [queue::SqsKeyRecord], key: &str) -> bool {
+    let in_use = keys
+        .iter_mut()
+        .find(|record| record.access_key_id == key && !record.revoked);
+    in_use.map(|record| record.revoked = true).is_some()
 }
 
 /// An access key id as AWS's look: 20 capitals and digits, here starting `QE`.

@@ -242,7 +242,14 @@ async fn a_durability_1_write_after_a_quiet_spell_is_synced_within_a_second() {
 async fn a_sync_between_a_write_and_its_announcement_answers_the_record() {
     let dir = tempfile::tempdir().unwrap();
     let mut ids = IdGenerator::new();
-    let (mut store, _) = open(dir.path(), 1 << 20);
+    // The writer thread's handoff to the syncer: a log opened outside a runtime writes with
+    // its thread alone (and this test blocks the runtime's one thread below, which a round
+    // written on the runtime would wait for).
+    let path = dir.path().to_path_buf();
+    let (mut store, _) = std::thread::spawn(move || open(&path, 1 << 20))
+        .join()
+        .unwrap();
+    assert!(store.shared.round_writer.is_none());
     let (paused, writer_paused) = std::sync::mpsc::channel();
     let (go, writer_goes) = std::sync::mpsc::channel::<()>();
     let writer_goes = std::sync::Mutex::new(writer_goes);

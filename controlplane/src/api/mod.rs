@@ -74,6 +74,8 @@ pub struct AppState {
     pub builds: Arc<crate::builds::Builds>,
     /// Per-caller limits: request rates, sign-ins, unknown keys (`limits.rs`).
     pub limits: limits::CallerLimits,
+    /// The day's SigV4 signing key of each account SQS key that signed lately (`sqs.rs`).
+    pub sqs_signing_keys: qe_shared::sqs::sigv4::SigningKeys,
 }
 
 impl AppState {

@@ -204,7 +204,8 @@ async fn handle(state: &AppState, request: Request, query: bool) -> Result<Answe
     let secret = state
         .node_tokens
         .account_sqs_secret(&account.id, &access_key_id);
-    sigv4::verify(&signed, &authorization, &secret, crate::unix_now())
+    let keys = &state.sqs_signing_keys;
+    sigv4::verify_with(&signed, &authorization, &secret, crate::unix_now(), keys)
         .map_err(SqsError::signature)?;
     let signer = Signer {
         region: authorization.region.to_string(),

@@ -300,8 +300,8 @@ struct SigningKey {
 
 /// The signing keys of the secrets seen lately: deriving one takes four HMACs, and it serves
 /// every request its secret signs that day for that region and service. One per secret, the
-/// latest; forgotten all at once past [`SigningKeys::MOST`] (the secrets are the node's keys,
-/// so a handful).
+/// latest; forgotten all at once past [`SigningKeys::MOST`] (a node's keys are a handful, the
+/// control plane's account keys a few per account).
 #[derive(Default)]
 pub struct SigningKeys {
     keys: std::sync::Mutex<std::collections::HashMap<String, SigningKey>>,

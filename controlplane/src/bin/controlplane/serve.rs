@@ -181,6 +181,7 @@ pub(crate) async fn start(config: Config) -> Result<Running, Failure> {
         leadership: leadership.clone(),
         builds,
         limits: Default::default(),
+        sqs_signing_keys: Default::default(),
     });
     // Served before any node starts: a starting node pulls its config from it.
     let router = controlplane::app(state.clone());

@@ -87,6 +87,13 @@ pub(crate) struct Running {
 
 /// Opens the state, binds and serves the API, then starts the reconciler, which takes on
 /// the queues' nodes; prints `dns on ADDR` and `listening on ADDR`.
+/// The name the leader key gives this replica, for operators: its host and the API's address
+/// (`[::]:8443` alone is every replica's), and its process.
+fn replica_name(host: &str, scheme: &str, bound: std::net::SocketAddr) -> String {
+    let pid = std::process::id();
+    format!("{} {scheme}://{bound} (pid {pid})", host.trim())
+}
+
 pub(crate) async fn start(config: Config) -> Result<Running, Failure> {
     config.check()?;
     create_private_dir(&config.data_dir)?;
@@ -121,15 +128,8 @@ pub(crate) async fn start(config: Config) -> Result<Running, Failure> {
         StoreConfig::Etcd(etcd) => std::time::Duration::from_secs(etcd.lease_secs),
         StoreConfig::Sled => std::time::Duration::MAX,
     };
-    // The leader key names this replica, for operators: its host and the API's address
-    // (`[::]:8443` alone is every replica's).
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let replica = format!(
-        "{} {scheme}://{bound} (pid {})",
-        host.trim(),
-        std::process::id()
-    );
-    let leadership = Leadership::start(&store, replica, lease);
+    let leadership = Leadership::start(&store, replica_name(&host, scheme, bound), lease);
     let renew_certificate = Arc::new(tokio::sync::Notify::new());
     let node_certificates = node_certificates(
         issuer,

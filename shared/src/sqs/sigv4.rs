@@ -152,13 +152,19 @@ pub fn verify_with(
     if !amz_date.starts_with(authorization.date) || authorization.date.len() != 8 {
         return Err(Refused::Mismatch);
     }
-    let key = keys.get(
-        secret,
-        authorization.date,
-        authorization.region,
-        authorization.service,
-    );
-    let expected = signature_by(request, authorization.signed_headers, amz_date, &key)?;
+    let scope = Scope {
+        date: authorization.date,
+        region: authorization.region,
+        service: authorization.service,
+    };
+    let key = keys.get(secret, &scope);
+    let expected = signature_by(
+        request,
+        authorization.signed_headers,
+        amz_date,
+        &scope,
+        &key,
+    )?;
     match bool::from(
         expected
             .as_bytes()
@@ -253,22 +259,30 @@ fn signature(
     service: &str,
     secret: &str,
 ) -> Result<String, Refused> {
-    let date = amz_date.get(..8).unwrap_or_default();
-    let key = SigningKey {
-        date: date.to_string(),
-        region: region.to_string(),
-        service: service.to_string(),
-        key: signing_key(secret, date, region, service),
+    let scope = Scope {
+        date: amz_date.get(..8).unwrap_or_default(),
+        region,
+        service,
     };
-    signature_by(request, signed_headers, amz_date, &key)
+    let key = signing_key(secret, scope.date, region, service);
+    signature_by(request, signed_headers, amz_date, &scope, &key)
 }
 
-/// The signature (hex) of `request` at `amz_date` by the day's signing `key`.
+/// What a signing key is for: a day (`YYYYMMDD`), a region and a service.
+#[derive(PartialEq, Eq)]
+struct Scope<'a> {
+    date: &'a str,
+    region: &'a str,
+    service: &'a str,
+}
+
+/// The signature (hex) of `request` at `amz_date` by the signing `key` of `scope`.
 fn signature_by(
     request: &Signed<'_>,
     signed_headers: &str,
     amz_date: &str,
-    key: &SigningKey,
+    scope: &Scope<'_>,
+    key: &[u8; 32],
 ) -> Result<String, Refused> {
     let canonical = canonical_request(request, signed_headers)?;
     let mut to_sign = String::with_capacity(160);
@@ -276,22 +290,21 @@ fn signature_by(
         "AWS4-HMAC-SHA256\n",
         amz_date,
         "\n",
-        &key.date,
+        scope.date,
         "/",
-        &key.region,
+        scope.region,
         "/",
-        &key.service,
+        scope.service,
         "/aws4_request\n",
         &crate::hex(&Sha256::digest(canonical.as_bytes())),
     ] {
         to_sign.push_str(part);
     }
-    Ok(crate::hex(&hmac_sha256(&key.key, to_sign.as_bytes())))
+    Ok(crate::hex(&hmac_sha256(key, to_sign.as_bytes())))
 }
 
-/// A day's signing key of one secret for one region's service.
-#[derive(Clone)]
-struct SigningKey {
+/// A signing key kept for its scope.
+struct KeptKey {
     date: String,
     region: String,
     service: String,
@@ -304,30 +317,37 @@ struct SigningKey {
 /// control plane's account keys a few per account).
 #[derive(Default)]
 pub struct SigningKeys {
-    keys: std::sync::Mutex<std::collections::HashMap<String, SigningKey>>,
+    keys: std::sync::Mutex<std::collections::HashMap<String, KeptKey>>,
 }
 
 impl SigningKeys {
     const MOST: usize = 1024;
 
-    fn get(&self, secret: &str, date: &str, region: &str, service: &str) -> SigningKey {
+    /// `secret`'s signing key for `scope`, kept or made (and kept).
+    fn get(&self, secret: &str, scope: &Scope<'_>) -> [u8; 32] {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(kept) = keys.get(secret) {
-            if kept.date == date && kept.region == region && kept.service == service {
-                return kept.clone();
+            let kept_scope = Scope {
+                date: &kept.date,
+                region: &kept.region,
+                service: &kept.service,
+            };
+            if kept_scope == *scope {
+                return kept.key;
             }
         }
-        let made = SigningKey {
-            date: date.to_string(),
-            region: region.to_string(),
-            service: service.to_string(),
-            key: signing_key(secret, date, region, service),
-        };
+        let key = signing_key(secret, scope.date, scope.region, scope.service);
         if keys.len() >= Self::MOST {
             keys.clear();
         }
-        keys.insert(secret.to_string(), made.clone());
-        made
+        let kept = KeptKey {
+            date: scope.date.to_string(),
+            region: scope.region.to_string(),
+            service: scope.service.to_string(),
+            key,
+        };
+        keys.insert(secret.to_string(), kept);
+        key
     }
 }
 

@@ -576,14 +576,18 @@ impl Store for LogStore {
             state.sync_wanted = true;
         }
         // One wake a round. The round writer on the runtime when it takes rounds: the
-        // first change of the round wakes it, and the rest find it asked. Else the writer
-        // thread, by the change that finds it waiting: it runs on the node's core only once
-        // the runtime lets it, and until then every change would find it still idle, a futex
-        // call per change (two per message at durability 1).
-        let round_writer = (self.shared.round_writer.as_ref()).filter(|w| w.takes_rounds());
-        let (wake_round_writer, wake_writer) = match round_writer {
-            Some(_) => (!std::mem::replace(&mut state.round_asked, true), false),
-            None => (false, std::mem::take(&mut state.writer_idle)),
+        // first change of the round wakes it, and the rest find it asked (and read no
+        // clock). Else the writer thread, by the change that finds it waiting: it runs on the
+        // node's core only once the runtime lets it, and until then every change would find
+        // it still idle, a futex call per change (two per message at durability 1).
+        let round_writer = self.shared.round_writer.as_ref();
+        let (wake_round_writer, wake_writer) = if state.round_asked {
+            (false, false)
+        } else if round_writer.is_some_and(|w| w.takes_rounds()) {
+            state.round_asked = true;
+            (true, false)
+        } else {
+            (false, std::mem::take(&mut state.writer_idle))
         };
         let wake_syncer = state.compaction_due && !compaction_was_due;
         drop(state);

@@ -10,12 +10,12 @@
 //! flushed, the socket half-closed, and what the client still sends is read for a moment, so
 //! the kernel does not answer unread input with a reset that would destroy the reply.
 
-use crate::admission::PreLogin;
+use crate::admission::{self, PreLogin};
 use crate::engine::outbox::Overflow;
 use crate::engine::Frames;
 use crate::fragments::Assembly;
 use crate::session::{self, Data, Reply, Session, Then};
-use crate::state::Node;
+use crate::state::{Node, Present};
 use crate::traffic::SocketWrites;
 use bytes::Bytes;
 use futures::{FutureExt, SinkExt};
@@ -72,62 +72,22 @@ pub struct Connection {
 }
 
 /// Runs a connection from its first frame to its end.
-pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
-    let Connection {
+pub async fn run(mut socket: Box<Socket>, connection: Connection, node: Arc<Node>) {
+    // The login and the close are boxed: inline, their futures would make every connection's
+    // task as big as the biggest of them (4 KiB) for as long as it is open, not only while
+    // they run.
+    let Some(logged_in) = Box::pin(log_in(&mut socket, connection, &node)).await else {
+        return;
+    };
+    let LoggedIn {
+        mut session,
+        present,
+        slot: _slot,
         closer,
-        login_deadline,
         assembly,
         writes,
-        admitted,
         source,
-    } = connection;
-    let login = timeout_at(login_deadline, login_frame(&mut socket, &node, &assembly)).await;
-    let Ok(Ok(login)) = login else {
-        if let Ok(Err(Ended::Refused(code, reason))) = login {
-            refuse(&mut socket, code, reason).await;
-        }
-        return;
-    };
-    // Inflated, a compressed login is held to the pre-login budget too: bigger than it, its
-    // bytes come from the shared pool now, or it is refused as too big for the node now.
-    if !assembly.hold_for_login(login.len()) {
-        drop(login);
-        let reason = "login too big for now".into();
-        refuse(&mut socket, CloseCode::Size, reason).await;
-        return;
-    }
-    if sent_during_login(&mut socket) {
-        return;
-    }
-    // Boxed, so it takes no room in the task once the connection is logged in.
-    let outcome = Box::pin(session::login(login, &node)).await;
-    // Checked again before the reply: a frame that came while the login was being handled
-    // ends the connection unanswered, and dropping the new session undoes the login.
-    if sent_during_login(&mut socket) {
-        return;
-    }
-    let (mut session, present, _slot) = match outcome {
-        Ok((session, reply)) => {
-            // A slot among max-tasks, or the connection closes as one that finds them all
-            // taken does (dropping the session undoes the login).
-            let Some(slot) = admitted.logged_in() else {
-                return;
-            };
-            assembly.logged_in();
-            // Counted before the reply, so a client that has its reply is in the live stats.
-            let present = node.presence.enter(session.role());
-            if send(&mut socket, &reply).await.is_err() {
-                return; // dropping the session undoes the login
-            }
-            (session, present, slot)
-        }
-        Err(reply) => {
-            if send(&mut socket, &reply).await.is_ok() {
-                abort(socket, closer).await;
-            }
-            return;
-        }
-    };
+    } = logged_in;
     let mut frames = session.take_frames();
     let ended = serve(
         &mut socket,
@@ -143,6 +103,89 @@ pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
     drop(present);
     // Only a logout ends a session for good; any other end is a drop.
     session.end(ended == Ended::Logout, frames);
+    Box::pin(close(&mut socket, ended, closer)).await;
+}
+
+/// A connection whose login was accepted and answered: what its logged-in part runs with.
+struct LoggedIn {
+    session: Session,
+    /// Counted among the open connections while held.
+    present: Present,
+    /// Its slot among max-tasks while held.
+    slot: admission::Session,
+    closer: Closer,
+    assembly: Arc<Assembly>,
+    writes: SocketWrites,
+    source: std::net::IpAddr,
+}
+
+/// Reads the login and answers it: `Some` once the client is logged in; `None` when the connection ended (refused, too slow, gone, or its login failed).
+async fn log_in(socket: &mut Socket, connection: Connection, node: &Arc<Node>) -> Option<LoggedIn> {
+    let Connection {
+        closer,
+        login_deadline,
+        assembly,
+        writes,
+        admitted,
+        source,
+    } = connection;
+    let login = timeout_at(login_deadline, login_frame(socket, node, &assembly)).await;
+    let Ok(Ok(login)) = login else {
+        if let Ok(Err(Ended::Refused(code, reason))) = login {
+            refuse(socket, code, reason).await;
+        }
+        return None;
+    };
+    // Inflated, a compressed login is held to the pre-login budget too: bigger than it, its
+    // bytes come from the shared pool now, or it is refused as too big for the node now.
+    if !assembly.hold_for_login(login.len()) {
+        drop(login);
+        let reason = "login too big for now".into();
+        refuse(socket, CloseCode::Size, reason).await;
+        return None;
+    }
+    if sent_during_login(socket) {
+        return None;
+    }
+    // Boxed, so a connection waiting for its login holds no room for it.
+    let outcome = Box::pin(session::login(login, node)).await;
+    // Checked again before the reply: a frame that came while the login was being handled
+    // ends the connection unanswered, and dropping the new session undoes the login.
+    if sent_during_login(socket) {
+        return None;
+    }
+    match outcome {
+        Ok((session, reply)) => {
+            // A slot among max-tasks, or the connection closes as one that finds them all
+            // taken does (dropping the session undoes the login).
+            let slot = admitted.logged_in()?;
+            assembly.logged_in();
+            // Counted before the reply, so a client that has its reply is in the live stats.
+            let present = node.presence.enter(session.role());
+            // On a failed send, dropping the session undoes the login.
+            send(socket, &reply).await.ok()?;
+            let logged_in = LoggedIn {
+                session,
+                present,
+                slot,
+                closer,
+                assembly,
+                writes,
+                source,
+            };
+            Some(logged_in)
+        }
+        Err(reply) => {
+            if send(socket, &reply).await.is_ok() {
+                abort(socket, closer).await;
+            }
+            None
+        }
+    }
+}
+
+/// Ends a connection whose logged-in part `ended` as that end asks.
+async fn close(socket: &mut Socket, ended: Ended, closer: Closer) {
     match ended {
         Ended::Logout => close_normally(socket).await,
         Ended::Abort => abort(socket, closer).await,
@@ -150,7 +193,7 @@ pub async fn run(mut socket: Socket, connection: Connection, node: Arc<Node>) {
             // yawc has queued the answer (the client's code echoed); one more read sends it.
             let _ = timeout(DRAIN_TIME, socket.next_frame()).await;
         }
-        Ended::Refused(code, reason) => refuse(&mut socket, code, reason).await,
+        Ended::Refused(code, reason) => refuse(socket, code, reason).await,
         Ended::Gone => {}
     }
 }
@@ -564,16 +607,16 @@ async fn refuse(socket: &mut Socket, code: CloseCode, reason: String) {
 }
 
 /// Closes with code 1000, then waits briefly for the client's answering close.
-async fn close_normally(mut socket: Socket) {
+async fn close_normally(socket: &mut Socket) {
     if socket.close().await.is_ok() {
-        drain(&mut socket).await;
+        drain(socket).await;
     }
 }
 
 /// Ends the connection with no close frame, after the reply is already flushed.
-async fn abort(mut socket: Socket, closer: Closer) {
-    closer.shutdown_write(&socket);
-    drain(&mut socket).await;
+async fn abort(socket: &mut Socket, closer: Closer) {
+    closer.shutdown_write(socket);
+    drain(socket).await;
 }
 
 /// Reads and drops what the client still sends, until it closes or `DRAIN_TIME` passes.

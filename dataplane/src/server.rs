@@ -21,6 +21,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use qe_shared::settings::Setting;
+use rustls::ServerConfig;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::time::{timeout_at, Instant};
-use tokio_rustls::TlsAcceptor;
 use yawc::{DeflatePool, HttpStream, Options, UpgradeFut, WebSocket};
 
 /// The most of an HTTP request hyper buffers before the upgrade (hyper's least).
@@ -40,7 +40,7 @@ pub struct Server {
     listeners: Vec<TcpListener>,
     node: Arc<Node>,
     /// `None` serves plain ws://.
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ServerConfig>>,
     /// Every connection's WebSocket settings.
     options: Options,
 }
@@ -55,7 +55,7 @@ impl Server {
     pub async fn bind(
         addrs: &[SocketAddr],
         node: Arc<Node>,
-        tls: Option<TlsAcceptor>,
+        tls: Option<Arc<ServerConfig>>,
     ) -> std::io::Result<Server> {
         let (first, rest) = addrs.split_first().expect("at least one address");
         let mut listeners = vec![listen(*first)?];
@@ -99,7 +99,7 @@ impl Server {
 #[derive(Clone)]
 struct Setup {
     node: Arc<Node>,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ServerConfig>>,
     options: Options,
 }
 
@@ -157,9 +157,11 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin, source: IpAddr)
     let io: Box<dyn Io> = match tls {
         None => Box::new(counted),
         // The handshake's and the upgrade's futures are boxed: inline they would make every
-        // connection's task as big as they are (7 KiB) for as long as it is open.
-        Some(acceptor) => {
-            match timeout_at(login_deadline, Box::pin(acceptor.accept(counted))).await {
+        // connection's task as big as they are (7 KiB) for as long as it is open. The stream
+        // holds no buffer while the connection is idle (tokio-rustls' holds 4 KiB).
+        Some(config) => {
+            let handshake = qe_tls::server_stream::accept(config, counted);
+            match timeout_at(login_deadline, Box::pin(handshake)).await {
                 Ok(Ok(stream)) => Box::new(stream),
                 // Not TLS 1.2 or 1.3 (plain HTTP, an old protocol), or too slow: refused.
                 _ => return,
@@ -183,8 +185,10 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin, source: IpAddr)
 }
 
 /// Answers the connection's HTTP requests until one upgrades to a WebSocket (`Some`) or the
-/// client goes away (`None`).
-async fn upgrade(io: Box<dyn Io>, options: Options) -> Option<WebSocket<HttpStream>> {
+/// client goes away (`None`). The WebSocket is boxed: it is passed down to the functions that
+/// serve it, and each async function keeps its own copy of what it is passed (624 bytes of
+/// every connection's task each time).
+async fn upgrade(io: Box<dyn Io>, options: Options) -> Option<Box<WebSocket<HttpStream>>> {
     let (sender, receiver) = oneshot::channel();
     let sender = Mutex::new(Some(sender));
     let service = service_fn(|mut request: Request<Incoming>| {
@@ -199,7 +203,7 @@ async fn upgrade(io: Box<dyn Io>, options: Options) -> Option<WebSocket<HttpStre
         .await
         .ok()?;
     let upgrade: UpgradeFut = receiver.await.ok()?;
-    upgrade.await.ok()
+    upgrade.await.ok().map(Box::new)
 }
 
 fn respond(

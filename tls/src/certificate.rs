@@ -88,13 +88,19 @@ impl Certificate {
 
     /// The acceptor for new connections: TLS 1.2 and 1.3, HTTP/1.1.
     pub fn acceptor(self: &Arc<Self>) -> Result<TlsAcceptor, TlsError> {
+        Ok(TlsAcceptor::from(self.server_config()?))
+    }
+
+    /// What new connections are served with: TLS 1.2 and 1.3, HTTP/1.1, this certificate
+    /// (for [`crate::server_stream::accept`]).
+    pub fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&TLS13, &TLS12])?
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(TlsAcceptor::from(Arc::new(config)))
+        Ok(Arc::new(config))
     }
 
     /// Reloads on SIGHUP and when the files change. Runs for the life of the process.

@@ -4,9 +4,11 @@
 //! - [`Certificate`]: a served certificate that can be replaced while serving (SIGHUP, or the
 //!   files changing); new connections get the new one, open ones go on.
 //! - [`validity`]: when a certificate is valid, and due for renewal.
+//! - [`server_stream`]: a server's TLS stream that holds no buffer while idle.
 //! - [`client_config`]: a client that trusts only the roots it is given; [`roots_from_pem`].
 
 mod certificate;
+pub mod server_stream;
 pub mod validity;
 
 pub use certificate::{Certificate, TlsError};

@@ -199,9 +199,9 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
         None => None,
     };
     let tls = served_certificate(&config)?;
-    let acceptor = tls
+    let server_config = tls
         .as_ref()
-        .map(|certificate| certificate.acceptor())
+        .map(|certificate| certificate.server_config())
         .transpose()
         .map_err(|e| StartError::Usage(e.to_string()))?;
     std::fs::create_dir_all(&config.data_dir).map_err(|error| {
@@ -217,7 +217,7 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
         ))
     })?;
     let sqs_listener = bind_sqs(&config, bootstrapped.is_some()).await?;
-    let server = Server::bind(&config.listen, node.clone(), acceptor.clone())
+    let server = Server::bind(&config.listen, node.clone(), server_config.clone())
         .await
         .map_err(|error| {
             StartError::Failed(format!("cannot listen on {:?}: {error}", config.listen))
@@ -239,6 +239,7 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
         running.follow_control_plane(channel, desired, own_certificate, tls);
     }
     if let Some(listener) = sqs_listener {
+        let acceptor = server_config.map(TlsAcceptor::from);
         running.serve_sqs(listener, acceptor, channel)?;
     }
     running.say_ready();

@@ -103,12 +103,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> ServerStream<IO> {
                     return Poll::Ready(Err(error));
                 }
             };
-            // Each flight goes out before the peer's answer is awaited.
-            ready!(self.poll_send(cx))?;
             match standing {
-                Standing::Open => return Poll::Ready(Ok(())),
+                // What rustls sends after the handshake (session tickets) goes out with the
+                // first flush or read, not awaited here: a client that writes at once, before
+                // it reads, would otherwise wait for the server as the server waits for it.
+                Standing::Open => {
+                    if let Poll::Ready(Err(error)) = self.poll_send(cx) {
+                        return Poll::Ready(Err(error));
+                    }
+                    return Poll::Ready(Ok(()));
+                }
                 Standing::Closed => return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())),
                 Standing::Handshaking => {
+                    // Each flight goes out before the peer's answer is awaited.
+                    ready!(self.poll_send(cx))?;
                     let mut space = [MaybeUninit::<u8>::uninit(); READ_BYTES];
                     let mut received = ReadBuf::uninit(&mut space);
                     ready!(Pin::new(&mut self.io).poll_read(cx, &mut received))?;

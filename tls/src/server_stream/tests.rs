@@ -6,8 +6,10 @@ use super::{accept, ServerStream};
 use crate::Certificate;
 use rustls::pki_types::ServerName;
 use rustls::version::{TLS12, TLS13};
+use std::pin::Pin;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -205,4 +207,86 @@ async fn a_client_of_an_old_protocol_is_told_why() {
     assert_eq!(answer[0], 21, "an alert record");
     assert_eq!(answer[5], 2, "a fatal alert");
     assert!(server.await.unwrap(), "the handshake failed");
+}
+
+#[tokio::test]
+async fn records_that_arrive_a_byte_at_a_time_are_put_together() {
+    let exchange = byte_at_a_time_exchange();
+    tokio::time::timeout(std::time::Duration::from_secs(60), exchange)
+        .await
+        .expect("the exchange ended, not stuck");
+}
+
+async fn byte_at_a_time_exchange() {
+    // The server's reads bring one byte at a time: every record, and the handshake, arrives
+    // in pieces, so each read keeps a part of a record for the next.
+    let dir = tempfile::tempdir().unwrap();
+    let (server_config, client_config) = configs(&dir, &TLS13);
+    let (client_end, server_end) = tokio::io::duplex(64 << 10);
+    let server = tokio::spawn(async move {
+        let mut server = accept(server_config, OneByteReads(server_end))
+            .await
+            .unwrap();
+        let mut got = vec![0; 20_000];
+        server.read_exact(&mut got).await.unwrap();
+        server.write_all(&got).await.unwrap();
+        server.flush().await.unwrap();
+        assert_eq!(
+            server.incoming.capacity(),
+            0,
+            "received bytes kept while idle"
+        );
+        assert_eq!(server.outgoing.capacity(), 0, "TLS bytes kept while idle");
+        got
+    });
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut client = TlsConnector::from(client_config)
+        .connect(name, client_end)
+        .await
+        .unwrap();
+    let sent = pattern(20_000, 3);
+    client.write_all(&sent).await.unwrap();
+    client.flush().await.unwrap();
+    let mut echoed = vec![0; 20_000];
+    client.read_exact(&mut echoed).await.unwrap();
+    assert!(
+        server.await.unwrap() == sent,
+        "the server read something else"
+    );
+    assert!(echoed == sent, "the client read something else");
+}
+
+/// A stream whose reads bring at most one byte.
+struct OneByteReads<S>(S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for OneByteReads<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let mut one = [0; 1];
+        let mut limited = ReadBuf::new(&mut one);
+        ready!(Pin::new(&mut self.0).poll_read(cx, &mut limited))?;
+        buf.put_slice(limited.filled());
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for OneByteReads<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
 }

@@ -6,6 +6,7 @@ use super::{accept, ServerStream};
 use crate::Certificate;
 use rustls::pki_types::ServerName;
 use rustls::version::{TLS12, TLS13};
+use std::io::ErrorKind;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -157,41 +158,40 @@ async fn a_socket_cut_without_close_notify_is_an_unexpected_end() {
     let (mut tcp, _) = client.into_inner();
     tcp.shutdown().await.unwrap();
     let error = server.read(&mut [0; 16]).await.unwrap_err();
-    assert_eq!(error.kind(), std::io::ErrorKind::UnexpectedEof);
+    assert_eq!(error.kind(), ErrorKind::UnexpectedEof);
 }
 
-#[tokio::test]
-async fn bytes_that_are_not_tls_fail_the_handshake() {
+/// A plain socket that has sent `bytes` to a server's handshake, and how the handshake ended
+/// (`None`: it did not fail).
+async fn handshake_from(bytes: &[u8]) -> (TcpStream, tokio::task::JoinHandle<Option<ErrorKind>>) {
     let dir = tempfile::tempdir().unwrap();
     let (server_config, _) = configs(&dir, &TLS13);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
-        accept(server_config, tcp)
+        let ended = accept(server_config, tcp)
             .await
             .err()
-            .map(|error| error.kind())
+            .map(|error| error.kind());
+        drop(dir);
+        ended
     });
     let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(server.await.unwrap(), Some(std::io::ErrorKind::InvalidData));
+    tcp.write_all(bytes).await.unwrap();
+    (tcp, server)
+}
+
+#[tokio::test]
+async fn bytes_that_are_not_tls_fail_the_handshake() {
+    let (_tcp, server) = handshake_from(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+    assert_eq!(server.await.unwrap(), Some(ErrorKind::InvalidData));
 }
 
 #[tokio::test]
 async fn a_client_of_an_old_protocol_is_told_why() {
     // A TLS 1.1 ClientHello (a record of version 3.1 offering only 3.2): the server answers
     // with an alert record (content type 21), not a bare close.
-    let dir = tempfile::tempdir().unwrap();
-    let (server_config, _) = configs(&dir, &TLS13);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let (tcp, _) = listener.accept().await.unwrap();
-        accept(server_config, tcp).await.is_err()
-    });
     let mut hello = vec![0x01, 0, 0, 0, 0x03, 0x02];
     hello.extend_from_slice(&[0x11; 32]); // random
     hello.extend_from_slice(&[0, 0, 2, 0x00, 0x2f, 1, 0]); // no session, one suite, null compression
@@ -200,13 +200,12 @@ async fn a_client_of_an_old_protocol_is_told_why() {
     let mut record = vec![0x16, 0x03, 0x01];
     record.extend_from_slice(&(hello.len() as u16).to_be_bytes());
     record.extend_from_slice(&hello);
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(&record).await.unwrap();
+    let (mut tcp, server) = handshake_from(&record).await;
     let mut answer = [0; 7];
     tcp.read_exact(&mut answer).await.unwrap();
     assert_eq!(answer[0], 21, "an alert record");
     assert_eq!(answer[5], 2, "a fatal alert");
-    assert!(server.await.unwrap(), "the handshake failed");
+    assert!(server.await.unwrap().is_some(), "the handshake failed");
 }
 
 #[tokio::test]

@@ -53,7 +53,8 @@ pub async fn connections(config: &NodeConfig, count: usize, pre_login: usize, pu
         "reconnect storm over {}: {count} subscribers cut at once, then all reconnecting at \
          once: all logged in again {:.2} s after the first connect (median login {:.3} s, \
          slowest {:.3} s; {} clients retried, {} tries again in all, backing off as the \
-         library does); node peak RSS during the storm {:.1} MB (before it {:.1} MB)",
+         library does); node peak RSS during the storm {:.1} MB (before it {:.1} MB); node CPU \
+         {:.0} µs a client logged in (accept, handshake, upgrade, login, the refused tries too)",
         config.wire.describe(),
         storm.all_in.as_secs_f64(),
         storm.median.as_secs_f64(),
@@ -62,6 +63,7 @@ pub async fn connections(config: &NodeConfig, count: usize, pre_login: usize, pu
         storm.retries,
         storm.peak_rss as f64 / (1 << 20) as f64,
         storm.rss_before as f64 / (1 << 20) as f64,
+        storm.cpu_per_client.as_secs_f64() * 1e6,
     );
 }
 
@@ -121,6 +123,9 @@ struct Storm {
     /// Tries that failed and were made again (over all clients), and by how many clients.
     retries: u64,
     retried: usize,
+    /// The node's CPU time from the first connect to the last login, over the clients: what
+    /// one reconnect costs it (accept, TLS handshake, upgrade, login; the refused tries too).
+    cpu_per_client: Duration,
 }
 
 /// Every connection in `connected` cut at once (a node restarted, a load balancer gone),
@@ -136,6 +141,7 @@ async fn reconnect_storm(config: &NodeConfig, node: &Node, connected: Vec<Socket
     // Writing 5 to clear_refs starts the peak (VmHWM) again from the current RSS.
     std::fs::write(format!("/proc/{}/clear_refs", node.pid()), "5").expect("clear_refs");
     let url = node.url();
+    let cpu_before = node.cpu_time();
     let started = Instant::now();
     let logins = futures::stream::iter(0..count)
         .map(|n| {
@@ -152,6 +158,7 @@ async fn reconnect_storm(config: &NodeConfig, node: &Node, connected: Vec<Socket
     let retries = outcomes.iter().map(|(_, failed)| u64::from(*failed)).sum();
     let retried = outcomes.iter().filter(|(_, failed)| *failed > 0).count();
     let all_in = started.elapsed();
+    let cpu_per_client = node.cpu_time().saturating_sub(cpu_before) / count as u32;
     let (peak_rss, _) = node.memory();
     drop(sockets);
     took.sort_unstable();
@@ -163,6 +170,7 @@ async fn reconnect_storm(config: &NodeConfig, node: &Node, connected: Vec<Socket
         peak_rss,
         retries,
         retried,
+        cpu_per_client,
     }
 }
 

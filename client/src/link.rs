@@ -16,6 +16,7 @@ use crate::message::MessageId;
 use crate::transport::{self, Socket};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
+use qe_shared::settings::Setting;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -110,6 +111,13 @@ impl Link {
     ) -> Result<(Link, Fields, mpsc::UnboundedReceiver<Fields>)> {
         let timeout = endpoint.connect_timeout;
         let text = login_text(login, endpoint.frame_limit);
+        // A publish in the login is held to the limit before it is sent, as every publish is.
+        if let Some(limit) = login_limit(endpoint.frame_limit) {
+            if text.len() > limit {
+                let bytes = text.len();
+                return Err(Error::TooLarge { bytes, limit });
+            }
+        }
         let (socket, reply) = tokio::time::timeout(timeout, log_in(endpoint, text))
             .await
             .map_err(|_| Error::Timeout(timeout))??;
@@ -287,6 +295,17 @@ fn login_text(login: &Fields, limit: FrameLimit) -> String {
         fields.insert("limits".into(), Value::Bool(true));
     }
     Value::Object(fields).to_string()
+}
+
+/// The largest login a connection sends: the fixed limit, or, while the queue's is not
+/// learned yet, the largest `max-ws-msg-len` a queue can have (a bigger login is closed with
+/// 1009 by any node).
+fn login_limit(limit: FrameLimit) -> Option<usize> {
+    match limit {
+        FrameLimit::Fixed(bytes) => Some(bytes),
+        FrameLimit::Learned => Some(Setting::MaxWsMsgLen.range().1 as usize),
+        FrameLimit::Unlimited => None,
+    }
 }
 
 /// The largest frame a connection sends, given its login's `reply`. A node too old to know
@@ -589,6 +608,29 @@ mod tests {
         assert_eq!(asked(FrameLimit::Learned), Some(Value::Bool(true)));
         assert_eq!(asked(FrameLimit::Fixed(65_536)), None);
         assert_eq!(asked(FrameLimit::Unlimited), None);
+    }
+
+    #[tokio::test]
+    async fn a_login_over_the_limit_is_refused_before_anything_is_sent() {
+        // Nothing listens there: an attempt to connect would fail otherwise.
+        let endpoint = Endpoint::new("ws://127.0.0.1:9/")
+            .unwrap()
+            .frame_limit(FrameLimit::Fixed(200));
+        let login = fields(json!({"username": "u", "password": "p", "body": "x".repeat(300)}));
+        match Link::open(&endpoint, &login).await {
+            Err(Error::TooLarge { bytes, limit }) => assert!(bytes > 300 && limit == 200),
+            Err(other) => panic!("not refused as too large: {other}"),
+            Ok(_) => panic!("a link opened to nothing"),
+        }
+        let unlimited = endpoint.frame_limit(FrameLimit::Unlimited);
+        assert!(!matches!(
+            Link::open(&unlimited, &login).await,
+            Err(Error::TooLarge { .. })
+        ));
+        assert_eq!(
+            login_limit(FrameLimit::Learned),
+            Some(Setting::MaxWsMsgLen.range().1 as usize)
+        );
     }
 
     #[test]

@@ -256,7 +256,9 @@ impl Publisher {
     }
 
     /// Logs in and publishes with one request (the manual's "Publish in the login"), for a
-    /// short job, then closes the connection.
+    /// short job, then closes the connection. A login over the endpoint's fixed
+    /// [`FrameLimit`](crate::FrameLimit) (or, learning, over the largest `max-ws-msg-len` a queue
+    /// can have) is refused with [`Error::TooLarge`] before anything is sent.
     pub async fn publish_once(
         endpoint: &Endpoint,
         credentials: Credentials,

@@ -73,21 +73,33 @@ pub struct Connection {
 
 /// Runs a connection from its first frame to its end.
 pub async fn run(mut socket: Box<Socket>, connection: Connection, node: Arc<Node>) {
+    let Connection {
+        closer,
+        login_deadline,
+        assembly,
+        writes,
+        admitted,
+        source,
+    } = connection;
     // The login and the close are boxed: inline, their futures would make every connection's
     // task as big as the biggest of them (4 KiB) for as long as it is open, not only while
     // they run.
-    let Some(logged_in) = Box::pin(log_in(&mut socket, connection, &node)).await else {
-        return;
-    };
-    let LoggedIn {
+    let login = log_in(
+        &mut socket,
+        admitted,
+        login_deadline,
+        &assembly,
+        &closer,
+        &node,
+    );
+    let Some(LoggedIn {
         mut session,
         present,
         slot: _slot,
-        closer,
-        assembly,
-        writes,
-        source,
-    } = logged_in;
+    }) = Box::pin(login).await
+    else {
+        return;
+    };
     let mut frames = session.take_frames();
     let ended = serve(
         &mut socket,
@@ -103,33 +115,29 @@ pub async fn run(mut socket: Box<Socket>, connection: Connection, node: Arc<Node
     drop(present);
     // Only a logout ends a session for good; any other end is a drop.
     session.end(ended == Ended::Logout, frames);
-    Box::pin(close(&mut socket, ended, closer)).await;
+    Box::pin(close(&mut socket, ended, &closer)).await;
 }
 
-/// A connection whose login was accepted and answered: what its logged-in part runs with.
+/// A client logged in and answered.
 struct LoggedIn {
     session: Session,
     /// Counted among the open connections while held.
     present: Present,
     /// Its slot among max-tasks while held.
     slot: admission::Session,
-    closer: Closer,
-    assembly: Arc<Assembly>,
-    writes: SocketWrites,
-    source: std::net::IpAddr,
 }
 
-/// Reads the login and answers it: `Some` once the client is logged in; `None` when the connection ended (refused, too slow, gone, or its login failed).
-async fn log_in(socket: &mut Socket, connection: Connection, node: &Arc<Node>) -> Option<LoggedIn> {
-    let Connection {
-        closer,
-        login_deadline,
-        assembly,
-        writes,
-        admitted,
-        source,
-    } = connection;
-    let login = timeout_at(login_deadline, login_frame(socket, node, &assembly)).await;
+/// Reads the login (due by `login_deadline`) and answers it: `Some` once the client is logged
+/// in; `None` when the connection ended (refused, too slow, gone, or its login failed).
+async fn log_in(
+    socket: &mut Socket,
+    admitted: PreLogin,
+    login_deadline: Instant,
+    assembly: &Assembly,
+    closer: &Closer,
+    node: &Arc<Node>,
+) -> Option<LoggedIn> {
+    let login = timeout_at(login_deadline, login_frame(socket, node, assembly)).await;
     let Ok(Ok(login)) = login else {
         if let Ok(Err(Ended::Refused(code, reason))) = login {
             refuse(socket, code, reason).await;
@@ -164,16 +172,11 @@ async fn log_in(socket: &mut Socket, connection: Connection, node: &Arc<Node>) -
             let present = node.presence.enter(session.role());
             // On a failed send, dropping the session undoes the login.
             send(socket, &reply).await.ok()?;
-            let logged_in = LoggedIn {
+            Some(LoggedIn {
                 session,
                 present,
                 slot,
-                closer,
-                assembly,
-                writes,
-                source,
-            };
-            Some(logged_in)
+            })
         }
         Err(reply) => {
             if send(socket, &reply).await.is_ok() {
@@ -185,7 +188,7 @@ async fn log_in(socket: &mut Socket, connection: Connection, node: &Arc<Node>) -
 }
 
 /// Ends a connection whose logged-in part `ended` as that end asks.
-async fn close(socket: &mut Socket, ended: Ended, closer: Closer) {
+async fn close(socket: &mut Socket, ended: Ended, closer: &Closer) {
     match ended {
         Ended::Logout => close_normally(socket).await,
         Ended::Abort => abort(socket, closer).await,
@@ -614,7 +617,7 @@ async fn close_normally(socket: &mut Socket) {
 }
 
 /// Ends the connection with no close frame, after the reply is already flushed.
-async fn abort(socket: &mut Socket, closer: Closer) {
+async fn abort(socket: &mut Socket, closer: &Closer) {
     closer.shutdown_write(socket);
     drain(socket).await;
 }

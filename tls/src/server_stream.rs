@@ -359,8 +359,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ServerStream<IO> {
     }
 }
 
-/// The TLS bytes `data` becomes in records: each of at most 2^14 bytes gets a header, its
-/// content type and a tag (the most any of our ciphers adds).
+/// Room for the TLS bytes `data` becomes in records: each of at most 2^14 bytes gets a
+/// header (5), TLS 1.3's content type (1) and a tag (16), or TLS 1.2's explicit nonce (8) and
+/// a tag; 16 more to spare.
 fn sealed(data: &[u8]) -> usize {
     data.len() + data.len().div_ceil(1 << 14).max(1) * (5 + 1 + 16 + 16)
 }

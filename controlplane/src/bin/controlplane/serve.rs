@@ -85,8 +85,6 @@ pub(crate) struct Running {
     pub(crate) stop_api: tokio::sync::oneshot::Sender<()>,
 }
 
-/// Opens the state, binds and serves the API, then starts the reconciler, which takes on
-/// the queues' nodes; prints `dns on ADDR` and `listening on ADDR`.
 /// The name the leader key gives this replica, for operators: its host and the API's address
 /// (`[::]:8443` alone is every replica's), and its process.
 fn replica_name(host: &str, scheme: &str, bound: std::net::SocketAddr) -> String {
@@ -94,6 +92,8 @@ fn replica_name(host: &str, scheme: &str, bound: std::net::SocketAddr) -> String
     format!("{} {scheme}://{bound} (pid {pid})", host.trim())
 }
 
+/// Opens the state, binds and serves the API, then starts the reconciler, which takes on
+/// the queues' nodes; prints `dns on ADDR` and `listening on ADDR`.
 pub(crate) async fn start(config: Config) -> Result<Running, Failure> {
     config.check()?;
     create_private_dir(&config.data_dir)?;

@@ -91,6 +91,17 @@ pub struct Flags {
     /// plane's nodes get theirs from it).
     #[arg(long, value_name = "ROLE:ACCESS_KEY_ID:SECRET")]
     pub sqs_key: Vec<String>,
+    /// The key a standby gives on `/replicate` (a primary: durability 2 is then synced on
+    /// the standby too), or gives its primary (with --standby-of).
+    #[arg(long, value_name = "KEY")]
+    pub replication_key: Option<String>,
+    /// Run as the standby of the primary at this address (ws:// or wss://): keep a copy of
+    /// its message log in --data-dir and serve nothing. Needs --replication-key.
+    #[arg(long, value_name = "URL", requires = "replication_key")]
+    pub standby_of: Option<String>,
+    /// The CA (PEM) a wss:// primary's certificate is checked against.
+    #[arg(long, requires = "standby_of")]
+    pub standby_ca: Option<PathBuf>,
 }
 
 /// The TOML file. Every field is optional here; the flags may supply what it lacks.
@@ -258,6 +269,8 @@ pub struct Config {
     pub record_every: RecordEvery,
     /// Where the SQS face listens, and its keys; None: not served.
     pub sqs: Option<SqsConfig>,
+    /// The key a standby must give, hashed; None: the queue has no standby.
+    pub replication_key: Option<PasswordHash>,
 }
 
 /// The SQS face's listener and access keys.
@@ -562,6 +575,7 @@ impl Config {
         let keepalive = Keepalive::of(&flags, given.ping_secs, given.silence_limit_secs);
         Ok(Config {
             sqs: sqs(&flags, given.sqs_keys, given.sqs_listen, given.sqs_limits)?,
+            replication_key: flags.replication_key.as_deref().map(PasswordHash::new),
             live_stats_every: given.live_stats_every,
             record_every: given.record_every,
             tls_from_control_plane: given.tls_from_control_plane,

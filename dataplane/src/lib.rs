@@ -22,7 +22,9 @@
 //! Beside the path, the node's life: [`node`] starts it from a [`node::Source`], runs its
 //! services (records and their reports, the control plane's config applied, certificates,
 //! builds) under one stop, and stops it; [`control_plane`] is its link to the control plane
-//! (the replicas, the node channel), used by the SQS face and by [`node`].
+//! (the replicas, the node channel), used by the SQS face and by [`node`]. [`replication`]
+//! keeps a standby's copy of the log: the primary's side on `/replicate`, and the standby
+//! process (`--standby-of`).
 
 pub mod admission;
 #[cfg(feature = "count-allocations")]
@@ -37,6 +39,7 @@ pub mod history;
 pub mod limits;
 pub mod message;
 pub mod node;
+pub mod replication;
 pub mod server;
 pub mod session;
 pub mod sqs;

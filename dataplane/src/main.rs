@@ -41,7 +41,14 @@ async fn run() -> (ExitCode, Option<Stopped>) {
     // Never blocks a worker: lines a stalled stderr cannot take are dropped and counted.
     let _log = qe_shared::logging::init(filter);
 
-    let started = match Source::of(Flags::parse()) {
+    let flags = Flags::parse();
+    if flags.standby_of.is_some() {
+        return (
+            dataplane::replication::standby::run_flags(flags).await,
+            None,
+        );
+    }
+    let started = match Source::of(flags) {
         Ok(source) => node::start(source, &mut terminate).await,
         Err(error) => Err(error),
     };

@@ -170,29 +170,52 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin, source: IpAddr)
     };
     let assembly = Assembly::new(node.admission.big_logins.clone());
     let io = Box::new(FragmentWatch::new(io, assembly.clone()));
-    let upgraded = timeout_at(login_deadline, Box::pin(upgrade(io, options))).await;
-    if let Ok(Some(websocket)) = upgraded {
-        let connection = Connection {
-            closer,
-            login_deadline,
-            assembly,
-            writes,
-            admitted,
-            source,
-        };
-        connection::run(websocket, connection, node).await;
+    let replicates = node.standby.is_some();
+    let upgraded = timeout_at(login_deadline, Box::pin(upgrade(io, options, replicates))).await;
+    let Ok(Some((websocket, route))) = upgraded else {
+        return;
+    };
+    if route == Route::Replication {
+        if let Some(standby) = &node.standby {
+            crate::replication::primary::serve(websocket, standby, admitted, login_deadline).await;
+        }
+        return;
     }
+    let connection = Connection {
+        closer,
+        login_deadline,
+        assembly,
+        writes,
+        admitted,
+        source,
+    };
+    connection::run(websocket, connection, node).await;
 }
+
+/// Where an upgrade leads: a client of the queue on `/`, or the queue's standby on
+/// `/replicate` (only on a primary that has one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Queue,
+    Replication,
+}
+
+/// The connection's upgrade future, and where it leads.
+type Upgrading = (UpgradeFut, Route);
 
 /// Answers the connection's HTTP requests until one upgrades to a WebSocket (`Some`) or the
 /// client goes away (`None`). The WebSocket is boxed: it is passed down to the functions that
 /// serve it, and each async function keeps its own copy of what it is passed (624 bytes of
 /// every connection's task each time).
-async fn upgrade(io: Box<dyn Io>, options: Options) -> Option<Box<WebSocket<HttpStream>>> {
+async fn upgrade(
+    io: Box<dyn Io>,
+    options: Options,
+    replicates: bool,
+) -> Option<(Box<WebSocket<HttpStream>>, Route)> {
     let (sender, receiver) = oneshot::channel();
     let sender = Mutex::new(Some(sender));
     let service = service_fn(|mut request: Request<Incoming>| {
-        let response = respond(&mut request, &options, &sender);
+        let response = respond(&mut request, &options, replicates, &sender);
         async move { Ok::<_, Infallible>(response) }
     });
     http1::Builder::new()
@@ -202,25 +225,29 @@ async fn upgrade(io: Box<dyn Io>, options: Options) -> Option<Box<WebSocket<Http
         .with_upgrades()
         .await
         .ok()?;
-    let upgrade: UpgradeFut = receiver.await.ok()?;
-    upgrade.await.ok().map(Box::new)
+    let (upgrade, route): Upgrading = receiver.await.ok()?;
+    upgrade
+        .await
+        .ok()
+        .map(|websocket| (Box::new(websocket), route))
 }
 
 fn respond(
     request: &mut Request<Incoming>,
     options: &Options,
-    sender: &Mutex<Option<oneshot::Sender<UpgradeFut>>>,
+    replicates: bool,
+    sender: &Mutex<Option<oneshot::Sender<Upgrading>>>,
 ) -> Response<Full<Bytes>> {
-    if !is_websocket_upgrade(request) {
+    let Some(route) = websocket_upgrade(request, replicates) else {
         return bad_request();
-    }
+    };
     if let Some(refusal) = refuse_handshake(request) {
         return refusal;
     }
     match WebSocket::upgrade_with_options(request, options.clone()) {
         Ok((response, upgrade)) => {
             if let Some(sender) = sender.lock().expect("never poisoned").take() {
-                let _ = sender.send(upgrade);
+                let _ = sender.send((upgrade, route));
             }
             response.map(|_| Full::default())
         }
@@ -265,12 +292,18 @@ fn upgrade_required() -> Response<Full<Bytes>> {
         .expect("a static response is valid")
 }
 
-/// A GET on `/` (any query) asking to upgrade to websocket.
-fn is_websocket_upgrade(request: &Request<Incoming>) -> bool {
-    request.method() == Method::GET
-        && request.uri().path() == "/"
+/// A GET on `/` (any query), or on `/replicate` where a standby is expected, asking to
+/// upgrade to websocket: where it leads.
+fn websocket_upgrade(request: &Request<Incoming>, replicates: bool) -> Option<Route> {
+    let route = match request.uri().path() {
+        "/" => Route::Queue,
+        crate::replication::PATH if replicates => Route::Replication,
+        _ => return None,
+    };
+    let upgrades = request.method() == Method::GET
         && header_has_token(request, &UPGRADE, "websocket")
-        && header_has_token(request, &CONNECTION, "upgrade")
+        && header_has_token(request, &CONNECTION, "upgrade");
+    upgrades.then_some(route)
 }
 
 fn header_has_token(request: &Request<Incoming>, name: &HeaderName, token: &str) -> bool {

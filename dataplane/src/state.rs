@@ -60,6 +60,8 @@ pub struct Node {
     pub storage: StorageMeter,
     /// What the web console's admin logins are checked with.
     pub console: crate::auth::console::ConsoleTokens,
+    /// The queue's standby's key and the log it is shipped; None: no standby.
+    pub standby: Option<crate::replication::Standby>,
 }
 
 /// Counts of open connections by role. [`Presence::enter`] counts one until dropped.
@@ -125,9 +127,17 @@ impl Node {
                 .log_segment_bytes
                 .unwrap_or(LogOptions::default().segment_bytes),
             compaction: !config.no_compaction,
+            standby: config.replication_key.is_some(),
         };
         let (store, mut recovered) = LogStore::open(&log_dir, options)?;
         let storage = store.meter();
+        let standby = config
+            .replication_key
+            .clone()
+            .map(|key| crate::replication::Standby {
+                key,
+                shipping: store.shipping(),
+            });
         let queue = Queue::new(
             Box::new(store),
             Limits {
@@ -180,6 +190,7 @@ impl Node {
                     .as_ref()
                     .map(|to| (to.queue_id.clone(), to.token.clone())),
             ),
+            standby,
         }))
     }
 

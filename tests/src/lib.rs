@@ -25,6 +25,7 @@ pub mod knot;
 pub mod moto;
 pub mod raw;
 pub mod sqs;
+pub mod standby;
 
 pub use control_plane::*;
 

@@ -3,6 +3,7 @@
 //! ([`Shared::try_write_pending`], `inline.rs`). Records are written at their place in the
 //! segment (a spare segment is full of zeros ahead of them), not appended.
 
+use super::shipping::{Follower, Shipment};
 use super::{segment_path, Chunk, Shared};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -34,6 +35,10 @@ pub(super) struct Files {
     retry: Vec<Chunk>,
     /// When to retry `retry` if no new record comes first.
     pub retry_at: Option<Instant>,
+    /// The standby every write and removal is shipped to, if one is attached (`shipping`).
+    pub follower: Option<Follower>,
+    /// Standbys attached since start (names each attach).
+    pub attaches: u64,
 }
 
 pub(super) struct Current {
@@ -52,6 +57,26 @@ impl Files {
             files: std::mem::take(&mut self.unsynced),
             directory: std::mem::take(&mut self.directory_unsynced),
             written: self.written,
+        }
+    }
+
+    /// The segment being written and where its written part ends.
+    pub fn current_end(&self) -> Option<(u32, u64)> {
+        self.current.as_ref().map(|c| (c.segment, c.end))
+    }
+
+    /// The LSN every record up to which is written.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Queues `shipment` for the standby, if one is attached; a standby that is gone or too
+    /// far behind is dropped (`shipping`).
+    pub fn ship(&mut self, shipment: impl FnOnce() -> Shipment) {
+        if let Some(follower) = &self.follower {
+            if !follower.ship(shipment()) {
+                self.follower = None;
+            }
         }
     }
 
@@ -177,6 +202,10 @@ impl Shared {
         // With the files it is written to, under the same hold: whichever sync takes them
         // answers these records, even one that runs before the write is announced below.
         files.written = files.written.max(end);
+        files.ship(|| Shipment::Through {
+            lsn: end,
+            sync: wants_sync,
+        });
         drop(files);
         #[cfg(test)]
         if let Some(hook) = &*self.after_write.lock().expect("never poisoned") {
@@ -224,13 +253,19 @@ impl Shared {
     /// on: its retry writes over whatever part of it reached the file.
     fn append(&self, files: &mut Files, chunk: &Chunk) -> Result<(), Fault> {
         let current = self.file_for(files, chunk.segment)?;
+        let offset = current.end;
         current
             .file
-            .write_all_at(&chunk.bytes, current.end)
+            .write_all_at(&chunk.bytes, offset)
             .map_err(Fault)?;
         let len = chunk.bytes.len() as u64;
         current.end += len;
         let file = current.file.clone();
+        files.ship(|| Shipment::Write {
+            segment: chunk.segment,
+            offset,
+            bytes: bytes::Bytes::copy_from_slice(&chunk.bytes),
+        });
         self.bytes_written.fetch_add(len, Ordering::Relaxed);
         if !files.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {
             files.unsynced.push(file);

@@ -63,14 +63,17 @@
 mod files;
 mod index;
 mod inline;
+pub mod mirror;
 pub mod record;
 mod recovery;
 pub mod rounds;
+pub mod shipping;
 mod spare;
 mod syncer;
 mod writer;
 
 pub use recovery::{repair, DamagedRegion, Recovered};
+pub use shipping::{Shipment, Shipping};
 
 use super::{Change, Receipt, Store};
 use crate::message::Durability;
@@ -101,6 +104,10 @@ pub struct Progress {
     /// A sync failed: nothing not synced before it can be made safe, and nothing more is
     /// written.
     pub broken: bool,
+    /// Every record ending at or before this is synced on the standby too (`shipping`).
+    pub standby_synced: u64,
+    /// A standby is attached and caught up: durability 2 waits for its sync.
+    pub standby_in_sync: bool,
 }
 
 /// Tuning of the log.
@@ -111,6 +118,9 @@ pub struct LogOptions {
     /// Whether old segments are compacted. Only a benchmark turns it off, to measure what
     /// compaction costs: without it the log grows with everything ever written.
     pub compaction: bool,
+    /// The queue has a standby (`replicas: 2`): a durability-2 change is synced on both
+    /// nodes before its reply, and failed (507) while no standby is in sync (`shipping`).
+    pub standby: bool,
 }
 
 impl Default for LogOptions {
@@ -118,6 +128,7 @@ impl Default for LogOptions {
         LogOptions {
             segment_bytes: 16 << 20,
             compaction: true,
+            standby: false,
         }
     }
 }
@@ -320,6 +331,8 @@ struct Shared {
     rounds: rounds::Rounds,
     /// The round writer on the runtime, when the log runs in one ([`inline`]).
     round_writer: Option<inline::RoundWriter>,
+    /// Durability 2 waits for the standby's sync too (`LogOptions::standby`).
+    standby: bool,
     /// Tests only: run by a write of records once it has let go of the files and before it
     /// says how far it wrote, so a test can put a sync in between (see `files`).
     #[cfg(test)]
@@ -397,9 +410,15 @@ impl Ticket {
     /// a write or sync failed first (a failed write is retried; a failed sync is final).
     pub(super) async fn wait(self, synced: bool) -> bool {
         let lsn = self.lsn;
+        let standby = synced && self.shared.standby;
         let reached = |p: &Progress| match synced {
-            true => p.synced >= lsn,
+            true => p.synced >= lsn && (!standby || p.standby_synced >= lsn),
             false => p.written >= lsn,
+        };
+        // Synced here, and no standby in sync to sync it there: the reply says it failed,
+        // with eventual durability (507), never that it is on two disks.
+        let standby_missing = |p: &Progress| {
+            standby && p.synced >= lsn && !p.standby_in_sync && p.standby_synced < lsn
         };
         let mut progress = self.shared.progress.subscribe();
         if synced {
@@ -415,7 +434,7 @@ impl Ticket {
             }
         }
         let outcome = progress
-            .wait_for(|p| reached(p) || p.failed_through >= lsn || p.broken)
+            .wait_for(|p| reached(p) || p.failed_through >= lsn || p.broken || standby_missing(p))
             .await;
         // The sender lives in `shared`, which this ticket holds: it cannot be gone.
         let outcome = *outcome.expect("the log's progress outlives its tickets");
@@ -505,6 +524,7 @@ impl LogStore {
             round_writer: tokio::runtime::Handle::try_current()
                 .is_ok()
                 .then(inline::RoundWriter::new),
+            standby: options.standby,
             #[cfg(test)]
             after_write: Mutex::new(None),
         });
@@ -523,6 +543,13 @@ impl LogStore {
     /// The log's files' total size, in bytes.
     pub fn disk_bytes(&self) -> u64 {
         self.meter().held()
+    }
+
+    /// The log as a standby's connection sees it (`shipping`).
+    pub fn shipping(&self) -> Shipping {
+        Shipping {
+            shared: self.shared.clone(),
+        }
     }
 
     /// A handle on the log's storage figures that outlives handing the store to the queue.

@@ -6,6 +6,7 @@ use super::record::{
     encode_id, encode_message, encode_purged, encode_removed, read_at, Kind, MessageRecord, Read,
     Record,
 };
+use super::shipping::Shipment;
 use super::{segment_path, Shared, State};
 use crate::message::ids::{IdMap, MessageId};
 use std::fs::File;
@@ -248,6 +249,13 @@ fn retire(shared: &Shared) -> bool {
         tracing::error!(%error, "syncing the log directory failed");
         return false;
     }
+    // Shipped once the removal is synced here: the standby syncs the copies it was sent
+    // before it removes the segment too.
+    let mut files = shared.files.lock().expect("never poisoned");
+    for &segment in &removed {
+        files.ship(|| Shipment::Remove { segment });
+    }
+    drop(files);
     let mut state = shared.lock();
     for segment in removed {
         state.retiring.remove(&segment);

@@ -1,0 +1,29 @@
+//! A standby node per queue (issue 35; the plan is docs/standby-design.md, and this is its
+//! first step: shipping and catch-up, durability 2 synced on both nodes).
+//!
+//! The standby opens a WebSocket to the primary's node port on `/replicate` and says who it is
+//! (the replication key) and what it holds; the primary ([`primary`]) sends what the standby
+//! lacks from its segment files, then every write of its log as it happens (the log's
+//! `shipping`); the standby ([`standby`]) writes each at its place, syncs, and answers how far
+//! it is synced. A durability-2 change is answered once both nodes synced it.
+//!
+//! Not yet (the design's later steps): epochs and promotion by the control plane, sessions and
+//! holds carried over, the settings (sled) and the SQS receipt key shipped, the control plane
+//! placing standbys. Today a standby is promoted by starting a node on its data directory.
+
+pub mod primary;
+pub mod standby;
+mod wire;
+
+use crate::auth::PasswordHash;
+use crate::store::log::Shipping;
+
+/// The primary's side of its standby: who may be it, and the log it is shipped.
+pub struct Standby {
+    /// The replication key's hash: a connection on `/replicate` must give the key.
+    pub key: PasswordHash,
+    pub shipping: Shipping,
+}
+
+/// The path a standby connects to on the primary's node port.
+pub const PATH: &str = "/replicate";

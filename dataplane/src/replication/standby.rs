@@ -1,0 +1,260 @@
+//! The standby's end (`dataplane --standby-of URL`): it serves no client. It connects to the
+//! primary, says what it holds, writes every shipment at its place in the mirror of the
+//! primary's segment files, and answers how far it has synced: it syncs once for everything
+//! it could read before the sync (a group commit, as the primary's syncer), so a round of
+//! durability-2 publishes costs one sync here, overlapped with the primary's own.
+//!
+//! A lost connection is opened again a second later, and the catch-up sends only what is
+//! missing. A failed sync ends the process (exit 1): like the primary's log, it never trusts
+//! a retry of a sync that failed, and the primary answers durability 2 with 507 until a
+//! standby is in sync again.
+
+use super::wire::{self, Hello};
+use crate::store::log::mirror::Mirror;
+use crate::store::log::Shipment;
+use futures::{FutureExt, SinkExt, StreamExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use yawc::frame::{Frame, OpCode};
+use yawc::{MaybeTlsStream, Options, WebSocket};
+
+/// What the standby needs.
+pub struct StandbyConfig {
+    /// The primary's node address, `ws://` or `wss://` (the path is `/replicate`).
+    pub primary: url::Url,
+    pub key: String,
+    pub data_dir: PathBuf,
+    /// Roots a `wss://` primary's certificate is checked against (its queue's CA).
+    pub roots: Option<rustls::RootCertStore>,
+}
+
+/// Why following the primary stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Stopped {
+    #[error("cannot reach the primary: {0}")]
+    Connect(String),
+    #[error("the primary went away")]
+    Gone,
+    #[error("the primary closed the connection: {0}")]
+    Closed(String),
+    #[error("the primary sent what is not a shipment")]
+    Unexpected,
+    /// Final: the process stops.
+    #[error("the mirror's disk failed: {0}")]
+    Disk(std::io::Error),
+}
+
+/// How long to wait before connecting again.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
+/// Follows the primary until a disk fails (then returns the error).
+pub async fn run(config: StandbyConfig) -> Stopped {
+    let dir = config.data_dir.join("messages");
+    let mut mirror = match Mirror::open(&dir) {
+        Ok(mirror) => mirror,
+        Err(error) => return Stopped::Disk(error),
+    };
+    loop {
+        match follow(&config, &mut mirror).await {
+            Stopped::Disk(error) => return Stopped::Disk(error),
+            stopped => tracing::warn!(reason = %stopped, "following the primary: connecting again"),
+        }
+        tokio::time::sleep(RECONNECT_AFTER).await;
+    }
+}
+
+async fn follow(config: &StandbyConfig, mirror: &mut Mirror) -> Stopped {
+    let mut socket = match connect(config).await {
+        Ok(socket) => socket,
+        Err(reason) => return Stopped::Connect(reason),
+    };
+    let have = match mirror.have() {
+        Ok(have) => have,
+        Err(error) => return Stopped::Disk(error),
+    };
+    let hello = Hello {
+        key: config.key.clone(),
+        have: have.into_iter().collect(),
+    };
+    let hello = serde_json::to_string(&hello).expect("a hello serializes");
+    if socket.send(Frame::text(hello)).await.is_err() {
+        return Stopped::Gone;
+    }
+    tracing::info!(primary = %config.primary, "following the primary");
+    let mut synced = Synced::default();
+    loop {
+        // Everything the primary has sent so far, then at most one sync for all of it: now
+        // if a durability-2 change waits for it, else within a second.
+        let due = synced.unsynced_since.map(|since| since + SYNC_WITHIN);
+        let mut sync_now = false;
+        let frame = match due {
+            Some(due) => tokio::time::timeout_at(due.into(), socket.next_frame())
+                .await
+                .ok(),
+            None => Some(socket.next_frame().await),
+        };
+        match frame {
+            // The second is up.
+            None => sync_now = true,
+            Some(Err(_)) => return Stopped::Gone,
+            Some(Ok(mut frame)) => loop {
+                match apply(mirror, frame) {
+                    Ok(Some(Shipment::Through { lsn, sync })) => {
+                        synced.applied = Some(lsn);
+                        sync_now |= sync;
+                    }
+                    Ok(_) => {}
+                    Err(stopped) => return stopped,
+                }
+                synced
+                    .unsynced_since
+                    .get_or_insert_with(std::time::Instant::now);
+                match socket.next().now_or_never() {
+                    Some(Some(next)) => frame = next,
+                    Some(None) => return Stopped::Gone,
+                    None => break,
+                }
+            },
+        }
+        if !sync_now {
+            continue;
+        }
+        if let Err(error) = mirror.sync() {
+            return Stopped::Disk(error);
+        }
+        synced.unsynced_since = None;
+        let Some(lsn) = synced.applied.filter(|&lsn| Some(lsn) != synced.answered) else {
+            continue;
+        };
+        if synced.answered.is_none() {
+            tracing::info!(lsn, "caught up with the primary");
+        }
+        synced.answered = Some(lsn);
+        if socket
+            .send(Frame::binary(wire::encode_synced(lsn)))
+            .await
+            .is_err()
+        {
+            return Stopped::Gone;
+        }
+    }
+}
+
+/// Unsynced writes are synced at the latest this long after they came (durability 1's
+/// promise, as on the primary).
+const SYNC_WITHIN: Duration = Duration::from_secs(1);
+
+/// How far the standby is, on one connection.
+#[derive(Default)]
+struct Synced {
+    /// The LSN of the last `Through` applied.
+    applied: Option<u64>,
+    /// The LSN last answered as synced.
+    answered: Option<u64>,
+    /// When the oldest write not yet synced came.
+    unsynced_since: Option<std::time::Instant>,
+}
+
+/// Applies one frame's shipment; the shipment (None for pings and pongs).
+fn apply(mirror: &mut Mirror, frame: Frame) -> Result<Option<Shipment>, Stopped> {
+    match frame.opcode() {
+        OpCode::Binary => {}
+        OpCode::Close => {
+            let reason = frame
+                .close_reason()
+                .ok()
+                .flatten()
+                .unwrap_or("")
+                .to_string();
+            return Err(Stopped::Closed(reason));
+        }
+        OpCode::Text => return Err(Stopped::Unexpected),
+        OpCode::Ping | OpCode::Pong | OpCode::Continuation => return Ok(None),
+    }
+    let shipment = wire::decode(&frame.into_payload()).ok_or(Stopped::Unexpected)?;
+    // The standby does nothing else: its one task may block on the disk.
+    mirror.apply(&shipment).map_err(Stopped::Disk)?;
+    Ok(Some(shipment))
+}
+
+type Socket = WebSocket<MaybeTlsStream<TcpStream>>;
+
+async fn connect(config: &StandbyConfig) -> Result<Socket, String> {
+    let url = config
+        .primary
+        .join(super::PATH)
+        .map_err(|e| e.to_string())?;
+    let host = url.host_str().ok_or("no host")?.to_string();
+    let port = url.port_or_known_default().ok_or("no port")?;
+    let tcp = TcpStream::connect((host.trim_matches(['[', ']']), port))
+        .await
+        .map_err(|e| e.to_string())?;
+    tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+    let io: MaybeTlsStream<TcpStream> = match url.scheme() {
+        "wss" => {
+            let roots = config.roots.clone().ok_or("wss:// needs --standby-ca")?;
+            let name = rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']))
+                .map_err(|e| e.to_string())?
+                .to_owned();
+            // TLS 1.2 and 1.3 only, as everywhere (`qe_tls`).
+            let connector = tokio_rustls::TlsConnector::from(qe_tls::client_config(roots));
+            let tls = connector.connect(name, tcp).await;
+            tls.map_err(|e| format!("TLS: {e}"))?.into()
+        }
+        _ => tcp.into(),
+    };
+    // The primary's frames are at most a write piece and its header.
+    let limit = wire::MAX_WRITE_BYTES + 64;
+    let options = Options::default()
+        .with_no_delay()
+        .with_max_payload_read(limit)
+        .with_max_read_buffer(2 * limit);
+    WebSocket::handshake(url, io, options)
+        .await
+        .map_err(|e| format!("WebSocket upgrade: {e}"))
+}
+
+/// The roots in a PEM file; there must be some.
+pub fn roots_from(path: &Path) -> Result<rustls::RootCertStore, String> {
+    let pem = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let roots = qe_tls::roots_from_pem(&pem);
+    match roots.is_empty() {
+        true => Err(format!("{}: no certificate", path.display())),
+        false => Ok(roots),
+    }
+}
+
+/// `dataplane --standby-of URL --replication-key KEY --data-dir DIR [--standby-ca PEM]`:
+/// follows the primary until its disk fails (exit 1) or the flags are wrong (exit 2).
+pub async fn run_flags(flags: crate::config::Flags) -> std::process::ExitCode {
+    let usage = |message: String| {
+        eprintln!("dataplane: {message}");
+        std::process::ExitCode::from(2)
+    };
+    let primary = flags.standby_of.as_deref().unwrap_or_default();
+    let primary = match url::Url::parse(primary) {
+        Ok(url) if matches!(url.scheme(), "ws" | "wss") => url,
+        _ => {
+            return usage(format!(
+                "--standby-of {primary}: not a ws:// or wss:// address"
+            ))
+        }
+    };
+    let Some(data_dir) = flags.data_dir else {
+        return usage("--data-dir is required".into());
+    };
+    let roots = match flags.standby_ca.as_deref().map(roots_from).transpose() {
+        Ok(roots) => roots,
+        Err(error) => return usage(error),
+    };
+    let config = StandbyConfig {
+        primary,
+        key: flags.replication_key.unwrap_or_default(),
+        data_dir,
+        roots,
+    };
+    let stopped = run(config).await;
+    eprintln!("dataplane: the standby stops: {stopped}");
+    std::process::ExitCode::FAILURE
+}

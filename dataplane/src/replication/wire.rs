@@ -1,0 +1,151 @@
+//! The replication connection's frames. The standby's first is text, the hello; the rest are
+//! binary: a kind byte, then little-endian fields.
+
+use crate::store::log::Shipment;
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+/// The standby's first frame: its key, and each segment it holds with its length.
+#[derive(Serialize, Deserialize)]
+pub struct Hello {
+    pub key: String,
+    pub have: Vec<(u32, u64)>,
+}
+
+const WRITE: u8 = b'W';
+const TRUNCATE: u8 = b'T';
+const REMOVE: u8 = b'R';
+const THROUGH: u8 = b'L';
+/// Standby → primary: synced up to an LSN.
+const SYNCED: u8 = b'S';
+
+/// The largest write in one frame: under the node's frame limit (the largest
+/// `max-ws-msg-len`, 1 MiB), with room for the header.
+pub const MAX_WRITE_BYTES: usize = 512 << 10;
+
+pub fn encode(shipment: &Shipment) -> Bytes {
+    let mut out = BytesMut::new();
+    match shipment {
+        Shipment::Write {
+            segment,
+            offset,
+            bytes,
+        } => {
+            out.reserve(13 + bytes.len());
+            out.put_u8(WRITE);
+            out.put_u32_le(*segment);
+            out.put_u64_le(*offset);
+            out.put_slice(bytes);
+        }
+        Shipment::Truncate { segment, len } => {
+            out.put_u8(TRUNCATE);
+            out.put_u32_le(*segment);
+            out.put_u64_le(*len);
+        }
+        Shipment::Remove { segment } => {
+            out.put_u8(REMOVE);
+            out.put_u32_le(*segment);
+        }
+        Shipment::Through { lsn, sync } => {
+            out.put_u8(THROUGH);
+            out.put_u64_le(*lsn);
+            out.put_u8(u8::from(*sync));
+        }
+    }
+    out.freeze()
+}
+
+/// A shipment from a frame; None if it is not one.
+pub fn decode(frame: &Bytes) -> Option<Shipment> {
+    let (&kind, rest) = frame.split_first()?;
+    let u32_at = |at: usize| Some(u32::from_le_bytes(rest.get(at..at + 4)?.try_into().ok()?));
+    let u64_at = |at: usize| Some(u64::from_le_bytes(rest.get(at..at + 8)?.try_into().ok()?));
+    match kind {
+        WRITE if rest.len() >= 12 => Some(Shipment::Write {
+            segment: u32_at(0)?,
+            offset: u64_at(4)?,
+            bytes: frame.slice(13..),
+        }),
+        TRUNCATE if rest.len() == 12 => Some(Shipment::Truncate {
+            segment: u32_at(0)?,
+            len: u64_at(4)?,
+        }),
+        REMOVE if rest.len() == 4 => Some(Shipment::Remove {
+            segment: u32_at(0)?,
+        }),
+        THROUGH if rest.len() == 9 && rest[8] <= 1 => Some(Shipment::Through {
+            lsn: u64_at(0)?,
+            sync: rest[8] == 1,
+        }),
+        _ => None,
+    }
+}
+
+pub fn encode_synced(lsn: u64) -> Bytes {
+    let mut out = BytesMut::with_capacity(9);
+    out.put_u8(SYNCED);
+    out.put_u64_le(lsn);
+    out.freeze()
+}
+
+pub fn decode_synced(frame: &[u8]) -> Option<u64> {
+    match frame.split_first()? {
+        (&SYNCED, rest) if rest.len() == 8 => Some(u64::from_le_bytes(rest.try_into().ok()?)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shipment_comes_back_as_it_went() {
+        let shipments = [
+            Shipment::Write {
+                segment: 7,
+                offset: 1 << 33,
+                bytes: Bytes::from_static(b"records"),
+            },
+            Shipment::Write {
+                segment: 1,
+                offset: 0,
+                bytes: Bytes::new(),
+            },
+            Shipment::Truncate {
+                segment: u32::MAX,
+                len: 12,
+            },
+            Shipment::Remove { segment: 3 },
+            Shipment::Through {
+                lsn: u64::MAX,
+                sync: true,
+            },
+            Shipment::Through {
+                lsn: 5,
+                sync: false,
+            },
+        ];
+        for shipment in shipments {
+            assert_eq!(decode(&encode(&shipment)), Some(shipment));
+        }
+        assert_eq!(decode_synced(&encode_synced(42)), Some(42));
+    }
+
+    #[test]
+    fn what_is_not_a_shipment_is_refused() {
+        for bad in [
+            &b""[..],
+            b"W123",
+            b"T1234567890123",
+            b"R12",
+            b"L12345678",
+            b"L123456782",
+            b"X",
+        ] {
+            assert_eq!(decode(&Bytes::copy_from_slice(bad)), None, "{bad:?}");
+        }
+        assert_eq!(decode_synced(b"S1234"), None);
+        assert_eq!(decode_synced(b"L12345678"), None);
+    }
+}

@@ -1,0 +1,245 @@
+//! What the log ships to its standby (issue 35, docs/standby-design.md): every write of
+//! records at its place in its segment, and every removal of a compacted segment, in the order
+//! the files saw them, so the standby's segment files are a byte-for-byte copy and its start
+//! on them is a normal start (the recovery the kill -9 tests pin).
+//!
+//! Writes are in place, so a write shipped twice lands on the same bytes: a standby that
+//! attaches is sent what each segment has beyond what the standby holds (read from the files
+//! while the primary goes on writing), then every write made since it attached. Shipments are
+//! queued under the files' lock, in the same hold as the write or removal they describe.
+//!
+//! A durability-2 change waits for the standby's sync as well as its own ([`super::Ticket`]);
+//! while no standby is in sync, it is answered as a failed sync (507: it is on the primary's
+//! disk, and reaches the standby's once one is in sync again).
+
+use super::{segment_path, Shared};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// One change to the segment files, in the order the primary made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shipment {
+    /// Bytes written at `offset` of `segment` (its file is made if new).
+    Write {
+        segment: u32,
+        offset: u64,
+        bytes: Bytes,
+    },
+    /// The standby holds more of `segment` than the primary: cut it to `len`.
+    Truncate { segment: u32, len: u64 },
+    /// `segment` is gone. The primary removed it only once the copies of what it kept were
+    /// synced, so the standby syncs what it has before it removes it too.
+    Remove { segment: u32 },
+    /// Everything shipped before this is the log up to `lsn`: once synced, the standby says so.
+    /// `sync`: a durability-2 change waits for it, so the standby syncs now; else it syncs
+    /// within a second (durability 1's promise, as on the primary).
+    Through { lsn: u64, sync: bool },
+}
+
+impl Shipment {
+    /// Bytes it keeps queued.
+    fn queued_bytes(&self) -> u64 {
+        match self {
+            Shipment::Write { bytes, .. } => bytes.len() as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// Bytes of writes queued for a standby that has not taken them: past this the standby is
+/// dropped (it reconnects and catches up from the files), so a slow or stuck standby costs the
+/// primary bounded memory.
+const MAX_QUEUED_BYTES: u64 = 256 << 20;
+
+/// The attached standby's queue, kept with the files (see the module's notes).
+pub(super) struct Follower {
+    sender: mpsc::UnboundedSender<Shipment>,
+    queued: Arc<AtomicU64>,
+    /// Which attach made it: a connection that ends detaches only its own standby.
+    generation: u64,
+}
+
+impl Follower {
+    /// Queues `shipment`; false once the standby is gone or too far behind (then it is
+    /// dropped).
+    pub(super) fn ship(&self, shipment: Shipment) -> bool {
+        let bytes = shipment.queued_bytes();
+        if self.queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES {
+            tracing::warn!("the standby is too far behind: dropped, it catches up again");
+            return false;
+        }
+        self.sender.send(shipment).is_ok()
+    }
+}
+
+/// A segment's bytes the standby lacks, read from a file opened when it attached (so a
+/// compaction that removes the file meanwhile does not cut the copy short; its removal is
+/// shipped after).
+pub struct SegmentCopy {
+    pub segment: u32,
+    pub file: File,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// A standby's start: what to cut and remove, what to copy from the files, the LSN the copy
+/// reaches, and the writes from then on.
+pub struct Attached {
+    /// Names this attach, for [`Shipping::detach`].
+    pub generation: u64,
+    pub truncated: Vec<(u32, u64)>,
+    pub removed: Vec<u32>,
+    pub copies: Vec<SegmentCopy>,
+    pub through: u64,
+    pub shipments: Shipments,
+}
+
+/// The writes made since a standby attached, in order.
+pub struct Shipments {
+    receiver: mpsc::UnboundedReceiver<Shipment>,
+    queued: Arc<AtomicU64>,
+}
+
+impl Shipments {
+    /// The next shipment if one is queued already.
+    pub fn try_next(&mut self) -> Option<Shipment> {
+        let shipment = self.receiver.try_recv().ok()?;
+        self.queued
+            .fetch_sub(shipment.queued_bytes(), Ordering::Relaxed);
+        Some(shipment)
+    }
+
+    /// The next shipment; None once the log dropped the standby (too far behind) or stopped.
+    pub async fn next(&mut self) -> Option<Shipment> {
+        let shipment = self.receiver.recv().await?;
+        self.queued
+            .fetch_sub(shipment.queued_bytes(), Ordering::Relaxed);
+        Some(shipment)
+    }
+}
+
+/// The log as its standby's connection sees it.
+#[derive(Clone)]
+pub struct Shipping {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Shipping {
+    /// Attaches a standby that holds `have` (segment → bytes), replacing any other: from now
+    /// on every write is queued for it.
+    pub fn attach(&self, have: &BTreeMap<u32, u64>) -> std::io::Result<Attached> {
+        let shared = &self.shared;
+        let mut files = shared.files.lock().expect("never poisoned");
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicU64::new(0));
+        let current = files.current_end();
+        let segments: Vec<(u32, u64)> = {
+            let state = shared.lock();
+            let ends = state.index.segments.iter().map(|(&segment, used)| {
+                let end = match current {
+                    Some((active, end)) if active == segment => end,
+                    _ => used.bytes,
+                };
+                (segment, end)
+            });
+            ends.collect()
+        };
+        let generation = files.attaches + 1;
+        files.attaches = generation;
+        let mut attached = Attached {
+            generation,
+            truncated: Vec::new(),
+            removed: Vec::new(),
+            copies: Vec::new(),
+            through: files.written(),
+            shipments: Shipments {
+                receiver,
+                queued: queued.clone(),
+            },
+        };
+        for (segment, end) in segments {
+            let file = match File::open(segment_path(&shared.dir, segment)) {
+                Ok(file) => file,
+                // Removed by compaction, its removal synced: the standby removes it too.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            let held = have.get(&segment).copied().unwrap_or(0);
+            if held > end {
+                attached.truncated.push((segment, end));
+            }
+            attached.copies.push(SegmentCopy {
+                segment,
+                file,
+                from: held.min(end),
+                to: end,
+            });
+        }
+        let copied: Vec<u32> = attached.copies.iter().map(|c| c.segment).collect();
+        let gone = have.keys().filter(|segment| !copied.contains(segment));
+        attached.removed = gone.copied().collect();
+        files.follower = Some(Follower {
+            sender,
+            queued,
+            generation,
+        });
+        // A standby that attaches is not in sync until it has caught up; one it replaces
+        // is answered for no more.
+        shared
+            .progress
+            .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
+        Ok(attached)
+    }
+
+    /// The standby synced everything up to `lsn`.
+    pub fn standby_synced(&self, lsn: u64) {
+        self.shared.progress.send_if_modified(|p| {
+            let moved = lsn > p.standby_synced;
+            p.standby_synced = p.standby_synced.max(lsn);
+            moved
+        });
+    }
+
+    /// The standby of `generation` caught up: durability 2 counts on it from now on.
+    pub fn in_sync(&self, generation: u64) {
+        let files = self.shared.files.lock().expect("never poisoned");
+        if files
+            .follower
+            .as_ref()
+            .is_some_and(|f| f.generation == generation)
+        {
+            self.shared.progress.send_if_modified(|p| {
+                let changed = !p.standby_in_sync;
+                p.standby_in_sync = true;
+                changed
+            });
+        }
+    }
+
+    /// The standby of `generation` went away (or was dropped): nothing more is queued for
+    /// it, and durability-2 changes waiting for it are answered (see the module).
+    pub fn detach(&self, generation: u64) {
+        let mut files = self.shared.files.lock().expect("never poisoned");
+        let ours = files
+            .follower
+            .as_ref()
+            .is_none_or(|f| f.generation == generation);
+        if ours {
+            files.follower = None;
+            self.shared.progress.send_if_modified(|p| {
+                let changed = p.standby_in_sync;
+                p.standby_in_sync = false;
+                changed
+            });
+        }
+    }
+
+    /// The LSN the log is written up to.
+    pub fn written(&self) -> u64 {
+        self.shared.progress.borrow().written
+    }
+}

@@ -1,0 +1,368 @@
+//! A standby node per queue (issue 35, first step): the primary ships every write of its log
+//! to a standby process over `/replicate`; durability 2 is answered once both nodes synced it.
+//! Real binaries on loopback: a primary (`--replication-key`), a standby (`--standby-of`), and
+//! a node started on the standby's data directory, as a promotion.
+
+use futures::{SinkExt, StreamExt};
+use qe_tests::standby::{wait_in_sync, Standby, IN_SYNC, KEY};
+use qe_tests::{assert_failure, Client, Node};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
+
+fn primary() -> Node {
+    Node::start_with(&["--replication-key", KEY])
+}
+
+/// Receives and acks everything waiting, up to a marker published now; returns the bodies.
+async fn drain(node: &Node) -> Vec<String> {
+    let mut publisher = node.publisher().await;
+    let (mut subscriber, _) = node.subscriber(1024).await;
+    let marker = publisher.request(json!({"body": "marker"})).await;
+    assert_eq!(marker["status"], "Success.", "{marker}");
+    let mut bodies = Vec::new();
+    loop {
+        let frame = subscriber.recv().await;
+        let Some(body) = frame["body"].as_str() else {
+            continue;
+        };
+        if body == "marker" {
+            return bodies;
+        }
+        bodies.push(body.to_string());
+        subscriber
+            .send_json(&json!({"id": frame["id"], "ack": 1}))
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn durability_2_is_synced_on_the_standby_or_answered_507() {
+    let primary = primary();
+    let mut publisher = primary.publisher().await;
+
+    // No standby yet: on the primary's disk only, so not "synced" as the queue promises.
+    let alone = publisher
+        .request(json!({"body": "before the standby", "durability": 2}))
+        .await;
+    assert_failure(&alone, 507);
+    // Durability 1 is shipped, never awaited.
+    let eventual = publisher
+        .request(json!({"body": "eventual", "durability": 1}))
+        .await;
+    assert_eq!(eventual["status"], "Success.", "{eventual}");
+
+    let mut standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let both = publisher
+        .request(json!({"body": "on both", "durability": 2}))
+        .await;
+    assert_eq!(both["status"], "Success.", "{both}");
+
+    // The standby dies: the primary stops counting on it at once.
+    standby.kill();
+    let gone = publisher
+        .request(json!({"body": "after the standby", "durability": 2}))
+        .await;
+    assert_failure(&gone, 507);
+
+    // It comes back on its own directory and catches up: durability 2 is whole again, and
+    // everything published meanwhile (507 keeps the message) is in its copy.
+    let standby = Standby::start_in(&primary, KEY, standby.into_data_dir());
+    wait_in_sync(&primary, 2);
+    let again = publisher
+        .request(json!({"body": "on both again", "durability": 2}))
+        .await;
+    assert_eq!(again["status"], "Success.", "{again}");
+    drop(publisher);
+    drop(primary);
+    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let bodies = drain(&promoted).await;
+    for body in [
+        "before the standby",
+        "eventual",
+        "on both",
+        "after the standby",
+        "on both again",
+    ] {
+        assert!(bodies.iter().any(|b| b == body), "{body} lost: {bodies:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_key_is_refused_and_counts_for_nothing() {
+    let primary = primary();
+    let standby = Standby::start(&primary, "not the key");
+    primary.wait_for_log("wrong key");
+    standby.wait_for_log("closed the connection: wrong replication key");
+    let mut publisher = primary.publisher().await;
+    let reply = publisher
+        .request(json!({"body": "x", "durability": 2}))
+        .await;
+    assert_failure(&reply, 507);
+    assert!(!primary.log().contains(IN_SYNC));
+    drop(standby);
+
+    // A node without a standby has no /replicate at all.
+    let lone = Node::start();
+    let refused = Standby::start(&lone, KEY);
+    refused.wait_for_log("WebSocket upgrade");
+}
+
+/// Publishes at durability 2 until the connection breaks; the bodies acknowledged.
+async fn publish_until_killed(
+    mut client: Client,
+    task: usize,
+    acked: Arc<AtomicUsize>,
+) -> Vec<String> {
+    let mut acknowledged = Vec::new();
+    for n in 0.. {
+        let body = format!("t{task}-n{n}");
+        let request = json!({"body": body, "durability": 2}).to_string();
+        if client.socket().send(Message::text(request)).await.is_err() {
+            break;
+        }
+        match client.socket().next().await {
+            Some(Ok(Message::Text(reply))) => {
+                let reply: Value = serde_json::from_str(&reply).unwrap();
+                assert_eq!(reply["status"], "Success.", "{reply}");
+                acknowledged.push(body);
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => break,
+        }
+    }
+    acknowledged
+}
+
+/// kill -9 of the primary at a moment picked at random under durability-2 publishers, while
+/// the standby is stalled (SIGSTOP) for the last 100 ms: a node started on the standby's
+/// directory has every message acknowledged, once. (A primary that answered on its own sync
+/// goes on acknowledging through the stall, and those are lost.)
+#[tokio::test]
+async fn every_acknowledged_durability_2_publish_is_on_the_standby_when_the_primary_dies() {
+    for round in 0..3 {
+        let mut primary = primary();
+        let standby = Standby::start(&primary, KEY);
+        wait_in_sync(&primary, 1);
+        let acked = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for task in 0..8 {
+            let client = primary.publisher().await;
+            tasks.push(tokio::spawn(publish_until_killed(
+                client,
+                task,
+                acked.clone(),
+            )));
+        }
+        // A moment between 200 and 1,000 acknowledged publishes in, picked from the clock.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as usize;
+        let kill_at = 200 + nanos % 800;
+        while acked.load(Ordering::Relaxed) < kill_at {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        standby.pause();
+        let stalled_at = acked.load(Ordering::Relaxed);
+        // The stall's length, not a wait for an event: what the primary answers meanwhile.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        primary.kill();
+        standby.resume();
+        let mut acknowledged = Vec::new();
+        for task in tasks {
+            acknowledged.extend(task.await.unwrap());
+        }
+        let promoted = Node::start_in(standby.into_data_dir(), &[]);
+        let bodies = drain(&promoted).await;
+        let unique: HashSet<&String> = bodies.iter().collect();
+        assert_eq!(unique.len(), bodies.len(), "round {round}: a message twice");
+        for body in &acknowledged {
+            assert!(
+                unique.contains(body),
+                "round {round}: {body} acknowledged, then lost"
+            );
+        }
+        eprintln!(
+            "round {round}: standby stalled after {stalled_at} acknowledged, primary killed \
+             after {}; {} on the standby",
+            acknowledged.len(),
+            bodies.len()
+        );
+    }
+}
+
+/// Each segment file in a log directory and its bytes, zeros after the records cut (a
+/// primary's files are made full of zeros ahead of their records).
+fn segments(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut segments = BTreeMap::new();
+    for entry in std::fs::read_dir(dir.join("messages")).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.len() == 12 && name.ends_with(".log") {
+            // Compaction may remove it meanwhile: the next look sees it gone.
+            let Ok(mut bytes) = std::fs::read(entry.path()) else {
+                continue;
+            };
+            let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |at| at + 1);
+            bytes.truncate(end);
+            segments.insert(name, bytes);
+        }
+    }
+    segments
+}
+
+/// A standby that attaches to a primary with a log already (several segments) copies it, then
+/// follows compaction: segments the primary removes go on the standby too, and the two
+/// directories end byte for byte the same.
+#[tokio::test]
+async fn a_late_standby_catches_up_and_follows_compaction() {
+    let primary = Node::start_with(&["--replication-key", KEY, "--log-segment-bytes", "65536"]);
+    let mut publisher = primary.publisher().await;
+    for n in 0..3000 {
+        let body = format!("early-{n:04}-{}", "x".repeat(100));
+        let reply = publisher
+            .request(json!({"body": body, "durability": 1}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    assert!(segments(primary.data_dir.path()).len() >= 4);
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+
+    // Ack all but the last 100: compaction empties the old segments and removes them.
+    let (mut subscriber, _) = primary.subscriber(1024).await;
+    let mut kept = Vec::new();
+    let (mut handled, mut ack_replies) = (0, 0);
+    while handled < 3000 {
+        let frame = subscriber.recv().await;
+        let Some(body) = frame["body"].as_str() else {
+            ack_replies += 1;
+            continue;
+        };
+        handled += 1;
+        match handled > 2900 {
+            true => kept.push(body.to_string()),
+            false => {
+                subscriber
+                    .send_json(&json!({"id": frame["id"], "ack": 1}))
+                    .await
+            }
+        }
+    }
+    // Every ack taken (and its record shipped) before the sync points below.
+    while ack_replies < 2900 {
+        let reply = subscriber.recv().await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+        ack_replies += 1;
+    }
+    drop(subscriber);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        // Each durability-2 publish is synced on both: the standby has everything before it.
+        let reply = publisher
+            .request(json!({"body": "sync point", "durability": 2}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+        let (ours, theirs) = (
+            segments(primary.data_dir.path()),
+            segments(standby.data_dir.path()),
+        );
+        let compacted = ours.len() < 4;
+        if compacted && ours == theirs {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standby's segments never matched: primary {:?}, standby {:?}",
+            ours.keys().collect::<Vec<_>>(),
+            theirs.keys().collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(publisher);
+    drop(primary);
+    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let bodies = drain(&promoted).await;
+    let early: Vec<&String> = bodies.iter().filter(|b| b.starts_with("early-")).collect();
+    assert_eq!(
+        early.len(),
+        100,
+        "what was acked came back, or kept went missing"
+    );
+    for body in &kept {
+        assert!(bodies.contains(body), "{body} lost");
+    }
+}
+
+/// Over wss:// (the node's own certificate path), the standby checks the primary's certificate
+/// against the CA it is given: with it, it follows; with another CA, or none, it never
+/// connects.
+#[tokio::test]
+async fn the_standby_follows_over_wss_and_checks_the_primary() {
+    let ca = qe_tests::test_ca("Queue Expert test CA");
+    let other_ca = qe_tests::test_ca("Some other CA");
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &ca).unwrap();
+    let pem = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (cert, key) = (
+        pem("cert.pem", cert.pem()),
+        pem("key.pem", key.serialize_pem()),
+    );
+    let (ca_file, other_ca_file) = (pem("ca.pem", ca.pem()), pem("other.pem", other_ca.pem()));
+    let primary = Node::start_with(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--replication-key",
+        KEY,
+    ]);
+
+    let untrusting = Standby::launch(
+        &primary.tls_url(),
+        KEY,
+        tempfile::tempdir().unwrap(),
+        &["--standby-ca", &other_ca_file],
+    );
+    untrusting.wait_for_log("TLS: invalid peer certificate");
+    let without_ca = Standby::launch(&primary.tls_url(), KEY, tempfile::tempdir().unwrap(), &[]);
+    without_ca.wait_for_log("wss:// needs --standby-ca");
+    assert!(!primary.log().contains(IN_SYNC));
+
+    let standby = Standby::launch(
+        &primary.tls_url(),
+        KEY,
+        tempfile::tempdir().unwrap(),
+        &["--standby-ca", &ca_file],
+    );
+    wait_in_sync(&primary, 1);
+    let roots = qe_tests::roots_from_pem(&ca.pem());
+    let mut publisher = Client::connect_tls_at(&primary.tls_url(), primary.addr, roots).await;
+    let login = publisher
+        .request(qe_tests::login_request(
+            "publisher",
+            "distribute",
+            json!({}),
+        ))
+        .await;
+    assert_eq!(login["status"], "Success.", "{login}");
+    let reply = publisher
+        .request(json!({"body": "over wss", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    drop((publisher, primary));
+    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    assert_eq!(drain(&promoted).await, ["over wss"]);
+}

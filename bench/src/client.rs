@@ -155,6 +155,8 @@ pub fn test_pki(dir: &Path) -> (PathBuf, PathBuf, TlsConnector) {
     let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
     std::fs::write(&cert_path, leaf.pem()).unwrap();
     std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    // For a standby, which checks the node's certificate as a client does.
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.der().clone()).unwrap();
     (

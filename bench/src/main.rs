@@ -95,6 +95,11 @@ struct Args {
     /// Count the node's system calls per message with `perf stat` (linux-perf, root).
     #[arg(long, global = true)]
     count_syscalls: bool,
+    /// Give the node a standby (`dataplane --standby-of`, its own data directory beside the
+    /// node's) pinned to this core, and wait until it is in sync: durability 2 is then
+    /// synced on both. On a 2-core machine it shares the load's core.
+    #[arg(long, global = true)]
+    standby_cpu: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -307,6 +312,7 @@ fn node_config(args: &Args, data_root: std::path::PathBuf) -> node::NodeConfig {
         no_compaction: args.no_compaction,
         count_allocations: args.count_allocations,
         count_syscalls: args.count_syscalls,
+        standby_cpu: args.standby_cpu,
         sqs_face: matches!(args.command, Command::Run { sqs_pollers, .. } if sqs_pollers > 0),
     }
 }

@@ -29,13 +29,20 @@ pub struct NodeConfig {
     pub count_syscalls: bool,
     /// Serve the SQS face too (on a port of its own), with the key [`SQS_KEY`].
     pub sqs_face: bool,
+    /// Give the node a standby pinned to this core (issue 35).
+    pub standby_cpu: Option<usize>,
 }
+
+/// The replication key of a node started with a standby.
+const REPLICATION_KEY: &str = "bench-replication-key";
 
 /// The SQS key of a node started with `sqs_face`: an administrator's.
 pub const SQS_KEY: (&str, &str) = ("AKIABENCH", "bench-secret");
 
 pub struct Node {
     child: Child,
+    /// Its standby, when it has one.
+    standby: Option<Child>,
     url: String,
     /// The SQS face's address, when it serves one.
     pub sqs: Option<std::net::SocketAddr>,
@@ -75,6 +82,10 @@ impl Node {
                     .flatten(),
             )
             .args(config.no_compaction.then_some("--no-compaction"))
+            .args(match config.standby_cpu {
+                Some(_) => vec!["--replication-key", REPLICATION_KEY],
+                None => Vec::new(),
+            })
             .args(match config.sqs_face {
                 true => vec![
                     "--sqs-listen".to_string(),
@@ -112,8 +123,12 @@ impl Node {
                 }
             }
         });
+        let standby = config
+            .standby_cpu
+            .map(|cpu| start_standby(config, cpu, addr, &data_dir.join("standby")));
         Node {
             child,
+            standby,
             url: config.wire.url(addr),
             sqs,
             startup,
@@ -166,7 +181,61 @@ impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(standby) = &mut self.standby {
+            let _ = standby.kill();
+            let _ = standby.wait();
+        }
     }
+}
+
+/// Starts the standby of the node at `addr` on `cpu`, with its data in `dir`, and waits until
+/// it has caught up (and a moment for the node to hear it).
+fn start_standby(config: &NodeConfig, cpu: usize, addr: std::net::SocketAddr, dir: &Path) -> Child {
+    let primary = match &config.tls_files {
+        Some(_) => format!("wss://localhost:{}/", addr.port()),
+        None => format!("ws://{addr}/"),
+    };
+    let ca = config.data_root.join("tls").join("ca.pem");
+    let mut child = Command::new("taskset")
+        .args(["-c", &cpu.to_string(), &config.binary])
+        .args([
+            "--standby-of",
+            &primary,
+            "--replication-key",
+            REPLICATION_KEY,
+        ])
+        .arg("--data-dir")
+        .arg(dir)
+        .args(match config.tls_files {
+            Some(_) => vec!["--standby-ca".as_ref(), ca.as_os_str()],
+            None => Vec::new(),
+        })
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the standby");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "the standby exited"
+        );
+        if line.contains("caught up with the primary") {
+            break;
+        }
+    }
+    std::thread::spawn(move || {
+        for line in stderr.lines() {
+            let line = line.unwrap_or_default();
+            if line.contains("WARN") || line.contains("ERROR") {
+                eprintln!("standby: {line}");
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    child
 }
 
 /// User plus system CPU time process `pid` has used (all its threads).

@@ -127,7 +127,6 @@ impl Node {
                 .log_segment_bytes
                 .unwrap_or(LogOptions::default().segment_bytes),
             compaction: !config.no_compaction,
-            standby: config.replication_key.is_some(),
         };
         let (store, mut recovered) = LogStore::open(&log_dir, options)?;
         let storage = store.meter();
@@ -156,6 +155,9 @@ impl Node {
             receipt.wait().await.map_err(|_| StartError::Damaged)?;
         }
         log::repair(&log_dir, &damaged)?;
+        if let Some(standby) = &standby {
+            standby.shipping.require_standby();
+        }
         tracing::info!(restored, damaged = damaged.len(), "queue read back");
 
         let history = History::open(meta.disk(), crate::engine::now_ms() / 1000)?;

@@ -265,6 +265,16 @@ pub struct Node {
     pub data_dir: tempfile::TempDir,
     /// Everything it wrote to stderr.
     log: Arc<Log>,
+    /// Its standby, in a run with `QE_TEST_STANDBY=1` ([`with_standbys`]).
+    standby: Option<standby::Standby>,
+}
+
+/// Whether this run gives every plain node a standby (`QE_TEST_STANDBY=1`; `scripts/test` runs
+/// the crash and conformance suites once more so): the node is started with
+/// `--replication-key`, its standby beside it, and is handed to the test once the standby is
+/// in sync, so that durability 2 is synced on both nodes in every test of the run.
+pub fn with_standbys() -> bool {
+    std::env::var("QE_TEST_STANDBY").is_ok_and(|v| v == "1")
 }
 
 /// The `RUST_LOG` the processes a test starts log at: `QE_TEST_RUST_LOG`, or `info`. (A
@@ -365,13 +375,26 @@ impl Node {
     }
 
     /// Kills the node and starts a new one on the same data directory with `extra` flags.
+    /// (With a standby: on the same address, which the standby follows, and handed over once
+    /// the standby is in sync with it again.)
     pub fn restart(mut self, extra: &[&str]) -> Node {
         self.kill();
         let log = self.log();
         // Move the directory out; the old node's Drop then only reaps a dead child.
         let data_dir = std::mem::replace(&mut self.data_dir, tempfile::tempdir().unwrap());
+        let standby = self.standby.take();
+        let addr = self.addr.to_string();
         drop(self);
-        let node = Node::start_in(data_dir, extra);
+        let node = match standby {
+            Some(standby) => {
+                let mut same_address = extra.to_vec();
+                if !extra.contains(&"--listen") {
+                    same_address.extend(["--listen", &addr]);
+                }
+                Node::launch_with(data_dir, &same_address, None, Some(standby))
+            }
+            None => Node::start_in(data_dir, extra),
+        };
         let mut text = node.log.lock();
         text.insert_str(0, &format!("{log}{RESTARTED}"));
         drop(text);
@@ -415,6 +438,36 @@ impl Node {
     }
 
     fn launch(data_dir: tempfile::TempDir, extra: &[&str], cpu: Option<usize>) -> Node {
+        Node::launch_with(data_dir, extra, cpu, None)
+    }
+
+    /// [`Node::launch`], with the standby it keeps (a restart), if it has one.
+    fn launch_with(
+        data_dir: tempfile::TempDir,
+        extra: &[&str],
+        cpu: Option<usize>,
+        standby: Option<standby::Standby>,
+    ) -> Node {
+        // A plain node, in a run with standbys, gets one (not a TLS one, nor one a test
+        // gives its own replication or config).
+        let replicated = with_standbys()
+            && !["--tls-cert", "--replication-key", "--config", "--bootstrap"]
+                .iter()
+                .any(|flag| extra.contains(flag));
+        let mut extra = extra.to_vec();
+        if replicated {
+            extra.extend(["--replication-key", standby::KEY]);
+        }
+        let mut node = Node::spawn(data_dir, &extra, cpu);
+        if replicated {
+            node.standby =
+                Some(standby.unwrap_or_else(|| standby::Standby::start(&node, standby::KEY)));
+            node.wait_for_log(standby::IN_SYNC);
+        }
+        node
+    }
+
+    fn spawn(data_dir: tempfile::TempDir, extra: &[&str], cpu: Option<usize>) -> Node {
         let login = |(name, password): (&str, &str)| format!("{name}:{password}");
         // Plain ws:// unless the test gives a certificate.
         let transport = match extra.contains(&"--tls-cert") {
@@ -469,6 +522,7 @@ impl Node {
             addr,
             data_dir,
             log,
+            standby: None,
         }
     }
 

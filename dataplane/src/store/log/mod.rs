@@ -81,7 +81,7 @@ use index::{Index, Live};
 use record::{encode_id, encode_message, encode_purged, encode_removed, Kind, MessageRecord};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -118,9 +118,6 @@ pub struct LogOptions {
     /// Whether old segments are compacted. Only a benchmark turns it off, to measure what
     /// compaction costs: without it the log grows with everything ever written.
     pub compaction: bool,
-    /// The queue has a standby (`replicas: 2`): a durability-2 change is synced on both
-    /// nodes before its reply, and failed (507) while no standby is in sync (`shipping`).
-    pub standby: bool,
 }
 
 impl Default for LogOptions {
@@ -128,7 +125,6 @@ impl Default for LogOptions {
         LogOptions {
             segment_bytes: 16 << 20,
             compaction: true,
-            standby: false,
         }
     }
 }
@@ -331,8 +327,9 @@ struct Shared {
     rounds: rounds::Rounds,
     /// The round writer on the runtime, when the log runs in one ([`inline`]).
     round_writer: Option<inline::RoundWriter>,
-    /// Durability 2 waits for the standby's sync too (`LogOptions::standby`).
-    standby: bool,
+    /// Durability 2 waits for the standby's sync too, from when the node serves
+    /// ([`Shipping::require_standby`]).
+    standby: AtomicBool,
     /// Tests only: run by a write of records once it has let go of the files and before it
     /// says how far it wrote, so a test can put a sync in between (see `files`).
     #[cfg(test)]
@@ -410,7 +407,7 @@ impl Ticket {
     /// a write or sync failed first (a failed write is retried; a failed sync is final).
     pub(super) async fn wait(self, synced: bool) -> bool {
         let lsn = self.lsn;
-        let standby = synced && self.shared.standby;
+        let standby = synced && self.shared.standby.load(Ordering::Relaxed);
         let reached = |p: &Progress| match synced {
             true => p.synced >= lsn && (!standby || p.standby_synced >= lsn),
             false => p.written >= lsn,
@@ -524,7 +521,7 @@ impl LogStore {
             round_writer: tokio::runtime::Handle::try_current()
                 .is_ok()
                 .then(inline::RoundWriter::new),
-            standby: options.standby,
+            standby: AtomicBool::new(false),
             #[cfg(test)]
             after_write: Mutex::new(None),
         });

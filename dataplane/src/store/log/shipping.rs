@@ -195,6 +195,13 @@ impl Shipping {
         Ok(attached)
     }
 
+    /// From now on durability 2 is synced on the standby too, or failed (507) while none is in
+    /// sync. Not before the node serves: what its start writes (the recovery's dead-letter
+    /// entries) is synced here and reaches the standby with its catch-up.
+    pub fn require_standby(&self) {
+        self.shared.standby.store(true, Ordering::Relaxed);
+    }
+
     /// The standby synced everything up to `lsn`.
     pub fn standby_synced(&self, lsn: u64) {
         self.shared.progress.send_if_modified(|p| {

@@ -176,9 +176,7 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin, source: IpAddr)
         return;
     };
     if route == Route::Replication {
-        if let Some(standby) = &node.standby {
-            crate::replication::primary::serve(websocket, standby, admitted, login_deadline).await;
-        }
+        crate::replication::primary::serve(websocket, &node, admitted, login_deadline).await;
         return;
     }
     let connection = Connection {

@@ -130,13 +130,9 @@ impl Node {
         };
         let (store, mut recovered) = LogStore::open(&log_dir, options)?;
         let storage = store.meter();
-        let standby = config
-            .replication_key
-            .clone()
-            .map(|key| crate::replication::Standby {
-                key,
-                shipping: store.shipping(),
-            });
+        let standby = config.replication_key.clone().map(|key| {
+            crate::replication::Standby::new(key, store.shipping(), config.data_dir.clone())
+        });
         let queue = Queue::new(
             Box::new(store),
             Limits {
@@ -216,6 +212,9 @@ impl Node {
             return Ok(());
         }
         let saved = self.meta.save(changes, crate::engine::now_ms() / 1000);
+        if let (Some(standby), false) = (&self.standby, saved == Err(SaveError::NotSaved)) {
+            standby.settings_saved.send_modify(|version| *version += 1);
+        }
         if saved != Err(SaveError::NotSaved) {
             let mut settings = self
                 .settings

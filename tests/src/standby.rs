@@ -84,6 +84,14 @@ impl Standby {
             .wait_until(&format!("{needle:?}"), |text| text.contains(needle))
     }
 
+    /// Waits until its log contains `needle` `times` times in all.
+    pub fn wait_for_log_count(&self, needle: &str, times: usize) {
+        self.log
+            .wait_until(&format!("{needle:?} × {times}"), |text| {
+                text.matches(needle).count() >= times
+            });
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().clone()
     }

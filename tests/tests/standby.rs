@@ -366,3 +366,45 @@ async fn the_standby_follows_over_wss_and_checks_the_primary() {
     let promoted = Node::start_in(standby.into_data_dir(), &[]);
     assert_eq!(drain(&promoted).await, ["over wss"]);
 }
+
+/// A promoted standby serves with the primary's saved settings (sent at the catch-up and on
+/// every save) and its SQS face signs with the same receipt key.
+#[tokio::test]
+async fn a_promoted_standby_has_the_settings_and_the_receipt_key() {
+    let primary = Node::start_with(&[
+        "--replication-key",
+        KEY,
+        "--sqs-listen",
+        "127.0.0.1:0",
+        "--sqs-key",
+        "admin:AKIASTANDBYTEST:secret",
+    ]);
+    let (mut admin, _) = primary.login("admin", "distribute", json!({})).await;
+    // Saved before the standby attaches: it gets them with its catch-up.
+    let before = json!({"cmd": "setcfg", "max-subscriber-capacity": 5});
+    assert_eq!(admin.request(before).await["status"], "Success.");
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    // Saved while it follows: sent on the save.
+    let after = json!({"cmd": "setcfg", "saved-session-timeout-secs": 60});
+    assert_eq!(admin.request(after).await["status"], "Success.");
+    // Sent once with the catch-up, once on the save.
+    standby.wait_for_log_count("the primary's settings are saved here", 2);
+    let mut publisher = primary.publisher().await;
+    let reply = publisher
+        .request(json!({"body": "x", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let key_file = |dir: &Path| std::fs::read(dir.join("sqs-receipt-key")).unwrap();
+    let primary_key = key_file(primary.data_dir.path());
+    drop((admin, publisher, primary));
+
+    let promoted_dir = standby.into_data_dir();
+    assert_eq!(key_file(promoted_dir.path()), primary_key);
+    let promoted = Node::start_in(promoted_dir, &[]);
+    let (mut admin, _) = promoted.login("admin", "distribute", json!({})).await;
+    let config = admin.request(json!({"cmd": "getcfg"})).await;
+    let csv = config["csv"].as_str().unwrap();
+    assert!(csv.contains("max-subscriber-capacity,w,5\n"), "{csv}");
+    assert!(csv.contains("saved-session-timeout-secs,w,60\n"), "{csv}");
+}

@@ -17,12 +17,29 @@ mod wire;
 
 use crate::auth::PasswordHash;
 use crate::store::log::Shipping;
+use std::path::PathBuf;
 
-/// The primary's side of its standby: who may be it, and the log it is shipped.
+/// The primary's side of its standby: who may be it, the log it is shipped, and the rest of
+/// the data directory a promoted standby needs (the saved settings, the SQS receipt key).
 pub struct Standby {
     /// The replication key's hash: a connection on `/replicate` must give the key.
     pub key: PasswordHash,
     pub shipping: Shipping,
+    /// The node's data directory (the receipt key is read from it).
+    pub data_dir: PathBuf,
+    /// Moves on every save of the settings: the standby is sent them again.
+    pub settings_saved: tokio::sync::watch::Sender<u64>,
+}
+
+impl Standby {
+    pub fn new(key: PasswordHash, shipping: Shipping, data_dir: PathBuf) -> Standby {
+        Standby {
+            key,
+            shipping,
+            data_dir,
+            settings_saved: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 /// The path a standby connects to on the primary's node port.

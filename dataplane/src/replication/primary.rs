@@ -5,6 +5,7 @@
 use super::wire::{self, Hello, MAX_WRITE_BYTES};
 use super::Standby;
 use crate::admission::PreLogin;
+use crate::state::Node;
 use crate::store::log::shipping::{Attached, SegmentCopy};
 use crate::store::log::Shipment;
 use futures::SinkExt;
@@ -45,13 +46,17 @@ enum Ended {
 /// a client's does.
 pub async fn serve(
     mut socket: Box<Socket>,
-    standby: &Standby,
+    node: &Node,
     admitted: PreLogin,
     hello_deadline: Instant,
 ) {
+    let Some(standby) = &node.standby else {
+        return;
+    };
     let mut generation = None;
     let ended = ship(
         &mut socket,
+        node,
         standby,
         admitted,
         hello_deadline,
@@ -76,6 +81,7 @@ pub async fn serve(
 
 async fn ship(
     socket: &mut Socket,
+    node: &Node,
     standby: &Standby,
     admitted: PreLogin,
     hello_deadline: Instant,
@@ -103,7 +109,7 @@ async fn ship(
         segments = attached.copies.len(),
         "a standby attached: catching up"
     );
-    match catch_up_then_follow(socket, standby, attached).await {
+    match catch_up_then_follow(socket, node, standby, attached).await {
         Ok(never) => match never {},
         Err(ended) => ended,
     }
@@ -111,6 +117,7 @@ async fn ship(
 
 async fn catch_up_then_follow(
     socket: &mut Socket,
+    node: &Node,
     standby: &Standby,
     attached: Attached,
 ) -> Result<std::convert::Infallible, Ended> {
@@ -130,6 +137,16 @@ async fn catch_up_then_follow(
     }
     for copy in copies {
         send_copy(socket, copy).await?;
+    }
+    // The rest of the data directory a promoted standby needs.
+    let mut settings_saved = standby.settings_saved.subscribe();
+    send_settings(socket, node).await?;
+    let receipt_key = standby.data_dir.join(crate::sqs::ReceiptKey::FILE);
+    match std::fs::read(&receipt_key) {
+        Ok(key) => send_frame(socket, wire::encode_receipt_key(&key)).await?,
+        // The SQS face has made none yet (it makes it as the node starts serving).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Ended::Read(e)),
     }
     let mut unanswered = VecDeque::from([(through, Instant::now())]);
     let caught_up = Shipment::Through {
@@ -169,6 +186,11 @@ async fn catch_up_then_follow(
                     in_sync = true;
                     standby.shipping.in_sync(generation);
                     tracing::info!(lsn, "the standby is in sync: durability 2 waits for it");
+                }
+            }
+            changed = settings_saved.changed() => {
+                if changed.is_ok() {
+                    send_settings(socket, node).await?;
                 }
             }
             _ = look.tick() => {
@@ -232,6 +254,18 @@ fn read_up_to(file: &std::fs::File, buffer: &mut [u8], offset: u64) -> std::io::
         }
     }
     Ok(filled)
+}
+
+/// Sends the settings saved now (read after the change that woke us, so the latest).
+async fn send_settings(socket: &mut Socket, node: &Node) -> Result<(), Ended> {
+    send_frame(socket, wire::encode_settings(&node.meta.saved())).await
+}
+
+async fn send_frame(socket: &mut Socket, frame: bytes::Bytes) -> Result<(), Ended> {
+    socket
+        .send(Frame::binary(frame))
+        .await
+        .map_err(|_| Ended::Gone)
 }
 
 async fn feed(socket: &mut Socket, shipment: &Shipment) -> Result<(), Ended> {

@@ -9,9 +9,10 @@
 //! a retry of a sync that failed, and the primary answers durability 2 with 507 until a
 //! standby is in sync again.
 
-use super::wire::{self, Hello};
+use super::wire::{self, Hello, Sent};
 use crate::store::log::mirror::Mirror;
 use crate::store::log::Shipment;
+use crate::store::meta::Meta;
 use futures::{FutureExt, SinkExt, StreamExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -50,13 +51,12 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
 /// Follows the primary until a disk fails (then returns the error).
 pub async fn run(config: StandbyConfig) -> Stopped {
-    let dir = config.data_dir.join("messages");
-    let mut mirror = match Mirror::open(&dir) {
-        Ok(mirror) => mirror,
+    let mut copy = match Copy::open(&config.data_dir) {
+        Ok(copy) => copy,
         Err(error) => return Stopped::Disk(error),
     };
     loop {
-        match follow(&config, &mut mirror).await {
+        match follow(&config, &mut copy).await {
             Stopped::Disk(error) => return Stopped::Disk(error),
             stopped => tracing::warn!(reason = %stopped, "following the primary: connecting again"),
         }
@@ -64,12 +64,12 @@ pub async fn run(config: StandbyConfig) -> Stopped {
     }
 }
 
-async fn follow(config: &StandbyConfig, mirror: &mut Mirror) -> Stopped {
+async fn follow(config: &StandbyConfig, copy: &mut Copy) -> Stopped {
     let mut socket = match connect(config).await {
         Ok(socket) => socket,
         Err(reason) => return Stopped::Connect(reason),
     };
-    let have = match mirror.have() {
+    let have = match copy.mirror.have() {
         Ok(have) => have,
         Err(error) => return Stopped::Disk(error),
     };
@@ -99,7 +99,7 @@ async fn follow(config: &StandbyConfig, mirror: &mut Mirror) -> Stopped {
             None => sync_now = true,
             Some(Err(_)) => return Stopped::Gone,
             Some(Ok(mut frame)) => loop {
-                match apply(mirror, frame) {
+                match apply(copy, frame) {
                     Ok(Some(Shipment::Through { lsn, sync })) => {
                         synced.applied = Some(lsn);
                         sync_now |= sync;
@@ -120,7 +120,7 @@ async fn follow(config: &StandbyConfig, mirror: &mut Mirror) -> Stopped {
         if !sync_now {
             continue;
         }
-        if let Err(error) = mirror.sync() {
+        if let Err(error) = copy.mirror.sync() {
             return Stopped::Disk(error);
         }
         synced.unsynced_since = None;
@@ -156,8 +156,30 @@ struct Synced {
     unsynced_since: Option<std::time::Instant>,
 }
 
-/// Applies one frame's shipment; the shipment (None for pings and pongs).
-fn apply(mirror: &mut Mirror, frame: Frame) -> Result<Option<Shipment>, Stopped> {
+/// The standby's copy of what a promoted node needs of the primary's data directory: the
+/// message log, the saved settings, the SQS receipt key. (Not the history: the primary
+/// reports its own records.)
+struct Copy {
+    mirror: Mirror,
+    meta: Meta,
+    data_dir: PathBuf,
+}
+
+impl Copy {
+    fn open(data_dir: &Path) -> std::io::Result<Copy> {
+        let mirror = Mirror::open(&data_dir.join("messages"))?;
+        let meta = Meta::open(&data_dir.join("meta")).map_err(std::io::Error::other)?;
+        Ok(Copy {
+            mirror,
+            meta,
+            data_dir: data_dir.to_path_buf(),
+        })
+    }
+}
+
+/// Applies one frame from the primary; the log's shipment it was, if it was one (None for
+/// pings, pongs, settings and the receipt key).
+fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
     match frame.opcode() {
         OpCode::Binary => {}
         OpCode::Close => {
@@ -172,10 +194,29 @@ fn apply(mirror: &mut Mirror, frame: Frame) -> Result<Option<Shipment>, Stopped>
         OpCode::Text => return Err(Stopped::Unexpected),
         OpCode::Ping | OpCode::Pong | OpCode::Continuation => return Ok(None),
     }
-    let shipment = wire::decode(&frame.into_payload()).ok_or(Stopped::Unexpected)?;
     // The standby does nothing else: its one task may block on the disk.
-    mirror.apply(&shipment).map_err(Stopped::Disk)?;
-    Ok(Some(shipment))
+    match wire::decode_sent(&frame.into_payload()).ok_or(Stopped::Unexpected)? {
+        Sent::Log(shipment) => {
+            copy.mirror.apply(&shipment).map_err(Stopped::Disk)?;
+            Ok(Some(shipment))
+        }
+        Sent::Settings(settings) => {
+            let saved = copy.meta.save_copy(&settings);
+            saved.map_err(|error| Stopped::Disk(std::io::Error::other(format!("{error:?}"))))?;
+            tracing::info!(
+                saved = settings.values.len(),
+                "the primary's settings are saved here"
+            );
+            Ok(None)
+        }
+        Sent::ReceiptKey(key) => {
+            let path = copy.data_dir.join(crate::sqs::ReceiptKey::FILE);
+            if std::fs::read(&path).ok().as_deref() != Some(&key[..]) {
+                qe_shared::files::write_private(&path, &key).map_err(Stopped::Disk)?;
+            }
+            Ok(None)
+        }
+    }
 }
 
 type Socket = WebSocket<MaybeTlsStream<TcpStream>>;

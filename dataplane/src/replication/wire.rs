@@ -2,6 +2,7 @@
 //! binary: a kind byte, then little-endian fields.
 
 use crate::store::log::Shipment;
+use crate::store::meta::SavedSettings;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +17,10 @@ const WRITE: u8 = b'W';
 const TRUNCATE: u8 = b'T';
 const REMOVE: u8 = b'R';
 const THROUGH: u8 = b'L';
+/// The primary's saved settings (JSON), at the catch-up and on every save.
+const SETTINGS: u8 = b'C';
+/// The SQS face's receipt key (its 32 bytes), at the catch-up.
+const RECEIPT_KEY: u8 = b'K';
 /// Standby → primary: synced up to an LSN.
 const SYNCED: u8 = b'S';
 
@@ -53,6 +58,34 @@ pub fn encode(shipment: &Shipment) -> Bytes {
         }
     }
     out.freeze()
+}
+
+/// What the primary sends: the log's shipments, and the rest of the data directory a
+/// promoted standby needs.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sent {
+    Log(Shipment),
+    Settings(SavedSettings),
+    ReceiptKey(Bytes),
+}
+
+pub fn encode_settings(settings: &SavedSettings) -> Bytes {
+    let mut out = vec![SETTINGS];
+    serde_json::to_writer(&mut out, settings).expect("settings serialize");
+    out.into()
+}
+
+pub fn encode_receipt_key(key: &[u8]) -> Bytes {
+    [&[RECEIPT_KEY][..], key].concat().into()
+}
+
+/// What a frame from the primary is; None if it is nothing the standby takes.
+pub fn decode_sent(frame: &Bytes) -> Option<Sent> {
+    match frame.first()? {
+        &SETTINGS => serde_json::from_slice(&frame[1..]).ok().map(Sent::Settings),
+        &RECEIPT_KEY if frame.len() == 33 => Some(Sent::ReceiptKey(frame.slice(1..))),
+        _ => decode(frame).map(Sent::Log),
+    }
 }
 
 /// A shipment from a frame; None if it is not one.
@@ -130,6 +163,17 @@ mod tests {
             assert_eq!(decode(&encode(&shipment)), Some(shipment));
         }
         assert_eq!(decode_synced(&encode_synced(42)), Some(42));
+        let settings = SavedSettings {
+            values: vec![("max-subscriber-capacity".into(), 7)],
+            changed_at: Some(1_800_000_000),
+        };
+        let sent = decode_sent(&encode_settings(&settings));
+        assert_eq!(sent, Some(Sent::Settings(settings)));
+        let key = [9u8; 32];
+        let sent = decode_sent(&encode_receipt_key(&key));
+        assert_eq!(sent, Some(Sent::ReceiptKey(Bytes::copy_from_slice(&key))));
+        assert_eq!(decode_sent(&Bytes::from_static(b"K123")), None);
+        assert_eq!(decode_sent(&Bytes::from_static(b"C{")), None);
     }
 
     #[test]

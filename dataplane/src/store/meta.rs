@@ -57,6 +57,15 @@ impl SaveError {
     }
 }
 
+/// The settings saved on a primary, as its standby is sent them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavedSettings {
+    /// Each saved setting's name and value.
+    pub values: Vec<(String, u64)>,
+    /// When they last changed (seconds since 1970); None: never.
+    pub changed_at: Option<u64>,
+}
+
 /// The key, beside the settings' own, of when they last changed (no setting has this name).
 const CHANGED_AT: &str = "changed-at";
 
@@ -96,6 +105,33 @@ impl Meta {
             }
         }
         settings
+    }
+
+    /// Every setting ever saved, with its value, and when they last changed: what a standby
+    /// is sent (`replication`).
+    pub fn saved(&self) -> SavedSettings {
+        let values = Setting::ALL.iter().filter_map(|setting| {
+            let saved = self.settings.get(setting.name()).ok().flatten()?;
+            let value = u64::from_be_bytes(saved.as_ref().try_into().ok()?);
+            Some((setting.name().to_string(), value))
+        });
+        SavedSettings {
+            values: values.collect(),
+            changed_at: self.settings_changed_at(),
+        }
+    }
+
+    /// Saves what a primary's [`Meta::saved`] gave, on its standby; names or values this
+    /// build does not take are left out, as [`Meta::settings`] would ignore them.
+    pub fn save_copy(&self, copy: &SavedSettings) -> Result<(), SaveError> {
+        let Some(changed_at) = copy.changed_at else {
+            return Ok(());
+        };
+        let taken = copy.values.iter().filter_map(|(name, value)| {
+            let setting = Setting::parse(name).filter(|s| s.accepts(*value))?;
+            Some((setting, *value))
+        });
+        self.save(&taken.collect::<Vec<_>>(), changed_at)
     }
 
     /// Saves `changes` all together, with `now_secs` as when the settings last changed, and

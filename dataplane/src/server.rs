@@ -176,7 +176,9 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin, source: IpAddr)
         return;
     };
     if route == Route::Replication {
-        crate::replication::primary::serve(websocket, &node, admitted, login_deadline).await;
+        if let Some(standby) = &node.standby {
+            crate::replication::primary::serve(websocket, standby, admitted, login_deadline).await;
+        }
         return;
     }
     let connection = Connection {

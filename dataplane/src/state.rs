@@ -10,6 +10,7 @@ use crate::config::Keepalive;
 use crate::engine::{CopyQueue, Limits, Queue};
 use crate::history::{History, Totals, UsageLabels};
 use crate::limits::{raise_descriptor_limit, usable_memory, NodeLimits};
+use crate::store::data_dir;
 use crate::store::log::{self, LogOptions, LogStore};
 use crate::store::meta::SaveError;
 use crate::store::Meta;
@@ -118,10 +119,10 @@ impl Node {
             config.max_messages,
             config.max_messages_memory,
         );
-        let meta = Meta::open(&config.data_dir.join("meta"))?;
+        let meta = Meta::open(&config.data_dir.join(data_dir::META))?;
         let settings = meta.settings(config.tier);
 
-        let log_dir = config.data_dir.join("messages");
+        let log_dir = config.data_dir.join(data_dir::MESSAGES);
         let options = LogOptions {
             segment_bytes: config
                 .log_segment_bytes
@@ -131,7 +132,8 @@ impl Node {
         let (store, mut recovered) = LogStore::open(&log_dir, options)?;
         let storage = store.meter();
         let standby = config.replication_key.clone().map(|key| {
-            crate::replication::Standby::new(key, store.shipping(), config.data_dir.clone())
+            let receipt_key = config.data_dir.join(data_dir::SQS_RECEIPT_KEY);
+            crate::replication::Standby::new(key, store.shipping(), meta.clone(), receipt_key)
         });
         let queue = Queue::new(
             Box::new(store),

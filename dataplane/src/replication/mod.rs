@@ -17,6 +17,7 @@ mod wire;
 
 use crate::auth::PasswordHash;
 use crate::store::log::Shipping;
+use crate::store::Meta;
 use std::path::PathBuf;
 
 /// The primary's side of its standby: who may be it, the log it is shipped, and the rest of
@@ -25,18 +26,21 @@ pub struct Standby {
     /// The replication key's hash: a connection on `/replicate` must give the key.
     pub key: PasswordHash,
     pub shipping: Shipping,
-    /// The node's data directory (the receipt key is read from it).
-    pub data_dir: PathBuf,
+    /// The settings, sent as saved.
+    pub meta: Meta,
+    /// The SQS receipt key's file (made as the node starts serving).
+    pub receipt_key: PathBuf,
     /// Moves on every save of the settings: the standby is sent them again.
     pub settings_saved: tokio::sync::watch::Sender<u64>,
 }
 
 impl Standby {
-    pub fn new(key: PasswordHash, shipping: Shipping, data_dir: PathBuf) -> Standby {
+    pub fn new(key: PasswordHash, shipping: Shipping, meta: Meta, receipt_key: PathBuf) -> Standby {
         Standby {
             key,
             shipping,
-            data_dir,
+            meta,
+            receipt_key,
             settings_saved: tokio::sync::watch::Sender::new(0),
         }
     }

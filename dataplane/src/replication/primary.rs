@@ -5,7 +5,6 @@
 use super::wire::{self, Hello, MAX_WRITE_BYTES};
 use super::Standby;
 use crate::admission::PreLogin;
-use crate::state::Node;
 use crate::store::log::shipping::{Attached, SegmentCopy};
 use crate::store::log::Shipment;
 use futures::SinkExt;
@@ -46,17 +45,13 @@ enum Ended {
 /// a client's does.
 pub async fn serve(
     mut socket: Box<Socket>,
-    node: &Node,
+    standby: &Standby,
     admitted: PreLogin,
     hello_deadline: Instant,
 ) {
-    let Some(standby) = &node.standby else {
-        return;
-    };
     let mut generation = None;
     let ended = ship(
         &mut socket,
-        node,
         standby,
         admitted,
         hello_deadline,
@@ -81,7 +76,6 @@ pub async fn serve(
 
 async fn ship(
     socket: &mut Socket,
-    node: &Node,
     standby: &Standby,
     admitted: PreLogin,
     hello_deadline: Instant,
@@ -109,7 +103,7 @@ async fn ship(
         segments = attached.copies.len(),
         "a standby attached: catching up"
     );
-    match catch_up_then_follow(socket, node, standby, attached).await {
+    match catch_up_then_follow(socket, standby, attached).await {
         Ok(never) => match never {},
         Err(ended) => ended,
     }
@@ -117,7 +111,6 @@ async fn ship(
 
 async fn catch_up_then_follow(
     socket: &mut Socket,
-    node: &Node,
     standby: &Standby,
     attached: Attached,
 ) -> Result<std::convert::Infallible, Ended> {
@@ -140,9 +133,8 @@ async fn catch_up_then_follow(
     }
     // The rest of the data directory a promoted standby needs.
     let mut settings_saved = standby.settings_saved.subscribe();
-    send_settings(socket, node).await?;
-    let receipt_key = standby.data_dir.join(crate::sqs::ReceiptKey::FILE);
-    match std::fs::read(&receipt_key) {
+    send_settings(socket, standby).await?;
+    match std::fs::read(&standby.receipt_key) {
         Ok(key) => send_frame(socket, wire::encode_receipt_key(&key)).await?,
         // The SQS face has made none yet (it makes it as the node starts serving).
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -190,7 +182,7 @@ async fn catch_up_then_follow(
             }
             changed = settings_saved.changed() => {
                 if changed.is_ok() {
-                    send_settings(socket, node).await?;
+                    send_settings(socket, standby).await?;
                 }
             }
             _ = look.tick() => {
@@ -257,8 +249,8 @@ fn read_up_to(file: &std::fs::File, buffer: &mut [u8], offset: u64) -> std::io::
 }
 
 /// Sends the settings saved now (read after the change that woke us, so the latest).
-async fn send_settings(socket: &mut Socket, node: &Node) -> Result<(), Ended> {
-    send_frame(socket, wire::encode_settings(&node.meta.saved())).await
+async fn send_settings(socket: &mut Socket, standby: &Standby) -> Result<(), Ended> {
+    send_frame(socket, wire::encode_settings(&standby.meta.saved())).await
 }
 
 async fn send_frame(socket: &mut Socket, frame: bytes::Bytes) -> Result<(), Ended> {

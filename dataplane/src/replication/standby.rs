@@ -10,6 +10,7 @@
 //! standby is in sync again.
 
 use super::wire::{self, Hello, Sent};
+use crate::store::data_dir;
 use crate::store::log::mirror::Mirror;
 use crate::store::log::Shipment;
 use crate::store::meta::Meta;
@@ -167,8 +168,8 @@ struct Copy {
 
 impl Copy {
     fn open(data_dir: &Path) -> std::io::Result<Copy> {
-        let mirror = Mirror::open(&data_dir.join("messages"))?;
-        let meta = Meta::open(&data_dir.join("meta")).map_err(std::io::Error::other)?;
+        let mirror = Mirror::open(&data_dir.join(data_dir::MESSAGES))?;
+        let meta = Meta::open(&data_dir.join(data_dir::META)).map_err(std::io::Error::other)?;
         Ok(Copy {
             mirror,
             meta,
@@ -210,7 +211,7 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
             Ok(None)
         }
         Sent::ReceiptKey(key) => {
-            let path = copy.data_dir.join(crate::sqs::ReceiptKey::FILE);
+            let path = copy.data_dir.join(data_dir::SQS_RECEIPT_KEY);
             if std::fs::read(&path).ok().as_deref() != Some(&key[..]) {
                 qe_shared::files::write_private(&path, &key).map_err(Stopped::Disk)?;
             }

@@ -81,9 +81,9 @@ pub fn encode_receipt_key(key: &[u8]) -> Bytes {
 
 /// What a frame from the primary is; None if it is nothing the standby takes.
 pub fn decode_sent(frame: &Bytes) -> Option<Sent> {
-    match frame.first()? {
-        &SETTINGS => serde_json::from_slice(&frame[1..]).ok().map(Sent::Settings),
-        &RECEIPT_KEY if frame.len() == 33 => Some(Sent::ReceiptKey(frame.slice(1..))),
+    match *frame.first()? {
+        SETTINGS => serde_json::from_slice(&frame[1..]).ok().map(Sent::Settings),
+        RECEIPT_KEY if frame.len() == 33 => Some(Sent::ReceiptKey(frame.slice(1..))),
         _ => decode(frame).map(Sent::Log),
     }
 }

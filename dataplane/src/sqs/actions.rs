@@ -761,12 +761,9 @@ fn read_receipt_handle(key: &ReceiptKey, handle: &str) -> Option<Handle> {
 pub struct ReceiptKey([u8; 32]);
 
 impl ReceiptKey {
-    /// Its file in the data directory (a standby is sent it: `replication`).
-    pub const FILE: &str = "sqs-receipt-key";
-
     /// The key kept in `data_dir` (`sqs-receipt-key`, 0600), made the first time.
     pub fn kept_in(data_dir: &std::path::Path) -> std::io::Result<ReceiptKey> {
-        let path = data_dir.join(ReceiptKey::FILE);
+        let path = data_dir.join(crate::store::data_dir::SQS_RECEIPT_KEY);
         match std::fs::read(&path) {
             Ok(bytes) if bytes.len() == 32 => Ok(ReceiptKey(bytes.try_into().expect("32 bytes"))),
             Ok(_) => Err(std::io::Error::new(

@@ -13,6 +13,7 @@ use qe_shared::Code;
 use std::path::Path;
 use std::sync::Arc;
 
+#[derive(Clone)]
 pub struct Meta {
     disk: MetaDisk,
     /// Setting name → value (u64, big-endian): only settings an administrator changed.

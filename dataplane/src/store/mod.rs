@@ -13,6 +13,16 @@ pub use log::{LogOptions, LogStore, StorageMeter};
 pub use memory::MemoryStore;
 pub use meta::Meta;
 
+/// Where a node keeps things in its data directory (a standby's copy has the same layout).
+pub mod data_dir {
+    /// The message log's segment files (`log`).
+    pub const MESSAGES: &str = "messages";
+    /// The settings and the history (sled, `meta`).
+    pub const META: &str = "meta";
+    /// The key the SQS face signs receipt handles with (`sqs::ReceiptKey`).
+    pub const SQS_RECEIPT_KEY: &str = "sqs-receipt-key";
+}
+
 use crate::message::ids::{MessageId, SessionId};
 use crate::message::{Dead, Message};
 

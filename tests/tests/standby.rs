@@ -408,3 +408,48 @@ async fn a_promoted_standby_has_the_settings_and_the_receipt_key() {
     assert!(csv.contains("max-subscriber-capacity,w,5\n"), "{csv}");
     assert!(csv.contains("saved-session-timeout-secs,w,60\n"), "{csv}");
 }
+
+/// A machine crash can leave a standby's file with its length but without writes it had not
+/// synced (zeros where records were). A standby that starts again checks its records and
+/// says it holds only the sound ones: the rest is sent again, and a node promoted on it has
+/// every message, with no damage to dead-letter.
+#[tokio::test]
+async fn a_standby_whose_crash_lost_unsynced_writes_has_them_sent_again() {
+    let primary = primary();
+    let mut standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let mut publisher = primary.publisher().await;
+    for n in 0..200 {
+        let reply = publisher
+            .request(json!({"body": format!("m{n:03}"), "durability": 2}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    standby.kill();
+    // Zeros over the middle of its copy, as pages a crash lost.
+    let copy = segments(standby.data_dir.path());
+    let (name, bytes) = copy.iter().next_back().expect("a segment");
+    let path = standby.data_dir.path().join("messages").join(name);
+    let mut damaged = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    damaged[middle..middle + 100].fill(0);
+    std::fs::write(&path, damaged).unwrap();
+
+    let standby = Standby::start_in(&primary, KEY, standby.into_data_dir());
+    wait_in_sync(&primary, 2);
+    let reply = publisher
+        .request(json!({"body": "after", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    drop((publisher, primary));
+    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let bodies = drain(&promoted).await;
+    let mut expected: Vec<String> = (0..200).map(|n| format!("m{n:03}")).collect();
+    expected.push("after".into());
+    assert_eq!(bodies, expected);
+    assert!(
+        !promoted.log().contains("damaged record"),
+        "{}",
+        promoted.log()
+    );
+}

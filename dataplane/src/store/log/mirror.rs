@@ -5,7 +5,13 @@
 //! A sync here is what the standby's answer promises: every file written since the last sync,
 //! and the directory when a file was made or removed. As on the primary, a failed sync is
 //! final: the caller stops, and the pages it may have lost are never trusted to a retry.
+//!
+//! What the standby says it holds is what it can read back: at start, each segment's records
+//! are checked (as the node's recovery does) and only the sound ones from its start count, so
+//! writes a machine crash lost before their sync (zeros, or a torn record, left in a file that
+//! has its length) are sent again, and cut off the file first; from then on, what it writes.
 
+use super::record::{read_at, Read};
 use super::segment_path;
 use super::shipping::Shipment;
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,32 +27,43 @@ pub struct Mirror {
     unsynced: BTreeSet<u32>,
     /// A file was made or removed since the last sync.
     directory_unsynced: bool,
+    /// Each segment there is, and how much of it from its start holds what the primary sent.
+    held: BTreeMap<u32, u64>,
 }
 
 impl Mirror {
-    /// The mirror in `dir` (made if need be).
+    /// The mirror in `dir` (made if need be), its segments read through once.
     pub fn open(dir: &Path) -> std::io::Result<Mirror> {
         std::fs::create_dir_all(dir)?;
+        let mut held = BTreeMap::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let Some(segment) = segment_of(&entry.file_name().to_string_lossy()) else {
+                continue;
+            };
+            let bytes = std::fs::read(entry.path())?;
+            let sound = sound_prefix(&bytes);
+            if sound < bytes.len() as u64 {
+                // What follows is sent again; nothing unverified stays behind it for a
+                // promoted node's recovery to take for damage.
+                let file = OpenOptions::new().write(true).open(entry.path())?;
+                file.set_len(sound)?;
+                file.sync_all()?;
+            }
+            held.insert(segment, sound);
+        }
         Ok(Mirror {
             dir: dir.to_path_buf(),
             open: BTreeMap::new(),
             unsynced: BTreeSet::new(),
             directory_unsynced: false,
+            held,
         })
     }
 
-    /// Each segment file there is, and its length: what the primary need not send again.
-    pub fn have(&self) -> std::io::Result<BTreeMap<u32, u64>> {
-        let mut have = BTreeMap::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            let Some(segment) = segment_of(&name.to_string_lossy()) else {
-                continue;
-            };
-            have.insert(segment, entry.metadata()?.len());
-        }
-        Ok(have)
+    /// Each segment there is and how much of it is the primary's: what it need not send again.
+    pub fn have(&self) -> BTreeMap<u32, u64> {
+        self.held.clone()
     }
 
     /// Applies one shipment. A removal syncs what was written first: the primary removed the
@@ -60,14 +77,21 @@ impl Mirror {
             } => {
                 self.file(*segment)?.write_all_at(bytes, *offset)?;
                 self.unsynced.insert(*segment);
+                // The primary sends each segment in order from what it was told is here.
+                let held = self.held.entry(*segment).or_default();
+                if *offset <= *held {
+                    *held = (*held).max(offset + bytes.len() as u64);
+                }
             }
             Shipment::Truncate { segment, len } => {
                 self.file(*segment)?.set_len(*len)?;
                 self.unsynced.insert(*segment);
+                self.held.insert(*segment, *len);
             }
             Shipment::Remove { segment } => {
                 self.sync()?;
                 self.open.remove(segment);
+                self.held.remove(segment);
                 match std::fs::remove_file(segment_path(&self.dir, *segment)) {
                     Ok(()) => self.directory_unsynced = true,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -107,6 +131,16 @@ impl Mirror {
         }
         Ok(&self.open[&segment])
     }
+}
+
+/// How many bytes from a segment's start are sound records: where a record first fails its
+/// checksum, is cut short, or zeros begin.
+fn sound_prefix(bytes: &[u8]) -> u64 {
+    let mut offset = 0;
+    while let Read::Sound { len, .. } = read_at(bytes, offset) {
+        offset += len;
+    }
+    offset as u64
 }
 
 /// The segment a file name is of (`00000042.log`).

@@ -46,6 +46,7 @@
 
 mod abuse;
 mod bulk;
+mod catchup;
 mod chaos;
 mod client;
 mod connections;
@@ -130,6 +131,12 @@ enum Command {
     },
     /// Restart time and memory with many stored messages.
     Recovery {
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: usize,
+    },
+    /// A standby attaching to a queue with many stored messages: time to catch up, and the
+    /// CPU it costs (needs --standby-cpu).
+    StandbyCatchup {
         #[arg(long, default_value_t = 1_000_000)]
         messages: usize,
     },
@@ -368,6 +375,7 @@ async fn run_on_node(command: Command, config: &node::NodeConfig) {
         Command::Dedup(settings) => dedup::dedup(config, &settings).await,
         Command::Recovery { messages } => workload::recovery(config, messages).await,
         Command::Bulk { messages } => bulk::bulk(config, messages).await,
+        Command::StandbyCatchup { messages } => catchup::catchup(config, messages).await,
         Command::Connections {
             count,
             pre_login,

@@ -41,6 +41,7 @@ pub const SQS_KEY: (&str, &str) = ("AKIABENCH", "bench-secret");
 
 pub struct Node {
     child: Child,
+    addr: std::net::SocketAddr,
     /// Its standby, when it has one.
     standby: Option<Child>,
     url: String,
@@ -53,8 +54,41 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts the node on `data_dir`, pinned to its core.
+    /// Starts the node on `data_dir`, pinned to its core, with its standby if it has one
+    /// (in sync when this returns).
     pub fn start(config: &NodeConfig, data_dir: &Path) -> Node {
+        let mut node = Node::start_alone(config, data_dir);
+        if let Some(cpu) = config.standby_cpu {
+            node.attach_standby(config, cpu, data_dir);
+            // A moment for the node to hear that it is in sync.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        node
+    }
+
+    /// Starts its standby (on `cpu`, its data beside the node's in `data_dir`) and returns once
+    /// the standby has caught up.
+    pub fn attach_standby(&mut self, config: &NodeConfig, cpu: usize, data_dir: &Path) {
+        let standby = start_standby(config, cpu, self.addr, &data_dir.join("standby"));
+        self.standby = Some(standby);
+    }
+
+    /// Kills its standby (SIGKILL), if it has one; its data stays.
+    pub fn kill_standby(&mut self) {
+        if let Some(mut standby) = self.standby.take() {
+            let _ = standby.kill();
+            let _ = standby.wait();
+        }
+    }
+
+    /// The standby's process id, when the node has one.
+    pub fn standby_pid(&self) -> Option<u32> {
+        self.standby.as_ref().map(Child::id)
+    }
+
+    /// Starts the node on `data_dir`, pinned to its core; with `--replication-key` if it is to
+    /// have a standby, which is not started.
+    pub fn start_alone(config: &NodeConfig, data_dir: &Path) -> Node {
         let login = |(name, password): (&str, &str)| format!("{name}:{password}");
         let started = Instant::now();
         let transport: Vec<&std::ffi::OsStr> = match &config.tls_files {
@@ -123,12 +157,10 @@ impl Node {
                 }
             }
         });
-        let standby = config
-            .standby_cpu
-            .map(|cpu| start_standby(config, cpu, addr, &data_dir.join("standby")));
         Node {
             child,
-            standby,
+            addr,
+            standby: None,
             url: config.wire.url(addr),
             sqs,
             startup,
@@ -189,7 +221,7 @@ impl Drop for Node {
 }
 
 /// Starts the standby of the node at `addr` on `cpu`, with its data in `dir`, and waits until
-/// it has caught up (and a moment for the node to hear it).
+/// it has caught up.
 fn start_standby(config: &NodeConfig, cpu: usize, addr: std::net::SocketAddr, dir: &Path) -> Child {
     let primary = match &config.tls_files {
         Some(_) => format!("wss://localhost:{}/", addr.port()),
@@ -234,7 +266,6 @@ fn start_standby(config: &NodeConfig, cpu: usize, addr: std::net::SocketAddr, di
             }
         }
     });
-    std::thread::sleep(Duration::from_millis(200));
     child
 }
 

@@ -152,8 +152,9 @@ impl Node {
                 len = region.bytes.len(), "a damaged record went to the dead letter queue");
             receipt.wait().await.map_err(|_| StartError::Damaged)?;
         }
-        log::repair(&log_dir, &damaged)?;
+        let repairs = log::repair(&log_dir, &damaged)?;
         if let Some(standby) = &standby {
+            standby.shipping.repaired(repairs);
             standby.shipping.require_standby();
         }
         tracing::info!(restored, damaged = damaged.len(), "queue read back");

@@ -453,3 +453,64 @@ async fn a_standby_whose_crash_lost_unsynced_writes_has_them_sent_again() {
         promoted.log()
     );
 }
+
+/// Damage found at the primary's start is dead-lettered there and padded over; a standby that
+/// held the segment whole is sent the padding too, so a node promoted on its copy has the
+/// damaged record's dead-letter entry and not the record as well.
+#[tokio::test]
+async fn the_primarys_repair_of_damage_reaches_the_standby() {
+    let mut primary = primary();
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let mut publisher = primary.publisher().await;
+    for body in ["first", "second", "third"] {
+        let reply = publisher
+            .request(json!({"body": body, "durability": 2}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    drop(publisher);
+    primary.kill();
+    // Rot in the primary's copy only.
+    let (name, _) = segments(primary.data_dir.path())
+        .into_iter()
+        .find(|(_, bytes)| bytes.windows(6).any(|w| w == b"second"))
+        .expect("the segment with the record");
+    let path = primary.data_dir.path().join("messages").join(name);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.windows(6).position(|w| w == b"second").unwrap();
+    bytes[at + 2] ^= 0x20;
+    std::fs::write(&path, bytes).unwrap();
+
+    let data_dir = std::mem::replace(&mut primary.data_dir, tempfile::tempdir().unwrap());
+    drop(primary);
+    let addr = standby_primary_address(&standby);
+    let primary = Node::start_in(data_dir, &["--replication-key", KEY, "--listen", &addr]);
+    primary.wait_for_log("a damaged record went to the dead letter queue");
+    wait_in_sync(&primary, 1);
+    let mut publisher = primary.publisher().await;
+    let reply = publisher
+        .request(json!({"body": "after", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    drop((publisher, primary));
+
+    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    assert_eq!(drain(&promoted).await, ["first", "third", "after"]);
+    let (mut admin, _) = promoted.login("admin", "distribute", json!({})).await;
+    let list = admin
+        .request(json!({"cmd": "getdlqmsgs", "after": "", "count": 10}))
+        .await;
+    assert_eq!(list["csv"].as_str().unwrap().lines().count(), 1, "{list}");
+}
+
+/// The address a standby follows (its `--standby-of`), for a primary started again there.
+fn standby_primary_address(standby: &Standby) -> String {
+    let log = standby.wait_for_log("following the primary");
+    let url = log
+        .split("primary=ws://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("the primary's address in the standby's log");
+    url.to_string()
+}

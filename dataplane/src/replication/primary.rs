@@ -119,6 +119,7 @@ async fn catch_up_then_follow(
         truncated,
         removed,
         copies,
+        repairs,
         through,
         mut shipments,
     } = attached;
@@ -130,6 +131,9 @@ async fn catch_up_then_follow(
     }
     for copy in copies {
         send_copy(socket, copy).await?;
+    }
+    for repair in &repairs {
+        send(socket, repair).await?;
     }
     // The rest of the data directory a promoted standby needs.
     let mut settings_saved = standby.settings_saved.subscribe();

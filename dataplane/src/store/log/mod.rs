@@ -72,7 +72,7 @@ mod spare;
 mod syncer;
 mod writer;
 
-pub use recovery::{repair, DamagedRegion, Recovered};
+pub use recovery::{repair, DamagedRegion, Recovered, Repair};
 pub use shipping::{Shipment, Shipping};
 
 use super::{Change, Receipt, Store};
@@ -330,6 +330,8 @@ struct Shared {
     /// Durability 2 waits for the standby's sync too, from when the node serves
     /// ([`Shipping::require_standby`]).
     standby: AtomicBool,
+    /// What the start's repair wrote over damage, sent to every standby that attaches.
+    repairs: Mutex<Vec<Repair>>,
     /// Tests only: run by a write of records once it has let go of the files and before it
     /// says how far it wrote, so a test can put a sync in between (see `files`).
     #[cfg(test)]
@@ -522,6 +524,7 @@ impl LogStore {
                 .is_ok()
                 .then(inline::RoundWriter::new),
             standby: AtomicBool::new(false),
+            repairs: Mutex::default(),
             #[cfg(test)]
             after_write: Mutex::new(None),
         });

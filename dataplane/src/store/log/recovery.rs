@@ -229,7 +229,8 @@ fn segment_numbers(dir: &Path) -> std::io::Result<Vec<u32>> {
 
 /// Overwrites each damaged region with a padding record of its length, and syncs: call it once
 /// the regions' dead-letter entries are safe, so a later start does not find them again.
-pub fn repair(dir: &Path, regions: &[DamagedRegion]) -> std::io::Result<()> {
+pub fn repair(dir: &Path, regions: &[DamagedRegion]) -> std::io::Result<Vec<Repair>> {
+    let mut repairs = Vec::new();
     for region in regions {
         if region.bytes.len() <= super::record::HEADER_LEN {
             continue; // too short to hold any record, or padding
@@ -244,11 +245,26 @@ pub fn repair(dir: &Path, regions: &[DamagedRegion]) -> std::io::Result<()> {
             Err(e) => return Err(e),
         };
         file.seek(SeekFrom::Start(region.offset))?;
-        file.write_all(&super::record::padding(region.bytes.len()))?;
+        let padding = super::record::padding(region.bytes.len());
+        file.write_all(&padding)?;
         file.sync_data()?;
+        repairs.push(Repair {
+            segment: region.segment,
+            offset: region.offset,
+            bytes: padding,
+        });
     }
     if !regions.is_empty() {
         File::open(dir)?.sync_all()?;
     }
-    Ok(())
+    Ok(repairs)
+}
+
+/// Bytes [`repair`] wrote over damage: a standby that holds the segment already is sent them
+/// too (`shipping`), or its copy would keep the record the primary dead-lettered.
+#[derive(Debug, Clone)]
+pub struct Repair {
+    pub segment: u32,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
 }

@@ -94,6 +94,9 @@ pub struct Attached {
     pub truncated: Vec<(u32, u64)>,
     pub removed: Vec<u32>,
     pub copies: Vec<SegmentCopy>,
+    /// What the start's repair wrote over damage (`Shipping::repaired`), sent after the
+    /// copies: the standby may hold those segments whole already.
+    pub repairs: Vec<Shipment>,
     pub through: u64,
     pub shipments: Shipments,
 }
@@ -155,6 +158,7 @@ impl Shipping {
             truncated: Vec::new(),
             removed: Vec::new(),
             copies: Vec::new(),
+            repairs: Vec::new(),
             through: files.written(),
             shipments: Shipments {
                 receiver,
@@ -180,6 +184,16 @@ impl Shipping {
             });
         }
         let copied: Vec<u32> = attached.copies.iter().map(|c| c.segment).collect();
+        let repairs = shared.repairs.lock().expect("never poisoned");
+        let in_copied = repairs.iter().filter(|r| copied.contains(&r.segment));
+        attached.repairs = in_copied
+            .map(|repair| Shipment::Write {
+                segment: repair.segment,
+                offset: repair.offset,
+                bytes: Bytes::copy_from_slice(&repair.bytes),
+            })
+            .collect();
+        drop(repairs);
         let gone = have.keys().filter(|segment| !copied.contains(segment));
         attached.removed = gone.copied().collect();
         files.follower = Some(Follower {
@@ -200,6 +214,15 @@ impl Shipping {
     /// entries) is synced here and reaches the standby with its catch-up.
     pub fn require_standby(&self) {
         self.shared.standby.store(true, Ordering::Relaxed);
+    }
+
+    /// What the start's repair wrote over damage: sent to every standby that attaches.
+    pub fn repaired(&self, repairs: Vec<super::Repair>) {
+        self.shared
+            .repairs
+            .lock()
+            .expect("never poisoned")
+            .extend(repairs);
     }
 
     /// The standby synced everything up to `lsn`.

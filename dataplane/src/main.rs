@@ -43,10 +43,13 @@ async fn run() -> (ExitCode, Option<Stopped>) {
 
     let flags = Flags::parse();
     if flags.standby_of.is_some() {
-        return (
-            dataplane::replication::standby::run_flags(flags).await,
-            None,
-        );
+        // A standby stops at once on SIGTERM: what it wrote is in the kernel's hands, and
+        // what it did not sync its next start reads back as it would after a crash.
+        let code = tokio::select! {
+            code = dataplane::replication::standby::run_flags(flags) => code,
+            _ = terminate.recv() => ExitCode::SUCCESS,
+        };
+        return (code, None);
     }
     let started = match Source::of(flags) {
         Ok(source) => node::start(source, &mut terminate).await,

@@ -64,6 +64,23 @@ impl Standby {
         self.signal("-CONT");
     }
 
+    /// Sends it SIGTERM and waits for it to exit: its exit status, or None if it had not
+    /// exited within `within`.
+    pub fn terminate(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        self.signal("-TERM");
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            // A child's exit has no event a test can await short of blocking in wait(2).
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     fn signal(&self, signal: &str) {
         let sent = Command::new("kill")
             .args([signal, &self.child.id().to_string()])

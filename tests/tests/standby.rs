@@ -140,9 +140,9 @@ async fn publish_until_killed(
 }
 
 /// kill -9 of the primary at a moment picked at random under durability-2 publishers, while
-/// the standby is stalled (SIGSTOP) for the last 100 ms: a node started on the standby's
-/// directory has every message acknowledged, once. (A primary that answered on its own sync
-/// goes on acknowledging through the stall, and those are lost.)
+/// the standby is stalled (SIGSTOP) for the last 100 ms, and then of the standby: a node
+/// started on the standby's directory has every message acknowledged, once. (A primary that
+/// answered on its own sync goes on acknowledging through the stall, and those are lost.)
 #[tokio::test]
 async fn every_acknowledged_durability_2_publish_is_on_the_standby_when_the_primary_dies() {
     for round in 0..3 {
@@ -173,7 +173,10 @@ async fn every_acknowledged_durability_2_publish_is_on_the_standby_when_the_prim
         // The stall's length, not a wait for an event: what the primary answers meanwhile.
         tokio::time::sleep(Duration::from_millis(100)).await;
         primary.kill();
-        standby.resume();
+        // Killed while stalled: what it had not taken from its socket before the stall never
+        // reaches its copy, so the copy is exactly what it had answered for.
+        let mut standby = standby;
+        standby.kill();
         let mut acknowledged = Vec::new();
         for task in tasks {
             acknowledged.extend(task.await.unwrap());
@@ -513,4 +516,135 @@ fn standby_primary_address(standby: &Standby) -> String {
         .and_then(|rest| rest.split('/').next())
         .expect("the primary's address in the standby's log");
     url.to_string()
+}
+
+/// A message of a megabyte is shipped in pieces (a frame holds at most 512 KiB of a write):
+/// durability 2 answers Success, and the promoted copy has it whole.
+#[tokio::test]
+async fn a_message_bigger_than_a_frame_reaches_the_standby() {
+    let primary = primary();
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let (mut admin, _) = primary.login("admin", "distribute", json!({})).await;
+    let bigger = json!({"cmd": "setcfg", "max-ws-msg-len": 1_048_576});
+    assert_eq!(admin.request(bigger).await["status"], "Success.");
+    let body = "b".repeat(1_000_000);
+    let mut publisher = primary.publisher().await;
+    let reply = publisher
+        .request(json!({"body": body, "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    drop((admin, publisher, primary));
+    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let (mut admin, _) = promoted.login("admin", "distribute", json!({})).await;
+    let bigger = json!({"cmd": "setcfg", "max-ws-msg-len": 1_048_576});
+    assert_eq!(admin.request(bigger).await["status"], "Success.");
+    assert_eq!(drain(&promoted).await, [body]);
+}
+
+/// A standby that stops reading (SIGSTOP) while the primary has more to send than the
+/// sockets hold is dropped within the silence limit (5 s and the next look, a second), not
+/// when TCP gives up a minute later: durability 2 is answered 507 meanwhile.
+#[tokio::test]
+async fn a_standby_that_stops_reading_is_dropped_within_the_silence_limit() {
+    let primary = primary();
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    standby.pause();
+    // About 40 MB at durability 1: more than the two sockets' buffers hold.
+    let mut publisher = primary.publisher().await;
+    let (mut admin, _) = primary.login("admin", "distribute", json!({})).await;
+    let bigger = json!({"cmd": "setcfg", "max-ws-msg-len": 1_048_576});
+    assert_eq!(admin.request(bigger).await["status"], "Success.");
+    let body = "f".repeat(1_000_000);
+    for _ in 0..40 {
+        let reply = publisher
+            .request(json!({"body": body, "durability": 1}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    let asked = std::time::Instant::now();
+    let reply = publisher
+        .request(json!({"body": "d2", "durability": 2}))
+        .await;
+    let answered_in = asked.elapsed();
+    assert_failure(&reply, 507);
+    // The limit is 5 s; 20 s tells it from TCP's minute.
+    assert!(
+        answered_in < Duration::from_secs(20),
+        "answered after {answered_in:?}"
+    );
+    primary.wait_for_log("did not answer");
+    standby.resume();
+}
+
+/// A primary that lost a new segment file's name in a crash (only durability 1 had gone to it,
+/// and a name is synced with the first sync) makes a file of that number again; the standby's
+/// old file of that number is not the primary's, and is sent again from its start.
+#[tokio::test]
+async fn a_segment_number_used_again_is_sent_again_whole() {
+    let mut primary = primary();
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let mut publisher = primary.publisher().await;
+    for n in 0..50 {
+        let reply = publisher
+            .request(json!({"body": format!("lost-{n:02}"), "durability": 1}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    // A durability-2 publish with the standby in sync: everything before it is on both.
+    let reply = publisher
+        .request(json!({"body": "synced", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    drop(publisher);
+    primary.kill();
+    // As a crash would leave it had the name never been synced: the file is gone.
+    for name in segments(primary.data_dir.path()).keys() {
+        std::fs::remove_file(primary.data_dir.path().join("messages").join(name)).unwrap();
+    }
+    let data_dir = std::mem::replace(&mut primary.data_dir, tempfile::tempdir().unwrap());
+    drop(primary);
+    // The new file of that number is written before the standby is back.
+    standby.pause();
+    let addr = standby_primary_address(&standby);
+    let primary = Node::start_in(data_dir, &["--replication-key", KEY, "--listen", &addr]);
+    let mut publisher = primary.publisher().await;
+    // More than the old file held, and more than the 4 KiB that identify a segment.
+    let new: Vec<String> = (0..60).map(|n| format!("new-{n:02}")).collect();
+    for body in &new {
+        let reply = publisher
+            .request(json!({"body": body, "durability": 1}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    standby.resume();
+    wait_in_sync(&primary, 1);
+    let reply = publisher
+        .request(json!({"body": "new, synced", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let same = segments(primary.data_dir.path()) == segments(standby.data_dir.path());
+    assert!(same, "the standby's copy is not the primary's");
+    drop((publisher, primary));
+    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let mut expected = new;
+    expected.push("new, synced".into());
+    assert_eq!(drain(&promoted).await, expected);
+    assert!(
+        !promoted.log().contains("damaged record"),
+        "{}",
+        promoted.log()
+    );
+}
+
+/// A standby stops on SIGTERM (as systemd stops it), at once.
+#[tokio::test]
+async fn a_standby_stops_on_sigterm() {
+    let primary = primary();
+    let mut standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let status = standby.terminate(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }

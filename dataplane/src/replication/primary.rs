@@ -8,7 +8,7 @@ use crate::admission::PreLogin;
 use crate::store::log::shipping::{Attached, SegmentCopy};
 use crate::store::log::Shipment;
 use futures::SinkExt;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,63 +93,70 @@ async fn ship(
         return Ended::WrongKey;
     }
     drop(admitted);
-    let have: BTreeMap<u32, u64> = hello.have.into_iter().collect();
-    let attached = match standby.shipping.attach(&have) {
-        Ok(attached) => attached,
-        Err(error) => return Ended::Read(error),
+    // It opens every segment file under the files' lock: not on the runtime's threads.
+    let shipping = standby.shipping.clone();
+    let attach = tokio::task::spawn_blocking(move || shipping.attach(&hello.have));
+    let attached = match attach.await.map_err(std::io::Error::other) {
+        Ok(Ok(attached)) => attached,
+        Ok(Err(error)) | Err(error) => return Ended::Read(error),
     };
     *generation = Some(attached.generation);
     tracing::info!(
         segments = attached.copies.len(),
         "a standby attached: catching up"
     );
-    match catch_up_then_follow(socket, standby, attached).await {
+    let mut link = Link {
+        socket,
+        unanswered: VecDeque::new(),
+    };
+    match catch_up_then_follow(&mut link, standby, attached).await {
         Ok(never) => match never {},
         Err(ended) => ended,
     }
 }
 
 async fn catch_up_then_follow(
-    socket: &mut Socket,
+    link: &mut Link<'_>,
     standby: &Standby,
     attached: Attached,
 ) -> Result<std::convert::Infallible, Ended> {
     let Attached {
         generation,
         truncated,
-        removed,
         copies,
         repairs,
+        removed,
         through,
         mut shipments,
     } = attached;
     for (segment, len) in truncated {
-        send(socket, &Shipment::Truncate { segment, len }).await?;
-    }
-    for segment in removed {
-        send(socket, &Shipment::Remove { segment }).await?;
+        link.send(&Shipment::Truncate { segment, len }).await?;
     }
     for copy in copies {
-        send_copy(socket, copy).await?;
+        send_copy(link, copy).await?;
     }
     for repair in &repairs {
-        send(socket, repair).await?;
+        link.send(repair).await?;
     }
     // The rest of the data directory a promoted standby needs.
     let mut settings_saved = standby.settings_saved.subscribe();
-    send_settings(socket, standby).await?;
+    link.send_frame(wire::encode_settings(&standby.meta.saved()))
+        .await?;
     match std::fs::read(&standby.receipt_key) {
-        Ok(key) => send_frame(socket, wire::encode_receipt_key(&key)).await?,
+        Ok(key) => link.send_frame(wire::encode_receipt_key(&key)).await?,
         // The SQS face has made none yet (it makes it as the node starts serving).
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Ended::Read(e)),
     }
-    let mut unanswered = VecDeque::from([(through, Instant::now())]);
+    // Only now: the standby syncs the copies before it removes anything.
+    for segment in removed {
+        link.send(&Shipment::Remove { segment }).await?;
+    }
     let caught_up = Shipment::Through {
         lsn: through,
         sync: true,
     };
-    send(socket, &caught_up).await?;
+    link.send(&caught_up).await?;
     let mut in_sync = false;
     let mut look = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -158,26 +165,21 @@ async fn catch_up_then_follow(
                 // This one and every other already queued, in one flush.
                 let mut shipment = shipment.ok_or(Ended::Dropped)?;
                 loop {
-                    if let Shipment::Through { lsn, .. } = shipment {
-                        unanswered.push_back((lsn, Instant::now()));
-                    }
-                    feed(socket, &shipment).await?;
+                    link.feed(&shipment).await?;
                     match shipments.try_next() {
                         Some(next) => shipment = next,
                         None => break,
                     }
                 }
-                socket.flush().await.map_err(|_| Ended::Gone)?;
+                link.flush().await?;
             }
-            frame = next_data(socket) => {
+            frame = next_data(link.socket) => {
                 let (OpCode::Binary, payload) = frame? else {
                     return Err(Ended::Unexpected);
                 };
                 let lsn = wire::decode_synced(&payload).ok_or(Ended::Unexpected)?;
-                standby.shipping.standby_synced(lsn);
-                while unanswered.front().is_some_and(|&(shipped, _)| shipped <= lsn) {
-                    unanswered.pop_front();
-                }
+                standby.shipping.standby_synced(generation, lsn);
+                link.answered(lsn);
                 if !in_sync && lsn >= through {
                     in_sync = true;
                     standby.shipping.in_sync(generation);
@@ -186,11 +188,11 @@ async fn catch_up_then_follow(
             }
             changed = settings_saved.changed() => {
                 if changed.is_ok() {
-                    send_settings(socket, standby).await?;
+                    link.send_frame(wire::encode_settings(&standby.meta.saved())).await?;
                 }
             }
             _ = look.tick() => {
-                if unanswered.front().is_some_and(|(_, at)| at.elapsed() > STANDBY_SILENCE) {
+                if Instant::now() >= link.deadline() && !link.unanswered.is_empty() {
                     return Err(Ended::Silent);
                 }
             }
@@ -198,9 +200,85 @@ async fn catch_up_then_follow(
     }
 }
 
+/// The standby's connection, with the rule that keeps a stuck standby from holding durability
+/// 2 for long: every send has until the oldest unanswered `Through` is `STANDBY_SILENCE` old
+/// (or `STANDBY_SILENCE` from its start when none is), so a standby that stops reading, whose
+/// socket then fills, is dropped as surely as one that stops answering.
+struct Link<'a> {
+    socket: &'a mut Socket,
+    /// `Through`s sent and not yet answered, with when they were sent.
+    unanswered: VecDeque<(u64, Instant)>,
+}
+
+impl Link<'_> {
+    fn deadline(&self) -> Instant {
+        let since = self.unanswered.front().map(|&(_, at)| at);
+        since.unwrap_or_else(Instant::now) + STANDBY_SILENCE
+    }
+
+    /// The standby synced everything up to `lsn`.
+    fn answered(&mut self, lsn: u64) {
+        while self
+            .unanswered
+            .front()
+            .is_some_and(|&(sent, _)| sent <= lsn)
+        {
+            self.unanswered.pop_front();
+        }
+    }
+
+    /// Queues `shipment` on the socket (a write too big for one frame as several).
+    async fn feed(&mut self, shipment: &Shipment) -> Result<(), Ended> {
+        match shipment {
+            Shipment::Write {
+                segment,
+                offset,
+                bytes,
+            } if bytes.len() > MAX_WRITE_BYTES => {
+                for at in (0..bytes.len()).step_by(MAX_WRITE_BYTES) {
+                    let end = (at + MAX_WRITE_BYTES).min(bytes.len());
+                    let piece = Shipment::Write {
+                        segment: *segment,
+                        offset: offset + at as u64,
+                        bytes: bytes.slice(at..end),
+                    };
+                    self.feed_frame(wire::encode(&piece)).await?;
+                }
+                Ok(())
+            }
+            _ => {
+                if let Shipment::Through { lsn, .. } = shipment {
+                    self.unanswered.push_back((*lsn, Instant::now()));
+                }
+                self.feed_frame(wire::encode(shipment)).await
+            }
+        }
+    }
+
+    async fn feed_frame(&mut self, frame: bytes::Bytes) -> Result<(), Ended> {
+        let fed = timeout_at(self.deadline(), self.socket.feed(Frame::binary(frame))).await;
+        fed.map_err(|_| Ended::Silent)?.map_err(|_| Ended::Gone)
+    }
+
+    async fn flush(&mut self) -> Result<(), Ended> {
+        let flushed = timeout_at(self.deadline(), self.socket.flush()).await;
+        flushed.map_err(|_| Ended::Silent)?.map_err(|_| Ended::Gone)
+    }
+
+    async fn send(&mut self, shipment: &Shipment) -> Result<(), Ended> {
+        self.feed(shipment).await?;
+        self.flush().await
+    }
+
+    async fn send_frame(&mut self, frame: bytes::Bytes) -> Result<(), Ended> {
+        self.feed_frame(frame).await?;
+        self.flush().await
+    }
+}
+
 /// Sends what the standby lacks of one segment, read from the file in pieces (off the
 /// runtime's threads).
-async fn send_copy(socket: &mut Socket, copy: SegmentCopy) -> Result<(), Ended> {
+async fn send_copy(link: &mut Link<'_>, copy: SegmentCopy) -> Result<(), Ended> {
     let SegmentCopy {
         segment,
         file,
@@ -214,68 +292,22 @@ async fn send_copy(socket: &mut Socket, copy: SegmentCopy) -> Result<(), Ended> 
         let reader = file.clone();
         let read = tokio::task::spawn_blocking(move || {
             let mut piece = vec![0; len];
-            let n = read_up_to(&reader, &mut piece, offset)?;
-            piece.truncate(n);
+            reader.read_exact_at(&mut piece, offset)?;
             Ok::<_, std::io::Error>(piece)
         });
+        // A file shorter than its written part is an error, never a copy said to be whole.
         let piece = read.await.map_err(std::io::Error::other)??;
-        if piece.is_empty() {
-            // The file is shorter than the index says (made by `File::create`, not from a
-            // spare): what is missing comes with the writes that follow.
-            break;
-        }
         let bytes = bytes::Bytes::from(piece);
         let next = offset + bytes.len() as u64;
-        send(
-            socket,
-            &Shipment::Write {
-                segment,
-                offset,
-                bytes,
-            },
-        )
-        .await?;
+        let write = Shipment::Write {
+            segment,
+            offset,
+            bytes,
+        };
+        link.send(&write).await?;
         offset = next;
     }
     Ok(())
-}
-
-/// Reads into `buffer` from `offset` until it is full or the file ends; the bytes read.
-fn read_up_to(file: &std::fs::File, buffer: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        match file.read_at(&mut buffer[filled..], offset + filled as u64)? {
-            0 => break,
-            n => filled += n,
-        }
-    }
-    Ok(filled)
-}
-
-/// Sends the settings saved now (read after the change that woke us, so the latest).
-async fn send_settings(socket: &mut Socket, standby: &Standby) -> Result<(), Ended> {
-    send_frame(socket, wire::encode_settings(&standby.meta.saved())).await
-}
-
-async fn send_frame(socket: &mut Socket, frame: bytes::Bytes) -> Result<(), Ended> {
-    socket
-        .send(Frame::binary(frame))
-        .await
-        .map_err(|_| Ended::Gone)
-}
-
-async fn feed(socket: &mut Socket, shipment: &Shipment) -> Result<(), Ended> {
-    socket
-        .feed(Frame::binary(wire::encode(shipment)))
-        .await
-        .map_err(|_| Ended::Gone)
-}
-
-async fn send(socket: &mut Socket, shipment: &Shipment) -> Result<(), Ended> {
-    socket
-        .send(Frame::binary(wire::encode(shipment)))
-        .await
-        .map_err(|_| Ended::Gone)
 }
 
 /// The next text or binary frame (pings and pongs are answered by yawc and skipped).

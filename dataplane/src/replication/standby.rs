@@ -70,7 +70,10 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy) -> Stopped {
         Ok(socket) => socket,
         Err(reason) => return Stopped::Connect(reason),
     };
-    let have = copy.mirror.have();
+    let have = match copy.mirror.have() {
+        Ok(have) => have,
+        Err(error) => return Stopped::Disk(error),
+    };
     let hello = Hello {
         key: config.key.clone(),
         have: have.into_iter().collect(),

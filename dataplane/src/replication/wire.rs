@@ -1,16 +1,17 @@
 //! The replication connection's frames. The standby's first is text, the hello; the rest are
 //! binary: a kind byte, then little-endian fields.
 
+use crate::store::log::shipping::Held;
 use crate::store::log::Shipment;
 use crate::store::meta::SavedSettings;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
-/// The standby's first frame: its key, and each segment it holds with its length.
+/// The standby's first frame: its key, and what it holds of each segment.
 #[derive(Serialize, Deserialize)]
 pub struct Hello {
     pub key: String,
-    pub have: Vec<(u32, u64)>,
+    pub have: Vec<Held>,
 }
 
 const WRITE: u8 = b'W';

@@ -70,16 +70,6 @@ impl Files {
         self.written
     }
 
-    /// Queues `shipment` for the standby, if one is attached; a standby that is gone or too
-    /// far behind is dropped (`shipping`).
-    pub fn ship(&mut self, shipment: impl FnOnce() -> Shipment) {
-        if let Some(follower) = &self.follower {
-            if !follower.ship(shipment()) {
-                self.follower = None;
-            }
-        }
-    }
-
     pub fn has_failed_writes(&self) -> bool {
         !self.retry.is_empty()
     }
@@ -202,7 +192,7 @@ impl Shared {
         // With the files it is written to, under the same hold: whichever sync takes them
         // answers these records, even one that runs before the write is announced below.
         files.written = files.written.max(end);
-        files.ship(|| Shipment::Through {
+        self.ship(&mut files, || Shipment::Through {
             lsn: end,
             sync: wants_sync,
         });
@@ -261,7 +251,7 @@ impl Shared {
         let len = chunk.bytes.len() as u64;
         current.end += len;
         let file = current.file.clone();
-        files.ship(|| Shipment::Write {
+        self.ship(files, || Shipment::Write {
             segment: chunk.segment,
             offset,
             bytes: bytes::Bytes::copy_from_slice(&chunk.bytes),
@@ -302,6 +292,23 @@ impl Shared {
             if let Err(error) = trimmed.and_then(|()| current.file.sync_all()) {
                 tracing::warn!(%error, "the last segment keeps its unwritten zeros");
             }
+        }
+    }
+}
+
+impl Shared {
+    /// Queues `shipment` for the standby, if one is attached, under the files' lock the
+    /// caller holds. A standby that is gone or too far behind is dropped, and durability 2
+    /// stops counting on it at once.
+    pub(super) fn ship(&self, files: &mut Files, shipment: impl FnOnce() -> Shipment) {
+        let Some(follower) = &files.follower else {
+            return;
+        };
+        if !follower.ship(shipment()) {
+            files.follower = None;
+            self.attached.store(0, Ordering::Relaxed);
+            self.progress
+                .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
         }
     }
 }

@@ -9,11 +9,13 @@
 //! What the standby says it holds is what it can read back: at start, each segment's records
 //! are checked (as the node's recovery does) and only the sound ones from its start count, so
 //! writes a machine crash lost before their sync (zeros, or a torn record, left in a file that
-//! has its length) are sent again, and cut off the file first; from then on, what it writes.
+//! has its length) are sent again; from then on, what it writes. Nothing is cut until the
+//! primary says so (`Shipment::Truncate`): a standby that starts while its primary is gone
+//! keeps what a promoted node's recovery can still read past damage.
 
 use super::record::{read_at, Read};
 use super::segment_path;
-use super::shipping::Shipment;
+use super::shipping::{head_of, Held, Shipment, HEAD_BYTES};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -27,8 +29,9 @@ pub struct Mirror {
     unsynced: BTreeSet<u32>,
     /// A file was made or removed since the last sync.
     directory_unsynced: bool,
-    /// Each segment there is, and how much of it from its start holds what the primary sent.
-    held: BTreeMap<u32, u64>,
+    /// Each segment there is: how much of it from its start holds what the primary sent, and
+    /// the file's length.
+    held: BTreeMap<u32, (u64, u64)>,
 }
 
 impl Mirror {
@@ -41,16 +44,11 @@ impl Mirror {
             let Some(segment) = segment_of(&entry.file_name().to_string_lossy()) else {
                 continue;
             };
+            // Nothing is cut here: what is not sound may be damage a promoted node's
+            // recovery dead-letters, and the primary, if there is one, says what to cut.
             let bytes = std::fs::read(entry.path())?;
             let sound = sound_prefix(&bytes);
-            if sound < bytes.len() as u64 {
-                // What follows is sent again; nothing unverified stays behind it for a
-                // promoted node's recovery to take for damage.
-                let file = OpenOptions::new().write(true).open(entry.path())?;
-                file.set_len(sound)?;
-                file.sync_all()?;
-            }
-            held.insert(segment, sound);
+            held.insert(segment, (sound, bytes.len() as u64));
         }
         Ok(Mirror {
             dir: dir.to_path_buf(),
@@ -61,9 +59,22 @@ impl Mirror {
         })
     }
 
-    /// Each segment there is and how much of it is the primary's: what it need not send again.
-    pub fn have(&self) -> BTreeMap<u32, u64> {
-        self.held.clone()
+    /// What it holds of each segment: what the primary need not send again, once it has
+    /// checked that the segment is its own.
+    pub fn have(&mut self) -> std::io::Result<Vec<Held>> {
+        let mut have = Vec::with_capacity(self.held.len());
+        let held: Vec<(u32, (u64, u64))> = self.held.iter().map(|(&s, &h)| (s, h)).collect();
+        for (segment, (sound, len)) in held {
+            let head = head_of(self.file(segment)?, sound.min(HEAD_BYTES))?;
+            have.push(Held {
+                segment,
+                sound,
+                len,
+                // Shorter than it says (cut under it): it holds nothing that counts.
+                head: head.unwrap_or(0),
+            });
+        }
+        Ok(have)
     }
 
     /// Applies one shipment. A removal syncs what was written first: the primary removed the
@@ -78,15 +89,18 @@ impl Mirror {
                 self.file(*segment)?.write_all_at(bytes, *offset)?;
                 self.unsynced.insert(*segment);
                 // The primary sends each segment in order from what it was told is here.
-                let held = self.held.entry(*segment).or_default();
-                if *offset <= *held {
-                    *held = (*held).max(offset + bytes.len() as u64);
+                let end = offset + bytes.len() as u64;
+                let (sound, len) = self.held.entry(*segment).or_default();
+                if *offset <= *sound {
+                    *sound = (*sound).max(end);
                 }
+                *len = (*len).max(end);
             }
             Shipment::Truncate { segment, len } => {
                 self.file(*segment)?.set_len(*len)?;
                 self.unsynced.insert(*segment);
-                self.held.insert(*segment, *len);
+                let (sound, _) = self.held.get(segment).copied().unwrap_or_default();
+                self.held.insert(*segment, (sound.min(*len), *len));
             }
             Shipment::Remove { segment } => {
                 self.sync()?;
@@ -124,6 +138,7 @@ impl Mirror {
             let file = OpenOptions::new()
                 .create(true)
                 .truncate(false)
+                .read(true)
                 .write(true)
                 .open(path)?;
             self.directory_unsynced |= made;

@@ -332,6 +332,8 @@ struct Shared {
     standby: AtomicBool,
     /// What the start's repair wrote over damage, sent to every standby that attaches.
     repairs: Mutex<Vec<Repair>>,
+    /// The attach whose standby is followed now (0: none): its answers alone count.
+    attached: AtomicU64,
     /// Tests only: run by a write of records once it has let go of the files and before it
     /// says how far it wrote, so a test can put a sync in between (see `files`).
     #[cfg(test)]
@@ -525,6 +527,7 @@ impl LogStore {
                 .then(inline::RoundWriter::new),
             standby: AtomicBool::new(false),
             repairs: Mutex::default(),
+            attached: AtomicU64::new(0),
             #[cfg(test)]
             after_write: Mutex::new(None),
         });

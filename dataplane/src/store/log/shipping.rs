@@ -8,14 +8,20 @@
 //! while the primary goes on writing), then every write made since it attached. Shipments are
 //! queued under the files' lock, in the same hold as the write or removal they describe.
 //!
+//! What the standby holds is checked before it is trusted ([`Held`]): a segment whose first
+//! bytes are not the primary's (a number used again by a primary whose new file's name a crash
+//! lost before it was synced) is sent again from its start.
+//!
 //! A durability-2 change waits for the standby's sync as well as its own ([`super::Ticket`]);
 //! while no standby is in sync, it is answered as a failed sync (507: it is on the primary's
 //! disk, and reaches the standby's once one is in sync again).
 
 use super::{segment_path, Shared};
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -29,7 +35,8 @@ pub enum Shipment {
         offset: u64,
         bytes: Bytes,
     },
-    /// The standby holds more of `segment` than the primary: cut it to `len`.
+    /// The standby's `segment` is to be `len` bytes long: what it has beyond is not the
+    /// primary's.
     Truncate { segment: u32, len: u64 },
     /// `segment` is gone. The primary removed it only once the copies of what it kept were
     /// synced, so the standby syncs what it has before it removes it too.
@@ -40,17 +47,47 @@ pub enum Shipment {
     Through { lsn: u64, sync: bool },
 }
 
+/// What a standby says it holds of one segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    pub segment: u32,
+    /// Bytes from its start that are sound records.
+    pub sound: u64,
+    /// The file's length (what follows `sound` may be zeros, or not the primary's).
+    pub len: u64,
+    /// The CRC32C of its first `min(sound, HEAD_BYTES)` bytes: whose segment it is.
+    pub head: u32,
+}
+
+/// How much of a segment's start identifies it ([`Held::head`]): a segment's first records
+/// carry ids and times no other run of the primary wrote.
+pub const HEAD_BYTES: u64 = 4096;
+
+/// The CRC32C of the first `len` bytes of `file`; None if it is shorter.
+pub fn head_of(file: &File, len: u64) -> std::io::Result<Option<u32>> {
+    let mut head = vec![0; len as usize];
+    let mut filled = 0;
+    while filled < head.len() {
+        match file.read_at(&mut head[filled..], filled as u64)? {
+            0 => return Ok(None),
+            n => filled += n,
+        }
+    }
+    Ok(Some(crc32c::crc32c(&head)))
+}
+
 impl Shipment {
-    /// Bytes it keeps queued.
+    /// Bytes it keeps queued, with what a shipment costs beside its bytes.
     fn queued_bytes(&self) -> u64 {
+        const EACH: u64 = 128;
         match self {
-            Shipment::Write { bytes, .. } => bytes.len() as u64,
-            _ => 0,
+            Shipment::Write { bytes, .. } => EACH + bytes.len() as u64,
+            _ => EACH,
         }
     }
 }
 
-/// Bytes of writes queued for a standby that has not taken them: past this the standby is
+/// Bytes of shipments queued for a standby that has not taken them: past this the standby is
 /// dropped (it reconnects and catches up from the files), so a slow or stuck standby costs the
 /// primary bounded memory.
 const MAX_QUEUED_BYTES: u64 = 256 << 20;
@@ -59,13 +96,10 @@ const MAX_QUEUED_BYTES: u64 = 256 << 20;
 pub(super) struct Follower {
     sender: mpsc::UnboundedSender<Shipment>,
     queued: Arc<AtomicU64>,
-    /// Which attach made it: a connection that ends detaches only its own standby.
-    generation: u64,
 }
 
 impl Follower {
-    /// Queues `shipment`; false once the standby is gone or too far behind (then it is
-    /// dropped).
+    /// Queues `shipment`; false once the standby is gone or too far behind.
     pub(super) fn ship(&self, shipment: Shipment) -> bool {
         let bytes = shipment.queued_bytes();
         if self.queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES {
@@ -86,17 +120,20 @@ pub struct SegmentCopy {
     pub to: u64,
 }
 
-/// A standby's start: what to cut and remove, what to copy from the files, the LSN the copy
-/// reaches, and the writes from then on.
+/// A standby's start: what to cut, what to copy from the files, what to write again, what
+/// to remove once the copies are in, the LSN the copy reaches, and the writes from then on.
 pub struct Attached {
-    /// Names this attach, for [`Shipping::detach`].
+    /// Names this attach, for [`Shipping::detach`] and [`Shipping::standby_synced`].
     pub generation: u64,
     pub truncated: Vec<(u32, u64)>,
-    pub removed: Vec<u32>,
     pub copies: Vec<SegmentCopy>,
     /// What the start's repair wrote over damage (`Shipping::repaired`), sent after the
     /// copies: the standby may hold those segments whole already.
     pub repairs: Vec<Shipment>,
+    /// Segments the standby has and the primary does not: removed after the copies (the
+    /// standby syncs them first), never before, or a standby that held a compacted segment's
+    /// messages only there would be without them for a while.
+    pub removed: Vec<u32>,
     pub through: u64,
     pub shipments: Shipments,
 }
@@ -111,17 +148,20 @@ impl Shipments {
     /// The next shipment if one is queued already.
     pub fn try_next(&mut self) -> Option<Shipment> {
         let shipment = self.receiver.try_recv().ok()?;
-        self.queued
-            .fetch_sub(shipment.queued_bytes(), Ordering::Relaxed);
+        self.taken(&shipment);
         Some(shipment)
     }
 
     /// The next shipment; None once the log dropped the standby (too far behind) or stopped.
     pub async fn next(&mut self) -> Option<Shipment> {
         let shipment = self.receiver.recv().await?;
+        self.taken(&shipment);
+        Some(shipment)
+    }
+
+    fn taken(&self, shipment: &Shipment) {
         self.queued
             .fetch_sub(shipment.queued_bytes(), Ordering::Relaxed);
-        Some(shipment)
     }
 }
 
@@ -132,9 +172,9 @@ pub struct Shipping {
 }
 
 impl Shipping {
-    /// Attaches a standby that holds `have` (segment → bytes), replacing any other: from now
-    /// on every write is queued for it.
-    pub fn attach(&self, have: &BTreeMap<u32, u64>) -> std::io::Result<Attached> {
+    /// Attaches a standby that holds `have`, replacing any other: from now on every write is
+    /// queued for it. Opens the segment files, so it blocks: run it off the runtime.
+    pub fn attach(&self, have: &[Held]) -> std::io::Result<Attached> {
         let shared = &self.shared;
         let mut files = shared.files.lock().expect("never poisoned");
         let (sender, receiver) = mpsc::unbounded_channel();
@@ -156,15 +196,16 @@ impl Shipping {
         let mut attached = Attached {
             generation,
             truncated: Vec::new(),
-            removed: Vec::new(),
             copies: Vec::new(),
             repairs: Vec::new(),
+            removed: Vec::new(),
             through: files.written(),
             shipments: Shipments {
                 receiver,
                 queued: queued.clone(),
             },
         };
+        let have: BTreeMap<u32, Held> = have.iter().map(|held| (held.segment, *held)).collect();
         for (segment, end) in segments {
             let file = match File::open(segment_path(&shared.dir, segment)) {
                 Ok(file) => file,
@@ -172,14 +213,19 @@ impl Shipping {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             };
-            let held = have.get(&segment).copied().unwrap_or(0);
-            if held > end {
-                attached.truncated.push((segment, end));
+            let from = match have.get(&segment) {
+                Some(held) => usable_prefix(&file, held, end)?,
+                None => 0,
+            };
+            let len = have.get(&segment).map_or(0, |held| held.len);
+            if len > from {
+                // What follows the usable prefix is written again or is not the primary's.
+                attached.truncated.push((segment, from));
             }
             attached.copies.push(SegmentCopy {
                 segment,
                 file,
-                from: held.min(end),
+                from,
                 to: end,
             });
         }
@@ -196,11 +242,8 @@ impl Shipping {
         drop(repairs);
         let gone = have.keys().filter(|segment| !copied.contains(segment));
         attached.removed = gone.copied().collect();
-        files.follower = Some(Follower {
-            sender,
-            queued,
-            generation,
-        });
+        files.follower = Some(Follower { sender, queued });
+        shared.attached.store(generation, Ordering::Relaxed);
         // A standby that attaches is not in sync until it has caught up; one it replaces
         // is answered for no more.
         shared
@@ -225,8 +268,12 @@ impl Shipping {
             .extend(repairs);
     }
 
-    /// The standby synced everything up to `lsn`.
-    pub fn standby_synced(&self, lsn: u64) {
+    /// The standby of `generation` synced everything up to `lsn` (an answer on a connection
+    /// another standby has replaced since counts for nothing).
+    pub fn standby_synced(&self, generation: u64, lsn: u64) {
+        if self.shared.attached.load(Ordering::Relaxed) != generation {
+            return;
+        }
         self.shared.progress.send_if_modified(|p| {
             let moved = lsn > p.standby_synced;
             p.standby_synced = p.standby_synced.max(lsn);
@@ -237,11 +284,7 @@ impl Shipping {
     /// The standby of `generation` caught up: durability 2 counts on it from now on.
     pub fn in_sync(&self, generation: u64) {
         let files = self.shared.files.lock().expect("never poisoned");
-        if files
-            .follower
-            .as_ref()
-            .is_some_and(|f| f.generation == generation)
-        {
+        if files.follower.is_some() && self.shared.attached.load(Ordering::Relaxed) == generation {
             self.shared.progress.send_if_modified(|p| {
                 let changed = !p.standby_in_sync;
                 p.standby_in_sync = true;
@@ -254,22 +297,26 @@ impl Shipping {
     /// it, and durability-2 changes waiting for it are answered (see the module).
     pub fn detach(&self, generation: u64) {
         let mut files = self.shared.files.lock().expect("never poisoned");
-        let ours = files
-            .follower
-            .as_ref()
-            .is_none_or(|f| f.generation == generation);
-        if ours {
+        if self.shared.attached.load(Ordering::Relaxed) == generation {
             files.follower = None;
-            self.shared.progress.send_if_modified(|p| {
-                let changed = p.standby_in_sync;
-                p.standby_in_sync = false;
-                changed
-            });
+            self.shared.attached.store(0, Ordering::Relaxed);
+            self.shared
+                .progress
+                .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
         }
     }
+}
 
-    /// The LSN the log is written up to.
-    pub fn written(&self) -> u64 {
-        self.shared.progress.borrow().written
+/// How much of `held` (the standby's copy of a segment whose primary file is `file`, `end`
+/// bytes written) can stay: its sound records, if its first bytes are the primary's; else
+/// nothing.
+fn usable_prefix(file: &File, held: &Held, end: u64) -> std::io::Result<u64> {
+    let head_len = held.sound.min(HEAD_BYTES);
+    if head_len > end {
+        return Ok(0);
+    }
+    match head_of(file, head_len)? {
+        Some(head) if head == held.head => Ok(held.sound.min(end)),
+        _ => Ok(0),
     }
 }

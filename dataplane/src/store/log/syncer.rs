@@ -253,7 +253,7 @@ fn retire(shared: &Shared) -> bool {
     // before it removes the segment too.
     let mut files = shared.files.lock().expect("never poisoned");
     for &segment in &removed {
-        files.ship(|| Shipment::Remove { segment });
+        shared.ship(&mut files, || Shipment::Remove { segment });
     }
     drop(files);
     let mut state = shared.lock();

@@ -18,6 +18,34 @@ fn primary() -> Node {
     Node::start_with(&["--replication-key", KEY])
 }
 
+/// A primary and its standby, in sync.
+fn replicated() -> (Node, Standby) {
+    let primary = primary();
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    (primary, standby)
+}
+
+/// The promotion: the standby killed and a node started on its directory.
+fn promote(standby: Standby) -> Node {
+    Node::start_in(standby.into_data_dir(), &[])
+}
+
+/// Publishes `body` at `durability` and checks it was answered Success.
+async fn published(publisher: &mut Client, body: impl Into<Value>, durability: u8) {
+    let body: Value = body.into();
+    let reply = publisher
+        .request(json!({"body": body, "durability": durability}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+}
+
+/// The promoted node's recovery found no damage to dead-letter.
+fn assert_undamaged(node: &Node) {
+    let log = node.log();
+    assert!(!log.contains("damaged record"), "{log}");
+}
+
 /// Receives and acks everything waiting, up to a marker published now; returns the bodies.
 async fn drain(node: &Node) -> Vec<String> {
     let mut publisher = node.publisher().await;
@@ -51,17 +79,11 @@ async fn durability_2_is_synced_on_the_standby_or_answered_507() {
         .await;
     assert_failure(&alone, 507);
     // Durability 1 is shipped, never awaited.
-    let eventual = publisher
-        .request(json!({"body": "eventual", "durability": 1}))
-        .await;
-    assert_eq!(eventual["status"], "Success.", "{eventual}");
+    published(&mut publisher, "eventual", 1).await;
 
     let mut standby = Standby::start(&primary, KEY);
     wait_in_sync(&primary, 1);
-    let both = publisher
-        .request(json!({"body": "on both", "durability": 2}))
-        .await;
-    assert_eq!(both["status"], "Success.", "{both}");
+    published(&mut publisher, "on both", 2).await;
 
     // The standby dies: the primary stops counting on it at once.
     standby.kill();
@@ -74,13 +96,10 @@ async fn durability_2_is_synced_on_the_standby_or_answered_507() {
     // everything published meanwhile (507 keeps the message) is in its copy.
     let standby = Standby::start_in(&primary, KEY, standby.into_data_dir());
     wait_in_sync(&primary, 2);
-    let again = publisher
-        .request(json!({"body": "on both again", "durability": 2}))
-        .await;
-    assert_eq!(again["status"], "Success.", "{again}");
+    published(&mut publisher, "on both again", 2).await;
     drop(publisher);
     drop(primary);
-    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let promoted = promote(standby);
     let bodies = drain(&promoted).await;
     for body in [
         "before the standby",
@@ -146,9 +165,7 @@ async fn publish_until_killed(
 #[tokio::test]
 async fn every_acknowledged_durability_2_publish_is_on_the_standby_when_the_primary_dies() {
     for round in 0..3 {
-        let mut primary = primary();
-        let standby = Standby::start(&primary, KEY);
-        wait_in_sync(&primary, 1);
+        let (mut primary, standby) = replicated();
         let acked = Arc::new(AtomicUsize::new(0));
         let mut tasks = Vec::new();
         for task in 0..8 {
@@ -181,7 +198,7 @@ async fn every_acknowledged_durability_2_publish_is_on_the_standby_when_the_prim
         for task in tasks {
             acknowledged.extend(task.await.unwrap());
         }
-        let promoted = Node::start_in(standby.into_data_dir(), &[]);
+        let promoted = promote(standby);
         let bodies = drain(&promoted).await;
         let unique: HashSet<&String> = bodies.iter().collect();
         assert_eq!(unique.len(), bodies.len(), "round {round}: a message twice");
@@ -229,10 +246,7 @@ async fn a_late_standby_catches_up_and_follows_compaction() {
     let mut publisher = primary.publisher().await;
     for n in 0..3000 {
         let body = format!("early-{n:04}-{}", "x".repeat(100));
-        let reply = publisher
-            .request(json!({"body": body, "durability": 1}))
-            .await;
-        assert_eq!(reply["status"], "Success.", "{reply}");
+        published(&mut publisher, body, 1).await;
     }
     assert!(segments(primary.data_dir.path()).len() >= 4);
     let standby = Standby::start(&primary, KEY);
@@ -268,10 +282,7 @@ async fn a_late_standby_catches_up_and_follows_compaction() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         // Each durability-2 publish is synced on both: the standby has everything before it.
-        let reply = publisher
-            .request(json!({"body": "sync point", "durability": 2}))
-            .await;
-        assert_eq!(reply["status"], "Success.", "{reply}");
+        published(&mut publisher, "sync point", 2).await;
         let (ours, theirs) = (
             segments(primary.data_dir.path()),
             segments(standby.data_dir.path()),
@@ -290,7 +301,7 @@ async fn a_late_standby_catches_up_and_follows_compaction() {
     }
     drop(publisher);
     drop(primary);
-    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let promoted = promote(standby);
     let bodies = drain(&promoted).await;
     let early: Vec<&String> = bodies.iter().filter(|b| b.starts_with("early-")).collect();
     assert_eq!(
@@ -361,12 +372,9 @@ async fn the_standby_follows_over_wss_and_checks_the_primary() {
         ))
         .await;
     assert_eq!(login["status"], "Success.", "{login}");
-    let reply = publisher
-        .request(json!({"body": "over wss", "durability": 2}))
-        .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    published(&mut publisher, "over wss", 2).await;
     drop((publisher, primary));
-    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let promoted = promote(standby);
     assert_eq!(drain(&promoted).await, ["over wss"]);
 }
 
@@ -394,10 +402,7 @@ async fn a_promoted_standby_has_the_settings_and_the_receipt_key() {
     // Sent once with the catch-up, once on the save.
     standby.wait_for_log_count("the primary's settings are saved here", 2);
     let mut publisher = primary.publisher().await;
-    let reply = publisher
-        .request(json!({"body": "x", "durability": 2}))
-        .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    published(&mut publisher, "x", 2).await;
     let key_file = |dir: &Path| std::fs::read(dir.join("sqs-receipt-key")).unwrap();
     let primary_key = key_file(primary.data_dir.path());
     drop((admin, publisher, primary));
@@ -418,15 +423,10 @@ async fn a_promoted_standby_has_the_settings_and_the_receipt_key() {
 /// every message, with no damage to dead-letter.
 #[tokio::test]
 async fn a_standby_whose_crash_lost_unsynced_writes_has_them_sent_again() {
-    let primary = primary();
-    let mut standby = Standby::start(&primary, KEY);
-    wait_in_sync(&primary, 1);
+    let (primary, mut standby) = replicated();
     let mut publisher = primary.publisher().await;
     for n in 0..200 {
-        let reply = publisher
-            .request(json!({"body": format!("m{n:03}"), "durability": 2}))
-            .await;
-        assert_eq!(reply["status"], "Success.", "{reply}");
+        published(&mut publisher, format!("m{n:03}"), 2).await;
     }
     standby.kill();
     // Zeros over the middle of its copy, as pages a crash lost.
@@ -440,21 +440,14 @@ async fn a_standby_whose_crash_lost_unsynced_writes_has_them_sent_again() {
 
     let standby = Standby::start_in(&primary, KEY, standby.into_data_dir());
     wait_in_sync(&primary, 2);
-    let reply = publisher
-        .request(json!({"body": "after", "durability": 2}))
-        .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    published(&mut publisher, "after", 2).await;
     drop((publisher, primary));
-    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let promoted = promote(standby);
     let bodies = drain(&promoted).await;
     let mut expected: Vec<String> = (0..200).map(|n| format!("m{n:03}")).collect();
     expected.push("after".into());
     assert_eq!(bodies, expected);
-    assert!(
-        !promoted.log().contains("damaged record"),
-        "{}",
-        promoted.log()
-    );
+    assert_undamaged(&promoted);
 }
 
 /// Damage found at the primary's start is dead-lettered there and padded over; a standby that
@@ -462,15 +455,10 @@ async fn a_standby_whose_crash_lost_unsynced_writes_has_them_sent_again() {
 /// damaged record's dead-letter entry and not the record as well.
 #[tokio::test]
 async fn the_primarys_repair_of_damage_reaches_the_standby() {
-    let mut primary = primary();
-    let standby = Standby::start(&primary, KEY);
-    wait_in_sync(&primary, 1);
+    let (mut primary, standby) = replicated();
     let mut publisher = primary.publisher().await;
     for body in ["first", "second", "third"] {
-        let reply = publisher
-            .request(json!({"body": body, "durability": 2}))
-            .await;
-        assert_eq!(reply["status"], "Success.", "{reply}");
+        published(&mut publisher, body, 2).await;
     }
     drop(publisher);
     primary.kill();
@@ -492,13 +480,10 @@ async fn the_primarys_repair_of_damage_reaches_the_standby() {
     primary.wait_for_log("a damaged record went to the dead letter queue");
     wait_in_sync(&primary, 1);
     let mut publisher = primary.publisher().await;
-    let reply = publisher
-        .request(json!({"body": "after", "durability": 2}))
-        .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    published(&mut publisher, "after", 2).await;
     drop((publisher, primary));
 
-    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let promoted = promote(standby);
     assert_eq!(drain(&promoted).await, ["first", "third", "after"]);
     let (mut admin, _) = promoted.login("admin", "distribute", json!({})).await;
     let list = admin
@@ -522,20 +507,15 @@ fn standby_primary_address(standby: &Standby) -> String {
 /// durability 2 answers Success, and the promoted copy has it whole.
 #[tokio::test]
 async fn a_message_bigger_than_a_frame_reaches_the_standby() {
-    let primary = primary();
-    let standby = Standby::start(&primary, KEY);
-    wait_in_sync(&primary, 1);
+    let (primary, standby) = replicated();
     let (mut admin, _) = primary.login("admin", "distribute", json!({})).await;
     let bigger = json!({"cmd": "setcfg", "max-ws-msg-len": 1_048_576});
     assert_eq!(admin.request(bigger).await["status"], "Success.");
     let body = "b".repeat(1_000_000);
     let mut publisher = primary.publisher().await;
-    let reply = publisher
-        .request(json!({"body": body, "durability": 2}))
-        .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    published(&mut publisher, body.as_str(), 2).await;
     drop((admin, publisher, primary));
-    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let promoted = promote(standby);
     let (mut admin, _) = promoted.login("admin", "distribute", json!({})).await;
     let bigger = json!({"cmd": "setcfg", "max-ws-msg-len": 1_048_576});
     assert_eq!(admin.request(bigger).await["status"], "Success.");
@@ -547,9 +527,7 @@ async fn a_message_bigger_than_a_frame_reaches_the_standby() {
 /// when TCP gives up a minute later: durability 2 is answered 507 meanwhile.
 #[tokio::test]
 async fn a_standby_that_stops_reading_is_dropped_within_the_silence_limit() {
-    let primary = primary();
-    let standby = Standby::start(&primary, KEY);
-    wait_in_sync(&primary, 1);
+    let (primary, standby) = replicated();
     standby.pause();
     // About 40 MB at durability 1: more than the two sockets' buffers hold.
     let mut publisher = primary.publisher().await;
@@ -558,10 +536,7 @@ async fn a_standby_that_stops_reading_is_dropped_within_the_silence_limit() {
     assert_eq!(admin.request(bigger).await["status"], "Success.");
     let body = "f".repeat(1_000_000);
     for _ in 0..40 {
-        let reply = publisher
-            .request(json!({"body": body, "durability": 1}))
-            .await;
-        assert_eq!(reply["status"], "Success.", "{reply}");
+        published(&mut publisher, body.as_str(), 1).await;
     }
     let asked = std::time::Instant::now();
     let reply = publisher
@@ -583,21 +558,13 @@ async fn a_standby_that_stops_reading_is_dropped_within_the_silence_limit() {
 /// old file of that number is not the primary's, and is sent again from its start.
 #[tokio::test]
 async fn a_segment_number_used_again_is_sent_again_whole() {
-    let mut primary = primary();
-    let standby = Standby::start(&primary, KEY);
-    wait_in_sync(&primary, 1);
+    let (mut primary, standby) = replicated();
     let mut publisher = primary.publisher().await;
     for n in 0..50 {
-        let reply = publisher
-            .request(json!({"body": format!("lost-{n:02}"), "durability": 1}))
-            .await;
-        assert_eq!(reply["status"], "Success.", "{reply}");
+        published(&mut publisher, format!("lost-{n:02}"), 1).await;
     }
     // A durability-2 publish with the standby in sync: everything before it is on both.
-    let reply = publisher
-        .request(json!({"body": "synced", "durability": 2}))
-        .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    published(&mut publisher, "synced", 2).await;
     drop(publisher);
     primary.kill();
     // As a crash would leave it had the name never been synced: the file is gone.
@@ -614,37 +581,25 @@ async fn a_segment_number_used_again_is_sent_again_whole() {
     // More than the old file held, and more than the 4 KiB that identify a segment.
     let new: Vec<String> = (0..60).map(|n| format!("new-{n:02}")).collect();
     for body in &new {
-        let reply = publisher
-            .request(json!({"body": body, "durability": 1}))
-            .await;
-        assert_eq!(reply["status"], "Success.", "{reply}");
+        published(&mut publisher, body.as_str(), 1).await;
     }
     standby.resume();
     wait_in_sync(&primary, 1);
-    let reply = publisher
-        .request(json!({"body": "new, synced", "durability": 2}))
-        .await;
-    assert_eq!(reply["status"], "Success.", "{reply}");
+    published(&mut publisher, "new, synced", 2).await;
     let same = segments(primary.data_dir.path()) == segments(standby.data_dir.path());
     assert!(same, "the standby's copy is not the primary's");
     drop((publisher, primary));
-    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let promoted = promote(standby);
     let mut expected = new;
     expected.push("new, synced".into());
     assert_eq!(drain(&promoted).await, expected);
-    assert!(
-        !promoted.log().contains("damaged record"),
-        "{}",
-        promoted.log()
-    );
+    assert_undamaged(&promoted);
 }
 
 /// A standby stops on SIGTERM (as systemd stops it), at once.
 #[tokio::test]
 async fn a_standby_stops_on_sigterm() {
-    let primary = primary();
-    let mut standby = Standby::start(&primary, KEY);
-    wait_in_sync(&primary, 1);
+    let (_primary, mut standby) = replicated();
     let status = standby.terminate(Duration::from_secs(10));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }

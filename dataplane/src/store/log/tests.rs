@@ -953,3 +953,132 @@ async fn compaction_keeps_a_segment_with_damage_for_the_next_start_to_dead_lette
         .windows(7)
         .any(|w| w == b"Damaged"));
 }
+
+/// Each segment file in `dir` with its bytes, the zeros after its records cut.
+fn segment_bytes(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut segments = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.ends_with(".log") {
+            let mut bytes = std::fs::read(entry.path()).unwrap();
+            let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |at| at + 1);
+            bytes.truncate(end);
+            segments.insert(name, bytes);
+        }
+    }
+    segments
+}
+
+/// Everything an attach hands a standby, applied to `mirror` in the order the primary sends it.
+fn apply_attach(mirror: &mut mirror::Mirror, attached: &shipping::Attached) {
+    use std::os::unix::fs::FileExt;
+    for &(segment, len) in &attached.truncated {
+        mirror.apply(&Shipment::Truncate { segment, len }).unwrap();
+    }
+    for copy in &attached.copies {
+        let mut bytes = vec![0; (copy.to - copy.from) as usize];
+        copy.file.read_exact_at(&mut bytes, copy.from).unwrap();
+        let write = Shipment::Write {
+            segment: copy.segment,
+            offset: copy.from,
+            bytes: bytes.into(),
+        };
+        mirror.apply(&write).unwrap();
+    }
+    for repair in &attached.repairs {
+        mirror.apply(repair).unwrap();
+    }
+    for &segment in &attached.removed {
+        mirror.apply(&Shipment::Remove { segment }).unwrap();
+    }
+}
+
+/// A standby fed an attach's copies and then the shipments queued since holds the log byte for
+/// byte, across segments; attached again, it is sent nothing it has.
+#[tokio::test]
+async fn a_mirror_fed_by_an_attach_and_the_shipments_after_is_the_log() {
+    let (primary, standby) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut ids = IdGenerator::new();
+    let (mut store, _) = open(primary.path(), 4096);
+    for n in 0..100 {
+        let m = message(&mut ids, &format!("before-{n:03}"), Durability::Eventual);
+        publish(&mut store, &m).wait().await.unwrap();
+    }
+    let shipping = store.shipping();
+    let mut mirror = mirror::Mirror::open(standby.path()).unwrap();
+    let mut attached = shipping.attach(&mirror.have().unwrap()).unwrap();
+    apply_attach(&mut mirror, &attached);
+    for n in 0..100 {
+        let m = message(&mut ids, &format!("after-{n:03}"), Durability::Immediate);
+        // Durability 2 counts on no standby until the node serves (`require_standby`).
+        publish(&mut store, &m).wait().await.unwrap();
+    }
+    let mut throughs = 0;
+    while let Some(shipment) = attached.shipments.try_next() {
+        throughs += usize::from(matches!(shipment, Shipment::Through { .. }));
+        mirror.apply(&shipment).unwrap();
+    }
+    mirror.sync().unwrap();
+    assert!(throughs > 0, "write rounds end with a Through");
+    assert!(segment_bytes(primary.path()).len() > 3, "several segments");
+    assert_eq!(segment_bytes(primary.path()), segment_bytes(standby.path()));
+
+    // Attached again, with what it holds: nothing to copy.
+    let again = shipping.attach(&mirror.have().unwrap()).unwrap();
+    assert!(again.truncated.is_empty() && again.removed.is_empty());
+    assert!(
+        again.copies.iter().all(|c| c.from == c.to),
+        "nothing sent again"
+    );
+    drop(store);
+}
+
+/// What a standby holds is trusted only as far as it is the primary's: sound records from a
+/// segment's start, and a first 4 KiB whose checksum is the primary's.
+#[tokio::test]
+async fn a_standby_copy_counts_only_its_sound_prefix_of_the_primarys_segment() {
+    let (primary, standby) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut ids = IdGenerator::new();
+    let (mut store, _) = open(primary.path(), 1 << 20);
+    for n in 0..100 {
+        let m = message(&mut ids, &format!("m-{n:03}"), Durability::Eventual);
+        publish(&mut store, &m).wait().await.unwrap();
+    }
+    let shipping = store.shipping();
+    let mut mirror = mirror::Mirror::open(standby.path()).unwrap();
+    apply_attach(&mut mirror, &shipping.attach(&[]).unwrap());
+    mirror.sync().unwrap();
+    drop(mirror);
+    let copy = segment_path(standby.path(), 1);
+    let whole = std::fs::metadata(&copy).unwrap().len();
+
+    // Zeros in the middle, as a crash's lost pages: counted up to them, nothing cut.
+    let mut bytes = std::fs::read(&copy).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle..middle + 64].fill(0);
+    std::fs::write(&copy, &bytes).unwrap();
+    let mut mirror = mirror::Mirror::open(standby.path()).unwrap();
+    let held = mirror.have().unwrap()[0];
+    assert!(held.sound <= middle as u64 && held.sound > 0, "{held:?}");
+    assert_eq!(held.len, whole, "nothing cut at the standby's start");
+    let attached = shipping.attach(&[held]).unwrap();
+    assert_eq!(
+        attached.copies[0].from, held.sound,
+        "sent again from the damage"
+    );
+    assert_eq!(attached.truncated, [(1, held.sound)]);
+
+    // Another log's segment of the same number, sound and longer: sent again whole.
+    let others: Vec<String> = (0..200).map(|n| format!("other-{n:03}")).collect();
+    let others: Vec<&str> = others.iter().map(String::as_str).collect();
+    let (_other_dir, other) = stored(&others).await;
+    std::fs::copy(&other, &copy).unwrap();
+    let mut mirror = mirror::Mirror::open(standby.path()).unwrap();
+    let held = mirror.have().unwrap()[0];
+    assert!(held.sound > 4096, "{held:?}");
+    let attached = shipping.attach(&[held]).unwrap();
+    assert_eq!(attached.copies[0].from, 0, "{held:?}");
+    assert_eq!(attached.truncated, [(1, 0)]);
+    drop(store);
+}

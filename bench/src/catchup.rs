@@ -1,6 +1,7 @@
 //! `bench standby-catchup`: what a standby that attaches to a queue with many stored messages
 //! costs (issue 35): the time until it has caught up (the primary's segment files copied over
-//! the replication connection, then synced), and the CPU of both processes meanwhile.
+//! the replication connection, then synced), and the CPU of both processes meanwhile; then a
+//! node started on the standby's copy (a promotion by hand): its time until it serves.
 
 use crate::node::{cpu_time, Node, NodeConfig};
 use crate::workload::store;
@@ -50,5 +51,14 @@ pub async fn catchup(config: &NodeConfig, messages: usize) {
         "the standby killed and started again on its copy: caught up in {:.2}s, standby CPU {:.2}s",
         started.elapsed().as_secs_f64(),
         cpu_time(node.standby_pid().expect("attached")).as_secs_f64(),
+    );
+
+    // The promotion by hand: the primary and the standby gone, a node on the standby's copy.
+    node.kill_standby();
+    node.kill();
+    let promoted = Node::start_alone(config, &dir.path().join("standby"));
+    println!(
+        "a node started on the standby's copy of {stored} messages: serving in {:.2}s",
+        promoted.startup.as_secs_f64(),
     );
 }

@@ -143,15 +143,7 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin, source: IpAddr)
     let closer = Closer::new(&tcp);
     let _ = tcp.set_nodelay(true);
     // A peer that vanished without a FIN is noticed by the kernel too, after about 45 s.
-    let probes = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(30))
-        .with_interval(Duration::from_secs(5))
-        .with_retries(3);
-    let socket = socket2::SockRef::from(&tcp);
-    let _ = socket.set_tcp_keepalive(&probes);
-    // Data the peer never acknowledges errors the socket after a minute, not the kernel's
-    // quarter of an hour of retransmissions.
-    let _ = socket.set_tcp_user_timeout(Some(Duration::from_secs(60)));
+    qe_serve::notice_dead_peers(&tcp);
     // Bytes are counted on the socket: under TLS, what the client is billed for.
     let (counted, writes) = Counted::new(tcp, node.traffic.clone());
     let io: Box<dyn Io> = match tls {

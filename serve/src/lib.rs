@@ -289,6 +289,20 @@ impl<B: http_body::Body + Unpin> http_body::Body for TrackedBody<B> {
     }
 }
 
+/// Has the kernel notice a peer that vanished without a FIN (its machine gone): keepalive
+/// probes after 30 s idle, five seconds apart, the peer gone after three unanswered (about
+/// 45 s), and data it never acknowledges errors the socket after a minute, not the kernel's
+/// quarter of an hour of retransmissions. Best effort: a socket that refuses keeps its defaults.
+pub fn notice_dead_peers(tcp: &TcpStream) {
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(3);
+    let socket = socket2::SockRef::from(tcp);
+    let _ = socket.set_tcp_keepalive(&probes);
+    let _ = socket.set_tcp_user_timeout(Some(Duration::from_secs(60)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -233,6 +233,9 @@ async fn connect(config: &StandbyConfig) -> Result<Socket, String> {
         .await
         .map_err(|e| e.to_string())?;
     tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+    // A primary whose machine vanished sends no FIN: the standby would wait on its
+    // connection for ever, and never catch up with the primary when it is back.
+    qe_serve::notice_dead_peers(&tcp);
     let io: MaybeTlsStream<TcpStream> = match url.scheme() {
         "wss" => {
             let roots = config.roots.clone().ok_or("wss:// needs --standby-ca")?;

@@ -215,10 +215,10 @@ impl Node {
             return Ok(());
         }
         let saved = self.meta.save(changes, crate::engine::now_ms() / 1000);
-        if let (Some(standby), false) = (&self.standby, saved == Err(SaveError::NotSaved)) {
-            standby.settings_saved.send_modify(|version| *version += 1);
-        }
         if saved != Err(SaveError::NotSaved) {
+            if let Some(standby) = &self.standby {
+                standby.settings_saved.send_modify(|version| *version += 1);
+            }
             let mut settings = self
                 .settings
                 .write()

@@ -599,6 +599,34 @@ impl Drop for Node {
     }
 }
 
+/// Publishes what `next` gives for the n-th publish (its body and durability), one at a time,
+/// until the connection breaks (the node killed); each answered one must be Success, and
+/// counts in `acked`. Returns what was acknowledged.
+pub async fn publish_until_cut(
+    mut client: Client,
+    acked: Arc<std::sync::atomic::AtomicUsize>,
+    mut next: impl FnMut(usize) -> (String, u64),
+) -> Vec<(String, u64)> {
+    let mut acknowledged = Vec::new();
+    for n in 0.. {
+        let (body, durability) = next(n);
+        let request = json!({"body": body, "durability": durability}).to_string();
+        if client.socket().send(Message::text(request)).await.is_err() {
+            break;
+        }
+        match client.socket().next().await {
+            Some(Ok(Message::Text(reply))) => {
+                let reply: Value = serde_json::from_str(&reply).unwrap();
+                assert_eq!(reply["status"], "Success.", "{reply}");
+                acknowledged.push((body, durability));
+                acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            _ => break,
+        }
+    }
+    acknowledged
+}
+
 /// The login for `role` with the test credentials, plus `extra` fields.
 pub fn login_request(role: &str, queue_type: &str, extra: Value) -> Value {
     let (username, password) = match role {

@@ -1,13 +1,11 @@
 //! Durability with the real binary: `kill -9` mid-stream, restart on the same data directory.
 
-use futures::{SinkExt, StreamExt};
-use qe_tests::{assert_failure, Client, Node, Tmpfs};
+use qe_tests::{assert_failure, publish_until_cut, Client, Node, Tmpfs};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_tungstenite::tungstenite::Message;
 
 /// Receives and acks everything waiting, up to a marker published now; returns the bodies.
 async fn drain_queue(node: &Node) -> Vec<String> {
@@ -59,33 +57,6 @@ fn assert_ack_reply(reply: &Value) {
     assert!(done, "an ack's reply: {reply}");
 }
 
-/// Publishes `body` forever at `durability` until the connection breaks; counts successes.
-async fn publish_until_killed(
-    mut client: Client,
-    task: usize,
-    successes: Arc<AtomicUsize>,
-) -> Vec<(String, u64)> {
-    let mut acknowledged = Vec::new();
-    for n in 0.. {
-        let durability = (n % 3) as u64;
-        let body = format!("t{task}-n{n}-d{durability}");
-        let request = json!({"body": body, "durability": durability}).to_string();
-        if client.socket().send(Message::text(request)).await.is_err() {
-            break;
-        }
-        match client.socket().next().await {
-            Some(Ok(Message::Text(reply))) => {
-                let reply: Value = serde_json::from_str(&reply).unwrap();
-                assert_eq!(reply["status"], "Success.", "{reply}");
-                acknowledged.push((body, durability));
-                successes.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => break,
-        }
-    }
-    acknowledged
-}
-
 #[tokio::test]
 async fn every_acknowledged_durable_publish_survives_a_kill_9_exactly_once() {
     let mut node = Node::start();
@@ -114,10 +85,14 @@ async fn every_acknowledged_durable_publish_survives_a_kill_9_exactly_once() {
     let mut tasks = Vec::new();
     for task in 0..8 {
         let client = node.publisher().await;
-        tasks.push(tokio::spawn(publish_until_killed(
+        // Durabilities 0, 1, 2 in turn; the body says which.
+        tasks.push(tokio::spawn(publish_until_cut(
             client,
-            task,
             successes.clone(),
+            move |n| {
+                let durability = (n % 3) as u64;
+                (format!("t{task}-n{n}-d{durability}"), durability)
+            },
         )));
     }
     while successes.load(Ordering::Relaxed) < 3000 {

@@ -3,16 +3,14 @@
 //! Real binaries on loopback: a primary (`--replication-key`), a standby (`--standby-of`), and
 //! a node started on the standby's data directory, as a promotion.
 
-use futures::{SinkExt, StreamExt};
 use qe_tests::standby::{wait_in_sync, Standby, IN_SYNC, KEY};
-use qe_tests::{assert_failure, Client, Node};
+use qe_tests::{assert_failure, publish_until_cut, Client, Node};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_tungstenite::tungstenite::Message;
 
 fn primary() -> Node {
     Node::start_with(&["--replication-key", KEY])
@@ -132,32 +130,6 @@ async fn a_wrong_key_is_refused_and_counts_for_nothing() {
     refused.wait_for_log("WebSocket upgrade");
 }
 
-/// Publishes at durability 2 until the connection breaks; the bodies acknowledged.
-async fn publish_until_killed(
-    mut client: Client,
-    task: usize,
-    acked: Arc<AtomicUsize>,
-) -> Vec<String> {
-    let mut acknowledged = Vec::new();
-    for n in 0.. {
-        let body = format!("t{task}-n{n}");
-        let request = json!({"body": body, "durability": 2}).to_string();
-        if client.socket().send(Message::text(request)).await.is_err() {
-            break;
-        }
-        match client.socket().next().await {
-            Some(Ok(Message::Text(reply))) => {
-                let reply: Value = serde_json::from_str(&reply).unwrap();
-                assert_eq!(reply["status"], "Success.", "{reply}");
-                acknowledged.push(body);
-                acked.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => break,
-        }
-    }
-    acknowledged
-}
-
 /// kill -9 of the primary at a moment picked at random under durability-2 publishers, while
 /// the standby is stalled (SIGSTOP) for the last 100 ms, and then of the standby: a node
 /// started on the standby's directory has every message acknowledged, once. (A primary that
@@ -170,10 +142,10 @@ async fn every_acknowledged_durability_2_publish_is_on_the_standby_when_the_prim
         let mut tasks = Vec::new();
         for task in 0..8 {
             let client = primary.publisher().await;
-            tasks.push(tokio::spawn(publish_until_killed(
+            tasks.push(tokio::spawn(publish_until_cut(
                 client,
-                task,
                 acked.clone(),
+                move |n| (format!("t{task}-n{n}"), 2),
             )));
         }
         // A moment between 200 and 1,000 acknowledged publishes in, picked from the clock.
@@ -196,7 +168,7 @@ async fn every_acknowledged_durability_2_publish_is_on_the_standby_when_the_prim
         standby.kill();
         let mut acknowledged = Vec::new();
         for task in tasks {
-            acknowledged.extend(task.await.unwrap());
+            acknowledged.extend(task.await.unwrap().into_iter().map(|(body, _)| body));
         }
         let promoted = promote(standby);
         let bodies = drain(&promoted).await;

@@ -76,7 +76,7 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy) -> Stopped {
     };
     let hello = Hello {
         key: config.key.clone(),
-        have: have.into_iter().collect(),
+        have,
     };
     let hello = serde_json::to_string(&hello).expect("a hello serializes");
     if socket.send(Frame::text(hello)).await.is_err() {
@@ -101,16 +101,19 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy) -> Stopped {
             Some(Err(_)) => return Stopped::Gone,
             Some(Ok(mut frame)) => loop {
                 match apply(copy, frame) {
-                    Ok(Some(Shipment::Through { lsn, sync })) => {
-                        synced.applied = Some(lsn);
-                        sync_now |= sync;
+                    Ok(Some(shipment)) => {
+                        synced
+                            .unsynced_since
+                            .get_or_insert_with(std::time::Instant::now);
+                        if let Shipment::Through { lsn, sync } = shipment {
+                            synced.applied = Some(lsn);
+                            sync_now |= sync;
+                        }
                     }
-                    Ok(_) => {}
+                    // A ping, the settings or the receipt key (saved and synced already).
+                    Ok(None) => {}
                     Err(stopped) => return stopped,
                 }
-                synced
-                    .unsynced_since
-                    .get_or_insert_with(std::time::Instant::now);
                 match socket.next().now_or_never() {
                     Some(Some(next)) => frame = next,
                     Some(None) => return Stopped::Gone,

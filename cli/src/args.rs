@@ -167,6 +167,10 @@ pub enum QueuesCommand {
         /// A tag, KEY=VALUE (again for more).
         #[arg(long = "tag", value_parser = parse_tag)]
         tags: Vec<(String, String)>,
+        /// 2: a standby node beside it, on which every durability-2 publish is synced too
+        /// (standard tier only).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        replicas: u8,
         /// Returns at once, while it is still provisioning.
         #[arg(long)]
         no_wait: bool,

@@ -173,6 +173,10 @@ pub struct NewQueue {
     /// Its tags, key → value (at most 50).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tags: std::collections::BTreeMap<String, String>,
+    /// 2: a standby node beside its node, on which every durability-2 publish is synced
+    /// too (the standard tier only); `None`: 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u8>,
 }
 
 impl NewQueue {
@@ -190,7 +194,14 @@ impl NewQueue {
             account: None,
             name: None,
             tags: Default::default(),
+            replicas: None,
         }
+    }
+
+    /// With this many nodes holding its messages: 1, or 2 with a standby.
+    pub fn replicas(mut self, replicas: u8) -> NewQueue {
+        self.replicas = Some(replicas);
+        self
     }
 
     /// Named, within its account.
@@ -262,6 +273,13 @@ pub struct Queue {
     /// Its tags.
     #[serde(default)]
     pub tags: std::collections::BTreeMap<String, String>,
+    /// Nodes that hold its messages: 1, or 2 (its node and a standby).
+    #[serde(default = "one")]
+    pub replicas: u8,
+}
+
+fn one() -> u8 {
+    1
 }
 
 /// The build a queue's node runs.
@@ -307,6 +325,17 @@ pub struct LiveNumbers {
     pub saved_sessions: u64,
     /// How old the report is, in seconds.
     pub age_secs: f64,
+    /// Its standby, for a queue with one.
+    pub standby: Option<StandbyLag>,
+}
+
+/// How a queue's standby stands, as its node reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+pub struct StandbyLag {
+    /// Caught up: durability 2 is synced on both nodes (and answered 507 while not).
+    pub in_sync: bool,
+    /// Bytes of the log written on the node and not yet synced on the standby.
+    pub lag_bytes: u64,
 }
 
 /// A queue just made, with its three logins (shown this once).

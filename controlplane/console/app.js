@@ -238,6 +238,15 @@ async function signOut() {
 
 // ---- the queues list ---------------------------------------------------------------------
 
+/** A queue's replicas, and how its standby stands when its node reported it. */
+function standbyText(queue) {
+  if ((queue.replicas || 1) < 2) return "1 (its node alone)";
+  const standby = queue.live && queue.live.standby;
+  if (!standby) return "2 (node and standby; the standby not reported)";
+  const state = standby.in_sync ? "in sync" : "catching up: durability 2 is answered 507 meanwhile";
+  return `2 (node and standby, ${state}, ${formatBytes(standby.lag_bytes)} behind)`;
+}
+
 /** The numbers the list shows per queue, from its `live` (null: no fresh report). */
 const LIST_COLUMNS = [
   ["waiting", "Depth", "Messages waiting for a subscriber"],
@@ -500,6 +509,7 @@ function overview(id, tab, panel, load, notFound) {
       ["Host", h("code", {}, queue.host)],
       ["Tier", queue.tier], ["Region", queue.region], ["Instance type", queue.instance_type],
       ["IPv4", queue.ipv4 ? "yes" : "no"], ["Account", queue.account || "none"],
+      ["Replicas", h("span", { id: "queue-replicas" }, standbyText(queue))],
       ["Name", h("span", { id: "queue-name" }, queue.name || "none (its id)")],
       ["Tags", h("span", { id: "queue-tags" },
         Object.entries(queue.tags || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "none")],

@@ -100,6 +100,16 @@ impl NodeTokens {
         base64::engine::general_purpose::STANDARD.encode(&mac[..30])
     }
 
+    /// The key queue `queue_id`'s standby gives its primary on `/replicate`: derived, never
+    /// kept, as the SQS secrets are. The primary's config carries only its hash; the provider
+    /// hands the key itself to the standby it starts.
+    pub fn replication_key(&self, queue_id: &str) -> String {
+        qe_shared::hex(&hmac_sha256(
+            &self.secret,
+            format!("replication/{queue_id}").as_bytes(),
+        ))
+    }
+
     /// The token of credential number `credential` of queue `queue_id`.
     pub fn token_for(&self, queue_id: &str, credential: u64) -> String {
         qe_shared::hex(&hmac_sha256(

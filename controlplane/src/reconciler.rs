@@ -358,7 +358,12 @@ impl Reconciler {
     /// Makes sure its node runs, and records where (the zone follows).
     async fn keep_running(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
         let bootstrap = self.bootstraps.for_queue(queue);
-        let placement = self.fleet.ensure(queue, &bootstrap).await?;
+        let mut placement = self.fleet.ensure(queue, &bootstrap).await?;
+        if queue.replicas == 2 {
+            let key = self.bootstraps.tokens.replication_key(&queue.id);
+            let standby = self.fleet.ensure_standby(queue, &placement, &key).await?;
+            placement.resources.extend(standby);
+        }
         if let Some(reason) = placement.restarted_because {
             // Audited before it is logged: whoever reads the log finds the entry.
             self.audit(audit::NODE_RESTART, queue, reason).await;

@@ -92,16 +92,28 @@ pub struct Flags {
     #[arg(long, value_name = "ROLE:ACCESS_KEY_ID:SECRET")]
     pub sqs_key: Vec<String>,
     /// The key a standby gives on `/replicate` (a primary: durability 2 is then synced on
-    /// the standby too), or gives its primary (with --standby-of).
-    #[arg(long, value_name = "KEY")]
+    /// the standby too), or gives its primary (with --standby-of). Also read from
+    /// QE_REPLICATION_KEY, which other users cannot read (an argument they can). A node of
+    /// the control plane's gets its hash in its config instead.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "QE_REPLICATION_KEY",
+        hide_env_values = true
+    )]
     pub replication_key: Option<String>,
     /// Run as the standby of the primary at this address (ws:// or wss://): keep a copy of
     /// its message log in --data-dir and serve nothing. Needs --replication-key.
     #[arg(long, value_name = "URL", requires = "replication_key")]
     pub standby_of: Option<String>,
-    /// The CA (PEM) a wss:// primary's certificate is checked against.
+    /// The CA (PEM) a wss:// primary's certificate is checked against; without it, the
+    /// public web's roots.
     #[arg(long, requires = "standby_of")]
     pub standby_ca: Option<PathBuf>,
+    /// Connect to the primary here instead of resolving --standby-of's name (a name only the
+    /// control plane's DNS knows); TLS still checks that name.
+    #[arg(long, value_name = "ADDR", requires = "standby_of")]
+    pub standby_connect: Option<SocketAddr>,
 }
 
 /// The TOML file. Every field is optional here; the flags may supply what it lacks.
@@ -351,6 +363,8 @@ pub struct Given {
     sqs_listen: Option<SocketAddr>,
     sqs_keys: Vec<SqsKey>,
     sqs_limits: Option<qe_serve::Limits>,
+    /// The standby's key, hashed: from the control plane's config only.
+    replication_key: Option<PasswordHash>,
 }
 
 impl Given {
@@ -372,7 +386,15 @@ impl Given {
         let logins = desired_logins(desired).map_err(ConfigError::Invalid)?;
         let sqs = desired.sqs.as_ref();
         let sqs_keys = sqs.map_or(Ok(Vec::new()), |sqs| desired_sqs_keys(&sqs.keys));
+        let replication_key = match &desired.replication {
+            Some(replication) => Some(
+                PasswordHash::parse(&replication.key_hash)
+                    .ok_or_else(|| invalid("the replication key's hash is not one"))?,
+            ),
+            None => None,
+        };
         Ok(Given {
+            replication_key,
             listen: desired.listen.clone(),
             data_dir: Some(data_dir.to_path_buf()),
             plaintext,
@@ -451,6 +473,7 @@ impl ConfigFile {
             sqs_listen: self.sqs_listen,
             sqs_keys: sqs_keys.collect::<Result<_, _>>()?,
             sqs_limits: self.sqs_http,
+            replication_key: None,
         })
     }
 }
@@ -575,7 +598,11 @@ impl Config {
         let keepalive = Keepalive::of(&flags, given.ping_secs, given.silence_limit_secs);
         Ok(Config {
             sqs: sqs(&flags, given.sqs_keys, given.sqs_listen, given.sqs_limits)?,
-            replication_key: flags.replication_key.as_deref().map(PasswordHash::new),
+            replication_key: flags
+                .replication_key
+                .as_deref()
+                .map(PasswordHash::new)
+                .or(given.replication_key),
             live_stats_every: given.live_stats_every,
             record_every: given.record_every,
             tls_from_control_plane: given.tls_from_control_plane,
@@ -904,6 +931,7 @@ mod tests {
             build: None,
             initial_settings: None,
             redrive: None,
+            replication: None,
         }
     }
 

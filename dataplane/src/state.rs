@@ -343,6 +343,7 @@ impl Node {
             messages_memory_used: snapshot.memory_used,
             max_messages: self.limits.max_messages,
             max_messages_memory: self.limits.max_messages_memory,
+            standby: self.standby.as_ref().map(|standby| standby.lag()),
             certificate_expires: None,
             log_lines_dropped: qe_shared::logging::dropped_lines(),
         }

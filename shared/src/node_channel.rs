@@ -30,6 +30,15 @@ pub const WATCH_HOLD_SECS: u64 = 25;
 /// otherwise: under a 15 s Prometheus scrape, so each scrape sees a number at most this old.
 pub const LIVE_STATS_SECS: u64 = 10;
 
+/// The header a node's config requests carry, naming the fields it takes beyond those every
+/// node takes (comma-separated, [`TAKES_REPLICATION`]). Asked on every request, so the first
+/// config a node starts from already has them; a control plane from before ignores it, and
+/// one answering a node that does not say leaves the fields out (the node reads its config
+/// with `deny_unknown_fields`).
+pub const TAKES_HEADER: &str = "qe-node-takes";
+/// In [`TAKES_HEADER`]: the node takes [`DesiredConfig::replication`].
+pub const TAKES_REPLICATION: &str = "replication";
+
 /// What a node starts from, and nothing more: everything else comes over the channel.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -154,6 +163,19 @@ pub struct DesiredConfig {
     /// any queue of the account may name it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redrive: Option<DesiredRedrive>,
+    /// The queue has a standby (`replicas: 2`): the key it gives on `/replicate`, hashed.
+    /// Taken at start (a node requires its standby from its first durability-2 reply). Sent
+    /// only to a node that says it takes it ([`TAKES_HEADER`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<DesiredReplication>,
+}
+
+/// A queue's standby, as its primary knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredReplication {
+    /// The replication key, as [`crate::password::PasswordHash`] writes it.
+    pub key_hash: String,
 }
 
 /// A queue's dead letter routing, kept by the control plane (docs/sqs.md, *Dead letters to
@@ -416,6 +438,20 @@ pub struct LiveStats {
     /// refuses a field it does not know) reads the report as before.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub log_lines_dropped: u64,
+    /// A queue with a standby: whether it is in sync, and how far behind. None (left out):
+    /// the queue has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<StandbyLag>,
+}
+
+/// How a primary's standby stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandbyLag {
+    /// Attached and caught up: durability 2 is answered Success (synced on both).
+    pub in_sync: bool,
+    /// Bytes of the log written on the primary and not yet synced on the standby.
+    pub lag_bytes: u64,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -611,6 +647,7 @@ mod tests {
             build: None,
             initial_settings: None,
             redrive: None,
+            replication: None,
         };
         let text = serde_json::to_string(&config).unwrap();
         assert!(!text.contains("live_stats_secs"), "left out unless set");

@@ -497,6 +497,7 @@ def run(page, context, logs):
     # Made through the API without a name or tags (SQS's CreateQueue gives both).
     expect(page.locator("#queue-name")).to_have_text("none (its id)")
     expect(page.locator("#queue-tags")).to_have_text("none")
+    expect(page.locator("#queue-replicas")).to_have_text("1 (its node alone)")
     expect(page.locator("#report-age")).to_contain_text("reported")
     # Which build its node runs, as the node said.
     expect(page.locator("#queue-node-build")).to_contain_text("binary SHA-256 ")

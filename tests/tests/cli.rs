@@ -9,6 +9,7 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 /// What one run of `qe` left.
 #[derive(Debug)]
@@ -245,7 +246,8 @@ async fn login_queues_send_receive_and_tail() {
             "IN FLIGHT",
             "DELAYED",
             "DLQ",
-            "AGE"
+            "AGE",
+            "STANDBY"
         ]
     );
     let row = list
@@ -628,6 +630,66 @@ async fn a_queue_made_with_a_name_and_tags_shows_them() {
     );
     let again = qe.expect(3, &create[1..]);
     assert!(again.stderr.contains("named orders"), "{again:?}");
+}
+
+/// Issue 35: `--replicas 2` makes a queue with a standby; `queues get` says so, and `queues
+/// list --live` shows the standby in sync once its node reports it.
+#[tokio::test]
+async fn a_queue_made_with_a_standby_shows_it_in_sync() {
+    let cp = ControlPlane::start_with("live_stats_secs = 1\nreconcile_every_secs = 1\n");
+    let qe = Qe::new();
+    qe.login(&cp);
+    let create = [
+        "--json",
+        "queues",
+        "create",
+        "--tier",
+        "standard",
+        "--region",
+        "local",
+        "--instance-type",
+        "local",
+        "--replicas",
+        "2",
+    ];
+    let created = qe.ok(&create).json();
+    assert_eq!(created["queue"]["replicas"], 2, "{created}");
+    let id = created["queue"]["id"].as_str().unwrap().to_string();
+    let shown = qe.ok(&["queues", "get", &id]);
+    assert!(
+        shown
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("REPLICAS") && line.ends_with(" 2")),
+        "{shown:?}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let list = qe.ok(&["--csv", "queues", "list", "--live"]).csv();
+        let row = list.iter().find(|row| row[0] == id).expect("listed");
+        if row[11].starts_with("in sync (") && row[11].ends_with(" B behind)") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never in sync: {row:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // One replica is the default; a third is refused before anything is asked.
+    qe.expect(
+        1,
+        &[
+            "queues",
+            "create",
+            "--region",
+            "local",
+            "--instance-type",
+            "local",
+            "--replicas",
+            "3",
+        ],
+    );
 }
 
 /// Issue 32: the queue's own `max-ws-msg-len` decides what `qe send` may send (learned at the

@@ -176,6 +176,7 @@ fn desired() -> DesiredConfig {
         build: None,
         initial_settings: None,
         redrive: None,
+        replication: None,
     }
 }
 

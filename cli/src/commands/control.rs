@@ -8,7 +8,7 @@ use crate::context::Context;
 use crate::failure::Failure;
 use crate::output::Output;
 use qe_client::control_plane::{
-    ControlPlane, CreatedQueue, NewQueue, Queue, QueueStatus, RecordQuery, Tier,
+    ControlPlane, CreatedQueue, NewQueue, Queue, QueueStatus, RecordQuery, StandbyLag, Tier,
 };
 use serde_json::json;
 use std::time::Duration;
@@ -30,6 +30,7 @@ pub async fn queues(context: &mut Context, command: QueuesCommand) -> Result<(),
             account,
             name,
             tags,
+            replicas,
             no_wait,
         } => {
             let tier = match tier {
@@ -37,6 +38,9 @@ pub async fn queues(context: &mut Context, command: QueuesCommand) -> Result<(),
                 TierArg::Standard => Tier::Standard,
             };
             let mut new = NewQueue::new(tier, region, instance_type).ipv4(ipv4);
+            if replicas != 1 {
+                new = new.replicas(replicas);
+            }
             if let Some(account) = account {
                 new = new.account(account);
             }
@@ -59,9 +63,9 @@ fn name_of<T: serde::Serialize>(value: &T) -> String {
 }
 
 const QUEUE_COLUMNS: [&str; 6] = ["ID", "STATUS", "TIER", "REGION", "INSTANCE TYPE", "URL"];
-/// The `--live` columns: waiting (the depth), held (in flight), delayed, dead-lettered, and
-/// how old the node's report is.
-const LIVE_COLUMNS: [&str; 5] = ["DEPTH", "IN FLIGHT", "DELAYED", "DLQ", "AGE"];
+/// The `--live` columns: waiting (the depth), held (in flight), delayed, dead-lettered, how
+/// old the node's report is, and its standby (`-` for a queue without one).
+const LIVE_COLUMNS: [&str; 6] = ["DEPTH", "IN FLIGHT", "DELAYED", "DLQ", "AGE", "STANDBY"];
 
 fn queue_row(queue: &Queue, live: bool) -> Vec<String> {
     let mut row = vec![
@@ -88,8 +92,20 @@ fn live_cells(queue: &Queue) -> Vec<String> {
             live.delayed.to_string(),
             live.dead_letter.to_string(),
             format!("{:.0}s", live.age_secs),
+            standby_cell(live.standby),
         ],
         None => vec!["-".to_string(); LIVE_COLUMNS.len()],
+    }
+}
+
+/// A standby as `in sync (N B behind)`, or `catching up (N B behind)`.
+fn standby_cell(standby: Option<StandbyLag>) -> String {
+    match standby {
+        Some(StandbyLag { in_sync, lag_bytes }) => {
+            let state = if in_sync { "in sync" } else { "catching up" };
+            format!("{state} ({lag_bytes} B behind)")
+        }
+        None => "-".to_string(),
     }
 }
 
@@ -114,6 +130,7 @@ fn queue_output(queue: &Queue, json: serde_json::Value) -> Output {
         .collect();
     rows.push(vec!["HOST".into(), queue.host.clone()]);
     rows.push(vec!["IPV4".into(), queue.ipv4.to_string()]);
+    rows.push(vec!["REPLICAS".into(), queue.replicas.to_string()]);
     rows.push(vec!["NODE".into(), optional(&queue.node)]);
     rows.push(vec!["ACCOUNT".into(), optional(&queue.account)]);
     rows.push(vec!["NAME".into(), optional(&queue.name)]);

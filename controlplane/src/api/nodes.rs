@@ -9,12 +9,14 @@ use crate::model::audit::{self, Actor, Entry, Target};
 use crate::model::queue::{Queue, Status};
 use crate::store::StoreError;
 use axum::extract::{Extension, Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use qe_shared::node_channel::{
-    Applied, CertificateRequest, DesiredConfig, IssuedCertificate, NodeTls, WATCH_HOLD_SECS,
+    Applied, CertificateRequest, DesiredConfig, DesiredReplication, IssuedCertificate, NodeTls,
+    TAKES_HEADER, TAKES_REPLICATION, WATCH_HOLD_SECS,
 };
+use qe_shared::password::PasswordHash;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -142,8 +144,13 @@ async fn sqs_of(
     }))
 }
 
-/// What `queue`'s node should be now.
-pub async fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredConfig, ApiError> {
+/// What `queue`'s node should be now; `takes_replication`: its node said it takes
+/// [`DesiredConfig::replication`].
+pub async fn desired_config(
+    state: &AppState,
+    queue: &Queue,
+    takes_replication: bool,
+) -> Result<DesiredConfig, ApiError> {
     let listen = state
         .fleet
         .listen(queue)
@@ -167,7 +174,25 @@ pub async fn desired_config(state: &AppState, queue: &Queue) -> Result<DesiredCo
     desired.node_token = queue
         .next_node_credential
         .map(|next| state.node_tokens.token_for(&queue.id, next));
+    if queue.replicas == 2 && takes_replication {
+        let key = state.node_tokens.replication_key(&queue.id);
+        desired.replication = Some(DesiredReplication {
+            key_hash: PasswordHash::new(&key).to_string(),
+        });
+    }
     Ok(desired)
+}
+
+/// Whether a node's request says it takes [`DesiredConfig::replication`].
+fn takes_replication(headers: &HeaderMap) -> bool {
+    let takes = headers
+        .get(TAKES_HEADER)
+        .and_then(|value| value.to_str().ok());
+    takes.is_some_and(|takes| {
+        takes
+            .split(',')
+            .any(|what| what.trim() == TAKES_REPLICATION)
+    })
 }
 
 #[derive(Deserialize)]
@@ -183,6 +208,7 @@ pub async fn config(
     State(state): State<Arc<AppState>>,
     Extension(NodeCaller { queue, .. }): Extension<NodeCaller>,
     Query(watch): Query<Watch>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = queue.id.clone();
     let after = watch.after.unwrap_or(0);
@@ -204,7 +230,8 @@ pub async fn config(
             }
         }
     };
-    Ok(Json(desired_config(&state, &queue).await?).into_response())
+    let takes_replication = takes_replication(&headers);
+    Ok(Json(desired_config(&state, &queue, takes_replication).await?).into_response())
 }
 
 /// `POST /v1/nodes/{id}/applied`: the node serves this version now. A queue whose node

@@ -24,6 +24,7 @@ pub const CONFIRM_WITHIN: Duration = Duration::from_secs(10);
 pub async fn provision(state: &AppState, new: NewQueue) -> Result<(Queue, IssuedLogins), ApiError> {
     qe_shared::labels::check("region", &new.region).map_err(ApiError::BadRequest)?;
     qe_shared::labels::check("instance_type", &new.instance_type).map_err(ApiError::BadRequest)?;
+    new.check_replicas().map_err(ApiError::BadRequest)?;
     state.fleet.can_run(&new).map_err(ApiError::BadRequest)?;
     crate::policy::check(&state.config.allow, &new).map_err(ApiError::BadRequest)?;
     if let Some(name) = &new.name {

@@ -42,6 +42,7 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
         "region": queue.region,
         "instance_type": queue.instance_type,
         "ipv4": queue.ipv4,
+        "replicas": queue.replicas,
         "account": queue.account,
         "node": queue.node,
         "addresses": queue.addresses,

@@ -445,6 +445,8 @@ async fn create_queue(
             tags: tags.clone(),
             sqs_attributes: attributes.clone(),
             initial_settings: initial.clone(),
+            // SQS's CreateQueue has no such attribute: one node, as for every queue by default.
+            replicas: None,
         };
         match super::queue_operations::provision(state, new).await {
             Ok((queue, _logins)) => {

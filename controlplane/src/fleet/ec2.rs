@@ -416,6 +416,9 @@ struct Survey {
 
 impl Provider for Ec2Provider {
     fn can_run(&self, new: &NewQueue) -> Result<(), String> {
+        if new.replicas == Some(2) {
+            return Err("this cluster's EC2 provider places no standby yet: replicas is 1".into());
+        }
         let regions = &self.ec2.settings().regions;
         match regions.contains_key(&new.region) {
             true => Ok(()),

@@ -5,26 +5,21 @@
 //! Nodes outlive the control plane: the next one adopts them (their pid file names them)
 //! instead of starting twins.
 
-use super::process::NodeProcess;
+use super::local_standby::{LocalStandbys, Primary, StandbyLauncher};
+use super::process::{Launch, NodeProcess, Supervised};
 use super::{FleetError, Provider};
 use crate::model::queue::{Addresses, Placement, Queue};
 use crate::write_private;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::Bootstrap;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::process::Command;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-/// The wait before starting a node that exited; it doubles while starts fail.
-const RESTART_AFTER: Duration = Duration::from_millis(200);
-const RESTART_AFTER_AT_MOST: Duration = Duration::from_secs(30);
 /// How long a stopping node has to make and report its last record before it is killed.
 const STOP_WITHIN: Duration = Duration::from_secs(10);
 /// Why a serving node is restarted: it was started for replicas that are not the control
@@ -41,7 +36,11 @@ pub struct LocalProvider {
     /// With certificates (ACME or a local CA): the zone, `q.CLUSTER.DOMAIN`. Nodes are then
     /// reached by name over TLS.
     tls_zone: Option<String>,
+    /// With certificates from a CA of its own (the local CA): its root, which standbys check
+    /// their node's certificate against; None: the public web's roots.
+    ca_root: Option<PathBuf>,
     running: Mutex<HashMap<String, RunningNode>>,
+    standbys: LocalStandbys,
 }
 
 /// A node this provider keeps running.
@@ -49,11 +48,7 @@ struct RunningNode {
     /// What it was started from: one that reaches the control plane otherwise (it moved)
     /// means a restart.
     bootstrap: Bootstrap,
-    /// Its process id now (a restart changes it).
-    pid: Arc<std::sync::atomic::AtomicU32>,
-    /// Ends the supervision and the node, giving it this long to stop by itself.
-    stop: oneshot::Sender<Duration>,
-    supervisor: JoinHandle<()>,
+    process: Supervised,
 }
 
 impl LocalProvider {
@@ -62,8 +57,47 @@ impl LocalProvider {
             dataplane,
             dir,
             tls_zone,
+            ca_root: None,
             running: Mutex::default(),
+            standbys: LocalStandbys::default(),
         }
+    }
+
+    /// Its nodes' certificates chain to the root in `ca_root` (a CA of the control plane's
+    /// own): their standbys check them against it.
+    pub fn with_ca_root(self, ca_root: Option<PathBuf>) -> LocalProvider {
+        LocalProvider { ca_root, ..self }
+    }
+
+    /// The launcher of `queue`'s standby, following its node at `node` (its placement's URL).
+    fn standby_launcher(
+        &self,
+        queue: &Queue,
+        node: &str,
+        key: &str,
+    ) -> Result<StandbyLauncher, FleetError> {
+        let port = self
+            .port(&queue.id)
+            .map_err(|e| FleetError::Start(e.to_string()))?;
+        // A node's name resolves only through the control plane's DNS: connect by address.
+        let connect = self
+            .tls_zone
+            .as_ref()
+            .map(|_| SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+        Ok(StandbyLauncher {
+            dataplane: self.dataplane.clone(),
+            dir: self.standby_dir(&queue.id),
+            primary: Primary {
+                url: node.to_string(),
+                connect,
+                roots: self.ca_root.clone(),
+            },
+            key: key.to_string(),
+        })
+    }
+
+    fn standby_dir(&self, queue_id: &str) -> PathBuf {
+        self.node_dir(queue_id).join("standby")
     }
 
     fn node_dir(&self, queue_id: &str) -> PathBuf {
@@ -128,14 +162,16 @@ impl LocalProvider {
         let port = self.port(&queue.id).map_err(|e| fail(e.to_string()))?;
         let running = {
             let running = self.running.lock().expect("never poisoned");
-            running
-                .get(&queue.id)
-                .map(|node| (reaches_alike(&node.bootstrap, bootstrap), node.pid.clone()))
+            running.get(&queue.id).map(|node| {
+                (
+                    reaches_alike(&node.bootstrap, bootstrap),
+                    node.process.pid(),
+                )
+            })
         };
         let mut restarted_because = None;
         match running {
             Some((true, pid)) => {
-                let pid = pid.load(std::sync::atomic::Ordering::Relaxed);
                 return Ok(self.placement(queue, port, pid));
             }
             // Started for a control plane elsewhere: again, from the new bootstrap.
@@ -223,14 +259,9 @@ impl LocalProvider {
         child: NodeProcess,
         launcher: Launcher,
     ) {
-        let pid = Arc::new(std::sync::atomic::AtomicU32::new(child.id()));
-        let (stop, stopping) = oneshot::channel();
-        let supervisor = tokio::spawn(supervise(child, launcher, pid.clone(), stopping));
         let node = RunningNode {
             bootstrap,
-            pid,
-            stop,
-            supervisor,
+            process: Supervised::start(child, launcher),
         };
         self.running
             .lock()
@@ -238,7 +269,8 @@ impl LocalProvider {
             .insert(queue_id.to_string(), node);
     }
 
-    /// Stops every node (`controlplane dev` on exit; `serve` leaves them to the next one).
+    /// Stops every node and standby (`controlplane dev` on exit; `serve` leaves them to the
+    /// next one).
     pub async fn stop_all(&self) {
         let ids: Vec<String> = self
             .running
@@ -249,6 +281,7 @@ impl LocalProvider {
             .collect();
         for id in ids {
             self.stop_node(&id, STOP_WITHIN).await;
+            self.standbys.stop(&id, &self.standby_dir(&id)).await;
         }
     }
 
@@ -260,10 +293,7 @@ impl LocalProvider {
             .expect("never poisoned")
             .remove(queue_id);
         match node {
-            Some(node) => {
-                let _ = node.stop.send(grace);
-                let _ = node.supervisor.await;
-            }
+            Some(node) => node.process.stop(grace).await,
             // One a previous control plane left running, not taken on since.
             None => {
                 let launcher = Launcher {
@@ -277,7 +307,7 @@ impl LocalProvider {
         }
     }
 
-    /// The queues whose node directory holds a node process that runs now.
+    /// The queues whose node directory holds a node or standby process that runs now.
     fn live_directories(&self) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(self.dir.join("nodes")) else {
             return Vec::new();
@@ -291,6 +321,7 @@ impl LocalProvider {
                     .expect("never poisoned")
                     .contains_key(id)
                     || Launcher::running_pid(&self.node_dir(id)).is_some()
+                    || super::local_standby::runs_in(&self.standby_dir(id))
             })
             .collect()
     }
@@ -323,9 +354,26 @@ impl Provider for LocalProvider {
         self.ensure_node(queue, bootstrap).boxed()
     }
 
+    fn ensure_standby<'a>(
+        &'a self,
+        queue: &'a Queue,
+        node: &'a Placement,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<BTreeMap<String, String>, FleetError>> {
+        async move {
+            let launcher = self.standby_launcher(queue, &node.node, key)?;
+            self.standbys.ensure(&queue.id, launcher).await
+        }
+        .boxed()
+    }
+
+    /// The node first (its last records), then its standby, if it has one.
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
             self.stop_node(queue_id, STOP_WITHIN).await;
+            self.standbys
+                .stop(queue_id, &self.standby_dir(queue_id))
+                .await;
             Ok(())
         }
         .boxed()
@@ -362,15 +410,20 @@ impl Provider for LocalProvider {
         .boxed()
     }
 
-    /// The node's `data/` (its messages); its directory stays, with its log.
+    /// The node's `data/` (its messages) and its standby's copy; its directory stays, with
+    /// its logs.
     fn remove_data<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
-            match std::fs::remove_dir_all(self.node_dir(queue_id).join("data")) {
-                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                    Err(FleetError::Remove(error.to_string()))
+            let standby = super::local_standby::data_dir(&self.standby_dir(queue_id));
+            for data in [self.node_dir(queue_id).join("data"), standby] {
+                match std::fs::remove_dir_all(data) {
+                    Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(FleetError::Remove(error.to_string()))
+                    }
+                    _ => {}
                 }
-                _ => Ok(()),
             }
+            Ok(())
         }
         .boxed()
     }
@@ -395,8 +448,9 @@ impl Provider for LocalProvider {
     /// restarting nodes would start one its successor stopped.
     fn let_go(&self) {
         for (_, node) in self.running.lock().expect("never poisoned").drain() {
-            node.supervisor.abort();
+            node.process.let_go();
         }
+        self.standbys.let_go();
     }
 
     fn holdings(&self) -> BoxFuture<'_, Result<Vec<String>, FleetError>> {
@@ -508,6 +562,20 @@ impl Launcher {
     }
 }
 
+impl Launch for Launcher {
+    fn launch(&self) -> impl std::future::Future<Output = Result<NodeProcess, FleetError>> + Send {
+        Launcher::launch(self)
+    }
+
+    fn what(&self) -> &'static str {
+        "a node"
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
 /// Copies what a node prints to its log, and says when it prints `listening on`.
 async fn copy_lines(
     stdout: tokio::process::ChildStdout,
@@ -526,41 +594,6 @@ async fn copy_lines(
                 let _ = listening.send(());
             }
         }
-    }
-}
-
-/// Keeps a node running until `stop` says how long it has to stop: a node that exits is
-/// started again, backing off while starts fail.
-async fn supervise(
-    mut child: NodeProcess,
-    launcher: Launcher,
-    pid: Arc<std::sync::atomic::AtomicU32>,
-    mut stop: oneshot::Receiver<Duration>,
-) {
-    loop {
-        tokio::select! {
-            grace = &mut stop => {
-                // A sender dropped unsent is a provider letting go: the node runs on.
-                if let Ok(grace) = grace {
-                    child.stop(grace).await;
-                }
-                return;
-            }
-            _ = child.exited() => {}
-        }
-        let mut backoff = Backoff::new(RESTART_AFTER, RESTART_AFTER_AT_MOST);
-        child = loop {
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = tokio::time::sleep(backoff.next_wait()) => {}
-            }
-            match launcher.launch().await {
-                Ok(child) => break child,
-                Err(error) => tracing::error!(%error, "a node could not be restarted"),
-            }
-        };
-        pid.store(child.id(), std::sync::atomic::Ordering::Relaxed);
-        tracing::info!(node = %launcher.dir.display(), "a node was restarted");
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod cloud_init;
 pub mod ec2;
 pub mod local;
+mod local_standby;
 mod process;
 
 use crate::model::queue::{NewQueue, Placement, Queue};
@@ -63,6 +64,24 @@ pub trait Provider: Send + Sync {
         queue: &'a Queue,
         bootstrap: &'a Bootstrap,
     ) -> BoxFuture<'a, Result<Placement, FleetError>>;
+
+    /// Makes sure `queue`'s standby (`replicas: 2`) runs, following its node at `node` with
+    /// `key` (the replication key, [`crate::nodes::NodeTokens::replication_key`]): finds it,
+    /// starts it, or starts it again on its copy. Safe to call again at any time; returns what
+    /// it runs on, by kind, to be recorded with the node's.
+    fn ensure_standby<'a>(
+        &'a self,
+        queue: &'a Queue,
+        node: &'a Placement,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<std::collections::BTreeMap<String, String>, FleetError>> {
+        let _ = (queue, node, key);
+        Box::pin(async {
+            Err(FleetError::Refused(
+                "this provider places no standby".into(),
+            ))
+        })
+    }
 
     /// Makes sure `queue`'s node, which has gone silent (`silence.rs`), serves nothing and
     /// holds nothing any more (a process killed, an instance terminated and its volume

@@ -2,11 +2,105 @@
 //! control plane started and this one adopted. Both can be waited on and killed; waiting on an
 //! adopted node (not our child) goes through a pidfd, so it is an event, not a poll.
 
+use super::FleetError;
+use qe_shared::backoff::Backoff;
+use std::future::Future;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::process::Child;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The wait before starting a process that exited; it doubles while starts fail.
+const RESTART_AFTER: Duration = Duration::from_millis(200);
+const RESTART_AFTER_AT_MOST: Duration = Duration::from_secs(30);
+
+/// What starts a supervised process (a node, a standby) again.
+pub trait Launch: Send + Sync + 'static {
+    fn launch(&self) -> impl Future<Output = Result<NodeProcess, FleetError>> + Send;
+    /// What it starts, for the log: `a node`, `a standby`.
+    fn what(&self) -> &'static str;
+    /// The directory it starts it in, for the log.
+    fn dir(&self) -> &Path;
+}
+
+/// A process kept running: one that exits is started again, backing off while starts fail.
+pub struct Supervised {
+    /// Its process id now (a restart changes it).
+    pid: Arc<AtomicU32>,
+    /// Ends the supervision and the process, giving it this long to stop by itself.
+    stop: oneshot::Sender<Duration>,
+    supervisor: JoinHandle<()>,
+}
+
+impl Supervised {
+    /// Supervises `child`, which `launcher` started (or which was adopted), from now on.
+    pub fn start(child: NodeProcess, launcher: impl Launch) -> Supervised {
+        let pid = Arc::new(AtomicU32::new(child.id()));
+        let (stop, stopping) = oneshot::channel();
+        let supervisor = tokio::spawn(supervise(child, launcher, pid.clone(), stopping));
+        Supervised {
+            pid,
+            stop,
+            supervisor,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid.load(Ordering::Relaxed)
+    }
+
+    /// Stops the process, giving it `grace` to stop by itself (none: killed), and the
+    /// supervision with it.
+    pub async fn stop(self, grace: Duration) {
+        let _ = self.stop.send(grace);
+        let _ = self.supervisor.await;
+    }
+
+    /// Ends the supervision, leaving the process running.
+    pub fn let_go(self) {
+        self.supervisor.abort();
+    }
+}
+
+async fn supervise(
+    mut child: NodeProcess,
+    launcher: impl Launch,
+    pid: Arc<AtomicU32>,
+    mut stop: oneshot::Receiver<Duration>,
+) {
+    loop {
+        tokio::select! {
+            grace = &mut stop => {
+                // A sender dropped unsent is a provider letting go: the process runs on.
+                if let Ok(grace) = grace {
+                    child.stop(grace).await;
+                }
+                return;
+            }
+            _ = child.exited() => {}
+        }
+        let mut backoff = Backoff::new(RESTART_AFTER, RESTART_AFTER_AT_MOST);
+        child = loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(backoff.next_wait()) => {}
+            }
+            match launcher.launch().await {
+                Ok(child) => break child,
+                Err(error) => {
+                    tracing::error!(%error, "{} could not be restarted", launcher.what())
+                }
+            }
+        };
+        pid.store(child.id(), Ordering::Relaxed);
+        tracing::info!(dir = %launcher.dir().display(), "{} was restarted", launcher.what());
+    }
+}
 
 pub enum NodeProcess {
     Child(Child),
@@ -27,12 +121,13 @@ fn has_exited(fd: &OwnedFd) -> bool {
 }
 
 impl NodeProcess {
-    /// Adopts the running process `pid`, if it is the node started with `bootstrap`.
+    /// Adopts the running process `pid`, if it is the one started with `marker` among its
+    /// arguments (a node's bootstrap, a standby's data directory).
     ///
     /// The pidfd is opened first, then the command line read, then the process checked to be
     /// alive still: so the command line read is the pidfd's process's, and a pid reused
     /// meanwhile by another process is never adopted (nor, later, signalled).
-    pub fn adopt(pid: u32, bootstrap: &Path) -> Option<NodeProcess> {
+    pub fn adopt(pid: u32, marker: &Path) -> Option<NodeProcess> {
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         if fd < 0 {
@@ -41,7 +136,7 @@ impl NodeProcess {
         // SAFETY: `fd` was just returned to us and nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let wanted = bootstrap.as_os_str().as_encoded_bytes();
+        let wanted = marker.as_os_str().as_encoded_bytes();
         if !cmdline.split(|b| *b == 0).any(|arg| arg == wanted) || has_exited(&fd) {
             return None;
         }

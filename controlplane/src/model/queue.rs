@@ -151,6 +151,17 @@ pub struct Queue {
     /// one); until then it is left out.
     #[serde(default, skip_serializing_if = "is_false")]
     pub node_takes_redrive: bool,
+    /// Nodes that hold its messages: 1, or 2 with a standby ([`NewQueue::replicas`]).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub replicas: u8,
+}
+
+fn one() -> u8 {
+    1
+}
+
+fn is_one(value: &u8) -> bool {
+    *value == 1
 }
 
 fn is_false(value: &bool) -> bool {
@@ -232,6 +243,8 @@ impl Queue {
                 .filter(|settings| !settings.is_empty() && self.node_takes_initial_settings),
             // Needs the target's record: `api::nodes::desired_config` adds it.
             redrive: None,
+            // Needs the node secret, and the node to say it takes it: added there too.
+            replication: None,
         }
     }
 }
@@ -254,6 +267,8 @@ impl Queue {
             instance_type: desired.instance_type.clone(),
             ipv4: desired.ipv4,
             account: None,
+            // A node that had a standby's key had a standby.
+            replicas: desired.replication.is_some().then_some(2),
             ..Default::default()
         };
         let logins = [&logins.publisher, &logins.subscriber, &logins.admin].map(login);
@@ -317,6 +332,7 @@ impl Queue {
             tags: new.tags,
             sqs_attributes: new.sqs_attributes,
             initial_settings: new.initial_settings,
+            replicas: new.replicas.unwrap_or(1),
         }
     }
 
@@ -416,6 +432,23 @@ pub struct NewQueue {
     pub sqs_attributes: BTreeMap<String, String>,
     #[serde(skip)]
     pub initial_settings: BTreeMap<String, u64>,
+    /// 2: a standby node beside its node, which every durability-2 publish is synced on too
+    /// (README, *A standby node*); 1 (the default): its node alone. The standard tier only.
+    #[serde(default)]
+    pub replicas: Option<u8>,
+}
+
+impl NewQueue {
+    /// Refuses replicas other than 1 or 2, and a standby for a devtest queue.
+    pub fn check_replicas(&self) -> Result<(), String> {
+        match (self.replicas.unwrap_or(1), self.tier) {
+            (1, _) | (2, Tier::Standard) => Ok(()),
+            (2, Tier::Devtest) => {
+                Err("a devtest queue has one replica: replicas 2 needs the standard tier".into())
+            }
+            (other, _) => Err(format!("replicas is 1 or 2, not {other}")),
+        }
+    }
 }
 
 /// SQS's rules for a queue name: 1 to 80 of `A-Za-z0-9_-`, and `.fifo` at the end only for
@@ -537,6 +570,28 @@ mod tests {
         let config = queue.desired_config(vec![], NodeTls::None);
         let given = config.initial_settings.unwrap();
         assert_eq!(given.get("max-ws-msg-len"), Some(&262_144));
+    }
+
+    #[test]
+    fn replicas_are_1_or_2_and_a_standby_only_on_the_standard_tier() {
+        let asked = |tier, replicas| NewQueue {
+            tier,
+            replicas,
+            ..Default::default()
+        };
+        assert!(asked(Tier::Devtest, None).check_replicas().is_ok());
+        assert!(asked(Tier::Standard, Some(2)).check_replicas().is_ok());
+        assert!(asked(Tier::Devtest, Some(2)).check_replicas().is_err());
+        assert!(asked(Tier::Standard, Some(0)).check_replicas().is_err());
+        assert!(asked(Tier::Standard, Some(3)).check_replicas().is_err());
+        // Kept as asked; a record from before replicas reads as one.
+        let (queue, _) = create(asked(Tier::Standard, Some(2)));
+        assert_eq!(queue.replicas, 2);
+        let mut stored = serde_json::to_value(&queue).unwrap();
+        assert_eq!(stored["replicas"], 2);
+        stored.as_object_mut().unwrap().remove("replicas");
+        let old: Queue = serde_json::from_value(stored).unwrap();
+        assert_eq!(old.replicas, 1);
     }
 
     #[test]

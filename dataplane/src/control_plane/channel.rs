@@ -10,7 +10,8 @@ use crate::control_plane::ReportTo;
 use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{
     Applied, Bootstrap, CertificateRequest, DesiredConfig, DesiredRedrive, IssuedCertificate,
-    NodeBuild, RedriveChange, RedriveRefused, RefusedBuild, WATCH_HOLD_SECS,
+    NodeBuild, RedriveChange, RedriveRefused, RefusedBuild, TAKES_HEADER, TAKES_REPLICATION,
+    WATCH_HOLD_SECS,
 };
 use sha2::Digest;
 use std::path::{Path, PathBuf};
@@ -163,7 +164,8 @@ impl Channel {
         let response = self
             .send(|base| {
                 let url = format!("{}{query}", self.url(base, "config"));
-                self.client.get(url)
+                // So that the first config already has the standby's key (taken at start).
+                self.client.get(url).header(TAKES_HEADER, TAKES_REPLICATION)
             })
             .await?;
         match response.status() {

@@ -7,9 +7,12 @@
 //! `shipping`); the standby ([`standby`]) writes each at its place, syncs, and answers how far
 //! it is synced. A durability-2 change is answered once both nodes synced it.
 //!
+//! The control plane places a standby beside a queue made with `replicas: 2` (its local
+//! provider: `fleet/local_standby.rs`), with a key derived from its node secret; the node's
+//! config carries the key's hash.
+//!
 //! Not yet (the design's later steps): epochs and promotion by the control plane, sessions and
-//! holds carried over, the settings (sled) and the SQS receipt key shipped, the control plane
-//! placing standbys. Today a standby is promoted by starting a node on its data directory.
+//! holds carried over. Today a standby is promoted by starting a node on its data directory.
 
 pub mod primary;
 pub mod standby;
@@ -43,6 +46,12 @@ impl Standby {
             receipt_key,
             settings_saved: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// How the standby stands, for the live report.
+    pub fn lag(&self) -> qe_shared::node_channel::StandbyLag {
+        let (in_sync, lag_bytes) = self.shipping.standing();
+        qe_shared::node_channel::StandbyLag { in_sync, lag_bytes }
     }
 }
 

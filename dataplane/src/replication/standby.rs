@@ -28,7 +28,9 @@ pub struct StandbyConfig {
     pub key: String,
     pub data_dir: PathBuf,
     /// Roots a `wss://` primary's certificate is checked against (its queue's CA).
-    pub roots: Option<rustls::RootCertStore>,
+    pub roots: rustls::RootCertStore,
+    /// Where to connect instead of resolving the primary's name.
+    pub connect: Option<std::net::SocketAddr>,
 }
 
 /// Why following the primary stopped.
@@ -232,16 +234,18 @@ async fn connect(config: &StandbyConfig) -> Result<Socket, String> {
         .map_err(|e| e.to_string())?;
     let host = url.host_str().ok_or("no host")?.to_string();
     let port = url.port_or_known_default().ok_or("no port")?;
-    let tcp = TcpStream::connect((host.trim_matches(['[', ']']), port))
-        .await
-        .map_err(|e| e.to_string())?;
+    let tcp = match config.connect {
+        Some(address) => TcpStream::connect(address).await,
+        None => TcpStream::connect((host.trim_matches(['[', ']']), port)).await,
+    };
+    let tcp = tcp.map_err(|e| e.to_string())?;
     tcp.set_nodelay(true).map_err(|e| e.to_string())?;
     // A primary whose machine vanished sends no FIN: the standby would wait on its
     // connection for ever, and never catch up with the primary when it is back.
     qe_serve::notice_dead_peers(&tcp);
     let io: MaybeTlsStream<TcpStream> = match url.scheme() {
         "wss" => {
-            let roots = config.roots.clone().ok_or("wss:// needs --standby-ca")?;
+            let roots = config.roots.clone();
             let name = rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']))
                 .map_err(|e| e.to_string())?
                 .to_owned();
@@ -273,7 +277,8 @@ pub fn roots_from(path: &Path) -> Result<rustls::RootCertStore, String> {
     }
 }
 
-/// `dataplane --standby-of URL --replication-key KEY --data-dir DIR [--standby-ca PEM]`:
+/// `dataplane --standby-of URL --replication-key KEY --data-dir DIR [--standby-ca PEM]
+/// [--standby-connect ADDR]` (the key also from `QE_REPLICATION_KEY`):
 /// follows the primary until its disk fails (exit 1) or the flags are wrong (exit 2).
 pub async fn run_flags(flags: crate::config::Flags) -> std::process::ExitCode {
     let usage = |message: String| {
@@ -292,15 +297,19 @@ pub async fn run_flags(flags: crate::config::Flags) -> std::process::ExitCode {
     let Some(data_dir) = flags.data_dir else {
         return usage("--data-dir is required".into());
     };
-    let roots = match flags.standby_ca.as_deref().map(roots_from).transpose() {
-        Ok(roots) => roots,
-        Err(error) => return usage(error),
+    let roots = match flags.standby_ca.as_deref().map(roots_from) {
+        Some(Ok(roots)) => roots,
+        Some(Err(error)) => return usage(error),
+        None => rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        },
     };
     let config = StandbyConfig {
         primary,
         key: flags.replication_key.unwrap_or_default(),
         data_dir,
         roots,
+        connect: flags.standby_connect,
     };
     let stopped = run(config).await;
     eprintln!("dataplane: the standby stops: {stopped}");

@@ -122,7 +122,11 @@ pub(crate) async fn start(config: Config) -> Result<Running, Failure> {
         .sqs
         .endpoint
         .get_or_insert_with(|| bootstraps.urls[0].clone());
-    let (fleet, local) = fleet(&config, issuer.is_some()).await?;
+    let ca_root = match &issuer {
+        Some(controlplane::certificates::Issuer::LocalCa(ca)) => Some(ca.root_pem.clone()),
+        _ => None,
+    };
+    let (fleet, local) = fleet(&config, issuer.is_some(), ca_root).await?;
     let zone = serve_zone(&config, &store).await?;
     let lease = match &config.store {
         StoreConfig::Etcd(etcd) => std::time::Duration::from_secs(etcd.lease_secs),
@@ -254,17 +258,17 @@ fn bootstraps(
 async fn fleet(
     config: &Config,
     with_issuer: bool,
+    ca_root: Option<std::path::PathBuf>,
 ) -> Result<(Arc<dyn Provider>, Option<Arc<LocalProvider>>), Failure> {
     let zone_name = format!("q.{}.{}", config.cluster, config.domain);
     match &config.provider {
         ProviderConfig::Local => {
             let tls_zone = with_issuer.then_some(zone_name);
             let nodes_dir = config.local_nodes_dir.as_ref().unwrap_or(&config.data_dir);
-            let local = Arc::new(LocalProvider::new(
-                config.dataplane_binary(),
-                nodes_dir.clone(),
-                tls_zone,
-            ));
+            let local = Arc::new(
+                LocalProvider::new(config.dataplane_binary(), nodes_dir.clone(), tls_zone)
+                    .with_ca_root(ca_root),
+            );
             Ok((local.clone(), Some(local)))
         }
         ProviderConfig::Ec2(ec2) => {

@@ -293,6 +293,14 @@ impl Shipping {
         }
     }
 
+    /// Whether a standby is in sync, and how many bytes of the log written here it has not
+    /// synced yet.
+    pub fn standing(&self) -> (bool, u64) {
+        let progress = *self.shared.progress.borrow();
+        let behind = progress.written.saturating_sub(progress.standby_synced);
+        (progress.standby_in_sync, behind)
+    }
+
     /// The standby of `generation` went away (or was dropped): nothing more is queued for
     /// it, and durability-2 changes waiting for it are answered (see the module).
     pub fn detach(&self, generation: u64) {

@@ -1,0 +1,211 @@
+//! The local provider's standbys (`replicas: 2`): one `dataplane --standby-of` process per
+//! replicated queue, beside its node, with its own copy of the log in
+//! `nodes/QUEUE-ID/standby/data/` (README, *A standby node*). Kept running like the nodes:
+//! one that exits is started again on its copy, and one a previous control plane left
+//! running is adopted (its pid file names it), or started again if it follows another
+//! address. It outlives its node's restarts and fencing (it is the copy that must survive
+//! them); it stops, and its copy goes, with its queue.
+
+use super::process::{Launch, NodeProcess, Supervised};
+use super::FleetError;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::process::Command;
+
+/// How long a stopping standby has before it is killed (it stops at once on SIGTERM).
+const STOP_WITHIN: Duration = Duration::from_secs(5);
+/// The environment variable the key goes in: never an argument, which every user of the
+/// machine can read in `/proc`.
+pub const KEY_VARIABLE: &str = "QE_REPLICATION_KEY";
+
+/// Where a standby finds its primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Primary {
+    /// The node's URL (`ws://` or `wss://NAME:PORT/`).
+    pub url: String,
+    /// Where to connect instead of resolving the URL's name (a name only the control plane's
+    /// DNS knows); the name is still the one TLS checks.
+    pub connect: Option<SocketAddr>,
+    /// The CA (PEM) a `wss://` node's certificate chains to; None: the public web's roots.
+    pub roots: Option<PathBuf>,
+}
+
+#[derive(Default)]
+pub struct LocalStandbys {
+    running: Mutex<HashMap<String, RunningStandby>>,
+}
+
+struct RunningStandby {
+    /// What it follows: another primary means a restart.
+    primary: Primary,
+    process: Supervised,
+}
+
+impl LocalStandbys {
+    /// Makes sure the standby in `dir` (a queue's `standby/` directory) runs, following
+    /// `primary` with `key`; returns what it runs on, by kind.
+    pub async fn ensure(
+        &self,
+        queue_id: &str,
+        launcher: StandbyLauncher,
+    ) -> Result<BTreeMap<String, String>, FleetError> {
+        let running = {
+            let running = self.running.lock().expect("never poisoned");
+            running
+                .get(queue_id)
+                .map(|standby| (standby.primary == launcher.primary, standby.process.pid()))
+        };
+        let pid = match running {
+            Some((true, pid)) => pid,
+            moved => {
+                if moved.is_some() {
+                    self.stop(queue_id, &launcher.dir).await;
+                }
+                let child = match launcher.adopt().await {
+                    Some(child) => {
+                        tracing::info!(queue = %queue_id, pid = child.id(), "adopted a running standby");
+                        child
+                    }
+                    None => launcher.launch().await?,
+                };
+                let pid = child.id();
+                let standby = RunningStandby {
+                    primary: launcher.primary.clone(),
+                    process: Supervised::start(child, launcher.clone()),
+                };
+                let mut running = self.running.lock().expect("never poisoned");
+                running.insert(queue_id.to_string(), standby);
+                pid
+            }
+        };
+        Ok(BTreeMap::from([
+            (
+                "standby_directory".to_string(),
+                launcher.dir.display().to_string(),
+            ),
+            ("standby_process".to_string(), pid.to_string()),
+        ]))
+    }
+
+    /// Stops queue `queue_id`'s standby (in `dir`), supervised here or left by a previous
+    /// control plane. Safe to call for a queue that has none.
+    pub async fn stop(&self, queue_id: &str, dir: &Path) {
+        let standby = self
+            .running
+            .lock()
+            .expect("never poisoned")
+            .remove(queue_id);
+        match standby {
+            Some(standby) => standby.process.stop(STOP_WITHIN).await,
+            None => {
+                if let Some(mut child) = running_in(dir) {
+                    child.stop(STOP_WITHIN).await;
+                }
+            }
+        }
+    }
+
+    /// Ends every supervision, leaving the standbys running (the next leader adopts them).
+    pub fn let_go(&self) {
+        for (_, standby) in self.running.lock().expect("never poisoned").drain() {
+            standby.process.let_go();
+        }
+    }
+}
+
+/// Starts one queue's standby from its directory.
+#[derive(Clone)]
+pub struct StandbyLauncher {
+    pub dataplane: PathBuf,
+    /// `nodes/QUEUE-ID/standby/`: its pid file and log; its copy in `data/`.
+    pub dir: PathBuf,
+    pub primary: Primary,
+    pub key: String,
+}
+
+impl StandbyLauncher {
+    /// The one a previous control plane left running, if it follows this primary; one that
+    /// follows another is stopped.
+    async fn adopt(&self) -> Option<NodeProcess> {
+        let mut child = running_in(&self.dir)?;
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
+        let url = self.primary.url.as_bytes();
+        if cmdline.split(|b| *b == 0).any(|arg| arg == url) {
+            return Some(child);
+        }
+        child.stop(STOP_WITHIN).await;
+        None
+    }
+
+    async fn start(&self) -> Result<NodeProcess, FleetError> {
+        let fail = |what: String| FleetError::Start(what);
+        std::fs::create_dir_all(&self.dir).map_err(|e| fail(e.to_string()))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("standby.log"))
+            .map_err(|e| fail(e.to_string()))?;
+        let mut command = Command::new(&self.dataplane);
+        command
+            .arg("--standby-of")
+            .arg(&self.primary.url)
+            .arg("--data-dir")
+            .arg(data_dir(&self.dir))
+            .env(KEY_VARIABLE, &self.key)
+            .stdout(log.try_clone().map_err(|e| fail(e.to_string()))?)
+            .stderr(log)
+            // Its own process group: a Ctrl-C meant for the control plane does not reach it.
+            .process_group(0);
+        if let Some(connect) = self.primary.connect {
+            command.arg("--standby-connect").arg(connect.to_string());
+        }
+        if let Some(roots) = &self.primary.roots {
+            command.arg("--standby-ca").arg(roots);
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
+        let pid = child.id().unwrap_or(0);
+        std::fs::write(self.dir.join("standby.pid"), pid.to_string())
+            .map_err(|e| fail(e.to_string()))?;
+        tracing::info!(pid, standby = %self.dir.display(), "started a standby");
+        Ok(NodeProcess::Child(child))
+    }
+}
+
+impl Launch for StandbyLauncher {
+    fn launch(&self) -> impl std::future::Future<Output = Result<NodeProcess, FleetError>> + Send {
+        self.start()
+    }
+
+    fn what(&self) -> &'static str {
+        "a standby"
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Where a standby in `dir` keeps its copy of the log.
+pub fn data_dir(dir: &Path) -> PathBuf {
+    dir.join("data")
+}
+
+/// Whether a standby process runs now on `dir`'s copy.
+pub fn runs_in(dir: &Path) -> bool {
+    running_in(dir).is_some()
+}
+
+/// The standby process `dir`'s pid file names, if it runs now on that directory's copy.
+fn running_in(dir: &Path) -> Option<NodeProcess> {
+    let pid: u32 = std::fs::read_to_string(dir.join("standby.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    NodeProcess::adopt(pid, &data_dir(dir))
+}

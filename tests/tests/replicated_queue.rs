@@ -1,0 +1,217 @@
+//! A queue made with `replicas: 2` through the API (issue 35, placement): the local provider
+//! runs a standby process beside its node, keyed with a key derived from the node secret;
+//! durability 2 is answered Success once the standby is in sync (the live report says so),
+//! 507 after the standby's process dies, Success again once the provider has started it
+//! again; a restarted control plane adopts the standby; a delete stops it and removes its
+//! copy. Real binaries on loopback.
+
+use qe_tests::{assert_failure, http_response, login_with, node_of, Client, ControlPlane};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// Live reports every second, a reconcile pass every second (a restarted standby's pid is
+/// recorded at the next).
+const CONFIG: &str = "live_stats_secs = 1\nreconcile_every_secs = 1\n";
+const REPLICATED: &str =
+    r#"{"tier":"standard","region":"local","instance_type":"local","replicas":2}"#;
+
+/// Asks for queue `id` until `wanted` holds of it; panics after 60 s.
+async fn wait_for(
+    cp: &ControlPlane,
+    id: &str,
+    what: &str,
+    wanted: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+        if wanted(&queue) {
+            return queue;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {queue}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn in_sync(queue: &Value) -> bool {
+    queue["live"]["standby"]["in_sync"] == true
+}
+
+fn standby_pid(queue: &Value) -> Option<u32> {
+    queue["resources"]["standby_process"].as_str()?.parse().ok()
+}
+
+/// Publishes at durability 2 until the reply has `status`; panics after 30 s.
+async fn publish_until(publisher: &mut Client, status: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = publisher
+            .request(json!({"body": "d2", "durability": 2}))
+            .await;
+        if reply["status"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(status))
+        {
+            return reply;
+        }
+        assert!(Instant::now() < deadline, "never {status}: {reply}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether process `pid` runs (one that exited and waits to be reaped by whoever adopted it
+/// does not).
+fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command's closing parenthesis.
+    let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+    !matches!(state, Some(Some('Z' | 'X')) | None)
+}
+
+/// The processes whose arguments include `needle`.
+fn processes_with(needle: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .filter(|cmdline| {
+            cmdline
+                .split(|b| *b == 0)
+                .any(|arg| arg == needle.as_bytes())
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn a_replicated_queue_answers_durability_2_only_with_its_standby_in_sync() {
+    let cp = ControlPlane::start_with(CONFIG);
+    let (status, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["replicas"], 2, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    cp.wait_for_status(&id, "running").await;
+    let queue = wait_for(&cp, &id, "in sync", |q| {
+        in_sync(q) && standby_pid(q).is_some()
+    })
+    .await;
+    let pid = standby_pid(&queue).unwrap();
+    let standby_dir = queue["resources"]["standby_directory"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The key is an environment variable, never an argument others can read.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(
+        args.contains("--standby-of") && !args.contains("replication-key"),
+        "{args}"
+    );
+
+    let node = node_of(&queue).to_string();
+    let mut publisher = login_with(
+        &node,
+        &created["logins"]["publisher"],
+        "publisher",
+        json!({}),
+    )
+    .await;
+    let reply = publisher
+        .request(json!({"body": "on two disks", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+
+    // The standby dies: durability 2 cannot be synced on two disks.
+    // SAFETY: kill takes a pid and a signal; the standby is the provider's child, not ours.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    let refused = publish_until(&mut publisher, "Failure").await;
+    assert_failure(&refused, 507);
+    // The provider starts it again on its copy; it catches up and Success comes back.
+    publish_until(&mut publisher, "Success").await;
+    let queue = wait_for(&cp, &id, "recorded again", |q| {
+        in_sync(q) && standby_pid(q).is_some_and(|new| new != pid)
+    })
+    .await;
+    let restarted = standby_pid(&queue).unwrap();
+    assert!(alive(restarted));
+
+    // A control plane started again adopts the standby: the same process, no twin.
+    let cp = cp.restart();
+    let queue = wait_for(&cp, &id, "in sync after the restart", in_sync).await;
+    assert_eq!(standby_pid(&queue), Some(restarted), "{queue}");
+    let data = format!("{standby_dir}/data");
+    assert_eq!(processes_with(&data), 1, "one standby on {data}");
+
+    // Deleted: the standby stops and its copy goes with the node's data.
+    let (status, _) = cp.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert!(status == 200 || status == 202, "{status}");
+    cp.wait_for_status(&id, "deleted").await;
+    assert!(!alive(restarted), "the standby stopped");
+    assert!(!std::path::Path::new(&data).exists(), "its copy removed");
+}
+
+#[tokio::test]
+async fn a_standby_follows_its_node_over_tls_by_the_local_cas_root() {
+    let cp = ControlPlane::start_with(&format!("{CONFIG}local_ca = true\n"));
+    let (status, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let queue = wait_for(&cp, &id, "in sync", in_sync).await;
+    assert!(node_of(&queue).starts_with("wss://"), "{queue}");
+}
+
+#[tokio::test]
+async fn replicas_are_1_or_2_and_2_only_on_the_standard_tier() {
+    let cp = ControlPlane::start();
+    let devtest = r#"{"tier":"devtest","region":"local","instance_type":"local","replicas":2}"#;
+    let (status, refused) = cp.call("POST", "/v1/queues", Some(devtest)).await;
+    assert_eq!(status, 400, "{refused}");
+    let three = r#"{"tier":"standard","region":"local","instance_type":"local","replicas":3}"#;
+    let (status, refused) = cp.call("POST", "/v1/queues", Some(three)).await;
+    assert_eq!(status, 400, "{refused}");
+    // One replica: no standby, and the view says 1.
+    let one = r#"{"tier":"devtest","region":"local","instance_type":"local"}"#;
+    let (status, created) = cp.call("POST", "/v1/queues", Some(one)).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["replicas"], 1, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let queue = cp.wait_for_status(id, "running").await;
+    assert!(queue["resources"]["standby_process"].is_null(), "{queue}");
+}
+
+/// The key's hash goes only to a node that says it takes it (a node from before standbys
+/// reads its config with `deny_unknown_fields` and would refuse it), and only for a queue
+/// with a standby.
+#[tokio::test]
+async fn the_standbys_key_hash_goes_only_to_a_node_that_takes_it() {
+    let cp = ControlPlane::start_with(CONFIG);
+    let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    cp.wait_for_status(&id, "running").await;
+    let bootstrap = std::fs::read_to_string(cp.node_bootstrap(&id)).unwrap();
+    let bootstrap: toml::Table = toml::from_str(&bootstrap).unwrap();
+    // The node's credential as it is now (rotated since its bootstrap, or not).
+    let token = std::fs::read_to_string(cp.node_dir(&id).join("data/node-token"))
+        .unwrap_or_else(|_| bootstrap["node_token"].as_str().unwrap().to_string());
+    let config = |takes: &'static str| {
+        let request = format!(
+            "GET /v1/nodes/{id}/config HTTP/1.1\r\nHost: cp\r\nAuthorization: Bearer {}\r\n\
+             {takes}Connection: close\r\n\r\n",
+            token.trim()
+        );
+        async move {
+            let response = http_response(cp.addr, &request).await;
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            let body = &response[response.find("\r\n\r\n").unwrap() + 4..];
+            serde_json::from_str::<Value>(body).unwrap()
+        }
+    };
+    let old_node = config("").await;
+    assert!(old_node.get("replication").is_none(), "{old_node}");
+    let new_node = config("qe-node-takes: replication\r\n").await;
+    let hash = new_node["replication"]["key_hash"].as_str().unwrap();
+    assert!(hash.starts_with("sha256:"), "{new_node}");
+}

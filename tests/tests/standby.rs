@@ -569,6 +569,85 @@ async fn a_segment_number_used_again_is_sent_again_whole() {
     assert_undamaged(&promoted);
 }
 
+/// A primary whose data was lost (a node started on an empty directory at its address) is a
+/// new log: the standby, which holds the only copy of what was acknowledged, is not told to
+/// cut or remove it; durability 2 is answered 507; a node started on the standby's copy has
+/// every acknowledged message. (Without the lineage check the new primary's catch-up removes
+/// the standby's segments, and the promoted node has nothing.)
+#[tokio::test]
+async fn a_standby_never_gives_its_copy_up_to_a_primary_whose_data_was_lost() {
+    let (mut primary, standby) = replicated();
+    let mut publisher = primary.publisher().await;
+    let acknowledged: Vec<String> = (0..20).map(|n| format!("kept-{n:02}")).collect();
+    for body in &acknowledged {
+        published(&mut publisher, body.as_str(), 2).await;
+    }
+    drop(publisher);
+    let addr = standby_primary_address(&standby);
+    primary.kill();
+    drop(primary);
+    let fresh = Node::start_with(&["--replication-key", KEY, "--listen", &addr]);
+    fresh.wait_for_log("holds a copy of another log");
+    let mut publisher = fresh.publisher().await;
+    let reply = publisher
+        .request(json!({"body": "on one disk", "durability": 2}))
+        .await;
+    assert_failure(&reply, 507);
+    assert!(!fresh.log().contains(IN_SYNC), "{}", fresh.log());
+    drop((publisher, fresh));
+    let promoted = promote(standby);
+    assert_eq!(drain(&promoted).await, acknowledged);
+    assert_undamaged(&promoted);
+}
+
+/// After a promotion the former primary, started as the standby of the promoted node on its
+/// own directory, is the same log with a divergent tail (written while the standby was
+/// stalled, never acknowledged at durability 2): the tail is cut, it comes in sync, and
+/// promoted in turn it has what the promoted node had, no more.
+#[tokio::test]
+async fn a_former_primary_rejoins_as_the_standby_of_its_promoted_standby() {
+    let (mut primary, standby) = replicated();
+    let mut publisher = primary.publisher().await;
+    published(&mut publisher, "before", 2).await;
+    standby.pause();
+    for n in 0..10 {
+        published(&mut publisher, format!("unshipped {n}"), 1).await;
+    }
+    drop(publisher);
+    primary.kill();
+    let old_primary = std::mem::replace(&mut primary.data_dir, tempfile::tempdir().unwrap());
+    drop(primary);
+    standby.resume();
+    // What the stalled standby's socket held it may still take before it sees the end.
+    standby.wait_for_log("connecting again");
+    let promoted = Node::start_in(standby.into_data_dir(), &["--replication-key", KEY]);
+    let rejoined = Standby::start_in(&promoted, KEY, old_primary);
+    wait_in_sync(&promoted, 1);
+    let mut publisher = promoted.publisher().await;
+    published(&mut publisher, "after", 2).await;
+    drop(publisher);
+    let same = segments(promoted.data_dir.path()) == segments(rejoined.data_dir.path());
+    assert!(
+        same,
+        "the rejoined standby's copy is not the promoted node's"
+    );
+    drop(promoted);
+    let again = promote(rejoined);
+    let bodies = drain(&again).await;
+    // "before", the unshipped ones the standby had taken (in order, from the first), "after".
+    let (first, rest) = bodies.split_first().expect("some");
+    let (last, middle) = rest.split_last().expect("two at least");
+    assert_eq!(
+        (first.as_str(), last.as_str()),
+        ("before", "after"),
+        "{bodies:?}"
+    );
+    for (n, body) in middle.iter().enumerate() {
+        assert_eq!(body, &format!("unshipped {n}"), "{bodies:?}");
+    }
+    assert_undamaged(&again);
+}
+
 /// A standby stops on SIGTERM (as systemd stops it), at once.
 #[tokio::test]
 async fn a_standby_stops_on_sigterm() {

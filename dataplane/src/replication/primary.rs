@@ -32,6 +32,8 @@ enum Ended {
     Unexpected,
     #[error("the standby gave a wrong key")]
     WrongKey,
+    #[error("the standby holds a copy of another log (lineage {0}) than this node's: it is not told to cut or remove it, and durability 2 is answered 507; if this node's data was lost, the queue's messages are on the standby (promote it)")]
+    OtherLineage(String),
     #[error("the log dropped the standby (too far behind)")]
     Dropped,
     #[error("the standby did not answer for {STANDBY_SILENCE:?}")]
@@ -63,6 +65,7 @@ pub async fn serve(
     }
     let (code, text) = match &ended {
         Ended::WrongKey => (CloseCode::Policy, "wrong replication key"),
+        Ended::OtherLineage(_) => (CloseCode::Policy, "the standby holds another log"),
         Ended::Unexpected => (CloseCode::Protocol, "not a replication frame"),
         _ => (CloseCode::Away, "standby dropped"),
     };
@@ -93,6 +96,16 @@ async fn ship(
         return Ended::WrongKey;
     }
     drop(admitted);
+    // A copy of another log is never cut to this one's: this node may be a fresh one whose
+    // data was lost, and the standby the only holder of what was acknowledged.
+    if let Some(theirs) = hello
+        .lineage
+        .filter(|theirs| theirs != standby.shipping.lineage())
+    {
+        if !hello.have.is_empty() {
+            return Ended::OtherLineage(theirs);
+        }
+    }
     // It opens every segment file under the files' lock: not on the runtime's threads.
     let shipping = standby.shipping.clone();
     let attach = tokio::task::spawn_blocking(move || shipping.attach(&hello.have));
@@ -129,6 +142,9 @@ async fn catch_up_then_follow(
         through,
         mut shipments,
     } = attached;
+    // First: the standby's copy is of this log from now on.
+    link.send_frame(wire::encode_lineage(standby.shipping.lineage()))
+        .await?;
     for (segment, len) in truncated {
         link.send(&Shipment::Truncate { segment, len }).await?;
     }

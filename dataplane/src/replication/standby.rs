@@ -11,6 +11,7 @@
 
 use super::wire::{self, Hello, Sent};
 use crate::store::data_dir;
+use crate::store::log::lineage;
 use crate::store::log::mirror::Mirror;
 use crate::store::log::Shipment;
 use crate::store::meta::Meta;
@@ -76,9 +77,14 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy) -> Stopped {
         Ok(have) => have,
         Err(error) => return Stopped::Disk(error),
     };
+    let lineage = match lineage::of(&copy.data_dir.join(data_dir::MESSAGES)) {
+        Ok(lineage) => lineage,
+        Err(error) => return Stopped::Disk(error),
+    };
     let hello = Hello {
         key: config.key.clone(),
         have,
+        lineage,
     };
     let hello = serde_json::to_string(&hello).expect("a hello serializes");
     if socket.send(Frame::text(hello)).await.is_err() {
@@ -213,6 +219,13 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
                 saved = settings.values.len(),
                 "the primary's settings are saved here"
             );
+            Ok(None)
+        }
+        Sent::Lineage(lineage) => {
+            let dir = copy.data_dir.join(data_dir::MESSAGES);
+            if lineage::of(&dir).map_err(Stopped::Disk)?.as_deref() != Some(lineage.as_str()) {
+                lineage::keep(&dir, &lineage).map_err(Stopped::Disk)?;
+            }
             Ok(None)
         }
         Sent::ReceiptKey(key) => {

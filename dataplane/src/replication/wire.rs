@@ -7,11 +7,14 @@ use crate::store::meta::SavedSettings;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
-/// The standby's first frame: its key, and what it holds of each segment.
+/// The standby's first frame: its key, what it holds of each segment, and of which log
+/// (`store::log::lineage`; None: it holds none, or one from before lineages).
 #[derive(Serialize, Deserialize)]
 pub struct Hello {
     pub key: String,
     pub have: Vec<Held>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<String>,
 }
 
 const WRITE: u8 = b'W';
@@ -22,6 +25,8 @@ const THROUGH: u8 = b'L';
 const SETTINGS: u8 = b'C';
 /// The SQS face's receipt key (its 32 bytes), at the catch-up.
 const RECEIPT_KEY: u8 = b'K';
+/// The log's lineage (text), first of all.
+const LINEAGE: u8 = b'N';
 /// Standby → primary: synced up to an LSN.
 const SYNCED: u8 = b'S';
 
@@ -68,6 +73,11 @@ pub enum Sent {
     Log(Shipment),
     Settings(SavedSettings),
     ReceiptKey(Bytes),
+    Lineage(String),
+}
+
+pub fn encode_lineage(lineage: &str) -> Bytes {
+    [&[LINEAGE][..], lineage.as_bytes()].concat().into()
 }
 
 pub fn encode_settings(settings: &SavedSettings) -> Bytes {
@@ -85,6 +95,7 @@ pub fn decode_sent(frame: &Bytes) -> Option<Sent> {
     match *frame.first()? {
         SETTINGS => serde_json::from_slice(&frame[1..]).ok().map(Sent::Settings),
         RECEIPT_KEY if frame.len() == 33 => Some(Sent::ReceiptKey(frame.slice(1..))),
+        LINEAGE => lineage_of(&frame[1..]).map(Sent::Lineage),
         _ => decode(frame).map(Sent::Log),
     }
 }
@@ -113,6 +124,12 @@ pub fn decode(frame: &Bytes) -> Option<Shipment> {
         }),
         _ => None,
     }
+}
+
+/// A lineage as the log makes them: 32 hex digits.
+fn lineage_of(text: &[u8]) -> Option<String> {
+    let fine = text.len() == 32 && text.iter().all(u8::is_ascii_hexdigit);
+    fine.then(|| String::from_utf8_lossy(text).into_owned())
 }
 
 pub fn encode_synced(lsn: u64) -> Bytes {
@@ -173,6 +190,10 @@ mod tests {
         let key = [9u8; 32];
         let sent = decode_sent(&encode_receipt_key(&key));
         assert_eq!(sent, Some(Sent::ReceiptKey(Bytes::copy_from_slice(&key))));
+        let lineage = "0123456789abcdef0123456789abcdef";
+        let sent = decode_sent(&encode_lineage(lineage));
+        assert_eq!(sent, Some(Sent::Lineage(lineage.to_string())));
+        assert_eq!(decode_sent(&encode_lineage("../../etc/passwd")), None);
         assert_eq!(decode_sent(&Bytes::from_static(b"K123")), None);
         assert_eq!(decode_sent(&Bytes::from_static(b"C{")), None);
     }

@@ -63,6 +63,7 @@
 mod files;
 mod index;
 mod inline;
+pub mod lineage;
 pub mod mirror;
 pub mod record;
 mod recovery;
@@ -334,6 +335,8 @@ struct Shared {
     repairs: Mutex<Vec<Repair>>,
     /// The attach whose standby is followed now (0: none): its answers alone count.
     attached: AtomicU64,
+    /// Which log this is ([`lineage`]).
+    lineage: String,
     /// Tests only: run by a write of records once it has let go of the files and before it
     /// says how far it wrote, so a test can put a sync in between (see `files`).
     #[cfg(test)]
@@ -486,6 +489,7 @@ impl LogStore {
     /// Opens the log in `dir` (creating it), reads back what it holds, and starts the writer.
     pub fn open(dir: &Path, options: LogOptions) -> std::io::Result<(LogStore, Recovered)> {
         std::fs::create_dir_all(dir)?;
+        let lineage = lineage::ensure(dir)?;
         let scan = recovery::scan(dir)?;
         // Every start writes to a new segment, so no file is ever appended after a torn tail.
         let mut index = scan.index;
@@ -528,6 +532,7 @@ impl LogStore {
             standby: AtomicBool::new(false),
             repairs: Mutex::default(),
             attached: AtomicU64::new(0),
+            lineage,
             #[cfg(test)]
             after_write: Mutex::new(None),
         });

@@ -252,6 +252,11 @@ impl Shipping {
         Ok(attached)
     }
 
+    /// Which log this is ([`super::lineage`]).
+    pub fn lineage(&self) -> &str {
+        &self.shared.lineage
+    }
+
     /// From now on durability 2 is synced on the standby too, or failed (507) while none is in
     /// sync. Not before the node serves: what its start writes (the recovery's dead-letter
     /// entries) is synced here and reaches the standby with its catch-up.

@@ -153,6 +153,72 @@ async fn a_replicated_queue_answers_durability_2_only_with_its_standby_in_sync()
     assert!(!std::path::Path::new(&data).exists(), "its copy removed");
 }
 
+/// The node's disk is lost (its data directory removed, the process killed): the provider
+/// starts it again on its standby's copy instead of on nothing, so every message acknowledged
+/// at durability 2 is delivered; a new standby follows, and durability 2 is Success again.
+/// (Without the promotion the node starts empty: nothing is delivered.)
+#[tokio::test]
+async fn a_node_whose_data_is_lost_starts_again_on_its_standbys_copy() {
+    let cp = ControlPlane::start_with(CONFIG);
+    let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let logins = &created["logins"];
+    let queue = wait_for(&cp, &id, "in sync", |q| {
+        in_sync(q) && standby_pid(q).is_some()
+    })
+    .await;
+    let node = node_of(&queue).to_string();
+    let mut publisher = login_with(&node, &logins["publisher"], "publisher", json!({})).await;
+    let acknowledged: Vec<String> = (0..30).map(|n| format!("acknowledged {n:02}")).collect();
+    for body in &acknowledged {
+        let reply = publisher
+            .request(json!({"body": body, "durability": 2}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    drop(publisher);
+    // The disk goes, then the process.
+    let node_pid: i32 = queue["resources"]["process"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::fs::remove_dir_all(cp.node_dir(&id).join("data")).unwrap();
+    // SAFETY: kill takes a pid and a signal.
+    unsafe { libc::kill(node_pid, libc::SIGKILL) };
+    cp.wait_for_log("its standby's copy is its data now", 1);
+
+    // Its new process is recorded once it listens.
+    let old_pid = node_pid.to_string();
+    wait_for(&cp, &id, "started again", |q| {
+        q["resources"]["process"]
+            .as_str()
+            .is_some_and(|pid| pid != old_pid)
+    })
+    .await;
+    let capacity = json!({"capacity": 100});
+    let mut subscriber = login_with(&node, &logins["subscriber"], "subscriber", capacity).await;
+    let mut delivered = Vec::new();
+    while delivered.len() < acknowledged.len() {
+        let frame = subscriber.recv().await;
+        let Some(body) = frame["body"].as_str() else {
+            continue;
+        };
+        delivered.push(body.to_string());
+        subscriber
+            .send_json(&json!({"id": frame["id"], "ack": 1}))
+            .await;
+    }
+    assert_eq!(delivered, acknowledged);
+    // A new standby, on an empty directory, catches up: durability 2 is on two disks again.
+    wait_for(&cp, &id, "a new standby in sync", |q| {
+        in_sync(q) && standby_pid(q).is_some_and(|pid| pid != standby_pid(&queue).unwrap())
+    })
+    .await;
+    let mut publisher = login_with(&node, &logins["publisher"], "publisher", json!({})).await;
+    publish_until(&mut publisher, "Success").await;
+}
+
 #[tokio::test]
 async fn a_standby_follows_its_node_over_tls_by_the_local_cas_root() {
     let cp = ControlPlane::start_with(&format!("{CONFIG}local_ca = true\n"));

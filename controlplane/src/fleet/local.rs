@@ -16,7 +16,7 @@ use qe_shared::node_channel::Bootstrap;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::process::Command;
 
@@ -40,7 +40,7 @@ pub struct LocalProvider {
     /// their node's certificate against; None: the public web's roots.
     ca_root: Option<PathBuf>,
     running: Mutex<HashMap<String, RunningNode>>,
-    standbys: LocalStandbys,
+    standbys: Arc<LocalStandbys>,
 }
 
 /// A node this provider keeps running.
@@ -59,7 +59,7 @@ impl LocalProvider {
             tls_zone,
             ca_root: None,
             running: Mutex::default(),
-            standbys: LocalStandbys::default(),
+            standbys: Arc::default(),
         }
     }
 
@@ -98,6 +98,15 @@ impl LocalProvider {
 
     fn standby_dir(&self, queue_id: &str) -> PathBuf {
         self.node_dir(queue_id).join("standby")
+    }
+
+    /// Queue `queue_id`'s standby, as its node's launcher knows it.
+    fn standby_of(&self, queue_id: &str) -> StandbyOf {
+        StandbyOf {
+            queue_id: queue_id.to_string(),
+            dir: self.standby_dir(queue_id),
+            standbys: self.standbys.clone(),
+        }
     }
 
     fn node_dir(&self, queue_id: &str) -> PathBuf {
@@ -231,6 +240,7 @@ impl LocalProvider {
         let launcher = Launcher {
             dataplane: self.dataplane.clone(),
             dir,
+            standby: self.standby_of(queue_id),
         };
         // Its node token, which it reads from this file on this machine: no bootstrap token
         // (that is for user data, which others can read), so the file changes only when the
@@ -299,6 +309,7 @@ impl LocalProvider {
                 let launcher = Launcher {
                     dataplane: self.dataplane.clone(),
                     dir: self.node_dir(queue_id),
+                    standby: self.standby_of(queue_id),
                 };
                 if let Some(mut child) = launcher.adopt() {
                     child.stop(grace).await;
@@ -462,6 +473,15 @@ impl Provider for LocalProvider {
 struct Launcher {
     dataplane: PathBuf,
     dir: PathBuf,
+    /// Its standby, whose copy becomes its data if its own is lost.
+    standby: StandbyOf,
+}
+
+/// A queue's standby (if it has one), where its node's launcher finds it.
+struct StandbyOf {
+    queue_id: String,
+    dir: PathBuf,
+    standbys: Arc<LocalStandbys>,
 }
 
 impl Launcher {
@@ -495,6 +515,19 @@ impl Launcher {
     /// to `node.log`.
     async fn launch(&self) -> Result<NodeProcess, FleetError> {
         let fail = |what: String| FleetError::Start(what);
+        let StandbyOf {
+            queue_id,
+            dir,
+            standbys,
+        } = &self.standby;
+        let data = self.dir.join("data");
+        let promoted = standbys.promote_if_data_lost(queue_id, &data, dir);
+        if promoted
+            .await
+            .map_err(|e| fail(format!("promoting the standby: {e}")))?
+        {
+            tracing::warn!(queue = %queue_id, "the node's data was lost: its standby's copy is its data now (promoted), and a new standby follows it");
+        }
         let (mut command, log) = self.command()?;
         let mut child = command
             .stdout(std::process::Stdio::piped())

@@ -116,6 +116,59 @@ impl LocalStandbys {
     }
 }
 
+/// What of a node's data directory tells that it holds a log: its lineage, or a segment
+/// (`dataplane/src/store/log/`).
+fn holds_a_log(data: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(data.join("messages")) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        name == "lineage" || name.ends_with(".log")
+    })
+}
+
+/// What a node keeps in its data directory that is not the queue's data but its own: its
+/// rotated credential and its last config (`dataplane/src/control_plane/channel.rs`).
+const NODE_OWN: [&str; 2] = ["node-token", "desired-config.json"];
+
+impl LocalStandbys {
+    /// Before queue `queue_id`'s node starts on `node_data`: if that holds no log (lost with
+    /// its disk) while its standby's copy (in `dir`) does, the copy becomes the node's data.
+    /// The standby is stopped first; it starts again on an empty directory (the reconciler's
+    /// next pass) and catches up from the node. What the node's directory still held of its
+    /// own (its credential, its config) is kept; the rest, which has no message, goes.
+    /// Returns whether it did. A crash half way is finished by the next start: the copy
+    /// still holds its log until it is renamed into place.
+    pub async fn promote_if_data_lost(
+        &self,
+        queue_id: &str,
+        node_data: &Path,
+        dir: &Path,
+    ) -> std::io::Result<bool> {
+        let copy = data_dir(dir);
+        if holds_a_log(node_data) || !holds_a_log(&copy) {
+            return Ok(false);
+        }
+        self.stop(queue_id, dir).await;
+        for name in NODE_OWN {
+            match std::fs::rename(node_data.join(name), copy.join(name)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        match std::fs::remove_dir_all(node_data) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::rename(&copy, node_data)?;
+        qe_shared::files::sync_dir(node_data)?;
+        qe_shared::files::sync_dir(&copy)?;
+        Ok(true)
+    }
+}
+
 /// Starts one queue's standby from its directory.
 #[derive(Clone)]
 pub struct StandbyLauncher {

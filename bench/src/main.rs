@@ -43,6 +43,9 @@
 //!   control-plane leader, kills the etcd leader, SIGSTOPs a node past the silence limit and
 //!   restarts a replica: connections cut, publish gaps, API 503s, and acknowledged messages
 //!   lost or delivered twice, per fault, against the targets. See docs/resilience.md.
+//! - `bench failover`: a queue with a standby under durability-2 publishers whose node loses
+//!   its disk at a random moment, round after round: until it serves again, until
+//!   durability 2 is on two disks again, and every acknowledged message delivered once.
 
 mod abuse;
 mod bulk;
@@ -53,6 +56,7 @@ mod connections;
 mod controlplane_load;
 mod dedup;
 mod ec2_pass;
+mod failover;
 mod live_metrics;
 mod node;
 mod peers;
@@ -223,6 +227,11 @@ enum Command {
     /// replica), against the resilience targets; exits 1 if one is missed (`--dataplane` is
     /// what the nodes run). See docs/resilience.md.
     Chaos(chaos::Settings),
+    /// A queue with a standby (`replicas: 2`) whose node loses its disk and its process at a
+    /// random moment, round after round, under durability-2 publishers: until it serves
+    /// again, until durability 2 is on two disks again; exits 1 if an acknowledged publish
+    /// is lost or delivered twice. See docs/resilience.md.
+    Failover(failover::Settings),
     /// Deduplication ids: the node's memory per id held, and publish throughput and CPU with
     /// distinct ids, without, and for repeats.
     Dedup(dedup::Settings),
@@ -268,6 +277,10 @@ async fn run_alone(args: &Args, data_root: &std::path::Path) -> bool {
         Command::Chaos(settings) => {
             let passed = chaos::chaos(settings, &existing(&args.dataplane), data_root).await;
             // Everything the run started has ended by now (its owners were dropped).
+            std::process::exit(if passed { 0 } else { 1 });
+        }
+        Command::Failover(settings) => {
+            let passed = failover::failover(settings, &existing(&args.dataplane), data_root).await;
             std::process::exit(if passed { 0 } else { 1 });
         }
         Command::ControlplaneLoad {

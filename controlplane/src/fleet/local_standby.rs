@@ -36,6 +36,9 @@ pub struct Primary {
 #[derive(Default)]
 pub struct LocalStandbys {
     running: Mutex<HashMap<String, RunningStandby>>,
+    /// Held while a standby is started or a copy promoted: a standby started by the
+    /// reconciler while its copy is being moved into the node's place would hold it.
+    changing: tokio::sync::Mutex<()>,
 }
 
 struct RunningStandby {
@@ -52,6 +55,7 @@ impl LocalStandbys {
         queue_id: &str,
         launcher: StandbyLauncher,
     ) -> Result<BTreeMap<String, String>, FleetError> {
+        let _changing = self.changing.lock().await;
         let running = {
             let running = self.running.lock().expect("never poisoned");
             running
@@ -147,6 +151,7 @@ impl LocalStandbys {
         node_data: &Path,
         dir: &Path,
     ) -> std::io::Result<bool> {
+        let _changing = self.changing.lock().await;
         let copy = data_dir(dir);
         if holds_a_log(node_data) || !holds_a_log(&copy) {
             return Ok(false);

@@ -1,0 +1,360 @@
+//! `bench failover`: one control plane (the release binary, its own store, the local
+//! provider) and one queue made with `replicas: 2`, publishers at durability 2 all along.
+//! Each round, at a random moment, the node's disk is lost (its data directory removed) and
+//! its process killed; the provider starts it again on its standby's copy (a promotion) and
+//! a new standby follows. Measured per round: until a publisher is answered again (the queue
+//! serves) and until durability 2 is Success again (on two disks). At the end every publish
+//! answered Success at durability 2 must be delivered, once. Exits 1 if one is lost or
+//! delivered twice. docs/resilience.md, *Failover to the standby*.
+
+use crate::client::{next_text, Wire};
+use futures::SinkExt;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use yawc::frame::Frame;
+
+#[derive(clap::Args)]
+pub struct Settings {
+    /// The control plane binary (a release build).
+    #[arg(long, default_value = "target/release/controlplane")]
+    controlplane: String,
+    /// Rounds: each loses the node's disk once.
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// Publishers, each with one durability-2 publish in flight.
+    #[arg(long, default_value_t = 4)]
+    publishers: usize,
+}
+
+const TOKEN: &str = "operator-token-for-the-failover-run";
+const REPLICATED: &str =
+    r#"{"tier":"standard","region":"local","instance_type":"local","replicas":2}"#;
+/// The longest a round may take to recover before the run gives up.
+const RECOVER_WITHIN: Duration = Duration::from_secs(60);
+
+/// What the publishers saw, shared with the rounds.
+#[derive(Default)]
+struct Seen {
+    /// Bodies answered Success at durability 2.
+    acknowledged: Vec<String>,
+    /// When the node's disk was lost last.
+    lost: Option<Instant>,
+    /// Since then: when a publisher was first answered (any status), and first answered
+    /// Success, on a connection opened after the loss (a reply the killed node sent before it
+    /// died is no sign of its return).
+    answered: Option<Instant>,
+    succeeded: Option<Instant>,
+}
+
+pub async fn failover(settings: &Settings, dataplane: &Path, data_root: &Path) -> bool {
+    let dir = data_root.join("failover");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("the run's directory");
+    let controlplane = std::fs::canonicalize(&settings.controlplane)
+        .unwrap_or_else(|e| panic!("{}: {e} (build it first)", settings.controlplane));
+    let (mut child, api) = start_controlplane(&controlplane, dataplane, &dir);
+    // reqwest is built without a crypto provider of its own (the workspace's choice).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let created = call(&http, api, "POST", "/v1/queues", Some(REPLICATED)).await;
+    let id = created["id"].as_str().expect("an id").to_string();
+    let queue = wait_for(&http, api, &id, |q| q["live"]["standby"]["in_sync"] == true).await;
+    let url = queue["node"].as_str().expect("placed").to_string();
+    let login = created["logins"]["publisher"].clone();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut publishers = Vec::new();
+    for publisher in 0..settings.publishers {
+        let (url, login, seen) = (url.clone(), login.clone(), seen.clone());
+        publishers.push(tokio::spawn(publish(publisher, url, login, seen)));
+    }
+    let node_dir = dir.join("data/nodes").join(&id);
+    let mut serving = Vec::new();
+    let mut on_two_disks = Vec::new();
+    for round in 1..=settings.rounds {
+        // A random moment in the next 0.5 to 2 s of publishing.
+        let wait = 500 + u32::from_le_bytes(qe_shared::random::bytes()) % 1500;
+        tokio::time::sleep(Duration::from_millis(wait.into())).await;
+        let lost = lose_the_disk(&node_dir, &seen);
+        let (answered, succeeded) = recovered(&seen, lost).await;
+        serving.push(answered);
+        on_two_disks.push(succeeded);
+        println!(
+            "round {round:2}: serving again after {:6.0} ms, durability 2 on two disks after {:6.0} ms",
+            ms(answered),
+            ms(succeeded)
+        );
+    }
+    for publisher in publishers {
+        publisher.abort();
+    }
+    let acknowledged = std::mem::take(&mut lock(&seen).acknowledged);
+    let delivered = drain(&url, &created["logins"]["subscriber"]).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    stop_nodes(&node_dir);
+    report(&serving, &on_two_disks, &acknowledged, &delivered)
+}
+
+/// Publishes at durability 2 for ever, reconnecting as the node comes and goes.
+async fn publish(publisher: usize, url: String, login: Value, seen: Arc<Mutex<Seen>>) {
+    let wire = Wire {
+        tls: None,
+        compress: false,
+    };
+    let mut sequence = 0u64;
+    loop {
+        let connected = Instant::now();
+        let Ok(mut socket) = wire.try_connect(&url).await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let login = json!({"username": login["username"], "password": login["password"],
+            "role": "publisher", "queuetype": "distribute"});
+        if socket.send(Frame::text(login.to_string())).await.is_err() {
+            continue;
+        }
+        match next_text(&mut socket).await {
+            Some(reply) if reply.contains("Success.") => {}
+            _ => continue,
+        }
+        loop {
+            sequence += 1;
+            let body = format!("p{publisher}-{sequence}");
+            let request = json!({"body": body, "durability": 2});
+            if socket.send(Frame::text(request.to_string())).await.is_err() {
+                break;
+            }
+            let Some(reply) = next_text(&mut socket).await else {
+                break;
+            };
+            let now = Instant::now();
+            let success = reply.contains("Success.");
+            let mut seen = lock(&seen);
+            if seen.lost.is_some_and(|lost| connected > lost) {
+                seen.answered.get_or_insert(now);
+                if success {
+                    seen.succeeded.get_or_insert(now);
+                }
+            }
+            if success {
+                seen.acknowledged.push(body);
+            }
+        }
+    }
+}
+
+/// Removes the node's data directory, then kills its process; when.
+fn lose_the_disk(node_dir: &Path, seen: &Mutex<Seen>) -> Instant {
+    let pid: i32 = std::fs::read_to_string(node_dir.join("node.pid"))
+        .expect("the node's pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    std::fs::remove_dir_all(node_dir.join("data")).expect("the node's data directory");
+    let lost = Instant::now();
+    {
+        let mut seen = lock(seen);
+        seen.lost = Some(lost);
+        seen.answered = None;
+        seen.succeeded = None;
+    }
+    // SAFETY: kill takes a pid and a signal.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    lost
+}
+
+/// How long after `lost` a publisher was answered again, and answered Success again.
+async fn recovered(seen: &Mutex<Seen>, lost: Instant) -> (Duration, Duration) {
+    let deadline = lost + RECOVER_WITHIN;
+    loop {
+        if let (Some(answered), Some(succeeded)) = {
+            let seen = lock(seen);
+            (seen.answered, seen.succeeded)
+        } {
+            return (answered - lost, succeeded - lost);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not recovered within {RECOVER_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Every message waiting, received and acked, up to a marker published now; their bodies.
+async fn drain(url: &str, login: &Value) -> Vec<String> {
+    let wire = Wire {
+        tls: None,
+        compress: false,
+    };
+    let credentials = |role: &str, extra: Value| {
+        let mut request = json!({"username": login["username"], "password": login["password"],
+            "role": role, "queuetype": "distribute"});
+        for (key, value) in extra.as_object().expect("an object") {
+            request[key] = value.clone();
+        }
+        request
+    };
+    let mut subscriber = crate::client::login(
+        &wire,
+        url,
+        credentials("subscriber", json!({"capacity": 256})),
+    )
+    .await;
+    let mut delivered = Vec::new();
+    let quiet = Duration::from_secs(3);
+    while let Ok(Some(text)) = tokio::time::timeout(quiet, next_text(&mut subscriber)).await {
+        let frame: Value = serde_json::from_str(&text).expect("JSON");
+        let Some(body) = frame["body"].as_str() else {
+            continue;
+        };
+        delivered.push(body.to_string());
+        let ack = json!({"id": frame["id"], "ack": 1});
+        subscriber
+            .send(Frame::text(ack.to_string()))
+            .await
+            .expect("an ack sent");
+    }
+    delivered
+}
+
+fn report(
+    serving: &[Duration],
+    on_two_disks: &[Duration],
+    acknowledged: &[String],
+    delivered: &[String],
+) -> bool {
+    let mut times: HashMap<&str, usize> = HashMap::new();
+    for body in delivered {
+        *times.entry(body.as_str()).or_default() += 1;
+    }
+    let lost = acknowledged
+        .iter()
+        .filter(|b| !times.contains_key(b.as_str()))
+        .count();
+    let twice = times.values().filter(|&&n| n > 1).count();
+    let summary = |what: &str, durations: &[Duration]| {
+        let mut sorted = durations.to_vec();
+        sorted.sort();
+        if let (Some(worst), Some(median)) = (sorted.last(), sorted.get(sorted.len() / 2)) {
+            println!(
+                "{what}: median {:.0} ms, worst {:.0} ms",
+                ms(*median),
+                ms(*worst)
+            );
+        }
+    };
+    summary("serving again", serving);
+    summary("durability 2 on two disks again", on_two_disks);
+    println!(
+        "acknowledged at durability 2: {}, delivered: {} ({} distinct), lost: {lost}, delivered twice: {twice}",
+        acknowledged.len(),
+        delivered.len(),
+        times.len()
+    );
+    lost == 0 && twice == 0
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().expect("never poisoned")
+}
+
+/// The control plane on `dir`, its API on a free loopback port; and where it listens.
+fn start_controlplane(binary: &Path, dataplane: &Path, dir: &Path) -> (Child, SocketAddr) {
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\ntoken = \"{TOKEN}\"\ncluster = \"bench\"\n\
+         dataplane = {:?}\nlive_stats_secs = 1\nreconcile_every_secs = 1\n",
+        dir.join("data"),
+        dataplane,
+    );
+    let path = dir.join("controlplane.toml");
+    std::fs::write(&path, config).expect("the config");
+    let log = std::fs::File::create(dir.join("controlplane.log")).expect("its log");
+    let mut child = Command::new(binary)
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("start the control plane");
+    use std::io::BufRead;
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let addr = loop {
+        let line = lines.next().expect("it listens").expect("a line");
+        if let Some(addr) = line.strip_prefix("listening on ") {
+            break addr.trim().parse().expect("an address");
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, addr)
+}
+
+/// The node and its standby, which outlive the control plane (as in production).
+fn stop_nodes(node_dir: &Path) {
+    let pid_files: [PathBuf; 2] = [
+        node_dir.join("node.pid"),
+        node_dir.join("standby/standby.pid"),
+    ];
+    for file in pid_files {
+        if let Some(pid) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+        {
+            // SAFETY: kill takes a pid and a signal.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// One API call with the operator's token; its JSON body.
+async fn call(
+    http: &reqwest::Client,
+    api: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Value {
+    let url = format!("http://{api}{path}");
+    let request = match method {
+        "POST" => http.post(url).body(body.unwrap_or_default().to_string()),
+        _ => http.get(url),
+    };
+    let response = request
+        .bearer_auth(TOKEN)
+        .header("Content-Type", "application/json")
+        .send()
+        .await
+        .expect("the API answers");
+    response.json().await.expect("JSON")
+}
+
+/// Queue `id` once `wanted` holds of it.
+async fn wait_for(
+    http: &reqwest::Client,
+    api: SocketAddr,
+    id: &str,
+    wanted: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + RECOVER_WITHIN;
+    loop {
+        let queue = call(http, api, "GET", &format!("/v1/queues/{id}"), None).await;
+        if wanted(&queue) {
+            return queue;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue never got there: {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -229,6 +229,32 @@ async fn a_standby_follows_its_node_over_tls_by_the_local_cas_root() {
     assert!(node_of(&queue).starts_with("wss://"), "{queue}");
 }
 
+/// With certificates: the promoted copy has no certificate of the node's (it went with the
+/// disk); the node gets a new one at once and serves again.
+#[tokio::test]
+async fn a_promoted_node_gets_its_certificate_again() {
+    let cp = ControlPlane::start_with(&format!("{CONFIG}local_ca = true\n"));
+    let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let queue = wait_for(&cp, &id, "in sync", |q| {
+        in_sync(q) && standby_pid(q).is_some()
+    })
+    .await;
+    let node_pid = queue["resources"]["process"].as_str().unwrap().to_string();
+    std::fs::remove_dir_all(cp.node_dir(&id).join("data")).unwrap();
+    // SAFETY: kill takes a pid and a signal.
+    unsafe { libc::kill(node_pid.parse().unwrap(), libc::SIGKILL) };
+    cp.wait_for_log("its standby's copy is its data now", 1);
+    // Recorded once it listens, which it does once it has a certificate.
+    wait_for(&cp, &id, "serving again", |q| {
+        in_sync(q)
+            && q["resources"]["process"]
+                .as_str()
+                .is_some_and(|pid| pid != node_pid)
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn replicas_are_1_or_2_and_2_only_on_the_standard_tier() {
     let cp = ControlPlane::start();

@@ -16,6 +16,7 @@ use crate::store::log::mirror::Mirror;
 use crate::store::log::Shipment;
 use crate::store::meta::Meta;
 use futures::{FutureExt, SinkExt, StreamExt};
+use qe_shared::backoff::Backoff;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -50,8 +51,10 @@ pub enum Stopped {
     Disk(std::io::Error),
 }
 
-/// How long to wait before connecting again.
+/// How long to wait before connecting again; it doubles while connections end before the
+/// standby has caught up (a primary that refuses it, one that is not there), up to the most.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+const RECONNECT_AFTER_AT_MOST: Duration = Duration::from_secs(5);
 
 /// Follows the primary until a disk fails (then returns the error).
 pub async fn run(config: StandbyConfig) -> Stopped {
@@ -59,16 +62,22 @@ pub async fn run(config: StandbyConfig) -> Stopped {
         Ok(copy) => copy,
         Err(error) => return Stopped::Disk(error),
     };
+    let mut backoff = Backoff::new(RECONNECT_AFTER, RECONNECT_AFTER_AT_MOST);
     loop {
-        match follow(&config, &mut copy).await {
+        let stopped = follow(&config, &mut copy, &mut backoff).await;
+        let wait = backoff.next_wait();
+        match stopped {
             Stopped::Disk(error) => return Stopped::Disk(error),
-            stopped => tracing::warn!(reason = %stopped, "following the primary: connecting again"),
+            stopped => {
+                tracing::warn!(reason = %stopped, retry_in = ?wait, "following the primary: connecting again")
+            }
         }
-        tokio::time::sleep(RECONNECT_AFTER).await;
+        tokio::time::sleep(wait).await;
     }
 }
 
-async fn follow(config: &StandbyConfig, copy: &mut Copy) -> Stopped {
+/// Follows the primary on one connection; `backoff` starts again once it has caught up.
+async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) -> Stopped {
     let mut socket = match connect(config).await {
         Ok(socket) => socket,
         Err(reason) => return Stopped::Connect(reason),
@@ -141,6 +150,7 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy) -> Stopped {
         };
         if synced.answered.is_none() {
             tracing::info!(lsn, "caught up with the primary");
+            backoff.reset();
         }
         synced.answered = Some(lsn);
         if socket

@@ -359,10 +359,17 @@ impl Reconciler {
     async fn keep_running(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
         let bootstrap = self.bootstraps.for_queue(queue);
         let mut placement = self.fleet.ensure(queue, &bootstrap).await?;
+        let node_placed_anew = !placement.node_recorded_in(queue);
         if queue.replicas == 2 {
+            // A standby that cannot be placed now leaves the node serving (durability 2 is
+            // answered 507 meanwhile) and recorded: it is tried again at the next pass.
             let key = self.bootstraps.tokens.replication_key(&queue.id);
-            let standby = self.fleet.ensure_standby(queue, &placement, &key).await?;
-            placement.resources.extend(standby);
+            match self.fleet.ensure_standby(queue, &placement, &key).await {
+                Ok(standby) => placement.resources.extend(standby),
+                Err(error) => {
+                    tracing::error!(queue = %queue.id, %error, "its standby could not be placed")
+                }
+            }
         }
         if let Some(reason) = placement.restarted_because {
             // Audited before it is logged: whoever reads the log finds the entry.
@@ -373,12 +380,15 @@ impl Reconciler {
             return Ok(());
         }
         // A node placed anew (a replacement, a restart) is judged for silence only once it
-        // has been heard, or has had its time to boot.
-        let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
-        self.watch
-            .lock()
-            .expect("never poisoned")
-            .placed(&queue.id, now, boot);
+        // has been heard, or has had its time to boot. (Not for its standby's restart: a
+        // standby that keeps failing would keep a silent node from being judged.)
+        if node_placed_anew {
+            let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
+            self.watch
+                .lock()
+                .expect("never poisoned")
+                .placed(&queue.id, now, boot);
+        }
         let recorded = self.store.update(&queue.id, |queue| {
             // Only while it is still to run: a delete meanwhile wins.
             if queue.status.is_live() {

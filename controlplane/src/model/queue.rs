@@ -380,6 +380,10 @@ pub struct Addresses {
     pub v4: Option<Ipv4Addr>,
 }
 
+/// How the resources a provider made for a queue's standby are named (`standby_process`,
+/// `standby_directory` ...).
+pub const STANDBY_RESOURCE: &str = "standby_";
+
 /// Where a provider runs a queue's node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -399,6 +403,21 @@ impl Placement {
         queue.node.as_ref() == Some(&self.node)
             && queue.addresses == Some(self.addresses)
             && queue.resources == self.resources
+    }
+
+    /// Whether `queue`'s record already says this of its node, whatever it says of its
+    /// standby (resources named `standby_…`).
+    pub fn node_recorded_in(&self, queue: &Queue) -> bool {
+        let of_the_node = |resources: &BTreeMap<String, String>| {
+            resources
+                .iter()
+                .filter(|(kind, _)| !kind.starts_with(STANDBY_RESOURCE))
+                .map(|(kind, value)| (kind.clone(), value.clone()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        queue.node.as_ref() == Some(&self.node)
+            && queue.addresses == Some(self.addresses)
+            && of_the_node(&queue.resources) == of_the_node(&self.resources)
     }
 
     /// Writes it into `queue`'s record.
@@ -592,6 +611,34 @@ mod tests {
         stored.as_object_mut().unwrap().remove("replicas");
         let old: Queue = serde_json::from_value(stored).unwrap();
         assert_eq!(old.replicas, 1);
+    }
+
+    /// A standby started again (a new pid) is a change of the record, not a node placed
+    /// anew: the node's silence is still judged.
+    #[test]
+    fn a_standbys_restart_is_not_the_nodes() {
+        let mut queue = a_queue("placed", Status::Running);
+        let resources = |node: &str, standby: &str| {
+            BTreeMap::from([
+                ("process".to_string(), node.to_string()),
+                ("standby_process".to_string(), standby.to_string()),
+            ])
+        };
+        let placement = |resources| Placement {
+            node: "ws://127.0.0.1:1/".into(),
+            addresses: Addresses {
+                v6: Ipv6Addr::LOCALHOST,
+                v4: None,
+            },
+            resources,
+            restarted_because: None,
+        };
+        placement(resources("10", "20")).record_in(&mut queue);
+        let standby_again = placement(resources("10", "21"));
+        assert!(!standby_again.recorded_in(&queue));
+        assert!(standby_again.node_recorded_in(&queue));
+        let node_again = placement(resources("11", "20"));
+        assert!(!node_again.node_recorded_in(&queue));
     }
 
     #[test]

@@ -140,6 +140,7 @@ async fn a_replicated_queue_answers_durability_2_only_with_its_standby_in_sync()
 
     // A control plane started again adopts the standby: the same process, no twin.
     let cp = cp.restart();
+    cp.wait_for_log("adopted a running standby", 1);
     let queue = wait_for(&cp, &id, "in sync after the restart", in_sync).await;
     assert_eq!(standby_pid(&queue), Some(restarted), "{queue}");
     let data = format!("{standby_dir}/data");
@@ -274,6 +275,25 @@ async fn replicas_are_1_or_2_and_2_only_on_the_standard_tier() {
     assert!(queue["resources"]["standby_process"].is_null(), "{queue}");
 }
 
+/// Queue `id`'s node's config as the node channel answers it, asked with the node's own
+/// credential and the header lines `takes`.
+async fn config_of(cp: &ControlPlane, id: &str, takes: &str) -> Value {
+    let bootstrap = std::fs::read_to_string(cp.node_bootstrap(id)).unwrap();
+    let bootstrap: toml::Table = toml::from_str(&bootstrap).unwrap();
+    // The node's credential as it is now (rotated since its bootstrap, or not).
+    let token = std::fs::read_to_string(cp.node_dir(id).join("data/node-token"))
+        .unwrap_or_else(|_| bootstrap["node_token"].as_str().unwrap().to_string());
+    let request = format!(
+        "GET /v1/nodes/{id}/config HTTP/1.1\r\nHost: cp\r\nAuthorization: Bearer {}\r\n\
+         {takes}Connection: close\r\n\r\n",
+        token.trim()
+    );
+    let response = http_response(cp.addr, &request).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let body = &response[response.find("\r\n\r\n").unwrap() + 4..];
+    serde_json::from_str::<Value>(body).unwrap()
+}
+
 /// The key's hash goes only to a node that says it takes it (a node from before standbys
 /// reads its config with `deny_unknown_fields` and would refuse it), and only for a queue
 /// with a standby.
@@ -283,27 +303,20 @@ async fn the_standbys_key_hash_goes_only_to_a_node_that_takes_it() {
     let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
     let id = created["id"].as_str().unwrap().to_string();
     cp.wait_for_status(&id, "running").await;
-    let bootstrap = std::fs::read_to_string(cp.node_bootstrap(&id)).unwrap();
-    let bootstrap: toml::Table = toml::from_str(&bootstrap).unwrap();
-    // The node's credential as it is now (rotated since its bootstrap, or not).
-    let token = std::fs::read_to_string(cp.node_dir(&id).join("data/node-token"))
-        .unwrap_or_else(|_| bootstrap["node_token"].as_str().unwrap().to_string());
-    let config = |takes: &'static str| {
-        let request = format!(
-            "GET /v1/nodes/{id}/config HTTP/1.1\r\nHost: cp\r\nAuthorization: Bearer {}\r\n\
-             {takes}Connection: close\r\n\r\n",
-            token.trim()
-        );
-        async move {
-            let response = http_response(cp.addr, &request).await;
-            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-            let body = &response[response.find("\r\n\r\n").unwrap() + 4..];
-            serde_json::from_str::<Value>(body).unwrap()
-        }
-    };
-    let old_node = config("").await;
+    let old_node = config_of(&cp, &id, "").await;
     assert!(old_node.get("replication").is_none(), "{old_node}");
-    let new_node = config("qe-node-takes: replication\r\n").await;
+    let takes = "qe-node-takes: replication\r\n";
+    let new_node = config_of(&cp, &id, takes).await;
     let hash = new_node["replication"]["key_hash"].as_str().unwrap();
     assert!(hash.starts_with("sha256:"), "{new_node}");
+    // A queue of one replica: none, whatever its node takes.
+    let one = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let (_, alone) = cp.call("POST", "/v1/queues", Some(one)).await;
+    let alone = alone["id"].as_str().unwrap().to_string();
+    cp.wait_for_status(&alone, "running").await;
+    let config_of_alone = config_of(&cp, &alone, takes).await;
+    assert!(
+        config_of_alone.get("replication").is_none(),
+        "{config_of_alone}"
+    );
 }

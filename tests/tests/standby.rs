@@ -594,6 +594,12 @@ async fn a_standby_never_gives_its_copy_up_to_a_primary_whose_data_was_lost() {
         .await;
     assert_failure(&reply, 507);
     assert!(!fresh.log().contains(IN_SYNC), "{}", fresh.log());
+    // A copy from before lineages (it has none) is not taken for the fresh node's either.
+    let copy = standby.into_data_dir();
+    std::fs::remove_file(copy.path().join("messages/lineage")).unwrap();
+    let standby = Standby::start_in(&fresh, KEY, copy);
+    fresh.wait_for_log("a copy from before lineages");
+    assert!(!fresh.log().contains(IN_SYNC), "{}", fresh.log());
     drop((publisher, fresh));
     let promoted = promote(standby);
     assert_eq!(drain(&promoted).await, acknowledged);

@@ -291,6 +291,9 @@ impl LocalProvider {
             .collect();
         for id in ids {
             self.stop_node(&id, STOP_WITHIN).await;
+        }
+        // Every standby, also one whose node is not running now.
+        for id in self.standbys.supervised() {
             self.standbys.stop(&id, &self.standby_dir(&id)).await;
         }
     }
@@ -421,12 +424,14 @@ impl Provider for LocalProvider {
         .boxed()
     }
 
-    /// The node's `data/` (its messages) and its standby's copy; its directory stays, with
-    /// its logs.
+    /// The node's `data/` (its messages), its standby's copy and what was left of a lost
+    /// `data/` when the copy replaced it; its directory stays, with its logs.
     fn remove_data<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
             let standby = super::local_standby::data_dir(&self.standby_dir(queue_id));
-            for data in [self.node_dir(queue_id).join("data"), standby] {
+            let lost = lost_data(&self.node_dir(queue_id));
+            let every = [self.node_dir(queue_id).join("data"), standby];
+            for data in every.into_iter().chain(lost) {
                 match std::fs::remove_dir_all(data) {
                     Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                         return Err(FleetError::Remove(error.to_string()))
@@ -628,6 +633,19 @@ async fn copy_lines(
             }
         }
     }
+}
+
+/// What is left of lost data directories in `node_dir` (`data.lost-MS`).
+fn lost_data(node_dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(node_dir) else {
+        return Vec::new();
+    };
+    let lost = entries.flatten().filter(|entry| {
+        let name = entry.file_name();
+        name.to_string_lossy()
+            .starts_with(super::local_standby::LOST_DATA)
+    });
+    lost.map(|entry| entry.path()).collect()
 }
 
 /// Whether two bootstraps reach the control plane alike: the same replicas, in whatever order,

@@ -112,6 +112,12 @@ impl LocalStandbys {
         }
     }
 
+    /// The queues whose standby is supervised here.
+    pub fn supervised(&self) -> Vec<String> {
+        let running = self.running.lock().expect("never poisoned");
+        running.keys().cloned().collect()
+    }
+
     /// Ends every supervision, leaving the standbys running (the next leader adopts them).
     pub fn let_go(&self) {
         for (_, standby) in self.running.lock().expect("never poisoned").drain() {
@@ -120,18 +126,28 @@ impl LocalStandbys {
     }
 }
 
-/// What of a node's data directory tells that it holds a log: its lineage, or a segment
-/// (`dataplane/src/store/log/`).
-fn holds_a_log(data: &Path) -> bool {
-    let Ok(entries) = std::fs::read_dir(data.join("messages")) else {
-        return false;
+/// Whether a node's data directory holds a log: its lineage, or a segment
+/// (`dataplane/src/store/log/`). Only a directory that is not there holds none: one that
+/// cannot be read may hold one.
+fn holds_a_log(data: &Path) -> std::io::Result<bool> {
+    let entries = match std::fs::read_dir(data.join("messages")) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
     };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
+    for entry in entries {
+        let name = entry?.file_name();
         let name = name.to_string_lossy();
-        name == "lineage" || name.ends_with(".log")
-    })
+        if name == "lineage" || name.ends_with(".log") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
+
+/// The prefix of what is left of a node's data directory after its copy replaced it, kept
+/// beside it (`data.lost-MS`) until the queue's data is removed.
+pub const LOST_DATA: &str = "data.lost-";
 
 /// What a node keeps in its data directory that is not the queue's data but its own: its
 /// rotated credential and its last config (`dataplane/src/control_plane/channel.rs`).
@@ -141,10 +157,10 @@ impl LocalStandbys {
     /// Before queue `queue_id`'s node starts on `node_data`: if that holds no log (lost with
     /// its disk) while its standby's copy (in `dir`) does, the copy becomes the node's data.
     /// The standby is stopped first; it starts again on an empty directory (the reconciler's
-    /// next pass) and catches up from the node. What the node's directory still held of its
-    /// own (its credential, its config) is kept; the rest, which has no message, goes.
-    /// Returns whether it did. A crash half way is finished by the next start: the copy
-    /// still holds its log until it is renamed into place.
+    /// next pass) and catches up from the node. The node's own files that survived (its
+    /// credential, its config) go with the copy; whatever else is left of its directory is
+    /// kept aside (`data.lost-MS`), never removed here. Returns whether it did. A crash half
+    /// way is finished by the next start: the copy holds its log until it is in place.
     pub async fn promote_if_data_lost(
         &self,
         queue_id: &str,
@@ -153,7 +169,7 @@ impl LocalStandbys {
     ) -> std::io::Result<bool> {
         let _changing = self.changing.lock().await;
         let copy = data_dir(dir);
-        if holds_a_log(node_data) || !holds_a_log(&copy) {
+        if holds_a_log(node_data)? || !holds_a_log(&copy)? {
             return Ok(false);
         }
         self.stop(queue_id, dir).await;
@@ -163,7 +179,8 @@ impl LocalStandbys {
                 _ => {}
             }
         }
-        match std::fs::remove_dir_all(node_data) {
+        let aside = format!("{LOST_DATA}{}", qe_shared::clock::now_ms());
+        match std::fs::rename(node_data, node_data.with_file_name(aside)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }

@@ -97,15 +97,19 @@ async fn ship(
     }
     drop(admitted);
     // A copy of another log is never cut to this one's: this node may be a fresh one whose
-    // data was lost, and the standby the only holder of what was acknowledged.
-    if let Some(theirs) = hello
-        .lineage
-        .filter(|theirs| theirs != standby.shipping.lineage())
-    {
-        if !hello.have.is_empty() {
-            return Ended::OtherLineage(theirs);
+    // data was lost, and the standby the only holder of what was acknowledged. A copy from
+    // before lineages is taken for this log's, unless this log began empty at this start.
+    if !hello.have.is_empty() {
+        let ours = standby.shipping.lineage();
+        match &hello.lineage {
+            Some(theirs) if theirs != ours => return Ended::OtherLineage(theirs.clone()),
+            None if standby.shipping.began_empty() => {
+                return Ended::OtherLineage("none: a copy from before lineages".into())
+            }
+            _ => {}
         }
     }
+    let takes_lineage = hello.takes_lineage;
     // It opens every segment file under the files' lock: not on the runtime's threads.
     let shipping = standby.shipping.clone();
     let attach = tokio::task::spawn_blocking(move || shipping.attach(&hello.have));
@@ -122,7 +126,7 @@ async fn ship(
         socket,
         unanswered: VecDeque::new(),
     };
-    match catch_up_then_follow(&mut link, standby, attached).await {
+    match catch_up_then_follow(&mut link, standby, attached, takes_lineage).await {
         Ok(never) => match never {},
         Err(ended) => ended,
     }
@@ -132,6 +136,7 @@ async fn catch_up_then_follow(
     link: &mut Link<'_>,
     standby: &Standby,
     attached: Attached,
+    takes_lineage: bool,
 ) -> Result<std::convert::Infallible, Ended> {
     let Attached {
         generation,
@@ -143,8 +148,10 @@ async fn catch_up_then_follow(
         mut shipments,
     } = attached;
     // First: the standby's copy is of this log from now on.
-    link.send_frame(wire::encode_lineage(standby.shipping.lineage()))
-        .await?;
+    if takes_lineage {
+        link.send_frame(wire::encode_lineage(standby.shipping.lineage()))
+            .await?;
+    }
     for (segment, len) in truncated {
         link.send(&Shipment::Truncate { segment, len }).await?;
     }

@@ -94,6 +94,7 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
         key: config.key.clone(),
         have,
         lineage,
+        takes_lineage: true,
     };
     let hello = serde_json::to_string(&hello).expect("a hello serializes");
     if socket.send(Frame::text(hello)).await.is_err() {

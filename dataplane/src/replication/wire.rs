@@ -15,6 +15,9 @@ pub struct Hello {
     pub have: Vec<Held>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<String>,
+    /// It takes the lineage frame (a standby from before lineages would stop at it).
+    #[serde(default)]
+    pub takes_lineage: bool,
 }
 
 const WRITE: u8 = b'W';

@@ -337,6 +337,8 @@ struct Shared {
     attached: AtomicU64,
     /// Which log this is ([`lineage`]).
     lineage: String,
+    /// This start made the log: it had no lineage and no segment.
+    began_empty: bool,
     /// Tests only: run by a write of records once it has let go of the files and before it
     /// says how far it wrote, so a test can put a sync in between (see `files`).
     #[cfg(test)]
@@ -489,8 +491,10 @@ impl LogStore {
     /// Opens the log in `dir` (creating it), reads back what it holds, and starts the writer.
     pub fn open(dir: &Path, options: LogOptions) -> std::io::Result<(LogStore, Recovered)> {
         std::fs::create_dir_all(dir)?;
+        let had_lineage = lineage::of(dir)?.is_some();
         let lineage = lineage::ensure(dir)?;
         let scan = recovery::scan(dir)?;
+        let began_empty = !had_lineage && scan.index.segments.is_empty();
         // Every start writes to a new segment, so no file is ever appended after a torn tail.
         let mut index = scan.index;
         let active = index.segments.keys().next_back().map_or(1, |last| last + 1);
@@ -533,6 +537,7 @@ impl LogStore {
             repairs: Mutex::default(),
             attached: AtomicU64::new(0),
             lineage,
+            began_empty,
             #[cfg(test)]
             after_write: Mutex::new(None),
         });

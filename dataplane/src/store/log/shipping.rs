@@ -257,6 +257,11 @@ impl Shipping {
         &self.shared.lineage
     }
 
+    /// Whether this start made the log (no lineage, no segment before it).
+    pub fn began_empty(&self) -> bool {
+        self.shared.began_empty
+    }
+
     /// From now on durability 2 is synced on the standby too, or failed (507) while none is in
     /// sync. Not before the node serves: what its start writes (the recovery's dead-letter
     /// entries) is synced here and reaches the standby with its catch-up.

@@ -331,6 +331,10 @@ pub struct Applied {
     /// Whether the node takes `DesiredConfig::redrive`, for the same reason.
     #[serde(default, skip_serializing_if = "is_false")]
     pub takes_redrive: bool,
+    /// Whether the node runs with a standby (durability 2 synced on both); None (left out):
+    /// a node built before standbys, which never does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<bool>,
 }
 
 fn is_false(value: &bool) -> bool {

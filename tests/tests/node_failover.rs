@@ -54,6 +54,11 @@ struct FakeReplica {
 
 impl FakeReplica {
     async fn start() -> FakeReplica {
+        FakeReplica::start_with(None).await
+    }
+
+    /// One whose watch past [`VERSION`] answers `later` (else it is held open).
+    async fn start_with(later: Option<DesiredConfig>) -> FakeReplica {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tell, seen) = mpsc::unbounded_channel();
@@ -61,9 +66,10 @@ impl FakeReplica {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 let (stream, _) = listener.accept().await.unwrap();
-                let tell = tell.clone();
-                let service =
-                    hyper::service::service_fn(move |request| answer(request, tell.clone()));
+                let (tell, later) = (tell.clone(), later.clone());
+                let service = hyper::service::service_fn(move |request| {
+                    answer(request, tell.clone(), later.clone())
+                });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service);
                 connections.spawn(connection);
@@ -104,6 +110,7 @@ impl FakeReplica {
 async fn answer(
     request: Request<Incoming>,
     tell: mpsc::UnboundedSender<Seen>,
+    later: Option<DesiredConfig>,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let method = request.method().clone();
     let target = request.uri().path_and_query().unwrap().to_string();
@@ -131,7 +138,10 @@ async fn answer(
     };
     let answer = match (route.0, route.1.as_str()) {
         (Method::GET, "/v1/nodes/q/config") if after.is_some_and(|after| after >= VERSION) => {
-            std::future::pending::<Response<Full<Bytes>>>().await
+            match later.filter(|later| after < Some(later.version)) {
+                Some(later) => json(serde_json::to_vec(&later).unwrap()),
+                None => std::future::pending::<Response<Full<Bytes>>>().await,
+            }
         }
         (Method::GET, "/v1/nodes/q/config") => json(serde_json::to_vec(&desired()).unwrap()),
         (Method::POST, "/v1/nodes/q/applied") => Response::new(Full::default()),
@@ -314,4 +324,43 @@ async fn a_watch_that_breaks_goes_on_at_the_next_replica_and_reports_follow() {
         "{log}"
     );
     assert!(!log.contains(TOKEN), "{log}");
+}
+
+/// A node whose first config came without the standby's key (from a control plane that did
+/// not send it) says it runs without a standby; when a later config has the key, which is
+/// taken at start, it stops cleanly to be started again with it, rather than go on answering
+/// durability 2 on one disk.
+#[tokio::test]
+async fn a_node_given_a_standby_after_it_started_stops_to_take_it() {
+    let mut later = desired();
+    later.version = VERSION + 1;
+    later.replication = Some(qe_shared::node_channel::DesiredReplication {
+        key_hash: PasswordHash::new("a replication key").to_string(),
+    });
+    let mut replica = FakeReplica::start_with(Some(later)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = Bootstrap {
+        control_plane: replica.url.clone(),
+        control_planes: vec![],
+        queue_id: "q".into(),
+        node_token: TOKEN.into(),
+        bootstrap_token: None,
+        control_plane_ca_pem: None,
+    };
+    let mut node = NodeProcess::start(dir.path(), &bootstrap);
+    let (applied, _) = replica
+        .next("applied", is(Method::POST, "/v1/nodes/q/applied".into()))
+        .await;
+    let applied: serde_json::Value = serde_json::from_slice(&applied.body).unwrap();
+    assert_eq!(applied["standby"], false, "{applied}");
+    let status = tokio::time::timeout(PROMPT, node.child.wait())
+        .await
+        .expect("it stops by itself")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(
+        node.log().contains("started without one: stopping"),
+        "{}",
+        node.log()
+    );
 }

@@ -98,6 +98,8 @@ async fn a_replicated_queue_answers_durability_2_only_with_its_standby_in_sync()
         in_sync(q) && standby_pid(q).is_some()
     })
     .await;
+    // Its node said it runs with a standby.
+    assert_eq!(queue["node_standby"], true, "{queue}");
     let pid = standby_pid(&queue).unwrap();
     let standby_dir = queue["resources"]["standby_directory"]
         .as_str()
@@ -273,6 +275,7 @@ async fn replicas_are_1_or_2_and_2_only_on_the_standard_tier() {
     let id = created["id"].as_str().unwrap();
     let queue = cp.wait_for_status(id, "running").await;
     assert!(queue["resources"]["standby_process"].is_null(), "{queue}");
+    assert_eq!(queue["node_standby"], false, "{queue}");
 }
 
 /// Queue `id`'s node's config as the node channel answers it, asked with the node's own

@@ -277,6 +277,15 @@ pub async fn applied(
             queue.config_version += 1;
         }
         queue.node_takes_redrive = applied.takes_redrive;
+        // A node that knows standbys and runs without one for a queue that has one got its
+        // first config from a replica that did not send the key (one from before standbys,
+        // in an upgrade): a new version has it, and the node starts again to take it. Once
+        // per start of such a node, not at every confirmation.
+        let without = applied.standby == Some(false);
+        if queue.replicas == 2 && without && queue.node_standby != Some(false) {
+            queue.config_version += 1;
+        }
+        queue.node_standby = applied.standby;
         Ok::<_, StoreError>(())
     });
     let (queue, ()) = updated

@@ -43,6 +43,7 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
         "instance_type": queue.instance_type,
         "ipv4": queue.ipv4,
         "replicas": queue.replicas,
+        "node_standby": queue.node_standby,
         "account": queue.account,
         "node": queue.node,
         "addresses": queue.addresses,

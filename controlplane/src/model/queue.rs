@@ -154,6 +154,10 @@ pub struct Queue {
     /// Nodes that hold its messages: 1, or 2 with a standby ([`NewQueue::replicas`]).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub replicas: u8,
+    /// Whether its node said, when it last confirmed a config, that it runs with a standby;
+    /// None: it said nothing (a build from before standbys, or none confirmed yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_standby: Option<bool>,
 }
 
 fn one() -> u8 {
@@ -333,6 +337,7 @@ impl Queue {
             sqs_attributes: new.sqs_attributes,
             initial_settings: new.initial_settings,
             replicas: new.replicas.unwrap_or(1),
+            node_standby: None,
         }
     }
 

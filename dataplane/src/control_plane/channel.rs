@@ -61,6 +61,8 @@ pub struct Channel {
     /// The build refused last, told by the upgrader: the control plane hears of it with every
     /// confirmed config.
     refused_build: Arc<RwLock<Option<RefusedBuild>>>,
+    /// The node runs with a standby (said with every confirmed config).
+    with_standby: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Reads the bootstrap file: TOML, the fields of [`Bootstrap`].
@@ -106,7 +108,14 @@ impl Channel {
             confirmed: Arc::new(tokio::sync::watch::channel(0).0),
             client,
             refused_build: Arc::default(),
+            with_standby: Arc::default(),
         }
+    }
+
+    /// Whether the node runs with a standby, said with every confirmation from now on.
+    pub fn runs_with_standby(&self, with_standby: bool) {
+        let with = &self.with_standby;
+        with.store(with_standby, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Where the reporter sends records: the same control plane, as the same node.
@@ -183,6 +192,7 @@ impl Channel {
             accepts_builds: true,
             takes_initial_settings: true,
             takes_redrive: true,
+            standby: Some(self.with_standby.load(std::sync::atomic::Ordering::Relaxed)),
         };
         self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
             .await?;

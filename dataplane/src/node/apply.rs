@@ -124,6 +124,14 @@ impl Apply for NodeApply {
                 }
             }
             self.node.set_redrive(desired.redrive.clone());
+            // The standby's key is taken at start: a node that started without it (its first
+            // config came from a control plane that did not send it) starts again to take it,
+            // rather than answer durability 2 on one disk for a queue that has two.
+            if desired.replication.is_some() && self.node.standby.is_none() {
+                tracing::warn!("the queue has a standby and this node started without one: stopping, to be started again with it");
+                // SAFETY: raise sends this process a signal; SIGTERM is the node's clean stop.
+                unsafe { libc::raise(libc::SIGTERM) };
+            }
             match (&self.own_certificate, &desired.tls) {
                 (Some(own), NodeTls::Queue { generation, .. }) => {
                     own.renew_if_asked(*generation).await

@@ -235,6 +235,9 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
     running.reread_on_hangup(tls.clone());
     running.watch_certificates(tls.clone(), own_certificate.as_ref());
     let channel = bootstrapped.as_ref().map(|(channel, _)| channel.clone());
+    if let Some(channel) = &channel {
+        channel.runs_with_standby(running.node.standby.is_some());
+    }
     if let Some((channel, desired)) = bootstrapped {
         running.follow_control_plane(channel, desired, own_certificate, tls);
     }

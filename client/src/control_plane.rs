@@ -334,7 +334,9 @@ pub struct LiveNumbers {
 pub struct StandbyLag {
     /// Caught up: durability 2 is synced on both nodes (and answered 507 while not).
     pub in_sync: bool,
-    /// Bytes of the log written on the node and not yet synced on the standby.
+    /// Bytes of the log the standby lacks, at most (in sync: written on the node and not yet
+    /// synced on the standby; catching up: what it copies and what was written since; none
+    /// attached: the whole log).
     pub lag_bytes: u64,
 }
 

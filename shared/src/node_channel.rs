@@ -454,7 +454,9 @@ pub struct LiveStats {
 pub struct StandbyLag {
     /// Attached and caught up: durability 2 is answered Success (synced on both).
     pub in_sync: bool,
-    /// Bytes of the log written on the primary and not yet synced on the standby.
+    /// Bytes of the log the standby lacks, at most: in sync, written on the primary and not
+    /// yet synced on the standby; catching up, what its catch-up copies and what was written
+    /// since; with none attached, the whole log.
     pub lag_bytes: u64,
 }
 

@@ -337,6 +337,9 @@ struct Shared {
     attached: AtomicU64,
     /// Which log this is ([`lineage`]).
     lineage: String,
+    /// At the last attach: the bytes its catch-up copies, and the LSN it reaches
+    /// ([`Shipping::standing`]).
+    catch_up: Mutex<(u64, u64)>,
     /// This start made the log: it had no lineage and no segment.
     began_empty: bool,
     /// Tests only: run by a write of records once it has let go of the files and before it
@@ -537,6 +540,7 @@ impl LogStore {
             repairs: Mutex::default(),
             attached: AtomicU64::new(0),
             lineage,
+            catch_up: Mutex::default(),
             began_empty,
             #[cfg(test)]
             after_write: Mutex::new(None),

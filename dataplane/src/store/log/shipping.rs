@@ -242,6 +242,8 @@ impl Shipping {
         drop(repairs);
         let gone = have.keys().filter(|segment| !copied.contains(segment));
         attached.removed = gone.copied().collect();
+        let copying: u64 = attached.copies.iter().map(|c| c.to - c.from).sum();
+        *shared.catch_up.lock().expect("never poisoned") = (copying, attached.through);
         files.follower = Some(Follower { sender, queued });
         shared.attached.store(generation, Ordering::Relaxed);
         // A standby that attaches is not in sync until it has caught up; one it replaces
@@ -303,12 +305,26 @@ impl Shipping {
         }
     }
 
-    /// Whether a standby is in sync, and how many bytes of the log written here it has not
-    /// synced yet.
+    /// Whether a standby is in sync, and how many bytes of the log it lacks (at most): in
+    /// sync, what was written here and not yet synced there; catching up, what its catch-up
+    /// copies and what was written since it began; with none attached, the whole log, which
+    /// the next one may have to copy.
     pub fn standing(&self) -> (bool, u64) {
         let progress = *self.shared.progress.borrow();
-        let behind = progress.written.saturating_sub(progress.standby_synced);
-        (progress.standby_in_sync, behind)
+        if progress.standby_in_sync {
+            return (
+                true,
+                progress.written.saturating_sub(progress.standby_synced),
+            );
+        }
+        if self.shared.attached.load(Ordering::Relaxed) == 0 {
+            let meter = super::StorageMeter {
+                shared: self.shared.clone(),
+            };
+            return (false, meter.held());
+        }
+        let (copying, through) = *self.shared.catch_up.lock().expect("never poisoned");
+        (false, copying + progress.written.saturating_sub(through))
     }
 
     /// The standby of `generation` went away (or was dropped): nothing more is queued for

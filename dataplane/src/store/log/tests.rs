@@ -1031,6 +1031,22 @@ async fn a_mirror_fed_by_an_attach_and_the_shipments_after_is_the_log() {
         again.copies.iter().all(|c| c.from == c.to),
         "nothing sent again"
     );
+    // How far behind it is said to be: nothing to copy, nothing written since.
+    assert_eq!(shipping.standing(), (false, 0));
+    shipping.detach(again.generation);
+    // With none attached: the whole log, which the next may have to copy.
+    let held = store.meter().held();
+    assert!(held > 0);
+    assert_eq!(shipping.standing(), (false, held));
+    // A standby with nothing: every byte of every segment, written since or not.
+    let fresh = shipping.attach(&[]).unwrap();
+    let copying: u64 = fresh.copies.iter().map(|c| c.to - c.from).sum();
+    assert!(copying > 0);
+    assert_eq!(shipping.standing(), (false, copying));
+    let m = message(&mut ids, "while it copies", Durability::Eventual);
+    publish(&mut store, &m).wait().await.unwrap();
+    let (in_sync, behind) = shipping.standing();
+    assert!(!in_sync && behind > copying, "{behind} ≤ {copying}");
     drop(store);
 }
 

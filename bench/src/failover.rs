@@ -93,7 +93,8 @@ pub async fn failover(settings: &Settings, dataplane: &Path, data_root: &Path) -
         publisher.abort();
     }
     let acknowledged = std::mem::take(&mut lock(&seen).acknowledged);
-    let delivered = drain(&url, &created["logins"]["subscriber"]).await;
+    let logins = &created["logins"];
+    let delivered = drain(&url, &logins["publisher"], &logins["subscriber"]).await;
     let _ = child.kill();
     let _ = child.wait();
     stop_nodes(&node_dir);
@@ -187,12 +188,12 @@ async fn recovered(seen: &Mutex<Seen>, lost: Instant) -> (Duration, Duration) {
 }
 
 /// Every message waiting, received and acked, up to a marker published now; their bodies.
-async fn drain(url: &str, login: &Value) -> Vec<String> {
+async fn drain(url: &str, publisher: &Value, subscriber: &Value) -> Vec<String> {
     let wire = Wire {
         tls: None,
         compress: false,
     };
-    let credentials = |role: &str, extra: Value| {
+    let login = |login: &Value, role: &str, extra: Value| {
         let mut request = json!({"username": login["username"], "password": login["password"],
             "role": role, "queuetype": "distribute"});
         for (key, value) in extra.as_object().expect("an object") {
@@ -200,28 +201,41 @@ async fn drain(url: &str, login: &Value) -> Vec<String> {
         }
         request
     };
-    let mut subscriber = crate::client::login(
-        &wire,
-        url,
-        credentials("subscriber", json!({"capacity": 256})),
-    )
-    .await;
+    let mut marker =
+        crate::client::login(&wire, url, login(publisher, "publisher", json!({}))).await;
+    let end = json!({"body": MARKER, "durability": 2});
+    marker
+        .send(Frame::text(end.to_string()))
+        .await
+        .expect("the marker sent");
+    let reply = next_text(&mut marker).await.expect("the marker answered");
+    assert!(reply.contains("Success."), "the marker: {reply}");
+    let capacity = json!({"capacity": 256});
+    let mut subscriber =
+        crate::client::login(&wire, url, login(subscriber, "subscriber", capacity)).await;
     let mut delivered = Vec::new();
-    let quiet = Duration::from_secs(3);
-    while let Ok(Some(text)) = tokio::time::timeout(quiet, next_text(&mut subscriber)).await {
+    loop {
+        let text = next_text(&mut subscriber)
+            .await
+            .expect("the queue delivers");
         let frame: Value = serde_json::from_str(&text).expect("JSON");
         let Some(body) = frame["body"].as_str() else {
             continue;
         };
-        delivered.push(body.to_string());
         let ack = json!({"id": frame["id"], "ack": 1});
         subscriber
             .send(Frame::text(ack.to_string()))
             .await
             .expect("an ack sent");
+        if body == MARKER {
+            return delivered;
+        }
+        delivered.push(body.to_string());
     }
-    delivered
 }
+
+/// Published after the rounds: everything before it is delivered before it.
+const MARKER: &str = "end of the run";
 
 fn report(
     serving: &[Duration],

@@ -59,6 +59,16 @@ impl FakeReplica {
 
     /// One whose watch past [`VERSION`] answers `later` (else it is held open).
     async fn start_with(later: Option<DesiredConfig>) -> FakeReplica {
+        FakeReplica::serving(Fake {
+            first: desired(),
+            later,
+            refuses_standby: false,
+        })
+        .await
+    }
+
+    /// One that answers as `fake` says.
+    async fn serving(fake: Fake) -> FakeReplica {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tell, seen) = mpsc::unbounded_channel();
@@ -66,9 +76,9 @@ impl FakeReplica {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 let (stream, _) = listener.accept().await.unwrap();
-                let (tell, later) = (tell.clone(), later.clone());
+                let (tell, fake) = (tell.clone(), fake.clone());
                 let service = hyper::service::service_fn(move |request| {
-                    answer(request, tell.clone(), later.clone())
+                    answer(request, tell.clone(), fake.clone())
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service);
@@ -107,10 +117,19 @@ impl FakeReplica {
 
 /// The node-channel routes as a control plane answers them: the config, or a watch held open
 /// while nothing changes (until the replica dies); `applied` and reports taken.
+/// What a fake replica serves: its config, a later one for a watch past it, and whether it
+/// refuses a report with a standby's numbers (as a control plane from before them does).
+#[derive(Clone)]
+struct Fake {
+    first: DesiredConfig,
+    later: Option<DesiredConfig>,
+    refuses_standby: bool,
+}
+
 async fn answer(
     request: Request<Incoming>,
     tell: mpsc::UnboundedSender<Seen>,
-    later: Option<DesiredConfig>,
+    fake: Fake,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let method = request.method().clone();
     let target = request.uri().path_and_query().unwrap().to_string();
@@ -124,6 +143,7 @@ async fn answer(
         .strip_prefix("after=")
         .map(|after| after.parse::<u64>().unwrap());
     let route = (method.clone(), path.to_string());
+    let refused = fake.refuses_standby && body.windows(9).any(|w| w == b"\"standby\"");
     let _ = tell.send(Seen {
         method,
         target: target.clone(),
@@ -138,13 +158,18 @@ async fn answer(
     };
     let answer = match (route.0, route.1.as_str()) {
         (Method::GET, "/v1/nodes/q/config") if after.is_some_and(|after| after >= VERSION) => {
-            match later.filter(|later| after < Some(later.version)) {
+            match fake.later.filter(|later| after < Some(later.version)) {
                 Some(later) => json(serde_json::to_vec(&later).unwrap()),
                 None => std::future::pending::<Response<Full<Bytes>>>().await,
             }
         }
-        (Method::GET, "/v1/nodes/q/config") => json(serde_json::to_vec(&desired()).unwrap()),
+        (Method::GET, "/v1/nodes/q/config") => json(serde_json::to_vec(&fake.first).unwrap()),
         (Method::POST, "/v1/nodes/q/applied") => Response::new(Full::default()),
+        (Method::POST, "/v1/nodes/q/reports") if refused => {
+            let mut response = Response::new(Full::default());
+            *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+            response
+        }
         (Method::POST, "/v1/nodes/q/reports") => {
             json(serde_json::to_vec(&ReportReceipt::default()).unwrap())
         }
@@ -363,4 +388,44 @@ async fn a_node_given_a_standby_after_it_started_stops_to_take_it() {
         "{}",
         node.log()
     );
+}
+
+/// A node with a standby puts the standby's numbers in its live reports; a control plane from
+/// before them refuses such a report (its numbers are read with `deny_unknown_fields`), and
+/// one that hears no live numbers judges the node silent: the node sends them again at once
+/// without the standby's, and leaves those out from then on.
+#[tokio::test]
+async fn live_numbers_reach_a_control_plane_that_refuses_the_standbys() {
+    let mut first = desired();
+    first.replication = Some(qe_shared::node_channel::DesiredReplication {
+        key_hash: PasswordHash::new("a replication key").to_string(),
+    });
+    let mut replica = FakeReplica::serving(Fake {
+        first,
+        later: None,
+        refuses_standby: true,
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = Bootstrap {
+        control_plane: replica.url.clone(),
+        control_planes: vec![],
+        queue_id: "q".into(),
+        node_token: TOKEN.into(),
+        bootstrap_token: None,
+        control_plane_ca_pem: None,
+    };
+    let _node = NodeProcess::start(dir.path(), &bootstrap);
+    let live = |standby: bool| {
+        move |seen: &Seen| {
+            let live = seen.report().and_then(|report| report.live);
+            live.is_some_and(|live| live.standby.is_some() == standby)
+        }
+    };
+    let (refused, _) = replica
+        .next("live numbers with the standby's", live(true))
+        .await;
+    let report = refused.report().unwrap().live.unwrap();
+    assert!(!report.standby.unwrap().in_sync, "no standby attached");
+    replica.next("live numbers without them", live(false)).await;
 }

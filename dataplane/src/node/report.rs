@@ -19,7 +19,7 @@ use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{LiveStats, NodeReport, StatsRecord, UsageRecord};
 use qe_tls::Certificate;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The wait after a failed push; it doubles while pushes keep failing.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -61,6 +61,10 @@ impl From<Unanswered> for ReportError {
         }
     }
 }
+
+/// How long the standby's numbers are left out of the live reports after a control plane
+/// refused them (one from before standbys), before they are tried again.
+const STANDBY_LEFT_OUT: Duration = Duration::from_secs(600);
 
 /// How long one report or certificate request may take.
 const REQUEST_WITHIN: Duration = Duration::from_secs(10);
@@ -164,17 +168,40 @@ impl Reporter {
         // A push slower than `every` puts the next off; pushes never pile up.
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        // Until when the standby's numbers are left out: a control plane from before them
+        // refuses the whole report (its numbers are read with `deny_unknown_fields`), and one
+        // whose live report is refused would judge the node silent.
+        let mut without_standby_until = None;
         loop {
             ticks.tick().await;
-            let live = LiveStats {
+            let mut live = LiveStats {
                 certificate_expires: certificate.as_ref().and_then(|c| c.not_after()),
                 ..self.node.live_stats()
             };
+            if without_standby_until.is_some_and(|until| Instant::now() < until) {
+                live.standby = None;
+            }
             let report = NodeReport {
                 live: Some(live),
                 ..NodeReport::default()
             };
-            match (self.send(&report).await, failing) {
+            let mut sent = self.send(&report).await;
+            if let Err(ReportError::Refused(status)) = &sent {
+                if status.is_client_error() && live.standby.is_some() {
+                    tracing::info!(%status, "the control plane refused the standby's numbers: leaving them out for {STANDBY_LEFT_OUT:?}");
+                    without_standby_until = Some(Instant::now() + STANDBY_LEFT_OUT);
+                    let without = LiveStats {
+                        standby: None,
+                        ..live
+                    };
+                    let report = NodeReport {
+                        live: Some(without),
+                        ..NodeReport::default()
+                    };
+                    sent = self.send(&report).await;
+                }
+            }
+            match (sent, failing) {
                 (Ok(()), true) => {
                     tracing::info!("live numbers reach the control plane again");
                     failing = false;

@@ -376,6 +376,15 @@ impl Reconciler {
             self.audit(audit::NODE_RESTART, queue, reason).await;
             tracing::warn!(queue = %queue.id, reason, "its node was restarted");
         }
+        if placement.certificate_lost {
+            // A new generation: the hour between two issues does not hold its node back.
+            let renewed = self.store.update(&queue.id, |queue| {
+                queue.certificate_generation += 1;
+                queue.config_version += 1;
+                Ok::<_, StoreError>(())
+            });
+            renewed.await?;
+        }
         if placement.recorded_in(queue) {
             return Ok(());
         }

@@ -233,7 +233,8 @@ async fn a_standby_follows_its_node_over_tls_by_the_local_cas_root() {
 }
 
 /// With certificates: the promoted copy has no certificate of the node's (it went with the
-/// disk); the node gets a new one at once and serves again.
+/// disk); the promotion is audited and moves the queue's certificate generation on, so the
+/// node gets a new one at once (not after the hour between two issues) and serves again.
 #[tokio::test]
 async fn a_promoted_node_gets_its_certificate_again() {
     let cp = ControlPlane::start_with(&format!("{CONFIG}local_ca = true\n"));
@@ -256,6 +257,11 @@ async fn a_promoted_node_gets_its_certificate_again() {
                 .is_some_and(|pid| pid != node_pid)
     })
     .await;
+    let restarts = cp.audited("node.restart").await;
+    let promoted = restarts
+        .iter()
+        .any(|entry| entry.to_string().contains("standby's copy"));
+    assert!(promoted, "{restarts:?}");
 }
 
 #[tokio::test]

@@ -351,11 +351,10 @@ pub async fn certificate_for_csr(
     };
     let csr = crate::certificates::checked_request(&host, &request.csr_pem).map_err(refused)?;
     // A CA's rate limits are shared by every queue of the cluster: one node (a compromised
-    // one, a loop) may not spend them. Once an hour, unless a new certificate was asked for.
-    // The control plane's own CA has no limits to spend: a node that lost its certificate
-    // with its disk (started again on its standby's copy) has a new one at once.
-    let rate_limited = matches!(**issuer, crate::certificates::Issuer::Acme(_));
-    if let Some((generation, at)) = queue.certificate_issued.filter(|_| rate_limited) {
+    // one, a loop) may not spend them. Once an hour, unless a new certificate was asked for
+    // (a forced renewal; a node that lost its certificate with its disk and was started on
+    // its standby's copy, `reconciler.rs`).
+    if let Some((generation, at)) = queue.certificate_issued {
         let wait = (at + REISSUE_AFTER.as_secs()).saturating_sub(crate::unix_now());
         if generation == queue.certificate_generation && wait > 0 {
             return Err(ApiError::TooManyRequests(wait));

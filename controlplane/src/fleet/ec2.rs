@@ -268,6 +268,7 @@ impl Ec2Provider {
                 ("region".to_string(), queue.region.clone()),
             ]),
             restarted_because: None,
+            certificate_lost: false,
         })
     }
 

@@ -28,6 +28,8 @@ const MOVED: &str = "the control plane's replicas or root changed";
 /// Why an adopted node is restarted: it runs another binary than the one configured (a
 /// control plane started after an upgrade brings the nodes it finds to it).
 const UPGRADED: &str = "its binary is not the configured one";
+/// Why a node was started on its standby's copy: its own data was lost.
+const PROMOTED: &str = "its data was lost: it was started again on its standby's copy";
 
 pub struct LocalProvider {
     dataplane: PathBuf,
@@ -159,6 +161,7 @@ impl LocalProvider {
             addresses,
             resources,
             restarted_because: None,
+            certificate_lost: false,
         }
     }
 
@@ -178,10 +181,17 @@ impl LocalProvider {
                 )
             })
         };
-        let mut restarted_because = None;
+        // A promotion since the last look (the supervisor restarts the node without a call
+        // here): said, so that it is audited and the node's lost certificate replaced.
+        let promoted = self.standbys.take_promoted(&queue.id);
+        let mut restarted_because = promoted.then_some(PROMOTED);
         match running {
             Some((true, pid)) => {
-                return Ok(self.placement(queue, port, pid));
+                return Ok(Placement {
+                    restarted_because,
+                    certificate_lost: promoted,
+                    ..self.placement(queue, port, pid)
+                });
             }
             // Started for a control plane elsewhere: again, from the new bootstrap.
             Some((false, _)) => {
@@ -228,6 +238,8 @@ impl LocalProvider {
         self.keep_running(&queue.id, bootstrap.clone(), child, launcher);
         Ok(Placement {
             restarted_because,
+            // Whatever started it this time, a promotion in between lost its certificate.
+            certificate_lost: promoted || self.standbys.take_promoted(&queue.id),
             ..self.placement(queue, port, pid)
         })
     }

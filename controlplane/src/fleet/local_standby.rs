@@ -39,6 +39,9 @@ pub struct LocalStandbys {
     /// Held while a standby is started or a copy promoted: a standby started by the
     /// reconciler while its copy is being moved into the node's place would hold it.
     changing: tokio::sync::Mutex<()>,
+    /// The queues whose standby's copy became their node's data since the reconciler last
+    /// looked ([`LocalStandbys::take_promoted`]).
+    promoted: Mutex<std::collections::HashSet<String>>,
 }
 
 struct RunningStandby {
@@ -110,6 +113,14 @@ impl LocalStandbys {
                 }
             }
         }
+    }
+
+    /// Whether queue `queue_id`'s standby was promoted since this was last asked.
+    pub fn take_promoted(&self, queue_id: &str) -> bool {
+        self.promoted
+            .lock()
+            .expect("never poisoned")
+            .remove(queue_id)
     }
 
     /// The queues whose standby is supervised here.
@@ -187,6 +198,8 @@ impl LocalStandbys {
         std::fs::rename(&copy, node_data)?;
         qe_shared::files::sync_dir(node_data)?;
         qe_shared::files::sync_dir(&copy)?;
+        let mut promoted = self.promoted.lock().expect("never poisoned");
+        promoted.insert(queue_id.to_string());
         Ok(true)
     }
 }

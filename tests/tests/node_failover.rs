@@ -215,6 +215,18 @@ fn desired() -> DesiredConfig {
     }
 }
 
+/// The bootstrap of queue `q`'s node with [`TOKEN`]: `preferred` first, and `replicas`.
+fn bootstrap(preferred: &str, replicas: &[&str]) -> Bootstrap {
+    Bootstrap {
+        control_plane: preferred.to_string(),
+        control_planes: replicas.iter().map(|url| url.to_string()).collect(),
+        queue_id: "q".into(),
+        node_token: TOKEN.into(),
+        bootstrap_token: None,
+        control_plane_ca_pem: None,
+    }
+}
+
 /// Whether a request is `method` on `target`.
 fn is(method: Method, target: String) -> impl Fn(&Seen) -> bool {
     move |seen| seen.method == method && seen.target == target
@@ -275,14 +287,7 @@ async fn a_watch_that_breaks_goes_on_at_the_next_replica_and_reports_follow() {
     let mut first = FakeReplica::start().await;
     let mut second = FakeReplica::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let bootstrap = Bootstrap {
-        control_plane: first.url.clone(),
-        control_planes: vec![first.url.clone(), second.url.clone()],
-        queue_id: "q".into(),
-        node_token: TOKEN.into(),
-        bootstrap_token: None,
-        control_plane_ca_pem: None,
-    };
+    let bootstrap = bootstrap(&first.url, &[&first.url, &second.url]);
     let mut node = NodeProcess::start(dir.path(), &bootstrap);
 
     // The preferred replica first: the config, the version applied, then a watch past it.
@@ -364,14 +369,7 @@ async fn a_node_given_a_standby_after_it_started_stops_to_take_it() {
     });
     let mut replica = FakeReplica::start_with(Some(later)).await;
     let dir = tempfile::tempdir().unwrap();
-    let bootstrap = Bootstrap {
-        control_plane: replica.url.clone(),
-        control_planes: vec![],
-        queue_id: "q".into(),
-        node_token: TOKEN.into(),
-        bootstrap_token: None,
-        control_plane_ca_pem: None,
-    };
+    let bootstrap = bootstrap(&replica.url, &[]);
     let mut node = NodeProcess::start(dir.path(), &bootstrap);
     let (applied, _) = replica
         .next("applied", is(Method::POST, "/v1/nodes/q/applied".into()))
@@ -407,14 +405,7 @@ async fn live_numbers_reach_a_control_plane_that_refuses_the_standbys() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let bootstrap = Bootstrap {
-        control_plane: replica.url.clone(),
-        control_planes: vec![],
-        queue_id: "q".into(),
-        node_token: TOKEN.into(),
-        bootstrap_token: None,
-        control_plane_ca_pem: None,
-    };
+    let bootstrap = bootstrap(&replica.url, &[]);
     let _node = NodeProcess::start(dir.path(), &bootstrap);
     let live = |standby: bool| {
         move |seen: &Seen| {

@@ -359,7 +359,6 @@ async fn bulk_setup(ec2: &qe_ec2::Ec2, queues: &mut [Queue], zone: &str, setting
                 ("region".to_string(), queue.region.clone()),
             ]),
             restarted_because: None,
-            certificate_lost: false,
         };
         placement.record_in(queue);
     }

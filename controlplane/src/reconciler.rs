@@ -35,6 +35,8 @@ use tokio::sync::Notify;
 /// The least time one try at starting a new queue's node has before the queue fails.
 const ONE_TRY_AT_LEAST: Duration = Duration::from_secs(30);
 const LAST_REPORT_SOON: Duration = Duration::from_secs(5);
+/// Why a node was started on its standby's copy (audited).
+const PROMOTED: &str = "its data was lost: it was started again on its standby's copy";
 /// The longest wait between two tries to hand a deleted queue's records over from its data.
 const HAND_OVER_AGAIN_AT_MOST: Duration = Duration::from_secs(60);
 
@@ -355,9 +357,26 @@ impl Reconciler {
         self.store.record_audit(entry).await;
     }
 
+    /// Its node was started on its standby's copy: audited, and a new certificate generation,
+    /// so that the hour between two issues does not hold back the one it lost with its data.
+    async fn promoted(&self, queue: &Queue) -> Result<(), StoreError> {
+        self.audit(audit::NODE_RESTART, queue, PROMOTED).await;
+        tracing::warn!(queue = %queue.id, reason = PROMOTED, "its node was restarted");
+        let renewed = self.store.update(&queue.id, |queue| {
+            queue.certificate_generation += 1;
+            queue.config_version += 1;
+            Ok::<_, StoreError>(())
+        });
+        renewed.await?;
+        Ok(())
+    }
+
     /// Makes sure its node runs, and records where (the zone follows).
     async fn keep_running(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
         let bootstrap = self.bootstraps.for_queue(queue);
+        if queue.replicas == 2 && self.fleet.promote_if_data_lost(queue).await? {
+            self.promoted(queue).await?;
+        }
         let mut placement = self.fleet.ensure(queue, &bootstrap).await?;
         let node_placed_anew = !placement.node_recorded_in(queue);
         if queue.replicas == 2 {
@@ -375,15 +394,6 @@ impl Reconciler {
             // Audited before it is logged: whoever reads the log finds the entry.
             self.audit(audit::NODE_RESTART, queue, reason).await;
             tracing::warn!(queue = %queue.id, reason, "its node was restarted");
-        }
-        if placement.certificate_lost {
-            // A new generation: the hour between two issues does not hold its node back.
-            let renewed = self.store.update(&queue.id, |queue| {
-                queue.certificate_generation += 1;
-                queue.config_version += 1;
-                Ok::<_, StoreError>(())
-            });
-            renewed.await?;
         }
         if placement.recorded_in(queue) {
             return Ok(());

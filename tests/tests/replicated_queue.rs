@@ -264,6 +264,38 @@ async fn a_promoted_node_gets_its_certificate_again() {
     assert!(promoted, "{restarts:?}");
 }
 
+/// The disk is lost while no control plane runs: the next one promotes the standby's copy
+/// before it starts the node (so the node, with certificates, is issued a new one at once),
+/// and audits it.
+#[tokio::test]
+async fn a_control_plane_started_again_promotes_the_copy_before_it_starts_the_node() {
+    let mut cp = ControlPlane::start_with(&format!("{CONFIG}local_ca = true\n"));
+    let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let queue = wait_for(&cp, &id, "in sync", |q| {
+        in_sync(q) && standby_pid(q).is_some()
+    })
+    .await;
+    let node_pid = queue["resources"]["process"].as_str().unwrap().to_string();
+    cp.kill();
+    std::fs::remove_dir_all(cp.node_dir(&id).join("data")).unwrap();
+    // SAFETY: kill takes a pid and a signal.
+    unsafe { libc::kill(node_pid.parse().unwrap(), libc::SIGKILL) };
+    let cp = cp.start_again();
+    wait_for(&cp, &id, "serving again", |q| {
+        in_sync(q)
+            && q["resources"]["process"]
+                .as_str()
+                .is_some_and(|pid| pid != node_pid)
+    })
+    .await;
+    let restarts = cp.audited("node.restart").await;
+    let promoted = restarts
+        .iter()
+        .any(|entry| entry.to_string().contains("standby's copy"));
+    assert!(promoted, "{restarts:?}");
+}
+
 #[tokio::test]
 async fn replicas_are_1_or_2_and_2_only_on_the_standard_tier() {
     let cp = ControlPlane::start();

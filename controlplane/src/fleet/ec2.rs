@@ -268,7 +268,6 @@ impl Ec2Provider {
                 ("region".to_string(), queue.region.clone()),
             ]),
             restarted_because: None,
-            certificate_lost: false,
         })
     }
 

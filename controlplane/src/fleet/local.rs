@@ -28,8 +28,6 @@ const MOVED: &str = "the control plane's replicas or root changed";
 /// Why an adopted node is restarted: it runs another binary than the one configured (a
 /// control plane started after an upgrade brings the nodes it finds to it).
 const UPGRADED: &str = "its binary is not the configured one";
-/// Why a node was started on its standby's copy: its own data was lost.
-const PROMOTED: &str = "its data was lost: it was started again on its standby's copy";
 
 pub struct LocalProvider {
     dataplane: PathBuf,
@@ -161,7 +159,6 @@ impl LocalProvider {
             addresses,
             resources,
             restarted_because: None,
-            certificate_lost: false,
         }
     }
 
@@ -181,17 +178,10 @@ impl LocalProvider {
                 )
             })
         };
-        // A promotion since the last look (the supervisor restarts the node without a call
-        // here): said, so that it is audited and the node's lost certificate replaced.
-        let promoted = self.standbys.take_promoted(&queue.id);
-        let mut restarted_because = promoted.then_some(PROMOTED);
+        let mut restarted_because = None;
         match running {
             Some((true, pid)) => {
-                return Ok(Placement {
-                    restarted_because,
-                    certificate_lost: promoted,
-                    ..self.placement(queue, port, pid)
-                });
+                return Ok(self.placement(queue, port, pid));
             }
             // Started for a control plane elsewhere: again, from the new bootstrap.
             Some((false, _)) => {
@@ -238,8 +228,6 @@ impl LocalProvider {
         self.keep_running(&queue.id, bootstrap.clone(), child, launcher);
         Ok(Placement {
             restarted_because,
-            // Whatever started it this time, a promotion in between lost its certificate.
-            certificate_lost: promoted || self.standbys.take_promoted(&queue.id),
             ..self.placement(queue, port, pid)
         })
     }
@@ -378,6 +366,26 @@ impl Provider for LocalProvider {
         bootstrap: &'a Bootstrap,
     ) -> BoxFuture<'a, Result<Placement, FleetError>> {
         self.ensure_node(queue, bootstrap).boxed()
+    }
+
+    /// Before its node starts: its standby's copy made its data if its own is lost (now, or
+    /// by its supervisor since the last look, which a file in its directory remembers).
+    fn promote_if_data_lost<'a>(
+        &'a self,
+        queue: &'a Queue,
+    ) -> BoxFuture<'a, Result<bool, FleetError>> {
+        async move {
+            let node_dir = self.node_dir(&queue.id);
+            let data = node_dir.join("data");
+            let standby = self.standby_dir(&queue.id);
+            let promoted = self
+                .standbys
+                .promote_if_data_lost(&queue.id, &data, &standby);
+            let fail = |e: std::io::Error| FleetError::Start(format!("promoting the standby: {e}"));
+            promoted.await.map_err(fail)?;
+            super::local_standby::take_promoted(&node_dir).map_err(fail)
+        }
+        .boxed()
     }
 
     fn ensure_standby<'a>(

@@ -39,9 +39,6 @@ pub struct LocalStandbys {
     /// Held while a standby is started or a copy promoted: a standby started by the
     /// reconciler while its copy is being moved into the node's place would hold it.
     changing: tokio::sync::Mutex<()>,
-    /// The queues whose standby's copy became their node's data since the reconciler last
-    /// looked ([`LocalStandbys::take_promoted`]).
-    promoted: Mutex<std::collections::HashSet<String>>,
 }
 
 struct RunningStandby {
@@ -115,14 +112,6 @@ impl LocalStandbys {
         }
     }
 
-    /// Whether queue `queue_id`'s standby was promoted since this was last asked.
-    pub fn take_promoted(&self, queue_id: &str) -> bool {
-        self.promoted
-            .lock()
-            .expect("never poisoned")
-            .remove(queue_id)
-    }
-
     /// The queues whose standby is supervised here.
     pub fn supervised(&self) -> Vec<String> {
         let running = self.running.lock().expect("never poisoned");
@@ -160,6 +149,20 @@ fn holds_a_log(data: &Path) -> std::io::Result<bool> {
 /// beside it (`data.lost-MS`) until the queue's data is removed.
 pub const LOST_DATA: &str = "data.lost-";
 
+/// The file in a node's directory that says its standby's copy became its data and the
+/// reconciler has not yet been told.
+const PROMOTED_FILE: &str = "promoted";
+
+/// Whether the standby of the node in `node_dir` was promoted since this was last asked; the
+/// file that says so is removed.
+pub fn take_promoted(node_dir: &Path) -> std::io::Result<bool> {
+    match std::fs::remove_file(node_dir.join(PROMOTED_FILE)) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// What a node keeps in its data directory that is not the queue's data but its own: its
 /// rotated credential and its last config (`dataplane/src/control_plane/channel.rs`).
 const NODE_OWN: [&str; 2] = ["node-token", "desired-config.json"];
@@ -184,6 +187,12 @@ impl LocalStandbys {
             return Ok(false);
         }
         self.stop(queue_id, dir).await;
+        // Said first, and kept on disk until the reconciler has audited it and replaced the
+        // node's lost certificate ([`take_promoted`]): a control plane that stops meanwhile
+        // leaves it for the next.
+        if let Some(node_dir) = node_data.parent() {
+            qe_shared::files::write_whole(&node_dir.join(PROMOTED_FILE), b"", 0o644)?;
+        }
         for name in NODE_OWN {
             match std::fs::rename(node_data.join(name), copy.join(name)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -198,8 +207,6 @@ impl LocalStandbys {
         std::fs::rename(&copy, node_data)?;
         qe_shared::files::sync_dir(node_data)?;
         qe_shared::files::sync_dir(&copy)?;
-        let mut promoted = self.promoted.lock().expect("never poisoned");
-        promoted.insert(queue_id.to_string());
         Ok(true)
     }
 }

@@ -65,6 +65,18 @@ pub trait Provider: Send + Sync {
         bootstrap: &'a Bootstrap,
     ) -> BoxFuture<'a, Result<Placement, FleetError>>;
 
+    /// Before `queue`'s node is started (`replicas: 2`): if its data is lost and its
+    /// standby's copy is not, the copy is made its data. True if that happened now or since
+    /// the last call (a node its provider restarted by itself): the caller audits it and has
+    /// the node issued a new certificate (its own went with its data).
+    fn promote_if_data_lost<'a>(
+        &'a self,
+        queue: &'a Queue,
+    ) -> BoxFuture<'a, Result<bool, FleetError>> {
+        let _ = queue;
+        Box::pin(async { Ok(false) })
+    }
+
     /// Makes sure `queue`'s standby (`replicas: 2`) runs, following its node at `node` with
     /// `key` (the replication key, [`crate::nodes::NodeTokens::replication_key`]): finds it,
     /// starts it, or starts it again on its copy. Safe to call again at any time; returns what

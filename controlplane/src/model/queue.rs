@@ -400,9 +400,6 @@ pub struct Placement {
     /// Why its provider had to restart a node that served (logged and audited); not part of
     /// the record.
     pub restarted_because: Option<&'static str>,
-    /// Its node lost its certificate (its data was replaced by its standby's copy): it is to
-    /// get a new one now, not after the hour between two issues; not part of the record.
-    pub certificate_lost: bool,
 }
 
 impl Placement {
@@ -640,7 +637,6 @@ mod tests {
             },
             resources,
             restarted_because: None,
-            certificate_lost: false,
         };
         placement(resources("10", "20")).record_in(&mut queue);
         let standby_again = placement(resources("10", "21"));

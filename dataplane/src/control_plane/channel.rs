@@ -194,8 +194,24 @@ impl Channel {
             takes_redrive: true,
             standby: Some(self.with_standby.load(std::sync::atomic::Ordering::Relaxed)),
         };
-        self.send(|base| self.client.post(self.url(base, "applied")).json(&applied))
-            .await?;
+        let sent = self
+            .send(|base| self.client.post(self.url(base, "applied")).json(&applied))
+            .await;
+        match sent {
+            // A control plane from before standbys reads `applied` with
+            // `deny_unknown_fields`: it is told the rest, as before.
+            Err(ChannelError::Refused(status)) if refused_a_field(status) => {
+                let before = Applied {
+                    standby: None,
+                    ..applied
+                };
+                self.send(|base| self.client.post(self.url(base, "applied")).json(&before))
+                    .await?;
+            }
+            sent => {
+                sent?;
+            }
+        }
         self.confirmed.send_replace(version);
         Ok(())
     }
@@ -292,6 +308,13 @@ impl Channel {
             .await?;
         Ok(response.json::<IssuedCertificate>().await?.chain_pem)
     }
+}
+
+/// Whether `status` is how a control plane refuses a body with a field it does not know
+/// (axum's JSON rejection: 422, or 400).
+pub fn refused_a_field(status: reqwest::StatusCode) -> bool {
+    status == reqwest::StatusCode::UNPROCESSABLE_ENTITY
+        || status == reqwest::StatusCode::BAD_REQUEST
 }
 
 /// Where the last config taken is kept: a node restarted while its control plane cannot be

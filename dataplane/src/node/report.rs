@@ -11,6 +11,7 @@
 //! value, so one that fails is not sent again (the next replaces it), and they never wait
 //! for, delay or share a request with the records.
 
+use crate::control_plane::channel::refused_a_field;
 use crate::control_plane::replicas::Unanswered;
 use crate::control_plane::{client, ReportTo};
 use crate::history::Kind;
@@ -187,7 +188,7 @@ impl Reporter {
             };
             let mut sent = self.send(&report).await;
             if let Err(ReportError::Refused(status)) = &sent {
-                if status.is_client_error() && live.standby.is_some() {
+                if refused_a_field(*status) && live.standby.is_some() {
                     tracing::info!(%status, "the control plane refused the standby's numbers: leaving them out for {STANDBY_LEFT_OUT:?}");
                     without_standby_until = Some(Instant::now() + STANDBY_LEFT_OUT);
                     let without = LiveStats {

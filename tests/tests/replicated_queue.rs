@@ -232,6 +232,22 @@ async fn a_standby_follows_its_node_over_tls_by_the_local_cas_root() {
     assert!(node_of(&queue).starts_with("wss://"), "{queue}");
 }
 
+/// Waits until queue `id`'s node, no longer process `old_pid`, serves again with a standby in
+/// sync (its new process is recorded once it listens, which with certificates it does once it
+/// has one), and checks the promotion was audited.
+async fn served_again_on_the_copy(cp: &ControlPlane, id: &str, old_pid: &str) {
+    wait_for(cp, id, "serving again", |q| {
+        let process = q["resources"]["process"].as_str();
+        in_sync(q) && process.is_some_and(|pid| pid != old_pid)
+    })
+    .await;
+    let restarts = cp.audited("node.restart").await;
+    let promoted = restarts
+        .iter()
+        .any(|entry| entry.to_string().contains("standby's copy"));
+    assert!(promoted, "{restarts:?}");
+}
+
 /// With certificates: the promoted copy has no certificate of the node's (it went with the
 /// disk); the promotion is audited and moves the queue's certificate generation on, so the
 /// node gets a new one at once (not after the hour between two issues) and serves again.
@@ -249,19 +265,7 @@ async fn a_promoted_node_gets_its_certificate_again() {
     // SAFETY: kill takes a pid and a signal.
     unsafe { libc::kill(node_pid.parse().unwrap(), libc::SIGKILL) };
     cp.wait_for_log("its standby's copy is its data now", 1);
-    // Recorded once it listens, which it does once it has a certificate.
-    wait_for(&cp, &id, "serving again", |q| {
-        in_sync(q)
-            && q["resources"]["process"]
-                .as_str()
-                .is_some_and(|pid| pid != node_pid)
-    })
-    .await;
-    let restarts = cp.audited("node.restart").await;
-    let promoted = restarts
-        .iter()
-        .any(|entry| entry.to_string().contains("standby's copy"));
-    assert!(promoted, "{restarts:?}");
+    served_again_on_the_copy(&cp, &id, &node_pid).await;
 }
 
 /// The disk is lost while no control plane runs: the next one promotes the standby's copy
@@ -282,18 +286,7 @@ async fn a_control_plane_started_again_promotes_the_copy_before_it_starts_the_no
     // SAFETY: kill takes a pid and a signal.
     unsafe { libc::kill(node_pid.parse().unwrap(), libc::SIGKILL) };
     let cp = cp.start_again();
-    wait_for(&cp, &id, "serving again", |q| {
-        in_sync(q)
-            && q["resources"]["process"]
-                .as_str()
-                .is_some_and(|pid| pid != node_pid)
-    })
-    .await;
-    let restarts = cp.audited("node.restart").await;
-    let promoted = restarts
-        .iter()
-        .any(|entry| entry.to_string().contains("standby's copy"));
-    assert!(promoted, "{restarts:?}");
+    served_again_on_the_copy(&cp, &id, &node_pid).await;
 }
 
 #[tokio::test]

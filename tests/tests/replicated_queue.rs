@@ -232,6 +232,27 @@ async fn a_standby_follows_its_node_over_tls_by_the_local_cas_root() {
     assert!(node_of(&queue).starts_with("wss://"), "{queue}");
 }
 
+/// A queue made with `replicas: 2` on `cp`, once its standby is in sync: its id, and its
+/// node's process.
+async fn replicated_in_sync(cp: &ControlPlane) -> (String, String) {
+    let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let queue = wait_for(cp, &id, "in sync", |q| {
+        in_sync(q) && standby_pid(q).is_some()
+    })
+    .await;
+    let node_pid = queue["resources"]["process"].as_str().unwrap().to_string();
+    (id, node_pid)
+}
+
+/// Queue `id`'s node loses its disk: its data directory removed, then its process `pid`
+/// killed.
+fn lose_the_disk(cp: &ControlPlane, id: &str, pid: &str) {
+    std::fs::remove_dir_all(cp.node_dir(id).join("data")).unwrap();
+    // SAFETY: kill takes a pid and a signal.
+    unsafe { libc::kill(pid.parse().unwrap(), libc::SIGKILL) };
+}
+
 /// Waits until queue `id`'s node, no longer process `old_pid`, serves again with a standby in
 /// sync (its new process is recorded once it listens, which with certificates it does once it
 /// has one), and checks the promotion was audited.
@@ -254,16 +275,8 @@ async fn served_again_on_the_copy(cp: &ControlPlane, id: &str, old_pid: &str) {
 #[tokio::test]
 async fn a_promoted_node_gets_its_certificate_again() {
     let cp = ControlPlane::start_with(&format!("{CONFIG}local_ca = true\n"));
-    let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
-    let id = created["id"].as_str().unwrap().to_string();
-    let queue = wait_for(&cp, &id, "in sync", |q| {
-        in_sync(q) && standby_pid(q).is_some()
-    })
-    .await;
-    let node_pid = queue["resources"]["process"].as_str().unwrap().to_string();
-    std::fs::remove_dir_all(cp.node_dir(&id).join("data")).unwrap();
-    // SAFETY: kill takes a pid and a signal.
-    unsafe { libc::kill(node_pid.parse().unwrap(), libc::SIGKILL) };
+    let (id, node_pid) = replicated_in_sync(&cp).await;
+    lose_the_disk(&cp, &id, &node_pid);
     cp.wait_for_log("its standby's copy is its data now", 1);
     served_again_on_the_copy(&cp, &id, &node_pid).await;
 }
@@ -274,17 +287,9 @@ async fn a_promoted_node_gets_its_certificate_again() {
 #[tokio::test]
 async fn a_control_plane_started_again_promotes_the_copy_before_it_starts_the_node() {
     let mut cp = ControlPlane::start_with(&format!("{CONFIG}local_ca = true\n"));
-    let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
-    let id = created["id"].as_str().unwrap().to_string();
-    let queue = wait_for(&cp, &id, "in sync", |q| {
-        in_sync(q) && standby_pid(q).is_some()
-    })
-    .await;
-    let node_pid = queue["resources"]["process"].as_str().unwrap().to_string();
+    let (id, node_pid) = replicated_in_sync(&cp).await;
     cp.kill();
-    std::fs::remove_dir_all(cp.node_dir(&id).join("data")).unwrap();
-    // SAFETY: kill takes a pid and a signal.
-    unsafe { libc::kill(node_pid.parse().unwrap(), libc::SIGKILL) };
+    lose_the_disk(&cp, &id, &node_pid);
     let cp = cp.start_again();
     served_again_on_the_copy(&cp, &id, &node_pid).await;
 }

@@ -334,7 +334,7 @@ impl LocalProvider {
                     .lock()
                     .expect("never poisoned")
                     .contains_key(id)
-                    || Launcher::running_pid(&self.node_dir(id)).is_some()
+                    || Launcher::running_in(&self.node_dir(id)).is_some()
                     || super::local_standby::runs_in(&self.standby_dir(id))
             })
             .collect()
@@ -599,24 +599,12 @@ impl Launcher {
 
     /// The node a previous control plane left running here, if there is one.
     fn adopt(&self) -> Option<NodeProcess> {
-        let pid = Launcher::running_pid(&self.dir)?;
-        NodeProcess::adopt(pid, &self.bootstrap())
+        Launcher::running_in(&self.dir)
     }
 
-    /// The pid in `dir`'s pid file, if that process runs now.
-    fn running_pid(dir: &Path) -> Option<u32> {
-        let pid: u32 = std::fs::read_to_string(dir.join("node.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let wanted = dir.join("bootstrap.toml");
-        let wanted = wanted.as_os_str().as_encoded_bytes();
-        cmdline
-            .split(|b| *b == 0)
-            .any(|arg| arg == wanted)
-            .then_some(pid)
+    /// The node `dir`'s pid file names, if it runs now from that directory's bootstrap.
+    fn running_in(dir: &Path) -> Option<NodeProcess> {
+        super::process::adopt_from(&dir.join("node.pid"), &dir.join("bootstrap.toml"))
     }
 }
 

@@ -226,9 +226,7 @@ impl StandbyLauncher {
     /// follows another is stopped.
     async fn adopt(&self) -> Option<NodeProcess> {
         let mut child = running_in(&self.dir)?;
-        let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
-        let url = self.primary.url.as_bytes();
-        if cmdline.split(|b| *b == 0).any(|arg| arg == url) {
+        if super::process::has_argument(child.id(), self.primary.url.as_bytes()) {
             return Some(child);
         }
         child.stop(STOP_WITHIN).await;
@@ -297,10 +295,5 @@ pub fn runs_in(dir: &Path) -> bool {
 
 /// The standby process `dir`'s pid file names, if it runs now on that directory's copy.
 fn running_in(dir: &Path) -> Option<NodeProcess> {
-    let pid: u32 = std::fs::read_to_string(dir.join("standby.pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    NodeProcess::adopt(pid, &data_dir(dir))
+    super::process::adopt_from(&dir.join("standby.pid"), &data_dir(dir))
 }

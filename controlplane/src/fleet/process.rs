@@ -107,6 +107,25 @@ pub enum NodeProcess {
     Adopted { pid: u32, exit: AsyncFd<OwnedFd> },
 }
 
+/// Whether process `pid` has `wanted` among its arguments (false for one that is gone).
+pub fn has_argument(pid: u32, wanted: &[u8]) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    cmdline.split(|b| *b == 0).any(|arg| arg == wanted)
+}
+
+/// The process `pid_file` names, adopted if it runs with `marker` among its arguments
+/// ([`NodeProcess::adopt`]).
+pub fn adopt_from(pid_file: &Path, marker: &Path) -> Option<NodeProcess> {
+    let pid = std::fs::read_to_string(pid_file)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    NodeProcess::adopt(pid, marker)
+}
+
 /// Whether the process of pidfd `fd` has exited (the pidfd is readable then).
 fn has_exited(fd: &OwnedFd) -> bool {
     use std::os::fd::AsRawFd;
@@ -135,9 +154,8 @@ impl NodeProcess {
         }
         // SAFETY: `fd` was just returned to us and nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         let wanted = marker.as_os_str().as_encoded_bytes();
-        if !cmdline.split(|b| *b == 0).any(|arg| arg == wanted) || has_exited(&fd) {
+        if !has_argument(pid, wanted) || has_exited(&fd) {
             return None;
         }
         // SAFETY: the OwnedFd is open and moves into the AsyncFd, which keeps it until dropped.

@@ -182,24 +182,17 @@ impl Reporter {
             if without_standby_until.is_some_and(|until| Instant::now() < until) {
                 live.standby = None;
             }
-            let report = NodeReport {
+            let report_of = |live| NodeReport {
                 live: Some(live),
                 ..NodeReport::default()
             };
-            let mut sent = self.send(&report).await;
+            let mut sent = self.send(&report_of(live)).await;
             if let Err(ReportError::Refused(status)) = &sent {
                 if refused_a_field(*status) && live.standby.is_some() {
                     tracing::info!(%status, "the control plane refused the standby's numbers: leaving them out for {STANDBY_LEFT_OUT:?}");
                     without_standby_until = Some(Instant::now() + STANDBY_LEFT_OUT);
-                    let without = LiveStats {
-                        standby: None,
-                        ..live
-                    };
-                    let report = NodeReport {
-                        live: Some(without),
-                        ..NodeReport::default()
-                    };
-                    sent = self.send(&report).await;
+                    live.standby = None;
+                    sent = self.send(&report_of(live)).await;
                 }
             }
             match (sent, failing) {

@@ -11,8 +11,9 @@
 //! provider: `fleet/local_standby.rs`), with a key derived from its node secret; the node's
 //! config carries the key's hash.
 //!
-//! Not yet (the design's later steps): epochs and promotion by the control plane, sessions and
-//! holds carried over. Today a standby is promoted by starting a node on its data directory.
+//! A standby's copy is promoted by starting a node on it: the local provider does so when its
+//! node's data is lost (`fleet/local_standby.rs`). Not yet (the design's later steps): epochs
+//! and promotion onto another machine, sessions and holds carried over.
 
 pub mod primary;
 pub mod standby;

@@ -359,24 +359,32 @@ impl Reconciler {
 
     /// Its node was started on its standby's copy: audited, and a new certificate generation,
     /// so that the hour between two issues does not hold back the one it lost with its data.
-    async fn promoted(&self, queue: &Queue) -> Result<(), StoreError> {
+    /// Its standby's copy was made its node's data: audited, a new certificate (the node's
+    /// went with its disk) and the next epoch. Returns the queue as it is now.
+    async fn promoted(&self, queue: &Queue) -> Result<Queue, StoreError> {
         self.audit(audit::NODE_RESTART, queue, PROMOTED).await;
         tracing::warn!(queue = %queue.id, reason = PROMOTED, "its node was restarted");
         let renewed = self.store.update(&queue.id, |queue| {
             queue.certificate_generation += 1;
             queue.config_version += 1;
+            queue.epoch += 1;
             Ok::<_, StoreError>(())
         });
-        renewed.await?;
-        Ok(())
+        let promoted = renewed.await?.map(|(queue, ())| queue);
+        Ok(promoted.unwrap_or_else(|| queue.clone()))
     }
 
     /// Makes sure its node runs, and records where (the zone follows).
     async fn keep_running(&self, queue: &Queue) -> Result<(), Box<dyn std::error::Error>> {
         let bootstrap = self.bootstraps.for_queue(queue);
-        if queue.replicas == 2 && self.fleet.promote_if_data_lost(queue).await? {
-            self.promoted(queue).await?;
-        }
+        let promoted;
+        let queue = match queue.replicas == 2 && self.fleet.promote_if_data_lost(queue).await? {
+            true => {
+                promoted = self.promoted(queue).await?;
+                &promoted
+            }
+            false => queue,
+        };
         let mut placement = self.fleet.ensure(queue, &bootstrap).await?;
         let node_placed_anew = !placement.node_recorded_in(queue);
         if queue.replicas == 2 {

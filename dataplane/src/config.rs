@@ -114,6 +114,11 @@ pub struct Flags {
     /// control plane's DNS knows); TLS still checks that name.
     #[arg(long, value_name = "ADDR", requires = "standby_of")]
     pub standby_connect: Option<SocketAddr>,
+    /// The queue's epoch (with --replication-key): a primary serves at the higher of this
+    /// and the one its data keeps; a standby follows no primary of a lower one. A node of the
+    /// control plane's gets it in its config instead.
+    #[arg(long, value_name = "N", requires = "replication_key")]
+    pub epoch: Option<u64>,
 }
 
 /// The TOML file. Every field is optional here; the flags may supply what it lacks.
@@ -283,6 +288,8 @@ pub struct Config {
     pub sqs: Option<SqsConfig>,
     /// The key a standby must give, hashed; None: the queue has no standby.
     pub replication_key: Option<PasswordHash>,
+    /// The queue's epoch as given (`replication::epoch`); None: the one the data keeps.
+    pub epoch: Option<u64>,
 }
 
 /// The SQS face's listener and access keys.
@@ -365,6 +372,8 @@ pub struct Given {
     sqs_limits: Option<qe_serve::Limits>,
     /// The standby's key, hashed: from the control plane's config only.
     replication_key: Option<PasswordHash>,
+    /// The queue's epoch, from the control plane's config only.
+    epoch: Option<u64>,
 }
 
 impl Given {
@@ -395,6 +404,7 @@ impl Given {
         };
         Ok(Given {
             replication_key,
+            epoch: desired.replication.as_ref().and_then(|r| r.epoch),
             listen: desired.listen.clone(),
             data_dir: Some(data_dir.to_path_buf()),
             plaintext,
@@ -474,6 +484,7 @@ impl ConfigFile {
             sqs_keys: sqs_keys.collect::<Result<_, _>>()?,
             sqs_limits: self.sqs_http,
             replication_key: None,
+            epoch: None,
         })
     }
 }
@@ -603,6 +614,7 @@ impl Config {
                 .as_deref()
                 .map(PasswordHash::new)
                 .or(given.replication_key),
+            epoch: flags.epoch.or(given.epoch),
             live_stats_every: given.live_stats_every,
             record_every: given.record_every,
             tls_from_control_plane: given.tls_from_control_plane,

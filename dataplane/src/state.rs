@@ -107,6 +107,8 @@ pub enum StartError {
     History(#[from] crate::history::HistoryError),
     #[error("the damaged records' dead-letter entries could not be synced")]
     Damaged,
+    #[error("{0}")]
+    Epoch(#[from] crate::replication::epoch::EpochError),
 }
 
 impl Node {
@@ -131,10 +133,22 @@ impl Node {
         };
         let (store, mut recovered) = LogStore::open(&log_dir, options)?;
         let storage = store.meter();
-        let standby = config.replication_key.clone().map(|key| {
-            let receipt_key = config.data_dir.join(data_dir::SQS_RECEIPT_KEY);
-            crate::replication::Standby::new(key, store.shipping(), meta.clone(), receipt_key)
-        });
+        let standby = match config.replication_key.clone() {
+            Some(key) => {
+                let epoch = crate::replication::epoch::start_primary(&log_dir, config.epoch)?;
+                let receipt_key = config.data_dir.join(data_dir::SQS_RECEIPT_KEY);
+                let shipping = store.shipping();
+                Some(crate::replication::Standby::new(
+                    key,
+                    shipping,
+                    meta.clone(),
+                    receipt_key,
+                    epoch,
+                    log_dir.clone(),
+                ))
+            }
+            None => None,
+        };
         let queue = Queue::new(
             Box::new(store),
             Limits {

@@ -38,6 +38,8 @@ pub const LIVE_STATS_SECS: u64 = 10;
 pub const TAKES_HEADER: &str = "qe-node-takes";
 /// In [`TAKES_HEADER`]: the node takes [`DesiredConfig::replication`].
 pub const TAKES_REPLICATION: &str = "replication";
+/// In [`TAKES_HEADER`]: the node takes [`DesiredReplication::epoch`].
+pub const TAKES_EPOCH: &str = "epoch";
 
 /// What a node starts from, and nothing more: everything else comes over the channel.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +178,13 @@ pub struct DesiredConfig {
 pub struct DesiredReplication {
     /// The replication key, as [`crate::password::PasswordHash`] writes it.
     pub key_hash: String,
+    /// The queue's epoch: moved on by the control plane each time a standby's copy is
+    /// promoted. A node serves at the highest epoch it has been given or kept, and one that
+    /// hears of a higher one has been superseded and stops (docs/standby-design.md, *Epochs
+    /// as built*). Sent only to a node that says it takes it ([`TAKES_EPOCH`]); None: the
+    /// epoch its data keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
 
 /// A queue's dead letter routing, kept by the control plane (docs/sqs.md, *Dead letters to

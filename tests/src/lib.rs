@@ -357,6 +357,23 @@ impl Log {
     }
 }
 
+/// Waits up to `within` for `child` to exit: its exit code (None: ended by a signal). Kills it
+/// and fails if it has not.
+fn exit_within(child: &mut Child, within: Duration) -> Option<i32> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status.code();
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("the process did not exit within {within:?}");
+        }
+        // A child's exit has no event a test can await short of blocking in wait(2).
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Node {
     /// A standard-tier node with the test logins.
     pub fn start() -> Node {
@@ -372,6 +389,36 @@ impl Node {
     pub fn kill(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+    }
+
+    /// Waits for the node to exit on its own (within `PROMPT`); its exit code (None: ended
+    /// by a signal).
+    pub fn wait_for_exit(&mut self) -> Option<i32> {
+        exit_within(&mut self.child, PROMPT)
+    }
+
+    /// Starts a node on `data_dir` with `extra` flags that is to refuse to start: its exit
+    /// code (None: ended by a signal) and its stderr. Fails if it listens instead.
+    pub fn refused_start(data_dir: &Path, extra: &[&str]) -> (Option<i32>, String) {
+        let login = |(name, password): (&str, &str)| format!("{name}:{password}");
+        let mut child = Command::new(dataplane_binary())
+            .args(["--listen", "127.0.0.1:0", "--plaintext"])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--publisher", &login(PUBLISHER)])
+            .args(["--subscriber", &login(SUBSCRIBER)])
+            .args(["--admin", &login(ADMIN)])
+            .args(extra)
+            .env("RUST_LOG", log_level())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start dataplane");
+        let log = Log::follow(child.stderr.take().unwrap());
+        let code = exit_within(&mut child, PROMPT);
+        let text = log.lock().clone();
+        (code, text)
     }
 
     /// Kills the node and starts a new one on the same data directory with `extra` flags.

@@ -366,6 +366,7 @@ async fn a_node_given_a_standby_after_it_started_stops_to_take_it() {
     later.version = VERSION + 1;
     later.replication = Some(qe_shared::node_channel::DesiredReplication {
         key_hash: PasswordHash::new("a replication key").to_string(),
+        epoch: None,
     });
     let mut replica = FakeReplica::start_with(Some(later)).await;
     let dir = tempfile::tempdir().unwrap();
@@ -398,6 +399,7 @@ async fn a_control_plane_from_before_standbys_still_hears_the_node() {
     let mut first = desired();
     first.replication = Some(qe_shared::node_channel::DesiredReplication {
         key_hash: PasswordHash::new("a replication key").to_string(),
+        epoch: Some(4),
     });
     let mut replica = FakeReplica::serving(Fake {
         first,
@@ -438,4 +440,7 @@ async fn a_control_plane_from_before_standbys_still_hears_the_node() {
         .expect("live numbers with them");
     let report = refused.report().unwrap().live.unwrap();
     assert!(!report.standby.unwrap().in_sync, "no standby attached");
+    // The epoch its config gave, kept with its copy before it served.
+    let kept = std::fs::read_to_string(dir.path().join("data/messages/epoch")).unwrap();
+    assert_eq!(kept, "4\n");
 }

@@ -218,6 +218,7 @@ async fn a_node_whose_data_is_lost_starts_again_on_its_standbys_copy() {
         in_sync(q) && standby_pid(q).is_some_and(|pid| pid != standby_pid(&queue).unwrap())
     })
     .await;
+    assert_at_epoch(&cp, &id, 1).await;
     let mut publisher = login_with(&node, &logins["publisher"], "publisher", json!({})).await;
     publish_until(&mut publisher, "Success").await;
 }
@@ -267,6 +268,24 @@ async fn served_again_on_the_copy(cp: &ControlPlane, id: &str, old_pid: &str) {
         .iter()
         .any(|entry| entry.to_string().contains("standby's copy"));
     assert!(promoted, "{restarts:?}");
+    assert_at_epoch(cp, id, 1).await;
+}
+
+/// Queue `id` is at `epoch` (moved on by each promotion): in its record, in its node's copy
+/// (taken from its config), and in its standby's command line. (A standby in sync says the
+/// node took it: a standby given an epoch follows no node at a lower one.)
+async fn assert_at_epoch(cp: &ControlPlane, id: &str, epoch: u64) {
+    let queue = wait_for(cp, id, "in sync", in_sync).await;
+    assert_eq!(queue["epoch"], epoch, "{queue}");
+    let kept = std::fs::read_to_string(cp.node_dir(id).join("data/messages/epoch")).unwrap();
+    assert_eq!(kept, format!("{epoch}\n"));
+    let pid = standby_pid(&queue).unwrap();
+    let command_line = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let given = format!("--epoch={epoch}");
+    let given = command_line
+        .split(|&byte| byte == 0)
+        .any(|argument| argument == given.as_bytes());
+    assert!(given, "{}", String::from_utf8_lossy(&command_line));
 }
 
 /// With certificates: the promoted copy has no certificate of the node's (it went with the
@@ -348,6 +367,10 @@ async fn the_standbys_key_hash_goes_only_to_a_node_that_takes_it() {
     let new_node = config_of(&cp, &id, takes).await;
     let hash = new_node["replication"]["key_hash"].as_str().unwrap();
     assert!(hash.starts_with("sha256:"), "{new_node}");
+    // The epoch, likewise, only to a node that says it takes it.
+    assert!(new_node["replication"].get("epoch").is_none(), "{new_node}");
+    let newer_node = config_of(&cp, &id, "qe-node-takes: replication, epoch\r\n").await;
+    assert_eq!(newer_node["replication"]["epoch"], 0, "{newer_node}");
     // A queue of one replica: none, whatever its node takes.
     let one = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
     let (_, alone) = cp.call("POST", "/v1/queues", Some(one)).await;

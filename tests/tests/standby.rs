@@ -654,6 +654,87 @@ async fn a_former_primary_rejoins_as_the_standby_of_its_promoted_standby() {
     assert_undamaged(&again);
 }
 
+/// The partition: the control plane promotes the standby's copy at epoch 2 while the primary
+/// (epoch 1), cut off from it but not from its clients, still serves. The primary answers no
+/// durability-2 publish (its standby is gone, and a standby given epoch 2 does not follow it);
+/// a standby that has followed the new primary and reaches the old one by its name (not moved
+/// yet) stops it, and it does not serve on its copy again, which rejoins the new primary as
+/// its standby. Nothing the old primary acknowledged at durability 2 is lost.
+#[tokio::test]
+async fn a_primary_left_behind_by_a_promotion_is_fenced_by_the_epoch() {
+    let mut primary = Node::start_with(&["--replication-key", KEY, "--epoch", "1"]);
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let mut publisher = primary.publisher().await;
+    let acknowledged: Vec<String> = (0..20).map(|n| format!("acked-{n:02}")).collect();
+    for body in &acknowledged {
+        published(&mut publisher, body.as_str(), 2).await;
+    }
+    let epoch_file = |dir: &Path| std::fs::read_to_string(dir.join("messages/epoch")).unwrap();
+    assert_eq!(epoch_file(standby.data_dir.path()), "1\n");
+
+    let promoted = Node::start_in(
+        standby.into_data_dir(),
+        &["--replication-key", KEY, "--epoch", "2"],
+    );
+    let follower = Standby::launch(
+        &promoted.url(),
+        KEY,
+        tempfile::tempdir().unwrap(),
+        &["--epoch", "2"],
+    );
+    wait_in_sync(&promoted, 1);
+    assert_eq!(epoch_file(follower.data_dir.path()), "2\n");
+
+    let reply = publisher
+        .request(json!({"body": "left behind", "durability": 2}))
+        .await;
+    assert_failure(&reply, 507);
+    // A new standby given epoch 2 that has followed no primary yet does not follow this one,
+    // and does not stop it either (the new primary may not have taken its epoch yet).
+    let refusing = Standby::launch(
+        &primary.url(),
+        KEY,
+        tempfile::tempdir().unwrap(),
+        &["--epoch", "2"],
+    );
+    refusing.wait_for_log("this standby follows none below 2");
+    let reply = publisher
+        .request(json!({"body": "still left behind", "durability": 2}))
+        .await;
+    assert_failure(&reply, 507);
+    assert_eq!(
+        primary.log().matches(IN_SYNC).count(),
+        1,
+        "{}",
+        primary.log()
+    );
+    drop(refusing);
+
+    // The follower, reaching the old primary: it stops at once (exit 3), cutting its clients.
+    let followed = follower.into_data_dir();
+    let misled = Standby::launch(&primary.url(), KEY, followed, &["--epoch", "2"]);
+    assert_eq!(primary.wait_for_exit(), Some(3), "{}", primary.log());
+    assert!(primary.log().contains("superseded"), "{}", primary.log());
+    assert_eq!(publisher.ending().await, qe_tests::Ending::NoCloseFrame);
+    drop(misled);
+    let old_copy = std::mem::replace(&mut primary.data_dir, tempfile::tempdir().unwrap());
+    drop(primary);
+    assert_eq!(epoch_file(old_copy.path()), "1 superseded-by 2\n");
+    let (code, log) =
+        Node::refused_start(old_copy.path(), &["--replication-key", KEY, "--epoch", "5"]);
+    assert_eq!(code, Some(3), "{log}");
+    assert!(log.contains("superseded at epoch 1 by epoch 2"), "{log}");
+
+    // Its copy rejoins the new primary as its standby; caught up, the mark goes.
+    let rejoined = Standby::start_in(&promoted, KEY, old_copy);
+    wait_in_sync(&promoted, 2);
+    rejoined.wait_for_log("caught up with the primary");
+    assert_eq!(epoch_file(rejoined.data_dir.path()), "2\n");
+    assert_eq!(drain(&promoted).await, acknowledged);
+    assert_undamaged(&promoted);
+}
+
 /// A standby stops on SIGTERM (as systemd stops it), at once.
 #[tokio::test]
 async fn a_standby_stops_on_sigterm() {

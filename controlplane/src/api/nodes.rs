@@ -14,7 +14,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use qe_shared::node_channel::{
     Applied, CertificateRequest, DesiredConfig, DesiredReplication, IssuedCertificate, NodeTls,
-    TAKES_HEADER, TAKES_REPLICATION, WATCH_HOLD_SECS,
+    TAKES_EPOCH, TAKES_HEADER, TAKES_REPLICATION, WATCH_HOLD_SECS,
 };
 use qe_shared::password::PasswordHash;
 use serde::Deserialize;
@@ -144,12 +144,11 @@ async fn sqs_of(
     }))
 }
 
-/// What `queue`'s node should be now; `takes_replication`: its node said it takes
-/// [`DesiredConfig::replication`].
+/// What `queue`'s node should be now; `takes`: what its request said it takes.
 pub async fn desired_config(
     state: &AppState,
     queue: &Queue,
-    takes_replication: bool,
+    takes: NodeTakes,
 ) -> Result<DesiredConfig, ApiError> {
     let listen = state
         .fleet
@@ -174,25 +173,37 @@ pub async fn desired_config(
     desired.node_token = queue
         .next_node_credential
         .map(|next| state.node_tokens.token_for(&queue.id, next));
-    if queue.replicas == 2 && takes_replication {
+    if queue.replicas == 2 && takes.replication {
         let key = state.node_tokens.replication_key(&queue.id);
         desired.replication = Some(DesiredReplication {
             key_hash: PasswordHash::new(&key).to_string(),
+            epoch: takes.epoch.then_some(queue.epoch),
         });
     }
     Ok(desired)
 }
 
-/// Whether a node's request says it takes [`DesiredConfig::replication`].
-fn takes_replication(headers: &HeaderMap) -> bool {
-    let takes = headers
-        .get(TAKES_HEADER)
-        .and_then(|value| value.to_str().ok());
-    takes.is_some_and(|takes| {
-        takes
-            .split(',')
-            .any(|what| what.trim() == TAKES_REPLICATION)
-    })
+/// The fields a node's config request says it takes ([`TAKES_HEADER`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeTakes {
+    /// [`DesiredConfig::replication`].
+    pub replication: bool,
+    /// [`DesiredReplication::epoch`].
+    pub epoch: bool,
+}
+
+impl NodeTakes {
+    fn of(headers: &HeaderMap) -> NodeTakes {
+        let takes = headers
+            .get(TAKES_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default();
+        let said = |field: &str| takes.split(',').any(|what| what.trim() == field);
+        NodeTakes {
+            replication: said(TAKES_REPLICATION),
+            epoch: said(TAKES_EPOCH),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -230,8 +241,8 @@ pub async fn config(
             }
         }
     };
-    let takes_replication = takes_replication(&headers);
-    Ok(Json(desired_config(&state, &queue, takes_replication).await?).into_response())
+    let takes = NodeTakes::of(&headers);
+    Ok(Json(desired_config(&state, &queue, takes).await?).into_response())
 }
 
 /// `POST /v1/nodes/{id}/applied`: the node serves this version now. A queue whose node

@@ -44,6 +44,7 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
         "ipv4": queue.ipv4,
         "replicas": queue.replicas,
         "node_standby": queue.node_standby,
+        "epoch": queue.epoch,
         "account": queue.account,
         "node": queue.node,
         "addresses": queue.addresses,

@@ -91,6 +91,7 @@ impl LocalProvider {
                 url: node.to_string(),
                 connect,
                 roots: self.ca_root.clone(),
+                epoch: queue.epoch,
             },
             key: key.to_string(),
         })

@@ -31,6 +31,17 @@ pub struct Primary {
     pub connect: Option<SocketAddr>,
     /// The CA (PEM) a `wss://` node's certificate chains to; None: the public web's roots.
     pub roots: Option<PathBuf>,
+    /// The queue's epoch: the standby follows no node at a lower one (one promoted a moment
+    /// ago may not have taken it yet: the standby tries again).
+    pub epoch: u64,
+}
+
+impl Primary {
+    /// The argument that gives the standby the epoch, as one word (an adopted standby's is
+    /// looked for in its command line).
+    fn epoch_argument(&self) -> String {
+        format!("--epoch={}", self.epoch)
+    }
 }
 
 #[derive(Default)]
@@ -222,11 +233,13 @@ pub struct StandbyLauncher {
 }
 
 impl StandbyLauncher {
-    /// The one a previous control plane left running, if it follows this primary; one that
-    /// follows another is stopped.
+    /// The one a previous control plane left running, if it follows this primary at this
+    /// epoch; one that follows another is stopped.
     async fn adopt(&self) -> Option<NodeProcess> {
         let mut child = running_in(&self.dir)?;
-        if super::process::has_argument(child.id(), self.primary.url.as_bytes()) {
+        let follows = |argument: &[u8]| super::process::has_argument(child.id(), argument);
+        if follows(self.primary.url.as_bytes()) && follows(self.primary.epoch_argument().as_bytes())
+        {
             return Some(child);
         }
         child.stop(STOP_WITHIN).await;
@@ -247,6 +260,7 @@ impl StandbyLauncher {
             .arg(&self.primary.url)
             .arg("--data-dir")
             .arg(data_dir(&self.dir))
+            .arg(self.primary.epoch_argument())
             .env(KEY_VARIABLE, &self.key)
             .stdout(log.try_clone().map_err(|e| fail(e.to_string()))?)
             .stderr(log)

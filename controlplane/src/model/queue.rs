@@ -158,6 +158,10 @@ pub struct Queue {
     /// None: it said nothing (a build from before standbys, or none confirmed yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_standby: Option<bool>,
+    /// Moved on each time its standby's copy is promoted (`DesiredReplication::epoch`): its
+    /// node serves at this epoch, its standby follows no node at a lower one. 0: never.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
 }
 
 fn one() -> u8 {
@@ -338,6 +342,7 @@ impl Queue {
             initial_settings: new.initial_settings,
             replicas: new.replicas.unwrap_or(1),
             node_standby: None,
+            epoch: 0,
         }
     }
 

@@ -10,8 +10,8 @@ use crate::control_plane::ReportTo;
 use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{
     Applied, Bootstrap, CertificateRequest, DesiredConfig, DesiredRedrive, IssuedCertificate,
-    NodeBuild, RedriveChange, RedriveRefused, RefusedBuild, TAKES_HEADER, TAKES_REPLICATION,
-    WATCH_HOLD_SECS,
+    NodeBuild, RedriveChange, RedriveRefused, RefusedBuild, TAKES_EPOCH, TAKES_HEADER,
+    TAKES_REPLICATION, WATCH_HOLD_SECS,
 };
 use sha2::Digest;
 use std::path::{Path, PathBuf};
@@ -174,7 +174,8 @@ impl Channel {
             .send(|base| {
                 let url = format!("{}{query}", self.url(base, "config"));
                 // So that the first config already has the standby's key (taken at start).
-                self.client.get(url).header(TAKES_HEADER, TAKES_REPLICATION)
+                let takes = format!("{TAKES_REPLICATION},{TAKES_EPOCH}");
+                self.client.get(url).header(TAKES_HEADER, takes)
             })
             .await?;
         match response.status() {

@@ -132,6 +132,11 @@ impl Apply for NodeApply {
                 // SAFETY: raise sends this process a signal; SIGTERM is the node's clean stop.
                 unsafe { libc::raise(libc::SIGTERM) };
             }
+            // A promoted copy may start before its new epoch is stored: it takes it now.
+            let given_epoch = desired.replication.as_ref().and_then(|r| r.epoch);
+            if let (Some(standby), Some(given)) = (&self.node.standby, given_epoch) {
+                standby.take_epoch(given).map_err(|e| e.to_string())?;
+            }
             match (&self.own_certificate, &desired.tls) {
                 (Some(own), NodeTls::Queue { generation, .. }) => {
                     own.renew_if_asked(*generation).await

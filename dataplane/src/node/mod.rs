@@ -22,6 +22,7 @@ pub mod upgrade;
 
 use crate::config::{Config, ConfigError, Flags, Given, Transport};
 use crate::control_plane::channel::{self, Channel};
+use crate::replication::epoch::EpochError;
 use crate::server::Server;
 use crate::sqs::Sqs;
 use crate::state::Node;
@@ -55,6 +56,10 @@ pub enum StartError {
     /// Its data or its ports cannot be had: exit 1.
     #[error("{0}")]
     Failed(String),
+    /// Its copy's primary was superseded (`replication::epoch`): exit 3, as a primary that
+    /// hears of it while it serves.
+    #[error("{0}")]
+    Superseded(String),
 }
 
 impl From<ConfigError> for StartError {
@@ -68,6 +73,7 @@ impl StartError {
         match self {
             StartError::Usage(_) => 2,
             StartError::Failed(_) => 1,
+            StartError::Superseded(_) => crate::replication::SUPERSEDED_EXIT as u8,
         }
     }
 }
@@ -211,10 +217,13 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
         ))
     })?;
     let node = Node::open(&config).await.map_err(|error| {
-        StartError::Failed(format!(
-            "cannot start on {}: {error}",
-            config.data_dir.display()
-        ))
+        let why = format!("cannot start on {}: {error}", config.data_dir.display());
+        match error {
+            crate::state::StartError::Epoch(EpochError::Superseded { .. }) => {
+                StartError::Superseded(why)
+            }
+            _ => StartError::Failed(why),
+        }
     })?;
     let sqs_listener = bind_sqs(&config, bootstrapped.is_some()).await?;
     let server = Server::bind(&config.listen, node.clone(), server_config.clone())

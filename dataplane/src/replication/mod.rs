@@ -12,9 +12,12 @@
 //! config carries the key's hash.
 //!
 //! A standby's copy is promoted by starting a node on it: the local provider does so when its
-//! node's data is lost (`fleet/local_standby.rs`). Not yet (the design's later steps): epochs
-//! and promotion onto another machine, sessions and holds carried over.
+//! node's data is lost (`fleet/local_standby.rs`), at the queue's next epoch ([`epoch`]): a
+//! primary that hears of a higher epoch than its own has been superseded and stops. Not yet
+//! (the design's later steps): promotion onto another machine, sessions and holds carried
+//! over.
 
+pub mod epoch;
 pub mod primary;
 pub mod standby;
 mod wire;
@@ -36,17 +39,71 @@ pub struct Standby {
     pub receipt_key: PathBuf,
     /// Moves on every save of the settings: the standby is sent them again.
     pub settings_saved: tokio::sync::watch::Sender<u64>,
+    /// The epoch this node serves at: taken at start ([`epoch::start_primary`]), raised by a
+    /// config that gives a higher one. The lock keeps the file's writes in order.
+    epoch: std::sync::Mutex<u64>,
+    /// The log's directory, where the epoch is kept.
+    pub log_dir: PathBuf,
 }
 
+/// The exit code of a primary that has been superseded: its supervisor must not start it as
+/// the primary again (it would not: [`epoch::start_primary`] refuses its copy).
+pub const SUPERSEDED_EXIT: i32 = 3;
+
 impl Standby {
-    pub fn new(key: PasswordHash, shipping: Shipping, meta: Meta, receipt_key: PathBuf) -> Standby {
+    pub fn new(
+        key: PasswordHash,
+        shipping: Shipping,
+        meta: Meta,
+        receipt_key: PathBuf,
+        epoch: u64,
+        log_dir: PathBuf,
+    ) -> Standby {
         Standby {
             key,
             shipping,
             meta,
             receipt_key,
             settings_saved: tokio::sync::watch::Sender::new(0),
+            epoch: std::sync::Mutex::new(epoch),
+            log_dir,
         }
+    }
+
+    /// The epoch this node serves at now.
+    pub fn epoch(&self) -> u64 {
+        *self.epoch.lock().expect("never poisoned")
+    }
+
+    /// The control plane gives this node `given`: a higher epoch is taken and kept (a lower
+    /// one is not: what the copy keeps wins, as at start).
+    pub fn take_epoch(&self, given: u64) -> Result<(), epoch::EpochError> {
+        let mut epoch = self.epoch.lock().expect("never poisoned");
+        if given > *epoch {
+            epoch::raise(&self.log_dir, given)?;
+            tracing::info!(from = *epoch, to = given, "the queue's epoch moved on");
+            *epoch = given;
+        }
+        Ok(())
+    }
+
+    /// This node heard of epoch `by`, higher than its own: another node is the primary now.
+    /// It keeps that (so it never serves as a primary on this copy again) and stops at once,
+    /// as a kill would stop it: every write it answered is where a kill leaves it, and it
+    /// answers no other, nor delivers anything the new primary may deliver too.
+    pub fn superseded(&self, by: u64) -> ! {
+        // Held to the end: no config raises the epoch meanwhile.
+        let epoch = self.epoch.lock().expect("never poisoned");
+        let kept = epoch::supersede(&self.log_dir, *epoch, by);
+        eprintln!(
+            "dataplane: superseded: this node is the primary at epoch {} and a standby followed a primary at epoch {by}; it stops, and does not serve on this copy again{}",
+            *epoch,
+            match kept {
+                Ok(()) => String::new(),
+                Err(error) => format!(" (keeping that failed: {error})"),
+            }
+        );
+        std::process::exit(SUPERSEDED_EXIT)
     }
 
     /// How the standby stands, for the live report.

@@ -96,6 +96,13 @@ async fn ship(
         return Ended::WrongKey;
     }
     drop(admitted);
+    // A standby that followed a primary of a higher epoch: the queue has another primary,
+    // and this one reached it by a name that has not moved yet.
+    if let Some(theirs) = hello.epoch {
+        if theirs > standby.epoch() {
+            standby.superseded(theirs);
+        }
+    }
     // A copy of another log is never cut to this one's: this node may be a fresh one whose
     // data was lost, and the standby the only holder of what was acknowledged. A copy from
     // before lineages is taken for this log's, unless this log began empty at this start.
@@ -110,6 +117,7 @@ async fn ship(
         }
     }
     let takes_lineage = hello.takes_lineage;
+    let takes_epoch = hello.epoch.is_some();
     // It opens every segment file under the files' lock: not on the runtime's threads.
     let shipping = standby.shipping.clone();
     let attach = tokio::task::spawn_blocking(move || shipping.attach(&hello.have));
@@ -126,17 +134,27 @@ async fn ship(
         socket,
         unanswered: VecDeque::new(),
     };
-    match catch_up_then_follow(&mut link, standby, attached, takes_lineage).await {
+    let takes = Takes {
+        lineage: takes_lineage,
+        epoch: takes_epoch,
+    };
+    match catch_up_then_follow(&mut link, standby, attached, takes).await {
         Ok(never) => match never {},
         Err(ended) => ended,
     }
+}
+
+/// The frames a standby said it takes, beyond those of the first standbys.
+struct Takes {
+    lineage: bool,
+    epoch: bool,
 }
 
 async fn catch_up_then_follow(
     link: &mut Link<'_>,
     standby: &Standby,
     attached: Attached,
-    takes_lineage: bool,
+    takes: Takes,
 ) -> Result<std::convert::Infallible, Ended> {
     let Attached {
         generation,
@@ -147,8 +165,12 @@ async fn catch_up_then_follow(
         through,
         mut shipments,
     } = attached;
-    // First: the standby's copy is of this log from now on.
-    if takes_lineage {
+    // First: which primary this is (a standby given a higher epoch follows it no further),
+    // and that the standby's copy is of this log from now on.
+    if takes.epoch {
+        link.send_frame(wire::encode_epoch(standby.epoch())).await?;
+    }
+    if takes.lineage {
         link.send_frame(wire::encode_lineage(standby.shipping.lineage()))
             .await?;
     }

@@ -9,6 +9,7 @@
 //! a retry of a sync that failed, and the primary answers durability 2 with 507 until a
 //! standby is in sync again.
 
+use super::epoch;
 use super::wire::{self, Hello, Sent};
 use crate::store::data_dir;
 use crate::store::log::lineage;
@@ -33,6 +34,8 @@ pub struct StandbyConfig {
     pub roots: rustls::RootCertStore,
     /// Where to connect instead of resolving the primary's name.
     pub connect: Option<std::net::SocketAddr>,
+    /// The queue's epoch as given: no primary of a lower one is followed.
+    pub epoch: u64,
 }
 
 /// Why following the primary stopped.
@@ -46,6 +49,8 @@ pub enum Stopped {
     Closed(String),
     #[error("the primary sent what is not a shipment")]
     Unexpected,
+    #[error("the primary is at epoch {theirs} (0: from before epochs) and this standby follows none below {at_least}: a former primary, still reached by the queue's name")]
+    OlderPrimary { theirs: u64, at_least: u64 },
     /// Final: the process stops.
     #[error("the mirror's disk failed: {0}")]
     Disk(std::io::Error),
@@ -58,7 +63,7 @@ const RECONNECT_AFTER_AT_MOST: Duration = Duration::from_secs(5);
 
 /// Follows the primary until a disk fails (then returns the error).
 pub async fn run(config: StandbyConfig) -> Stopped {
-    let mut copy = match Copy::open(&config.data_dir) {
+    let mut copy = match Copy::open(&config.data_dir, config.epoch) {
         Ok(copy) => copy,
         Err(error) => return Stopped::Disk(error),
     };
@@ -90,12 +95,16 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
         Ok(lineage) => lineage,
         Err(error) => return Stopped::Disk(error),
     };
+    // What it followed, never what it was given: a primary that hears of a higher epoch
+    // stops, and one promoted a moment ago may not have been given its epoch yet.
     let hello = Hello {
         key: config.key.clone(),
         have,
         lineage,
         takes_lineage: true,
+        epoch: Some(copy.kept.epoch),
     };
+    copy.primary_epoch = None;
     let hello = serde_json::to_string(&hello).expect("a hello serializes");
     if socket.send(Frame::text(hello)).await.is_err() {
         return Stopped::Gone;
@@ -152,6 +161,9 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
         if synced.answered.is_none() {
             tracing::info!(lsn, "caught up with the primary");
             backoff.reset();
+            if let Err(error) = epoch::caught_up(&copy.log_dir(), &mut copy.kept) {
+                return Stopped::Disk(std::io::Error::other(error));
+            }
         }
         synced.answered = Some(lsn);
         if socket
@@ -186,17 +198,52 @@ struct Copy {
     mirror: Mirror,
     meta: Meta,
     data_dir: PathBuf,
+    /// The epochs it keeps.
+    kept: epoch::Kept,
+    /// The epoch it was given: it follows no primary below this or what it keeps.
+    given_epoch: u64,
+    /// The epoch the primary said on this connection; None until it says.
+    primary_epoch: Option<u64>,
 }
 
 impl Copy {
-    fn open(data_dir: &Path) -> std::io::Result<Copy> {
+    fn open(data_dir: &Path, given_epoch: u64) -> std::io::Result<Copy> {
         let mirror = Mirror::open(&data_dir.join(data_dir::MESSAGES))?;
         let meta = Meta::open(&data_dir.join(data_dir::META)).map_err(std::io::Error::other)?;
+        let kept =
+            epoch::kept(&data_dir.join(data_dir::MESSAGES)).map_err(std::io::Error::other)?;
         Ok(Copy {
             mirror,
             meta,
             data_dir: data_dir.to_path_buf(),
+            kept,
+            given_epoch,
+            primary_epoch: None,
         })
+    }
+
+    fn log_dir(&self) -> PathBuf {
+        self.data_dir.join(data_dir::MESSAGES)
+    }
+
+    /// The lowest epoch a primary it follows may be at.
+    fn epoch_at_least(&self) -> u64 {
+        self.kept.epoch.max(self.given_epoch)
+    }
+
+    /// The primary said its epoch: followed if it is not lower than the copy's, and kept if
+    /// higher.
+    fn primary_at(&mut self, theirs: u64) -> Result<(), Stopped> {
+        let at_least = self.epoch_at_least();
+        if theirs < at_least {
+            return Err(Stopped::OlderPrimary { theirs, at_least });
+        }
+        if theirs > self.kept.epoch {
+            let kept = epoch::follow(&self.log_dir(), &mut self.kept, theirs);
+            kept.map_err(|error| Stopped::Disk(std::io::Error::other(error)))?;
+        }
+        self.primary_epoch = Some(theirs);
+        Ok(())
     }
 }
 
@@ -218,7 +265,17 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
         OpCode::Ping | OpCode::Pong | OpCode::Continuation => return Ok(None),
     }
     // The standby does nothing else: its one task may block on the disk.
-    match wire::decode_sent(&frame.into_payload()).ok_or(Stopped::Unexpected)? {
+    let sent = wire::decode_sent(&frame.into_payload()).ok_or(Stopped::Unexpected)?;
+    // The epoch comes first; a primary that does not say it is from before epochs (0).
+    match (&sent, copy.primary_epoch) {
+        (Sent::Epoch(theirs), _) => {
+            copy.primary_at(*theirs)?;
+            return Ok(None);
+        }
+        (_, None) => copy.primary_at(0)?,
+        _ => {}
+    }
+    match sent {
         Sent::Log(shipment) => {
             copy.mirror.apply(&shipment).map_err(Stopped::Disk)?;
             Ok(Some(shipment))
@@ -246,6 +303,7 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
             }
             Ok(None)
         }
+        Sent::Epoch(_) => Ok(None),
     }
 }
 
@@ -302,7 +360,7 @@ pub fn roots_from(path: &Path) -> Result<rustls::RootCertStore, String> {
 }
 
 /// `dataplane --standby-of URL --replication-key KEY --data-dir DIR [--standby-ca PEM]
-/// [--standby-connect ADDR]` (the key also from `QE_REPLICATION_KEY`):
+/// [--standby-connect ADDR] [--epoch N]` (the key also from `QE_REPLICATION_KEY`):
 /// follows the primary until its disk fails (exit 1) or the flags are wrong (exit 2).
 pub async fn run_flags(flags: crate::config::Flags) -> std::process::ExitCode {
     let usage = |message: String| {
@@ -334,6 +392,7 @@ pub async fn run_flags(flags: crate::config::Flags) -> std::process::ExitCode {
         data_dir,
         roots,
         connect: flags.standby_connect,
+        epoch: flags.epoch.unwrap_or(0),
     };
     let stopped = run(config).await;
     eprintln!("dataplane: the standby stops: {stopped}");

@@ -18,6 +18,10 @@ pub struct Hello {
     /// It takes the lineage frame (a standby from before lineages would stop at it).
     #[serde(default)]
     pub takes_lineage: bool,
+    /// The highest epoch it knows of (`replication::epoch`); None: a standby from before
+    /// epochs, which also takes no epoch frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
 
 const WRITE: u8 = b'W';
@@ -28,8 +32,10 @@ const THROUGH: u8 = b'L';
 const SETTINGS: u8 = b'C';
 /// The SQS face's receipt key (its 32 bytes), at the catch-up.
 const RECEIPT_KEY: u8 = b'K';
-/// The log's lineage (text), first of all.
+/// The log's lineage (text), after the epoch.
 const LINEAGE: u8 = b'N';
+/// The primary's epoch (u64), first of all, to a standby that says which it knows.
+const EPOCH: u8 = b'E';
 /// Standby → primary: synced up to an LSN.
 const SYNCED: u8 = b'S';
 
@@ -77,6 +83,14 @@ pub enum Sent {
     Settings(SavedSettings),
     ReceiptKey(Bytes),
     Lineage(String),
+    Epoch(u64),
+}
+
+pub fn encode_epoch(epoch: u64) -> Bytes {
+    let mut out = BytesMut::with_capacity(9);
+    out.put_u8(EPOCH);
+    out.put_u64_le(epoch);
+    out.freeze()
 }
 
 pub fn encode_lineage(lineage: &str) -> Bytes {
@@ -99,6 +113,9 @@ pub fn decode_sent(frame: &Bytes) -> Option<Sent> {
         SETTINGS => serde_json::from_slice(&frame[1..]).ok().map(Sent::Settings),
         RECEIPT_KEY if frame.len() == 33 => Some(Sent::ReceiptKey(frame.slice(1..))),
         LINEAGE => lineage_of(&frame[1..]).map(Sent::Lineage),
+        EPOCH => Some(Sent::Epoch(u64::from_le_bytes(
+            frame.get(1..)?.try_into().ok()?,
+        ))),
         _ => decode(frame).map(Sent::Log),
     }
 }
@@ -197,6 +214,12 @@ mod tests {
         let sent = decode_sent(&encode_lineage(lineage));
         assert_eq!(sent, Some(Sent::Lineage(lineage.to_string())));
         assert_eq!(decode_sent(&encode_lineage("../../etc/passwd")), None);
+        assert_eq!(
+            decode_sent(&encode_epoch(u64::MAX)),
+            Some(Sent::Epoch(u64::MAX))
+        );
+        assert_eq!(decode_sent(&Bytes::from_static(b"E1234567")), None);
+        assert_eq!(decode_sent(&Bytes::from_static(b"E123456789")), None);
         assert_eq!(decode_sent(&Bytes::from_static(b"K123")), None);
         assert_eq!(decode_sent(&Bytes::from_static(b"C{")), None);
     }

@@ -276,6 +276,10 @@ pub struct Queue {
     /// Nodes that hold its messages: 1, or 2 (its node and a standby).
     #[serde(default = "one")]
     pub replicas: u8,
+    /// How many times its standby's copy has been promoted (README, *Epochs*): its node
+    /// serves at this epoch.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 fn one() -> u8 {

@@ -242,9 +242,10 @@ async function signOut() {
 function standbyText(queue) {
   if ((queue.replicas || 1) < 2) return "1 (its node alone)";
   const standby = queue.live && queue.live.standby;
-  if (!standby) return "2 (node and standby; the standby not reported)";
+  const epoch = queue.epoch ? `; epoch ${queue.epoch}: promoted ${queue.epoch} time(s)` : "";
+  if (!standby) return `2 (node and standby; the standby not reported${epoch})`;
   const state = standby.in_sync ? "in sync" : "catching up: durability 2 is answered 507 meanwhile";
-  return `2 (node and standby, ${state}, ${formatBytes(standby.lag_bytes)} behind)`;
+  return `2 (node and standby, ${state}, ${formatBytes(standby.lag_bytes)} behind${epoch})`;
 }
 
 /** The numbers the list shows per queue, from its `live` (null: no fresh report). */

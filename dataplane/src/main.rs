@@ -56,10 +56,10 @@ async fn run() -> (ExitCode, Option<Stopped>) {
         Err(error) => Err(error),
     };
     match started {
-        Ok(Some(running)) => (
-            ExitCode::SUCCESS,
-            Some(running.until_stopped(&mut terminate).await),
-        ),
+        Ok(Some(running)) => match running.until_stopped(&mut terminate).await {
+            Stopped::StartAgain => (ExitCode::from(node::START_AGAIN_EXIT), None),
+            stopped => (ExitCode::SUCCESS, Some(stopped)),
+        },
         Ok(None) => (ExitCode::SUCCESS, None),
         Err(error) => {
             eprintln!("dataplane: {error}");

@@ -63,6 +63,10 @@ pub struct Node {
     pub console: crate::auth::console::ConsoleTokens,
     /// The queue's standby's key and the log it is shipped; None: no standby.
     pub standby: Option<crate::replication::Standby>,
+    /// Told when the node is to stop and be started again: its config holds what it takes
+    /// only at start (`node::Running::until_stopped` stops it, exiting with
+    /// [`crate::node::START_AGAIN_EXIT`]).
+    pub start_again: tokio::sync::Notify,
 }
 
 /// Counts of open connections by role. [`Presence::enter`] counts one until dropped.
@@ -206,6 +210,7 @@ impl Node {
                     .map(|to| (to.queue_id.clone(), to.token.clone())),
             ),
             standby,
+            start_again: tokio::sync::Notify::new(),
         }))
     }
 

@@ -663,6 +663,9 @@ async fn a_queue_made_with_a_standby_shows_it_in_sync() {
             .any(|line| line.starts_with("REPLICAS") && line.ends_with(" 2")),
         "{shown:?}"
     );
+    // Never promoted yet.
+    let epoch = shown.stdout.lines().find(|line| line.starts_with("EPOCH"));
+    assert!(epoch.is_some_and(|line| line.ends_with(" 0")), "{shown:?}");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let list = qe.ok(&["--csv", "queues", "list", "--live"]).csv();

@@ -131,6 +131,11 @@ fn queue_output(queue: &Queue, json: serde_json::Value) -> Output {
     rows.push(vec!["HOST".into(), queue.host.clone()]);
     rows.push(vec!["IPV4".into(), queue.ipv4.to_string()]);
     rows.push(vec!["REPLICAS".into(), queue.replicas.to_string()]);
+    let epoch = match queue.replicas {
+        2.. => queue.epoch.to_string(),
+        _ => "-".into(),
+    };
+    rows.push(vec!["EPOCH".into(), epoch]);
     rows.push(vec!["NODE".into(), optional(&queue.node)]);
     rows.push(vec!["ACCOUNT".into(), optional(&queue.account)]);
     rows.push(vec!["NAME".into(), optional(&queue.name)]);

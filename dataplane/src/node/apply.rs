@@ -129,8 +129,7 @@ impl Apply for NodeApply {
             // rather than answer durability 2 on one disk for a queue that has two.
             if desired.replication.is_some() && self.node.standby.is_none() {
                 tracing::warn!("the queue has a standby and this node started without one: stopping, to be started again with it");
-                // SAFETY: raise sends this process a signal; SIGTERM is the node's clean stop.
-                unsafe { libc::raise(libc::SIGTERM) };
+                self.node.start_again.notify_one();
             }
             // A promoted copy may start before its new epoch is stored: it takes it now.
             let given_epoch = desired.replication.as_ref().and_then(|r| r.epoch);

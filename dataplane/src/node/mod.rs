@@ -44,6 +44,10 @@ use upgrade::Ready;
 /// Where a node started from a bootstrap keeps its data when `--data-dir` does not say.
 const DEFAULT_DATA_DIR: &str = "/var/lib/queue-expert";
 
+/// The exit code of a node that stopped to be started again ([`Stopped::StartAgain`]): not 0,
+/// so a systemd unit with `Restart=on-failure` starts it again (75: `EX_TEMPFAIL`).
+pub const START_AGAIN_EXIT: u8 = 75;
+
 /// How long a stopping node tries to report its last record.
 const LAST_REPORT_WITHIN: Duration = Duration::from_secs(3);
 
@@ -153,6 +157,9 @@ type Configured = (Config, Option<(Channel, DesiredConfig)>);
 pub enum Stopped {
     /// On SIGTERM, or its listeners gone: the process exits.
     Done,
+    /// Its config holds what it takes only at start: the process exits with
+    /// [`START_AGAIN_EXIT`], for its supervisor to start it again.
+    StartAgain,
     /// A new build is fetched and checked: the process `exec`s it once the runtime is gone.
     RestartInto { data_dir: PathBuf, ready: Ready },
 }
@@ -404,10 +411,15 @@ impl Running {
             new_build,
             confirmed,
         } = self;
+        let mut start_again = false;
         let restart_into = tokio::select! {
             _ = server.run() => None,
             _ = terminate.recv() => {
                 tracing::info!("stopping on SIGTERM");
+                None
+            }
+            _ = node.start_again.notified() => {
+                start_again = true;
                 None
             }
             ready = ready_build(new_build) => Some(ready),
@@ -425,7 +437,10 @@ impl Running {
             upgrade::stopped_cleanly(&config.data_dir);
         }
         let Some(ready) = restart_into else {
-            return Stopped::Done;
+            return match start_again {
+                true => Stopped::StartAgain,
+                false => Stopped::Done,
+            };
         };
         // A SIGTERM while it stopped (a reboot, a stop) wins: the node stops for good.
         if futures::FutureExt::now_or_never(terminate.recv()).is_some() {

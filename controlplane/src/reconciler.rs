@@ -381,6 +381,7 @@ impl Reconciler {
         let queue = match queue.replicas == 2 && self.fleet.promote_if_data_lost(queue).await? {
             true => {
                 promoted = self.promoted(queue).await?;
+                self.fleet.promotion_recorded(queue).await?;
                 &promoted
             }
             false => queue,

@@ -313,6 +313,19 @@ async fn a_control_plane_started_again_promotes_the_copy_before_it_starts_the_no
     served_again_on_the_copy(&cp, &id, &node_pid).await;
 }
 
+/// The node's directory goes while its process still runs (it writes through the files it
+/// holds open): the reconciler kills it before the copy takes the directory's place, so no
+/// node goes on beside the promoted copy, and the queue serves from the copy at epoch 1.
+/// (Without the fence the old process stays, recorded as the node: never served again.)
+#[tokio::test]
+async fn a_node_whose_directory_goes_while_it_runs_is_fenced_before_the_promotion() {
+    let cp = ControlPlane::start_with(CONFIG);
+    let (id, node_pid) = replicated_in_sync(&cp).await;
+    std::fs::remove_dir_all(cp.node_dir(&id).join("data")).unwrap();
+    served_again_on_the_copy(&cp, &id, &node_pid).await;
+    assert!(!alive(node_pid.parse().unwrap()), "the old node still runs");
+}
+
 #[tokio::test]
 async fn replicas_are_1_or_2_and_2_only_on_the_standard_tier() {
     let cp = ControlPlane::start();

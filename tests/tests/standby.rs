@@ -721,10 +721,12 @@ async fn a_primary_left_behind_by_a_promotion_is_fenced_by_the_epoch() {
     let old_copy = std::mem::replace(&mut primary.data_dir, tempfile::tempdir().unwrap());
     drop(primary);
     assert_eq!(epoch_file(old_copy.path()), "1 superseded-by 2\n");
-    let (code, log) =
-        Node::refused_start(old_copy.path(), &["--replication-key", KEY, "--epoch", "5"]);
-    assert_eq!(code, Some(3), "{log}");
-    assert!(log.contains("superseded at epoch 1 by epoch 2"), "{log}");
+    // Nor as a node alone (a start by hand without the key, say).
+    for extra in [&["--replication-key", KEY, "--epoch", "5"][..], &[]] {
+        let (code, log) = Node::refused_start(old_copy.path(), extra);
+        assert_eq!(code, Some(3), "{extra:?}: {log}");
+        assert!(log.contains("superseded at epoch 1 by epoch 2"), "{log}");
+    }
 
     // Its copy rejoins the new primary as its standby; caught up, the mark goes.
     let rejoined = Standby::start_in(&promoted, KEY, old_copy);

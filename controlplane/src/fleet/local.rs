@@ -379,12 +379,26 @@ impl Provider for LocalProvider {
             let node_dir = self.node_dir(&queue.id);
             let data = node_dir.join("data");
             let standby = self.standby_dir(&queue.id);
+            let fail = |e: std::io::Error| FleetError::Start(format!("promoting the standby: {e}"));
+            // A node whose directory went while it still runs writes through what it holds
+            // open, and would go on beside the copy put in its place: it is fenced first.
+            if super::local_standby::data_lost(&data, &standby).map_err(fail)? {
+                self.stop_node(&queue.id, Duration::ZERO).await;
+            }
             let promoted = self
                 .standbys
                 .promote_if_data_lost(&queue.id, &data, &standby);
-            let fail = |e: std::io::Error| FleetError::Start(format!("promoting the standby: {e}"));
             promoted.await.map_err(fail)?;
-            super::local_standby::take_promoted(&node_dir).map_err(fail)
+            super::local_standby::was_promoted(&node_dir).map_err(fail)
+        }
+        .boxed()
+    }
+
+    fn promotion_recorded<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
+        async move {
+            let node_dir = self.node_dir(&queue.id);
+            let recorded = super::local_standby::promotion_recorded(&node_dir);
+            recorded.map_err(|e| FleetError::Start(format!("recording the promotion: {e}")))
         }
         .boxed()
     }

@@ -38,9 +38,10 @@ pub struct Primary {
 
 impl Primary {
     /// The argument that gives the standby the epoch, as one word (an adopted standby's is
-    /// looked for in its command line).
-    fn epoch_argument(&self) -> String {
-        format!("--epoch={}", self.epoch)
+    /// looked for in its command line). None at epoch 0 (never promoted): nothing to give, and
+    /// a `dataplane` from before epochs, which would refuse the flag, still runs as a standby.
+    fn epoch_argument(&self) -> Option<String> {
+        (self.epoch > 0).then(|| format!("--epoch={}", self.epoch))
     }
 }
 
@@ -164,14 +165,27 @@ pub const LOST_DATA: &str = "data.lost-";
 /// reconciler has not yet been told.
 const PROMOTED_FILE: &str = "promoted";
 
-/// Whether the standby of the node in `node_dir` was promoted since this was last asked; the
-/// file that says so is removed.
-pub fn take_promoted(node_dir: &Path) -> std::io::Result<bool> {
+/// Whether the standby of the node in `node_dir` was promoted and the promotion is not yet
+/// recorded ([`promotion_recorded`]).
+pub fn was_promoted(node_dir: &Path) -> std::io::Result<bool> {
+    node_dir.join(PROMOTED_FILE).try_exists()
+}
+
+/// The promotion of the node in `node_dir`'s standby is recorded (audited, its epoch and
+/// certificate generation moved on): the file that said so goes. Only after the record, so a
+/// control plane stopped between the two records it again (the epoch moves on twice: no harm)
+/// rather than never.
+pub fn promotion_recorded(node_dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(node_dir.join(PROMOTED_FILE)) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
+}
+
+/// Whether a node on `node_data` would start on the standby's copy (in `dir`): its own holds
+/// no log and the copy does.
+pub fn data_lost(node_data: &Path, dir: &Path) -> std::io::Result<bool> {
+    Ok(!holds_a_log(node_data)? && holds_a_log(&data_dir(dir))?)
 }
 
 /// What a node keeps in its data directory that is not the queue's data but its own: its
@@ -194,12 +208,12 @@ impl LocalStandbys {
     ) -> std::io::Result<bool> {
         let _changing = self.changing.lock().await;
         let copy = data_dir(dir);
-        if holds_a_log(node_data)? || !holds_a_log(&copy)? {
+        if !data_lost(node_data, dir)? {
             return Ok(false);
         }
         self.stop(queue_id, dir).await;
         // Said first, and kept on disk until the reconciler has audited it and replaced the
-        // node's lost certificate ([`take_promoted`]): a control plane that stops meanwhile
+        // node's lost certificate ([`promotion_recorded`]): a control plane that stops meanwhile
         // leaves it for the next.
         if let Some(node_dir) = node_data.parent() {
             qe_shared::files::write_whole(&node_dir.join(PROMOTED_FILE), b"", 0o644)?;
@@ -238,8 +252,11 @@ impl StandbyLauncher {
     async fn adopt(&self) -> Option<NodeProcess> {
         let mut child = running_in(&self.dir)?;
         let follows = |argument: &[u8]| super::process::has_argument(child.id(), argument);
-        if follows(self.primary.url.as_bytes()) && follows(self.primary.epoch_argument().as_bytes())
-        {
+        let at_epoch = match self.primary.epoch_argument() {
+            Some(argument) => follows(argument.as_bytes()),
+            None => true,
+        };
+        if follows(self.primary.url.as_bytes()) && at_epoch {
             return Some(child);
         }
         child.stop(STOP_WITHIN).await;
@@ -260,7 +277,7 @@ impl StandbyLauncher {
             .arg(&self.primary.url)
             .arg("--data-dir")
             .arg(data_dir(&self.dir))
-            .arg(self.primary.epoch_argument())
+            .args(self.primary.epoch_argument())
             .env(KEY_VARIABLE, &self.key)
             .stdout(log.try_clone().map_err(|e| fail(e.to_string()))?)
             .stderr(log)

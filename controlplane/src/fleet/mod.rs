@@ -66,15 +66,23 @@ pub trait Provider: Send + Sync {
     ) -> BoxFuture<'a, Result<Placement, FleetError>>;
 
     /// Before `queue`'s node is started (`replicas: 2`): if its data is lost and its
-    /// standby's copy is not, the copy is made its data. True if that happened now or since
-    /// the last call (a node its provider restarted by itself): the caller audits it and has
-    /// the node issued a new certificate (its own went with its data).
+    /// standby's copy is not, the copy is made its data. True if that happened now or before
+    /// and is not recorded yet (a node its provider restarted by itself): the caller audits
+    /// it, has the node issued a new certificate (its own went with its data), moves the
+    /// epoch on, then says so ([`Provider::promotion_recorded`]).
     fn promote_if_data_lost<'a>(
         &'a self,
         queue: &'a Queue,
     ) -> BoxFuture<'a, Result<bool, FleetError>> {
         let _ = queue;
         Box::pin(async { Ok(false) })
+    }
+
+    /// The caller has recorded the promotion [`Provider::promote_if_data_lost`] reported:
+    /// it is not reported again.
+    fn promotion_recorded<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
+        let _ = queue;
+        Box::pin(async { Ok(()) })
     }
 
     /// Makes sure `queue`'s standby (`replicas: 2`) runs, following its node at `node` with

@@ -134,7 +134,11 @@ impl Apply for NodeApply {
             // A promoted copy may start before its new epoch is stored: it takes it now.
             let given_epoch = desired.replication.as_ref().and_then(|r| r.epoch);
             if let (Some(standby), Some(given)) = (&self.node.standby, given_epoch) {
-                standby.take_epoch(given).map_err(|e| e.to_string())?;
+                // Not kept: it serves at the epoch it has, and a standby given the new one
+                // does not follow it meanwhile (the safe way); the next config tries again.
+                if let Err(error) = standby.take_epoch(given) {
+                    tracing::error!(%error, given, "the queue's epoch could not be kept");
+                }
             }
             match (&self.own_certificate, &desired.tls) {
                 (Some(own), NodeTls::Queue { generation, .. }) => {

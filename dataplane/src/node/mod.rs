@@ -190,6 +190,16 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
         report_last_and_exit(&config, terminate).await?;
         return Ok(None);
     }
+    // Before anything is asked for or opened: a superseded copy serves no more, with or
+    // without a standby (`replication::epoch`). Its last records may still be handed over.
+    let log_dir = config.data_dir.join(crate::store::data_dir::MESSAGES);
+    crate::replication::epoch::refuse_superseded(&log_dir).map_err(|error| {
+        let why = format!("cannot start on {}: {error}", config.data_dir.display());
+        match error {
+            EpochError::Superseded { .. } => StartError::Superseded(why),
+            _ => StartError::Failed(why),
+        }
+    })?;
     if config.tls_from_control_plane
         && until_terminated(wait_for_certificate(&config), terminate)
             .await
@@ -224,13 +234,10 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
         ))
     })?;
     let node = Node::open(&config).await.map_err(|error| {
-        let why = format!("cannot start on {}: {error}", config.data_dir.display());
-        match error {
-            crate::state::StartError::Epoch(EpochError::Superseded { .. }) => {
-                StartError::Superseded(why)
-            }
-            _ => StartError::Failed(why),
-        }
+        StartError::Failed(format!(
+            "cannot start on {}: {error}",
+            config.data_dir.display()
+        ))
     })?;
     let sqs_listener = bind_sqs(&config, bootstrapped.is_some()).await?;
     let server = Server::bind(&config.listen, node.clone(), server_config.clone())

@@ -29,6 +29,14 @@ pub struct Kept {
     pub superseded_by: Option<u64>,
 }
 
+impl Kept {
+    /// The lowest epoch a primary this copy follows may be at: a former primary's copy
+    /// follows none below the epoch that superseded it.
+    pub fn floor(&self) -> u64 {
+        self.epoch.max(self.superseded_by.unwrap_or(0))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EpochError {
     #[error("the epoch file: {0}")]
@@ -76,16 +84,24 @@ fn keep(dir: &Path, kept: Kept) -> Result<(), EpochError> {
     Ok(())
 }
 
-/// The epoch a primary starts at on the log in `dir`: the higher of what it keeps and what it
-/// was `given` (kept, if higher). A superseded copy is refused.
-pub fn start_primary(dir: &Path, given: Option<u64>) -> Result<u64, EpochError> {
+/// Refuses a copy whose primary was superseded: it never serves as a primary again, with a
+/// standby or without (a node that only hands its last records over may open it).
+pub fn refuse_superseded(dir: &Path) -> Result<(), EpochError> {
     let kept = kept(dir)?;
-    if let Some(by) = kept.superseded_by {
-        return Err(EpochError::Superseded {
+    match kept.superseded_by {
+        Some(by) => Err(EpochError::Superseded {
             epoch: kept.epoch,
             by,
-        });
+        }),
+        None => Ok(()),
     }
+}
+
+/// The epoch a primary starts at on the log in `dir`: the higher of what it keeps and what it
+/// was `given` (kept, if higher; a superseded copy's mark kept with it). Serving nodes have
+/// refused a superseded copy before ([`refuse_superseded`]).
+pub fn start_primary(dir: &Path, given: Option<u64>) -> Result<u64, EpochError> {
+    let kept = kept(dir)?;
     let epoch = kept.epoch.max(given.unwrap_or(0));
     if epoch > kept.epoch {
         keep(dir, Kept { epoch, ..kept })?;
@@ -152,17 +168,26 @@ mod tests {
         // backup, say).
         assert_eq!(start_primary(dir.path(), Some(2)).unwrap(), 3);
         supersede(dir.path(), 3, 4).unwrap();
-        let refused = start_primary(dir.path(), Some(9));
+        let refused = refuse_superseded(dir.path());
         assert!(matches!(
             refused,
             Err(EpochError::Superseded { epoch: 3, by: 4 })
         ));
+        // Opened all the same (to hand its last records over), it keeps the mark.
+        assert_eq!(start_primary(dir.path(), Some(3)).unwrap(), 3);
+        assert!(refuse_superseded(dir.path()).is_err());
         // As the new primary's standby it may follow; the mark goes once it has caught up.
         let mut standby = kept(dir.path()).unwrap();
         assert_eq!(standby.epoch, 3);
+        assert_eq!(
+            standby.floor(),
+            4,
+            "no primary below the one that superseded it"
+        );
         follow(dir.path(), &mut standby, 4).unwrap();
-        assert!(start_primary(dir.path(), None).is_err());
+        assert!(refuse_superseded(dir.path()).is_err());
         caught_up(dir.path(), &mut standby).unwrap();
+        refuse_superseded(dir.path()).unwrap();
         assert_eq!(start_primary(dir.path(), None).unwrap(), 4);
     }
 
@@ -182,5 +207,6 @@ mod tests {
         std::fs::write(dir.path().join(FILE), "3 4").unwrap();
         assert!(matches!(kept(dir.path()), Err(EpochError::Unreadable(_))));
         assert!(start_primary(dir.path(), Some(5)).is_err());
+        assert!(refuse_superseded(dir.path()).is_err());
     }
 }

@@ -87,13 +87,17 @@ impl Standby {
         Ok(())
     }
 
-    /// This node heard of epoch `by`, higher than its own: another node is the primary now.
-    /// It keeps that (so it never serves as a primary on this copy again) and stops at once,
-    /// as a kill would stop it: every write it answered is where a kill leaves it, and it
-    /// answers no other, nor delivers anything the new primary may deliver too.
-    pub fn superseded(&self, by: u64) -> ! {
-        // Held to the end: no config raises the epoch meanwhile.
+    /// A standby that followed a primary at epoch `by` reached this node. Higher than this
+    /// node's: another node is the primary now. This one keeps that (so it never serves as a
+    /// primary on this copy again) and stops at once, as a kill would stop it: every write it
+    /// answered is where a kill leaves it, and it answers no other, nor delivers anything the
+    /// new primary may deliver too.
+    pub fn stop_if_superseded(&self, by: u64) {
+        // Held to the end: no config raises the epoch between the look and the mark.
         let epoch = self.epoch.lock().expect("never poisoned");
+        if by <= *epoch {
+            return;
+        }
         let kept = epoch::supersede(&self.log_dir, *epoch, by);
         eprintln!(
             "dataplane: superseded: this node is the primary at epoch {} and a standby followed a primary at epoch {by}; it stops, and does not serve on this copy again{}",

@@ -99,9 +99,7 @@ async fn ship(
     // A standby that followed a primary of a higher epoch: the queue has another primary,
     // and this one reached it by a name that has not moved yet.
     if let Some(theirs) = hello.epoch {
-        if theirs > standby.epoch() {
-            standby.superseded(theirs);
-        }
+        standby.stop_if_superseded(theirs);
     }
     // A copy of another log is never cut to this one's: this node may be a fresh one whose
     // data was lost, and the standby the only holder of what was acknowledged. A copy from

@@ -228,7 +228,7 @@ impl Copy {
 
     /// The lowest epoch a primary it follows may be at.
     fn epoch_at_least(&self) -> u64 {
-        self.kept.epoch.max(self.given_epoch)
+        self.kept.floor().max(self.given_epoch)
     }
 
     /// The primary said its epoch: followed if it is not lower than the copy's, and kept if

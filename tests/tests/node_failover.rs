@@ -390,6 +390,60 @@ async fn a_node_given_a_standby_after_it_started_stops_to_take_it() {
     );
 }
 
+/// A node with a standby serves at the epoch its config gives, kept with its copy before it
+/// serves; a later config that gives a higher one (a promoted copy started before its new
+/// epoch was stored) is taken and kept while it serves; a lower one is not.
+#[tokio::test]
+async fn a_node_takes_a_higher_epoch_from_its_config_and_never_a_lower_one() {
+    let replication = |epoch: u64| qe_shared::node_channel::DesiredReplication {
+        key_hash: PasswordHash::new("a replication key").to_string(),
+        epoch: Some(epoch),
+    };
+    let mut first = desired();
+    first.replication = Some(replication(1));
+    let mut later = first.clone();
+    later.version = VERSION + 1;
+    later.replication = Some(replication(3));
+    let mut replica = FakeReplica::serving(Fake {
+        first,
+        later: Some(later),
+        refuses_standby: false,
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(dir.path(), &bootstrap(&replica.url, &[]));
+    let applied_version = |version: u64| {
+        move |seen: &Seen| {
+            seen.target == "/v1/nodes/q/applied"
+                && serde_json::from_slice::<serde_json::Value>(&seen.body)
+                    .is_ok_and(|applied| applied["version"] == version)
+        }
+    };
+    replica
+        .next("the later config confirmed", applied_version(VERSION + 1))
+        .await;
+    let kept = || std::fs::read_to_string(dir.path().join("data/messages/epoch")).unwrap();
+    assert_eq!(kept(), "3\n");
+    let log = node.log();
+    assert!(log.contains("the queue's epoch moved on"), "{log}");
+    drop(node);
+    // Started again from a config that gives a lower one: it keeps its own.
+    let mut lower = desired();
+    lower.version = VERSION + 2;
+    lower.replication = Some(replication(2));
+    let mut replica = FakeReplica::serving(Fake {
+        first: lower,
+        later: None,
+        refuses_standby: false,
+    })
+    .await;
+    let _node = NodeProcess::start(dir.path(), &bootstrap(&replica.url, &[]));
+    replica
+        .next("the lower config confirmed", applied_version(VERSION + 2))
+        .await;
+    assert_eq!(kept(), "3\n");
+}
+
 /// A node with a standby says so when it confirms a config and puts the standby's numbers in
 /// its live reports; a control plane from before standbys refuses both (it reads them with
 /// `deny_unknown_fields`), and would neither hear the config confirmed nor hear any live

@@ -56,6 +56,8 @@ pub struct Dig {
     pub authoritative: bool,
     /// The answers' data, as dig prints them (`::1`, `127.0.0.1`, a SOA's fields ...).
     pub answers: Vec<String>,
+    /// Each answer's TTL, in seconds.
+    pub ttls: Vec<u32>,
 }
 
 impl Dig {
@@ -92,19 +94,20 @@ pub fn dig(server: SocketAddr, name: &str, kind: &str, tcp: bool) -> Dig {
         .to_string();
     let flags = text.split(";; flags: ").nth(1).unwrap_or("");
     let flags = flags.split(';').next().unwrap_or("");
-    let answers = text
+    // NAME TTL CLASS TYPE DATA...
+    let records: Vec<Vec<&str>> = text
         .lines()
         .filter(|line| !line.starts_with(';') && !line.trim().is_empty())
-        .map(|line| {
-            // NAME TTL CLASS TYPE DATA...
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            fields[4..].join(" ")
-        })
+        .map(|line| line.split_whitespace().collect())
         .collect();
     Dig {
         status,
         authoritative: flags.split_whitespace().any(|flag| flag == "aa"),
-        answers,
+        answers: records.iter().map(|fields| fields[4..].join(" ")).collect(),
+        ttls: records
+            .iter()
+            .map(|fields| fields[1].parse().expect("a TTL"))
+            .collect(),
     }
 }
 

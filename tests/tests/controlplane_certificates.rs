@@ -18,10 +18,13 @@ async fn the_dns_answers_for_queues_aaaa_always_a_with_ipv4_and_nxdomain_after_d
     let with_ipv4 = cp.create_queue(&create(true)).await;
     let v6_only = cp.create_queue(&create(false)).await;
     let host = |queue: &serde_json::Value| queue["host"].as_str().unwrap().to_string();
+    // A queue's records live 5 s in a resolver: its name moves within seconds (a standby
+    // promoted, a node replaced).
     let answer = |status: &str, answers: &[&str]| Dig {
         status: status.into(),
         authoritative: true,
         answers: answers.iter().map(|a| a.to_string()).collect(),
+        ttls: answers.iter().map(|_| 5).collect(),
     };
 
     assert_eq!(

@@ -17,8 +17,11 @@ use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 
-/// How long resolvers may keep an answer: short, since queues come and go.
+/// How long resolvers may keep the zone's own records (SOA, NS) and a name it does not have.
 const TTL: u32 = 60;
+/// How long resolvers may keep a queue's addresses: seconds, so that clients that reconnect by
+/// name find a node placed anew (a promoted standby, a replacement) within seconds.
+const QUEUE_TTL: u32 = 5;
 /// Serials of its own a zone reserves in the store at a time, so that it writes the store once
 /// in this many changes or seconds, not at each.
 const SERIALS_RESERVED_AT_ONCE: u32 = 3600;
@@ -323,9 +326,9 @@ impl Zone {
             };
             let name = self.name(&queue.id);
             let v6 = RData::AAAA(AAAA(addresses.v6));
-            records.push(Record::from_rdata(name.clone(), TTL, v6));
+            records.push(Record::from_rdata(name.clone(), QUEUE_TTL, v6));
             if let (true, Some(v4)) = (queue.ipv4, addresses.v4) {
-                records.push(Record::from_rdata(name, TTL, RData::A(A(v4))));
+                records.push(Record::from_rdata(name, QUEUE_TTL, RData::A(A(v4))));
             }
         }
         records

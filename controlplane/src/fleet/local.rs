@@ -381,13 +381,17 @@ impl Provider for LocalProvider {
             let standby = self.standby_dir(&queue.id);
             let fail = |e: std::io::Error| FleetError::Start(format!("promoting the standby: {e}"));
             // A node whose directory went while it still runs writes through what it holds
-            // open, and would go on beside the copy put in its place: it is fenced first.
-            if super::local_standby::data_lost(&data, &standby).map_err(fail)? {
-                self.stop_node(&queue.id, Duration::ZERO).await;
-            }
+            // open, and would go on beside the copy put in its place: it is killed first. Its
+            // supervision stays: the supervisor starts it again, on the copy.
+            let fence = async {
+                if let Some(mut node) = Launcher::running_in(&node_dir) {
+                    tracing::warn!(queue = %queue.id, pid = node.id(), "the node's data is gone while it runs: killed before its standby's copy takes its place");
+                    node.stop(Duration::ZERO).await;
+                }
+            };
             let promoted = self
                 .standbys
-                .promote_if_data_lost(&queue.id, &data, &standby);
+                .promote_if_data_lost(&queue.id, &data, &standby, fence);
             promoted.await.map_err(fail)?;
             super::local_standby::was_promoted(&node_dir).map_err(fail)
         }
@@ -561,7 +565,8 @@ impl Launcher {
             standbys,
         } = &self.standby;
         let data = self.dir.join("data");
-        let promoted = standbys.promote_if_data_lost(queue_id, &data, dir);
+        // Its process has exited: nothing to fence.
+        let promoted = standbys.promote_if_data_lost(queue_id, &data, dir, async {});
         if promoted
             .await
             .map_err(|e| fail(format!("promoting the standby: {e}")))?

@@ -184,7 +184,7 @@ pub fn promotion_recorded(node_dir: &Path) -> std::io::Result<()> {
 
 /// Whether a node on `node_data` would start on the standby's copy (in `dir`): its own holds
 /// no log and the copy does.
-pub fn data_lost(node_data: &Path, dir: &Path) -> std::io::Result<bool> {
+fn data_lost(node_data: &Path, dir: &Path) -> std::io::Result<bool> {
     Ok(!holds_a_log(node_data)? && holds_a_log(&data_dir(dir))?)
 }
 
@@ -200,17 +200,22 @@ impl LocalStandbys {
     /// credential, its config) go with the copy; whatever else is left of its directory is
     /// kept aside (`data.lost-MS`), never removed here. Returns whether it did. A crash half
     /// way is finished by the next start: the copy holds its log until it is in place.
+    ///
+    /// `fence` runs first, under the same lock: it kills a node process still running on the
+    /// lost directory (the lock keeps a node started on the copy from being taken for one).
     pub async fn promote_if_data_lost(
         &self,
         queue_id: &str,
         node_data: &Path,
         dir: &Path,
+        fence: impl std::future::Future<Output = ()>,
     ) -> std::io::Result<bool> {
         let _changing = self.changing.lock().await;
         let copy = data_dir(dir);
         if !data_lost(node_data, dir)? {
             return Ok(false);
         }
+        fence.await;
         self.stop(queue_id, dir).await;
         // Said first, and kept on disk until the reconciler has audited it and replaced the
         // node's lost certificate ([`promotion_recorded`]): a control plane that stops meanwhile

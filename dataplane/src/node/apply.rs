@@ -133,13 +133,10 @@ impl Apply for NodeApply {
             }
             // A promoted copy may start before its new epoch is stored: it takes it now.
             let given_epoch = desired.replication.as_ref().and_then(|r| r.epoch);
-            if let (Some(standby), Some(given)) = (&self.node.standby, given_epoch) {
-                // Not kept: it serves at the epoch it has, and a standby given the new one
-                // does not follow it meanwhile (the safe way); the next config tries again.
-                if let Err(error) = standby.take_epoch(given) {
-                    tracing::error!(%error, given, "the queue's epoch could not be kept");
-                }
-            }
+            let epoch_kept = match (&self.node.standby, given_epoch) {
+                (Some(standby), Some(given)) => standby.take_epoch(given),
+                _ => Ok(()),
+            };
             match (&self.own_certificate, &desired.tls) {
                 (Some(own), NodeTls::Queue { generation, .. }) => {
                     own.renew_if_asked(*generation).await
@@ -152,7 +149,10 @@ impl Apply for NodeApply {
             if let Some(upgrader) = &self.upgrader {
                 upgrader.want(desired.build.as_ref());
             }
-            Ok(())
+            // Not kept, the rest applied: it serves at the epoch it has (a standby given the
+            // new one does not follow it meanwhile, the safe way), and the config is not
+            // confirmed, so the channel applies it again.
+            epoch_kept.map_err(|error| format!("the queue's epoch could not be kept: {error}"))
         })
     }
 }

@@ -190,8 +190,9 @@ pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Runn
         report_last_and_exit(&config, terminate).await?;
         return Ok(None);
     }
-    // Before anything is asked for or opened: a superseded copy serves no more, with or
-    // without a standby (`replication::epoch`). Its last records may still be handed over.
+    // Before a certificate is asked for or the data opened: a superseded copy serves no
+    // more, with or without a standby (`replication::epoch`). Its last records may still be
+    // handed over.
     let log_dir = config.data_dir.join(crate::store::data_dir::MESSAGES);
     crate::replication::epoch::refuse_superseded(&log_dir).map_err(|error| {
         let why = format!("cannot start on {}: {error}", config.data_dir.display());

@@ -98,10 +98,15 @@ pub fn refuse_superseded(dir: &Path) -> Result<(), EpochError> {
 }
 
 /// The epoch a primary starts at on the log in `dir`: the higher of what it keeps and what it
-/// was `given` (kept, if higher; a superseded copy's mark kept with it). Serving nodes have
-/// refused a superseded copy before ([`refuse_superseded`]).
+/// was `given` (kept, if higher). A superseded copy keeps its mark and its epoch: serving
+/// nodes have refused it before ([`refuse_superseded`]).
 pub fn start_primary(dir: &Path, given: Option<u64>) -> Result<u64, EpochError> {
     let kept = kept(dir)?;
+    if kept.superseded_by.is_some() {
+        // Opened only to hand its last records over: its epoch stays what it was, so the
+        // copy may still rejoin the primary that superseded it.
+        return Ok(kept.epoch);
+    }
     let epoch = kept.epoch.max(given.unwrap_or(0));
     if epoch > kept.epoch {
         keep(dir, Kept { epoch, ..kept })?;
@@ -173,8 +178,10 @@ mod tests {
             refused,
             Err(EpochError::Superseded { epoch: 3, by: 4 })
         ));
-        // Opened all the same (to hand its last records over), it keeps the mark.
-        assert_eq!(start_primary(dir.path(), Some(3)).unwrap(), 3);
+        // Opened all the same (to hand its last records over), it keeps the mark and its
+        // epoch, whatever it is given.
+        assert_eq!(start_primary(dir.path(), Some(7)).unwrap(), 3);
+        assert_eq!(kept(dir.path()).unwrap().floor(), 4);
         assert!(refuse_superseded(dir.path()).is_err());
         // As the new primary's standby it may follow; the mark goes once it has caught up.
         let mut standby = kept(dir.path()).unwrap();

@@ -47,7 +47,7 @@ pub struct Standby {
 }
 
 /// The exit code of a primary that has been superseded: its supervisor must not start it as
-/// the primary again (it would not: [`epoch::start_primary`] refuses its copy).
+/// the primary again (it would not: [`epoch::refuse_superseded`] refuses its copy).
 pub const SUPERSEDED_EXIT: i32 = 3;
 
 impl Standby {

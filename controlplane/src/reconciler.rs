@@ -357,10 +357,9 @@ impl Reconciler {
         self.store.record_audit(entry).await;
     }
 
-    /// Its node was started on its standby's copy: audited, and a new certificate generation,
-    /// so that the hour between two issues does not hold back the one it lost with its data.
-    /// Its standby's copy was made its node's data: audited, a new certificate (the node's
-    /// went with its disk) and the next epoch. Returns the queue as it is now.
+    /// Its standby's copy was made its node's data: audited, a new certificate generation (the
+    /// node's certificate went with its disk, and the hour between two issues must not hold
+    /// back the new one) and the next epoch. Returns the queue as it is now.
     async fn promoted(&self, queue: &Queue) -> Result<Queue, StoreError> {
         self.audit(audit::NODE_RESTART, queue, PROMOTED).await;
         tracing::warn!(queue = %queue.id, reason = PROMOTED, "its node was restarted");

@@ -360,6 +360,19 @@ impl Log {
     }
 }
 
+/// The flags that give a node the test logins.
+fn login_flags() -> [String; 6] {
+    let login = |(name, password): (&str, &str)| format!("{name}:{password}");
+    [
+        "--publisher".into(),
+        login(PUBLISHER),
+        "--subscriber".into(),
+        login(SUBSCRIBER),
+        "--admin".into(),
+        login(ADMIN),
+    ]
+}
+
 /// Waits up to `within` for `child` to exit: its exit code (None: ended by a signal). Kills it
 /// and fails if it has not.
 fn exit_within(child: &mut Child, within: Duration) -> Option<i32> {
@@ -403,14 +416,11 @@ impl Node {
     /// Starts a node on `data_dir` with `extra` flags that is to refuse to start: its exit
     /// code (None: ended by a signal) and its stderr. Fails if it listens instead.
     pub fn refused_start(data_dir: &Path, extra: &[&str]) -> (Option<i32>, String) {
-        let login = |(name, password): (&str, &str)| format!("{name}:{password}");
         let mut child = Command::new(dataplane_binary())
             .args(["--listen", "127.0.0.1:0", "--plaintext"])
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--publisher", &login(PUBLISHER)])
-            .args(["--subscriber", &login(SUBSCRIBER)])
-            .args(["--admin", &login(ADMIN)])
+            .args(login_flags())
             .args(extra)
             .env("RUST_LOG", log_level())
             .stdin(Stdio::null())
@@ -518,7 +528,6 @@ impl Node {
     }
 
     fn spawn(data_dir: tempfile::TempDir, extra: &[&str], cpu: Option<usize>) -> Node {
-        let login = |(name, password): (&str, &str)| format!("{name}:{password}");
         // Plain ws:// unless the test gives a certificate.
         let transport = match extra.contains(&"--tls-cert") {
             true => None,
@@ -542,9 +551,7 @@ impl Node {
             .args(listen.into_iter().flatten())
             .arg("--data-dir")
             .arg(data_dir.path())
-            .args(["--publisher", &login(PUBLISHER)])
-            .args(["--subscriber", &login(SUBSCRIBER)])
-            .args(["--admin", &login(ADMIN)])
+            .args(login_flags())
             .args(transport)
             .args(extra)
             .env("RUST_LOG", log_level())

@@ -77,7 +77,7 @@ impl StartError {
         match self {
             StartError::Usage(_) => 2,
             StartError::Failed(_) => 1,
-            StartError::Superseded(_) => crate::replication::SUPERSEDED_EXIT as u8,
+            StartError::Superseded(_) => crate::replication::SUPERSEDED_EXIT,
         }
     }
 }

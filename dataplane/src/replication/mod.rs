@@ -43,12 +43,12 @@ pub struct Standby {
     /// config that gives a higher one. The lock keeps the file's writes in order.
     epoch: std::sync::Mutex<u64>,
     /// The log's directory, where the epoch is kept.
-    pub log_dir: PathBuf,
+    log_dir: PathBuf,
 }
 
 /// The exit code of a primary that has been superseded: its supervisor must not start it as
 /// the primary again (it would not: [`epoch::refuse_superseded`] refuses its copy).
-pub const SUPERSEDED_EXIT: i32 = 3;
+pub const SUPERSEDED_EXIT: u8 = 3;
 
 impl Standby {
     pub fn new(
@@ -107,7 +107,7 @@ impl Standby {
                 Err(error) => format!(" (keeping that failed: {error})"),
             }
         );
-        std::process::exit(SUPERSEDED_EXIT)
+        std::process::exit(i32::from(SUPERSEDED_EXIT))
     }
 
     /// How the standby stands, for the live report.

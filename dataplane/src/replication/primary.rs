@@ -114,8 +114,10 @@ async fn ship(
             _ => {}
         }
     }
-    let takes_lineage = hello.takes_lineage;
-    let takes_epoch = hello.epoch.is_some();
+    let takes = Takes {
+        lineage: hello.takes_lineage,
+        epoch: hello.epoch.is_some(),
+    };
     // It opens every segment file under the files' lock: not on the runtime's threads.
     let shipping = standby.shipping.clone();
     let attach = tokio::task::spawn_blocking(move || shipping.attach(&hello.have));
@@ -131,10 +133,6 @@ async fn ship(
     let mut link = Link {
         socket,
         unanswered: VecDeque::new(),
-    };
-    let takes = Takes {
-        lineage: takes_lineage,
-        epoch: takes_epoch,
     };
     match catch_up_then_follow(&mut link, standby, attached, takes).await {
         Ok(never) => match never {},

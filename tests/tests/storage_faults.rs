@@ -298,6 +298,12 @@ async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
     let held = receive(&sqs, &queue, 1, 1).await;
     assert_eq!(held.len(), 1);
     let handle = held[0].receipt_handle().unwrap().to_string();
+    // The receive wrote the message's receive count (a new record of it) and asked for a
+    // sync it does not wait on. Were the disk to fail before that sync ran (a loaded CI
+    // machine), the sync's failure would refuse every durable change (503, the next test's
+    // case) before this test's writes could fail. A durability-2 publish after it is
+    // answered only once everything written before it is synced.
+    assert_eq!(code(&publish(&mut publisher, "synced", 2).await), 0);
 
     disk.go_read_only();
     let failed_code = |error: &dyn ProvideErrorMetadata| error.code().map(str::to_string);

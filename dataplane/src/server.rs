@@ -169,7 +169,9 @@ async fn serve(tcp: TcpStream, setup: Setup, admitted: PreLogin, source: IpAddr)
     };
     if route == Route::Replication {
         if let Some(standby) = &node.standby {
-            crate::replication::primary::serve(websocket, standby, admitted, login_deadline).await;
+            let queue = &node.queue;
+            crate::replication::primary::serve(websocket, standby, queue, admitted, login_deadline)
+                .await;
         }
         return;
     }

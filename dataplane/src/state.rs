@@ -163,7 +163,11 @@ impl Node {
         let restored = recovered.messages.len();
         queue.set_rules(delivery_rules(&settings));
         let damaged = std::mem::take(&mut recovered.damaged);
-        queue.restore(recovered);
+        // A promoted standby's copy carries its primary's sessions, saved from now.
+        let saved_for = settings.get(Setting::SavedSessionTimeoutSecs) * 1000;
+        let carried = crate::replication::holds::take(&config.data_dir, saved_for)?;
+        let carried_holds = carried.as_ref().map_or(0, |c| c.holds.len());
+        queue.restore(recovered, carried);
         for region in &damaged {
             let (id, receipt) = queue.add_damaged(&region.bytes);
             tracing::warn!(%id, segment = region.segment, offset = region.offset,
@@ -175,7 +179,12 @@ impl Node {
             standby.shipping.repaired(repairs);
             standby.shipping.require_standby();
         }
-        tracing::info!(restored, damaged = damaged.len(), "queue read back");
+        tracing::info!(
+            restored,
+            damaged = damaged.len(),
+            carried_holds = carried_holds,
+            "queue read back"
+        );
 
         let history = History::open(meta.disk(), crate::engine::now_ms() / 1000)?;
         Ok(Arc::new(Node {

@@ -787,6 +787,17 @@ impl Client {
         }
     }
 
+    /// The next delivery's body and id, skipping the frames that are not deliveries (replies,
+    /// notices).
+    pub async fn next_delivery(&mut self) -> (String, Value) {
+        loop {
+            let frame = self.recv().await;
+            if let Some(body) = frame["body"].as_str() {
+                return (body.to_string(), frame["id"].clone());
+            }
+        }
+    }
+
     /// Whether a frame arrives within `wait`; for checking that nothing was sent, use a wait
     /// after an event that would have come before it (see the tests).
     pub async fn recv_within(&mut self, wait: Duration) -> Option<Value> {

@@ -171,6 +171,15 @@ async fn a_node_whose_data_is_lost_starts_again_on_its_standbys_copy() {
     })
     .await;
     let node = node_of(&queue).to_string();
+    // A subscriber holds the first 5 when the disk goes: it resumes on the copy with them.
+    let login = &logins["subscriber"];
+    let mut holder = Client::connect_url(&node).await;
+    let holding = json!({
+        "username": login["username"], "password": login["password"],
+        "role": "subscriber", "queuetype": "distribute", "capacity": 5,
+    });
+    let reply = holder.request(holding.clone()).await;
+    let holder_session = reply["sessionid"].as_str().unwrap().to_string();
     let mut publisher = login_with(&node, &logins["publisher"], "publisher", json!({})).await;
     let acknowledged: Vec<String> = (0..30).map(|n| format!("acknowledged {n:02}")).collect();
     for body in &acknowledged {
@@ -180,6 +189,10 @@ async fn a_node_whose_data_is_lost_starts_again_on_its_standbys_copy() {
         assert_eq!(reply["status"], "Success.", "{reply}");
     }
     drop(publisher);
+    let (held, acknowledged) = acknowledged.split_at(5);
+    for body in held {
+        assert_eq!(holder.next_delivery().await.0, *body);
+    }
     // The disk goes, then the process.
     let node_pid: i32 = queue["resources"]["process"]
         .as_str()
@@ -212,7 +225,21 @@ async fn a_node_whose_data_is_lost_starts_again_on_its_standbys_copy() {
             .send_json(&json!({"id": frame["id"], "ack": 1}))
             .await;
     }
-    assert_eq!(delivered, acknowledged);
+    assert_eq!(
+        delivered, acknowledged,
+        "none that the holder's saved session holds"
+    );
+    let mut holder = Client::connect_url(&node).await;
+    let mut resume = holding;
+    resume["sessionid"] = holder_session.into();
+    resume["replay"] = true.into();
+    let reply = holder.request(resume).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    for body in held {
+        let (delivered, id) = holder.next_delivery().await;
+        assert_eq!(delivered, *body);
+        holder.send_json(&json!({"id": id, "ack": 1})).await;
+    }
     // A new standby, on an empty directory, catches up: durability 2 is on two disks again.
     wait_for(&cp, &id, "a new standby in sync", |q| {
         in_sync(q) && standby_pid(q).is_some_and(|pid| pid != standby_pid(&queue).unwrap())

@@ -250,7 +250,10 @@ async fn a_late_standby_catches_up_and_follows_compaction() {
         assert_eq!(reply["status"], "Success.", "{reply}");
         ack_replies += 1;
     }
-    drop(subscriber);
+    // Logged out, so the last 100 wait again (a dropped session's holds would be carried to
+    // the promoted copy, saved: the test below).
+    let logout = subscriber.request(json!({"logout": true})).await;
+    assert_eq!(logout["status"], "Logout Success.", "{logout}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         // Each durability-2 publish is synced on both: the standby has everything before it.
@@ -735,6 +738,96 @@ async fn a_primary_left_behind_by_a_promotion_is_fenced_by_the_epoch() {
     assert_eq!(epoch_file(rejoined.data_dir.path()), "2\n");
     assert_eq!(drain(&promoted).await, acknowledged);
     assert_undamaged(&promoted);
+}
+
+/// Sessions and holds carried over (docs/standby-design.md, section 4): a subscriber that
+/// held messages on the lost primary resumes its session on the promoted copy and gets them
+/// again; a new subscriber gets none of them while their sessions are saved; what a session
+/// that never comes back held goes on once its saved time runs out.
+#[tokio::test]
+async fn a_subscriber_resumes_on_the_promoted_copy_with_what_it_held() {
+    let (mut primary, standby) = replicated();
+    let mut publisher = primary.publisher().await;
+    let (mut holder, holder_session) = primary.subscriber(3).await;
+    for n in 0..3 {
+        published(&mut publisher, format!("held {n}"), 2).await;
+    }
+    for n in 0..3 {
+        assert_eq!(holder.next_delivery().await.0, format!("held {n}"));
+    }
+    // Full, so the next goes to a second subscriber, which never comes back.
+    let (mut leaver, _) = primary.subscriber(1).await;
+    published(&mut publisher, "held by the leaver", 1).await;
+    assert_eq!(leaver.next_delivery().await.0, "held by the leaver");
+    // Nobody has room: it waits. Its sync on the standby also covers every hold before it.
+    published(&mut publisher, "waiting", 2).await;
+
+    primary.kill();
+    let mut standby = standby;
+    standby.kill();
+    let promoted = promote(standby);
+    assert!(
+        promoted.log().contains("carried_holds=4"),
+        "{}",
+        promoted.log()
+    );
+    let (mut newcomer, _) = promoted.subscriber(10).await;
+    assert_eq!(newcomer.next_delivery().await.0, "waiting");
+    let mut publisher = promoted.publisher().await;
+    published(&mut publisher, "marker", 1).await;
+    let (body, _) = newcomer.next_delivery().await;
+    assert_eq!(body, "marker", "nothing a saved session holds");
+
+    let resume = json!({"sessionid": holder_session, "replay": true});
+    let (mut holder, _) = promoted.login("subscriber", "distribute", resume).await;
+    let mut held = Vec::new();
+    for n in 0..3 {
+        let (body, id) = holder.next_delivery().await;
+        assert_eq!(body, format!("held {n}"));
+        held.push(id);
+    }
+    for id in held {
+        let ack = holder.request(json!({"id": id, "ack": 1})).await;
+        assert_eq!(ack["status"], "Success.", "it holds it still: {ack}");
+    }
+    // The leaver's session runs out (saved-session-timeout-secs, 10 s from the promoted
+    // node's start) and what it held goes on: to the holder, back at its place before the
+    // newcomer's and with room now.
+    let frame = holder.recv_within(Duration::from_secs(30)).await;
+    let frame = frame.expect("the leaver's message, once its session ran out");
+    let (body, id) = (frame["body"].clone(), frame["id"].clone());
+    assert_eq!(body, "held by the leaver", "{frame}");
+    let ack = holder.request(json!({"id": id, "ack": 1})).await;
+    assert_eq!(ack["status"], "Success.", "{ack}");
+}
+
+/// A standby that attaches after messages are held is sent who holds them first, with its
+/// catch-up: a subscriber that held them before the standby existed resumes on its copy.
+#[tokio::test]
+async fn a_late_standby_is_sent_who_holds_what() {
+    let mut primary = primary();
+    let mut publisher = primary.publisher().await;
+    let (mut holder, holder_session) = primary.subscriber(2).await;
+    for n in 0..2 {
+        // Durability 1: no standby yet, so durability 2 would be answered 507.
+        published(&mut publisher, format!("held {n}"), 1).await;
+        assert_eq!(holder.next_delivery().await.0, format!("held {n}"));
+    }
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    // Its sync on the standby covers what the standby was sent before it.
+    published(&mut publisher, "after", 2).await;
+    primary.kill();
+    let mut standby = standby;
+    standby.kill();
+    let promoted = promote(standby);
+    let resume = json!({"sessionid": holder_session, "replay": true});
+    let (mut holder, _) = promoted.login("subscriber", "distribute", resume).await;
+    for n in 0..2 {
+        assert_eq!(holder.next_delivery().await.0, format!("held {n}"));
+    }
+    // Its capacity (2) came with it: "after" goes to the next subscriber.
+    assert_eq!(drain(&promoted).await, ["after"]);
 }
 
 /// A standby stops on SIGTERM (as systemd stops it), at once.

@@ -144,6 +144,42 @@ impl Line {
         held
     }
 
+    /// Every subscriber's session, capacity and held messages.
+    pub fn held_by_each(&self) -> impl Iterator<Item = (SessionId, u64, &BTreeSet<MessageId>)> {
+        let each = self.subscribers.iter();
+        each.map(|(session, s)| (*session, s.capacity, &s.held))
+    }
+
+    /// Puts a saved subscriber in the line (at the back, as it has no place yet): one that
+    /// held `held` on the node whose copy this node started on. Every one of them is sent
+    /// when it resumes (this node cannot know which its last connection wrote).
+    pub fn join_saved(&mut self, session: SessionId, capacity: u64, held: BTreeSet<MessageId>) {
+        let place = self.next_place;
+        self.next_place += 1;
+        let subscriber = Subscriber {
+            place,
+            capacity,
+            unsent: held.clone(),
+            held,
+            outbox: None,
+            received: true,
+        };
+        self.subscribers.insert(session, subscriber);
+    }
+
+    /// The messages `session` holds (none: not in the line).
+    pub fn held(&self, session: SessionId) -> impl Iterator<Item = &MessageId> {
+        self.subscribers
+            .get(&session)
+            .into_iter()
+            .flat_map(|s| &s.held)
+    }
+
+    /// How many messages `session` may hold (0: not in the line).
+    pub fn capacity(&self, session: SessionId) -> u64 {
+        self.subscribers.get(&session).map_or(0, |s| s.capacity)
+    }
+
     pub fn set_capacity(&mut self, session: SessionId, capacity: u64) {
         if let Some(subscriber) = self.subscribers.get_mut(&session) {
             subscriber.capacity = capacity;

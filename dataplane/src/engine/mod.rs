@@ -22,7 +22,8 @@ pub use crate::message::{BodyType, Dead, DeadReason, Durability, Message, NewMes
 pub use copy::{CopyQueue, CopySubscription};
 pub use outbox::{Frames, Outbound};
 pub use queue::{
-    Anchor, Counts, Limits, Pulled, QueueState, Redrive, Refused, Rules, Scope, Totals,
+    Anchor, CarriedHolds, Counts, Limits, Pulled, QueueState, Redrive, Refused, Rules, Scope,
+    Totals,
 };
 
 use crate::store::{Receipt, Store};
@@ -328,13 +329,18 @@ impl Queue {
     }
 
     /// Loads what the store kept, at start.
-    pub fn restore(&self, recovered: crate::store::log::Recovered) {
+    pub fn restore(&self, recovered: crate::store::log::Recovered, carried: Option<CarriedHolds>) {
         let now_ms = now_ms();
         let mut queue = self.lock();
-        queue.restore(recovered.messages, now_ms);
+        queue.restore(recovered.messages, carried, now_ms);
         queue.restore_dedup(&recovered.dedup, now_ms);
         drop(queue);
         self.shared.timers_changed.notify_one();
+    }
+
+    /// Who holds which durable message (see [`QueueState::holds`]).
+    pub fn holds(&self) -> Vec<crate::store::log::HoldChange> {
+        self.lock().holds()
     }
 
     /// Puts damaged bytes of the store in the dead letter queue; see [`QueueState::add_damaged`].

@@ -23,6 +23,7 @@ use crate::message::{
     frame_body_type, notice_frame, Dead, DeadReason, Durability, Message, NewMessage,
     RecoveredMessage,
 };
+use crate::store::log::HoldChange;
 use crate::store::{Change, Life, Receipt, Store};
 use qe_shared::Code;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -32,6 +33,15 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// measured with a million stored messages (docs/performance.md). `messages-memory-used` is
 /// the frames plus this each.
 pub const MESSAGE_OVERHEAD_BYTES: u64 = 220;
+
+/// The sessions a promoted standby's copy carries over (`replication::holds`): who held
+/// which message on the node it followed, and how long they stay saved from the start.
+#[derive(Default)]
+pub struct CarriedHolds {
+    /// By message: its holder's session and capacity.
+    pub holds: IdMap<MessageId, (SessionId, u64)>,
+    pub saved_for_ms: u64,
+}
 
 /// Why the queue refused an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -425,7 +435,16 @@ impl QueueState {
         }
     }
 
-    pub fn restore(&mut self, messages: Vec<RecoveredMessage>, now_ms: u64) {
+    /// Takes back the messages a start read from the log; with `carried`, the sessions of
+    /// the node whose standby's copy this is, saved from `now_ms` with what they held.
+    pub fn restore(
+        &mut self,
+        messages: Vec<RecoveredMessage>,
+        carried: Option<CarriedHolds>,
+        now_ms: u64,
+    ) {
+        let carried = carried.unwrap_or_default();
+        let mut sessions: IdMap<SessionId, (u64, BTreeSet<MessageId>)> = IdMap::default();
         for recovered in messages {
             let id = recovered.id;
             self.ids.observe(id.0);
@@ -450,10 +469,21 @@ impl QueueState {
                 self.dead.insert(id, message);
                 continue;
             }
-            let place = match recovered.due_ms {
-                Some(due_ms) if due_ms > now_ms => {
+            let place = match (recovered.due_ms, carried.holds.get(&id)) {
+                (Some(due_ms), _) if due_ms > now_ms => {
                     self.delayed.insert((due_ms, id));
                     Place::Delayed(due_ms)
+                }
+                // Held as before, if it is its group's first (as a held message of a group is).
+                (_, Some(&(session, capacity)))
+                    if message.group == 0
+                        || self.groups.enter(message.group, id) == Enter::Line =>
+                {
+                    let (_, held) = sessions
+                        .entry(session)
+                        .or_insert((capacity, BTreeSet::new()));
+                    held.insert(id);
+                    Place::Held(session)
                 }
                 _ => self.enqueue(id, message.group),
             };
@@ -470,6 +500,13 @@ impl QueueState {
             };
             self.messages.insert(id, Box::new(entry));
         }
+        let expires_ms = now_ms + carried.saved_for_ms;
+        for (session, (capacity, held)) in sessions {
+            self.ids.observe(session.0);
+            self.line.join_saved(session, capacity, held);
+            self.saved.insert(session, expires_ms);
+            self.expiries.insert((expires_ms, session));
+        }
         self.expire_messages(now_ms);
         self.dead_letter_exhausted();
         self.dispatch();
@@ -483,9 +520,11 @@ impl QueueState {
         if self.rules.max_receive_count == 0 {
             return;
         }
+        // (Not one carried over as held: its delivery goes on.)
         let exhausted: Vec<MessageId> = self
             .messages
             .iter()
+            .filter(|(_, entry)| !matches!(entry.place, Place::Held(_)))
             .filter(|(_, entry)| self.exhausted(entry.receives))
             .map(|(id, _)| *id)
             .collect();
@@ -532,7 +571,24 @@ impl QueueState {
     /// is held and gets nothing new until it holds fewer than the new capacity.
     pub fn set_capacity(&mut self, session: SessionId, capacity: u64) {
         self.line.set_capacity(session, capacity);
+        self.record_holder(session);
         self.dispatch();
+    }
+
+    /// Tells the store again who holds `session`'s durable messages, and with what capacity
+    /// (a resume gives them a new session id, a capacity change a new capacity).
+    fn record_holder(&mut self, session: SessionId) {
+        let capacity = self.line.capacity(session);
+        for &id in self.line.held(session) {
+            if self.messages[&id].message.durability != Durability::None {
+                let delivered = Change::Delivered {
+                    id,
+                    session,
+                    capacity,
+                };
+                let _ = self.store.record(delivered);
+            }
+        }
     }
 
     /// "Done": the message is removed.
@@ -598,11 +654,14 @@ impl QueueState {
         };
         if !self.exhausted(receives) {
             let place = self.enqueue(id, group);
-            self.messages
+            let entry = self
+                .messages
                 .get_mut(&id)
-                .expect("a delivered message is in the queue")
-                .place = place;
-            let _ = self.store.record(Change::Returned(id));
+                .expect("a delivered message is in the queue");
+            entry.place = place;
+            if entry.message.durability != Durability::None {
+                let _ = self.store.record(Change::Returned(id));
+            }
             return;
         }
         let entry = self
@@ -868,6 +927,7 @@ impl QueueState {
                 .expect("a held message is in the queue")
                 .place = Place::Held(new);
         }
+        self.record_holder(new);
         self.pump(new);
         self.dispatch();
         Some(new)
@@ -923,6 +983,25 @@ impl QueueState {
     /// When the next saved session runs out (ms since 1970).
     pub fn next_expiry(&self) -> Option<u64> {
         self.expiries.first().map(|&(expires_ms, _)| expires_ms)
+    }
+
+    /// Who holds which durable message: what a standby that attaches is sent first
+    /// (`replication::holds`). Costs the holds, not the messages.
+    pub fn holds(&self) -> Vec<HoldChange> {
+        let mut holds = Vec::new();
+        for (session, capacity, held) in self.line.held_by_each() {
+            for &id in held {
+                let durable = self.messages[&id].message.durability != Durability::None;
+                if durable {
+                    holds.push(HoldChange::Held {
+                        id,
+                        session,
+                        capacity,
+                    });
+                }
+            }
+        }
+        holds
     }
 
     /// Saved sessions (the manual's "saved subscribers").
@@ -1353,7 +1432,15 @@ impl QueueState {
             entry.receives = entry.receives.saturating_add(1);
             note_delivery(entry, id, crate::engine::now_ms());
             let frame = entry.message.frame_for_delivery();
-            let _ = self.store.record(Change::Delivered { id, session });
+            if entry.message.durability != Durability::None {
+                let capacity = self.line.capacity(session);
+                let delivered = Change::Delivered {
+                    id,
+                    session,
+                    capacity,
+                };
+                let _ = self.store.record(delivered);
+            }
             self.line.hold(session, id, frame);
             self.totals.delivered += 1;
             // Written only when the count can decide something: without max-receive-count,

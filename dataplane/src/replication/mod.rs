@@ -13,11 +13,13 @@
 //!
 //! A standby's copy is promoted by starting a node on it: the local provider does so when its
 //! node's data is lost (`fleet/local_standby.rs`), at the queue's next epoch ([`epoch`]): a
-//! primary that hears of a higher epoch than its own has been superseded and stops. Not yet
-//! (the design's later steps): promotion onto another machine, sessions and holds carried
-//! over.
+//! primary that hears of a higher epoch than its own has been superseded and stops. The
+//! sessions and what each holds go to the standby beside the log ([`holds`]), and a node
+//! started on the copy takes them as saved sessions. Not yet (the design's later steps):
+//! promotion onto another machine.
 
 pub mod epoch;
+pub mod holds;
 pub mod primary;
 pub mod standby;
 mod wire;

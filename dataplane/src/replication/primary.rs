@@ -1,12 +1,14 @@
 //! The primary's end of a standby's connection: the key checked, what the standby lacks sent
 //! from the segment files, then every write of the log as it happens; the standby's synced
-//! LSNs passed to the log, which answers durability 2 with them.
+//! LSNs passed to the log, which answers durability 2 with them. Beside the log, who holds
+//! which durable message (`holds`), to a standby that takes it.
 
 use super::wire::{self, Hello, MAX_WRITE_BYTES};
 use super::Standby;
 use crate::admission::PreLogin;
+use crate::engine::Queue;
 use crate::store::log::shipping::{Attached, SegmentCopy};
-use crate::store::log::Shipment;
+use crate::store::log::{HoldChange, Shipment};
 use futures::SinkExt;
 use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
@@ -48,6 +50,7 @@ enum Ended {
 pub async fn serve(
     mut socket: Box<Socket>,
     standby: &Standby,
+    queue: &Queue,
     admitted: PreLogin,
     hello_deadline: Instant,
 ) {
@@ -55,6 +58,7 @@ pub async fn serve(
     let ended = ship(
         &mut socket,
         standby,
+        queue,
         admitted,
         hello_deadline,
         &mut generation,
@@ -80,6 +84,7 @@ pub async fn serve(
 async fn ship(
     socket: &mut Socket,
     standby: &Standby,
+    queue: &Queue,
     admitted: PreLogin,
     hello_deadline: Instant,
     generation: &mut Option<u64>,
@@ -117,6 +122,7 @@ async fn ship(
     let takes = Takes {
         lineage: hello.takes_lineage,
         epoch: hello.epoch.is_some(),
+        holds: hello.takes_holds,
     };
     // It opens every segment file under the files' lock: not on the runtime's threads.
     let shipping = standby.shipping.clone();
@@ -134,7 +140,7 @@ async fn ship(
         socket,
         unanswered: VecDeque::new(),
     };
-    match catch_up_then_follow(&mut link, standby, attached, takes).await {
+    match catch_up_then_follow(&mut link, standby, queue, attached, takes).await {
         Ok(never) => match never {},
         Err(ended) => ended,
     }
@@ -144,11 +150,13 @@ async fn ship(
 struct Takes {
     lineage: bool,
     epoch: bool,
+    holds: bool,
 }
 
 async fn catch_up_then_follow(
     link: &mut Link<'_>,
     standby: &Standby,
+    queue: &Queue,
     attached: Attached,
     takes: Takes,
 ) -> Result<std::convert::Infallible, Ended> {
@@ -169,6 +177,16 @@ async fn catch_up_then_follow(
     if takes.lineage {
         link.send_frame(wire::encode_lineage(standby.shipping.lineage()))
             .await?;
+    }
+    // Who holds what now, taken after the attach: every change since is queued behind it,
+    // and each change says who holds one message from then on, so the table comes out right
+    // however the two overlap.
+    if takes.holds {
+        link.feed(&Shipment::Hold(HoldChange::Cleared)).await?;
+        for held in queue.holds() {
+            link.feed(&Shipment::Hold(held)).await?;
+        }
+        link.flush().await?;
     }
     for (segment, len) in truncated {
         link.send(&Shipment::Truncate { segment, len }).await?;
@@ -206,7 +224,9 @@ async fn catch_up_then_follow(
                 // This one and every other already queued, in one flush.
                 let mut shipment = shipment.ok_or(Ended::Dropped)?;
                 loop {
-                    link.feed(&shipment).await?;
+                    if takes.holds || !matches!(shipment, Shipment::Hold(_)) {
+                        link.feed(&shipment).await?;
+                    }
                     match shipments.try_next() {
                         Some(next) => shipment = next,
                         None => break,

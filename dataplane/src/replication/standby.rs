@@ -9,12 +9,12 @@
 //! a retry of a sync that failed, and the primary answers durability 2 with 507 until a
 //! standby is in sync again.
 
-use super::epoch;
 use super::wire::{self, Hello, Sent};
+use super::{epoch, holds};
 use crate::store::data_dir;
 use crate::store::log::lineage;
 use crate::store::log::mirror::Mirror;
-use crate::store::log::Shipment;
+use crate::store::log::{HoldChange, Shipment};
 use crate::store::meta::Meta;
 use futures::{FutureExt, SinkExt, StreamExt};
 use qe_shared::backoff::Backoff;
@@ -103,8 +103,12 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
         lineage,
         takes_lineage: true,
         epoch: Some(copy.kept.epoch),
+        takes_holds: true,
     };
     copy.primary_epoch = None;
+    // What an earlier connection said of the holds is not this one's (a primary from before
+    // holds says nothing of them).
+    copy.holds.apply(HoldChange::Cleared);
     let hello = serde_json::to_string(&hello).expect("a hello serializes");
     if socket.send(Frame::text(hello)).await.is_err() {
         return Stopped::Gone;
@@ -147,6 +151,9 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
                     None => break,
                 }
             },
+        }
+        if let Err(error) = copy.holds.flush() {
+            return Stopped::Disk(error);
         }
         if !sync_now {
             continue;
@@ -204,6 +211,8 @@ struct Copy {
     given_epoch: u64,
     /// The epoch the primary said on this connection; None until it says.
     primary_epoch: Option<u64>,
+    /// Who holds which message on the primary ([`holds`]).
+    holds: holds::Journal,
 }
 
 impl Copy {
@@ -219,6 +228,7 @@ impl Copy {
             kept,
             given_epoch,
             primary_epoch: None,
+            holds: holds::Journal::open(data_dir)?,
         })
     }
 
@@ -276,6 +286,10 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
         _ => {}
     }
     match sent {
+        Sent::Log(Shipment::Hold(change)) => {
+            copy.holds.apply(change);
+            Ok(None)
+        }
         Sent::Log(shipment) => {
             copy.mirror.apply(&shipment).map_err(Stopped::Disk)?;
             Ok(Some(shipment))

@@ -1,8 +1,9 @@
 //! The replication connection's frames. The standby's first is text, the hello; the rest are
 //! binary: a kind byte, then little-endian fields.
 
+use crate::message::ids::{MessageId, SessionId};
 use crate::store::log::shipping::Held;
-use crate::store::log::Shipment;
+use crate::store::log::{HoldChange, Shipment};
 use crate::store::meta::SavedSettings;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,9 @@ pub struct Hello {
     /// epochs, which also takes no epoch frame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
+    /// It takes who holds what (`H`, `U`, `Z`; `replication::holds`).
+    #[serde(default)]
+    pub takes_holds: bool,
 }
 
 const WRITE: u8 = b'W';
@@ -36,6 +40,11 @@ const RECEIPT_KEY: u8 = b'K';
 const LINEAGE: u8 = b'N';
 /// The primary's epoch (u64), first of all, to a standby that says which it knows.
 const EPOCH: u8 = b'E';
+/// Who holds a durable message (`replication::holds`), to a standby that takes them: a
+/// session holds one (id, session, capacity), one is released (id), every hold forgotten.
+const HELD: u8 = b'H';
+const RELEASED: u8 = b'U';
+const HOLDS_CLEARED: u8 = b'Z';
 /// Standby → primary: synced up to an LSN.
 const SYNCED: u8 = b'S';
 
@@ -71,6 +80,21 @@ pub fn encode(shipment: &Shipment) -> Bytes {
             out.put_u64_le(*lsn);
             out.put_u8(u8::from(*sync));
         }
+        Shipment::Hold(HoldChange::Held {
+            id,
+            session,
+            capacity,
+        }) => {
+            out.put_u8(HELD);
+            out.put_u128_le(id.0.as_u128());
+            out.put_u128_le(session.0.as_u128());
+            out.put_u64_le(*capacity);
+        }
+        Shipment::Hold(HoldChange::Released(id)) => {
+            out.put_u8(RELEASED);
+            out.put_u128_le(id.0.as_u128());
+        }
+        Shipment::Hold(HoldChange::Cleared) => out.put_u8(HOLDS_CLEARED),
     }
     out.freeze()
 }
@@ -125,6 +149,10 @@ pub fn decode(frame: &Bytes) -> Option<Shipment> {
     let (&kind, rest) = frame.split_first()?;
     let u32_at = |at: usize| Some(u32::from_le_bytes(rest.get(at..at + 4)?.try_into().ok()?));
     let u64_at = |at: usize| Some(u64::from_le_bytes(rest.get(at..at + 8)?.try_into().ok()?));
+    let uuid_at = |at: usize| {
+        let bytes = rest.get(at..at + 16)?.try_into().ok()?;
+        Some(uuid::Uuid::from_u128(u128::from_le_bytes(bytes)))
+    };
     match kind {
         WRITE if rest.len() >= 12 => Some(Shipment::Write {
             segment: u32_at(0)?,
@@ -142,6 +170,15 @@ pub fn decode(frame: &Bytes) -> Option<Shipment> {
             lsn: u64_at(0)?,
             sync: rest[8] == 1,
         }),
+        HELD if rest.len() == 40 => Some(Shipment::Hold(HoldChange::Held {
+            id: MessageId(uuid_at(0)?),
+            session: SessionId(uuid_at(16)?),
+            capacity: u64_at(32)?,
+        })),
+        RELEASED if rest.len() == 16 => {
+            Some(Shipment::Hold(HoldChange::Released(MessageId(uuid_at(0)?))))
+        }
+        HOLDS_CLEARED if rest.is_empty() => Some(Shipment::Hold(HoldChange::Cleared)),
         _ => None,
     }
 }
@@ -196,6 +233,13 @@ mod tests {
                 lsn: 5,
                 sync: false,
             },
+            Shipment::Hold(HoldChange::Held {
+                id: MessageId(uuid::Uuid::from_u128(u128::MAX - 1)),
+                session: SessionId(uuid::Uuid::from_u128(7 << 100)),
+                capacity: 1024,
+            }),
+            Shipment::Hold(HoldChange::Released(MessageId(uuid::Uuid::from_u128(3)))),
+            Shipment::Hold(HoldChange::Cleared),
         ];
         for shipment in shipments {
             assert_eq!(decode(&encode(&shipment)), Some(shipment));
@@ -233,6 +277,9 @@ mod tests {
             b"R12",
             b"L12345678",
             b"L123456782",
+            b"H1234567890123456",
+            b"U123",
+            b"Z1",
             b"X",
         ] {
             assert_eq!(decode(&Bytes::copy_from_slice(bad)), None, "{bad:?}");

@@ -21,6 +21,9 @@ pub mod data_dir {
     pub const META: &str = "meta";
     /// The key the SQS face signs receipt handles with (`sqs::ReceiptKey`).
     pub const SQS_RECEIPT_KEY: &str = "sqs-receipt-key";
+    /// A standby's journal of who holds which message (`replication::holds`), taken by the
+    /// node started on its copy.
+    pub const HOLDS: &str = "holds";
 }
 
 use crate::message::ids::{MessageId, SessionId};
@@ -63,8 +66,13 @@ pub enum Change<'a> {
         /// Its deduplication id and window: in its first record only.
         dedup: Option<log::record::Dedup>,
     },
-    /// A subscriber was given a message to hold.
-    Delivered { id: MessageId, session: SessionId },
+    /// A subscriber (of this capacity) was given a durable message to hold, or holds it under
+    /// a new session id after a resume.
+    Delivered {
+        id: MessageId,
+        session: SessionId,
+        capacity: u64,
+    },
     /// A message is gone: acknowledged (or deleted).
     Acked(MessageId),
     /// A message moved to the dead letter queue, as a mark that says neither why nor when:
@@ -72,7 +80,7 @@ pub enum Change<'a> {
     /// [`Change::Published`] with `life.dead` instead; the store still writes a mark when told,
     /// so that its tests make the logs older nodes left (which it must read and compact).
     DeadLettered(MessageId),
-    /// A held message went back to waiting (its holder left).
+    /// A held durable message went back to waiting (its holder left).
     Returned(MessageId),
     /// Messages are gone at once (an administrator's purge): one record for them all.
     Purged(&'a [MessageId]),

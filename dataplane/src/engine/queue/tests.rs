@@ -455,6 +455,84 @@ fn every_change_passes_the_store() {
     );
 }
 
+/// What a standby is told of holds (`replication::holds`): every delivery of a durable
+/// message with its holder, again under the new id when its session resumes and when its
+/// capacity changes; nothing of a message kept in memory only, which no copy has.
+#[test]
+fn a_durable_messages_holder_is_told_to_the_store_and_again_after_a_resume() {
+    let store = RecordingStore::default();
+    let mut q = QueueState::new(Box::new(store.clone()), roomy());
+    let a = Sub::join(&mut q, 2);
+    let durable = publish(&mut q, "durable");
+    let memory_only = NewMessage {
+        durability: Durability::None,
+        ..text("memory only")
+    };
+    let _ = q.publish(&memory_only, T0).unwrap();
+    let old = a.drop_connection(&mut q, vec![], 100);
+    let a = Sub::resume(&mut q, old, None, true, T0 + 1).unwrap();
+    q.set_capacity(a.session, 5);
+    q.leave(a.session);
+    let log = store.0.lock().unwrap().clone();
+    let delivered = format!("delivered {durable}");
+    assert_eq!(log.len(), 6, "{log:?}");
+    assert_eq!(log[0], format!("published {durable}"));
+    assert_eq!(log[1], delivered);
+    assert!(log[2].starts_with("published "), "{log:?}");
+    assert_eq!(log[3], delivered, "held under its new id");
+    assert_eq!(log[4], delivered, "held with its new capacity");
+    assert_eq!(log[5], format!("returned {durable}"));
+    let holds = q.holds();
+    assert!(holds.is_empty(), "{holds:?}");
+}
+
+/// A node started on a promoted standby's copy: each session its primary had is saved, with
+/// what it held; a new subscriber gets none of that, the holder resumes with it, and a
+/// session nobody resumes in time gives it back.
+#[test]
+fn a_copy_carries_its_primarys_sessions_as_saved_with_what_they_held() {
+    let mut q = queue();
+    let session = |n: u128| SessionId(uuid::Uuid::from_u128(T0 as u128 + n));
+    let (first, second) = (session(1), session(2));
+    let id = |n: u128| MessageId(uuid::Uuid::from_u128(n));
+    let carried = CarriedHolds {
+        holds: [
+            (id(1), (first, 2)),
+            (id(2), (first, 2)),
+            (id(3), (second, 1)),
+        ]
+        .into_iter()
+        .collect(),
+        saved_for_ms: 10_000,
+    };
+    let messages = (1..=4)
+        .map(|n| RecoveredMessage {
+            frame: Arc::from(
+                format!(r#"{{"id":"{}","type":1,"body":"b{n}","recdat":1}}"#, id(n)).as_bytes(),
+            ),
+            ..recovered(n, 1, None)
+        })
+        .collect();
+    q.restore(messages, Some(carried), T0);
+    assert_eq!(q.saved_count(), 2);
+    let mut newcomer = Sub::join(&mut q, 10);
+    assert_eq!(newcomer.bodies(), ["b4"], "nothing another session holds");
+
+    let mut resumed = Sub::resume(&mut q, first, None, false, T0 + 1).unwrap();
+    assert_eq!(
+        resumed.bodies(),
+        ["b1", "b2"],
+        "all it held: this node cannot know what was written"
+    );
+    assert!(q.ack(resumed.session, id(1)).is_ok());
+    publish(&mut q, "next");
+    assert_eq!(resumed.bodies(), ["next"], "its capacity (2) came with it");
+
+    q.expire_sessions(T0 + 10_001);
+    assert_eq!(q.saved_count(), 0);
+    assert_eq!(newcomer.bodies(), ["b3"], "the unresumed session's goes on");
+}
+
 #[test]
 fn ten_thousand_full_subscribers_do_not_stand_between_a_publish_and_the_one_with_room() {
     let mut q = queue();
@@ -1275,6 +1353,7 @@ fn a_restart_makes_received_messages_visible_with_their_counts_and_ends_the_expi
             recovered(2, 0, Some(T0 - 1)),
             recovered(3, 1, Some(T0 + 1000)),
         ],
+        None,
         T0,
     );
     let pulled = q.receive(10, VISIBILITY_MS, T0);
@@ -1327,7 +1406,7 @@ fn the_rules_write_receive_counts_only_where_they_decide_something() {
 fn a_restart_during_the_last_allowed_delivery_counts_it_as_failed() {
     let mut q = queue();
     q.set_rules(rules(2, 0));
-    q.restore(vec![recovered(1, 2, None), recovered(2, 1, None)], T0);
+    q.restore(vec![recovered(1, 2, None), recovered(2, 1, None)], None, T0);
     let poison = MessageId(uuid::Uuid::from_u128(1));
     assert_eq!(
         q.death(poison).map(|d| d.reason),
@@ -1562,7 +1641,7 @@ fn a_purge_takes_blocked_messages_and_a_restore_lines_groups_up_again() {
         });
     }
     let mut restarted = queue();
-    restarted.restore(recovered, T0);
+    restarted.restore(recovered, None, T0);
     let mut sub = Sub::join(&mut restarted, 10);
     assert_eq!(
         sub.bodies(),

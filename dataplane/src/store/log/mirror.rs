@@ -112,7 +112,8 @@ impl Mirror {
                     Err(e) => return Err(e),
                 }
             }
-            Shipment::Through { .. } => {}
+            // Kept beside the log, by the standby (`replication::holds`).
+            Shipment::Through { .. } | Shipment::Hold(_) => {}
         }
         Ok(())
     }

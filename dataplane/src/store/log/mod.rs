@@ -74,9 +74,10 @@ mod syncer;
 mod writer;
 
 pub use recovery::{repair, DamagedRegion, Recovered, Repair};
-pub use shipping::{Shipment, Shipping};
+pub use shipping::{HoldChange, Shipment, Shipping};
 
 use super::{Change, Receipt, Store};
+use crate::message::ids::MessageId;
 use crate::message::Durability;
 use index::{Index, Live};
 use record::{encode_id, encode_message, encode_purged, encode_removed, Kind, MessageRecord};
@@ -335,6 +336,8 @@ struct Shared {
     repairs: Mutex<Vec<Repair>>,
     /// The attach whose standby is followed now (0: none): its answers alone count.
     attached: AtomicU64,
+    /// Where the attached standby is told who holds what ([`LogStore::ship_hold`]).
+    holds_follower: Mutex<Option<shipping::HoldsFollower>>,
     /// Which log this is ([`lineage`]).
     lineage: String,
     /// At the last attach: the bytes its catch-up copies, and the LSN it reaches
@@ -539,6 +542,7 @@ impl LogStore {
             standby: AtomicBool::new(false),
             repairs: Mutex::default(),
             attached: AtomicU64::new(0),
+            holds_follower: Mutex::default(),
             lineage,
             catch_up: Mutex::default(),
             began_empty,
@@ -597,6 +601,7 @@ impl LogStore {
 
 impl Store for LogStore {
     fn record(&mut self, change: Change<'_>) -> Receipt {
+        self.ship_hold(&change);
         // Every message's publish, delivery and ack pass here: what writes nothing (holding,
         // which a restart ends anyway, and a message kept in memory only) takes no lock.
         match &change {
@@ -661,6 +666,46 @@ impl Store for LogStore {
 }
 
 impl LogStore {
+    /// Tells the attached standby, if any, who holds which durable message now: the engine
+    /// tells the store of every delivery and of every way a message stops being held.
+    fn ship_hold(&self, change: &Change<'_>) {
+        let released: &[MessageId] = match change {
+            Change::Delivered { .. } => &[],
+            Change::Returned(id) | Change::Acked(id) | Change::DeadLettered(id) => {
+                std::slice::from_ref(id)
+            }
+            Change::Published {
+                id,
+                life: super::Life { dead: Some(_), .. },
+                ..
+            } => std::slice::from_ref(id),
+            Change::Purged(ids) => ids,
+            Change::Published { .. } | Change::Redriven(_) => return,
+        };
+        if self.shared.attached.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let follower = self.shared.holds_follower.lock().expect("never poisoned");
+        let Some(follower) = follower.as_ref() else {
+            return;
+        };
+        if let Change::Delivered {
+            id,
+            session,
+            capacity,
+        } = *change
+        {
+            follower.ship(HoldChange::Held {
+                id,
+                session,
+                capacity,
+            });
+        }
+        for &id in released {
+            follower.ship(HoldChange::Released(id));
+        }
+    }
+
     /// The receipt of a change the log no longer writes: done for what was never durable,
     /// failed for the rest.
     fn receipt_of_unwritten(&self, change: &Change<'_>) -> Receipt {

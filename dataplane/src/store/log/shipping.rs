@@ -17,6 +17,7 @@
 //! disk, and reaches the standby's once one is in sync again).
 
 use super::{segment_path, Shared};
+use crate::message::ids::{MessageId, SessionId};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -45,6 +46,25 @@ pub enum Shipment {
     /// `sync`: a durability-2 change waits for it, so the standby syncs now; else it syncs
     /// within a second (durability 1's promise, as on the primary).
     Through { lsn: u64, sync: bool },
+    /// Who holds a durable message changed. Not in the log (a restart ends every session):
+    /// shipped so that a promoted standby keeps each session and what it holds
+    /// (`replication::holds`).
+    Hold(HoldChange),
+}
+
+/// A change to who holds which durable message, as its standby keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldChange {
+    /// Forget every hold: what follows is the primary's whole table, then its changes.
+    Cleared,
+    /// Session `session` (of this capacity) holds message `id`, from now on.
+    Held {
+        id: MessageId,
+        session: SessionId,
+        capacity: u64,
+    },
+    /// Nobody holds `id` any more (acknowledged, returned, moved or removed).
+    Released(MessageId),
 }
 
 /// What a standby says it holds of one segment.
@@ -101,12 +121,46 @@ pub(super) struct Follower {
 impl Follower {
     /// Queues `shipment`; false once the standby is gone or too far behind.
     pub(super) fn ship(&self, shipment: Shipment) -> bool {
-        let bytes = shipment.queued_bytes();
-        if self.queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES {
-            tracing::warn!("the standby is too far behind: dropped, it catches up again");
-            return false;
+        ship_to(&self.sender, &self.queued, shipment)
+    }
+
+    /// A handle that queues on the same channel without keeping it open: the log drops a
+    /// standby by dropping its follower, and the holds' handle must not keep it attached.
+    fn for_holds(&self) -> HoldsFollower {
+        HoldsFollower {
+            sender: self.sender.downgrade(),
+            queued: self.queued.clone(),
         }
-        self.sender.send(shipment).is_ok()
+    }
+}
+
+fn ship_to(
+    sender: &mpsc::UnboundedSender<Shipment>,
+    queued: &AtomicU64,
+    shipment: Shipment,
+) -> bool {
+    let bytes = shipment.queued_bytes();
+    if queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES {
+        tracing::warn!("the standby is too far behind: dropped, it catches up again");
+        return false;
+    }
+    sender.send(shipment).is_ok()
+}
+
+/// Where hold changes go ([`Shipment::Hold`]): the attached standby's queue, reached without
+/// the files' lock (the writer holds it through its writes, and a delivery must not wait
+/// for the disk).
+pub(super) struct HoldsFollower {
+    sender: mpsc::WeakUnboundedSender<Shipment>,
+    queued: Arc<AtomicU64>,
+}
+
+impl HoldsFollower {
+    pub(super) fn ship(&self, change: HoldChange) {
+        if let Some(sender) = self.sender.upgrade() {
+            // A standby too far behind is dropped by the log's own next shipment.
+            let _ = ship_to(&sender, &self.queued, Shipment::Hold(change));
+        }
     }
 }
 
@@ -244,7 +298,9 @@ impl Shipping {
         attached.removed = gone.copied().collect();
         let copying: u64 = attached.copies.iter().map(|c| c.to - c.from).sum();
         *shared.catch_up.lock().expect("never poisoned") = (copying, attached.through);
-        files.follower = Some(Follower { sender, queued });
+        let follower = Follower { sender, queued };
+        *shared.holds_follower.lock().expect("never poisoned") = Some(follower.for_holds());
+        files.follower = Some(follower);
         shared.attached.store(generation, Ordering::Relaxed);
         // A standby that attaches is not in sync until it has caught up; one it replaces
         // is answered for no more.
@@ -333,6 +389,7 @@ impl Shipping {
         let mut files = self.shared.files.lock().expect("never poisoned");
         if self.shared.attached.load(Ordering::Relaxed) == generation {
             files.follower = None;
+            *self.shared.holds_follower.lock().expect("never poisoned") = None;
             self.shared.attached.store(0, Ordering::Relaxed);
             self.shared
                 .progress

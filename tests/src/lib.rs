@@ -638,6 +638,14 @@ impl Node {
     }
 
     /// A distribute subscriber with `capacity`, and its session id.
+    /// The address its SQS face (`--sqs-listen`) serves on, from its log.
+    pub fn sqs_addr(&self) -> SocketAddr {
+        let line = self.wait_for_log("sqs: serving on ");
+        let rest = line.split("sqs: serving on ").nth(1).unwrap();
+        let addr = rest.split_whitespace().next().unwrap().trim_matches('"');
+        addr.parse().unwrap()
+    }
+
     pub async fn subscriber(&self, capacity: u64) -> (Client, String) {
         let (client, reply) = self
             .login("subscriber", "distribute", json!({ "capacity": capacity }))

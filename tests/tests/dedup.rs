@@ -23,10 +23,7 @@ fn start(node: Option<Node>) -> Node {
 
 /// The node's SQS client and its queue's URL.
 fn sqs_of(node: &Node) -> (aws_sdk_sqs::Client, String) {
-    let line = node.wait_for_log("sqs: serving on ");
-    let addr = line.split("sqs: serving on ").nth(1).unwrap();
-    let addr = addr.split_whitespace().next().unwrap().trim_matches('"');
-    let url = format!("http://{addr}");
+    let url = format!("http://{}", node.sqs_addr());
     let endpoint = SqsEndpoint {
         url: &url,
         ca_pem: None,

@@ -23,9 +23,7 @@ fn node_with_sqs_limits(sqs_http: &str) -> (Node, SocketAddr, tempfile::TempDir)
         "--sqs-key",
         "admin:AKIALIMITS:limits-secret",
     ]);
-    let line = node.wait_for_log("sqs: serving on ");
-    let addr = line.rsplit("sqs: serving on ").next().unwrap().trim();
-    let addr = addr.split_whitespace().next().unwrap().parse().unwrap();
+    let addr = node.sqs_addr();
     (node, addr, dir)
 }
 

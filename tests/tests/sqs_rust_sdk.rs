@@ -50,7 +50,7 @@ fn started() -> Node {
 
 /// The admin's client of `node`'s SQS face, and the queue's URL.
 async fn admin_of(node: &Node) -> (Client, String) {
-    let url = format!("http://{}", sqs_addr(node));
+    let url = format!("http://{}", node.sqs_addr());
     let endpoint = SqsEndpoint {
         url: &url,
         ca_pem: None,
@@ -64,17 +64,6 @@ async fn admin_of(node: &Node) -> (Client, String) {
 /// The queue's URL, by GetQueueUrl.
 async fn queue_url(sqs: &Client) -> String {
     qe_tests::sqs::lone_queue_url(sqs).await
-}
-
-/// The node's SQS address, from its log.
-fn sqs_addr(node: &Node) -> String {
-    let line = node.wait_for_log("sqs: serving on ");
-    let rest = line.split("sqs: serving on ").nth(1).unwrap();
-    rest.split_whitespace()
-        .next()
-        .unwrap()
-        .trim_matches('"')
-        .to_string()
 }
 
 fn md5_hex(data: &[u8]) -> String {
@@ -127,7 +116,7 @@ fn unix_ms() -> u64 {
 #[tokio::test]
 async fn the_rust_sdk_drives_every_action() {
     let node = started();
-    let url = format!("http://{}", sqs_addr(&node));
+    let url = format!("http://{}", node.sqs_addr());
     let endpoint = SqsEndpoint {
         url: &url,
         ca_pem: None,

@@ -52,14 +52,7 @@ const REQUESTS: usize = 20_000;
 async fn a_node_whose_stderr_is_not_read_keeps_serving() {
     std::env::set_var("QE_TEST_RUST_LOG", "debug");
     let node = Node::start_with(&["--sqs-listen", "127.0.0.1:0"]);
-    let line = node.wait_for_log("sqs: serving on ");
-    let sqs: SocketAddr = line
-        .rsplit("sqs: serving on ")
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let sqs: SocketAddr = node.sqs_addr();
     node.stderr().stall();
     // An unsigned request at the SQS port: answered 403, and logged at debug.
     let request = "POST / HTTP/1.1\r\nHost: q\r\nContent-Length: 0\r\n\r\n";

@@ -830,6 +830,61 @@ async fn a_late_standby_is_sent_who_holds_what() {
     assert_eq!(drain(&promoted).await, ["after"]);
 }
 
+/// An SQS receive outlives a promotion: its message stays invisible on the promoted copy for
+/// as long as it was, and its receipt handle deletes it there.
+#[tokio::test]
+async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
+    use qe_tests::sqs::{client, lone_queue_url, receive, SqsEndpoint};
+    const SQS: [&str; 4] = [
+        "--sqs-listen",
+        "127.0.0.1:0",
+        "--sqs-key",
+        "admin:AKIASTANDBY:standby-secret",
+    ];
+    let sqs_of = |node: &Node| {
+        let url = format!("http://{}", node.sqs_addr());
+        let endpoint = SqsEndpoint {
+            url: &url,
+            ca_pem: None,
+            resolve_to: None,
+        };
+        client(&endpoint, "AKIASTANDBY", "standby-secret")
+    };
+    let mut primary = Node::start_with(&[&["--replication-key", KEY][..], &SQS].concat());
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let sqs = sqs_of(&primary);
+    let queue = lone_queue_url(&sqs).await;
+    let mut publisher = primary.publisher().await;
+    published(&mut publisher, "received", 2).await;
+    let got = receive(&sqs, &queue, 1, 1).await;
+    assert_eq!(got.len(), 1);
+    let handle = got[0].receipt_handle().unwrap().to_string();
+    // Its sync on the standby covers the receive shipped before it.
+    published(&mut publisher, "waiting", 2).await;
+    primary.kill();
+    let mut standby = standby;
+    standby.kill();
+
+    let promoted = Node::start_in(standby.into_data_dir(), &SQS);
+    let sqs = sqs_of(&promoted);
+    let got = receive(&sqs, &queue, 10, 1).await;
+    let bodies: Vec<&str> = got.iter().map(|m| m.body().unwrap()).collect();
+    assert_eq!(bodies, ["waiting"], "the received one stays invisible");
+    let deleted = sqs
+        .delete_message()
+        .queue_url(&queue)
+        .receipt_handle(&handle)
+        .send()
+        .await;
+    assert!(deleted.is_ok(), "{deleted:?}");
+    // Deleted, not only answered: the queue holds only "waiting" (received again).
+    let mut admin = promoted.admin().await;
+    let stats = admin.request(json!({"cmd": "getlivestats"})).await;
+    let csv = stats["csv"].as_str().unwrap_or_default();
+    assert_eq!(csv.split(',').next(), Some("1"), "messages: {stats}");
+}
+
 /// A standby stops on SIGTERM (as systemd stops it), at once.
 #[tokio::test]
 async fn a_standby_stops_on_sigterm() {

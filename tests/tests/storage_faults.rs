@@ -264,9 +264,7 @@ const SQS_FLAGS: [&str; 4] = [
 /// An SQS client of `node`'s SQS face, with the key of [`SQS_FLAGS`].
 fn sqs_of(node: &Node) -> qe_tests::sqs::aws_sdk_sqs::Client {
     use qe_tests::sqs::{client, SqsEndpoint};
-    let line = node.wait_for_log("sqs: serving on ");
-    let addr = line.rsplit("sqs: serving on ").next().unwrap().trim();
-    let url = format!("http://{addr}");
+    let url = format!("http://{}", node.sqs_addr());
     let endpoint = SqsEndpoint {
         url: &url,
         ca_pem: None,

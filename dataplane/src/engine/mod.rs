@@ -338,9 +338,15 @@ impl Queue {
         self.shared.timers_changed.notify_one();
     }
 
-    /// Who holds which durable message (see [`QueueState::holds`]).
-    pub fn holds(&self) -> Vec<crate::store::log::HoldChange> {
-        self.lock().holds()
+    /// Queues for the standby who holds which durable message now (see
+    /// [`QueueState::holds`]), under the queue's lock, so that it lands between the hold
+    /// changes at its place. Returns how many holds there are.
+    pub fn ship_holds(&self, shipping: &crate::store::log::Shipping) -> usize {
+        let queue = self.lock();
+        let holds = queue.holds();
+        let len = holds.len();
+        shipping.ship_holds(holds);
+        len
     }
 
     /// Puts damaged bytes of the store in the dead letter queue; see [`QueueState::add_damaged`].

@@ -24,7 +24,7 @@ use crate::message::{
     RecoveredMessage,
 };
 use crate::store::log::HoldChange;
-use crate::store::{Change, Life, Receipt, Store};
+use crate::store::{Change, Holder, Life, Receipt, Store};
 use qe_shared::Code;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -38,8 +38,8 @@ pub const MESSAGE_OVERHEAD_BYTES: u64 = 220;
 /// which message on the node it followed, and how long they stay saved from the start.
 #[derive(Default)]
 pub struct CarriedHolds {
-    /// By message: its holder's session and capacity.
-    pub holds: IdMap<MessageId, (SessionId, u64)>,
+    /// By message: who held it.
+    pub holds: IdMap<MessageId, Holder>,
     pub saved_for_ms: u64,
 }
 
@@ -435,8 +435,9 @@ impl QueueState {
         }
     }
 
-    /// Takes back the messages a start read from the log; with `carried`, the sessions of
-    /// the node whose standby's copy this is, saved from `now_ms` with what they held.
+    /// Takes back the messages a start read from the log; with `carried`, what was out for
+    /// delivery on the node whose standby's copy this is: its sessions, saved from `now_ms`
+    /// with what they held, and its SQS receives, invisible as long as they were.
     pub fn restore(
         &mut self,
         messages: Vec<RecoveredMessage>,
@@ -474,16 +475,20 @@ impl QueueState {
                     self.delayed.insert((due_ms, id));
                     Place::Delayed(due_ms)
                 }
-                // Held as before, if it is its group's first (as a held message of a group is).
-                (_, Some(&(session, capacity)))
-                    if message.group == 0
-                        || self.groups.enter(message.group, id) == Enter::Line =>
+                (_, Some(&Holder::Session { session, capacity }))
+                    if self.first_of_group(message.group, id) =>
                 {
                     let (_, held) = sessions
                         .entry(session)
                         .or_insert((capacity, BTreeSet::new()));
                     held.insert(id);
                     Place::Held(session)
+                }
+                (_, Some(&Holder::Received { until_ms, receipt }))
+                    if until_ms > now_ms && self.first_of_group(message.group, id) =>
+                {
+                    self.invisible.insert((until_ms, id));
+                    Place::Received { until_ms, receipt }
                 }
                 _ => self.enqueue(id, message.group),
             };
@@ -512,6 +517,12 @@ impl QueueState {
         self.dispatch();
     }
 
+    /// At start, for a message carried over as out for delivery: whether it is first of its
+    /// group (0: none), as only such a message can be; it is then its group's head.
+    fn first_of_group(&mut self, group: u32, id: MessageId) -> bool {
+        group == 0 || self.groups.enter(group, id) == Enter::Line
+    }
+
     /// At start: a message whose last allowed delivery was under way when the node stopped
     /// (held or received, then the stop) goes to the dead letter queue, as if that delivery
     /// had failed, since it did. Without this, a message that kills the node at each
@@ -524,7 +535,7 @@ impl QueueState {
         let exhausted: Vec<MessageId> = self
             .messages
             .iter()
-            .filter(|(_, entry)| !matches!(entry.place, Place::Held(_)))
+            .filter(|(_, entry)| !matches!(entry.place, Place::Held(_) | Place::Received { .. }))
             .filter(|(_, entry)| self.exhausted(entry.receives))
             .map(|(id, _)| *id)
             .collect();
@@ -581,12 +592,8 @@ impl QueueState {
         let capacity = self.line.capacity(session);
         for &id in self.line.held(session) {
             if self.messages[&id].message.durability != Durability::None {
-                let delivered = Change::Delivered {
-                    id,
-                    session,
-                    capacity,
-                };
-                let _ = self.store.record(delivered);
+                let holder = Holder::Session { session, capacity };
+                let _ = self.store.record(Change::Delivered { id, holder });
             }
         }
     }
@@ -760,6 +767,7 @@ impl QueueState {
                 receipt,
             });
             self.record_receives(id);
+            self.record_received(id, until_ms, receipt);
         }
         pulled
     }
@@ -833,7 +841,17 @@ impl QueueState {
         self.invisible.insert((until_ms, id));
         self.messages.get_mut(&id).expect("just found").place =
             Place::Received { until_ms, receipt };
+        self.record_received(id, until_ms, receipt);
         Ok(())
+    }
+
+    /// Tells the store that a durable message is received until `until_ms` under receive
+    /// number `receipt` (a standby keeps it, so the receipt handle outlives a promotion).
+    fn record_received(&mut self, id: MessageId, until_ms: u64, receipt: u64) {
+        if self.messages[&id].message.durability != Durability::None {
+            let holder = Holder::Received { until_ms, receipt };
+            let _ = self.store.record(Change::Delivered { id, holder });
+        }
     }
 
     /// Every received message whose visibility timeout has passed waits again (or goes to the
@@ -985,20 +1003,28 @@ impl QueueState {
         self.expiries.first().map(|&(expires_ms, _)| expires_ms)
     }
 
-    /// Who holds which durable message: what a standby that attaches is sent first
-    /// (`replication::holds`). Costs the holds, not the messages.
+    /// Who holds which durable message, subscribers' sessions and SQS receives: what a
+    /// standby that attaches is sent first (`replication::holds`). Costs the holds, not the
+    /// messages.
     pub fn holds(&self) -> Vec<HoldChange> {
         let mut holds = Vec::new();
         for (session, capacity, held) in self.line.held_by_each() {
             for &id in held {
                 let durable = self.messages[&id].message.durability != Durability::None;
                 if durable {
-                    holds.push(HoldChange::Held {
-                        id,
-                        session,
-                        capacity,
-                    });
+                    let holder = Holder::Session { session, capacity };
+                    holds.push(HoldChange::Held { id, holder });
                 }
+            }
+        }
+        for &(_, id) in &self.invisible {
+            let entry = &self.messages[&id];
+            let Place::Received { until_ms, receipt } = entry.place else {
+                continue;
+            };
+            if entry.message.durability != Durability::None {
+                let holder = Holder::Received { until_ms, receipt };
+                holds.push(HoldChange::Held { id, holder });
             }
         }
         holds
@@ -1434,12 +1460,8 @@ impl QueueState {
             let frame = entry.message.frame_for_delivery();
             if entry.message.durability != Durability::None {
                 let capacity = self.line.capacity(session);
-                let delivered = Change::Delivered {
-                    id,
-                    session,
-                    capacity,
-                };
-                let _ = self.store.record(delivered);
+                let holder = Holder::Session { session, capacity };
+                let _ = self.store.record(Change::Delivered { id, holder });
             }
             self.line.hold(session, id, frame);
             self.totals.delivered += 1;

@@ -1,6 +1,7 @@
 //! Who holds which durable message, carried to the standby (docs/standby-design.md, section 4),
 //! so that a subscriber whose primary was lost resumes its session on the promoted copy, with
-//! what it held, and nothing it holds goes to another subscriber meanwhile.
+//! what it held, and nothing it holds goes to another subscriber meanwhile; and so that an SQS
+//! receive stays invisible, and its receipt handle deletes it, on the promoted copy.
 //!
 //! Holds are not in the log (a restart ends every session), so they travel beside it: the
 //! log ships every delivery of a durable message and every way one stops being held
@@ -18,22 +19,25 @@
 
 use super::wire;
 use crate::engine::CarriedHolds;
-use crate::message::ids::{IdMap, MessageId, SessionId};
-use crate::store::data_dir;
+use crate::message::ids::{IdMap, MessageId};
 use crate::store::log::{HoldChange, Shipment};
+use crate::store::{data_dir, Holder};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// One held message's line in the journal, the largest kind ([`wire::encode`]'s `H`).
 const HELD_BYTES: u64 = 41;
+/// A received one's (`V`), a release's (`U`) and a clearing's (`Z`).
+const RECEIVED_BYTES: usize = 33;
+const RELEASED_BYTES: usize = 17;
 /// The journal is written anew from the table once it is this long and four times what the
 /// table needs: every change appends, so a long-lived session's acks would grow it without end.
 const REWRITE_AT_BYTES: u64 = 1 << 20;
 
 /// The standby's table and its journal.
 pub struct Journal {
-    table: IdMap<MessageId, (SessionId, u64)>,
+    table: IdMap<MessageId, Holder>,
     path: PathBuf,
     file: File,
     /// Its length on disk.
@@ -66,12 +70,8 @@ impl Journal {
                 self.len = u64::MAX;
                 return;
             }
-            HoldChange::Held {
-                id,
-                session,
-                capacity,
-            } => {
-                self.table.insert(id, (session, capacity));
+            HoldChange::Held { id, holder } => {
+                self.table.insert(id, holder);
             }
             HoldChange::Released(id) => {
                 if self.table.remove(&id).is_none() {
@@ -102,12 +102,8 @@ impl Journal {
 
     fn rewrite(&mut self) -> std::io::Result<()> {
         let mut whole = Vec::with_capacity(self.table.len() * HELD_BYTES as usize);
-        for (&id, &(session, capacity)) in &self.table {
-            let held = HoldChange::Held {
-                id,
-                session,
-                capacity,
-            };
+        for (&id, &holder) in &self.table {
+            let held = HoldChange::Held { id, holder };
             whole.extend_from_slice(&wire::encode(&Shipment::Hold(held)));
         }
         qe_shared::files::write_whole(&self.path, &whole, 0o600)?;
@@ -135,12 +131,8 @@ pub fn take(data_dir: &Path, saved_for_ms: u64) -> std::io::Result<Option<Carrie
     for change in changes(&bytes) {
         match change {
             HoldChange::Cleared => carried.holds.clear(),
-            HoldChange::Held {
-                id,
-                session,
-                capacity,
-            } => {
-                carried.holds.insert(id, (session, capacity));
+            HoldChange::Held { id, holder } => {
+                carried.holds.insert(id, holder);
             }
             HoldChange::Released(id) => {
                 carried.holds.remove(&id);
@@ -158,7 +150,8 @@ fn changes(mut bytes: &[u8]) -> impl Iterator<Item = HoldChange> + '_ {
     std::iter::from_fn(move || {
         let len = match *bytes.first()? {
             b'H' => HELD_BYTES as usize,
-            b'U' => 17,
+            b'V' => RECEIVED_BYTES,
+            b'U' => RELEASED_BYTES,
             b'Z' => 1,
             _ => return None,
         };
@@ -174,6 +167,7 @@ fn changes(mut bytes: &[u8]) -> impl Iterator<Item = HoldChange> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::ids::SessionId;
 
     fn id(n: u128) -> MessageId {
         MessageId(uuid::Uuid::from_u128(n))
@@ -184,10 +178,13 @@ mod tests {
     }
 
     fn held(message: u128, by: u128) -> HoldChange {
-        HoldChange::Held {
-            id: id(message),
+        let holder = Holder::Session {
             session: session(by),
             capacity: 3,
+        };
+        HoldChange::Held {
+            id: id(message),
+            holder,
         }
     }
 
@@ -208,17 +205,30 @@ mod tests {
         // Resumed under a new session id.
         journal.apply(held(3, 3));
         journal.flush().unwrap();
+        let received = Holder::Received {
+            until_ms: 7,
+            receipt: 8,
+        };
+        journal.apply(HoldChange::Held {
+            id: id(5),
+            holder: received,
+        });
+        journal.flush().unwrap();
         // Applied, never flushed: the standby stopped before it wrote them.
         journal.apply(held(4, 1));
 
         let carried = take(dir.path(), 10_000).unwrap().unwrap();
-        let mut holds: Vec<(u128, u128)> = carried
+        let mut holds: Vec<(u128, Holder)> = carried
             .holds
             .iter()
-            .map(|(id, (session, _))| (id.0.as_u128(), session.0.as_u128() >> 64))
+            .map(|(id, holder)| (id.0.as_u128(), *holder))
             .collect();
-        holds.sort();
-        assert_eq!(holds, [(1, 1), (3, 3)]);
+        holds.sort_by_key(|(id, _)| *id);
+        let by = |n: u128| Holder::Session {
+            session: session(n),
+            capacity: 3,
+        };
+        assert_eq!(holds, [(1, by(1)), (3, by(3)), (5, received)]);
         assert_eq!(carried.saved_for_ms, 10_000);
         assert!(take(dir.path(), 10_000).unwrap().is_none(), "taken once");
     }

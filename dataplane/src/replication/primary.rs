@@ -8,7 +8,7 @@ use super::Standby;
 use crate::admission::PreLogin;
 use crate::engine::Queue;
 use crate::store::log::shipping::{Attached, SegmentCopy};
-use crate::store::log::{HoldChange, Shipment};
+use crate::store::log::Shipment;
 use futures::SinkExt;
 use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
@@ -24,6 +24,11 @@ type Socket = WebSocket<HttpStream>;
 /// A standby that has not answered a shipped LSN for this long counts as gone: it is dropped,
 /// and durability 2 is answered 507 until one is in sync again, not kept waiting.
 const STANDBY_SILENCE: Duration = Duration::from_secs(5);
+
+/// The standby is sent the whole table of holds again once this many holds were shipped
+/// since the last (or four times the table, if more): what it keeps of acked messages stays
+/// bounded, a few MiB, for the cost of one table a second at 65,000 deliveries a second.
+const HOLDS_AGAIN_AFTER: u64 = 65_536;
 
 /// Why the connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -178,16 +183,6 @@ async fn catch_up_then_follow(
         link.send_frame(wire::encode_lineage(standby.shipping.lineage()))
             .await?;
     }
-    // Who holds what now, taken after the attach: every change since is queued behind it,
-    // and each change says who holds one message from then on, so the table comes out right
-    // however the two overlap.
-    if takes.holds {
-        link.feed(&Shipment::Hold(HoldChange::Cleared)).await?;
-        for held in queue.holds() {
-            link.feed(&Shipment::Hold(held)).await?;
-        }
-        link.flush().await?;
-    }
     for (segment, len) in truncated {
         link.send(&Shipment::Truncate { segment, len }).await?;
     }
@@ -216,6 +211,12 @@ async fn catch_up_then_follow(
         sync: true,
     };
     link.send(&caught_up).await?;
+    // Who holds what now, queued after the changes since the attach; again whenever the
+    // standby keeps many the table no longer has (`LogStore::ship_hold`).
+    let mut table_len = 0;
+    if takes.holds {
+        table_len = queue.ship_holds(&standby.shipping) as u64;
+    }
     let mut in_sync = false;
     let mut look = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -255,6 +256,9 @@ async fn catch_up_then_follow(
             _ = look.tick() => {
                 if Instant::now() >= link.deadline() && !link.unanswered.is_empty() {
                     return Err(Ended::Silent);
+                }
+                if takes.holds && standby.shipping.holds_shipped() > HOLDS_AGAIN_AFTER.max(table_len * 4) {
+                    table_len = queue.ship_holds(&standby.shipping) as u64;
                 }
             }
         }

@@ -5,6 +5,7 @@ use crate::message::ids::{MessageId, SessionId};
 use crate::store::log::shipping::Held;
 use crate::store::log::{HoldChange, Shipment};
 use crate::store::meta::SavedSettings;
+use crate::store::Holder;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
@@ -41,8 +42,10 @@ const LINEAGE: u8 = b'N';
 /// The primary's epoch (u64), first of all, to a standby that says which it knows.
 const EPOCH: u8 = b'E';
 /// Who holds a durable message (`replication::holds`), to a standby that takes them: a
-/// session holds one (id, session, capacity), one is released (id), every hold forgotten.
+/// session holds one (id, session, capacity), an SQS receive holds one (id, until, receive
+/// number), one is released (id), every hold forgotten.
 const HELD: u8 = b'H';
+const RECEIVED: u8 = b'V';
 const RELEASED: u8 = b'U';
 const HOLDS_CLEARED: u8 = b'Z';
 /// Standby → primary: synced up to an LSN.
@@ -80,16 +83,20 @@ pub fn encode(shipment: &Shipment) -> Bytes {
             out.put_u64_le(*lsn);
             out.put_u8(u8::from(*sync));
         }
-        Shipment::Hold(HoldChange::Held {
-            id,
-            session,
-            capacity,
-        }) => {
-            out.put_u8(HELD);
-            out.put_u128_le(id.0.as_u128());
-            out.put_u128_le(session.0.as_u128());
-            out.put_u64_le(*capacity);
-        }
+        Shipment::Hold(HoldChange::Held { id, holder }) => match holder {
+            Holder::Session { session, capacity } => {
+                out.put_u8(HELD);
+                out.put_u128_le(id.0.as_u128());
+                out.put_u128_le(session.0.as_u128());
+                out.put_u64_le(*capacity);
+            }
+            Holder::Received { until_ms, receipt } => {
+                out.put_u8(RECEIVED);
+                out.put_u128_le(id.0.as_u128());
+                out.put_u64_le(*until_ms);
+                out.put_u64_le(*receipt);
+            }
+        },
         Shipment::Hold(HoldChange::Released(id)) => {
             out.put_u8(RELEASED);
             out.put_u128_le(id.0.as_u128());
@@ -172,8 +179,17 @@ pub fn decode(frame: &Bytes) -> Option<Shipment> {
         }),
         HELD if rest.len() == 40 => Some(Shipment::Hold(HoldChange::Held {
             id: MessageId(uuid_at(0)?),
-            session: SessionId(uuid_at(16)?),
-            capacity: u64_at(32)?,
+            holder: Holder::Session {
+                session: SessionId(uuid_at(16)?),
+                capacity: u64_at(32)?,
+            },
+        })),
+        RECEIVED if rest.len() == 32 => Some(Shipment::Hold(HoldChange::Held {
+            id: MessageId(uuid_at(0)?),
+            holder: Holder::Received {
+                until_ms: u64_at(16)?,
+                receipt: u64_at(24)?,
+            },
         })),
         RELEASED if rest.len() == 16 => {
             Some(Shipment::Hold(HoldChange::Released(MessageId(uuid_at(0)?))))
@@ -235,8 +251,17 @@ mod tests {
             },
             Shipment::Hold(HoldChange::Held {
                 id: MessageId(uuid::Uuid::from_u128(u128::MAX - 1)),
-                session: SessionId(uuid::Uuid::from_u128(7 << 100)),
-                capacity: 1024,
+                holder: Holder::Session {
+                    session: SessionId(uuid::Uuid::from_u128(7 << 100)),
+                    capacity: 1024,
+                },
+            }),
+            Shipment::Hold(HoldChange::Held {
+                id: MessageId(uuid::Uuid::from_u128(5)),
+                holder: Holder::Received {
+                    until_ms: u64::MAX,
+                    receipt: 1 << 60,
+                },
             }),
             Shipment::Hold(HoldChange::Released(MessageId(uuid::Uuid::from_u128(3)))),
             Shipment::Hold(HoldChange::Cleared),
@@ -278,6 +303,7 @@ mod tests {
             b"L12345678",
             b"L123456782",
             b"H1234567890123456",
+            b"V12345678901234567890123456789012345678901",
             b"U123",
             b"Z1",
             b"X",

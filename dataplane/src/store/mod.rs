@@ -66,13 +66,9 @@ pub enum Change<'a> {
         /// Its deduplication id and window: in its first record only.
         dedup: Option<log::record::Dedup>,
     },
-    /// A subscriber (of this capacity) was given a durable message to hold, or holds it under
-    /// a new session id after a resume.
-    Delivered {
-        id: MessageId,
-        session: SessionId,
-        capacity: u64,
-    },
+    /// A durable message is held by `holder` from now on: given to a subscriber, or to an SQS
+    /// receive; or held anew (a resume's new session id, a new capacity, a new visibility).
+    Delivered { id: MessageId, holder: Holder },
     /// A message is gone: acknowledged (or deleted).
     Acked(MessageId),
     /// A message moved to the dead letter queue, as a mark that says neither why nor when:
@@ -86,6 +82,15 @@ pub enum Change<'a> {
     Purged(&'a [MessageId]),
     /// A message moved from the dead letter queue back to the queue (a redrive).
     Redriven(MessageId),
+}
+
+/// Who holds a durable message that is out for delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// A subscriber's session, of this capacity.
+    Session { session: SessionId, capacity: u64 },
+    /// An SQS receive: invisible until `until_ms`, under receive number `receipt`.
+    Received { until_ms: u64, receipt: u64 },
 }
 
 /// Why a change is not yet as safe as its durability promised.

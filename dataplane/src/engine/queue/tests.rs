@@ -495,11 +495,12 @@ fn a_copy_carries_its_primarys_sessions_as_saved_with_what_they_held() {
     let session = |n: u128| SessionId(uuid::Uuid::from_u128(T0 as u128 + n));
     let (first, second) = (session(1), session(2));
     let id = |n: u128| MessageId(uuid::Uuid::from_u128(n));
+    let by = |session, capacity| Holder::Session { session, capacity };
     let carried = CarriedHolds {
         holds: [
-            (id(1), (first, 2)),
-            (id(2), (first, 2)),
-            (id(3), (second, 1)),
+            (id(1), by(first, 2)),
+            (id(2), by(first, 2)),
+            (id(3), by(second, 1)),
         ]
         .into_iter()
         .collect(),
@@ -531,6 +532,33 @@ fn a_copy_carries_its_primarys_sessions_as_saved_with_what_they_held() {
     q.expire_sessions(T0 + 10_001);
     assert_eq!(q.saved_count(), 0);
     assert_eq!(newcomer.bodies(), ["b3"], "the unresumed session's goes on");
+}
+
+/// An SQS receive carried to a promoted copy stays invisible as long as it was, and its
+/// receive number (in its receipt handle) deletes it; one whose visibility has passed waits.
+#[test]
+fn a_copy_carries_its_primarys_sqs_receives_with_their_visibility() {
+    let mut q = queue();
+    let id = |n: u128| MessageId(uuid::Uuid::from_u128(n));
+    let received = |until_ms, receipt| Holder::Received { until_ms, receipt };
+    let carried = CarriedHolds {
+        holds: [
+            (id(1), received(T0 + 5_000, 42)),
+            (id(2), received(T0 - 1, 43)),
+        ]
+        .into_iter()
+        .collect(),
+        saved_for_ms: 10_000,
+    };
+    let messages = (1..=2).map(|n| recovered(n, 1, None)).collect();
+    q.restore(messages, Some(carried), T0);
+    let pulled: Vec<MessageId> = q.receive(10, 1_000, T0).iter().map(|p| p.id).collect();
+    assert_eq!(pulled, [id(2)], "the invisible one is not received again");
+    assert!(
+        q.delete_received(id(1), 42).is_ok(),
+        "its handle deletes it"
+    );
+    assert!(q.receive(10, 1_000, T0 + 5_001).is_empty());
 }
 
 #[test]
@@ -1372,8 +1400,8 @@ fn the_rules_write_receive_counts_only_where_they_decide_something() {
     let m1 = publish(&mut q, "m1");
     let a = Sub::join(&mut q, 1);
     let _ = q.ack(a.session, m1).unwrap();
-    // A push writes nothing; a pull receive writes the count at once; with
-    // max-receive-count, so does a push.
+    // A push writes nothing; a pull receive writes the count at once (and tells who holds
+    // it: `delivered`, written nowhere, for a standby); with max-receive-count, so does a push.
     let m2 = publish(&mut q, "m2");
     q.leave(a.session);
     let m3 = publish(&mut q, "m3");
@@ -1394,7 +1422,9 @@ fn the_rules_write_receive_counts_only_where_they_decide_something() {
             format!("returned {m2}"),
             format!("published {m3}"),
             format!("rewritten {m2} receives 2"),
+            format!("delivered {m2}"),
             format!("rewritten {m3} receives 1"),
+            format!("delivered {m3}"),
             format!("published {m4}"),
             format!("delivered {m4}"),
             format!("rewritten {m4} receives 1"),

@@ -338,6 +338,8 @@ struct Shared {
     attached: AtomicU64,
     /// Where the attached standby is told who holds what ([`LogStore::ship_hold`]).
     holds_follower: Mutex<Option<shipping::HoldsFollower>>,
+    /// Holds shipped since the last whole table ([`Shipping::ship_holds`]).
+    holds_shipped: AtomicU64,
     /// Which log this is ([`lineage`]).
     lineage: String,
     /// At the last attach: the bytes its catch-up copies, and the LSN it reaches
@@ -543,6 +545,7 @@ impl LogStore {
             repairs: Mutex::default(),
             attached: AtomicU64::new(0),
             holds_follower: Mutex::default(),
+            holds_shipped: AtomicU64::new(0),
             lineage,
             catch_up: Mutex::default(),
             began_empty,
@@ -668,19 +671,22 @@ impl Store for LogStore {
 impl LogStore {
     /// Tells the attached standby, if any, who holds which durable message now: the engine
     /// tells the store of every delivery and of every way a message stops being held.
+    ///
+    /// An ack is not shipped: it is one in every message's life, and the standby needs no
+    /// word of it (a promoted node takes holds only of messages its log still has, and ids are
+    /// never used again); what the standby keeps of acked messages is dropped by the next
+    /// whole table ([`Shipping::ship_holds`]).
     fn ship_hold(&self, change: &Change<'_>) {
         let released: &[MessageId] = match change {
             Change::Delivered { .. } => &[],
-            Change::Returned(id) | Change::Acked(id) | Change::DeadLettered(id) => {
-                std::slice::from_ref(id)
-            }
+            Change::Returned(id) | Change::DeadLettered(id) => std::slice::from_ref(id),
             Change::Published {
                 id,
                 life: super::Life { dead: Some(_), .. },
                 ..
             } => std::slice::from_ref(id),
             Change::Purged(ids) => ids,
-            Change::Published { .. } | Change::Redriven(_) => return,
+            Change::Published { .. } | Change::Acked(_) | Change::Redriven(_) => return,
         };
         if self.shared.attached.load(Ordering::Relaxed) == 0 {
             return;
@@ -689,17 +695,9 @@ impl LogStore {
         let Some(follower) = follower.as_ref() else {
             return;
         };
-        if let Change::Delivered {
-            id,
-            session,
-            capacity,
-        } = *change
-        {
-            follower.ship(HoldChange::Held {
-                id,
-                session,
-                capacity,
-            });
+        if let Change::Delivered { id, holder } = *change {
+            follower.ship(HoldChange::Held { id, holder });
+            self.shared.holds_shipped.fetch_add(1, Ordering::Relaxed);
         }
         for &id in released {
             follower.ship(HoldChange::Released(id));

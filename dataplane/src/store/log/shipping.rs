@@ -17,7 +17,8 @@
 //! disk, and reaches the standby's once one is in sync again).
 
 use super::{segment_path, Shared};
-use crate::message::ids::{MessageId, SessionId};
+use crate::message::ids::MessageId;
+use crate::store::Holder;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -57,12 +58,8 @@ pub enum Shipment {
 pub enum HoldChange {
     /// Forget every hold: what follows is the primary's whole table, then its changes.
     Cleared,
-    /// Session `session` (of this capacity) holds message `id`, from now on.
-    Held {
-        id: MessageId,
-        session: SessionId,
-        capacity: u64,
-    },
+    /// `holder` holds message `id`, from now on.
+    Held { id: MessageId, holder: Holder },
     /// Nobody holds `id` any more (acknowledged, returned, moved or removed).
     Released(MessageId),
 }
@@ -308,6 +305,27 @@ impl Shipping {
             .progress
             .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
         Ok(attached)
+    }
+
+    /// Queues for the attached standby, if any, who holds what now: every hold is forgotten,
+    /// then `table` is the whole of them. The caller holds the queue's lock, so no hold change
+    /// comes in between: the changes before it are queued before it, and the ones after, after.
+    pub fn ship_holds(&self, table: Vec<HoldChange>) {
+        let follower = self.shared.holds_follower.lock().expect("never poisoned");
+        let Some(follower) = follower.as_ref() else {
+            return;
+        };
+        follower.ship(HoldChange::Cleared);
+        for held in table {
+            follower.ship(held);
+        }
+        self.shared.holds_shipped.store(0, Ordering::Relaxed);
+    }
+
+    /// Holds shipped since the last whole table: the standby keeps them (those of acked
+    /// messages too, see `LogStore::ship_hold`) until the next.
+    pub fn holds_shipped(&self) -> u64 {
+        self.shared.holds_shipped.load(Ordering::Relaxed)
     }
 
     /// Which log this is ([`super::lineage`]).

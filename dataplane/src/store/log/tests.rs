@@ -1098,3 +1098,44 @@ async fn a_standby_copy_counts_only_its_sound_prefix_of_the_primarys_segment() {
     assert_eq!(attached.truncated, [(1, 0)]);
     drop(store);
 }
+
+/// What the attached standby is told of holds: each delivery, each release but an ack's, and
+/// the whole table, in the order they came; the table starts the count of holds shipped anew.
+#[tokio::test]
+async fn holds_are_shipped_but_acks_and_a_table_starts_them_anew() {
+    use crate::message::ids::SessionId;
+    use crate::store::Holder;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = open(dir.path(), 4096);
+    let shipping = store.shipping();
+    let mut attached = shipping.attach(&[]).unwrap();
+    let mut ids = IdGenerator::new();
+    let (a, b) = (MessageId(ids.next(1)), MessageId(ids.next(1)));
+    let holder = Holder::Session {
+        session: SessionId(ids.next(1)),
+        capacity: 2,
+    };
+    let _ = store.record(Change::Delivered { id: a, holder });
+    let _ = store.record(Change::Delivered { id: b, holder });
+    let _ = store.record(Change::Acked(a));
+    let _ = store.record(Change::Returned(b));
+    assert_eq!(shipping.holds_shipped(), 2);
+    shipping.ship_holds(vec![HoldChange::Held { id: b, holder }]);
+    assert_eq!(shipping.holds_shipped(), 0);
+    let mut holds = Vec::new();
+    while let Some(shipment) = attached.shipments.try_next() {
+        if let Shipment::Hold(change) = shipment {
+            holds.push(change);
+        }
+    }
+    assert_eq!(
+        holds,
+        [
+            HoldChange::Held { id: a, holder },
+            HoldChange::Held { id: b, holder },
+            HoldChange::Released(b),
+            HoldChange::Cleared,
+            HoldChange::Held { id: b, holder },
+        ]
+    );
+}

@@ -3,9 +3,11 @@
 //! Each round, at a random moment, the node's disk is lost (its data directory removed) and
 //! its process killed; the provider starts it again on its standby's copy (a promotion) and
 //! a new standby follows. Measured per round: until a publisher is answered again (the queue
-//! serves) and until durability 2 is Success again (on two disks). At the end every publish
-//! answered Success at durability 2 must be delivered, once. Exits 1 if one is lost or
-//! delivered twice. docs/resilience.md, *Failover to the standby*.
+//! serves) and until durability 2 is Success again (on two disks). Subscribers hold what they
+//! receive for a moment before they ack it, and after each loss resume their sessions on the
+//! promoted copy. At the end every publish answered Success at durability 2 must have been
+//! delivered, and none to a second subscriber while another held it. Exits 1 if one is lost
+//! or was held by two at once. docs/resilience.md, *Failover to the standby*.
 
 use crate::client::{next_text, Wire};
 use futures::SinkExt;
@@ -29,7 +31,16 @@ pub struct Settings {
     /// Publishers, each with one durability-2 publish in flight.
     #[arg(long, default_value_t = 4)]
     publishers: usize,
+    /// Subscribers all along, each holding up to 8 messages for `--hold-ms` before it acks.
+    #[arg(long, default_value_t = 2)]
+    subscribers: usize,
+    /// How long a subscriber holds a message before it acks it.
+    #[arg(long, default_value_t = 20)]
+    hold_ms: u64,
 }
+
+/// Each subscriber's capacity.
+const HOLDER_CAPACITY: u64 = 8;
 
 const TOKEN: &str = "operator-token-for-the-failover-run";
 const REPLICATED: &str =
@@ -49,6 +60,19 @@ struct Seen {
     /// died is no sign of its return).
     answered: Option<Instant>,
     succeeded: Option<Instant>,
+    /// Every delivery to a subscriber all along: the body, who, when, and when it sent its
+    /// ack (None: it never did, its connection ended first).
+    deliveries: Vec<Delivery>,
+    /// Subscribers' logins after a cut: sessions resumed, and new ones (a resume refused).
+    resumed: usize,
+    new_sessions: usize,
+}
+
+struct Delivery {
+    body: String,
+    subscriber: usize,
+    at: Instant,
+    acked: Option<Instant>,
 }
 
 pub async fn failover(settings: &Settings, dataplane: &Path, data_root: &Path) -> bool {
@@ -72,6 +96,14 @@ pub async fn failover(settings: &Settings, dataplane: &Path, data_root: &Path) -
         let (url, login, seen) = (url.clone(), login.clone(), seen.clone());
         publishers.push(tokio::spawn(publish(publisher, url, login, seen)));
     }
+    let hold = Duration::from_millis(settings.hold_ms);
+    for subscriber in 0..settings.subscribers {
+        let (url, seen) = (url.clone(), seen.clone());
+        let login = created["logins"]["subscriber"].clone();
+        publishers.push(tokio::spawn(hold_and_ack(
+            subscriber, url, login, hold, seen,
+        )));
+    }
     let node_dir = dir.join("data/nodes").join(&id);
     let mut serving = Vec::new();
     let mut on_two_disks = Vec::new();
@@ -92,13 +124,96 @@ pub async fn failover(settings: &Settings, dataplane: &Path, data_root: &Path) -
     for publisher in publishers {
         publisher.abort();
     }
-    let acknowledged = std::mem::take(&mut lock(&seen).acknowledged);
+    let seen = std::mem::take(&mut *lock(&seen));
     let logins = &created["logins"];
+    // What the subscribers held when they stopped waits for their sessions' time to run out.
     let delivered = drain(&url, &logins["publisher"], &logins["subscriber"]).await;
     let _ = child.kill();
     let _ = child.wait();
     stop_nodes(&node_dir);
-    report(&serving, &on_two_disks, &acknowledged, &delivered)
+    report(&serving, &on_two_disks, &seen, &delivered)
+}
+
+/// Receives for ever, holding each message for `hold` before it acks it; after a cut,
+/// resumes its session (with `replay`) or, if that is refused, logs in anew.
+async fn hold_and_ack(
+    subscriber: usize,
+    url: String,
+    login: Value,
+    hold: Duration,
+    seen: Arc<Mutex<Seen>>,
+) {
+    let wire = Wire {
+        tls: None,
+        compress: false,
+    };
+    let mut session: Option<String> = None;
+    loop {
+        let Ok(mut socket) = wire.try_connect(&url).await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let mut request = json!({"username": login["username"], "password": login["password"],
+            "role": "subscriber", "queuetype": "distribute", "capacity": HOLDER_CAPACITY});
+        if let Some(session) = &session {
+            request["sessionid"] = json!(session);
+            request["replay"] = json!(true);
+        }
+        if socket.send(Frame::text(request.to_string())).await.is_err() {
+            continue;
+        }
+        let Some(reply) = next_text(&mut socket).await else {
+            continue;
+        };
+        let reply: Value = serde_json::from_str(&reply).unwrap_or_default();
+        match (reply["status"] == "Success.", session.is_some()) {
+            (true, true) => lock(&seen).resumed += 1,
+            (false, true) => {
+                // Refused (its time ran out, or it held nothing): a new session next.
+                lock(&seen).new_sessions += 1;
+                session = None;
+                continue;
+            }
+            (true, false) => {}
+            (false, false) => continue,
+        }
+        session = reply["sessionid"].as_str().map(str::to_string);
+        // Held: (id, index in `deliveries`, when to ack).
+        let mut held: std::collections::VecDeque<(Value, usize, Instant)> = Default::default();
+        loop {
+            let next_ack = held.front().map(|&(_, _, due)| due);
+            let frame = match next_ack {
+                Some(due) => tokio::time::timeout_at(due.into(), next_text(&mut socket)).await,
+                None => Ok(next_text(&mut socket).await),
+            };
+            match frame {
+                Err(_) => {
+                    let (id, index, _) = held.pop_front().expect("one is due");
+                    let ack = json!({"id": id, "ack": 1});
+                    if socket.send(Frame::text(ack.to_string())).await.is_err() {
+                        break;
+                    }
+                    lock(&seen).deliveries[index].acked = Some(Instant::now());
+                }
+                Ok(None) => break,
+                Ok(Some(text)) => {
+                    let frame: Value = serde_json::from_str(&text).unwrap_or_default();
+                    let Some(body) = frame["body"].as_str() else {
+                        continue; // an ack's reply
+                    };
+                    let mut seen = lock(&seen);
+                    seen.deliveries.push(Delivery {
+                        body: body.to_string(),
+                        subscriber,
+                        at: Instant::now(),
+                        acked: None,
+                    });
+                    let index = seen.deliveries.len() - 1;
+                    held.push_back((frame["id"].clone(), index, Instant::now() + hold));
+                }
+            }
+        }
+    }
 }
 
 /// Publishes at durability 2 for ever, reconnecting as the node comes and goes.
@@ -237,21 +352,45 @@ async fn drain(url: &str, publisher: &Value, subscriber: &Value) -> Vec<String> 
 /// Published after the rounds: everything before it is delivered before it.
 const MARKER: &str = "end of the run";
 
+/// Deliveries of one message to a subscriber while another held it: received by the other
+/// before, and not acked by it until after.
+fn held_by_two_at_once(deliveries: &[Delivery]) -> usize {
+    let mut by_body: HashMap<&str, Vec<&Delivery>> = HashMap::new();
+    for delivery in deliveries {
+        by_body.entry(&delivery.body).or_default().push(delivery);
+    }
+    let mut twice = 0;
+    for list in by_body.values() {
+        for later in list {
+            let held_then = |earlier: &&&Delivery| {
+                earlier.subscriber != later.subscriber
+                    && earlier.at <= later.at
+                    && earlier.acked.is_none_or(|acked| acked > later.at)
+            };
+            twice += usize::from(list.iter().any(|e| held_then(&e)));
+        }
+    }
+    twice
+}
+
 fn report(
     serving: &[Duration],
     on_two_disks: &[Duration],
-    acknowledged: &[String],
+    seen: &Seen,
     delivered: &[String],
 ) -> bool {
     let mut times: HashMap<&str, usize> = HashMap::new();
-    for body in delivered {
-        *times.entry(body.as_str()).or_default() += 1;
+    let to_holders = seen.deliveries.iter().map(|d| d.body.as_str());
+    for body in delivered.iter().map(String::as_str).chain(to_holders) {
+        *times.entry(body).or_default() += 1;
     }
+    let acknowledged = &seen.acknowledged;
     let lost = acknowledged
         .iter()
         .filter(|b| !times.contains_key(b.as_str()))
         .count();
-    let twice = times.values().filter(|&&n| n > 1).count();
+    let again = times.values().filter(|&&n| n > 1).count();
+    let two_at_once = held_by_two_at_once(&seen.deliveries);
     let summary = |what: &str, durations: &[Duration]| {
         let mut sorted = durations.to_vec();
         sorted.sort();
@@ -266,12 +405,19 @@ fn report(
     summary("serving again", serving);
     summary("durability 2 on two disks again", on_two_disks);
     println!(
-        "acknowledged at durability 2: {}, delivered: {} ({} distinct), lost: {lost}, delivered twice: {twice}",
+        "acknowledged at durability 2: {}, delivered: {} to the subscribers and {} after the \
+         rounds ({} distinct), lost: {lost}",
         acknowledged.len(),
+        seen.deliveries.len(),
         delivered.len(),
         times.len()
     );
-    lost == 0 && twice == 0
+    println!(
+        "subscribers: {} sessions resumed, {} new after a refused resume; messages delivered \
+         more than once: {again}; held by two subscribers at once: {two_at_once}",
+        seen.resumed, seen.new_sessions
+    );
+    lost == 0 && two_at_once == 0
 }
 
 fn ms(duration: Duration) -> f64 {

@@ -171,6 +171,12 @@ async fn a_node_whose_data_is_lost_starts_again_on_its_standbys_copy() {
     })
     .await;
     let node = node_of(&queue).to_string();
+    // Time enough for the resume below on a loaded machine (the settings go to the standby).
+    let mut admin = login_with(&node, &logins["admin"], "admin", json!({})).await;
+    let set = json!({"cmd": "setcfg", "saved-session-timeout-secs": 60});
+    let reply = admin.request(set).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    drop(admin);
     // A subscriber holds the first 5 when the disk goes: it resumes on the copy with them.
     let login = &logins["subscriber"];
     let mut holder = Client::connect_url(&node).await;

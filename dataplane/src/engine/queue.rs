@@ -445,6 +445,7 @@ impl QueueState {
         now_ms: u64,
     ) {
         let carried = carried.unwrap_or_default();
+        let out = self.enter_carried(&messages, &carried, now_ms);
         let mut sessions: IdMap<SessionId, (u64, BTreeSet<MessageId>)> = IdMap::default();
         for recovered in messages {
             let id = recovered.id;
@@ -470,25 +471,29 @@ impl QueueState {
                 self.dead.insert(id, message);
                 continue;
             }
-            let place = match (recovered.due_ms, carried.holds.get(&id)) {
+            let place = match (recovered.due_ms, out.get(&id)) {
                 (Some(due_ms), _) if due_ms > now_ms => {
                     self.delayed.insert((due_ms, id));
                     Place::Delayed(due_ms)
                 }
-                (_, Some(&Holder::Session { session, capacity }))
-                    if self.first_of_group(message.group, id) =>
-                {
+                (_, Some(Some(Holder::Session { session, capacity }))) => {
                     let (_, held) = sessions
-                        .entry(session)
-                        .or_insert((capacity, BTreeSet::new()));
+                        .entry(*session)
+                        .or_insert((*capacity, BTreeSet::new()));
                     held.insert(id);
-                    Place::Held(session)
+                    Place::Held(*session)
                 }
-                (_, Some(&Holder::Received { until_ms, receipt }))
-                    if until_ms > now_ms && self.first_of_group(message.group, id) =>
-                {
-                    self.invisible.insert((until_ms, id));
-                    Place::Received { until_ms, receipt }
+                (_, Some(Some(Holder::Received { until_ms, receipt }))) => {
+                    self.invisible.insert((*until_ms, id));
+                    Place::Received {
+                        until_ms: *until_ms,
+                        receipt: *receipt,
+                    }
+                }
+                // In its group already, behind another carried one: it waits there.
+                (_, Some(None)) => {
+                    self.waiting_count += 1;
+                    Place::Waiting
                 }
                 _ => self.enqueue(id, message.group),
             };
@@ -517,10 +522,32 @@ impl QueueState {
         self.dispatch();
     }
 
-    /// At start, for a message carried over as out for delivery: whether it is first of its
-    /// group (0: none), as only such a message can be; it is then its group's head.
-    fn first_of_group(&mut self, group: u32, id: MessageId) -> bool {
-        group == 0 || self.groups.enter(group, id) == Enter::Line
+    /// At start, before the rest: the carried messages still out for delivery (held, or
+    /// received and still invisible), each entered first into its group, as its head (as a
+    /// message out for delivery is: one of its group with a lower id may wait behind it, a
+    /// delay that ended or a redrive). Some(holder): it stays out; None: another carried one
+    /// heads its group, and it waits behind it (entered already).
+    fn enter_carried(
+        &mut self,
+        messages: &[RecoveredMessage],
+        carried: &CarriedHolds,
+        now_ms: u64,
+    ) -> IdMap<MessageId, Option<Holder>> {
+        let mut out = IdMap::default();
+        for recovered in messages {
+            let Some(&holder) = carried.holds.get(&recovered.id) else {
+                continue;
+            };
+            let due = recovered.due_ms.is_none_or(|due_ms| due_ms <= now_ms);
+            let visible = matches!(holder, Holder::Received { until_ms, .. } if until_ms <= now_ms);
+            if recovered.dead || !due || visible {
+                continue;
+            }
+            let group = crate::message::frame_group(&recovered.frame).map_or(0, groups::key_of);
+            let first = group == 0 || self.groups.enter(group, recovered.id) == Enter::Line;
+            out.insert(recovered.id, first.then_some(holder));
+        }
+        out
     }
 
     /// At start: a message whose last allowed delivery was under way when the node stopped
@@ -581,6 +608,9 @@ impl QueueState {
     /// A capacity change; a larger one gets waiting messages at once. A smaller one keeps what
     /// is held and gets nothing new until it holds fewer than the new capacity.
     pub fn set_capacity(&mut self, session: SessionId, capacity: u64) {
+        if self.line.capacity(session) == capacity {
+            return;
+        }
         self.line.set_capacity(session, capacity);
         self.record_holder(session);
         self.dispatch();

@@ -47,18 +47,35 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// The journal in `data_dir`, empty: the primary sends its whole table on every
-    /// connection, so what an earlier one left says nothing.
+    /// The journal in `data_dir`, with what it holds. Kept until the primary sends its whole
+    /// table again (after each connection's catch-up): a standby that restarts, or whose
+    /// primary is lost while it catches up, keeps what it was last told.
     pub fn open(data_dir: &Path) -> std::io::Result<Journal> {
         let path = data_dir.join(data_dir::HOLDS);
-        let file = File::create(&path)?;
-        Ok(Journal {
-            table: IdMap::default(),
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let mut table = IdMap::default();
+        apply_all(&mut table, &bytes);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        let mut journal = Journal {
+            table,
             path,
             file,
-            len: 0,
+            len: bytes.len() as u64,
             pending: Vec::new(),
-        })
+        };
+        // A record cut short at its end (a standby stopped in the middle of a write): written
+        // anew, so what is appended next is read.
+        if journal.len != sound_len(&bytes) {
+            journal.rewrite()?;
+        }
+        Ok(journal)
     }
 
     pub fn apply(&mut self, change: HoldChange) {
@@ -128,20 +145,48 @@ pub fn take(data_dir: &Path, saved_for_ms: u64) -> std::io::Result<Option<Carrie
         holds: IdMap::default(),
         saved_for_ms,
     };
-    for change in changes(&bytes) {
-        match change {
-            HoldChange::Cleared => carried.holds.clear(),
-            HoldChange::Held { id, holder } => {
-                carried.holds.insert(id, holder);
-            }
-            HoldChange::Released(id) => {
-                carried.holds.remove(&id);
-            }
-        }
-    }
+    apply_all(&mut carried.holds, &bytes);
     std::fs::remove_file(&path)?;
     qe_shared::files::sync_dir(&path)?;
     Ok(Some(carried))
+}
+
+/// Applies a journal's changes to `table`.
+fn apply_all(table: &mut IdMap<MessageId, Holder>, bytes: &[u8]) {
+    for change in changes(bytes) {
+        match change {
+            HoldChange::Cleared => table.clear(),
+            HoldChange::Held { id, holder } => {
+                table.insert(id, holder);
+            }
+            HoldChange::Released(id) => {
+                table.remove(&id);
+            }
+        }
+    }
+}
+
+/// How many of a journal's `bytes` are whole records.
+fn sound_len(bytes: &[u8]) -> u64 {
+    changes(bytes)
+        .map(|change| record_len(&change) as u64)
+        .sum()
+}
+
+/// A change's length in the journal.
+fn record_len(change: &HoldChange) -> usize {
+    match change {
+        HoldChange::Cleared => 1,
+        HoldChange::Held {
+            holder: Holder::Session { .. },
+            ..
+        } => HELD_BYTES as usize,
+        HoldChange::Held {
+            holder: Holder::Received { .. },
+            ..
+        } => RECEIVED_BYTES,
+        HoldChange::Released(_) => RELEASED_BYTES,
+    }
 }
 
 /// The changes a journal's bytes hold, up to the first that is cut short (the standby was
@@ -231,6 +276,30 @@ mod tests {
         assert_eq!(holds, [(1, by(1)), (3, by(3)), (5, received)]);
         assert_eq!(carried.saved_for_ms, 10_000);
         assert!(take(dir.path(), 10_000).unwrap().is_none(), "taken once");
+    }
+
+    /// A standby started again (or connected again) keeps what it was last told until the
+    /// primary sends its whole table; a record cut short at the end is dropped, and what is
+    /// appended after it is read.
+    #[test]
+    fn a_standby_started_again_keeps_its_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        journal.apply(held(1, 1));
+        journal.apply(held(2, 1));
+        journal.flush().unwrap();
+        drop(journal);
+        let path = dir.path().join(data_dir::HOLDS);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(len - 5).unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        journal.apply(held(3, 1));
+        journal.flush().unwrap();
+        let carried = take(dir.path(), 1).unwrap().unwrap();
+        let mut ids: Vec<u128> = carried.holds.keys().map(|id| id.0.as_u128()).collect();
+        ids.sort();
+        assert_eq!(ids, [1, 3]);
     }
 
     #[test]

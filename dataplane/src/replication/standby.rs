@@ -14,7 +14,7 @@ use super::{epoch, holds};
 use crate::store::data_dir;
 use crate::store::log::lineage;
 use crate::store::log::mirror::Mirror;
-use crate::store::log::{HoldChange, Shipment};
+use crate::store::log::Shipment;
 use crate::store::meta::Meta;
 use futures::{FutureExt, SinkExt, StreamExt};
 use qe_shared::backoff::Backoff;
@@ -106,9 +106,6 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
         takes_holds: true,
     };
     copy.primary_epoch = None;
-    // What an earlier connection said of the holds is not this one's (a primary from before
-    // holds says nothing of them).
-    copy.holds.apply(HoldChange::Cleared);
     let hello = serde_json::to_string(&hello).expect("a hello serializes");
     if socket.send(Frame::text(hello)).await.is_err() {
         return Stopped::Gone;

@@ -534,6 +534,55 @@ fn a_copy_carries_its_primarys_sessions_as_saved_with_what_they_held() {
     assert_eq!(newcomer.bodies(), ["b3"], "the unresumed session's goes on");
 }
 
+/// A carried hold heads its group again, though a message of its group with a lower id waits
+/// (its delay ended while the later one was held): that one waits behind it, and the group
+/// goes on in order once it is acked.
+#[test]
+fn a_carried_hold_heads_its_group_and_the_group_goes_on_after_it() {
+    let mut q = queue();
+    let holder = SessionId(uuid::Uuid::from_u128(T0 as u128 + 9));
+    let id = |n: u128| MessageId(uuid::Uuid::from_u128(n));
+    let in_group = |n: u128| RecoveredMessage {
+        frame: Arc::from(
+            format!(
+                r#"{{"id":"{}","group":"g","type":1,"body":"b{n}","recdat":1}}"#,
+                id(n)
+            )
+            .as_bytes(),
+        ),
+        ..recovered(n, 1, None)
+    };
+    let carried = CarriedHolds {
+        holds: [(
+            id(2),
+            Holder::Session {
+                session: holder,
+                capacity: 1,
+            },
+        )]
+        .into_iter()
+        .collect(),
+        saved_for_ms: 10_000,
+    };
+    q.restore(vec![in_group(1), in_group(2)], Some(carried), T0);
+    assert_eq!(q.saved_count(), 1);
+    let mut newcomer = Sub::join(&mut q, 10);
+    assert!(newcomer.bodies().is_empty(), "b1 waits behind the held b2");
+    let mut resumed = Sub::resume(&mut q, holder, None, true, T0 + 1).unwrap();
+    assert_eq!(resumed.bodies(), ["b2"]);
+    assert!(q.ack(resumed.session, id(2)).is_ok());
+    // b1 goes to the first with room: the resumed session, back before the newcomer.
+    assert_eq!(resumed.bodies(), ["b1"]);
+    publish_grouped(&mut q, "b3");
+    assert!(newcomer.bodies().is_empty(), "one of the group at a time");
+    assert!(q.ack(resumed.session, id(1)).is_ok());
+    assert_eq!(resumed.bodies(), ["b3"]);
+}
+
+fn publish_grouped(q: &mut QueueState, body: &str) {
+    let _ = q.publish(&grouped(body, "g"), T0 + 2).unwrap();
+}
+
 /// An SQS receive carried to a promoted copy stays invisible as long as it was, and its
 /// receive number (in its receipt handle) deletes it; one whose visibility has passed waits.
 #[test]

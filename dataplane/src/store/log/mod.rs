@@ -674,8 +674,9 @@ impl LogStore {
     ///
     /// An ack is not shipped: it is one in every message's life, and the standby needs no
     /// word of it (a promoted node takes holds only of messages its log still has, and ids are
-    /// never used again); what the standby keeps of acked messages is dropped by the next
-    /// whole table ([`Shipping::ship_holds`]).
+    /// never used again); nor is a purge, for the same reason. What the standby keeps of them
+    /// is dropped by the next whole table ([`Shipping::ship_holds`]). A move to the dead
+    /// letter queue is shipped: a redrive brings the message back under its id.
     fn ship_hold(&self, change: &Change<'_>) {
         let released: &[MessageId] = match change {
             Change::Delivered { .. } => &[],
@@ -685,8 +686,10 @@ impl LogStore {
                 life: super::Life { dead: Some(_), .. },
                 ..
             } => std::slice::from_ref(id),
-            Change::Purged(ids) => ids,
-            Change::Published { .. } | Change::Acked(_) | Change::Redriven(_) => return,
+            Change::Published { .. }
+            | Change::Acked(_)
+            | Change::Purged(_)
+            | Change::Redriven(_) => return,
         };
         if self.shared.attached.load(Ordering::Relaxed) == 0 {
             return;

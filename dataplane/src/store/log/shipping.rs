@@ -295,9 +295,9 @@ impl Shipping {
         attached.removed = gone.copied().collect();
         let copying: u64 = attached.copies.iter().map(|c| c.to - c.from).sum();
         *shared.catch_up.lock().expect("never poisoned") = (copying, attached.through);
-        let follower = Follower { sender, queued };
-        *shared.holds_follower.lock().expect("never poisoned") = Some(follower.for_holds());
-        files.follower = Some(follower);
+        files.follower = Some(Follower { sender, queued });
+        // Holds go to it only from its first whole table on ([`Shipping::ship_holds`]).
+        *shared.holds_follower.lock().expect("never poisoned") = None;
         shared.attached.store(generation, Ordering::Relaxed);
         // A standby that attaches is not in sync until it has caught up; one it replaces
         // is answered for no more.
@@ -310,8 +310,17 @@ impl Shipping {
     /// Queues for the attached standby, if any, who holds what now: every hold is forgotten,
     /// then `table` is the whole of them. The caller holds the queue's lock, so no hold change
     /// comes in between: the changes before it are queued before it, and the ones after, after.
+    ///
+    /// The first table starts the hold changes to the attached standby (after its catch-up,
+    /// and only to one that takes them): until then none is queued for it. Each table is
+    /// queued to the standby attached now. (The files' lock is let go before the holds' is
+    /// taken: an attach takes them the other way round.)
     pub fn ship_holds(&self, table: Vec<HoldChange>) {
-        let follower = self.shared.holds_follower.lock().expect("never poisoned");
+        let files = self.shared.files.lock().expect("never poisoned");
+        let attached = files.follower.as_ref().map(Follower::for_holds);
+        drop(files);
+        let mut follower = self.shared.holds_follower.lock().expect("never poisoned");
+        *follower = attached;
         let Some(follower) = follower.as_ref() else {
             return;
         };

@@ -1099,8 +1099,9 @@ async fn a_standby_copy_counts_only_its_sound_prefix_of_the_primarys_segment() {
     drop(store);
 }
 
-/// What the attached standby is told of holds: each delivery, each release but an ack's, and
-/// the whole table, in the order they came; the table starts the count of holds shipped anew.
+/// What the attached standby is told of holds: nothing before its first whole table, then
+/// each delivery and each release but an ack's, and the whole table again, in the order they
+/// came; a table starts the count of holds shipped anew.
 #[tokio::test]
 async fn holds_are_shipped_but_acks_and_a_table_starts_them_anew() {
     use crate::message::ids::SessionId;
@@ -1110,11 +1111,18 @@ async fn holds_are_shipped_but_acks_and_a_table_starts_them_anew() {
     let shipping = store.shipping();
     let mut attached = shipping.attach(&[]).unwrap();
     let mut ids = IdGenerator::new();
-    let (a, b) = (MessageId(ids.next(1)), MessageId(ids.next(1)));
+    let (early, a, b) = (
+        MessageId(ids.next(1)),
+        MessageId(ids.next(1)),
+        MessageId(ids.next(1)),
+    );
     let holder = Holder::Session {
         session: SessionId(ids.next(1)),
         capacity: 2,
     };
+    // During its catch-up: the first table says it.
+    let _ = store.record(Change::Delivered { id: early, holder });
+    shipping.ship_holds(vec![HoldChange::Held { id: early, holder }]);
     let _ = store.record(Change::Delivered { id: a, holder });
     let _ = store.record(Change::Delivered { id: b, holder });
     let _ = store.record(Change::Acked(a));
@@ -1131,6 +1139,8 @@ async fn holds_are_shipped_but_acks_and_a_table_starts_them_anew() {
     assert_eq!(
         holds,
         [
+            HoldChange::Cleared,
+            HoldChange::Held { id: early, holder },
             HoldChange::Held { id: a, holder },
             HoldChange::Held { id: b, holder },
             HoldChange::Released(b),

@@ -1188,3 +1188,98 @@ async fn a_subscriber_carries_on_through_three_node_kills_and_gets_every_confirm
     );
     subscriber.logout().await.unwrap();
 }
+
+/// Issue 35: a subscriber of a queue with a standby holds messages when its node's disk is
+/// lost; the control plane starts the node again on the standby's copy, and the library
+/// resumes the session there (`resumed: true`): what it held is its own still (its acks
+/// succeed, nothing is shown twice) and the rest follows, every message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_keeps_its_session_through_a_promotion_of_the_standbys_copy() {
+    let cp = qe_tests::ControlPlane::start_with("live_stats_secs = 1\nreconcile_every_secs = 1\n");
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local","replicas":2}"#;
+    let queue = cp.create_queue(body).await;
+    let id = queue["id"].as_str().unwrap().to_string();
+    let path = format!("/v1/queues/{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let node_pid = loop {
+        let (_, now) = cp.call("GET", &path, None).await;
+        if now["live"]["standby"]["in_sync"] == true {
+            break now["resources"]["process"].as_str().unwrap().to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "never in sync: {now}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let credentials = |role: &str| {
+        let login = &queue["logins"][role];
+        Credentials::new(
+            login["username"].as_str().unwrap(),
+            login["password"].as_str().unwrap(),
+        )
+    };
+    let endpoint = endpoint(queue["url"].as_str().unwrap());
+    let mut subscriber = Subscriber::builder(&endpoint, credentials("subscriber"))
+        .capacity(4)
+        .reconnect(quick_reconnect())
+        .connect()
+        .await
+        .unwrap();
+    let publisher = Publisher::connect(&endpoint, credentials("publisher"))
+        .await
+        .unwrap();
+    let messages =
+        (0..10).map(|n| Message::text(format!("m{n}")).durability(Durability::Immediate));
+    let confirmed: Vec<MessageId> = publisher
+        .publish_all(messages)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let mut held = Vec::new();
+    while held.len() < 4 {
+        held.push(next_delivery(&mut subscriber).await);
+    }
+
+    // The disk goes, then the process.
+    std::fs::remove_dir_all(cp.node_dir(&id).join("data")).unwrap();
+    qe_tests::signal(node_pid.parse().unwrap(), libc::SIGKILL);
+    assert!(matches!(
+        next_event(&mut subscriber).await,
+        Event::Disconnected { .. }
+    ));
+    let event = tokio::time::timeout(Duration::from_secs(60), subscriber.next()).await;
+    match event.expect("reconnected in time").unwrap().unwrap() {
+        Event::Reconnected { resumed, released } => {
+            assert!(resumed, "its session, not a new one: {released:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Its acks are durability 2's (the messages' own): answered Success once the new standby
+    // is in sync (until then 506, taken on one disk).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, now) = cp.call("GET", &path, None).await;
+        let process = now["resources"]["process"].as_str().unwrap_or_default();
+        if now["live"]["standby"]["in_sync"] == true && process != node_pid {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no standby again: {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut seen: Vec<MessageId> = held.iter().map(|d| d.id().clone()).collect();
+    for delivery in held {
+        delivery
+            .ack()
+            .await
+            .expect("it holds it still, on the copy");
+    }
+    while seen.len() < confirmed.len() {
+        let delivery = next_delivery(&mut subscriber).await;
+        seen.push(delivery.id().clone());
+        delivery.ack().await.unwrap();
+    }
+    assert_eq!(seen, confirmed, "every message once, in order");
+    subscriber.logout().await.unwrap();
+}

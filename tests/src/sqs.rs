@@ -26,6 +26,18 @@ pub struct SqsEndpoint<'a> {
     pub resolve_to: Option<IpAddr>,
 }
 
+/// A client of `node`'s plain SQS face (`--sqs-listen` on loopback) signing with `key_id` and
+/// `secret`.
+pub fn client_of(node: &crate::Node, key_id: &str, secret: &str) -> Client {
+    let url = format!("http://{}", node.sqs_addr());
+    let endpoint = SqsEndpoint {
+        url: &url,
+        ca_pem: None,
+        resolve_to: None,
+    };
+    client(&endpoint, key_id, secret)
+}
+
 /// A client of the SDK signing with `key_id` and `secret`, with no retries (a refusal is
 /// seen as it comes).
 pub fn client(endpoint: &SqsEndpoint, key_id: &str, secret: &str) -> Client {

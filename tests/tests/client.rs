@@ -194,6 +194,14 @@ impl Drop for Proxy {
 
 /// Quick retries, for tests: the defaults wait up to seconds. 109 is retried for up to about
 /// 3 s, in case a loaded machine is slow to see the old connection drop.
+/// Publishes `m0`, `m1`, … at durability 2, pipelined; their ids, each confirmed.
+async fn publish_durable(publisher: &Publisher, count: usize) -> Vec<MessageId> {
+    let messages =
+        (0..count).map(|n| Message::text(format!("m{n}")).durability(Durability::Immediate));
+    let published = publisher.publish_all(messages).await;
+    published.into_iter().map(Result::unwrap).collect()
+}
+
 fn quick_reconnect() -> Reconnect {
     Reconnect {
         initial_backoff: Duration::from_millis(10),
@@ -1130,13 +1138,9 @@ async fn a_subscriber_carries_on_through_three_node_kills_and_gets_every_confirm
     let publisher = Publisher::connect(&endpoint, credentials("publisher"))
         .await
         .unwrap();
-    let messages =
-        (0..3000).map(|n| Message::text(format!("m{n}")).durability(Durability::Immediate));
-    let confirmed: HashSet<MessageId> = publisher
-        .publish_all(messages)
+    let confirmed: HashSet<MessageId> = publish_durable(&publisher, 3000)
         .await
         .into_iter()
-        .map(Result::unwrap)
         .collect();
     assert_eq!(confirmed.len(), 3000);
 
@@ -1226,14 +1230,7 @@ async fn a_subscriber_keeps_its_session_through_a_promotion_of_the_standbys_copy
     let publisher = Publisher::connect(&endpoint, credentials("publisher"))
         .await
         .unwrap();
-    let messages =
-        (0..10).map(|n| Message::text(format!("m{n}")).durability(Durability::Immediate));
-    let confirmed: Vec<MessageId> = publisher
-        .publish_all(messages)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let confirmed = publish_durable(&publisher, 10).await;
     let mut held = Vec::new();
     while held.len() < 4 {
         held.push(next_delivery(&mut subscriber).await);

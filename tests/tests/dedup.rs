@@ -5,7 +5,7 @@
 //! sent within the window, from one face or both, by many publishers at once, and across a
 //! kill -9 of the node; bad ids get their codes.
 
-use qe_tests::sqs::{aws_sdk_sqs, client, SqsEndpoint};
+use qe_tests::sqs::aws_sdk_sqs;
 use qe_tests::{Client, Node};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -23,13 +23,8 @@ fn start(node: Option<Node>) -> Node {
 
 /// The node's SQS client and its queue's URL.
 fn sqs_of(node: &Node) -> (aws_sdk_sqs::Client, String) {
-    let url = format!("http://{}", node.sqs_addr());
-    let endpoint = SqsEndpoint {
-        url: &url,
-        ca_pem: None,
-        resolve_to: None,
-    };
-    (client(&endpoint, KEY.0, KEY.1), format!("{url}/queue"))
+    let url = format!("http://{}/queue", node.sqs_addr());
+    (qe_tests::sqs::client_of(node, KEY.0, KEY.1), url)
 }
 
 async fn publish(publisher: &mut Client, body: &str, dedup: &str) -> String {

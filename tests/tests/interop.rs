@@ -239,3 +239,51 @@ async fn node_sees_deflate_and_the_manuals_close_behaviour() {
     assert_eq!(case("too_big")["code"], 1009);
     assert_the_broken_frame_codes(&case);
 }
+
+/// Sessions carried to the standby, seen by a real client (Python websockets): it holds 3
+/// durability-2 messages on a primary with a standby and leaves without a logout; both nodes
+/// are killed and a node started on the standby's copy (a promotion); the client resumes its
+/// session there with `replay` and gets the 3 again, and its acks succeed: it holds them.
+#[tokio::test]
+async fn a_python_subscriber_resumes_its_session_on_a_promoted_standbys_copy() {
+    use qe_tests::standby::{wait_in_sync, Standby, KEY};
+    let mut primary = Node::start_with(&["--replication-key", KEY]);
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let mut publisher = primary.publisher().await;
+    for n in 0..3 {
+        let reply = publisher
+            .request(json!({"body": format!("held {n}"), "durability": 2}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    let script = workspace().join("tests/interop/resume.py");
+    let output = run_python(&script, &["hold".into(), primary.url(), "3".into()]).await;
+    let held: Value = serde_json::from_str(output.trim()).unwrap_or_else(|_| panic!("{output}"));
+    assert_eq!(
+        held["bodies"],
+        json!(["held 0", "held 1", "held 2"]),
+        "{held}"
+    );
+    // Synced on the standby after the holds were shipped, so the standby has them too.
+    let reply = publisher
+        .request(json!({"body": "after", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    primary.kill();
+    let mut standby = standby;
+    standby.kill();
+
+    let promoted = Node::start_in(standby.into_data_dir(), &[]);
+    let session = held["session"].as_str().unwrap().to_string();
+    let args = ["resume".into(), promoted.url(), session, "3".into()];
+    let output = run_python(&script, &args).await;
+    let resumed: Value = serde_json::from_str(output.trim()).unwrap_or_else(|_| panic!("{output}"));
+    assert_eq!(resumed["resumed"], "Success.", "{resumed}");
+    assert_eq!(resumed["bodies"], held["bodies"], "{resumed}");
+    assert_eq!(
+        resumed["acks"],
+        json!(["Success.", "Success.", "Success."]),
+        "{resumed}"
+    );
+}

@@ -834,22 +834,14 @@ async fn a_late_standby_is_sent_who_holds_what() {
 /// as long as it was, and its receipt handle deletes it there.
 #[tokio::test]
 async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
-    use qe_tests::sqs::{client, lone_queue_url, receive, SqsEndpoint};
+    use qe_tests::sqs::{client_of, lone_queue_url, receive};
     const SQS: [&str; 4] = [
         "--sqs-listen",
         "127.0.0.1:0",
         "--sqs-key",
         "admin:AKIASTANDBY:standby-secret",
     ];
-    let sqs_of = |node: &Node| {
-        let url = format!("http://{}", node.sqs_addr());
-        let endpoint = SqsEndpoint {
-            url: &url,
-            ca_pem: None,
-            resolve_to: None,
-        };
-        client(&endpoint, "AKIASTANDBY", "standby-secret")
-    };
+    let sqs_of = |node: &Node| client_of(node, "AKIASTANDBY", "standby-secret");
     let mut primary = Node::start_with(&[&["--replication-key", KEY][..], &SQS].concat());
     let standby = Standby::start(&primary, KEY);
     wait_in_sync(&primary, 1);

@@ -263,14 +263,7 @@ const SQS_FLAGS: [&str; 4] = [
 
 /// An SQS client of `node`'s SQS face, with the key of [`SQS_FLAGS`].
 fn sqs_of(node: &Node) -> qe_tests::sqs::aws_sdk_sqs::Client {
-    use qe_tests::sqs::{client, SqsEndpoint};
-    let url = format!("http://{}", node.sqs_addr());
-    let endpoint = SqsEndpoint {
-        url: &url,
-        ca_pem: None,
-        resolve_to: None,
-    };
-    client(&endpoint, "AKIAFAULTADMIN", "fault-secret")
+    qe_tests::sqs::client_of(node, "AKIAFAULTADMIN", "fault-secret")
 }
 
 /// The SQS face on a file system gone read-only: a send, a delete and a purge whose write

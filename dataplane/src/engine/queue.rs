@@ -607,17 +607,17 @@ impl QueueState {
 
     /// A capacity change; a larger one gets waiting messages at once. A smaller one keeps what
     /// is held and gets nothing new until it holds fewer than the new capacity.
+    ///
+    /// Not told to the store: its next delivery carries the new capacity to a standby (telling
+    /// it for every held message would let a subscriber make the node ship its whole holding
+    /// with each request).
     pub fn set_capacity(&mut self, session: SessionId, capacity: u64) {
-        if self.line.capacity(session) == capacity {
-            return;
-        }
         self.line.set_capacity(session, capacity);
-        self.record_holder(session);
         self.dispatch();
     }
 
-    /// Tells the store again who holds `session`'s durable messages, and with what capacity
-    /// (a resume gives them a new session id, a capacity change a new capacity).
+    /// Tells the store again who holds `session`'s durable messages: a resume gives them a
+    /// new session id (and perhaps a new capacity).
     fn record_holder(&mut self, session: SessionId) {
         let capacity = self.line.capacity(session);
         for &id in self.line.held(session) {

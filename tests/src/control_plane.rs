@@ -287,15 +287,19 @@ impl ControlPlane {
 }
 
 impl Drop for ControlPlane {
-    /// Kills it and the nodes it leaves running (their pid files name them).
-    /// A failing test shows how its control plane's log and each node's log end (the
-    /// temporary directory is gone after).
+    /// Kills it and the nodes and standbys it leaves running (their command lines name their
+    /// directories). A failing test shows how its control plane's log and each node's log end
+    /// (the temporary directory is gone after).
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let nodes = std::fs::read_dir(self.dir.path().join("data/nodes"));
         for node in nodes.into_iter().flatten().flatten() {
-            if let Some(pid) = process_naming(&node.path().join("bootstrap.toml")) {
+            let named = [
+                node.path().join("bootstrap.toml"),
+                node.path().join("standby/data"),
+            ];
+            for pid in named.iter().filter_map(|path| process_naming(path)) {
                 signal(pid, libc::SIGKILL);
             }
             if std::thread::panicking() {

@@ -967,3 +967,60 @@ async fn a_deleted_queue_s_data_is_kept_for_its_records_at_most_delete_keeps_dat
     );
     assert!(!cp.node_dir(&id).join("data").exists());
 }
+
+/// A node's port is chosen once and kept, and nothing holds it while the node is down: another
+/// process may take it meanwhile (another control plane's node on this machine, as tests run
+/// beside each other). The next start, which could not listen, gives the node a new port, and
+/// the queue serves there with its messages.
+#[tokio::test]
+async fn a_node_whose_port_another_process_took_starts_on_a_new_one() {
+    let mut cp = ControlPlane::start();
+    let body = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let queue = cp.create_queue(body).await;
+    let id = queue["id"].as_str().unwrap().to_string();
+    let logins = &queue["logins"];
+    let node = node_of(&queue).to_string();
+    let mut publisher = login_with(&node, &logins["publisher"], "publisher", json!({})).await;
+    let reply = publisher
+        .request(json!({"body": "kept", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    drop(publisher);
+    let config = cp.node_dir(&id).join("bootstrap.toml");
+    let pid = process_naming(&config).expect("the node runs");
+    cp.kill();
+    signal(pid, libc::SIGKILL);
+    // Taken as soon as the dying node lets it go (its files close after its command line
+    // empties, so the bind is what says so).
+    let port: u16 = node
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let deadline = std::time::Instant::now() + PROMPT;
+    let _taken = loop {
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
+            Ok(listener) => break listener,
+            Err(error) => assert!(std::time::Instant::now() < deadline, "{error}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+
+    let cp = cp.start_again();
+    cp.wait_for_log("another process has taken the node's port", 1);
+    let deadline = std::time::Instant::now() + PROMPT;
+    let moved = loop {
+        let (_, now) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+        let now_at = now["node"].as_str().unwrap_or_default().to_string();
+        if now["status"] == "running" && !now_at.is_empty() && now_at != node {
+            break now_at;
+        }
+        assert!(std::time::Instant::now() < deadline, "not moved: {now}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let capacity = json!({"capacity": 1});
+    let mut subscriber = login_with(&moved, &logins["subscriber"], "subscriber", capacity).await;
+    assert_eq!(subscriber.recv().await["body"], "kept");
+}

@@ -218,10 +218,12 @@ impl LocalProvider {
                 tracing::info!(queue = %queue.id, reason, "restarting a node");
                 restarted_because = Some(reason);
                 child.stop(STOP_WITHIN).await;
-                launcher.launch().await?
+                self.launch_on_its_ports(&queue.id, &launcher).await?
             }
-            (None, _) => launcher.launch().await?,
+            (None, _) => self.launch_on_its_ports(&queue.id, &launcher).await?,
         };
+        // Perhaps another one now (`launch_on_its_ports`).
+        let port = self.port(&queue.id).map_err(|e| fail(e.to_string()))?;
         let pid = child.id();
         if !matches!(child, NodeProcess::Adopted { .. }) {
             tracing::info!(queue = %queue.id, pid, "started a node");
@@ -231,6 +233,43 @@ impl LocalProvider {
             restarted_because,
             ..self.placement(queue, port, pid)
         })
+    }
+
+    /// Starts queue `queue_id`'s node. A node that cannot listen because another process has
+    /// taken one of its ports is given a new one and started again, once: a port is chosen
+    /// once and kept (a restart keeps its address), and is not held between its choice and
+    /// the node's first bind, nor while the node is down, so another node on this machine
+    /// (another control plane's) may have picked it meanwhile. Its config gives the node the
+    /// new port, and its placement records the new address.
+    async fn launch_on_its_ports(
+        &self,
+        queue_id: &str,
+        launcher: &Launcher,
+    ) -> Result<NodeProcess, FleetError> {
+        let error = match launcher.launch().await {
+            Ok(child) => return Ok(child),
+            Err(error) => error,
+        };
+        let mut moved = false;
+        for file in ["port", "sqs-port"] {
+            let path = self.node_dir(queue_id).join(file);
+            let taken = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|text| text.trim().parse::<u16>().ok())
+                .is_some_and(|port| !free_on_both_loopbacks(port));
+            if taken {
+                let _ = std::fs::remove_file(&path);
+                let port = self
+                    .port_in(queue_id, file)
+                    .map_err(|e| FleetError::Start(e.to_string()))?;
+                tracing::warn!(queue = %queue_id, file, port, "another process has taken the node's port: it gets a new one");
+                moved = true;
+            }
+        }
+        match moved {
+            true => launcher.launch().await,
+            false => Err(error),
+        }
     }
 
     /// A launcher for queue `queue_id`'s node, its bootstrap written; and whether the control
@@ -754,6 +793,12 @@ fn free_port() -> std::io::Result<u16> {
         }
     }
     Err(last_error.expect("tried"))
+}
+
+/// Whether `port` can be bound on 127.0.0.1 and ::1 now.
+fn free_on_both_loopbacks(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        && std::net::TcpListener::bind(("::1", port)).is_ok()
 }
 
 /// Where the ports [`free_port`] picks from start.

@@ -511,6 +511,10 @@ impl QueueState {
             self.messages.insert(id, Box::new(entry));
         }
         let expires_ms = now_ms + carried.saved_for_ms;
+        // Back in the line in the order of their ids, the order of their logins (a place is
+        // taken at login; a resume's new id is later than its place).
+        let mut sessions: Vec<_> = sessions.into_iter().collect();
+        sessions.sort_by_key(|(session, _)| *session);
         for (session, (capacity, held)) in sessions {
             self.ids.observe(session.0);
             self.line.join_saved(session, capacity, held);

@@ -153,7 +153,7 @@ pub fn take(data_dir: &Path, saved_for_ms: u64) -> std::io::Result<Option<Carrie
 
 /// Applies a journal's changes to `table`.
 fn apply_all(table: &mut IdMap<MessageId, Holder>, bytes: &[u8]) {
-    for change in changes(bytes) {
+    for (change, _) in records(bytes) {
         match change {
             HoldChange::Cleared => table.clear(),
             HoldChange::Held { id, holder } => {
@@ -168,30 +168,12 @@ fn apply_all(table: &mut IdMap<MessageId, Holder>, bytes: &[u8]) {
 
 /// How many of a journal's `bytes` are whole records.
 fn sound_len(bytes: &[u8]) -> u64 {
-    changes(bytes)
-        .map(|change| record_len(&change) as u64)
-        .sum()
+    records(bytes).map(|(_, len)| len as u64).sum()
 }
 
-/// A change's length in the journal.
-fn record_len(change: &HoldChange) -> usize {
-    match change {
-        HoldChange::Cleared => 1,
-        HoldChange::Held {
-            holder: Holder::Session { .. },
-            ..
-        } => HELD_BYTES as usize,
-        HoldChange::Held {
-            holder: Holder::Received { .. },
-            ..
-        } => RECEIVED_BYTES,
-        HoldChange::Released(_) => RELEASED_BYTES,
-    }
-}
-
-/// The changes a journal's bytes hold, up to the first that is cut short (the standby was
-/// stopped in the middle of a write) or not one.
-fn changes(mut bytes: &[u8]) -> impl Iterator<Item = HoldChange> + '_ {
+/// The changes a journal's bytes hold, each with its length, up to the first that is cut
+/// short (the standby was stopped in the middle of a write) or not one.
+fn records(mut bytes: &[u8]) -> impl Iterator<Item = (HoldChange, usize)> + '_ {
     std::iter::from_fn(move || {
         let len = match *bytes.first()? {
             b'H' => HELD_BYTES as usize,
@@ -203,7 +185,7 @@ fn changes(mut bytes: &[u8]) -> impl Iterator<Item = HoldChange> + '_ {
         let record = bytes.get(..len)?;
         bytes = &bytes[len..];
         match wire::decode(&bytes::Bytes::copy_from_slice(record))? {
-            Shipment::Hold(change) => Some(change),
+            Shipment::Hold(change) => Some((change, len)),
             _ => None,
         }
     })

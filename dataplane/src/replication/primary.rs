@@ -225,6 +225,8 @@ async fn catch_up_then_follow(
                 // This one and every other already queued, in one flush.
                 let mut shipment = shipment.ok_or(Ended::Dropped)?;
                 loop {
+                    // (A table queued by the task of a connection this one replaced may reach
+                    // a standby that does not take holds.)
                     if takes.holds || !matches!(shipment, Shipment::Hold(_)) {
                         link.feed(&shipment).await?;
                     }

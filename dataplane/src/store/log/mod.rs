@@ -670,7 +670,7 @@ impl Store for LogStore {
 
 impl LogStore {
     /// Tells the attached standby, if any, who holds which durable message now: the engine
-    /// tells the store of every delivery and of every way a message stops being held.
+    /// tells the store of every delivery and of every return of a held message.
     ///
     /// An ack is not shipped: it is one in every message's life, and the standby needs no
     /// word of it (a promoted node takes holds only of messages its log still has, and ids are

@@ -60,7 +60,8 @@ pub enum HoldChange {
     Cleared,
     /// `holder` holds message `id`, from now on.
     Held { id: MessageId, holder: Holder },
-    /// Nobody holds `id` any more (acknowledged, returned, moved or removed).
+    /// `id` is back in the queue (returned, or moved to the dead letter queue). An ack or a
+    /// purge is not shipped (`LogStore::ship_hold`).
     Released(MessageId),
 }
 

@@ -4,7 +4,7 @@
     boot.py --name NAME --user-data FILE --volume-file FILE --volume-id vol-XXXX
             --v6 ADDR/PREFIX [--v4 ADDR/PREFIX] --host-v6 ADDR [--host-v4 ADDR]
             --state DIR [--instance-id i-XXXX] [--add-host HOST=ADDR]... [--stop-timeout 15] [--boot-timeout 900]
-            [--volume-wait 60]
+            [--volume-wait 60] [--peer NAME=ADDR]...
     boot.py --cleanup --name NAME --state DIR      # "kill the instance": SIGKILL all of it, then tear down
     boot.py --selftest                              # boots a fake instance against a local HTTPS server
 
@@ -17,7 +17,8 @@ The instance is
     prefix route: the host reaches the instance by a route to its address alone, so that several instances may
     share one host address and prefix. Inside: lo, default routes via the host addresses. No link-local
     addresses (addrgenmode none), no DAD (nodad), no forwarding or NAT: nothing the instance sends leaves the
-    machine (IPv4 forwarding is also turned off on the host end; a host that forwards IPv6 gets a warning);
+    machine (IPv4 forwarding is also turned off on the host end; a host that forwards IPv6 gets a warning). With
+    --peer NAME=ADDR, it and instance NAME (booted before it, at IPv6 address ADDR) reach each other directly;
   * its EBS volume: --volume-file on a loop device, which appears in the instance's private /dev as
     /dev/loopN and /dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_<volume id without its dash>. A volume is
     attached to one instance at a time: a boot waits (--volume-wait) while another loop device still holds it;
@@ -551,6 +552,60 @@ def addresses(args):
     return checked
 
 
+def link_in(netns, link):
+    """The netns (by name) has the interface."""
+    return (os.path.exists(f"/run/netns/{netns}")
+            and run("ip", "-n", netns, "link", "show", "dev", link, check=False, quiet=True).returncode == 0)
+
+
+def peers_of(args):
+    """--peer NAME=ADDR, checked before anything is set up: [(name, IPv6 address)] of instances that run."""
+    peers = []
+    for entry in args.peer:
+        peer, _, address = entry.partition("=")
+        if not NAME_RE.match(peer) or peer == args.name or peer in (p for p, _ in peers):
+            raise Failure(f"--peer {entry!r}: NAME must be another instance's name, once")
+        try:
+            address = ipaddress.IPv6Address(address)
+        except ValueError:
+            raise Failure(f"--peer {entry!r}: ADDR must be an IPv6 address (without a prefix length)")
+        if not os.path.exists(netns_path(peer)):
+            raise Failure(f"--peer {entry!r}: there is no instance {peer} (no netns qe-{peer}) to reach")
+        # Its end of the link will answer for ADDR: an address the instance does not have would seem to work.
+        shown = run("ip", "-n", f"qe-{peer}", "-6", "-o", "addr", "show").stdout
+        if address not in {ipaddress.ip_interface(a).ip for a in re.findall(r"inet6 (\S+)", shown)}:
+            raise Failure(f"--peer {entry!r}: instance {peer} has no address {address}")
+        peers.append((peer, address))
+    return peers
+
+
+def peer_link(name, peer):
+    """The record of a peer link: its ends' names, in qe-NAME and in qe-PEER (unique there: one per instance)."""
+    return {"peer": peer, "link": f"qep-{peer}", "peer_link": f"qeq-{name}"}
+
+
+def peer_link_left(name, link):
+    """What is left of a peer link (in the instance's netns or its peer's): [(netns, interface)]."""
+    ends = ((f"qe-{name}", link["link"]), (f"qe-{link['peer']}", link["peer_link"]))
+    return [(netns, interface) for netns, interface in ends if link_in(netns, interface)]
+
+
+def setup_peer(name, own, link, address):
+    """A veth pair straight between the instance's netns and its peer's, as two instances of one VPC reach each
+    other (the host forwards nothing). Each end has its instance's own address, /128 and without a prefix route:
+    neighbour discovery has no source address on a link without one (there are no link-local addresses), and
+    answers only for an address of the link. Each side routes the other's address alone over it."""
+    netns, peer_netns = f"qe-{name}", f"qe-{link['peer']}"
+    run("ip", "-n", netns, "link", "add", link["link"], "type", "veth", "peer", "name", link["peer_link"],
+        "netns", peer_netns)
+    for where, interface, mine, theirs in ((netns, link["link"], own, address),
+                                           (peer_netns, link["peer_link"], address, own)):
+        run("ip", "-n", where, "link", "set", "dev", interface, "addrgenmode", "none")
+        run("ip", "-n", where, "-6", "addr", "add", f"{mine}/128", "dev", interface, "nodad", "noprefixroute")
+        run("ip", "-n", where, "link", "set", "dev", interface, "up")
+        run("ip", "-n", where, "-6", "route", "add", f"{theirs}/128", "dev", interface)
+
+
 def setup_network(name, checked):
     netns, host, inside = f"qe-{name}", f"qeh-{name}", f"qei-{name}"
     if open("/proc/sys/net/ipv6/conf/default/disable_ipv6").read().strip() != "0":
@@ -645,13 +700,21 @@ def teardown(state, record, quiet=False):
         if not wait_until(killed, 10):
             log(f"processes still in {netns} after 10 s: {pids_in_netns(ino)}")
             ok = False
-    # Deleting one end of the veth deletes both, at once (a netns may outlive its name a while).
+    # Deleting one end of the veth deletes both, at once (a netns may outlive its name a while). So do peer links,
+    # whichever end is left: its own, or, should its netns have lost its name, the peer's.
     if link_exists(host):
         run("ip", "link", "del", "dev", host, check=False, quiet=quiet)
+    links = record.get("peer_links", [])
+    for link in links:
+        for where, interface in peer_link_left(name, link)[:1]:
+            run("ip", "-n", where, "link", "del", "dev", interface, check=False, quiet=quiet)
     if os.path.exists(netns_path(name)):
         run("ip", "netns", "del", netns, check=False, quiet=quiet)
     if not wait_until(lambda: not link_exists(host) and not os.path.exists(netns_path(name)), 10):
         log(f"{host} or {netns} is still there after 10 s")
+        ok = False
+    if not wait_until(lambda: not any(peer_link_left(name, link) for link in links), 10):
+        log(f"peer links still there after 10 s: {[peer_link_left(name, link) for link in links]}")
         ok = False
     volume = record.get("volume")
     if volume:
@@ -708,6 +771,7 @@ def boot(args):
     if missing:
         raise Failure(f"missing tools: {' '.join(missing)}")
     checked = addresses(args)
+    peers = peers_of(args)
     user_data = read_user_data(args.user_data)
     volume_path = os.path.abspath(args.volume_file)
     info = os.stat(volume_path)
@@ -784,6 +848,11 @@ def boot(args):
             if os.path.exists(netns_path(name)):
                 record["netns_ino"] = os.stat(netns_path(name)).st_ino
                 write_json(record_path, record)
+        # Recorded before they are made: --cleanup deletes what is left of them, the peer's end too.
+        record["peer_links"] = [peer_link(name, peer) for peer, _ in peers]
+        write_json(record_path, record)
+        for link, (_, address) in zip(record["peer_links"], peers):
+            setup_peer(name, checked[0][1].ip, link, address)
 
         inner = {"name": name, "state": state, "device": device, "rdev": os.stat(device).st_rdev,
                  "volume_id": volume_id, "boot_timeout": args.boot_timeout, "instance_id": args.instance_id,
@@ -1390,7 +1459,18 @@ def selftest():
                 leftovers.append(held)
             if os.path.exists(os.path.join(state, "instance.json")):
                 leftovers.append("instance.json")
+            # Its end of a peer link, in the netns of an instance that runs on.
+            for netns in (entry.split()[0] for entry in run("ip", "netns", "list").stdout.splitlines()):
+                if link_in(netns, f"qeq-{name}"):
+                    leftovers.append(f"qeq-{name} in {netns}")
             return leftovers
+
+        def direct(source, target, address):
+            """qe-SOURCE reaches ADDRESS of qe-TARGET over their peer link, not through the host."""
+            route = run("ip", "-n", f"qe-{source}", "-6", "route", "get", address).stdout
+            # The link's end in qe-SOURCE is named after TARGET: qep- if SOURCE was booted beside it, else qeq-.
+            over_link = re.search(rf" dev qe[pq]-{target} ", route) is not None
+            return over_link and connects(source, target, address)
 
         # 1. A first boot, stopped cleanly.
         name = f"st{os.getpid() % 100000}a"
@@ -1430,9 +1510,9 @@ def selftest():
         check("the host reaches the instance on fd71:7e5e::2 and 10.213.0.2",
               reachable("fd71:7e5e::2") and reachable("10.213.0.2"))
         shown = run("ip", "-n", f"qe-{name}", "-o", "addr", "show").stdout
-        check("the instance has only the addresses given (and lo's)",
+        check("the instance has only the addresses given (and lo's, the metadata service's among them)",
               sorted(re.findall(r"inet6? (\S+)", shown)) ==
-              sorted(["127.0.0.1/8", "::1/128", "fd71:7e5e::2/64", "10.213.0.2/24"]), shown)
+              sorted(["127.0.0.1/8", "::1/128", "169.254.169.254/32", "fd71:7e5e::2/64", "10.213.0.2/24"]), shown)
         check("the host's /etc is unchanged",
               before == {path: hashlib.sha256(open(path, "rb").read()).hexdigest() for path in watched})
         process.send_signal(signal.SIGTERM)
@@ -1447,8 +1527,8 @@ def selftest():
         check("SIGTERM: the dataplane is gone", dead(pid))
         check("the host has no user queue-expert", "queue-expert" not in open("/etc/passwd").read())
 
-        # 2. A replacement with the same volume, beside another queue's instance (same host addresses), killed
-        # (--cleanup) while it runs.
+        # 2. A replacement with the same volume, beside another queue's instance (same host addresses) booted as
+        # its standby (--peer): the replacement is killed (--cleanup) while it runs, and the standby runs on.
         name = f"st{os.getpid() % 100000}b"
         process, state, line = start(name)
         check("replacement: booted", line.startswith("booted pid="), line)
@@ -1458,13 +1538,26 @@ def selftest():
         other_volume = os.path.join(work, "other.img")
         with open(other_volume, "wb") as f:
             f.truncate(256 << 20)
-        other, other_state, other_line = start(f"st{os.getpid() % 100000}d", volume=other_volume, last=3)
-        check("another instance at the same time (fd71:7e5e::3, same host addresses): booted",
+        other_name = f"st{os.getpid() % 100000}d"
+        other, other_state, other_line = start(other_name, volume=other_volume, last=3,
+                                               extra=["--peer", f"{name}=fd71:7e5e::2"])
+        check("another instance at the same time (fd71:7e5e::3, same host addresses), --peer the first: booted",
               other_line.startswith("booted pid="), other_line)
         requests = server.node_requests
         check("both reach the control plane, the host reaches both",
               wait_until(lambda: server.node_requests >= requests + 2, 30, 0.5)
               and all(reachable(a) for a in ("fd71:7e5e::2", "10.213.0.2", "fd71:7e5e::3", "10.213.0.3")))
+        check("--peer: each reaches the other's address directly, not through the host",
+              direct(other_name, name, "fd71:7e5e::2") and direct(name, other_name, "fd71:7e5e::3"))
+        lost = f"st{os.getpid() % 100000}h"
+        stray, stray_state, _ = start(lost, last=5, extra=["--peer", f"{lost}x=fd71:7e5e::9"], wait=False)
+        try:
+            out = stray.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            stray.kill()
+            out = stray.communicate()[0]
+        check("--peer an instance that is not there: exit 2, nothing left",
+              stray.returncode == 2 and out == "" and not gone(lost, stray_state, None), f"{stray.returncode} {out!r}")
         twin, twin_state, _ = start(f"st{os.getpid() % 100000}e", last=4, extra=["--volume-wait", "2"], wait=False)
         try:
             out = twin.communicate(timeout=30)[0]
@@ -1475,14 +1568,6 @@ def selftest():
               twin.returncode == 2 and out == "" and not gone(f"st{os.getpid() % 100000}e", twin_state, None)
               and len(run("losetup", "--associated", volume_file).stdout.splitlines()) == 1,
               f"{twin.returncode} {out!r}")
-        other.send_signal(signal.SIGINT)
-        try:
-            out = other.communicate(timeout=60)[0]
-        except subprocess.TimeoutExpired:
-            other.kill()
-            out = other.communicate()[0]
-        check("SIGINT stops it as SIGTERM does", out.startswith("stopped status=") and other.returncode == 0
-              and not gone(f"st{os.getpid() % 100000}d", other_state, other_volume), f"{out!r} {other.returncode}")
         result = run(sys.executable, SELF, "--cleanup", "--name", name, "--state", state, check=False, timeout=60)
         check("--cleanup: exits 0", result.returncode == 0, result.stderr)
         try:
@@ -1494,11 +1579,17 @@ def selftest():
         check("--cleanup: nothing left", not gone(name, state), str(gone(name, state)))
         result = run(sys.executable, SELF, "--cleanup", "--name", name, "--state", state, check=False, timeout=60)
         check("--cleanup again: exits 0 (idempotent)", result.returncode == 0, result.stderr)
+        check("--cleanup of a peer: the link went with it, the instance beside it runs on",
+              wait_until(lambda: not link_in(f"qe-{other_name}", f"qep-{name}"), 10)
+              and other.poll() is None and reachable("fd71:7e5e::3"))
 
-        # 3. A dataplane that exits on its own.
+        # 3. A dataplane that exits on its own, in an instance booted beside the one still running (which it
+        # reaches directly): it goes first, and leaves nothing in the other's netns. Then the other is stopped.
         name = f"st{os.getpid() % 100000}c"
-        process, state, line = start(name)
-        check("third instance: booted", line.startswith("booted pid="), line)
+        process, state, line = start(name, extra=["--peer", f"{other_name}=fd71:7e5e::3"])
+        check("third instance, --peer the other: booted", line.startswith("booted pid="), line)
+        check("--peer: it and the other reach each other directly",
+              direct(name, other_name, "fd71:7e5e::3") and direct(other_name, name, "fd71:7e5e::2"))
         if line.startswith("booted pid="):
             os.kill(int(line.split("=")[1]), signal.SIGKILL)
         try:
@@ -1508,7 +1599,16 @@ def selftest():
             rest = process.communicate()[0]
         check("a dataplane killed: boot.py says `exited status=137` and exits 137",
               rest.strip() == "exited status=137" and process.returncode == 137, f"{rest!r} {process.returncode}")
-        check("...and leaves nothing", not gone(name, state), str(gone(name, state)))
+        check("...and leaves nothing (nor its end of the peer link), the other runs on",
+              not gone(name, state) and other.poll() is None and reachable("fd71:7e5e::3"), str(gone(name, state)))
+        other.send_signal(signal.SIGINT)
+        try:
+            out = other.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            other.kill()
+            out = other.communicate()[0]
+        check("SIGINT stops it as SIGTERM does", out.startswith("stopped status=") and other.returncode == 0
+              and not gone(other_name, other_state, other_volume), f"{out!r} {other.returncode}")
         # 4. A first boot that fails (the wrong hash), and one terminated while it runs (no control plane).
         for case, text in (("f", render(template, values(url, "00" * 32, volume_id, open(ca_pem).read()))),
                            ("g", render(template, values("https://[fd71:7e5e::1]:1", sha, volume_id)))):
@@ -1549,6 +1649,34 @@ def selftest():
             print(f"        kept {work}", flush=True)
     print(f"\n{len(failures)} failed" if failures else "\nall passed", flush=True)
     return 1 if failures else 0
+
+
+def netns_socket(name):
+    """A TCP socket of instance NAME's netns: a socket stays in the netns it was made in (setns(2) for a moment,
+    in this thread only)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newnet = 0x40000000
+    with open("/proc/thread-self/ns/net") as home, open(netns_path(name)) as there:
+        if libc.setns(there.fileno(), clone_newnet) != 0:
+            raise OSError(ctypes.get_errno(), f"setns qe-{name}")
+        try:
+            return socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        finally:
+            if libc.setns(home.fileno(), clone_newnet) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+
+
+def connects(source, target, address):
+    """A TCP connection from qe-SOURCE to a listener on ADDRESS in qe-TARGET is made."""
+    with netns_socket(target) as listener, netns_socket(source) as client:
+        listener.bind((address, 0))
+        listener.listen()
+        client.settimeout(3)
+        try:
+            client.connect((address, listener.getsockname()[1]))
+            return True
+        except OSError:
+            return False
 
 
 def read_line(process, seconds):
@@ -1670,6 +1798,8 @@ def main():
     parser.add_argument("--boot-timeout", type=float, default=900, help="for the runcmd (default 900)")
     parser.add_argument("--volume-wait", type=float, default=60,
                         help="how long a volume another instance holds is waited for (default 60)")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=ADDR",
+                        help="an instance booted before (at IPv6 address ADDR) that this one reaches directly")
     parser.add_argument("--cleanup", action="store_true", help="kill the instance NAME and tear it down")
     parser.add_argument("--selftest", action="store_true")
     args = parser.parse_args()

@@ -36,9 +36,41 @@ impl Instance {
         host_v6: Ipv6Addr,
         state: &Path,
     ) -> Instance {
+        Instance::boot_beside(
+            name,
+            instance_id,
+            user_data,
+            volume_id,
+            volume_file,
+            v6,
+            host_v6,
+            state,
+            &[],
+        )
+    }
+
+    /// Boots as [`Instance::boot`] does, beside `peers` (each an instance booted before it, by
+    /// name, and its address): this one and each of them reach each other directly, as two
+    /// instances of one VPC do, while the host forwards nothing between instances. For a
+    /// standby instance that must reach its primary.
+    #[allow(clippy::too_many_arguments)]
+    pub fn boot_beside(
+        name: &str,
+        instance_id: &str,
+        user_data: &str,
+        volume_id: &str,
+        volume_file: &Path,
+        v6: Ipv6Addr,
+        host_v6: Ipv6Addr,
+        state: &Path,
+        peers: &[(&str, Ipv6Addr)],
+    ) -> Instance {
         std::fs::create_dir_all(state).unwrap();
         let user_data_file = state.join("user-data");
         std::fs::write(&user_data_file, user_data).unwrap();
+        let peer_args = peers
+            .iter()
+            .flat_map(|(peer, address)| ["--peer".to_string(), format!("{peer}={address}")]);
         let mut child = Command::new("python3")
             .arg(boot_py())
             .args([
@@ -63,6 +95,7 @@ impl Instance {
             ])
             .arg("--state")
             .arg(state)
+            .args(peer_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -101,15 +134,25 @@ impl Instance {
         }
     }
 
-    /// Cuts its network as a lost link would: the host end of its veth pair goes down, and
-    /// the instance runs on reaching nobody (nor reached by anyone).
+    /// Cuts its network as a lost link would: the host end of its veth pair goes down, and so
+    /// do its links to peers; the instance runs on reaching nobody (nor reached by anyone).
     pub fn lose_network(&self) {
-        let link = format!("qeh-{}", self.name);
-        let status = Command::new("ip")
-            .args(["link", "set", "dev", &link, "down"])
-            .status()
+        ip(&["link", "set", "dev", &format!("qeh-{}", self.name), "down"]);
+        // Either end of a peer link will do: each peer link (to an instance booted beside this
+        // one, or beside which this one was booted) has one in its netns, qep-* or qeq-*.
+        let netns = format!("qe-{}", self.name);
+        let shown = Command::new("ip")
+            .args(["-n", &netns, "-o", "link", "show"])
+            .output()
             .expect("ip");
-        assert!(status.success(), "ip link set dev {link} down");
+        let shown = String::from_utf8_lossy(&shown.stdout);
+        let links = shown
+            .lines()
+            .filter_map(|line| line.split(": ").nth(1)?.split('@').next())
+            .filter(|link| link.starts_with("qep-") || link.starts_with("qeq-"));
+        for link in links {
+            ip(&["-n", &netns, "link", "set", "dev", link, "down"]);
+        }
     }
 
     fn next_line(&mut self, within: Duration) -> String {
@@ -156,6 +199,12 @@ impl Drop for Instance {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs `ip` with `args`; it must succeed.
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().expect("ip");
+    assert!(status.success(), "ip {}", args.join(" "));
 }
 
 fn boot_py() -> PathBuf {

@@ -201,6 +201,10 @@ pub struct Ec2Region {
     pub image_id: String,
     pub subnet_id: String,
     pub security_group_ids: Vec<String>,
+    /// A dual-stack subnet in another availability zone, for queues' standbys (`replicas:
+    /// 2`); without it, the region takes no queue with a standby.
+    #[serde(default)]
+    pub standby_subnet_id: Option<String>,
 }
 
 fn default_reconcile_every_secs() -> u64 {

@@ -15,6 +15,17 @@ pub struct NodeTokens {
     secret: [u8; 32],
 }
 
+/// Which of a queue's instances a credential belongs to. A queue with a standby on a machine
+/// of its own (`replicas: 2` on EC2) has two, each with its own credential: the control plane
+/// tells their requests apart by it, and gives the standby a config that makes it follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// The queue's node: it serves.
+    Node,
+    /// Its standby instance: it keeps a copy of the node's log, serving nothing.
+    Standby,
+}
+
 impl NodeTokens {
     /// Reads the secret from `path`, making it (readable by the owner only) the first time.
     /// A secret that is there but unreadable or damaged is an error naming the file, never
@@ -118,14 +129,47 @@ impl NodeTokens {
         ))
     }
 
+    /// The token of credential number `credential` of queue `queue_id`'s standby instance
+    /// ([`Slot::Standby`]): another label, so it is never a node's, and a standby's request
+    /// is never taken for its node's.
+    pub fn standby_token_for(&self, queue_id: &str, credential: u64) -> String {
+        qe_shared::hex(&hmac_sha256(
+            &self.secret,
+            format!("standby/{queue_id}/{credential}").as_bytes(),
+        ))
+    }
+
     /// The credential number `presented` is for `queue`: its current one, or the one being
     /// rotated in. None for any other token, and for a queue that is deleted.
     pub fn check(&self, queue: &Queue, presented: &str) -> Option<u64> {
+        self.check_in(queue, presented, Slot::Node)
+    }
+
+    /// Which of `queue`'s instances `presented` is the credential of, and its number: its
+    /// node's, or (a queue with a standby) its standby instance's.
+    pub fn check_slot(&self, queue: &Queue, presented: &str) -> Option<(Slot, u64)> {
+        let node = self.check_in(queue, presented, Slot::Node);
+        let standby = match queue.replicas == 2 {
+            true => self.check_in(queue, presented, Slot::Standby),
+            false => None,
+        };
+        match (node, standby) {
+            (Some(credential), _) => Some((Slot::Node, credential)),
+            (None, Some(credential)) => Some((Slot::Standby, credential)),
+            (None, None) => None,
+        }
+    }
+
+    /// The credential of `slot` of `queue` that `presented` is.
+    fn check_in(&self, queue: &Queue, presented: &str, slot: Slot) -> Option<u64> {
         if queue.status == Status::Deleted {
             return None;
         }
         let matches = |credential: u64| -> bool {
-            let expected = self.token_for(&queue.id, credential);
+            let expected = match slot {
+                Slot::Node => self.token_for(&queue.id, credential),
+                Slot::Standby => self.standby_token_for(&queue.id, credential),
+            };
             expected.as_bytes().ct_eq(presented.as_bytes()).into()
         };
         // Both are computed and compared, so the time taken does not tell which one matched.
@@ -153,12 +197,30 @@ impl NodeTokens {
         format!("{issued_ms}.{}", qe_shared::hex(&mac))
     }
 
+    /// The bootstrap token of queue `queue_id`'s standby instance issued at `issued_ms`:
+    /// another label, so it exchanges only for a standby's credential.
+    pub fn standby_bootstrap_token(&self, queue_id: &str, issued_ms: u64) -> String {
+        let mac = hmac_sha256(
+            &self.secret,
+            format!("standby-bootstrap/{queue_id}/{issued_ms}").as_bytes(),
+        );
+        format!("{issued_ms}.{}", qe_shared::hex(&mac))
+    }
+
     /// When `presented` was issued, if it is a bootstrap token of queue `queue_id` made with
     /// this secret (compared in constant time).
     pub fn bootstrap_issued(&self, queue_id: &str, presented: &str) -> Option<u64> {
+        self.bootstrap_issued_in(queue_id, presented, Slot::Node)
+    }
+
+    /// When `presented` was issued, if it is a bootstrap token of `slot` of queue `queue_id`.
+    pub fn bootstrap_issued_in(&self, queue_id: &str, presented: &str, slot: Slot) -> Option<u64> {
         let (issued, _) = presented.split_once('.')?;
         let issued_ms: u64 = issued.parse().ok()?;
-        let expected = self.bootstrap_token(queue_id, issued_ms);
+        let expected = match slot {
+            Slot::Node => self.bootstrap_token(queue_id, issued_ms),
+            Slot::Standby => self.standby_bootstrap_token(queue_id, issued_ms),
+        };
         bool::from(expected.as_bytes().ct_eq(presented.as_bytes())).then_some(issued_ms)
     }
 }
@@ -233,6 +295,19 @@ impl Bootstraps {
             control_plane_ca_pem: self.ca_pem.clone(),
         }
     }
+
+    /// The bootstrap of `queue`'s standby instance: its own credential and bootstrap token,
+    /// which the control plane tells from the node's ([`Slot::Standby`]).
+    pub fn for_standby(&self, queue: &Queue) -> qe_shared::node_channel::Bootstrap {
+        let issued_ms = qe_shared::clock::now_ms();
+        qe_shared::node_channel::Bootstrap {
+            node_token: self
+                .tokens
+                .standby_token_for(&queue.id, queue.node_credential),
+            bootstrap_token: Some(self.tokens.standby_bootstrap_token(&queue.id, issued_ms)),
+            ..self.for_queue(queue)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -276,6 +351,47 @@ mod tests {
         assert_eq!(tokens.check(&a, &token), None, "retired");
         a.status = Status::Deleted;
         assert_eq!(tokens.check(&a, &rotated), None, "a deleted queue's");
+    }
+
+    #[test]
+    fn a_standbys_credentials_are_its_own_and_only_a_replicated_queues() {
+        let tokens = NodeTokens { secret: [7; 32] };
+        let new = crate::model::queue::NewQueue {
+            tier: crate::model::queue::Tier::Standard,
+            region: "r".into(),
+            instance_type: "t".into(),
+            ..Default::default()
+        };
+        let (mut queue, _) = crate::model::queue::create(new);
+        let node = tokens.token_for(&queue.id, 0);
+        let standby = tokens.standby_token_for(&queue.id, 0);
+        assert_ne!(node, standby);
+        assert_eq!(
+            tokens.check_slot(&queue, &standby),
+            None,
+            "one replica: no standby"
+        );
+        queue.replicas = 2;
+        assert_eq!(tokens.check_slot(&queue, &node), Some((Slot::Node, 0)));
+        assert_eq!(
+            tokens.check_slot(&queue, &standby),
+            Some((Slot::Standby, 0))
+        );
+        assert_eq!(
+            tokens.check(&queue, &standby),
+            None,
+            "never taken for the node's"
+        );
+        // Bootstrap tokens likewise: a standby's never exchanges for the node's credential.
+        let issued = tokens.standby_bootstrap_token(&queue.id, 1_700_000_000_000);
+        assert_eq!(tokens.bootstrap_issued(&queue.id, &issued), None);
+        let standby_issued = tokens.bootstrap_issued_in(&queue.id, &issued, Slot::Standby);
+        assert_eq!(standby_issued, Some(1_700_000_000_000));
+        let node_issued = tokens.bootstrap_token(&queue.id, 1_700_000_000_000);
+        assert_eq!(
+            tokens.bootstrap_issued_in(&queue.id, &node_issued, Slot::Standby),
+            None
+        );
     }
 
     #[test]

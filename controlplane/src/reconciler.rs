@@ -390,8 +390,11 @@ impl Reconciler {
         if queue.replicas == 2 {
             // A standby that cannot be placed now leaves the node serving (durability 2 is
             // answered 507 meanwhile) and recorded: it is tried again at the next pass.
-            let key = self.bootstraps.tokens.replication_key(&queue.id);
-            match self.fleet.ensure_standby(queue, &placement, &key).await {
+            let standby = crate::fleet::StandbyBoot {
+                key: self.bootstraps.tokens.replication_key(&queue.id),
+                bootstrap: self.bootstraps.for_standby(queue),
+            };
+            match self.fleet.ensure_standby(queue, &placement, &standby).await {
                 Ok(standby) => placement.resources.extend(standby),
                 Err(error) => {
                     tracing::error!(queue = %queue.id, %error, "its standby could not be placed")

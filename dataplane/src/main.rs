@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use dataplane::config::Flags;
-use dataplane::node::{self, Source, Stopped};
+use dataplane::node::{self, Source, Started, Stopped};
 use std::process::ExitCode;
 
 #[cfg(feature = "count-allocations")]
@@ -56,7 +56,19 @@ async fn run() -> (ExitCode, Option<Stopped>) {
         Err(error) => Err(error),
     };
     match started {
-        Ok(Some(running)) => match running.until_stopped(&mut terminate).await {
+        Ok(Some(Started::Following {
+            channel,
+            desired,
+            data_dir,
+        })) => {
+            // As a standby started by its flags: it stops at once on SIGTERM.
+            let code = tokio::select! {
+                code = Started::follow(channel, desired, data_dir) => code,
+                _ = terminate.recv() => ExitCode::SUCCESS,
+            };
+            (code, None)
+        }
+        Ok(Some(Started::Serving(running))) => match running.until_stopped(&mut terminate).await {
             Stopped::StartAgain => (ExitCode::from(node::START_AGAIN_EXIT), None),
             stopped => (ExitCode::SUCCESS, Some(stopped)),
         },

@@ -11,6 +11,9 @@ pub enum Ec2Error {
     /// The region is not in the settings, so there is no subnet or image to use there.
     #[error("region {0} is not configured")]
     NoSuchRegion(String),
+    /// A standby was asked for in a region whose settings name no standby subnet.
+    #[error("region {region} has no standby subnet (another zone's) configured")]
+    NoStandbySubnet { region: String },
     /// AWS answered with an error.
     #[error("{operation}: {code}: {message}")]
     Api {
@@ -72,7 +75,9 @@ impl Ec2Error {
             "InvalidKeyPair.NotFound",
         ];
         match self {
-            Ec2Error::NoSuchRegion(_) | Ec2Error::UserDataTooLarge(_) => true,
+            Ec2Error::NoSuchRegion(_)
+            | Ec2Error::NoStandbySubnet { .. }
+            | Ec2Error::UserDataTooLarge(_) => true,
             Ec2Error::Api {
                 operation: "RunInstances",
                 code,

@@ -8,7 +8,7 @@ use aws_sdk_ec2::types::{
 };
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine as _};
 
-use crate::tags::{self, CLUSTER_TAG, QUEUE_TAG};
+use crate::tags::{self, Role, CLUSTER_TAG, QUEUE_TAG};
 use crate::{Ec2, Ec2Error, RegionSettings};
 
 /// EC2's limit on user data, counted before base64.
@@ -31,6 +31,8 @@ pub struct Launch<'a> {
     pub ipv4: bool,
     /// The text handed to the node at boot (cloud-init); encoded to base64 here.
     pub user_data: &'a str,
+    /// The queue's node, or its standby (in the region's standby subnet).
+    pub role: Role,
     /// Makes a retried launch (after a call with no answer) return the first launch's instance instead of a
     /// second one. AWS keeps it for the instance's life, so a new attempt for the same queue needs a new token.
     pub client_token: &'a str,
@@ -43,6 +45,8 @@ pub struct Instance {
     pub region: String,
     /// From the `qe:queue` tag; empty if someone removed it.
     pub queue_id: String,
+    /// From the `qe:role` tag.
+    pub role: Role,
     /// EC2's state name: `pending`, `running`, `shutting-down`, `terminated`, `stopping` or `stopped`.
     pub state: String,
     /// The address clients reach the node at (given by EC2 from the subnet's IPv6 range).
@@ -63,8 +67,14 @@ impl Ec2 {
         }
         let client = self.client(launch.region)?;
         let place = self.region_settings(launch.region)?;
-        let name = format!("qe-{}", launch.queue_id);
-        let tags = tags::queue_tags(&self.settings.cluster, launch.queue_id, name);
+        let name = launch.role.name(launch.queue_id, "");
+        let mut tags = tags::queue_tags(&self.settings.cluster, launch.queue_id, name);
+        tags.extend(launch.role.tags());
+        let subnet = place
+            .subnet_for(launch.role)
+            .ok_or(Ec2Error::NoStandbySubnet {
+                region: launch.region.to_string(),
+            })?;
         self.paced(launch.region, true).await?;
         let reply = client
             .run_instances()
@@ -74,7 +84,7 @@ impl Ec2 {
             .max_count(1)
             .client_token(launch.client_token)
             .user_data(BASE64.encode(launch.user_data))
-            .network_interfaces(network_interface(place, launch.ipv4))
+            .network_interfaces(network_interface(place, subnet, launch.ipv4))
             .metadata_options(imdsv2())
             .tag_specifications(tags::on_create(ResourceType::Instance, &tags))
             .tag_specifications(tags::on_create(ResourceType::Volume, &tags))
@@ -228,10 +238,14 @@ impl Ec2 {
 
 /// The node's only network interface. Subnet and groups go here, not on the instance: EC2 refuses both places in
 /// one request, and only an interface spec can choose public IPv4 per launch.
-fn network_interface(place: &RegionSettings, ipv4: bool) -> InstanceNetworkInterfaceSpecification {
+fn network_interface(
+    place: &RegionSettings,
+    subnet: &str,
+    ipv4: bool,
+) -> InstanceNetworkInterfaceSpecification {
     InstanceNetworkInterfaceSpecification::builder()
         .device_index(0)
-        .subnet_id(&place.subnet_id)
+        .subnet_id(subnet)
         .set_groups(Some(place.security_group_ids.clone()))
         .ipv6_address_count(1)
         .associate_public_ip_address(ipv4)
@@ -265,6 +279,7 @@ impl Instance {
             queue_id: tags::value(sdk.tags(), QUEUE_TAG)
                 .unwrap_or_default()
                 .to_owned(),
+            role: Role::of(sdk.tags()),
             state: state.as_str().to_owned(),
             ipv6: ipv6(sdk),
             public_ipv4: sdk.public_ip_address().and_then(|ip| ip.parse().ok()),

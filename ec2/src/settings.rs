@@ -11,8 +11,22 @@ pub struct RegionSettings {
     /// The dual-stack subnet (it needs an IPv6 CIDR): it also fixes the availability zone, so a queue's volume is
     /// made in the zone where its instances will run.
     pub subnet_id: String,
+    /// A dual-stack subnet in another availability zone, where queues' standbys go (`replicas: 2`), so
+    /// that a zone's loss leaves one copy. None: no standbys in this region.
+    pub standby_subnet_id: Option<String>,
     /// The groups on the node's network interface: they open the queue's ports.
     pub security_group_ids: Vec<String>,
+}
+
+impl RegionSettings {
+    /// The subnet an instance or volume of `role` goes in; None: a standby where there is no
+    /// standby subnet.
+    pub fn subnet_for(&self, role: crate::Role) -> Option<&str> {
+        match role {
+            crate::Role::Node => Some(&self.subnet_id),
+            crate::Role::Standby => self.standby_subnet_id.as_deref(),
+        }
+    }
 }
 
 /// One cluster's EC2 settings.

@@ -11,6 +11,47 @@ pub const QUEUE_TAG: &str = "qe:queue";
 pub const PURPOSE_TAG: &str = "qe:purpose";
 /// The value of [`PURPOSE_TAG`] on a queue's data volume.
 pub const DATA_VOLUME: &str = "data";
+/// On a queue's standby instance and its volume: [`Role::Standby`]. A node's carry none, as
+/// everything made before standbys.
+pub const ROLE_TAG: &str = "qe:role";
+
+/// Which of a queue's machines an instance or volume is for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The queue's node (no [`ROLE_TAG`]).
+    #[default]
+    Node,
+    /// Its standby (`replicas: 2`): in the region's standby subnet, another zone.
+    Standby,
+}
+
+impl Role {
+    const STANDBY: &'static str = "standby";
+
+    /// The role an SDK tag list says.
+    pub(crate) fn of(tags: &[Tag]) -> Role {
+        match value(tags, ROLE_TAG) {
+            Some(Role::STANDBY) => Role::Standby,
+            _ => Role::Node,
+        }
+    }
+
+    /// The tags of a resource of this role, beside the queue's.
+    pub(crate) fn tags(self) -> Vec<Tag> {
+        match self {
+            Role::Node => Vec::new(),
+            Role::Standby => vec![tag(ROLE_TAG, Role::STANDBY)],
+        }
+    }
+
+    /// The name the AWS console shows for a queue's resource of this role.
+    pub(crate) fn name(self, queue_id: &str, what: &str) -> String {
+        match self {
+            Role::Node => format!("qe-{queue_id}{what}"),
+            Role::Standby => format!("qe-{queue_id}-standby{what}"),
+        }
+    }
+}
 
 /// Tags every resource of a queue carries; `Name` is what the AWS console shows.
 pub(crate) fn queue_tags(cluster: &str, queue_id: &str, name: String) -> Vec<Tag> {

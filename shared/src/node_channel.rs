@@ -185,6 +185,41 @@ pub struct DesiredReplication {
     /// epoch its data keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
+    /// Given only to the queue's standby instance (its own credential, never the node's):
+    /// the primary it follows, and the key it gives. A node started from a bootstrap whose
+    /// config carries this runs as a standby (`dataplane::replication::standby`), serving
+    /// nothing; None: it is the queue's node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<FollowPrimary>,
+}
+
+/// Where a standby instance finds its primary, and what it proves itself with.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FollowPrimary {
+    /// The primary's node address (`wss://QUEUE-ID.q.CLUSTER/`): the name its certificate
+    /// is checked for.
+    pub url: String,
+    /// Where to connect instead of resolving the name: the primary instance's address (the
+    /// name may already point at this one, a moment after a promotion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect: Option<SocketAddr>,
+    /// The replication key itself (its hash is in the primary's config).
+    pub key: String,
+    /// The root (PEM) the primary's certificate chains to, when it is a private one (the
+    /// control plane's local CA); None: the public web's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+}
+
+impl std::fmt::Debug for FollowPrimary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FollowPrimary")
+            .field("url", &self.url)
+            .field("connect", &self.connect)
+            .field("key", &"…")
+            .finish_non_exhaustive()
+    }
 }
 
 /// A queue's dead letter routing, kept by the control plane (docs/sqs.md, *Dead letters to

@@ -188,6 +188,7 @@ fn placeholder() -> RegionSettings {
     RegionSettings {
         image_id: String::new(),
         subnet_id: String::new(),
+        standby_subnet_id: None,
         security_group_ids: Vec::new(),
     }
 }
@@ -198,6 +199,10 @@ pub const SUBNET_V4: &str = "10.213.0.0/18";
 pub const SUBNET_V6: &str = "fd71:7e5e:0:100::/64";
 /// The host's end of every instance's link, in the subnet's ranges (moto assigns from .4).
 pub const HOST_V6: &str = "fd71:7e5e:0:100::1";
+/// The standbys' subnet, in another zone: its ranges, and the host's end of their links.
+pub const STANDBY_SUBNET_V4: &str = "10.213.64.0/18";
+pub const STANDBY_SUBNET_V6: &str = "fd71:7e5e:0:101::/64";
+pub const STANDBY_HOST_V6: &str = "fd71:7e5e:0:101::1";
 
 /// What the operator makes by hand before queues can run in `region`: a VPC, a dual-stack
 /// subnet in [`SUBNET_V4`] and [`SUBNET_V6`], a security group, and an image.
@@ -220,6 +225,15 @@ pub async fn network(client: &Client, region: &str) -> RegionSettings {
         .send()
         .await
         .expect("CreateSubnet");
+    let standby_subnet = client
+        .create_subnet()
+        .vpc_id(vpc_id)
+        .cidr_block(STANDBY_SUBNET_V4)
+        .ipv6_cidr_block(STANDBY_SUBNET_V6)
+        .availability_zone(format!("{region}b"))
+        .send()
+        .await
+        .expect("CreateSubnet");
     let group = client
         .create_security_group()
         .group_name("qe-nodes")
@@ -231,6 +245,10 @@ pub async fn network(client: &Client, region: &str) -> RegionSettings {
     RegionSettings {
         image_id: image(client).await,
         subnet_id: subnet.subnet().unwrap().subnet_id().unwrap().to_owned(),
+        standby_subnet_id: standby_subnet
+            .subnet()
+            .and_then(|s| s.subnet_id())
+            .map(Into::into),
         security_group_ids: vec![group.group_id().unwrap().to_owned()],
     }
 }

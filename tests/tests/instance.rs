@@ -76,7 +76,8 @@ fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path) -> Api {
          [api_tls]\ncert = {:?}\nkey = {:?}\nca = {:?}\n\
          [provider]\nkind = \"ec2\"\nendpoint = \"{}\"\n\
          [provider.regions.{REGION}]\n\
-         image_id = {:?}\nsubnet_id = {:?}\nsecurity_group_ids = [{:?}]\n",
+         image_id = {:?}\nsubnet_id = {:?}\nsecurity_group_ids = [{:?}]\n\
+         standby_subnet_id = {:?}\n",
         dir.join("api.pem"),
         dir.join("api-key.pem"),
         dir.join("ca.pem"),
@@ -84,6 +85,10 @@ fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path) -> Api {
         region.image_id,
         region.subnet_id,
         region.security_group_ids[0],
+        region
+            .standby_subnet_id
+            .as_deref()
+            .expect("moto's standby subnet"),
     );
     let cp = ControlPlane::start_listening(&format!("[::]:{port}"), &config);
     Api {
@@ -177,6 +182,41 @@ async fn boot(ec2: &Ec2, queue: &Value, name: &str, dir: &std::path::Path) -> In
     let (name, volume, instance) = (name.to_string(), volume.to_string(), instance.to_string());
     tokio::task::spawn_blocking(move || {
         Instance::boot(&name, &instance, &text, &volume, &file, v6, host, &state)
+    })
+    .await
+    .unwrap()
+}
+
+/// Boots the queue's standby instance, from the user data EC2 has for it, in the standby
+/// subnet, linked to the primary instance `primary` (booted as `primary_name`): the two reach
+/// each other as two instances of one VPC do.
+async fn boot_standby(
+    ec2: &Ec2,
+    queue: &Value,
+    name: &str,
+    primary_name: &str,
+    dir: &std::path::Path,
+) -> Instance {
+    let instance = queue["resources"]["standby_instance"].as_str().unwrap();
+    let volume = queue["resources"]["standby_volume"].as_str().unwrap();
+    let described = describe_instance(ec2.client(REGION).unwrap(), instance).await;
+    let v6: Ipv6Addr = described.network_interfaces()[0].ipv6_addresses()[0]
+        .ipv6_address()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let primary: Ipv6Addr = queue["addresses"]["v6"].as_str().unwrap().parse().unwrap();
+    let text = user_data(ec2, instance).await;
+    let file = volume_file(dir, volume);
+    let host = moto::STANDBY_HOST_V6.parse().unwrap();
+    let state = dir.join(name);
+    let (name, volume, instance) = (name.to_string(), volume.to_string(), instance.to_string());
+    let primary_name = primary_name.to_string();
+    tokio::task::spawn_blocking(move || {
+        let peers = [(primary_name.as_str(), primary)];
+        Instance::boot_beside(
+            &name, &instance, &text, &volume, &file, v6, host, &state, &peers,
+        )
     })
     .await
     .unwrap()
@@ -763,4 +803,149 @@ async fn a_build_rolls_across_instances_and_one_for_another_cpu_halts_at_its_can
     for instance in instances {
         instance.terminate();
     }
+}
+
+#[tokio::test]
+async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows_its_node() {
+    let (moto, ec2, files, api) = cloud().await;
+    let dns = api.cp.dns.expect("a DNS server");
+    let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    let body = format!(
+        r#"{{"tier":"standard","region":"{REGION}","instance_type":"t3.small","ipv4":false,"replicas":2}}"#
+    );
+    let (status, created) = api.call("POST", "/v1/queues", Some(&body)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let logins = created["logins"].clone();
+    let queue = api.placed(&id, None).await;
+    let node = boot(&ec2, &queue, "qr1", files.path()).await;
+    node.wait_for_node_log("listening on");
+    // The standby is placed beside the node in the same pass, on an instance of its own.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let queue = loop {
+        let (_, queue) = api.call("GET", &format!("/v1/queues/{id}"), None).await;
+        if queue["resources"]["standby_instance"].is_string() {
+            break queue;
+        }
+        assert!(Instant::now() < deadline, "no standby placed: {queue}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let client = ec2.client(REGION).unwrap();
+    let zone_of = |instance: &qe_ec2::aws_sdk_ec2::types::Instance| {
+        instance
+            .placement()
+            .and_then(|p| p.availability_zone())
+            .map(str::to_owned)
+    };
+    let node_instance = queue["resources"]["instance"].as_str().unwrap();
+    let standby_instance = queue["resources"]["standby_instance"].as_str().unwrap();
+    let node_zone = zone_of(&describe_instance(client, node_instance).await);
+    let standby_zone = zone_of(&describe_instance(client, standby_instance).await);
+    assert_eq!(node_zone.as_deref(), Some("us-east-1a"));
+    assert_eq!(standby_zone.as_deref(), Some("us-east-1b"), "another zone");
+    let standby_volume = queue["resources"]["standby_volume"].as_str().unwrap();
+    let volume = moto::describe_volume(client, standby_volume).await.unwrap();
+    assert_eq!(volume.availability_zone(), Some("us-east-1b"));
+    assert_ne!(
+        standby_volume,
+        queue["resources"]["volume"].as_str().unwrap()
+    );
+    // Its user data holds a bootstrap token of its own: never the node's credential, and
+    // never the replication key (which its config gives it).
+    let text = user_data(&ec2, standby_instance).await;
+    let secret = std::fs::read(api.cp.dir.path().join("data/node-secret")).unwrap();
+    let mac = qe_shared::hmac::hmac_sha256(&secret, format!("replication/{id}").as_bytes());
+    let key = qe_shared::hex(&mac);
+    assert!(!text.contains(&key), "the key is not in the user data");
+    assert!(!bootstrap_in(&text).contains_key("node_token"));
+
+    // Before the standby boots, durability 2 is not confirmed on one disk.
+    let host = queue["host"].as_str().unwrap().to_string();
+    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
+    let reply = publisher
+        .request(json!({"body": "one disk", "durability": 2}))
+        .await;
+    assert_eq!(reply["code"], 507, "{reply}");
+
+    let standby = boot_standby(&ec2, &queue, "qr2", "qr1", files.path()).await;
+    standby.wait_for_node_log("caught up with the primary");
+    let exchanged = audited(&api, &id, "node.bootstrap").await;
+    assert_eq!(
+        exchanged,
+        vec![
+            format!("instance {node_instance}"),
+            format!("instance {standby_instance}")
+        ]
+    );
+    // Now a durability-2 publish is synced on both, by name, over wss.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = publisher
+            .request(json!({"body": "two disks", "durability": 2}))
+            .await;
+        if reply["status"] == "Success." {
+            break;
+        }
+        assert_eq!(reply["code"], 507, "{reply}");
+        assert!(Instant::now() < deadline, "never in sync: {reply}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, queue) = api.call("GET", &format!("/v1/queues/{id}"), None).await;
+        if queue["live"]["standby"]["in_sync"] == true {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the API never shows it in sync: {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status = present_bootstrap(&api, &ec2, &id, standby_instance, standby_instance).await;
+    assert_eq!(status, 401, "its bootstrap token was spent");
+
+    // Deleted: both instances terminated (each machine then stops what it runs: the node
+    // with its last report), both volumes gone.
+    let (status, _) = api.call("DELETE", &format!("/v1/queues/{id}"), None).await;
+    assert_eq!(status, 202);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for instance in [node_instance, standby_instance] {
+        while describe_instance(client, instance)
+            .await
+            .state()
+            .unwrap()
+            .name()
+            != Some(&InstanceStateName::Terminated)
+        {
+            assert!(Instant::now() < deadline, "{instance} never terminated");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let said = tokio::task::spawn_blocking(move || (node.terminate(), standby.terminate()))
+        .await
+        .unwrap();
+    assert_eq!(said.0, "stopped status=0", "the node stops cleanly");
+    let (status, deleted) = api
+        .call(
+            "GET",
+            &format!("/v1/queues/{id}?until=deleted&within=60"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &deleted["status"]),
+        (200, &json!("deleted")),
+        "{deleted}"
+    );
+    for volume in [
+        standby_volume,
+        queue["resources"]["volume"].as_str().unwrap(),
+    ] {
+        assert!(
+            describe_volume(client, volume).await.is_none(),
+            "{volume} is kept"
+        );
+    }
+    drop(moto);
 }

@@ -428,3 +428,84 @@ async fn the_standbys_key_hash_goes_only_to_a_node_that_takes_it() {
         "{config_of_alone}"
     );
 }
+
+/// A request on the node channel with `token`: its status and body.
+async fn as_node(
+    cp: &ControlPlane,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: cp\r\nAuthorization: Bearer {token}\r\n\
+         qe-node-takes: replication, epoch\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = http_response(cp.addr, &request).await;
+    let status = response[9..12].parse().unwrap();
+    let body = response[response.find("\r\n\r\n").unwrap() + 4..].to_string();
+    (status, body)
+}
+
+/// A queue's standby on a machine of its own (EC2) has a credential of its own, which the
+/// control plane tells from its node's: with it, the config names the node to follow and
+/// gives the key itself; it may not report, confirm a config or have a certificate issued.
+/// (The local provider hands its standbys the key; any provider's queue has the slot.)
+#[tokio::test]
+async fn a_standby_instances_credential_reads_what_to_follow_and_nothing_else() {
+    let cp = ControlPlane::start_with(CONFIG);
+    let (_, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    cp.wait_for_status(&id, "running").await;
+    let (_, queue) = cp.call("GET", &format!("/v1/queues/{id}"), None).await;
+    let secret = std::fs::read(cp.dir.path().join("data/node-secret")).unwrap();
+    let derived =
+        |label: String| qe_shared::hex(&qe_shared::hmac::hmac_sha256(&secret, label.as_bytes()));
+    let standby_token = derived(format!("standby/{id}/0"));
+    let key = derived(format!("replication/{id}"));
+
+    let path = format!("/v1/nodes/{id}/config");
+    let (status, body) = as_node(&cp, &standby_token, "GET", &path, "").await;
+    assert_eq!(status, 200, "{body}");
+    let config: Value = serde_json::from_str(&body).unwrap();
+    let follow = &config["replication"]["follow"];
+    assert_eq!(follow["url"], queue["node"], "{config}");
+    assert_eq!(follow["key"], key.as_str());
+    // `ws://HOST:PORT/`: the node's port, at the address its name resolves to.
+    let node = queue["node"].as_str().unwrap().trim_end_matches('/');
+    let port: u16 = node.rsplit(':').next().unwrap().parse().unwrap();
+    let v6: std::net::Ipv6Addr = queue["addresses"]["v6"].as_str().unwrap().parse().unwrap();
+    let connect = std::net::SocketAddr::new(v6.into(), port);
+    assert_eq!(follow["connect"], connect.to_string(), "the node's address");
+    // The node's own config names nothing to follow.
+    let node = config_of(&cp, &id, "qe-node-takes: replication, epoch\r\n").await;
+    assert!(node["replication"].get("follow").is_none(), "{node}");
+
+    // Nothing but reading: no confirmation, no report, no certificate.
+    let applied = r#"{"version":1}"#;
+    let refused = [
+        ("POST", "applied", applied),
+        ("POST", "reports", r#"{"records":[]}"#),
+        ("POST", "certificate", r#"{"csr_pem":""}"#),
+        ("POST", "redrive", "{}"),
+    ];
+    for (method, what, body) in refused {
+        let path = format!("/v1/nodes/{id}/{what}");
+        let (status, answer) = as_node(&cp, &standby_token, method, &path, body).await;
+        assert_eq!(status, 403, "{what}: {answer}");
+    }
+    // It may fetch the node's builds (a build no one serves: not found, not forbidden).
+    let build = format!("/v1/nodes/{id}/builds/{}", "0".repeat(64));
+    let (status, answer) = as_node(&cp, &standby_token, "GET", &build, "").await;
+    assert_eq!(status, 404, "{answer}");
+
+    // A queue of one replica has no standby slot: its token is worth nothing there.
+    let one = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
+    let (_, alone) = cp.call("POST", "/v1/queues", Some(one)).await;
+    let alone = alone["id"].as_str().unwrap().to_string();
+    let token = derived(format!("standby/{alone}/0"));
+    let (status, _) = as_node(&cp, &token, "GET", &format!("/v1/nodes/{alone}/config"), "").await;
+    assert_eq!(status, 401);
+}

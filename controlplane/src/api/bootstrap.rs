@@ -14,6 +14,7 @@ use super::extract::{Json, Path};
 use super::{ApiError, AppState};
 use crate::model::audit::{self, Actor, Entry, Target};
 use crate::model::queue::{Queue, Status};
+use crate::nodes::Slot;
 use crate::store::StoreError;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -69,13 +70,11 @@ pub async fn exchange(
 ) -> Result<Json<Value>, ApiError> {
     let presented = super::bearer(&headers);
     let queue = state.store.get(&id).await?;
-    let (queue, issued_ms) = match queue {
-        Some(queue) if queue.status != Status::Deleted => {
-            match state.node_tokens.bootstrap_issued(&id, presented) {
-                Some(issued_ms) => (queue, issued_ms),
-                None => return Err(super::unauthorized(presented)),
-            }
-        }
+    let (mut queue, slot, issued_ms) = match queue {
+        Some(queue) if queue.status != Status::Deleted => match issued(&state, &queue, presented) {
+            Some((slot, issued_ms)) => (queue, slot, issued_ms),
+            None => return Err(super::unauthorized(presented)),
+        },
         _ => return Err(super::unauthorized(presented)),
     };
     let valid_for_ms = state.config.bootstrap_token_valid_secs.saturating_mul(1000);
@@ -83,24 +82,23 @@ pub async fn exchange(
         issued_ms,
         audit::now_ms(),
         valid_for_ms,
-        queue.bootstrap_spent_ms,
+        *spent(&mut queue, slot),
     );
     if let Err(refusal) = judged {
         return Err(refuse(&state, &queue, &asked.instance_id, refusal).await);
     }
-    let its_own = state.fleet.is_instance_of(&queue, &asked.instance_id).await;
+    let its_own = state
+        .fleet
+        .is_instance_of(&queue, &asked.instance_id, slot)
+        .await;
     if !its_own.map_err(|e| ApiError::Unavailable(e.to_string()))? {
         return Err(refuse(&state, &queue, &asked.instance_id, Refusal::NotItsInstance).await);
     }
     // Spent as one compare-and-swap: of two uses at once, one finds it spent.
     let spend = state.store.update(&id, |queue| {
-        judge(
-            issued_ms,
-            audit::now_ms(),
-            valid_for_ms,
-            queue.bootstrap_spent_ms,
-        )?;
-        queue.bootstrap_spent_ms = issued_ms;
+        let spent = spent(queue, slot);
+        judge(issued_ms, audit::now_ms(), valid_for_ms, *spent)?;
+        *spent = issued_ms;
         Ok::<_, Spend>(())
     });
     let queue = match spend.await {
@@ -120,10 +118,37 @@ pub async fn exchange(
     .because(&format!("instance {}", asked.instance_id));
     state.store.record_audit(entry).await;
     tracing::info!(queue = %queue.id, instance = %asked.instance_id, "a node exchanged its bootstrap token");
-    let node_token = state
-        .node_tokens
-        .token_for(&queue.id, queue.node_credential);
+    let node_token = match slot {
+        Slot::Node => state
+            .node_tokens
+            .token_for(&queue.id, queue.node_credential),
+        Slot::Standby => state
+            .node_tokens
+            .standby_token_for(&queue.id, queue.node_credential),
+    };
     Ok(Json(json!({ "node_token": node_token })))
+}
+
+/// Which of `queue`'s instances `presented` is a bootstrap token of (a standby's only for a
+/// queue with one), and when it was issued.
+fn issued(state: &AppState, queue: &Queue, presented: &str) -> Option<(Slot, u64)> {
+    let tokens = &state.node_tokens;
+    if let Some(issued_ms) = tokens.bootstrap_issued_in(&queue.id, presented, Slot::Node) {
+        return Some((Slot::Node, issued_ms));
+    }
+    let standby = tokens.bootstrap_issued_in(&queue.id, presented, Slot::Standby);
+    standby
+        .filter(|_| queue.replicas == 2)
+        .map(|issued_ms| (Slot::Standby, issued_ms))
+}
+
+/// When the newest bootstrap token of `slot` of `queue` exchanged was issued: each instance
+/// has its own, so the two may boot in either order.
+fn spent(queue: &mut Queue, slot: Slot) -> &mut u64 {
+    match slot {
+        Slot::Node => &mut queue.bootstrap_spent_ms,
+        Slot::Standby => &mut queue.standby_bootstrap_spent_ms,
+    }
 }
 
 enum Spend {

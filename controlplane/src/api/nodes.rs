@@ -4,21 +4,23 @@
 
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
-use crate::certificates::NodeCertificates;
+use crate::certificates::{Issuer, NodeCertificates};
 use crate::model::audit::{self, Actor, Entry, Target};
 use crate::model::queue::{Queue, Status};
+use crate::nodes::Slot;
 use crate::store::StoreError;
 use axum::extract::{Extension, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use qe_shared::node_channel::{
-    Applied, CertificateRequest, DesiredConfig, DesiredReplication, IssuedCertificate, NodeTls,
-    TAKES_EPOCH, TAKES_HEADER, TAKES_REPLICATION, WATCH_HOLD_SECS,
+    Applied, CertificateRequest, DesiredConfig, DesiredReplication, FollowPrimary,
+    IssuedCertificate, NodeTls, TAKES_EPOCH, TAKES_HEADER, TAKES_REPLICATION, WATCH_HOLD_SECS,
 };
 use qe_shared::password::PasswordHash;
 use serde::Deserialize;
 use serde_json::json;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +33,8 @@ const REISSUE_AFTER: Duration = Duration::from_secs(3600);
 pub struct NodeCaller {
     pub queue: Queue,
     pub credential: u64,
+    /// Its node, or its standby instance (which may only read its config and fetch builds).
+    pub slot: Slot,
 }
 
 /// Lets a request to `/v1/nodes/{id}/…` through only with a credential of queue `id`'s
@@ -49,16 +53,34 @@ pub async fn require_node_token(
         .get(&id)
         .await?
         .ok_or(super::unauthorized(presented))?;
-    let credential = match state.node_tokens.check(&queue, presented) {
-        Some(credential) => credential,
+    let (slot, credential) = match state.node_tokens.check_slot(&queue, presented) {
+        Some(found) => found,
         None => rotated_after_the_backup(&state, &queue, presented)
             .await?
+            .map(|credential| (Slot::Node, credential))
             .ok_or(super::unauthorized(presented))?,
     };
-    request
-        .extensions_mut()
-        .insert(NodeCaller { queue, credential });
+    if slot == Slot::Standby && !a_standby_may(&request) {
+        return Err(ApiError::Forbidden(
+            "a standby's credential only reads its config and fetches builds".into(),
+        ));
+    }
+    let caller = NodeCaller {
+        queue,
+        credential,
+        slot,
+    };
+    request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
+}
+
+/// What a standby instance's credential may do: read its config and fetch the node's
+/// builds. It reports nothing (its node counts the queue's usage, once), confirms no config
+/// (the queue's state is its node's) and is issued no certificate (it serves nothing).
+fn a_standby_may(request: &Request) -> bool {
+    let path = request.uri().path();
+    let read = request.method() == axum::http::Method::GET;
+    read && (path.ends_with("/config") || path.ends_with("/dataplane") || path.contains("/builds/"))
 }
 
 /// On a store restored from a backup, a node may present a credential its queue took after
@@ -150,6 +172,17 @@ pub async fn desired_config(
     queue: &Queue,
     takes: NodeTakes,
 ) -> Result<DesiredConfig, ApiError> {
+    desired_config_of(state, queue, takes, Slot::Node).await
+}
+
+/// What `queue`'s instance of `slot` should be now: its node's config, or for its standby
+/// instance the same with what it follows ([`DesiredReplication::follow`]).
+pub async fn desired_config_of(
+    state: &AppState,
+    queue: &Queue,
+    takes: NodeTakes,
+    slot: Slot,
+) -> Result<DesiredConfig, ApiError> {
     let listen = state
         .fleet
         .listen(queue)
@@ -178,9 +211,45 @@ pub async fn desired_config(
         desired.replication = Some(DesiredReplication {
             key_hash: PasswordHash::new(&key).to_string(),
             epoch: takes.epoch.then_some(queue.epoch),
+            follow: match slot {
+                Slot::Node => None,
+                Slot::Standby => Some(follow(state, queue, key)?),
+            },
         });
     }
     Ok(desired)
+}
+
+/// What `queue`'s standby instance follows: its node, where the queue's record places it
+/// (its name for TLS, its address to connect to), with the key it gives.
+fn follow(state: &AppState, queue: &Queue, key: String) -> Result<FollowPrimary, ApiError> {
+    let url = queue.node.clone().ok_or_else(|| {
+        ApiError::Unavailable("the queue's node is not placed yet: ask again".into())
+    })?;
+    let port = reqwest::Url::parse(&url)
+        .ok()
+        .and_then(|url| url.port_or_known_default())
+        .unwrap_or(443);
+    let connect = queue
+        .addresses
+        .as_ref()
+        .map(|addresses| SocketAddr::new(addresses.v6.into(), port));
+    let ca_pem = match &state.node_certificates {
+        NodeCertificates::PerQueue(issuer) => match issuer.as_ref() {
+            Issuer::LocalCa(ca) => Some(
+                std::fs::read_to_string(&ca.root_pem)
+                    .map_err(|e| ApiError::Internal(format!("the local CA's root: {e}")))?,
+            ),
+            Issuer::Acme(_) => None,
+        },
+        _ => None,
+    };
+    Ok(FollowPrimary {
+        url,
+        connect,
+        key,
+        ca_pem,
+    })
 }
 
 /// The fields a node's config request says it takes ([`TAKES_HEADER`]).
@@ -217,7 +286,7 @@ pub struct Watch {
 /// otherwise once its version passes `after`, or `204` after [`WATCH_HOLD_SECS`].
 pub async fn config(
     State(state): State<Arc<AppState>>,
-    Extension(NodeCaller { queue, .. }): Extension<NodeCaller>,
+    Extension(NodeCaller { queue, slot, .. }): Extension<NodeCaller>,
     Query(watch): Query<Watch>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -242,7 +311,7 @@ pub async fn config(
         }
     };
     let takes = NodeTakes::of(&headers);
-    Ok(Json(desired_config(&state, &queue, takes).await?).into_response())
+    Ok(Json(desired_config_of(&state, &queue, takes, slot).await?).into_response())
 }
 
 /// `POST /v1/nodes/{id}/applied`: the node serves this version now. A queue whose node

@@ -5,11 +5,12 @@
 //! record, so a control plane that crashed anywhere finds what it made.
 
 use super::cloud_init::{Mode, NodeBoot};
-use super::{FleetError, Provider};
+use super::{FleetError, Provider, StandbyBoot};
 use crate::model::queue::{Addresses, NewQueue, Placement, Queue};
+use crate::nodes::Slot;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use qe_ec2::{Ec2, Ec2Error, Instance, Launch, Volume};
+use qe_ec2::{Ec2, Ec2Error, Instance, Launch, Role, Volume};
 use qe_shared::node_channel::Bootstrap;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv6Addr, SocketAddr};
@@ -60,6 +61,14 @@ impl Ec2Provider {
     /// survey is fresh: one running instance with an IPv6 address, and one data volume,
     /// attached to it. Anything else is looked at afresh (and mended) by [`Self::ensure_node`].
     fn settled(&self, queue: &Queue) -> Option<Placement> {
+        let (instance, volume) = self.settled_as(queue, Role::Node)?;
+        self.placement(queue, instance, volume.id).ok()
+    }
+
+    /// The queue's instance and volume of `role` as the last survey found them, when that is
+    /// as it should be and the survey is fresh: one running instance of that role with an
+    /// IPv6 address, and one volume of that role, attached to it.
+    fn settled_as(&self, queue: &Queue, role: Role) -> Option<(Instance, Volume)> {
         let surveyed = self.surveyed.lock().expect("never poisoned");
         let survey = surveyed
             .survey
@@ -69,22 +78,20 @@ impl Ec2Provider {
         if surveyed.changed.contains_key(&queue.id) {
             return None;
         }
-        let [instance] = survey.instances.get(&queue.id)?.as_slice() else {
+        let instances = survey.instances.get(&queue.id)?;
+        let volumes = survey.volumes.get(&queue.id)?;
+        let mut instances = instances.iter().filter(|instance| instance.role == role);
+        let mut volumes = volumes.iter().filter(|volume| volume.role == role);
+        let (Some(instance), None) = (instances.next(), instances.next()) else {
             return None;
         };
-        let [volume] = survey.volumes.get(&queue.id)?.as_slice() else {
+        let (Some(volume), None) = (volumes.next(), volumes.next()) else {
             return None;
         };
         let in_place = instance.state == "running"
             && instance.region == queue.region
             && volume.attached_to.as_ref() == Some(&instance.id);
-        match in_place && instance.ipv6.is_some() {
-            true => Some(
-                self.placement(queue, instance.clone(), volume.id.clone())
-                    .ok()?,
-            ),
-            false => None,
-        }
+        (in_place && instance.ipv6.is_some()).then(|| (instance.clone(), volume.clone()))
     }
 
     /// Drops what the survey says of queue `queue_id`: its instances or volumes are being
@@ -119,12 +126,16 @@ impl Ec2Provider {
     /// else the oldest (or a new one, for a queue that has none yet). Every other is a twin (a
     /// race, a volume made by hand): forced off its instance and deleted, so that no two
     /// nodes ever hold one queue's data and no attach waits on a twin.
-    async fn volume_of(&self, queue: &Queue) -> Result<Volume, Ec2Error> {
+    async fn volume_of(&self, queue: &Queue, role: Role) -> Result<Volume, Ec2Error> {
         let mut volumes = self.ec2.volumes_of(&queue.region, &queue.id).await?;
+        volumes.retain(|volume| volume.role == role);
         if volumes.is_empty() {
-            return self.ec2.volume_for(&queue.region, &queue.id).await;
+            return self
+                .ec2
+                .volume_of_role(&queue.region, &queue.id, role)
+                .await;
         }
-        let recorded = queue.resources.get("volume");
+        let recorded = queue.resources.get(recorded_as(role).volume);
         let keep = volumes
             .iter()
             .position(|volume| Some(&volume.id) == recorded)
@@ -147,9 +158,11 @@ impl Ec2Provider {
         &self,
         queue: &Queue,
         volume: &Volume,
+        role: Role,
     ) -> Result<Option<Instance>, Ec2Error> {
         let mut live = Vec::new();
-        for instance in self.ec2.instances_of(&queue.region, &queue.id).await? {
+        let instances = self.ec2.instances_of(&queue.region, &queue.id).await?;
+        for instance in instances.into_iter().filter(|i| i.role == role) {
             match instance.state.as_str() {
                 "pending" | "running" => live.push(instance),
                 "stopping" | "stopped" => {
@@ -159,7 +172,7 @@ impl Ec2Provider {
                 _ => {}
             }
         }
-        let recorded = queue.resources.get("instance");
+        let recorded = queue.resources.get(recorded_as(role).instance);
         let keep = live
             .iter()
             .position(|instance| volume.attached_to.as_ref() == Some(&instance.id))
@@ -180,13 +193,16 @@ impl Ec2Provider {
     }
 
     /// Fences a silent node: its instances terminated and waited for, its data volume then
-    /// forced off whatever still holds it (a hung instance can take long to let go).
+    /// forced off whatever still holds it (a hung instance can take long to let go). Its
+    /// standby, if it has one, is left as it is: its copy is what must outlive the node.
     async fn fence_node(&self, queue: &Queue) -> Result<(), Ec2Error> {
         tracing::warn!(queue = %queue.id, "terminating a silent node's instance");
         self.forget(&queue.id);
-        self.terminate_all(&queue.id).await?;
+        self.terminate(&queue.id, Some(Role::Node)).await?;
         for volume in self.ec2.volumes_of(&queue.region, &queue.id).await? {
-            self.ec2.free_volume(&volume.region, &volume.id).await?;
+            if volume.role == Role::Node {
+                self.ec2.free_volume(&volume.region, &volume.id).await?;
+            }
         }
         Ok(())
     }
@@ -194,12 +210,20 @@ impl Ec2Provider {
     /// Launches the queue's instance. If EC2 answers with one that is already gone (a token
     /// reused after an instance that died before it was recorded), once more with a token of
     /// its own.
-    async fn launch(&self, queue: &Queue, user_data: &str) -> Result<Instance, Ec2Error> {
+    async fn launch(
+        &self,
+        queue: &Queue,
+        user_data: &str,
+        role: Role,
+    ) -> Result<Instance, Ec2Error> {
         let after = queue
             .resources
-            .get("instance")
+            .get(recorded_as(role).instance)
             .map_or("first", String::as_str);
-        let mut client_token = format!("{}-{after}", queue.id);
+        let mut client_token = match role {
+            Role::Node => format!("{}-{after}", queue.id),
+            Role::Standby => format!("{}-standby-{after}", queue.id),
+        };
         for _ in 0..2 {
             let launch = Launch {
                 queue_id: &queue.id,
@@ -208,6 +232,7 @@ impl Ec2Provider {
                 ipv4: queue.ipv4,
                 user_data,
                 client_token: &client_token,
+                role,
             };
             let launched = self.ec2.launch(&launch).await?;
             if matches!(launched.state.as_str(), "pending" | "running") {
@@ -230,19 +255,49 @@ impl Ec2Provider {
         if let Some(placement) = self.settled(queue) {
             return Ok(placement);
         }
+        let (instance, volume) = self.ensure_as(queue, bootstrap, Role::Node).await?;
+        self.placement(queue, instance, volume.id)
+    }
+
+    /// The queue's instance of `role`, running and holding its volume of that role: found,
+    /// or launched from `bootstrap` (its data, or its copy, comes back with the volume).
+    async fn ensure_as(
+        &self,
+        queue: &Queue,
+        bootstrap: &Bootstrap,
+        role: Role,
+    ) -> Result<(Instance, Volume), Ec2Error> {
         self.forget(&queue.id);
-        let volume = self.volume_of(queue).await?;
-        let instance = match self.instance_of(queue, &volume).await? {
+        let volume = self.volume_of(queue, role).await?;
+        let instance = match self.instance_of(queue, &volume, role).await? {
             Some(instance) => instance,
             // The client token is new for each replacement (the instance it follows) and the
             // same for a retry of one launch: a launch whose answer was lost makes no twin.
             None => {
                 let user_data = self.boot.render(bootstrap, &volume.id, Mode::Serve);
-                self.launch(queue, &user_data).await?
+                self.launch(queue, &user_data, role).await?
             }
         };
         let instance = self.holding(instance, &volume).await?;
-        self.placement(queue, instance, volume.id)
+        Ok((instance, volume))
+    }
+
+    /// The queue's standby instance (`replicas: 2`), in the region's standby subnet (another
+    /// zone), with a volume of its own there: what to record of it.
+    async fn ensure_standby_instance(
+        &self,
+        queue: &Queue,
+        bootstrap: &Bootstrap,
+    ) -> Result<BTreeMap<String, String>, Ec2Error> {
+        let (instance, volume) = match self.settled_as(queue, Role::Standby) {
+            Some(settled) => settled,
+            None => self.ensure_as(queue, bootstrap, Role::Standby).await?,
+        };
+        let recorded = recorded_as(Role::Standby);
+        Ok(BTreeMap::from([
+            (recorded.instance.to_string(), instance.id),
+            (recorded.volume.to_string(), volume.id),
+        ]))
     }
 
     /// Where `queue`'s node is, on `instance` with its data on volume `volume_id`.
@@ -277,7 +332,7 @@ impl Ec2Provider {
     /// one that powered off without the records arriving is replaced by another.
     async fn hand_over(&self, queue: &Queue, bootstrap: &Bootstrap) -> Result<bool, Ec2Error> {
         let volumes = self.ec2.volumes_of(&queue.region, &queue.id).await?;
-        let Some(volume) = volumes.into_iter().next() else {
+        let Some(volume) = volumes.into_iter().find(|v| v.role == Role::Node) else {
             return Ok(false);
         };
         let mut live = None;
@@ -292,7 +347,7 @@ impl Ec2Provider {
             None => {
                 self.ec2.free_volume(&volume.region, &volume.id).await?;
                 let user_data = self.boot.render(bootstrap, &volume.id, Mode::ReportLast);
-                let instance = self.launch(queue, &user_data).await?;
+                let instance = self.launch(queue, &user_data, Role::Node).await?;
                 tracing::info!(queue = %queue.id, instance = %instance.id, "launched an instance to hand over its last records");
                 instance
             }
@@ -337,14 +392,22 @@ impl Ec2Provider {
     /// Terminates the queue's instances and waits until they are gone (a node stopping makes
     /// and reports its last usage record).
     async fn terminate_all(&self, queue_id: &str) -> Result<(), Ec2Error> {
+        self.terminate(queue_id, None).await
+    }
+
+    /// Terminates the queue's instances of `role` (None: all of them) and waits until they
+    /// are gone.
+    async fn terminate(&self, queue_id: &str, role: Option<Role>) -> Result<(), Ec2Error> {
         self.forget(queue_id);
-        let mine = |id: &String| id == queue_id;
+        let mine = |instance: &Instance| {
+            instance.queue_id == queue_id && role.is_none_or(|role| instance.role == role)
+        };
         let instances: Vec<Instance> = self
             .ec2
             .instances()
             .await?
             .into_iter()
-            .filter(|instance| mine(&instance.queue_id))
+            .filter(mine)
             .collect();
         for instance in &instances {
             self.ec2.terminate(&instance.region, &instance.id).await?;
@@ -388,6 +451,25 @@ impl Ec2Provider {
     }
 }
 
+/// The names a queue's record keeps its instance and volume of a role under.
+struct Recorded {
+    instance: &'static str,
+    volume: &'static str,
+}
+
+fn recorded_as(role: Role) -> Recorded {
+    match role {
+        Role::Node => Recorded {
+            instance: "instance",
+            volume: "volume",
+        },
+        Role::Standby => Recorded {
+            instance: "standby_instance",
+            volume: "standby_volume",
+        },
+    }
+}
+
 /// `items` by the queue each is of.
 fn by_queue<T>(items: Vec<T>, queue_of: impl Fn(&T) -> &String) -> HashMap<String, Vec<T>> {
     let mut by_queue: HashMap<String, Vec<T>> = HashMap::new();
@@ -416,17 +498,20 @@ struct Survey {
 
 impl Provider for Ec2Provider {
     fn can_run(&self, new: &NewQueue) -> Result<(), String> {
-        if new.replicas == Some(2) {
-            return Err("this cluster's EC2 provider places no standby yet: replicas is 1".into());
-        }
         let regions = &self.ec2.settings().regions;
-        match regions.contains_key(&new.region) {
-            true => Ok(()),
-            false => Err(format!(
+        let Some(region) = regions.get(&new.region) else {
+            return Err(format!(
                 "region {:?} is not one this cluster runs queues in: {:?}",
                 new.region,
                 regions.keys().collect::<Vec<_>>()
+            ));
+        };
+        match new.replicas == Some(2) && region.standby_subnet_id.is_none() {
+            true => Err(format!(
+                "region {:?} has no standby subnet in this cluster's settings: replicas is 1",
+                new.region
             )),
+            false => Ok(()),
         }
     }
 
@@ -460,14 +545,40 @@ impl Provider for Ec2Provider {
         &'a self,
         queue: &'a Queue,
         instance_id: &'a str,
+        slot: Slot,
     ) -> BoxFuture<'a, Result<bool, FleetError>> {
+        let role = match slot {
+            Slot::Node => Role::Node,
+            Slot::Standby => Role::Standby,
+        };
         async move {
             let instances = self.ec2.instances_of(&queue.region, &queue.id).await;
             let instances = instances.map_err(|e| FleetError::Start(e.to_string()))?;
             Ok(instances.iter().any(|instance| {
                 instance.id == instance_id
+                    && instance.role == role
                     && matches!(instance.state.as_str(), "pending" | "running")
             }))
+        }
+        .boxed()
+    }
+
+    /// The standby's own instance in the region's standby subnet, booted from `standby`'s
+    /// bootstrap: its node asks for its config with the standby's credential and is told to
+    /// follow `node` (`api/nodes.rs`), so the key never rests in user data.
+    fn ensure_standby<'a>(
+        &'a self,
+        queue: &'a Queue,
+        _node: &'a Placement,
+        standby: &'a StandbyBoot,
+    ) -> BoxFuture<'a, Result<BTreeMap<String, String>, FleetError>> {
+        async move {
+            self.ensure_standby_instance(queue, &standby.bootstrap)
+                .await
+                .map_err(|e| match e.mends_nothing() {
+                    true => FleetError::Refused(e.to_string()),
+                    false => FleetError::Start(e.to_string()),
+                })
         }
         .boxed()
     }

@@ -450,10 +450,10 @@ impl Provider for LocalProvider {
         &'a self,
         queue: &'a Queue,
         node: &'a Placement,
-        key: &'a str,
+        standby: &'a super::StandbyBoot,
     ) -> BoxFuture<'a, Result<BTreeMap<String, String>, FleetError>> {
         async move {
-            let launcher = self.standby_launcher(queue, &node.node, key)?;
+            let launcher = self.standby_launcher(queue, &node.node, &standby.key)?;
             self.standbys.ensure(&queue.id, launcher).await
         }
         .boxed()

@@ -28,6 +28,15 @@ pub enum FleetError {
     Refused(String),
 }
 
+/// What a queue's standby starts from.
+pub struct StandbyBoot {
+    /// The replication key ([`crate::nodes::NodeTokens::replication_key`]).
+    pub key: String,
+    /// Its own bootstrap ([`crate::nodes::Bootstraps::for_standby`]): a standby on a machine
+    /// of its own asks for its config with it, and is told what to follow.
+    pub bootstrap: Bootstrap,
+}
+
 /// What a provider can tell of a queue's node when the store does not know the queue (made
 /// after the backup the store was restored from): enough to adopt it (`api/strays.rs`).
 pub struct Stray {
@@ -85,17 +94,18 @@ pub trait Provider: Send + Sync {
         Box::pin(async { Ok(()) })
     }
 
-    /// Makes sure `queue`'s standby (`replicas: 2`) runs, following its node at `node` with
-    /// `key` (the replication key, [`crate::nodes::NodeTokens::replication_key`]): finds it,
-    /// starts it, or starts it again on its copy. Safe to call again at any time; returns what
-    /// it runs on, by kind, to be recorded with the node's.
+    /// Makes sure `queue`'s standby (`replicas: 2`) runs, following its node at `node`, from
+    /// `standby` (the key itself for a standby the provider hands it to, a bootstrap for one
+    /// that asks the control plane): finds it, starts it, or starts it again on its copy.
+    /// Safe to call again at any time; returns what it runs on, by kind, to be recorded with
+    /// the node's.
     fn ensure_standby<'a>(
         &'a self,
         queue: &'a Queue,
         node: &'a Placement,
-        key: &'a str,
+        standby: &'a StandbyBoot,
     ) -> BoxFuture<'a, Result<std::collections::BTreeMap<String, String>, FleetError>> {
-        let _ = (queue, node, key);
+        let _ = (queue, node, standby);
         Box::pin(async {
             Err(FleetError::Refused(
                 "this provider places no standby".into(),
@@ -175,15 +185,16 @@ pub trait Provider: Send + Sync {
         (std::collections::BTreeMap::new(), 0)
     }
 
-    /// Whether `instance_id` is one of `queue`'s live instances, as its cloud says now (a
-    /// node's bootstrap token is good only there: `api/bootstrap.rs`). `false` from a
-    /// provider that boots no instances.
+    /// Whether `instance_id` is one of `queue`'s live instances of `slot` (its node's, or its
+    /// standby's), as its cloud says now (a bootstrap token is good only there:
+    /// `api/bootstrap.rs`). `false` from a provider that boots no instances.
     fn is_instance_of<'a>(
         &'a self,
         queue: &'a Queue,
         instance_id: &'a str,
+        slot: crate::nodes::Slot,
     ) -> BoxFuture<'a, Result<bool, FleetError>> {
-        let _ = (queue, instance_id);
+        let _ = (queue, instance_id, slot);
         Box::pin(async { Ok(false) })
     }
 

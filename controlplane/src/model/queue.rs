@@ -104,6 +104,10 @@ pub struct Queue {
     /// since 1970 (`api/bootstrap.rs`): that one and every older one are spent.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bootstrap_spent_ms: u64,
+    /// The same for its standby instance's bootstrap tokens (their own label): the two
+    /// instances boot in either order.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub standby_bootstrap_spent_ms: u64,
     /// The build its node said it runs, last time it confirmed a config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_build: Option<qe_shared::node_channel::NodeBuild>,
@@ -327,6 +331,7 @@ impl Queue {
             sqs_keys: Vec::new(),
             failure: None,
             bootstrap_spent_ms: 0,
+            standby_bootstrap_spent_ms: 0,
             node_build: None,
             desired_build: None,
             refused_build: None,
@@ -432,6 +437,13 @@ impl Placement {
 
     /// Writes it into `queue`'s record.
     pub fn record_in(&self, queue: &mut Queue) {
+        // Its standby follows the node where its config says (`api/nodes.rs`): a node placed
+        // anew elsewhere is a new config for it.
+        let moved =
+            queue.node.as_ref() != Some(&self.node) || queue.addresses != Some(self.addresses);
+        if queue.replicas == 2 && moved {
+            queue.config_version += 1;
+        }
         queue.node = Some(self.node.clone());
         queue.addresses = Some(self.addresses);
         queue.resources = self.resources.clone();

@@ -324,7 +324,7 @@ fn kept_path(data_dir: &Path) -> PathBuf {
     data_dir.join("desired-config.json")
 }
 
-fn keep(data_dir: &Path, desired: &DesiredConfig) -> std::io::Result<()> {
+pub(crate) fn keep(data_dir: &Path, desired: &DesiredConfig) -> std::io::Result<()> {
     write_private(
         &kept_path(data_dir),
         &serde_json::to_vec(desired).expect("plain fields"),

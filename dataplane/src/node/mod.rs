@@ -14,6 +14,7 @@
 
 pub mod apply;
 pub mod certificate;
+mod following;
 mod hangup;
 mod records;
 pub mod report;
@@ -164,6 +165,30 @@ pub enum Stopped {
     RestartInto { data_dir: PathBuf, ready: Ready },
 }
 
+/// What a start made of the process.
+pub enum Started {
+    /// It serves its queue.
+    Serving(Running),
+    /// Its config names it its queue's standby instance ([`following`]): it follows the
+    /// primary, serving nothing.
+    Following {
+        channel: Channel,
+        desired: DesiredConfig,
+        data_dir: PathBuf,
+    },
+}
+
+impl Started {
+    /// Follows as told, for a standby instance ([`following::follow_as_told`]).
+    pub async fn follow(
+        channel: Channel,
+        desired: DesiredConfig,
+        data_dir: PathBuf,
+    ) -> std::process::ExitCode {
+        following::follow_as_told(channel, desired, data_dir).await
+    }
+}
+
 /// A node that serves.
 pub struct Running {
     node: Arc<Node>,
@@ -181,15 +206,35 @@ pub struct Running {
 /// services. None when a SIGTERM came before it served (the steps before serving may wait
 /// for a long time for a control plane or a CA that does not answer), or when it only
 /// handed its last records over (`--report-last`).
-pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Running>, StartError> {
+pub async fn start(source: Source, terminate: &mut Signal) -> Result<Option<Started>, StartError> {
     let report_last = source.report_last();
     let Some((config, bootstrapped)) = source.config(terminate).await? else {
-        return Ok(stopped_before_serving());
+        return Ok(stopped_before_serving().map(Started::Serving));
     };
     if report_last {
         report_last_and_exit(&config, terminate).await?;
         return Ok(None);
     }
+    match bootstrapped {
+        Some((channel, desired)) if following::told_to_follow(&desired).is_some() => {
+            Ok(Some(Started::Following {
+                channel,
+                desired,
+                data_dir: config.data_dir,
+            }))
+        }
+        bootstrapped => Ok(serve(config, bootstrapped, terminate)
+            .await?
+            .map(Started::Serving)),
+    }
+}
+
+/// Starts the node on `config` and serves.
+async fn serve(
+    config: Config,
+    bootstrapped: Option<(Channel, DesiredConfig)>,
+    terminate: &mut Signal,
+) -> Result<Option<Running>, StartError> {
     // Before a certificate is asked for or the data opened: a superseded copy serves no
     // more, with or without a standby (`replication::epoch`). Its last records may still be
     // handed over.

@@ -407,6 +407,7 @@ async fn ec2_provider(
             let settings = qe_ec2::RegionSettings {
                 image_id: region.image_id.clone(),
                 subnet_id: region.subnet_id.clone(),
+                standby_subnet_id: region.standby_subnet_id.clone(),
                 security_group_ids: region.security_group_ids.clone(),
             };
             (name.clone(), settings)

@@ -338,7 +338,10 @@ impl Ec2Provider {
         let mut live = None;
         for instance in self.ec2.instances_of(&queue.region, &queue.id).await? {
             match instance.state.as_str() {
-                "pending" | "running" if live.is_none() => live = Some(instance),
+                // Only a node's instance takes the node's volume (a standby's is in another zone).
+                "pending" | "running" if live.is_none() && instance.role == Role::Node => {
+                    live = Some(instance)
+                }
                 _ => self.ec2.terminate(&instance.region, &instance.id).await?,
             }
         }

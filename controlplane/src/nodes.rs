@@ -6,24 +6,13 @@
 //! another, a rotation (N moving on) retires the old token, and a deleted queue's token stops
 //! working at once.
 
-use crate::model::queue::{Queue, Status};
+use crate::model::queue::{Queue, Slot, Status};
 use qe_shared::hmac::hmac_sha256;
 use std::path::Path;
 use subtle::ConstantTimeEq;
 
 pub struct NodeTokens {
     secret: [u8; 32],
-}
-
-/// Which of a queue's instances a credential belongs to. A queue with a standby on a machine
-/// of its own (`replicas: 2` on EC2) has two, each with its own credential: the control plane
-/// tells their requests apart by it, and gives the standby a config that makes it follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slot {
-    /// The queue's node: it serves.
-    Node,
-    /// Its standby instance: it keeps a copy of the node's log, serving nothing.
-    Standby,
 }
 
 impl NodeTokens {
@@ -130,32 +119,32 @@ impl NodeTokens {
     }
 
     /// The token of credential number `credential` of queue `queue_id`'s standby instance
-    /// ([`Slot::Standby`]): another label, so it is never a node's, and a standby's request
+    /// ([`Slot::Second`]): another label, so it is never a node's, and a standby's request
     /// is never taken for its node's.
-    pub fn standby_token_for(&self, queue_id: &str, credential: u64) -> String {
+    pub fn second_token_for(&self, queue_id: &str, credential: u64) -> String {
         qe_shared::hex(&hmac_sha256(
             &self.secret,
-            format!("standby/{queue_id}/{credential}").as_bytes(),
+            format!("second/{queue_id}/{credential}").as_bytes(),
         ))
     }
 
     /// The credential number `presented` is for `queue`: its current one, or the one being
     /// rotated in. None for any other token, and for a queue that is deleted.
     pub fn check(&self, queue: &Queue, presented: &str) -> Option<u64> {
-        self.check_in(queue, presented, Slot::Node)
+        self.check_in(queue, presented, Slot::First)
     }
 
     /// Which of `queue`'s instances `presented` is the credential of, and its number: its
     /// node's, or (a queue with a standby) its standby instance's.
     pub fn check_slot(&self, queue: &Queue, presented: &str) -> Option<(Slot, u64)> {
-        let node = self.check_in(queue, presented, Slot::Node);
+        let node = self.check_in(queue, presented, Slot::First);
         let standby = match queue.replicas == 2 {
-            true => self.check_in(queue, presented, Slot::Standby),
+            true => self.check_in(queue, presented, Slot::Second),
             false => None,
         };
         match (node, standby) {
-            (Some(credential), _) => Some((Slot::Node, credential)),
-            (None, Some(credential)) => Some((Slot::Standby, credential)),
+            (Some(credential), _) => Some((Slot::First, credential)),
+            (None, Some(credential)) => Some((Slot::Second, credential)),
             (None, None) => None,
         }
     }
@@ -167,8 +156,8 @@ impl NodeTokens {
         }
         let matches = |credential: u64| -> bool {
             let expected = match slot {
-                Slot::Node => self.token_for(&queue.id, credential),
-                Slot::Standby => self.standby_token_for(&queue.id, credential),
+                Slot::First => self.token_for(&queue.id, credential),
+                Slot::Second => self.second_token_for(&queue.id, credential),
             };
             expected.as_bytes().ct_eq(presented.as_bytes()).into()
         };
@@ -199,10 +188,10 @@ impl NodeTokens {
 
     /// The bootstrap token of queue `queue_id`'s standby instance issued at `issued_ms`:
     /// another label, so it exchanges only for a standby's credential.
-    pub fn standby_bootstrap_token(&self, queue_id: &str, issued_ms: u64) -> String {
+    pub fn second_bootstrap_token(&self, queue_id: &str, issued_ms: u64) -> String {
         let mac = hmac_sha256(
             &self.secret,
-            format!("standby-bootstrap/{queue_id}/{issued_ms}").as_bytes(),
+            format!("second-bootstrap/{queue_id}/{issued_ms}").as_bytes(),
         );
         format!("{issued_ms}.{}", qe_shared::hex(&mac))
     }
@@ -210,7 +199,7 @@ impl NodeTokens {
     /// When `presented` was issued, if it is a bootstrap token of queue `queue_id` made with
     /// this secret (compared in constant time).
     pub fn bootstrap_issued(&self, queue_id: &str, presented: &str) -> Option<u64> {
-        self.bootstrap_issued_in(queue_id, presented, Slot::Node)
+        self.bootstrap_issued_in(queue_id, presented, Slot::First)
     }
 
     /// When `presented` was issued, if it is a bootstrap token of `slot` of queue `queue_id`.
@@ -218,8 +207,8 @@ impl NodeTokens {
         let (issued, _) = presented.split_once('.')?;
         let issued_ms: u64 = issued.parse().ok()?;
         let expected = match slot {
-            Slot::Node => self.bootstrap_token(queue_id, issued_ms),
-            Slot::Standby => self.standby_bootstrap_token(queue_id, issued_ms),
+            Slot::First => self.bootstrap_token(queue_id, issued_ms),
+            Slot::Second => self.second_bootstrap_token(queue_id, issued_ms),
         };
         bool::from(expected.as_bytes().ct_eq(presented.as_bytes())).then_some(issued_ms)
     }
@@ -273,39 +262,46 @@ pub struct Bootstraps {
 }
 
 impl Bootstraps {
-    /// The bootstrap of `queue`'s node: its credential as it is now, and a bootstrap token
-    /// issued now (for a cloud node's user data, which carries that one only). The replicas are listed
-    /// only when there are several: a bootstrap for one reads as before, also to nodes that
-    /// know no replicas.
+    /// The bootstrap of `queue`'s node (the machine that serves, [`Queue::serving`]): its
+    /// credential as it is now, and a bootstrap token issued now (for a cloud node's user data,
+    /// which carries that one only). The replicas are listed only when there are several: a
+    /// bootstrap for one reads as before, also to nodes that know no replicas.
     pub fn for_queue(&self, queue: &Queue) -> qe_shared::node_channel::Bootstrap {
+        self.for_slot(queue, queue.serving)
+    }
+
+    /// The bootstrap of `queue`'s standby's machine (the one that does not serve).
+    pub fn for_standby(&self, queue: &Queue) -> qe_shared::node_channel::Bootstrap {
+        self.for_slot(queue, queue.serving.other())
+    }
+
+    /// The bootstrap of `queue`'s machine in `slot`: its own credential and bootstrap token,
+    /// which the control plane tells from the other's.
+    fn for_slot(&self, queue: &Queue, slot: Slot) -> qe_shared::node_channel::Bootstrap {
         let control_planes = if self.urls.len() > 1 {
             self.urls.clone()
         } else {
             Vec::new()
         };
+        let (id, credential, issued_ms) =
+            (&queue.id, queue.node_credential, qe_shared::clock::now_ms());
+        let (node_token, bootstrap_token) = match slot {
+            Slot::First => (
+                self.tokens.token_for(id, credential),
+                self.tokens.bootstrap_token(id, issued_ms),
+            ),
+            Slot::Second => (
+                self.tokens.second_token_for(id, credential),
+                self.tokens.second_bootstrap_token(id, issued_ms),
+            ),
+        };
         qe_shared::node_channel::Bootstrap {
             control_plane: self.urls[0].clone(),
             control_planes,
             queue_id: queue.id.clone(),
-            node_token: self.tokens.token_for(&queue.id, queue.node_credential),
-            bootstrap_token: Some(
-                self.tokens
-                    .bootstrap_token(&queue.id, qe_shared::clock::now_ms()),
-            ),
+            node_token,
+            bootstrap_token: Some(bootstrap_token),
             control_plane_ca_pem: self.ca_pem.clone(),
-        }
-    }
-
-    /// The bootstrap of `queue`'s standby instance: its own credential and bootstrap token,
-    /// which the control plane tells from the node's ([`Slot::Standby`]).
-    pub fn for_standby(&self, queue: &Queue) -> qe_shared::node_channel::Bootstrap {
-        let issued_ms = qe_shared::clock::now_ms();
-        qe_shared::node_channel::Bootstrap {
-            node_token: self
-                .tokens
-                .standby_token_for(&queue.id, queue.node_credential),
-            bootstrap_token: Some(self.tokens.standby_bootstrap_token(&queue.id, issued_ms)),
-            ..self.for_queue(queue)
         }
     }
 }
@@ -364,7 +360,7 @@ mod tests {
         };
         let (mut queue, _) = crate::model::queue::create(new);
         let node = tokens.token_for(&queue.id, 0);
-        let standby = tokens.standby_token_for(&queue.id, 0);
+        let standby = tokens.second_token_for(&queue.id, 0);
         assert_ne!(node, standby);
         assert_eq!(
             tokens.check_slot(&queue, &standby),
@@ -372,24 +368,21 @@ mod tests {
             "one replica: no standby"
         );
         queue.replicas = 2;
-        assert_eq!(tokens.check_slot(&queue, &node), Some((Slot::Node, 0)));
-        assert_eq!(
-            tokens.check_slot(&queue, &standby),
-            Some((Slot::Standby, 0))
-        );
+        assert_eq!(tokens.check_slot(&queue, &node), Some((Slot::First, 0)));
+        assert_eq!(tokens.check_slot(&queue, &standby), Some((Slot::Second, 0)));
         assert_eq!(
             tokens.check(&queue, &standby),
             None,
             "never taken for the node's"
         );
         // Bootstrap tokens likewise: a standby's never exchanges for the node's credential.
-        let issued = tokens.standby_bootstrap_token(&queue.id, 1_700_000_000_000);
+        let issued = tokens.second_bootstrap_token(&queue.id, 1_700_000_000_000);
         assert_eq!(tokens.bootstrap_issued(&queue.id, &issued), None);
-        let standby_issued = tokens.bootstrap_issued_in(&queue.id, &issued, Slot::Standby);
+        let standby_issued = tokens.bootstrap_issued_in(&queue.id, &issued, Slot::Second);
         assert_eq!(standby_issued, Some(1_700_000_000_000));
         let node_issued = tokens.bootstrap_token(&queue.id, 1_700_000_000_000);
         assert_eq!(
-            tokens.bootstrap_issued_in(&queue.id, &node_issued, Slot::Standby),
+            tokens.bootstrap_issued_in(&queue.id, &node_issued, Slot::Second),
             None
         );
     }

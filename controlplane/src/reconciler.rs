@@ -340,11 +340,56 @@ impl Reconciler {
             .silence
             .replaced
             .fetch_add(1, Ordering::Relaxed);
-        let reason = format!("not heard from for more than {} s", limit.as_secs());
+        let mut reason = format!("not heard from for more than {} s", limit.as_secs());
+        let promoted;
+        let queue = match self.promotes_standby_of(queue) {
+            true => {
+                promoted = self.promote_standby(queue).await?;
+                // Judged from now on, with its time to start serving: should placing it fail
+                // now, the next pass must not take the old node's silence for the new one's.
+                let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
+                let mut watch = self.watch.lock().expect("never poisoned");
+                watch.placed(&queue.id, now, boot);
+                drop(watch);
+                reason += &format!(
+                    ": its standby's machine serves now, at epoch {}",
+                    promoted.epoch
+                );
+                &promoted
+            }
+            false => queue,
+        };
         self.audit(audit::NODE_REPLACE, queue, &reason).await;
         self.keep_running(queue).await?;
-        tracing::info!(queue = %queue.id, "a silent node was replaced");
+        tracing::info!(queue = %queue.id, %reason, "a silent node was replaced");
         Ok(())
+    }
+
+    /// Whether a silent node of `queue` is replaced by its standby: on a provider whose
+    /// standbys have machines of their own, if its node last said the standby was in sync (one
+    /// still catching up from nothing holds little of the queue).
+    fn promotes_standby_of(&self, queue: &Queue) -> bool {
+        queue.replicas == 2 && queue.standby_in_sync && self.fleet.promotes_standbys()
+    }
+
+    /// The fenced node's standby serves from now on: one store write moves the serving slot
+    /// to its machine and the epoch on (so the fenced node, should it ever serve again, is
+    /// superseded), with a new config version (the standby's machine is told to serve, the
+    /// next standby what to follow) and certificate generation (the standby's machine has no
+    /// certificate of its own yet, and must not wait the hour between two issues).
+    async fn promote_standby(&self, queue: &Queue) -> Result<Queue, StoreError> {
+        let promoted = self.store.update(&queue.id, |queue| {
+            queue.serving = queue.serving.other();
+            queue.epoch += 1;
+            queue.config_version += 1;
+            queue.certificate_generation += 1;
+            queue.standby_in_sync = false;
+            Ok::<_, StoreError>(())
+        });
+        let promoted = promoted.await?.map(|(queue, ())| queue);
+        let promoted = promoted.unwrap_or_else(|| queue.clone());
+        tracing::warn!(queue = %queue.id, serving = ?promoted.serving, epoch = promoted.epoch, "its standby was promoted");
+        Ok(promoted)
     }
 
     /// Keeps an audit entry of what the control plane did on its own to `queue`'s node.

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use dataplane::config::Flags;
-use dataplane::node::{self, Source, Started, Stopped};
+use dataplane::node::{self, Followed, Source, Started, Stopped};
 use std::process::ExitCode;
 
 #[cfg(feature = "count-allocations")]
@@ -41,6 +41,23 @@ async fn run() -> (ExitCode, Option<Stopped>) {
     // Never blocks a worker: lines a stalled stderr cannot take are dropped and counted.
     let _log = qe_shared::logging::init(filter);
 
+    loop {
+        match run_once(&mut terminate).await {
+            Ran::Ended(code, stopped) => return (code, stopped),
+            // A standby whose config names it the node now: started again, in this process,
+            // as a node on its copy (no supervisor's restart delay in a failover).
+            Ran::StartAgain => tracing::warn!("starting again as the queue's node"),
+        }
+    }
+}
+
+/// How one start of the process ended.
+enum Ran {
+    Ended(ExitCode, Option<Stopped>),
+    StartAgain,
+}
+
+async fn run_once(terminate: &mut tokio::signal::unix::Signal) -> Ran {
     let flags = Flags::parse();
     if flags.standby_of.is_some() {
         // A standby stops at once on SIGTERM: what it wrote is in the kernel's hands, and
@@ -49,10 +66,10 @@ async fn run() -> (ExitCode, Option<Stopped>) {
             code = dataplane::replication::standby::run_flags(flags) => code,
             _ = terminate.recv() => ExitCode::SUCCESS,
         };
-        return (code, None);
+        return Ran::Ended(code, None);
     }
     let started = match Source::of(flags) {
-        Ok(source) => node::start(source, &mut terminate).await,
+        Ok(source) => node::start(source, terminate).await,
         Err(error) => Err(error),
     };
     match started {
@@ -62,20 +79,23 @@ async fn run() -> (ExitCode, Option<Stopped>) {
             data_dir,
         })) => {
             // As a standby started by its flags: it stops at once on SIGTERM.
-            let code = tokio::select! {
-                code = Started::follow(channel, desired, data_dir) => code,
-                _ = terminate.recv() => ExitCode::SUCCESS,
+            let followed = tokio::select! {
+                followed = Started::follow(channel, desired, data_dir) => followed,
+                _ = terminate.recv() => Followed::Ended(ExitCode::SUCCESS),
             };
-            (code, None)
+            match followed {
+                Followed::Ended(code) => Ran::Ended(code, None),
+                Followed::Promoted => Ran::StartAgain,
+            }
         }
-        Ok(Some(Started::Serving(running))) => match running.until_stopped(&mut terminate).await {
-            Stopped::StartAgain => (ExitCode::from(node::START_AGAIN_EXIT), None),
-            stopped => (ExitCode::SUCCESS, Some(stopped)),
+        Ok(Some(Started::Serving(running))) => match running.until_stopped(terminate).await {
+            Stopped::StartAgain => Ran::Ended(ExitCode::from(node::START_AGAIN_EXIT), None),
+            stopped => Ran::Ended(ExitCode::SUCCESS, Some(stopped)),
         },
-        Ok(None) => (ExitCode::SUCCESS, None),
+        Ok(None) => Ran::Ended(ExitCode::SUCCESS, None),
         Err(error) => {
             eprintln!("dataplane: {error}");
-            (ExitCode::from(error.exit_code()), None)
+            Ran::Ended(ExitCode::from(error.exit_code()), None)
         }
     }
 }

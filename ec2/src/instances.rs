@@ -8,7 +8,7 @@ use aws_sdk_ec2::types::{
 };
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine as _};
 
-use crate::tags::{self, Role, CLUSTER_TAG, QUEUE_TAG};
+use crate::tags::{self, Slot, CLUSTER_TAG, QUEUE_TAG};
 use crate::{Ec2, Ec2Error, RegionSettings};
 
 /// EC2's limit on user data, counted before base64.
@@ -32,7 +32,7 @@ pub struct Launch<'a> {
     /// The text handed to the node at boot (cloud-init); encoded to base64 here.
     pub user_data: &'a str,
     /// The queue's node, or its standby (in the region's standby subnet).
-    pub role: Role,
+    pub slot: Slot,
     /// Makes a retried launch (after a call with no answer) return the first launch's instance instead of a
     /// second one. AWS keeps it for the instance's life, so a new attempt for the same queue needs a new token.
     pub client_token: &'a str,
@@ -45,8 +45,8 @@ pub struct Instance {
     pub region: String,
     /// From the `qe:queue` tag; empty if someone removed it.
     pub queue_id: String,
-    /// From the `qe:role` tag.
-    pub role: Role,
+    /// From the `qe:slot` tag.
+    pub slot: Slot,
     /// EC2's state name: `pending`, `running`, `shutting-down`, `terminated`, `stopping` or `stopped`.
     pub state: String,
     /// The address clients reach the node at (given by EC2 from the subnet's IPv6 range).
@@ -67,11 +67,11 @@ impl Ec2 {
         }
         let client = self.client(launch.region)?;
         let place = self.region_settings(launch.region)?;
-        let name = launch.role.name(launch.queue_id, "");
+        let name = launch.slot.name(launch.queue_id, "");
         let mut tags = tags::queue_tags(&self.settings.cluster, launch.queue_id, name);
-        tags.extend(launch.role.tags());
+        tags.extend(launch.slot.tags());
         let subnet = place
-            .subnet_for(launch.role)
+            .subnet_for(launch.slot)
             .ok_or(Ec2Error::NoStandbySubnet {
                 region: launch.region.to_string(),
             })?;
@@ -279,7 +279,7 @@ impl Instance {
             queue_id: tags::value(sdk.tags(), QUEUE_TAG)
                 .unwrap_or_default()
                 .to_owned(),
-            role: Role::of(sdk.tags()),
+            slot: Slot::of(sdk.tags()),
             state: state.as_str().to_owned(),
             ipv6: ipv6(sdk),
             public_ipv4: sdk.public_ip_address().and_then(|ip| ip.parse().ok()),

@@ -36,7 +36,7 @@ pub use error::Ec2Error;
 pub use instances::{Instance, Launch};
 pub use settings::{RegionSettings, Settings};
 pub use status::InstanceHealth;
-pub use tags::{Role, CLUSTER_TAG, DATA_VOLUME, PURPOSE_TAG, QUEUE_TAG, ROLE_TAG};
+pub use tags::{Slot, CLUSTER_TAG, DATA_VOLUME, PURPOSE_TAG, QUEUE_TAG, SLOT_TAG};
 pub use volumes::Volume;
 
 /// The EC2 API of every configured region, scoped to one cluster by its tag.

@@ -19,12 +19,12 @@ pub struct RegionSettings {
 }
 
 impl RegionSettings {
-    /// The subnet an instance or volume of `role` goes in; None: a standby where there is no
-    /// standby subnet.
-    pub fn subnet_for(&self, role: crate::Role) -> Option<&str> {
-        match role {
-            crate::Role::Node => Some(&self.subnet_id),
-            crate::Role::Standby => self.standby_subnet_id.as_deref(),
+    /// The subnet an instance or volume in `slot` goes in; None: the second where there is
+    /// no standby subnet.
+    pub fn subnet_for(&self, slot: crate::Slot) -> Option<&str> {
+        match slot {
+            crate::Slot::First => Some(&self.subnet_id),
+            crate::Slot::Second => self.standby_subnet_id.as_deref(),
         }
     }
 }

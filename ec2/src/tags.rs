@@ -11,44 +11,45 @@ pub const QUEUE_TAG: &str = "qe:queue";
 pub const PURPOSE_TAG: &str = "qe:purpose";
 /// The value of [`PURPOSE_TAG`] on a queue's data volume.
 pub const DATA_VOLUME: &str = "data";
-/// On a queue's standby instance and its volume: [`Role::Standby`]. A node's carry none, as
-/// everything made before standbys.
-pub const ROLE_TAG: &str = "qe:role";
+/// On the instances and volume of a queue's second machine ([`Slot::Second`]): `second`. The
+/// first's carry none, as everything made before standbys.
+pub const SLOT_TAG: &str = "qe:slot";
 
-/// Which of a queue's machines an instance or volume is for.
+/// Which of a queue's two machines (`replicas: 2`) an instance or volume is for. Each keeps its
+/// slot for life: which one serves is the control plane's record, and moves with a promotion.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// The queue's node (no [`ROLE_TAG`]).
+pub enum Slot {
+    /// The machine a queue starts with (no [`SLOT_TAG`]): in the region's subnet.
     #[default]
-    Node,
-    /// Its standby (`replicas: 2`): in the region's standby subnet, another zone.
-    Standby,
+    First,
+    /// The one placed beside it for a standby: in the region's standby subnet, another zone.
+    Second,
 }
 
-impl Role {
-    const STANDBY: &'static str = "standby";
+impl Slot {
+    const SECOND: &'static str = "second";
 
-    /// The role an SDK tag list says.
-    pub(crate) fn of(tags: &[Tag]) -> Role {
-        match value(tags, ROLE_TAG) {
-            Some(Role::STANDBY) => Role::Standby,
-            _ => Role::Node,
+    /// The slot an SDK tag list says.
+    pub(crate) fn of(tags: &[Tag]) -> Slot {
+        match value(tags, SLOT_TAG) {
+            Some(Slot::SECOND) => Slot::Second,
+            _ => Slot::First,
         }
     }
 
-    /// The tags of a resource of this role, beside the queue's.
+    /// The tags of a resource in this slot, beside the queue's.
     pub(crate) fn tags(self) -> Vec<Tag> {
         match self {
-            Role::Node => Vec::new(),
-            Role::Standby => vec![tag(ROLE_TAG, Role::STANDBY)],
+            Slot::First => Vec::new(),
+            Slot::Second => vec![tag(SLOT_TAG, Slot::SECOND)],
         }
     }
 
-    /// The name the AWS console shows for a queue's resource of this role.
+    /// The name the AWS console shows for a queue's resource in this slot.
     pub(crate) fn name(self, queue_id: &str, what: &str) -> String {
         match self {
-            Role::Node => format!("qe-{queue_id}{what}"),
-            Role::Standby => format!("qe-{queue_id}-standby{what}"),
+            Slot::First => format!("qe-{queue_id}{what}"),
+            Slot::Second => format!("qe-{queue_id}-second{what}"),
         }
     }
 }

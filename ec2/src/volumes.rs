@@ -9,7 +9,7 @@ use aws_sdk_ec2::types::{
     self as sdk, Filter, ResourceType, VolumeAttachmentState, VolumeState, VolumeType,
 };
 
-use crate::tags::{self, Role, CLUSTER_TAG, DATA_VOLUME, PURPOSE_TAG, QUEUE_TAG};
+use crate::tags::{self, Slot, CLUSTER_TAG, DATA_VOLUME, PURPOSE_TAG, QUEUE_TAG};
 use crate::{Ec2, Ec2Error};
 
 /// Every state but `deleting` and `deleted`. A volume in `error` is still listed: `volume_for` must not answer a
@@ -26,8 +26,8 @@ pub struct Volume {
     pub id: String,
     pub region: String,
     pub queue_id: String,
-    /// From the `qe:role` tag: the node's data, or its standby's copy.
-    pub role: Role,
+    /// From the `qe:slot` tag: which of the queue's two machines it is for.
+    pub slot: Slot,
     /// EC2's state name: `creating`, `available`, `in-use`, `deleting`, `deleted` or `error`.
     pub state: String,
     /// The instance holding it, while attached (or attaching, or detaching).
@@ -40,21 +40,21 @@ impl Ec2 {
     /// The queue's data volume in a region: the one already made, or a new one. If two exist (two callers raced),
     /// the oldest is the queue's, so every caller agrees; the other shows up in [`Ec2::volumes`].
     pub async fn volume_for(&self, region: &str, queue_id: &str) -> Result<Volume, Ec2Error> {
-        self.volume_of_role(region, queue_id, Role::Node).await
+        self.volume_in_slot(region, queue_id, Slot::First).await
     }
 
-    /// As [`Ec2::volume_for`], for the queue's volume of `role` (a standby's is made in the
+    /// As [`Ec2::volume_for`], for the queue's volume in `slot` (the second's is made in the
     /// standby subnet's zone).
-    pub async fn volume_of_role(
+    pub async fn volume_in_slot(
         &self,
         region: &str,
         queue_id: &str,
-        role: Role,
+        slot: Slot,
     ) -> Result<Volume, Ec2Error> {
         let volumes = self.volumes_of(region, queue_id).await?;
-        match volumes.into_iter().find(|volume| volume.role == role) {
+        match volumes.into_iter().find(|volume| volume.slot == slot) {
             Some(oldest) => Ok(oldest),
-            None => self.create_volume(region, queue_id, role).await,
+            None => self.create_volume(region, queue_id, slot).await,
         }
     }
 
@@ -156,13 +156,13 @@ impl Ec2 {
         &self,
         region: &str,
         queue_id: &str,
-        role: Role,
+        slot: Slot,
     ) -> Result<Volume, Ec2Error> {
-        let zone = self.subnet_zone(region, role).await?;
-        let name = role.name(queue_id, "-data");
+        let zone = self.subnet_zone(region, slot).await?;
+        let name = slot.name(queue_id, "-data");
         let mut tags = tags::queue_tags(&self.settings.cluster, queue_id, name);
         tags.push(tags::tag(PURPOSE_TAG, DATA_VOLUME));
-        tags.extend(role.tags());
+        tags.extend(slot.tags());
         self.paced(region, false).await?;
         let made = self
             .client(region)?
@@ -184,7 +184,7 @@ impl Ec2 {
             id: id.to_owned(),
             region: region.to_owned(),
             queue_id: queue_id.to_owned(),
-            role,
+            slot,
             state: made
                 .state()
                 .map_or("creating", VolumeState::as_str)
@@ -303,10 +303,10 @@ impl Ec2 {
         }
     }
 
-    /// The zone of the region's subnet for `role`: a volume attaches only to instances in its own zone, and the
-    /// instances of that role go to that subnet.
-    async fn subnet_zone(&self, region: &str, role: Role) -> Result<String, Ec2Error> {
-        let subnet = self.region_settings(region)?.subnet_for(role);
+    /// The zone of the region's subnet for `slot`: a volume attaches only to instances in its own zone, and the
+    /// instances of that slot go to that subnet.
+    async fn subnet_zone(&self, region: &str, slot: Slot) -> Result<String, Ec2Error> {
+        let subnet = self.region_settings(region)?.subnet_for(slot);
         let subnet = subnet.ok_or(Ec2Error::NoStandbySubnet {
             region: region.to_string(),
         })?;
@@ -350,7 +350,7 @@ impl Volume {
             queue_id: tags::value(sdk.tags(), QUEUE_TAG)
                 .unwrap_or_default()
                 .to_owned(),
-            role: Role::of(sdk.tags()),
+            slot: Slot::of(sdk.tags()),
             state: sdk
                 .state()
                 .ok_or(missing("volume state"))?

@@ -134,6 +134,22 @@ impl Instance {
         }
     }
 
+    /// Cuts it off from `address` alone (a partition: the control plane unreachable, its
+    /// clients and peers not): nothing it sends there leaves its namespace.
+    pub fn cut_off_from(&self, address: Ipv6Addr) {
+        let netns = format!("qe-{}", self.name);
+        let unreachable = format!("{address}/128");
+        ip(&[
+            "-n",
+            &netns,
+            "-6",
+            "route",
+            "add",
+            "unreachable",
+            &unreachable,
+        ]);
+    }
+
     /// Cuts its network as a lost link would: the host end of its veth pair goes down, and so
     /// do its links to peers; the instance runs on reaching nobody (nor reached by anyone).
     pub fn lose_network(&self) {
@@ -202,6 +218,31 @@ impl Drop for Instance {
 }
 
 /// Runs `ip` with `args`; it must succeed.
+/// An address of the host's own, on its loopback link, for as long as this lives: the
+/// control plane's address in the instances' subnet (`moto::HOST_V6`) is otherwise only on the
+/// host ends of the instances' links, and goes with the last of them, so that an instance in
+/// another subnet (a standby's) could no longer reach the control plane once the one beside
+/// it is killed. A VPC's route to the control plane does not depend on its other instances.
+/// (The kernel here has no dummy links.)
+pub struct HostAddress {
+    address: String,
+}
+
+impl HostAddress {
+    pub fn keep(address: Ipv6Addr) -> HostAddress {
+        let address = format!("{address}/128");
+        ip(&["-6", "addr", "replace", &address, "dev", "lo", "nodad"]);
+        HostAddress { address }
+    }
+}
+
+impl Drop for HostAddress {
+    fn drop(&mut self) {
+        let gone = ["-6", "addr", "del", &self.address, "dev", "lo"];
+        let _ = Command::new("ip").args(gone).status();
+    }
+}
+
 fn ip(args: &[&str]) {
     let status = Command::new("ip").args(args).status().expect("ip");
     assert!(status.success(), "ip {}", args.join(" "));

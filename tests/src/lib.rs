@@ -739,13 +739,21 @@ impl Client {
         addr: SocketAddr,
         roots: rustls::RootCertStore,
     ) -> Client {
-        let tcp = TcpStream::connect(addr).await.unwrap();
+        Client::try_connect_tls_at(url, addr, roots).await.unwrap()
+    }
+
+    /// As [`Client::connect_tls_at`], or why not (a node not listening yet).
+    pub async fn try_connect_tls_at(
+        url: &str,
+        addr: SocketAddr,
+        roots: rustls::RootCertStore,
+    ) -> Result<Client, tungstenite::Error> {
+        let tcp = TcpStream::connect(addr).await?;
         let connector = tokio_tungstenite::Connector::Rustls(qe_tls::client_config(roots));
         let (socket, _) =
             tokio_tungstenite::client_async_tls_with_config(url, tcp, None, Some(connector))
-                .await
-                .unwrap();
-        Client { socket }
+                .await?;
+        Ok(Client { socket })
     }
 
     /// Connects from the loopback address `source` (the node counts connections that wait for

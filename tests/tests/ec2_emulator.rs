@@ -25,7 +25,7 @@ fn launch<'a>(queue_id: &'a str, region: &'a str, ipv4: bool, client_token: &'a 
         ipv4,
         user_data: USER_DATA,
         client_token,
-        role: qe_ec2::Role::Node,
+        slot: qe_ec2::Slot::First,
     }
 }
 

@@ -333,7 +333,7 @@ async fn killed_while_launching_or_deleting_the_control_plane_leaves_no_orphan_o
             ipv4: false,
             user_data: "#cloud-config\n",
             client_token: "ghostqueue00-first",
-            role: qe_ec2::Role::Node,
+            slot: qe_ec2::Slot::First,
         })
         .await
         .unwrap();
@@ -427,7 +427,7 @@ async fn a_twin_instance_and_a_twin_volume_of_a_live_queue_are_removed() {
             ipv4: false,
             user_data: "#cloud-config\n",
             client_token: &format!("{id}-by-hand"),
-            role: qe_ec2::Role::Node,
+            slot: qe_ec2::Slot::First,
         })
         .await
         .unwrap();

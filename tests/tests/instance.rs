@@ -9,7 +9,7 @@
 
 use qe_ec2::aws_sdk_ec2::types::InstanceStateName;
 use qe_ec2::Ec2;
-use qe_tests::instance::Instance;
+use qe_tests::instance::{HostAddress, Instance};
 use qe_tests::moto::{self, describe_instance, describe_volume, Moto};
 use qe_tests::sqs::{self, SqsEndpoint};
 use qe_tests::{dig, https, roots_from_pem, Client, ControlPlane};
@@ -34,6 +34,19 @@ impl Api {
         https(self.at, self.roots.clone(), method, path, token, body).await
     }
 
+    /// Queue `id` once `done` says so of it (within 60 s).
+    async fn until(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, queue) = self.call("GET", &format!("/v1/queues/{id}"), None).await;
+            if done(&queue) {
+                return queue;
+            }
+            assert!(Instant::now() < deadline, "never so: {queue}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Queue `id` once the provider placed it on an instance other than `not`.
     async fn placed(&self, id: &str, not: Option<&str>) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -49,13 +62,12 @@ impl Api {
     }
 }
 
-/// An API certificate for the host end of the nodes' links and for loopback, from a CA of
+/// An API certificate for `host` (where the nodes reach it) and for loopback, from a CA of
 /// the test's own, and the control plane's config for it, moto and the local CA.
-fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path) -> Api {
-    let host: Ipv6Addr = moto::HOST_V6.parse().unwrap();
+fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path, host: Ipv6Addr) -> Api {
     let ca = qe_tests::test_ca("the control plane's CA");
     let key = rcgen::KeyPair::generate().unwrap();
-    let names = vec![moto::HOST_V6.to_string(), "::1".to_string()];
+    let names = vec![host.to_string(), "::1".to_string()];
     let leaf = rcgen::CertificateParams::new(names)
         .unwrap()
         .signed_by(&key, &ca)
@@ -101,12 +113,102 @@ fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path) -> Api {
 /// Moto with a region's network, a directory for the instances' files, and the control plane
 /// on them.
 async fn cloud() -> (Moto, Ec2, tempfile::TempDir, Api) {
+    cloud_reached_at(moto::HOST_V6.parse().unwrap()).await
+}
+
+/// As [`cloud`], with the nodes reaching the control plane at `host`.
+async fn cloud_reached_at(host: Ipv6Addr) -> (Moto, Ec2, tempfile::TempDir, Api) {
     moto::fake_credentials();
     let moto = Moto::start();
     let ec2 = moto::with_networks("test", &moto.endpoint, &[REGION]).await;
     let files = tempfile::tempdir().unwrap();
-    let api = control_plane(&moto, &ec2, files.path());
+    let api = control_plane(&moto, &ec2, files.path(), host);
     (moto, ec2, files, api)
+}
+
+/// Where the nodes of a replicated queue reach the control plane: an address of the host's
+/// own outside the instances' subnets, reached by their default routes, one per test (each
+/// test's is removed as it ends). It stays when an instance's link goes (the subnets' host
+/// ends are only on those links), and an instance can be cut off from it alone
+/// (`Instance::cut_off_from`), its clients kept.
+fn control_plane_v6(test: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd71, 0x7e5e, 0, 0x200, 0, 0, 0, test)
+}
+
+/// A replicated queue on two machines, booted: its node's and its standby's instances, the
+/// standby caught up and the record saying so.
+struct TwoMachines {
+    id: String,
+    logins: Value,
+    host: String,
+    /// The queue as the API showed it once both were placed.
+    queue: Value,
+    node: Instance,
+    standby: Instance,
+    /// Logged in by name, with a durability-2 publish answered Success (on both).
+    publisher: Client,
+}
+
+/// Makes a replicated queue and boots its two machines as `names` (node, standby). Until the
+/// standby's has caught up, durability 2 is answered 507, never Success on one disk.
+async fn two_machines(
+    api: &Api,
+    ec2: &Ec2,
+    files: &std::path::Path,
+    names: [&str; 2],
+) -> TwoMachines {
+    let dns = api.cp.dns.expect("a DNS server");
+    let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    let body = format!(
+        r#"{{"tier":"standard","region":"{REGION}","instance_type":"t3.small","ipv4":false,"replicas":2}}"#
+    );
+    let (status, created) = api.call("POST", "/v1/queues", Some(&body)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let logins = created["logins"].clone();
+    let queue = api.placed(&id, None).await;
+    let node = boot(ec2, &queue, names[0], files).await;
+    node.wait_for_node_log("listening on");
+    // The standby is placed beside the node in the same pass, on an instance of its own.
+    let queue = api
+        .until(&id, |queue| {
+            queue["resources"]["standby_instance"].is_string()
+        })
+        .await;
+    let host = queue["host"].as_str().unwrap().to_string();
+    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
+    let reply = publisher
+        .request(json!({"body": "one disk", "durability": 2}))
+        .await;
+    assert_eq!(reply["code"], 507, "{reply}");
+    let standby = boot_standby(ec2, &queue, names[1], names[0], files).await;
+    standby.wait_for_node_log("caught up with the primary");
+    // Now a durability-2 publish is synced on both, by name, over wss.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = publisher
+            .request(json!({"body": "two disks", "durability": 2}))
+            .await;
+        if reply["status"] == "Success." {
+            break;
+        }
+        assert_eq!(reply["code"], 507, "{reply}");
+        assert!(Instant::now() < deadline, "never in sync: {reply}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    api.until(&id, |queue| {
+        queue["live"]["standby"]["in_sync"] == true && queue["standby_in_sync"] == true
+    })
+    .await;
+    TwoMachines {
+        id,
+        logins,
+        host,
+        queue,
+        node,
+        standby,
+        publisher,
+    }
 }
 
 async fn user_data(ec2: &Ec2, instance: &str) -> String {
@@ -187,9 +289,9 @@ async fn boot(ec2: &Ec2, queue: &Value, name: &str, dir: &std::path::Path) -> In
     .unwrap()
 }
 
-/// Boots the queue's standby instance, from the user data EC2 has for it, in the standby
-/// subnet, linked to the primary instance `primary` (booted as `primary_name`): the two reach
-/// each other as two instances of one VPC do.
+/// Boots the queue's standby's instance, from the user data EC2 has for it, in its subnet,
+/// linked to the node's instance (booted as `primary_name`): the two reach each other as two
+/// instances of one VPC do.
 async fn boot_standby(
     ec2: &Ec2,
     queue: &Value,
@@ -207,8 +309,20 @@ async fn boot_standby(
         .unwrap();
     let primary: Ipv6Addr = queue["addresses"]["v6"].as_str().unwrap().parse().unwrap();
     let text = user_data(ec2, instance).await;
-    let file = volume_file(dir, volume);
-    let host = moto::STANDBY_HOST_V6.parse().unwrap();
+    // A volume booted before (a former node's) comes back with what it holds.
+    let file = dir.join(format!("{volume}.img"));
+    let file = match file.exists() {
+        true => file,
+        false => volume_file(dir, volume),
+    };
+    // The host's end in the instance's own subnet (after a promotion, the new standby is in
+    // the first subnet).
+    let standby_subnet: Ipv6Addr = moto::STANDBY_HOST_V6.parse().unwrap();
+    let host = match v6.segments()[..4] == standby_subnet.segments()[..4] {
+        true => moto::STANDBY_HOST_V6,
+        false => moto::HOST_V6,
+    };
+    let host = host.parse().unwrap();
     let state = dir.join(name);
     let (name, volume, instance) = (name.to_string(), volume.to_string(), instance.to_string());
     let primary_name = primary_name.to_string();
@@ -220,6 +334,17 @@ async fn boot_standby(
     })
     .await
     .unwrap()
+}
+
+/// As [`connect`], or None while nothing serves there yet.
+async fn try_connect(dns: SocketAddr, host: &str, root: &str) -> Option<Client> {
+    let answers = dig(dns, host, "AAAA", false).answers;
+    let ip: Ipv6Addr = answers.first()?.parse().ok()?;
+    let url = format!("wss://{host}/");
+    let at = SocketAddr::new(ip.into(), 443);
+    Client::try_connect_tls_at(&url, at, roots_from_pem(root))
+        .await
+        .ok()
 }
 
 /// A client at the queue's name: resolved through our DNS (AAAA), connected over wss://,
@@ -807,29 +932,19 @@ async fn a_build_rolls_across_instances_and_one_for_another_cpu_halts_at_its_can
 
 #[tokio::test]
 async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows_its_node() {
-    let (moto, ec2, files, api) = cloud().await;
+    let _control_plane = HostAddress::keep(control_plane_v6(1));
+    let (moto, ec2, files, api) = cloud_reached_at(control_plane_v6(1)).await;
     let dns = api.cp.dns.expect("a DNS server");
     let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
-    let body = format!(
-        r#"{{"tier":"standard","region":"{REGION}","instance_type":"t3.small","ipv4":false,"replicas":2}}"#
-    );
-    let (status, created) = api.call("POST", "/v1/queues", Some(&body)).await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().unwrap().to_string();
-    let logins = created["logins"].clone();
-    let queue = api.placed(&id, None).await;
-    let node = boot(&ec2, &queue, "qr1", files.path()).await;
-    node.wait_for_node_log("listening on");
-    // The standby is placed beside the node in the same pass, on an instance of its own.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let queue = loop {
-        let (_, queue) = api.call("GET", &format!("/v1/queues/{id}"), None).await;
-        if queue["resources"]["standby_instance"].is_string() {
-            break queue;
-        }
-        assert!(Instant::now() < deadline, "no standby placed: {queue}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let TwoMachines {
+        id,
+        logins,
+        host,
+        queue,
+        node,
+        standby,
+        mut publisher,
+    } = two_machines(&api, &ec2, files.path(), ["qr1", "qr2"]).await;
     let client = ec2.client(REGION).unwrap();
     let zone_of = |instance: &qe_ec2::aws_sdk_ec2::types::Instance| {
         instance
@@ -846,10 +961,8 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
     let standby_volume = queue["resources"]["standby_volume"].as_str().unwrap();
     let volume = moto::describe_volume(client, standby_volume).await.unwrap();
     assert_eq!(volume.availability_zone(), Some("us-east-1b"));
-    assert_ne!(
-        standby_volume,
-        queue["resources"]["volume"].as_str().unwrap()
-    );
+    let first_volume = queue["resources"]["volume"].clone();
+    assert_ne!(standby_volume, first_volume.as_str().unwrap());
     // Its user data holds a bootstrap token of its own: never the node's credential, and
     // never the replication key (which its config gives it).
     let text = user_data(&ec2, standby_instance).await;
@@ -859,16 +972,6 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
     assert!(!text.contains(&key), "the key is not in the user data");
     assert!(!bootstrap_in(&text).contains_key("node_token"));
 
-    // Before the standby boots, durability 2 is not confirmed on one disk.
-    let host = queue["host"].as_str().unwrap().to_string();
-    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
-    let reply = publisher
-        .request(json!({"body": "one disk", "durability": 2}))
-        .await;
-    assert_eq!(reply["code"], 507, "{reply}");
-
-    let standby = boot_standby(&ec2, &queue, "qr2", "qr1", files.path()).await;
-    standby.wait_for_node_log("caught up with the primary");
     let exchanged = audited(&api, &id, "node.bootstrap").await;
     assert_eq!(
         exchanged,
@@ -877,33 +980,138 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
             format!("instance {standby_instance}")
         ]
     );
-    // Now a durability-2 publish is synced on both, by name, over wss.
+    let status = present_bootstrap(&api, &ec2, &id, standby_instance, standby_instance).await;
+    assert_eq!(status, 401, "its bootstrap token was spent");
+
+    // The node's machine is lost: a subscriber holds 2 of the 5 messages published at
+    // durability 2 when the node's namespace is killed, processes and network. Once the node
+    // has not been heard from for the silence limit (3 s here), the control plane fences it
+    // and promotes the standby's machine: the name moves there, and it serves on its copy.
+    // What the 507s above kept goes first: the queue starts this part empty.
+    let mut admin = connect(dns, &host, &root).await;
+    let reply = login(&mut admin, &logins["admin"], "admin", json!({})).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let purged = admin
+        .request(json!({"cmd": "purge", "scope": "waiting"}))
+        .await;
+    assert_eq!(purged["status"], "Success.", "{purged}");
+    drop(admin);
+    let mut holder = connect(dns, &host, &root).await;
+    let capacity = json!({"capacity": 2});
+    let reply = login(&mut holder, &logins["subscriber"], "subscriber", capacity).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let session = reply["sessionid"].clone();
+    for n in 0..5 {
+        let reply = publisher
+            .request(json!({"body": format!("kept {n}"), "durability": 2}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+    }
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(holder.recv().await["body"].as_str().unwrap().to_string());
+    }
+    let lost_at = Instant::now();
+    drop(node);
+    drop((holder, publisher));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let promoted = loop {
+        let (_, queue) = api.call("GET", &format!("/v1/queues/{id}"), None).await;
+        if queue["resources"]["instance"] == standby_instance {
+            break queue;
+        }
+        assert!(Instant::now() < deadline, "never promoted: {queue}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let serving = (promoted["serving"].as_str(), promoted["epoch"].as_u64());
+    assert_eq!(serving, (Some("second"), Some(1)), "{promoted}");
+    let described = describe_instance(client, node_instance).await;
+    assert_eq!(
+        described.state().unwrap().name(),
+        Some(&InstanceStateName::Terminated),
+        "the lost node is fenced"
+    );
+    let moved_to = promoted["addresses"]["v6"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut publisher = loop {
+        let moved = dig(dns, &host, "AAAA", false).answers == vec![moved_to.clone()];
+        if let Some(mut publisher) = try_connect(dns, &host, &root).await.filter(|_| moved) {
+            let login = login(&mut publisher, &logins["publisher"], "publisher", json!({}));
+            if login.await["status"] == "Success." {
+                break publisher;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the promoted machine never served by name:\n{}",
+            standby.log("node.log")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "the node's machine lost: serving again by name on the standby's after {:.1} s \
+         (silence limit 3 s)",
+        lost_at.elapsed().as_secs_f64()
+    );
+    let reply = publisher
+        .request(json!({"body": "after the promotion", "durability": 1}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    // The holder resumes its session there: what it held comes to it again first, then the
+    // rest; nothing acknowledged was lost, and each comes once.
+    let mut holder = connect(dns, &host, &root).await;
+    let resume = json!({"capacity": 2, "sessionid": session, "replay": true});
+    let reply = login(&mut holder, &logins["subscriber"], "subscriber", resume).await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let mut delivered = Vec::new();
+    for _ in 0..6 {
+        // Acked without waiting for the reply (the next delivery may come before it).
+        let (body, id) = holder.next_delivery().await;
+        holder.send_json(&json!({"id": id, "ack": 1})).await;
+        delivered.push(body);
+    }
+    assert_eq!(delivered[..2], held[..], "what it held, first");
+    let mut expected: Vec<String> = (0..5).map(|n| format!("kept {n}")).collect();
+    expected.push("after the promotion".into());
+    delivered.sort();
+    expected.sort();
+    assert_eq!(delivered, expected);
+    let replaced = audited(&api, &id, "node.replace").await;
+    let said = "its standby's machine serves now, at epoch 1";
+    assert!(replaced.iter().any(|r| r.contains(said)), "{replaced:?}");
+
+    // A new standby's machine is placed in the first slot, on the lost node's volume (that
+    // copy rejoins as the standby of the promoted one): booted, durability 2 is on two disks
+    // again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let queue = loop {
+        let (_, queue) = api.call("GET", &format!("/v1/queues/{id}"), None).await;
+        let placed = queue["resources"]["standby_instance"].as_str();
+        if placed.is_some() && placed != Some(standby_instance) {
+            break queue;
+        }
+        assert!(Instant::now() < deadline, "no new standby placed: {queue}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(queue["resources"]["standby_volume"], first_volume);
+    let node = standby;
+    let standby = boot_standby(&ec2, &queue, "qr3", "qr2", files.path()).await;
+    standby.wait_for_node_log("caught up with the primary");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let reply = publisher
-            .request(json!({"body": "two disks", "durability": 2}))
+            .request(json!({"body": "two disks again", "durability": 2}))
             .await;
         if reply["status"] == "Success." {
             break;
         }
         assert_eq!(reply["code"], 507, "{reply}");
-        assert!(Instant::now() < deadline, "never in sync: {reply}");
+        assert!(Instant::now() < deadline, "never in sync again: {reply}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, queue) = api.call("GET", &format!("/v1/queues/{id}"), None).await;
-        if queue["live"]["standby"]["in_sync"] == true {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the API never shows it in sync: {queue}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let status = present_bootstrap(&api, &ec2, &id, standby_instance, standby_instance).await;
-    assert_eq!(status, 401, "its bootstrap token was spent");
+    let node_instance = queue["resources"]["instance"].as_str().unwrap();
+    let standby_instance = queue["resources"]["standby_instance"].as_str().unwrap();
+    let standby_volume = queue["resources"]["standby_volume"].as_str().unwrap();
 
     // Deleted: both instances terminated (each machine then stops what it runs: the node
     // with its last report), both volumes gone.
@@ -948,4 +1156,110 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
         );
     }
     drop(moto);
+}
+
+/// A partition: the node's machine is cut off from the control plane but not from its clients
+/// nor its standby. Once it has been silent for the silence limit, the control plane promotes
+/// the standby's machine (the fence, EC2's termination, does not reach this emulated one: it
+/// runs on). The cut-off node, still reached by its clients, refuses durable writes from then
+/// on (its standby no longer syncs for it: 507), and everything it acknowledged at durability 2
+/// is served by the promoted machine.
+#[tokio::test]
+async fn a_node_cut_off_from_the_control_plane_refuses_durability_2_after_the_failover() {
+    let _control_plane = HostAddress::keep(control_plane_v6(2));
+    let (moto, ec2, files, api) = cloud_reached_at(control_plane_v6(2)).await;
+    let dns = api.cp.dns.expect("a DNS server");
+    let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    let TwoMachines {
+        id,
+        logins,
+        host,
+        queue,
+        node,
+        standby,
+        mut publisher,
+    } = two_machines(&api, &ec2, files.path(), ["qp1", "qp2"]).await;
+    let mut acknowledged = Vec::new();
+    for n in 0..3 {
+        let body = format!("before {n}");
+        let reply = publisher
+            .request(json!({"body": body, "durability": 2}))
+            .await;
+        assert_eq!(reply["status"], "Success.", "{reply}");
+        acknowledged.push(body);
+    }
+    node.cut_off_from(control_plane_v6(2));
+    let standby_instance = queue["resources"]["standby_instance"].as_str().unwrap();
+    let promoted = api
+        .until(&id, |queue| {
+            queue["resources"]["instance"] == standby_instance
+        })
+        .await;
+    assert_eq!(promoted["epoch"], 1, "{promoted}");
+    // Its clients still reach it (the publisher's connection is to it): durability 2 is
+    // refused once the standby has stopped following it, which it does as soon as its config
+    // names it the node. A publish answered Success before that was synced on the standby's
+    // machine, and must be served there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let body = format!("after the cut {}", acknowledged.len());
+        let reply = publisher
+            .request(json!({"body": body, "durability": 2}))
+            .await;
+        if reply["code"] == 507 {
+            break body;
+        }
+        assert_eq!(reply["status"], "Success.", "{reply}");
+        acknowledged.push(body);
+        assert!(
+            Instant::now() < deadline,
+            "still Success on the cut-off node"
+        );
+    };
+    assert!(
+        node.log("node.log").contains("listening on"),
+        "it runs on: {}",
+        node.log("node.log")
+    );
+    // The promoted machine serves everything the cut-off node acknowledged.
+    let moved_to = promoted["addresses"]["v6"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut subscriber = loop {
+        let moved = dig(dns, &host, "AAAA", false).answers == vec![moved_to.clone()];
+        if let Some(mut subscriber) = try_connect(dns, &host, &root).await.filter(|_| moved) {
+            let capacity = json!({"capacity": 10});
+            let login = login(
+                &mut subscriber,
+                &logins["subscriber"],
+                "subscriber",
+                capacity,
+            );
+            if login.await["status"] == "Success." {
+                break subscriber;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the promoted machine never served: {}",
+            standby.log("node.log")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut delivered = Vec::new();
+    while let Some(frame) = subscriber.recv_within(Duration::from_secs(2)).await {
+        if let Some(body) = frame["body"].as_str() {
+            delivered.push(body.to_string());
+            subscriber
+                .send_json(&json!({"id": frame["id"], "ack": 1}))
+                .await;
+        }
+    }
+    for body in &acknowledged {
+        assert!(delivered.contains(body), "{body} lost: {delivered:?}");
+    }
+    assert!(
+        !delivered.contains(&refused),
+        "what it refused is not on the promoted machine: {delivered:?}"
+    );
+    drop((node, standby, moto));
 }

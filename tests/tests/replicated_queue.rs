@@ -463,7 +463,7 @@ async fn a_standby_instances_credential_reads_what_to_follow_and_nothing_else() 
     let secret = std::fs::read(cp.dir.path().join("data/node-secret")).unwrap();
     let derived =
         |label: String| qe_shared::hex(&qe_shared::hmac::hmac_sha256(&secret, label.as_bytes()));
-    let standby_token = derived(format!("standby/{id}/0"));
+    let standby_token = derived(format!("second/{id}/0"));
     let key = derived(format!("replication/{id}"));
 
     let path = format!("/v1/nodes/{id}/config");
@@ -505,7 +505,7 @@ async fn a_standby_instances_credential_reads_what_to_follow_and_nothing_else() 
     let one = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;
     let (_, alone) = cp.call("POST", "/v1/queues", Some(one)).await;
     let alone = alone["id"].as_str().unwrap().to_string();
-    let token = derived(format!("standby/{alone}/0"));
+    let token = derived(format!("second/{alone}/0"));
     let (status, _) = as_node(&cp, &token, "GET", &format!("/v1/nodes/{alone}/config"), "").await;
     assert_eq!(status, 401);
 }

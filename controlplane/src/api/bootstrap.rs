@@ -13,8 +13,8 @@
 use super::extract::{Json, Path};
 use super::{ApiError, AppState};
 use crate::model::audit::{self, Actor, Entry, Target};
+use crate::model::queue::Slot;
 use crate::model::queue::{Queue, Status};
-use crate::nodes::Slot;
 use crate::store::StoreError;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -119,12 +119,12 @@ pub async fn exchange(
     state.store.record_audit(entry).await;
     tracing::info!(queue = %queue.id, instance = %asked.instance_id, "a node exchanged its bootstrap token");
     let node_token = match slot {
-        Slot::Node => state
+        Slot::First => state
             .node_tokens
             .token_for(&queue.id, queue.node_credential),
-        Slot::Standby => state
+        Slot::Second => state
             .node_tokens
-            .standby_token_for(&queue.id, queue.node_credential),
+            .second_token_for(&queue.id, queue.node_credential),
     };
     Ok(Json(json!({ "node_token": node_token })))
 }
@@ -133,21 +133,21 @@ pub async fn exchange(
 /// queue with one), and when it was issued.
 fn issued(state: &AppState, queue: &Queue, presented: &str) -> Option<(Slot, u64)> {
     let tokens = &state.node_tokens;
-    if let Some(issued_ms) = tokens.bootstrap_issued_in(&queue.id, presented, Slot::Node) {
-        return Some((Slot::Node, issued_ms));
+    if let Some(issued_ms) = tokens.bootstrap_issued_in(&queue.id, presented, Slot::First) {
+        return Some((Slot::First, issued_ms));
     }
-    let standby = tokens.bootstrap_issued_in(&queue.id, presented, Slot::Standby);
+    let standby = tokens.bootstrap_issued_in(&queue.id, presented, Slot::Second);
     standby
         .filter(|_| queue.replicas == 2)
-        .map(|issued_ms| (Slot::Standby, issued_ms))
+        .map(|issued_ms| (Slot::Second, issued_ms))
 }
 
 /// When the newest bootstrap token of `slot` of `queue` exchanged was issued: each instance
 /// has its own, so the two may boot in either order.
 fn spent(queue: &mut Queue, slot: Slot) -> &mut u64 {
     match slot {
-        Slot::Node => &mut queue.bootstrap_spent_ms,
-        Slot::Standby => &mut queue.standby_bootstrap_spent_ms,
+        Slot::First => &mut queue.bootstrap_spent_ms,
+        Slot::Second => &mut queue.second_bootstrap_spent_ms,
     }
 }
 

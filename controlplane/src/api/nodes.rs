@@ -6,8 +6,8 @@ use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState};
 use crate::certificates::{Issuer, NodeCertificates};
 use crate::model::audit::{self, Actor, Entry, Target};
+use crate::model::queue::Slot;
 use crate::model::queue::{Queue, Status};
-use crate::nodes::Slot;
 use crate::store::StoreError;
 use axum::extract::{Extension, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -33,7 +33,8 @@ const REISSUE_AFTER: Duration = Duration::from_secs(3600);
 pub struct NodeCaller {
     pub queue: Queue,
     pub credential: u64,
-    /// Its node, or its standby instance (which may only read its config and fetch builds).
+    /// Which of the queue's machines: the one that serves ([`Queue::serving`]), or its
+    /// standby's (which may only read its config and fetch builds).
     pub slot: Slot,
 }
 
@@ -57,10 +58,11 @@ pub async fn require_node_token(
         Some(found) => found,
         None => rotated_after_the_backup(&state, &queue, presented)
             .await?
-            .map(|credential| (Slot::Node, credential))
+            .map(|credential| (Slot::First, credential))
             .ok_or(super::unauthorized(presented))?,
     };
-    if slot == Slot::Standby && !a_standby_may(&request) {
+    // The machine that does not serve is its standby's (after a promotion, the first).
+    if slot != queue.serving && !a_standby_may(&request) {
         return Err(ApiError::Forbidden(
             "a standby's credential only reads its config and fetches builds".into(),
         ));
@@ -172,11 +174,11 @@ pub async fn desired_config(
     queue: &Queue,
     takes: NodeTakes,
 ) -> Result<DesiredConfig, ApiError> {
-    desired_config_of(state, queue, takes, Slot::Node).await
+    desired_config_of(state, queue, takes, queue.serving).await
 }
 
-/// What `queue`'s instance of `slot` should be now: its node's config, or for its standby
-/// instance the same with what it follows ([`DesiredReplication::follow`]).
+/// What `queue`'s machine in `slot` should be now: its node's config if it serves, else the
+/// same with what it follows as the standby ([`DesiredReplication::follow`]).
 pub async fn desired_config_of(
     state: &AppState,
     queue: &Queue,
@@ -211,9 +213,9 @@ pub async fn desired_config_of(
         desired.replication = Some(DesiredReplication {
             key_hash: PasswordHash::new(&key).to_string(),
             epoch: takes.epoch.then_some(queue.epoch),
-            follow: match slot {
-                Slot::Node => None,
-                Slot::Standby => Some(follow(state, queue, key)?),
+            follow: match slot == queue.serving {
+                true => None,
+                false => Some(follow(state, queue, key)?),
             },
         });
     }

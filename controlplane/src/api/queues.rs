@@ -45,6 +45,8 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
         "replicas": queue.replicas,
         "node_standby": queue.node_standby,
         "epoch": queue.epoch,
+        "serving": queue.serving,
+        "standby_in_sync": queue.standby_in_sync,
         "account": queue.account,
         "node": queue.node,
         "addresses": queue.addresses,

@@ -63,9 +63,10 @@ pub async fn receive(
 ) -> Result<Json<ReportReceipt>, ApiError> {
     let queue = &caller.queue;
     // Live numbers come alone, from every node every few seconds: answered at once, with no
-    // store write and no log line.
+    // store write and no log line (but when its standby comes into or falls out of sync).
     if let Some(live) = report.live {
         state.metrics.live.keep(&queue.id, live);
+        keep_standby_in_sync(&state, queue, &live).await?;
         if report.usage.is_empty() && report.stats.is_empty() && !report.last {
             return Ok(Json(ReportReceipt::default()));
         }
@@ -536,4 +537,24 @@ async fn queues_asked(
 
 fn csv_response(text: String) -> Response {
     ([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], text).into_response()
+}
+
+/// Keeps in the queue's record whether its node's standby is in sync, when that changes:
+/// the leader promotes a silent node's standby only if it was (`reconciler.rs`), and the
+/// leader may not be the replica that hears the node. One store write per change.
+async fn keep_standby_in_sync(
+    state: &AppState,
+    queue: &crate::model::queue::Queue,
+    live: &qe_shared::node_channel::LiveStats,
+) -> Result<(), ApiError> {
+    let in_sync = live.standby.is_some_and(|standby| standby.in_sync);
+    if queue.replicas != 2 || queue.standby_in_sync == in_sync {
+        return Ok(());
+    }
+    let kept = state.store.update(&queue.id, |queue| {
+        queue.standby_in_sync = in_sync;
+        Ok::<_, crate::store::StoreError>(())
+    });
+    kept.await?;
+    Ok(())
 }

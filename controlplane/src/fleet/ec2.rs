@@ -6,11 +6,11 @@
 
 use super::cloud_init::{Mode, NodeBoot};
 use super::{FleetError, Provider, StandbyBoot};
+use crate::model::queue::Slot;
 use crate::model::queue::{Addresses, NewQueue, Placement, Queue};
-use crate::nodes::Slot;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use qe_ec2::{Ec2, Ec2Error, Instance, Launch, Role, Volume};
+use qe_ec2::{Ec2, Ec2Error, Instance, Launch, Slot as Machine, Volume};
 use qe_shared::node_channel::Bootstrap;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv6Addr, SocketAddr};
@@ -61,14 +61,14 @@ impl Ec2Provider {
     /// survey is fresh: one running instance with an IPv6 address, and one data volume,
     /// attached to it. Anything else is looked at afresh (and mended) by [`Self::ensure_node`].
     fn settled(&self, queue: &Queue) -> Option<Placement> {
-        let (instance, volume) = self.settled_as(queue, Role::Node)?;
+        let (instance, volume) = self.settled_as(queue, Part::Node)?;
         self.placement(queue, instance, volume.id).ok()
     }
 
-    /// The queue's instance and volume of `role` as the last survey found them, when that is
-    /// as it should be and the survey is fresh: one running instance of that role with an
-    /// IPv6 address, and one volume of that role, attached to it.
-    fn settled_as(&self, queue: &Queue, role: Role) -> Option<(Instance, Volume)> {
+    /// The queue's instance and volume of `part` as the last survey found them, when that is
+    /// as it should be and the survey is fresh: one running instance in its machine's slot
+    /// with an IPv6 address, and one volume in that slot, attached to it.
+    fn settled_as(&self, queue: &Queue, part: Part) -> Option<(Instance, Volume)> {
         let surveyed = self.surveyed.lock().expect("never poisoned");
         let survey = surveyed
             .survey
@@ -80,8 +80,9 @@ impl Ec2Provider {
         }
         let instances = survey.instances.get(&queue.id)?;
         let volumes = survey.volumes.get(&queue.id)?;
-        let mut instances = instances.iter().filter(|instance| instance.role == role);
-        let mut volumes = volumes.iter().filter(|volume| volume.role == role);
+        let slot = machine(queue, part);
+        let mut instances = instances.iter().filter(|instance| instance.slot == slot);
+        let mut volumes = volumes.iter().filter(|volume| volume.slot == slot);
         let (Some(instance), None) = (instances.next(), instances.next()) else {
             return None;
         };
@@ -126,16 +127,17 @@ impl Ec2Provider {
     /// else the oldest (or a new one, for a queue that has none yet). Every other is a twin (a
     /// race, a volume made by hand): forced off its instance and deleted, so that no two
     /// nodes ever hold one queue's data and no attach waits on a twin.
-    async fn volume_of(&self, queue: &Queue, role: Role) -> Result<Volume, Ec2Error> {
+    async fn volume_of(&self, queue: &Queue, part: Part) -> Result<Volume, Ec2Error> {
+        let slot = machine(queue, part);
         let mut volumes = self.ec2.volumes_of(&queue.region, &queue.id).await?;
-        volumes.retain(|volume| volume.role == role);
+        volumes.retain(|volume| volume.slot == slot);
         if volumes.is_empty() {
             return self
                 .ec2
-                .volume_of_role(&queue.region, &queue.id, role)
+                .volume_in_slot(&queue.region, &queue.id, slot)
                 .await;
         }
-        let recorded = queue.resources.get(recorded_as(role).volume);
+        let recorded = queue.resources.get(recorded_as(part).volume);
         let keep = volumes
             .iter()
             .position(|volume| Some(&volume.id) == recorded)
@@ -158,11 +160,12 @@ impl Ec2Provider {
         &self,
         queue: &Queue,
         volume: &Volume,
-        role: Role,
+        part: Part,
     ) -> Result<Option<Instance>, Ec2Error> {
+        let slot = machine(queue, part);
         let mut live = Vec::new();
         let instances = self.ec2.instances_of(&queue.region, &queue.id).await?;
-        for instance in instances.into_iter().filter(|i| i.role == role) {
+        for instance in instances.into_iter().filter(|i| i.slot == slot) {
             match instance.state.as_str() {
                 "pending" | "running" => live.push(instance),
                 "stopping" | "stopped" => {
@@ -172,7 +175,7 @@ impl Ec2Provider {
                 _ => {}
             }
         }
-        let recorded = queue.resources.get(recorded_as(role).instance);
+        let recorded = queue.resources.get(recorded_as(part).instance);
         let keep = live
             .iter()
             .position(|instance| volume.attached_to.as_ref() == Some(&instance.id))
@@ -198,9 +201,10 @@ impl Ec2Provider {
     async fn fence_node(&self, queue: &Queue) -> Result<(), Ec2Error> {
         tracing::warn!(queue = %queue.id, "terminating a silent node's instance");
         self.forget(&queue.id);
-        self.terminate(&queue.id, Some(Role::Node)).await?;
+        let slot = machine(queue, Part::Node);
+        self.terminate(&queue.id, Some(slot)).await?;
         for volume in self.ec2.volumes_of(&queue.region, &queue.id).await? {
-            if volume.role == Role::Node {
+            if volume.slot == slot {
                 self.ec2.free_volume(&volume.region, &volume.id).await?;
             }
         }
@@ -214,15 +218,16 @@ impl Ec2Provider {
         &self,
         queue: &Queue,
         user_data: &str,
-        role: Role,
+        part: Part,
     ) -> Result<Instance, Ec2Error> {
         let after = queue
             .resources
-            .get(recorded_as(role).instance)
+            .get(recorded_as(part).instance)
             .map_or("first", String::as_str);
-        let mut client_token = match role {
-            Role::Node => format!("{}-{after}", queue.id),
-            Role::Standby => format!("{}-standby-{after}", queue.id),
+        let slot = machine(queue, part);
+        let mut client_token = match slot {
+            Machine::First => format!("{}-{after}", queue.id),
+            Machine::Second => format!("{}-second-{after}", queue.id),
         };
         for _ in 0..2 {
             let launch = Launch {
@@ -232,7 +237,7 @@ impl Ec2Provider {
                 ipv4: queue.ipv4,
                 user_data,
                 client_token: &client_token,
-                role,
+                slot,
             };
             let launched = self.ec2.launch(&launch).await?;
             if matches!(launched.state.as_str(), "pending" | "running") {
@@ -255,27 +260,27 @@ impl Ec2Provider {
         if let Some(placement) = self.settled(queue) {
             return Ok(placement);
         }
-        let (instance, volume) = self.ensure_as(queue, bootstrap, Role::Node).await?;
+        let (instance, volume) = self.ensure_as(queue, bootstrap, Part::Node).await?;
         self.placement(queue, instance, volume.id)
     }
 
-    /// The queue's instance of `role`, running and holding its volume of that role: found,
+    /// The queue's instance of `part`, running and holding its volume: found,
     /// or launched from `bootstrap` (its data, or its copy, comes back with the volume).
     async fn ensure_as(
         &self,
         queue: &Queue,
         bootstrap: &Bootstrap,
-        role: Role,
+        part: Part,
     ) -> Result<(Instance, Volume), Ec2Error> {
         self.forget(&queue.id);
-        let volume = self.volume_of(queue, role).await?;
-        let instance = match self.instance_of(queue, &volume, role).await? {
+        let volume = self.volume_of(queue, part).await?;
+        let instance = match self.instance_of(queue, &volume, part).await? {
             Some(instance) => instance,
             // The client token is new for each replacement (the instance it follows) and the
             // same for a retry of one launch: a launch whose answer was lost makes no twin.
             None => {
                 let user_data = self.boot.render(bootstrap, &volume.id, Mode::Serve);
-                self.launch(queue, &user_data, role).await?
+                self.launch(queue, &user_data, part).await?
             }
         };
         let instance = self.holding(instance, &volume).await?;
@@ -289,11 +294,11 @@ impl Ec2Provider {
         queue: &Queue,
         bootstrap: &Bootstrap,
     ) -> Result<BTreeMap<String, String>, Ec2Error> {
-        let (instance, volume) = match self.settled_as(queue, Role::Standby) {
+        let (instance, volume) = match self.settled_as(queue, Part::Standby) {
             Some(settled) => settled,
-            None => self.ensure_as(queue, bootstrap, Role::Standby).await?,
+            None => self.ensure_as(queue, bootstrap, Part::Standby).await?,
         };
-        let recorded = recorded_as(Role::Standby);
+        let recorded = recorded_as(Part::Standby);
         Ok(BTreeMap::from([
             (recorded.instance.to_string(), instance.id),
             (recorded.volume.to_string(), volume.id),
@@ -332,14 +337,15 @@ impl Ec2Provider {
     /// one that powered off without the records arriving is replaced by another.
     async fn hand_over(&self, queue: &Queue, bootstrap: &Bootstrap) -> Result<bool, Ec2Error> {
         let volumes = self.ec2.volumes_of(&queue.region, &queue.id).await?;
-        let Some(volume) = volumes.into_iter().find(|v| v.role == Role::Node) else {
+        let node = machine(queue, Part::Node);
+        let Some(volume) = volumes.into_iter().find(|v| v.slot == node) else {
             return Ok(false);
         };
         let mut live = None;
         for instance in self.ec2.instances_of(&queue.region, &queue.id).await? {
             match instance.state.as_str() {
                 // Only a node's instance takes the node's volume (a standby's is in another zone).
-                "pending" | "running" if live.is_none() && instance.role == Role::Node => {
+                "pending" | "running" if live.is_none() && instance.slot == node => {
                     live = Some(instance)
                 }
                 _ => self.ec2.terminate(&instance.region, &instance.id).await?,
@@ -350,7 +356,7 @@ impl Ec2Provider {
             None => {
                 self.ec2.free_volume(&volume.region, &volume.id).await?;
                 let user_data = self.boot.render(bootstrap, &volume.id, Mode::ReportLast);
-                let instance = self.launch(queue, &user_data, Role::Node).await?;
+                let instance = self.launch(queue, &user_data, Part::Node).await?;
                 tracing::info!(queue = %queue.id, instance = %instance.id, "launched an instance to hand over its last records");
                 instance
             }
@@ -398,12 +404,12 @@ impl Ec2Provider {
         self.terminate(queue_id, None).await
     }
 
-    /// Terminates the queue's instances of `role` (None: all of them) and waits until they
+    /// Terminates the queue's instances in `slot` (None: all of them) and waits until they
     /// are gone.
-    async fn terminate(&self, queue_id: &str, role: Option<Role>) -> Result<(), Ec2Error> {
+    async fn terminate(&self, queue_id: &str, slot: Option<Machine>) -> Result<(), Ec2Error> {
         self.forget(queue_id);
         let mine = |instance: &Instance| {
-            instance.queue_id == queue_id && role.is_none_or(|role| instance.role == role)
+            instance.queue_id == queue_id && slot.is_none_or(|slot| instance.slot == slot)
         };
         let instances: Vec<Instance> = self
             .ec2
@@ -454,19 +460,43 @@ impl Ec2Provider {
     }
 }
 
-/// The names a queue's record keeps its instance and volume of a role under.
+/// What a queue's machine is for now: serving, or following as its standby.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Node,
+    Standby,
+}
+
+/// The slot of the machine that is `part` of `queue` now ([`Queue::serving`]).
+fn machine(queue: &Queue, part: Part) -> Machine {
+    let slot = match part {
+        Part::Node => queue.serving,
+        Part::Standby => queue.serving.other(),
+    };
+    machine_in(slot)
+}
+
+/// The EC2 tag's name for a machine slot.
+fn machine_in(slot: Slot) -> Machine {
+    match slot {
+        Slot::First => Machine::First,
+        Slot::Second => Machine::Second,
+    }
+}
+
+/// The names a queue's record keeps its node's and its standby's instance and volume under.
 struct Recorded {
     instance: &'static str,
     volume: &'static str,
 }
 
-fn recorded_as(role: Role) -> Recorded {
-    match role {
-        Role::Node => Recorded {
+fn recorded_as(part: Part) -> Recorded {
+    match part {
+        Part::Node => Recorded {
             instance: "instance",
             volume: "volume",
         },
-        Role::Standby => Recorded {
+        Part::Standby => Recorded {
             instance: "standby_instance",
             volume: "standby_volume",
         },
@@ -518,6 +548,11 @@ impl Provider for Ec2Provider {
         }
     }
 
+    /// The standby's instance is in another zone, with its own volume.
+    fn promotes_standbys(&self) -> bool {
+        true
+    }
+
     fn listen(&self, _queue: &Queue) -> Result<Vec<SocketAddr>, FleetError> {
         Ok(vec![LISTEN])
     }
@@ -550,16 +585,13 @@ impl Provider for Ec2Provider {
         instance_id: &'a str,
         slot: Slot,
     ) -> BoxFuture<'a, Result<bool, FleetError>> {
-        let role = match slot {
-            Slot::Node => Role::Node,
-            Slot::Standby => Role::Standby,
-        };
+        let wanted = machine_in(slot);
         async move {
             let instances = self.ec2.instances_of(&queue.region, &queue.id).await;
             let instances = instances.map_err(|e| FleetError::Start(e.to_string()))?;
             Ok(instances.iter().any(|instance| {
                 instance.id == instance_id
-                    && instance.role == role
+                    && instance.slot == wanted
                     && matches!(instance.state.as_str(), "pending" | "running")
             }))
         }

@@ -113,6 +113,14 @@ pub trait Provider: Send + Sync {
         })
     }
 
+    /// Whether its standbys run on machines of their own, which can serve when the node's
+    /// machine is lost: the reconciler then promotes a silent node's standby, once it is
+    /// fenced, rather than start the node again on its own data ([`Queue::serving`]). The
+    /// local provider's standby shares its node's machine: its node is started again.
+    fn promotes_standbys(&self) -> bool {
+        false
+    }
+
     /// Makes sure `queue`'s node, which has gone silent (`silence.rs`), serves nothing and
     /// holds nothing any more (a process killed, an instance terminated and its volume
     /// freed), so that [`Provider::ensure`] then starts its replacement on the same data and
@@ -192,7 +200,7 @@ pub trait Provider: Send + Sync {
         &'a self,
         queue: &'a Queue,
         instance_id: &'a str,
-        slot: crate::nodes::Slot,
+        slot: crate::model::queue::Slot,
     ) -> BoxFuture<'a, Result<bool, FleetError>> {
         let _ = (queue, instance_id, slot);
         Box::pin(async { Ok(false) })

@@ -107,7 +107,7 @@ pub struct Queue {
     /// The same for its standby instance's bootstrap tokens (their own label): the two
     /// instances boot in either order.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub standby_bootstrap_spent_ms: u64,
+    pub second_bootstrap_spent_ms: u64,
     /// The build its node said it runs, last time it confirmed a config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_build: Option<qe_shared::node_channel::NodeBuild>,
@@ -166,6 +166,42 @@ pub struct Queue {
     /// node serves at this epoch, its standby follows no node at a lower one. 0: never.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub epoch: u64,
+    /// Which of its two machines serves (`replicas: 2` on a provider that places the standby
+    /// on a machine of its own): the first until a promotion moves it to the other.
+    #[serde(default, skip_serializing_if = "Slot::is_first")]
+    pub serving: Slot,
+    /// Whether its node's last live report said its standby was in sync: a silent node's
+    /// standby is promoted only then (one still catching up from nothing holds little).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub standby_in_sync: bool,
+}
+
+/// Which of a queue's two machines an instance, its credential and its bootstrap token are
+/// for (`replicas: 2`). Each keeps its slot for life; which one serves is
+/// [`Queue::serving`], and moves with a promotion. A queue's node token is the first's
+/// (`QUEUE-ID/N`), the second's has its own label (`crate::nodes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Slot {
+    /// The machine a queue starts with.
+    #[default]
+    First,
+    /// The one placed beside it for its standby.
+    Second,
+}
+
+impl Slot {
+    fn is_first(&self) -> bool {
+        *self == Slot::First
+    }
+
+    /// The other machine's.
+    pub fn other(self) -> Slot {
+        match self {
+            Slot::First => Slot::Second,
+            Slot::Second => Slot::First,
+        }
+    }
 }
 
 fn one() -> u8 {
@@ -331,7 +367,7 @@ impl Queue {
             sqs_keys: Vec::new(),
             failure: None,
             bootstrap_spent_ms: 0,
-            standby_bootstrap_spent_ms: 0,
+            second_bootstrap_spent_ms: 0,
             node_build: None,
             desired_build: None,
             refused_build: None,
@@ -348,6 +384,8 @@ impl Queue {
             replicas: new.replicas.unwrap_or(1),
             node_standby: None,
             epoch: 0,
+            serving: Slot::First,
+            standby_in_sync: false,
         }
     }
 

@@ -2,9 +2,9 @@
 //! ([`DesiredReplication::follow`]): the standby instance of a queue with `replicas: 2` on a
 //! machine of its own. It serves nothing; it follows the primary the config names, with the
 //! key the config gives (never in its user data), and follows anew when the config moves the
-//! primary (a node placed again elsewhere). A config that no longer names it a standby ends the
-//! process with [`super::START_AGAIN_EXIT`]: its supervisor starts it again as what the config
-//! says now.
+//! primary (a node placed again elsewhere). A config that no longer names it a standby (its
+//! machine was promoted: it serves now) ends the following: the process starts again, as the
+//! queue's node on its copy.
 
 use crate::control_plane::channel::{self, Channel};
 use crate::replication::standby::{self, StandbyConfig};
@@ -19,33 +19,43 @@ pub fn told_to_follow(desired: &DesiredConfig) -> Option<&FollowPrimary> {
     desired.replication.as_ref()?.follow.as_ref()
 }
 
-/// Follows the primary `desired` names until the disk fails (exit 1), a config is refused as
-/// wrong (exit 2), or a config no longer names it a standby (exit 75: start again).
+/// How following ended.
+pub enum Followed {
+    /// The disk failed (exit 1) or a config was wrong (exit 2).
+    Ended(ExitCode),
+    /// Its config no longer names it a standby: it is to start again as what it says now.
+    Promoted,
+}
+
+/// Follows the primary `desired` names until the disk fails, a config is refused as wrong, or
+/// a config no longer names it a standby.
 pub async fn follow_as_told(
     channel: Channel,
     desired: DesiredConfig,
     data_dir: PathBuf,
-) -> ExitCode {
+) -> Followed {
     let mut desired = desired;
     loop {
-        let Some(replication) = desired.replication.as_ref() else {
-            return start_again("its config no longer names it a standby");
-        };
-        let Some(follow) = &replication.follow else {
-            return start_again("its config names it the queue's node now");
+        let (Some(follow), Some(replication)) = (told_to_follow(&desired), &desired.replication)
+        else {
+            tracing::warn!(
+                version = desired.version,
+                "its config names it the queue's node now"
+            );
+            return Followed::Promoted;
         };
         let config = match standby_config(follow, replication, &data_dir) {
             Ok(config) => config,
             Err(error) => {
                 eprintln!("dataplane: the standby's config: {error}");
-                return ExitCode::from(2);
+                return Followed::Ended(ExitCode::from(2));
             }
         };
         tracing::info!(primary = %config.primary, connect = ?config.connect, epoch = config.epoch, "a standby by its config");
         tokio::select! {
             stopped = standby::run(config) => {
                 eprintln!("dataplane: the standby stops: {stopped}");
-                return ExitCode::FAILURE;
+                return Followed::Ended(ExitCode::FAILURE);
             }
             // Dropped at an await: what it wrote is on the files (unsynced writes are read
             // back as after a crash when it opens them again).
@@ -115,9 +125,4 @@ fn standby_config(
         connect: follow.connect,
         epoch: replication.epoch.unwrap_or(0),
     })
-}
-
-fn start_again(why: &str) -> ExitCode {
-    tracing::warn!(why, "the standby stops to start again");
-    ExitCode::from(super::START_AGAIN_EXIT)
 }

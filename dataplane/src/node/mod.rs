@@ -178,13 +178,11 @@ pub enum Started {
     },
 }
 
+pub use following::Followed;
+
 impl Started {
     /// Follows as told, for a standby instance ([`following::follow_as_told`]).
-    pub async fn follow(
-        channel: Channel,
-        desired: DesiredConfig,
-        data_dir: PathBuf,
-    ) -> std::process::ExitCode {
+    pub async fn follow(channel: Channel, desired: DesiredConfig, data_dir: PathBuf) -> Followed {
         following::follow_as_told(channel, desired, data_dir).await
     }
 }

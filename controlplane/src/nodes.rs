@@ -128,6 +128,14 @@ impl NodeTokens {
         ))
     }
 
+    /// The token of credential number `credential` of `queue_id`'s machine in `slot`.
+    pub fn token_of(&self, queue_id: &str, slot: Slot, credential: u64) -> String {
+        match slot {
+            Slot::First => self.token_for(queue_id, credential),
+            Slot::Second => self.second_token_for(queue_id, credential),
+        }
+    }
+
     /// The credential number `presented` is for `queue`: its current one, or the one being
     /// rotated in. None for any other token, and for a queue that is deleted.
     pub fn check(&self, queue: &Queue, presented: &str) -> Option<u64> {
@@ -154,19 +162,17 @@ impl NodeTokens {
         if queue.status == Status::Deleted {
             return None;
         }
+        let (current_credential, next_credential) = queue.credential_of(slot);
         let matches = |credential: u64| -> bool {
-            let expected = match slot {
-                Slot::First => self.token_for(&queue.id, credential),
-                Slot::Second => self.second_token_for(&queue.id, credential),
-            };
+            let expected = self.token_of(&queue.id, slot, credential);
             expected.as_bytes().ct_eq(presented.as_bytes()).into()
         };
         // Both are computed and compared, so the time taken does not tell which one matched.
-        let current = matches(queue.node_credential);
-        let next = queue.next_node_credential.map(|next| (next, matches(next)));
+        let current = matches(current_credential);
+        let next = next_credential.map(|next| (next, matches(next)));
         match (current, next) {
             (_, Some((next, true))) => Some(next),
-            (true, _) => Some(queue.node_credential),
+            (true, _) => Some(current_credential),
             _ => None,
         }
     }
@@ -283,17 +289,11 @@ impl Bootstraps {
         } else {
             Vec::new()
         };
-        let (id, credential, issued_ms) =
-            (&queue.id, queue.node_credential, qe_shared::clock::now_ms());
-        let (node_token, bootstrap_token) = match slot {
-            Slot::First => (
-                self.tokens.token_for(id, credential),
-                self.tokens.bootstrap_token(id, issued_ms),
-            ),
-            Slot::Second => (
-                self.tokens.second_token_for(id, credential),
-                self.tokens.second_bootstrap_token(id, issued_ms),
-            ),
+        let (id, issued_ms) = (&queue.id, qe_shared::clock::now_ms());
+        let node_token = self.tokens.token_of(id, slot, queue.credential_of(slot).0);
+        let bootstrap_token = match slot {
+            Slot::First => self.tokens.bootstrap_token(id, issued_ms),
+            Slot::Second => self.tokens.second_bootstrap_token(id, issued_ms),
         };
         qe_shared::node_channel::Bootstrap {
             control_plane: self.urls[0].clone(),

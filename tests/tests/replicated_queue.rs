@@ -463,11 +463,11 @@ async fn a_standby_instances_credential_reads_what_to_follow_and_nothing_else() 
     let secret = std::fs::read(cp.dir.path().join("data/node-secret")).unwrap();
     let derived =
         |label: String| qe_shared::hex(&qe_shared::hmac::hmac_sha256(&secret, label.as_bytes()));
-    let standby_token = derived(format!("second/{id}/0"));
+    let second_token = derived(format!("second/{id}/0"));
     let key = derived(format!("replication/{id}"));
 
     let path = format!("/v1/nodes/{id}/config");
-    let (status, body) = as_node(&cp, &standby_token, "GET", &path, "").await;
+    let (status, body) = as_node(&cp, &second_token, "GET", &path, "").await;
     assert_eq!(status, 200, "{body}");
     let config: Value = serde_json::from_str(&body).unwrap();
     let follow = &config["replication"]["follow"];
@@ -493,13 +493,29 @@ async fn a_standby_instances_credential_reads_what_to_follow_and_nothing_else() 
     ];
     for (method, what, body) in refused {
         let path = format!("/v1/nodes/{id}/{what}");
-        let (status, answer) = as_node(&cp, &standby_token, method, &path, body).await;
+        let (status, answer) = as_node(&cp, &second_token, method, &path, body).await;
         assert_eq!(status, 403, "{what}: {answer}");
     }
     // It may fetch the node's builds (a build no one serves: not found, not forbidden).
     let build = format!("/v1/nodes/{id}/builds/{}", "0".repeat(64));
-    let (status, answer) = as_node(&cp, &standby_token, "GET", &build, "").await;
+    let (status, answer) = as_node(&cp, &second_token, "GET", &build, "").await;
     assert_eq!(status, 404, "{answer}");
+
+    // A rotation of the queue's credential gives each machine its own slot's new one, and
+    // the standby's old one is retired only once it has used its new one: the node taking
+    // its own (at once, here) locks the standby's machine out of nothing.
+    let rotate = format!("/v1/queues/{id}/node-credential/rotate");
+    let (status, rotated) = cp.call("POST", &rotate, None).await;
+    assert!(status == 200 || status == 202, "{status} {rotated}");
+    let (status, body) = as_node(&cp, &second_token, "GET", &path, "").await;
+    assert_eq!(status, 200, "{body}");
+    let config: Value = serde_json::from_str(&body).unwrap();
+    let rotated_token = derived(format!("second/{id}/1"));
+    assert_eq!(config["node_token"], rotated_token.as_str(), "{config}");
+    let (status, body) = as_node(&cp, &rotated_token, "GET", &path, "").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = as_node(&cp, &second_token, "GET", &path, "").await;
+    assert_eq!(status, 401, "retired by its first use of the new one");
 
     // A queue of one replica has no standby slot: its token is worth nothing there.
     let one = r#"{"tier":"standard","region":"local","instance_type":"local"}"#;

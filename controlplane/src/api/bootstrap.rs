@@ -118,14 +118,8 @@ pub async fn exchange(
     .because(&format!("instance {}", asked.instance_id));
     state.store.record_audit(entry).await;
     tracing::info!(queue = %queue.id, instance = %asked.instance_id, "a node exchanged its bootstrap token");
-    let node_token = match slot {
-        Slot::First => state
-            .node_tokens
-            .token_for(&queue.id, queue.node_credential),
-        Slot::Second => state
-            .node_tokens
-            .second_token_for(&queue.id, queue.node_credential),
-    };
+    let credential = queue.credential_of(slot).0;
+    let node_token = state.node_tokens.token_of(&queue.id, slot, credential);
     Ok(Json(json!({ "node_token": node_token })))
 }
 

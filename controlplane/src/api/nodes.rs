@@ -67,6 +67,19 @@ pub async fn require_node_token(
             "a standby's credential only reads its config and fetches builds".into(),
         ));
     }
+    // The standby's machine confirms no config: its first use of a rotated credential
+    // retires its old one.
+    let rotated_in = queue.credential_of(slot).1 == Some(credential);
+    let queue = match slot != queue.serving && rotated_in {
+        true => {
+            let used = state.store.update(&queue.id, |queue| {
+                queue.credential_used(slot, credential);
+                Ok::<_, StoreError>(())
+            });
+            used.await?.map(|(queue, ())| queue).unwrap_or(queue)
+        }
+        false => queue,
+    };
     let caller = NodeCaller {
         queue,
         credential,
@@ -205,9 +218,9 @@ pub async fn desired_config_of(
     desired.stats_record_secs = state.config.stats_record_secs;
     desired.sqs = sqs_of(state, queue).await?;
     desired.redrive = crate::api::redrive::desired(state, queue).await?;
-    desired.node_token = queue
-        .next_node_credential
-        .map(|next| state.node_tokens.token_for(&queue.id, next));
+    // A rotation's new credential, of the caller's own slot.
+    let next = queue.credential_of(slot).1;
+    desired.node_token = next.map(|next| state.node_tokens.token_of(&queue.id, slot, next));
     if queue.replicas == 2 && takes.replication {
         let key = state.node_tokens.replication_key(&queue.id);
         desired.replication = Some(DesiredReplication {
@@ -334,10 +347,8 @@ pub async fn applied(
         if queue.status == Status::Provisioning && queue.node.is_some() {
             queue.status = Status::Running;
         }
-        if queue.next_node_credential == Some(credential) {
-            queue.node_credential = credential;
-            queue.next_node_credential = None;
-        }
+        // Its first use of a rotated credential retires the old one.
+        queue.credential_used(caller.slot, credential);
         if applied.build.is_some() {
             queue.node_build = applied.build.clone();
         }

@@ -291,21 +291,15 @@ pub async fn rotate_login(
 /// the old one), which it keeps; its first use retires the old one. Whether that happened
 /// within [`CONFIRM_WITHIN`] (the old one still works until the node takes the new one).
 pub async fn rotate_node_credential(state: &AppState, id: &str) -> Result<bool, ApiError> {
-    let (_, next) = change_live(state, id, |queue| {
-        let next = queue
-            .next_node_credential
-            .unwrap_or(queue.node_credential + 1);
-        queue.next_node_credential = Some(next);
-        queue.config_version += 1;
-        Ok(next)
-    })
-    .await?;
-    let taken = |queue: &Queue| queue.node_credential >= next || queue.status == Status::Deleted;
+    let (_, next) = change_live(state, id, |queue| Ok(queue.rotate_credentials())).await?;
+    // Confirmed once the machine that serves uses it.
+    let serves_it = |queue: &Queue| queue.credential_of(queue.serving).0 >= next;
+    let taken = |queue: &Queue| serves_it(queue) || queue.status == Status::Deleted;
     Ok(state
         .store
         .wait_for(id, CONFIRM_WITHIN, taken)
         .await?
-        .is_some_and(|queue| queue.node_credential >= next))
+        .is_some_and(|queue| serves_it(&queue)))
 }
 
 /// A queue's new SQS key: its secret (shown once) and whether the node serves it yet.
@@ -407,11 +401,16 @@ pub fn console_token(
     };
     // Signed with the credential the node holds; during a rotation the node may hold either
     // one, so with both. A finished rotation voids tokens of the old one.
-    let credentials = [Some(queue.node_credential), queue.next_node_credential];
-    let node_tokens: Vec<String> = credentials
+    // The machine that serves checks them, with its own slot's credential.
+    let (current, next) = queue.credential_of(queue.serving);
+    let node_tokens: Vec<String> = [Some(current), next]
         .into_iter()
         .flatten()
-        .map(|credential| state.node_tokens.token_for(&queue.id, credential))
+        .map(|credential| {
+            state
+                .node_tokens
+                .token_of(&queue.id, queue.serving, credential)
+        })
         .collect();
     let node_tokens: Vec<&str> = node_tokens.iter().map(String::as_str).collect();
     Ok((

@@ -67,6 +67,14 @@ pub struct Queue {
     /// A node credential being rotated in: valid too, until the node uses it.
     #[serde(default)]
     pub next_node_credential: Option<u64>,
+    /// The same for the credential of its second machine ([`Slot::Second`], `replicas: 2`):
+    /// `node_credential` and `next_node_credential` are the first's. Each slot's is retired
+    /// when that machine uses the new one, so a standby that was down during a rotation is
+    /// not locked out by its node.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub second_credential: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_second_credential: Option<u64>,
     /// Goes up to have its node get a new certificate now (a forced renewal).
     #[serde(default)]
     pub certificate_generation: u64,
@@ -188,6 +196,49 @@ pub enum Slot {
     First,
     /// The one placed beside it for its standby.
     Second,
+}
+
+impl Queue {
+    /// The credential number of its machine in `slot`, and one being rotated in.
+    pub fn credential_of(&self, slot: Slot) -> (u64, Option<u64>) {
+        match slot {
+            Slot::First => (self.node_credential, self.next_node_credential),
+            Slot::Second => (self.second_credential, self.next_second_credential),
+        }
+    }
+
+    /// Its machine in `slot` used credential `credential`: if that is the one being rotated
+    /// in, it becomes the slot's, and the old one is retired.
+    pub fn credential_used(&mut self, slot: Slot, credential: u64) {
+        let (current, next) = match slot {
+            Slot::First => (&mut self.node_credential, &mut self.next_node_credential),
+            Slot::Second => (
+                &mut self.second_credential,
+                &mut self.next_second_credential,
+            ),
+        };
+        if *next == Some(credential) {
+            *current = credential;
+            *next = None;
+        }
+    }
+
+    /// Starts a rotation of its credentials (each slot's it has): the new numbers are valid
+    /// beside the old until each machine uses its own. Returns the serving machine's new one.
+    pub fn rotate_credentials(&mut self) -> u64 {
+        let next = self
+            .next_node_credential
+            .unwrap_or(self.node_credential + 1);
+        self.next_node_credential = Some(next);
+        if self.replicas == 2 {
+            let second = self
+                .next_second_credential
+                .unwrap_or(self.second_credential + 1);
+            self.next_second_credential = Some(second);
+        }
+        self.config_version += 1;
+        self.credential_of(self.serving).1.expect("just set")
+    }
 }
 
 impl Slot {
@@ -357,6 +408,8 @@ impl Queue {
             applied_version: 0,
             node_credential: 0,
             next_node_credential: None,
+            second_credential: 0,
+            next_second_credential: None,
             certificate_generation: 0,
             certificate_issuer: None,
             certificate_issued: None,
@@ -631,6 +684,44 @@ pub fn rotate(queue: &mut Queue, role: Role) -> Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each machine's credential is rotated and retired on its own; the rotation is
+    /// confirmed by the serving machine's, whichever slot that is.
+    #[test]
+    fn each_slot_retires_its_own_credential() {
+        let mut queue = a_queue("slots", Status::Running);
+        queue.replicas = 2;
+        queue.serving = Slot::Second;
+        assert_eq!(
+            queue.rotate_credentials(),
+            1,
+            "the serving machine's new one"
+        );
+        assert_eq!(queue.credential_of(Slot::First), (0, Some(1)));
+        assert_eq!(queue.credential_of(Slot::Second), (0, Some(1)));
+        queue.credential_used(Slot::Second, 1);
+        assert_eq!(queue.credential_of(Slot::Second), (1, None));
+        assert_eq!(
+            queue.credential_of(Slot::First),
+            (0, Some(1)),
+            "not the other's"
+        );
+        queue.credential_used(Slot::First, 0);
+        assert_eq!(
+            queue.credential_of(Slot::First),
+            (0, Some(1)),
+            "the old one retires nothing"
+        );
+        // A queue of one replica has no second credential to rotate.
+        let mut alone = a_queue("alone", Status::Running);
+        alone.rotate_credentials();
+        assert_eq!(alone.credential_of(Slot::Second), (0, None));
+        let text = serde_json::to_string(&alone).unwrap();
+        assert!(
+            !text.contains("second_credential"),
+            "left out, as records from before: {text}"
+        );
+    }
 
     /// A node that has not said it takes initial settings (built before them, its config
     /// read with deny_unknown_fields) gets a config without the field, as before; one that

@@ -71,6 +71,18 @@ async fn moved(channel: &Channel, desired: &DesiredConfig, data_dir: &Path) -> D
     loop {
         match channel.desired(Some(after)).await {
             Ok(Some(newer)) => {
+                // A rotated credential first: the node's use of it retires the old one.
+                if let Some(token) = newer.node_token.as_deref() {
+                    if token != channel.token() {
+                        if let Err(error) = channel.take_token(token) {
+                            let wait = backoff.next_wait();
+                            tracing::warn!(%error, retry_in = ?wait, "the rotated credential could not be kept");
+                            tokio::time::sleep(wait).await;
+                            continue;
+                        }
+                        tracing::info!("the standby's credential was rotated");
+                    }
+                }
                 if let Err(error) = channel::keep(data_dir, &newer) {
                     tracing::warn!(%error, "the config could not be kept");
                 }

@@ -280,6 +280,11 @@ pub struct Queue {
     /// serves at this epoch.
     #[serde(default)]
     pub epoch: u64,
+    /// Which of its two machines serves: `first` until a promotion onto the standby's
+    /// machine (README, *On EC2 the standby is an instance of its own*); None from a control
+    /// plane from before.
+    #[serde(default)]
+    pub serving: Option<String>,
 }
 
 fn one() -> u8 {

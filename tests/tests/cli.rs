@@ -666,6 +666,14 @@ async fn a_queue_made_with_a_standby_shows_it_in_sync() {
     // Never promoted yet.
     let epoch = shown.stdout.lines().find(|line| line.starts_with("EPOCH"));
     assert!(epoch.is_some_and(|line| line.ends_with(" 0")), "{shown:?}");
+    let serving = shown
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("SERVING"));
+    assert!(
+        serving.is_some_and(|line| line.ends_with(" first")),
+        "{shown:?}"
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let list = qe.ok(&["--csv", "queues", "list", "--live"]).csv();

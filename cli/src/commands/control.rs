@@ -136,6 +136,12 @@ fn queue_output(queue: &Queue, json: serde_json::Value) -> Output {
         _ => "-".into(),
     };
     rows.push(vec!["EPOCH".into(), epoch]);
+    // Which machine serves (the other holds the standby), for a queue with two.
+    let serving = match (queue.replicas, &queue.serving) {
+        (2.., Some(slot)) => slot.clone(),
+        _ => "-".into(),
+    };
+    rows.push(vec!["SERVING".into(), serving]);
     rows.push(vec!["NODE".into(), optional(&queue.node)]);
     rows.push(vec!["ACCOUNT".into(), optional(&queue.account)]);
     rows.push(vec!["NAME".into(), optional(&queue.name)]);

@@ -287,7 +287,7 @@ impl Ec2Provider {
         Ok((instance, volume))
     }
 
-    /// The queue's standby instance (`replicas: 2`), in the region's standby subnet (another
+    /// The queue's standby's instance (`replicas: 2`), in the other slot's subnet (another
     /// zone), with a volume of its own there: what to record of it.
     async fn ensure_standby_instance(
         &self,
@@ -598,9 +598,10 @@ impl Provider for Ec2Provider {
         .boxed()
     }
 
-    /// The standby's own instance in the region's standby subnet, booted from `standby`'s
-    /// bootstrap: its node asks for its config with the standby's credential and is told to
-    /// follow `node` (`api/nodes.rs`), so the key never rests in user data.
+    /// The standby's own instance in the slot that does not serve (its subnet another zone's),
+    /// booted from `standby`'s bootstrap: its node asks for its config with that slot's
+    /// credential and is told to follow `node` (`api/nodes.rs`), so the key never rests in
+    /// user data.
     fn ensure_standby<'a>(
         &'a self,
         queue: &'a Queue,

@@ -45,7 +45,10 @@
 //!   lost or delivered twice, per fault, against the targets. See docs/resilience.md.
 //! - `bench failover`: a queue with a standby under durability-2 publishers whose node loses
 //!   its disk at a random moment, round after round: until it serves again, until
-//!   durability 2 is on two disks again, and every acknowledged message delivered once.
+//!   durability 2 is on two disks again, and every acknowledged message delivered once. With
+//!   `--instances`, the node's machine is lost instead (a network namespace killed, moto as
+//!   EC2) and the control plane promotes the standby's machine: until the queue serves again
+//!   by name.
 
 mod abuse;
 mod bulk;
@@ -57,6 +60,8 @@ mod controlplane_load;
 mod dedup;
 mod ec2_pass;
 mod failover;
+mod failover_instances;
+mod failover_load;
 mod live_metrics;
 mod node;
 mod peers;
@@ -227,10 +232,11 @@ enum Command {
     /// replica), against the resilience targets; exits 1 if one is missed (`--dataplane` is
     /// what the nodes run). See docs/resilience.md.
     Chaos(chaos::Settings),
-    /// A queue with a standby (`replicas: 2`) whose node loses its disk and its process at a
-    /// random moment, round after round, under durability-2 publishers: until it serves
-    /// again, until durability 2 is on two disks again; exits 1 if an acknowledged publish
-    /// is lost or delivered twice. See docs/resilience.md.
+    /// A queue with a standby (`replicas: 2`) whose node loses its disk and its process (with
+    /// `--instances`, its machine) at a random moment, round after round, under durability-2
+    /// publishers: until it serves again, until durability 2 is on two disks again; exits 1
+    /// if an acknowledged publish is lost or held by two subscribers at once. See
+    /// docs/resilience.md.
     Failover(failover::Settings),
     /// Deduplication ids: the node's memory per id held, and publish throughput and CPU with
     /// distinct ids, without, and for repeats.
@@ -277,6 +283,10 @@ async fn run_alone(args: &Args, data_root: &std::path::Path) -> bool {
         Command::Chaos(settings) => {
             let passed = chaos::chaos(settings, &existing(&args.dataplane), data_root).await;
             // Everything the run started has ended by now (its owners were dropped).
+            std::process::exit(if passed { 0 } else { 1 });
+        }
+        Command::Failover(settings) if settings.instances => {
+            let passed = failover_instances::failover(settings, data_root);
             std::process::exit(if passed { 0 } else { 1 });
         }
         Command::Failover(settings) => {

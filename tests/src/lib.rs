@@ -16,6 +16,7 @@
 //!   what a queue's instance was given, in a network namespace.
 //! - [`knot`] runs Knot DNS as a secondary of the control plane's zone.
 
+pub mod cloud;
 mod control_plane;
 pub mod disks;
 pub mod etcd;

@@ -118,9 +118,9 @@ impl NodeTokens {
         ))
     }
 
-    /// The token of credential number `credential` of queue `queue_id`'s standby instance
-    /// ([`Slot::Second`]): another label, so it is never a node's, and a standby's request
-    /// is never taken for its node's.
+    /// The token of credential number `credential` of queue `queue_id`'s second machine
+    /// ([`Slot::Second`]): another label, so it is never the first's, and one machine's
+    /// request is never taken for the other's.
     pub fn second_token_for(&self, queue_id: &str, credential: u64) -> String {
         qe_shared::hex(&hmac_sha256(
             &self.secret,
@@ -142,8 +142,9 @@ impl NodeTokens {
         self.check_in(queue, presented, Slot::First)
     }
 
-    /// Which of `queue`'s instances `presented` is the credential of, and its number: its
-    /// node's, or (a queue with a standby) its standby instance's.
+    /// Which of `queue`'s machines `presented` is the credential of, and its number: the
+    /// first's, or (a queue with a standby) the second's. Which one serves is the record's
+    /// ([`Queue::serving`]).
     pub fn check_slot(&self, queue: &Queue, presented: &str) -> Option<(Slot, u64)> {
         let node = self.check_in(queue, presented, Slot::First);
         let standby = match queue.replicas == 2 {
@@ -192,8 +193,8 @@ impl NodeTokens {
         format!("{issued_ms}.{}", qe_shared::hex(&mac))
     }
 
-    /// The bootstrap token of queue `queue_id`'s standby instance issued at `issued_ms`:
-    /// another label, so it exchanges only for a standby's credential.
+    /// The bootstrap token of queue `queue_id`'s second machine issued at `issued_ms`:
+    /// another label, so it exchanges only for that machine's credential.
     pub fn second_bootstrap_token(&self, queue_id: &str, issued_ms: u64) -> String {
         let mac = hmac_sha256(
             &self.secret,

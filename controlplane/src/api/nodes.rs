@@ -89,7 +89,7 @@ pub async fn require_node_token(
     Ok(next.run(request).await)
 }
 
-/// What a standby instance's credential may do: read its config and fetch the node's
+/// What the credential of the machine that does not serve may do: read its config and fetch the node's
 /// builds. It reports nothing (its node counts the queue's usage, once), confirms no config
 /// (the queue's state is its node's) and is issued no certificate (it serves nothing).
 fn a_standby_may(request: &Request) -> bool {
@@ -235,7 +235,7 @@ pub async fn desired_config_of(
     Ok(desired)
 }
 
-/// What `queue`'s standby instance follows: its node, where the queue's record places it
+/// What `queue`'s standby's machine follows: its node, where the queue's record places it
 /// (its name for TLS, its address to connect to), with the key it gives.
 fn follow(state: &AppState, queue: &Queue, key: String) -> Result<FollowPrimary, ApiError> {
     let url = queue.node.clone().ok_or_else(|| {

@@ -112,8 +112,8 @@ pub struct Queue {
     /// since 1970 (`api/bootstrap.rs`): that one and every older one are spent.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bootstrap_spent_ms: u64,
-    /// The same for its standby instance's bootstrap tokens (their own label): the two
-    /// instances boot in either order.
+    /// The same for its second machine's bootstrap tokens (their own label): the two
+    /// machines boot in either order.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub second_bootstrap_spent_ms: u64,
     /// The build its node said it runs, last time it confirmed a config.

@@ -18,7 +18,7 @@ use crate::dns::Zone;
 use crate::fleet::{FleetError, Provider};
 use crate::leadership::Leadership;
 use crate::model::audit::{self, Actor, Entry, Target};
-use crate::model::queue::{Failure, Queue, Status};
+use crate::model::queue::{Failure, Placement, Queue, Status};
 use crate::nodes::Bootstraps;
 use crate::silence::{self, Rules};
 use crate::store::{Store, StoreError};
@@ -432,6 +432,20 @@ impl Reconciler {
         };
         let mut placement = self.fleet.ensure(queue, &bootstrap).await?;
         let node_placed_anew = !placement.node_recorded_in(queue);
+        if node_placed_anew {
+            // Judged for silence only once it has been heard, or has had its time to boot.
+            // (Not for its standby's restart: a standby that keeps failing would keep a silent
+            // node from being judged.)
+            let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
+            let mut watch = self.watch.lock().expect("never poisoned");
+            watch.placed(&queue.id, now, boot);
+        }
+        if queue.replicas == 2 && node_placed_anew {
+            // The name moves to the node now, not once its next standby is placed (on EC2 an
+            // instance launch): clients reach a promoted standby's machine at once.
+            self.record(queue, &placement, Placement::record_node_in)
+                .await?;
+        }
         if queue.replicas == 2 {
             // A standby that cannot be placed now leaves the node serving (durability 2 is
             // answered 507 meanwhile) and recorded: it is tried again at the next pass.
@@ -454,20 +468,21 @@ impl Reconciler {
         if placement.recorded_in(queue) {
             return Ok(());
         }
-        // A node placed anew (a replacement, a restart) is judged for silence only once it
-        // has been heard, or has had its time to boot. (Not for its standby's restart: a
-        // standby that keeps failing would keep a silent node from being judged.)
-        if node_placed_anew {
-            let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
-            self.watch
-                .lock()
-                .expect("never poisoned")
-                .placed(&queue.id, now, boot);
-        }
+        self.record(queue, &placement, Placement::record_in).await
+    }
+
+    /// Writes `placement` into `queue`'s record with `write`, and moves the zone's records to
+    /// it.
+    async fn record(
+        &self,
+        queue: &Queue,
+        placement: &Placement,
+        write: fn(&Placement, &mut Queue),
+    ) -> Result<(), Box<dyn std::error::Error>> {
         let recorded = self.store.update(&queue.id, |queue| {
             // Only while it is still to run: a delete meanwhile wins.
             if queue.status.is_live() {
-                placement.record_in(queue);
+                write(placement, queue);
             }
             // Its node reported in before it was recorded: it runs.
             if queue.status == Status::Provisioning && queue.applied_version > 0 {

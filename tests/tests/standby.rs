@@ -801,6 +801,45 @@ async fn a_subscriber_resumes_on_the_promoted_copy_with_what_it_held() {
     assert_eq!(ack["status"], "Success.", "{ack}");
 }
 
+/// A durable delivery waits until the standby has heard who holds it (`store::log::heard`):
+/// a primary lost right after a delivery leaves the hold on the promoted copy, so the message
+/// never goes to a second subscriber while the first holds it. While the standby is stopped
+/// nothing is delivered; once it runs again the delivery goes out, and the promoted copy keeps
+/// it for the holder's session.
+#[tokio::test]
+async fn a_durable_delivery_waits_until_the_standby_has_heard_who_holds_it() {
+    let (mut primary, standby) = replicated();
+    let mut publisher = primary.publisher().await;
+    let (mut holder, holder_session) = primary.subscriber(1).await;
+    standby.pause();
+    // Durability 1 waits for no standby: it is answered while the standby sleeps.
+    published(&mut publisher, "held", 1).await;
+    // A delivery's absence has no event to await: a second is a thousand times what a
+    // delivery takes on loopback.
+    let early = holder.recv_within(Duration::from_secs(1)).await;
+    assert!(
+        early.is_none(),
+        "delivered before the standby heard: {early:?}"
+    );
+    standby.resume();
+    let (body, _) = holder.next_delivery().await;
+    assert_eq!(body, "held");
+    // The holder is full: this one waits. Its sync on the standby covers the first's record.
+    published(&mut publisher, "waiting", 2).await;
+    primary.kill();
+    let mut standby = standby;
+    standby.kill();
+    let promoted = promote(standby);
+    // Not "held": the holder's saved session has it.
+    assert_eq!(drain(&promoted).await, ["waiting"]);
+    let resume = json!({"sessionid": holder_session, "replay": true});
+    let (mut holder, _) = promoted.login("subscriber", "distribute", resume).await;
+    let (body, id) = holder.next_delivery().await;
+    assert_eq!(body, "held");
+    let ack = holder.request(json!({"id": id, "ack": 1})).await;
+    assert_eq!(ack["status"], "Success.", "{ack}");
+}
+
 /// A standby that attaches after messages are held is sent who holds them first, with its
 /// catch-up: a subscriber that held them before the standby existed resumes on its copy.
 #[tokio::test]
@@ -830,8 +869,9 @@ async fn a_late_standby_is_sent_who_holds_what() {
     assert_eq!(drain(&promoted).await, ["after"]);
 }
 
-/// An SQS receive outlives a promotion: its message stays invisible on the promoted copy for
-/// as long as it was, and its receipt handle deletes it there.
+/// An SQS receive outlives a promotion: it is answered once the standby has heard of it, its
+/// message stays invisible on the promoted copy for as long as it was, and its receipt handle
+/// deletes it there.
 #[tokio::test]
 async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
     use qe_tests::sqs::{client_of, lone_queue_url, receive};
@@ -849,7 +889,20 @@ async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
     let queue = lone_queue_url(&sqs).await;
     let mut publisher = primary.publisher().await;
     published(&mut publisher, "received", 2).await;
-    let got = receive(&sqs, &queue, 1, 1).await;
+    // The receive is answered only once the standby has heard of it.
+    standby.pause();
+    let receiving = tokio::spawn({
+        let (sqs, queue) = (sqs.clone(), queue.clone());
+        async move { receive(&sqs, &queue, 1, 0).await }
+    });
+    // (An answer's absence has no event to await.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !receiving.is_finished(),
+        "answered before the standby heard"
+    );
+    standby.resume();
+    let got = receiving.await.unwrap();
     assert_eq!(got.len(), 1);
     let handle = got[0].receipt_handle().unwrap().to_string();
     // Its sync on the standby covers the receive shipped before it.

@@ -526,6 +526,28 @@ impl Placement {
             && of_the_node(&queue.resources) == of_the_node(&self.resources)
     }
 
+    /// Writes what it says of the node into `queue`'s record, and keeps what the record says
+    /// of the standby.
+    pub fn record_node_in(&self, queue: &mut Queue) {
+        let standby = queue
+            .resources
+            .iter()
+            .filter(|(kind, _)| kind.starts_with(STANDBY_RESOURCE));
+        let node = self
+            .resources
+            .iter()
+            .filter(|(kind, _)| !kind.starts_with(STANDBY_RESOURCE));
+        let resources = standby
+            .chain(node)
+            .map(|(kind, value)| (kind.clone(), value.clone()))
+            .collect();
+        let node_only = Placement {
+            resources,
+            ..self.clone()
+        };
+        node_only.record_in(queue);
+    }
+
     /// Writes it into `queue`'s record.
     pub fn record_in(&self, queue: &mut Queue) {
         // Its standby follows the node where its config says (`api/nodes.rs`): a node placed
@@ -790,6 +812,28 @@ mod tests {
         assert!(standby_again.node_recorded_in(&queue));
         let node_again = placement(resources("11", "20"));
         assert!(!node_again.node_recorded_in(&queue));
+
+        // A node placed anew is recorded before its next standby: the record keeps the
+        // standby it has until that one is placed.
+        let mut moved = placement(resources("12", "22"));
+        moved.node = "ws://127.0.0.1:2/".into();
+        queue.replicas = 2;
+        let version = queue.config_version;
+        moved.record_node_in(&mut queue);
+        assert!(moved.node_recorded_in(&queue));
+        assert_eq!(queue.resources, resources("12", "20"));
+        assert_eq!(
+            queue.config_version,
+            version + 1,
+            "its standby follows anew"
+        );
+        moved.record_in(&mut queue);
+        assert_eq!(queue.resources, resources("12", "22"));
+        assert_eq!(
+            queue.config_version,
+            version + 1,
+            "the node did not move again"
+        );
     }
 
     #[test]

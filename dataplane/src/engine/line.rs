@@ -14,6 +14,7 @@
 
 use super::outbox::Outbox;
 use crate::message::ids::{IdMap, MessageId, SessionId};
+use crate::store::log::HoldGate;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -194,8 +195,15 @@ impl Line {
             .map(|(_, session)| *session)
     }
 
-    /// Gives `message` to `session`, which has room, to hold, and sends it `frame`.
-    pub fn hold(&mut self, session: SessionId, message: MessageId, frame: Bytes) {
+    /// Gives `message` to `session`, which has room, to hold, and sends it `frame` once
+    /// `gate` opens.
+    pub fn hold(
+        &mut self,
+        session: SessionId,
+        message: MessageId,
+        frame: Bytes,
+        gate: Option<HoldGate>,
+    ) {
         let subscriber = self
             .subscribers
             .get_mut(&session)
@@ -203,7 +211,7 @@ impl Line {
         subscriber.held.insert(message);
         subscriber.received = true;
         if let Some(outbox) = &subscriber.outbox {
-            outbox.deliver(frame, message);
+            outbox.deliver(frame, message, gate);
         }
         self.refresh(session);
     }
@@ -225,7 +233,7 @@ impl Line {
             return;
         };
         match &subscriber.outbox {
-            Some(outbox) => outbox.deliver(frame, message),
+            Some(outbox) => outbox.deliver(frame, message, None),
             // The connection is gone: the next one sends it.
             None => {
                 subscriber.unsent.insert(message);

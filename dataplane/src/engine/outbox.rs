@@ -21,6 +21,7 @@
 //! ([`Frames::unsent`]).
 
 use crate::message::ids::MessageId;
+use crate::store::log::HoldGate;
 use bytes::Bytes;
 use futures::task::AtomicWaker;
 use std::collections::VecDeque;
@@ -30,11 +31,14 @@ use std::task::{Context, Poll};
 use tokio::sync::Notify;
 
 /// A frame for a connection. `message` names the held message a delivery carries, so a
-/// connection that ends can say which deliveries it never wrote.
+/// connection that ends can say which deliveries it never wrote. `gate`: the delivery waits
+/// until the standby has heard who holds its message (`store::log::heard`), and the frames
+/// after it with it.
 #[derive(Debug)]
 pub struct Outbound {
     pub frame: Bytes,
     pub message: Option<MessageId>,
+    pub gate: Option<HoldGate>,
 }
 
 /// What both ends share.
@@ -124,12 +128,14 @@ impl Outbox {
         !waiting.at_limit()
     }
 
-    /// Queues a delivery. Its message is kept by the queue, so the caller has checked
-    /// [`Outbox::has_room`] first; the bytes waiting pass the limit by one frame at most.
-    pub fn deliver(&self, frame: Bytes, message: MessageId) {
+    /// Queues a delivery, to be written once `gate` opens (if it has one). Its message is kept
+    /// by the queue, so the caller has checked [`Outbox::has_room`] first; the bytes waiting
+    /// pass the limit by one frame at most.
+    pub fn deliver(&self, frame: Bytes, message: MessageId, gate: Option<HoldGate>) {
         self.queue(Outbound {
             frame,
             message: Some(message),
+            gate,
         });
     }
 
@@ -150,6 +156,7 @@ impl Outbox {
         self.queue(Outbound {
             frame,
             message: None,
+            gate: None,
         })
     }
 
@@ -170,7 +177,8 @@ impl Outbox {
 }
 
 impl Frames {
-    /// The next frame to write; it counts as waiting until [`Frames::written`].
+    /// The next frame to write, once its gate is open; it counts as waiting until
+    /// [`Frames::written`].
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Bytes> {
         if self.taken.is_empty() && !self.take_queued() {
             self.waiting.arrived.register(cx.waker());
@@ -178,6 +186,11 @@ impl Frames {
             if !self.take_queued() {
                 return Poll::Pending;
             }
+        }
+        let next = self.taken.front_mut().expect("just taken");
+        if let Some(gate) = &mut next.gate {
+            std::task::ready!(gate.poll_open(cx));
+            next.gate = None;
         }
         let outbound = self.taken.pop_front().expect("just taken");
         self.in_flight_bytes += outbound.frame.len();
@@ -282,9 +295,9 @@ mod tests {
     fn deliveries_stop_at_the_limit_and_resume_once_it_is_written() {
         let (outbox, mut frames) = outbox(100);
         assert!(outbox.has_room());
-        outbox.deliver(Bytes::from(vec![b'x'; 60]), id(1));
+        outbox.deliver(Bytes::from(vec![b'x'; 60]), id(1), None);
         assert!(outbox.has_room(), "60 of 100");
-        outbox.deliver(Bytes::from(vec![b'x'; 60]), id(2));
+        outbox.deliver(Bytes::from(vec![b'x'; 60]), id(2), None);
         assert!(!outbox.has_room(), "120 of 100: no room until written");
         take(&mut frames).unwrap();
         assert!(
@@ -313,10 +326,10 @@ mod tests {
     #[test]
     fn a_connection_that_ends_names_what_it_never_wrote() {
         let (outbox, mut frames) = outbox(1000);
-        outbox.deliver(Bytes::from_static(b"one"), id(1));
-        outbox.deliver(Bytes::from_static(b"two"), id(2));
+        outbox.deliver(Bytes::from_static(b"one"), id(1), None);
+        outbox.deliver(Bytes::from_static(b"two"), id(2), None);
         assert!(outbox.send(Bytes::from_static(b"notice")));
-        outbox.deliver(Bytes::from_static(b"three"), id(3));
+        outbox.deliver(Bytes::from_static(b"three"), id(3), None);
         take(&mut frames).unwrap();
         frames.written(); // "one" is on the socket
         take(&mut frames).unwrap(); // "two" was handed to the writer, never written

@@ -23,7 +23,7 @@ use crate::message::{
     frame_body_type, notice_frame, Dead, DeadReason, Durability, Message, NewMessage,
     RecoveredMessage,
 };
-use crate::store::log::HoldChange;
+use crate::store::log::{HoldChange, HoldGate};
 use crate::store::{Change, Holder, Life, Receipt, Store};
 use qe_shared::Code;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -209,6 +209,8 @@ pub struct Pulled {
     /// random, so a handle from before a restart (when every received message waits again)
     /// names no receive after it.
     pub receipt: u64,
+    /// What the receive's answer waits for: the standby has heard of it (`store::log::heard`).
+    pub heard: Option<HoldGate>,
 }
 
 pub struct QueueState {
@@ -792,16 +794,18 @@ impl QueueState {
             note_delivery(entry, id, now_ms);
             self.invisible.insert((until_ms, id));
             self.totals.delivered += 1;
-            pulled.push(Pulled {
+            let mut received = Pulled {
                 id,
                 message: entry.message.clone(),
                 receives: entry.receives,
                 first_delivered_ms: first_delivered_ms(entry, id),
                 sender: self.senders.name(entry.message.sender),
                 receipt,
-            });
+                heard: None,
+            };
             self.record_receives(id);
-            self.record_received(id, until_ms, receipt);
+            received.heard = self.record_received(id, until_ms, receipt);
+            pulled.push(received);
         }
         pulled
     }
@@ -875,17 +879,23 @@ impl QueueState {
         self.invisible.insert((until_ms, id));
         self.messages.get_mut(&id).expect("just found").place =
             Place::Received { until_ms, receipt };
-        self.record_received(id, until_ms, receipt);
+        // Not waited for (ChangeMessageVisibility answers at once): a primary lost before its
+        // standby heard this leaves the earlier visibility on the promoted copy.
+        let _ = self.record_received(id, until_ms, receipt);
         Ok(())
     }
 
     /// Tells the store that a durable message is received until `until_ms` under receive
-    /// number `receipt` (a standby keeps it, so the receipt handle outlives a promotion).
-    fn record_received(&mut self, id: MessageId, until_ms: u64, receipt: u64) {
-        if self.messages[&id].message.durability != Durability::None {
-            let holder = Holder::Received { until_ms, receipt };
-            let _ = self.store.record(Change::Delivered { id, holder });
+    /// number `receipt` (a standby keeps it, so the receipt handle outlives a promotion);
+    /// what to wait for before the receiver hears of it.
+    fn record_received(&mut self, id: MessageId, until_ms: u64, receipt: u64) -> Option<HoldGate> {
+        if self.messages[&id].message.durability == Durability::None {
+            return None;
         }
+        let holder = Holder::Received { until_ms, receipt };
+        self.store
+            .record(Change::Delivered { id, holder })
+            .into_gate()
     }
 
     /// Every received message whose visibility timeout has passed waits again (or goes to the
@@ -1492,12 +1502,16 @@ impl QueueState {
             entry.receives = entry.receives.saturating_add(1);
             note_delivery(entry, id, crate::engine::now_ms());
             let frame = entry.message.frame_for_delivery();
+            let mut gate = None;
             if entry.message.durability != Durability::None {
                 let capacity = self.line.capacity(session);
                 let holder = Holder::Session { session, capacity };
-                let _ = self.store.record(Change::Delivered { id, holder });
+                gate = self
+                    .store
+                    .record(Change::Delivered { id, holder })
+                    .into_gate();
             }
-            self.line.hold(session, id, frame);
+            self.line.hold(session, id, frame, gate);
             self.totals.delivered += 1;
             // Written only when the count can decide something: without max-receive-count,
             // a pushed delivery writes nothing, as before the rules.

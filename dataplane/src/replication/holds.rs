@@ -11,11 +11,11 @@
 //! promoted. A node that starts on the copy takes the journal ([`take`]): every session in
 //! it is a saved session from then, for `saved-session-timeout-secs`.
 //!
-//! A delivery is shipped before its frame is queued for the subscriber, but not waited on: a
-//! primary lost in between leaves that one hold on no disk, and the message waits again on
-//! the promoted copy (at-least-once delivery allows that; a hold that moves to another
-//! subscriber while the first still works on it is the rarer case that this narrows to that
-//! moment).
+//! A delivery is shipped before its frame is queued for the subscriber, and the frame is
+//! written only once the standby has applied the hold and answered so (`store::log::heard`;
+//! an SQS receive is answered likewise): a primary lost at any moment leaves every hold its
+//! subscribers know of on the standby, so none moves to a second subscriber while the first
+//! holds it. (A standby that does not answer holds, from before 2026-12-05, is not waited for.)
 
 use super::wire;
 use crate::engine::CarriedHolds;

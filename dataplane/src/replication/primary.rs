@@ -3,11 +3,11 @@
 //! LSNs passed to the log, which answers durability 2 with them. Beside the log, who holds
 //! which durable message (`holds`), to a standby that takes it.
 
-use super::wire::{self, Hello, MAX_WRITE_BYTES};
+use super::wire::{self, Answer, Hello, MAX_WRITE_BYTES};
 use super::Standby;
 use crate::admission::PreLogin;
 use crate::engine::Queue;
-use crate::store::log::shipping::{Attached, SegmentCopy};
+use crate::store::log::shipping::{Attached, SegmentCopy, Shipments};
 use crate::store::log::Shipment;
 use futures::SinkExt;
 use std::collections::VecDeque;
@@ -128,6 +128,7 @@ async fn ship(
         lineage: hello.takes_lineage,
         epoch: hello.epoch.is_some(),
         holds: hello.takes_holds,
+        answers_holds: hello.takes_holds && hello.answers_holds,
     };
     // It opens every segment file under the files' lock: not on the runtime's threads.
     let shipping = standby.shipping.clone();
@@ -144,6 +145,8 @@ async fn ship(
     let mut link = Link {
         socket,
         unanswered: VecDeque::new(),
+        holds_fed: 0,
+        holds_unheard: VecDeque::new(),
     };
     match catch_up_then_follow(&mut link, standby, queue, attached, takes).await {
         Ok(never) => match never {},
@@ -156,6 +159,8 @@ struct Takes {
     lineage: bool,
     epoch: bool,
     holds: bool,
+    /// It answers how many holds it applied: deliveries wait for it (`store::log::heard`).
+    answers_holds: bool,
 }
 
 async fn catch_up_then_follow(
@@ -222,31 +227,27 @@ async fn catch_up_then_follow(
     loop {
         tokio::select! {
             shipment = shipments.next() => {
-                // This one and every other already queued, in one flush.
-                let mut shipment = shipment.ok_or(Ended::Dropped)?;
-                loop {
-                    // (A table queued by the task of a connection this one replaced may reach
-                    // a standby that does not take holds.)
-                    if takes.holds || !matches!(shipment, Shipment::Hold(_)) {
-                        link.feed(&shipment).await?;
-                    }
-                    match shipments.try_next() {
-                        Some(next) => shipment = next,
-                        None => break,
-                    }
-                }
-                link.flush().await?;
+                let shipment = shipment.ok_or(Ended::Dropped)?;
+                link.ship_queued(shipment, &mut shipments, &takes).await?;
             }
             frame = next_data(link.socket) => {
                 let (OpCode::Binary, payload) = frame? else {
                     return Err(Ended::Unexpected);
                 };
-                let lsn = wire::decode_synced(&payload).ok_or(Ended::Unexpected)?;
+                let lsn = match wire::decode_answer(&payload).ok_or(Ended::Unexpected)? {
+                    Answer::Synced(lsn) => lsn,
+                    Answer::HoldsApplied(count) => {
+                        if let Some(number) = link.holds_applied(count) {
+                            standby.shipping.holds_heard(generation, number);
+                        }
+                        continue;
+                    }
+                };
                 standby.shipping.standby_synced(generation, lsn);
                 link.answered(lsn);
                 if !in_sync && lsn >= through {
                     in_sync = true;
-                    standby.shipping.in_sync(generation);
+                    standby.shipping.in_sync(generation, takes.answers_holds);
                     tracing::info!(lsn, "the standby is in sync: durability 2 waits for it");
                 }
             }
@@ -256,7 +257,8 @@ async fn catch_up_then_follow(
                 }
             }
             _ = look.tick() => {
-                if Instant::now() >= link.deadline() && !link.unanswered.is_empty() {
+                let waited_for = !link.unanswered.is_empty() || !link.holds_unheard.is_empty();
+                if Instant::now() >= link.deadline() && waited_for {
                     return Err(Ended::Silent);
                 }
                 if takes.holds && standby.shipping.holds_shipped() > HOLDS_AGAIN_AFTER.max(table_len * 4) {
@@ -268,19 +270,72 @@ async fn catch_up_then_follow(
 }
 
 /// The standby's connection, with the rule that keeps a stuck standby from holding durability
-/// 2 for long: every send has until the oldest unanswered `Through` is `STANDBY_SILENCE` old
-/// (or `STANDBY_SILENCE` from its start when none is), so a standby that stops reading, whose
-/// socket then fills, is dropped as surely as one that stops answering.
+/// 2 (or deliveries) for long: every send has until the oldest unanswered `Through` (or hold)
+/// is `STANDBY_SILENCE` old (or `STANDBY_SILENCE` from its start when none is), so a standby
+/// that stops reading, whose socket then fills, is dropped as surely as one that stops
+/// answering.
 struct Link<'a> {
     socket: &'a mut Socket,
     /// `Through`s sent and not yet answered, with when they were sent.
     unanswered: VecDeque<(u64, Instant)>,
+    /// Hold changes sent on this connection.
+    holds_fed: u64,
+    /// For each flush that sent holds and is not yet answered: how many had been sent then,
+    /// the number of the last ([`crate::store::log::heard`]), and when.
+    holds_unheard: VecDeque<(u64, u64, Instant)>,
 }
 
 impl Link<'_> {
     fn deadline(&self) -> Instant {
-        let since = self.unanswered.front().map(|&(_, at)| at);
+        let through = self.unanswered.front().map(|&(_, at)| at);
+        let hold = self.holds_unheard.front().map(|&(_, _, at)| at);
+        let since = [through, hold].into_iter().flatten().min();
         since.unwrap_or_else(Instant::now) + STANDBY_SILENCE
+    }
+
+    /// Sends `first` and every other shipment already queued, in one flush.
+    async fn ship_queued(
+        &mut self,
+        first: Shipment,
+        shipments: &mut Shipments,
+        takes: &Takes,
+    ) -> Result<(), Ended> {
+        let holds_fed = self.holds_fed;
+        let mut shipment = first;
+        loop {
+            let hold = matches!(shipment, Shipment::Hold(_));
+            // (A table queued by the task of a connection this one replaced may reach a
+            // standby that does not take holds.)
+            if takes.holds || !hold {
+                self.feed(&shipment).await?;
+            }
+            if takes.holds && hold {
+                self.holds_fed += 1;
+            }
+            match shipments.try_next() {
+                Some(next) => shipment = next,
+                None => break,
+            }
+        }
+        if takes.answers_holds && self.holds_fed > holds_fed {
+            let fed = (self.holds_fed, shipments.last_hold(), Instant::now());
+            self.holds_unheard.push_back(fed);
+        }
+        self.flush().await
+    }
+
+    /// The standby has applied `count` hold changes: the number of the last one sent by then,
+    /// if it answers a flush not answered before.
+    fn holds_applied(&mut self, count: u64) -> Option<u64> {
+        let mut heard = None;
+        while let Some(&(fed, number, _)) = self.holds_unheard.front() {
+            if fed > count {
+                break;
+            }
+            heard = Some(number);
+            self.holds_unheard.pop_front();
+        }
+        heard
     }
 
     /// The standby synced everything up to `lsn`.

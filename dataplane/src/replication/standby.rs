@@ -9,7 +9,7 @@
 //! a retry of a sync that failed, and the primary answers durability 2 with 507 until a
 //! standby is in sync again.
 
-use super::wire::{self, Hello, Sent};
+use super::wire::{self, Answer, Hello, Sent};
 use super::{epoch, holds};
 use crate::store::data_dir;
 use crate::store::log::lineage;
@@ -104,6 +104,7 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
         takes_lineage: true,
         epoch: Some(copy.kept.epoch),
         takes_holds: true,
+        answers_holds: true,
     };
     copy.primary_epoch = None;
     let hello = serde_json::to_string(&hello).expect("a hello serializes");
@@ -112,6 +113,7 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
     }
     tracing::info!(primary = %config.primary, "following the primary");
     let mut synced = Synced::default();
+    let mut holds = HoldsApplied::default();
     loop {
         // Everything the primary has sent so far, then at most one sync for all of it: now
         // if a durability-2 change waits for it, else within a second.
@@ -129,7 +131,7 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
             Some(Err(_)) => return Stopped::Gone,
             Some(Ok(mut frame)) => loop {
                 match apply(copy, frame) {
-                    Ok(Some(shipment)) => {
+                    Ok(Applied::Log(shipment)) => {
                         synced
                             .unsynced_since
                             .get_or_insert_with(std::time::Instant::now);
@@ -138,8 +140,9 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
                             sync_now |= sync;
                         }
                     }
+                    Ok(Applied::Hold) => holds.applied += 1,
                     // A ping, the settings or the receipt key (saved and synced already).
-                    Ok(None) => {}
+                    Ok(Applied::Other) => {}
                     Err(stopped) => return stopped,
                 }
                 match socket.next().now_or_never() {
@@ -151,6 +154,15 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
         }
         if let Err(error) = copy.holds.flush() {
             return Stopped::Disk(error);
+        }
+        // The holds first: a delivery on the primary waits for this, a sync only for
+        // durability 2.
+        if holds.applied != holds.answered {
+            holds.answered = holds.applied;
+            let answer = wire::encode_answer(Answer::HoldsApplied(holds.applied));
+            if socket.send(Frame::binary(answer)).await.is_err() {
+                return Stopped::Gone;
+            }
         }
         if !sync_now {
             continue;
@@ -171,7 +183,7 @@ async fn follow(config: &StandbyConfig, copy: &mut Copy, backoff: &mut Backoff) 
         }
         synced.answered = Some(lsn);
         if socket
-            .send(Frame::binary(wire::encode_synced(lsn)))
+            .send(Frame::binary(wire::encode_answer(Answer::Synced(lsn))))
             .await
             .is_err()
         {
@@ -193,6 +205,24 @@ struct Synced {
     answered: Option<u64>,
     /// When the oldest write not yet synced came.
     unsynced_since: Option<std::time::Instant>,
+}
+
+/// Hold changes applied on one connection, and how many of them were last answered: the
+/// primary counts the ones it sent the same way ([`super::primary`]).
+#[derive(Default)]
+struct HoldsApplied {
+    applied: u64,
+    answered: u64,
+}
+
+/// What one frame from the primary was.
+enum Applied {
+    /// A shipment of the log, written to the mirror.
+    Log(Shipment),
+    /// A hold change, applied to the journal's table.
+    Hold,
+    /// A ping, the epoch, the lineage, the settings or the receipt key.
+    Other,
 }
 
 /// The standby's copy of what a promoted node needs of the primary's data directory: the
@@ -254,9 +284,8 @@ impl Copy {
     }
 }
 
-/// Applies one frame from the primary; the log's shipment it was, if it was one (None for
-/// pings, pongs, settings and the receipt key).
-fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
+/// Applies one frame from the primary.
+fn apply(copy: &mut Copy, frame: Frame) -> Result<Applied, Stopped> {
     match frame.opcode() {
         OpCode::Binary => {}
         OpCode::Close => {
@@ -269,7 +298,7 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
             return Err(Stopped::Closed(reason));
         }
         OpCode::Text => return Err(Stopped::Unexpected),
-        OpCode::Ping | OpCode::Pong | OpCode::Continuation => return Ok(None),
+        OpCode::Ping | OpCode::Pong | OpCode::Continuation => return Ok(Applied::Other),
     }
     // The standby does nothing else: its one task may block on the disk.
     let sent = wire::decode_sent(&frame.into_payload()).ok_or(Stopped::Unexpected)?;
@@ -277,7 +306,7 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
     match (&sent, copy.primary_epoch) {
         (Sent::Epoch(theirs), _) => {
             copy.primary_at(*theirs)?;
-            return Ok(None);
+            return Ok(Applied::Other);
         }
         (_, None) => copy.primary_at(0)?,
         _ => {}
@@ -285,11 +314,11 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
     match sent {
         Sent::Log(Shipment::Hold(change)) => {
             copy.holds.apply(change);
-            Ok(None)
+            Ok(Applied::Hold)
         }
         Sent::Log(shipment) => {
             copy.mirror.apply(&shipment).map_err(Stopped::Disk)?;
-            Ok(Some(shipment))
+            Ok(Applied::Log(shipment))
         }
         Sent::Settings(settings) => {
             let saved = copy.meta.save_copy(&settings);
@@ -298,23 +327,23 @@ fn apply(copy: &mut Copy, frame: Frame) -> Result<Option<Shipment>, Stopped> {
                 saved = settings.values.len(),
                 "the primary's settings are saved here"
             );
-            Ok(None)
+            Ok(Applied::Other)
         }
         Sent::Lineage(lineage) => {
             let dir = copy.data_dir.join(data_dir::MESSAGES);
             if lineage::of(&dir).map_err(Stopped::Disk)?.as_deref() != Some(lineage.as_str()) {
                 lineage::keep(&dir, &lineage).map_err(Stopped::Disk)?;
             }
-            Ok(None)
+            Ok(Applied::Other)
         }
         Sent::ReceiptKey(key) => {
             let path = copy.data_dir.join(data_dir::SQS_RECEIPT_KEY);
             if std::fs::read(&path).ok().as_deref() != Some(&key[..]) {
                 qe_shared::files::write_private(&path, &key).map_err(Stopped::Disk)?;
             }
-            Ok(None)
+            Ok(Applied::Other)
         }
-        Sent::Epoch(_) => Ok(None),
+        Sent::Epoch(_) => Ok(Applied::Other),
     }
 }
 

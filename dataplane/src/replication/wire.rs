@@ -27,6 +27,10 @@ pub struct Hello {
     /// It takes who holds what (`H`, `U`, `Z`; `replication::holds`).
     #[serde(default)]
     pub takes_holds: bool,
+    /// It answers how many holds it has applied (`A`): deliveries wait for it
+    /// (`store::log::heard`).
+    #[serde(default)]
+    pub answers_holds: bool,
 }
 
 const WRITE: u8 = b'W';
@@ -50,6 +54,18 @@ const RELEASED: u8 = b'U';
 const HOLDS_CLEARED: u8 = b'Z';
 /// Standby → primary: synced up to an LSN.
 const SYNCED: u8 = b'S';
+/// Standby → primary: how many hold changes (`H`, `V`, `U`, `Z`) it has applied on this
+/// connection (u64).
+const HOLDS_APPLIED: u8 = b'A';
+
+/// What the standby answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Synced up to this LSN.
+    Synced(u64),
+    /// Applied this many hold changes since the connection began.
+    HoldsApplied(u64),
+}
 
 /// The largest write in one frame: under the node's frame limit (the largest
 /// `max-ws-msg-len`, 1 MiB), with room for the header.
@@ -205,16 +221,23 @@ fn lineage_of(text: &[u8]) -> Option<String> {
     fine.then(|| String::from_utf8_lossy(text).into_owned())
 }
 
-pub fn encode_synced(lsn: u64) -> Bytes {
+pub fn encode_answer(answer: Answer) -> Bytes {
+    let (kind, number) = match answer {
+        Answer::Synced(lsn) => (SYNCED, lsn),
+        Answer::HoldsApplied(count) => (HOLDS_APPLIED, count),
+    };
     let mut out = BytesMut::with_capacity(9);
-    out.put_u8(SYNCED);
-    out.put_u64_le(lsn);
+    out.put_u8(kind);
+    out.put_u64_le(number);
     out.freeze()
 }
 
-pub fn decode_synced(frame: &[u8]) -> Option<u64> {
-    match frame.split_first()? {
-        (&SYNCED, rest) if rest.len() == 8 => Some(u64::from_le_bytes(rest.try_into().ok()?)),
+pub fn decode_answer(frame: &[u8]) -> Option<Answer> {
+    let (&kind, rest) = frame.split_first()?;
+    let number = u64::from_le_bytes(rest.try_into().ok()?);
+    match kind {
+        SYNCED => Some(Answer::Synced(number)),
+        HOLDS_APPLIED => Some(Answer::HoldsApplied(number)),
         _ => None,
     }
 }
@@ -269,7 +292,9 @@ mod tests {
         for shipment in shipments {
             assert_eq!(decode(&encode(&shipment)), Some(shipment));
         }
-        assert_eq!(decode_synced(&encode_synced(42)), Some(42));
+        for answer in [Answer::Synced(42), Answer::HoldsApplied(7)] {
+            assert_eq!(decode_answer(&encode_answer(answer)), Some(answer));
+        }
         let settings = SavedSettings {
             values: vec![("max-subscriber-capacity".into(), 7)],
             changed_at: Some(1_800_000_000),
@@ -310,7 +335,8 @@ mod tests {
         ] {
             assert_eq!(decode(&Bytes::copy_from_slice(bad)), None, "{bad:?}");
         }
-        assert_eq!(decode_synced(b"S1234"), None);
-        assert_eq!(decode_synced(b"L12345678"), None);
+        assert_eq!(decode_answer(b"S1234"), None);
+        assert_eq!(decode_answer(b"L12345678"), None);
+        assert_eq!(decode_answer(b"A123456789"), None);
     }
 }

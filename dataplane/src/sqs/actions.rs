@@ -4,6 +4,7 @@
 use super::attributes::{self, Attributes};
 use super::{Context, SqsError};
 use crate::engine::{BodyType, Durability, MessageId, NewMessage, Pulled, Refused, Scope};
+use crate::store::log::HoldGate;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use qe_shared::node_channel::RedriveChange;
@@ -596,13 +597,19 @@ async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, 
     let wanted = string_list(input, "MessageAttributeNames")?;
     let queue = &context.node.queue;
     let visibility = Duration::from_secs(visibility);
-    let pulled = match wait {
+    let mut pulled = match wait {
         0 => queue.receive(max as usize, visibility),
         wait => {
             let wait = Duration::from_secs(wait);
             queue.receive_within(max as usize, visibility, wait).await
         }
     };
+    // Answered once the standby, if any, has heard of every receive: a receipt handle names
+    // a receive that a promoted copy keeps.
+    let heard = pulled.iter_mut().filter_map(|p| p.heard.take());
+    if let Some(gate) = heard.reduce(HoldGate::later) {
+        gate.open().await;
+    }
     let messages: Vec<Value> = pulled
         .iter()
         .map(|pulled| received(context, pulled, &system, &wanted))

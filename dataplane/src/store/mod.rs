@@ -112,13 +112,25 @@ pub enum Receipt {
     Written(log::Ticket),
     /// Durability 2: wait until the record is synced.
     Synced(log::Ticket),
+    /// A durable message held (delivered or received) on a queue whose standby answers
+    /// holds: wait until the standby has heard who holds it (`log::heard`). Nothing is
+    /// written, so it never fails.
+    Heard(log::HoldGate),
 }
 
 impl Receipt {
+    /// What a delivery of the held message waits for, if anything.
+    pub fn into_gate(self) -> Option<log::HoldGate> {
+        match self {
+            Receipt::Heard(gate) => Some(gate),
+            _ => None,
+        }
+    }
+
     /// Where the change's record ends in the log (None: nothing to wait for).
     pub fn lsn(&self) -> Option<u64> {
         match self {
-            Receipt::Done => None,
+            Receipt::Done | Receipt::Heard(_) => None,
             Receipt::Written(ticket) | Receipt::Synced(ticket) => Some(ticket.lsn()),
         }
     }
@@ -128,6 +140,10 @@ impl Receipt {
     pub fn and(self, other: Receipt) -> Receipt {
         match (self, other) {
             (Receipt::Done, receipt) | (receipt, Receipt::Done) => receipt,
+            (Receipt::Heard(a), Receipt::Heard(b)) => Receipt::Heard(a.later(b)),
+            // The engine combines holds only with holds (the messages of one receive). Were
+            // one combined with a record's receipt, the record's is kept, not the hold's.
+            (Receipt::Heard(_), receipt) | (receipt, Receipt::Heard(_)) => receipt,
             (Receipt::Written(a), Receipt::Written(b)) => Receipt::Written(a.later(b)),
             (
                 Receipt::Written(a) | Receipt::Synced(a),
@@ -148,6 +164,10 @@ impl Receipt {
                 true => Ok(()),
                 false => Err(StoreError::NotSynced),
             },
+            Receipt::Heard(gate) => {
+                gate.open().await;
+                Ok(())
+            }
         }
     }
 }

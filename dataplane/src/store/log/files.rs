@@ -307,6 +307,7 @@ impl Shared {
         if !follower.ship(shipment()) {
             files.follower = None;
             self.attached.store(0, Ordering::Relaxed);
+            self.holds_heard.wait_for_standby(false);
             self.progress
                 .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
         }

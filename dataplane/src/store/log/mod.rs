@@ -61,6 +61,7 @@
 //!   what it holds in memory. A restart reads back what the disk has.
 
 mod files;
+pub mod heard;
 mod index;
 mod inline;
 pub mod lineage;
@@ -73,6 +74,7 @@ mod spare;
 mod syncer;
 mod writer;
 
+pub use heard::HoldGate;
 pub use recovery::{repair, DamagedRegion, Recovered, Repair};
 pub use shipping::{HoldChange, Shipment, Shipping};
 
@@ -340,6 +342,8 @@ struct Shared {
     holds_follower: Mutex<Option<shipping::HoldsFollower>>,
     /// Holds shipped since the last whole table ([`Shipping::ship_holds`]).
     holds_shipped: AtomicU64,
+    /// What the standby has heard of them: a durable delivery waits for it ([`heard`]).
+    holds_heard: Arc<heard::HoldsHeard>,
     /// Which log this is ([`lineage`]).
     lineage: String,
     /// At the last attach: the bytes its catch-up copies, and the LSN it reaches
@@ -546,6 +550,7 @@ impl LogStore {
             attached: AtomicU64::new(0),
             holds_follower: Mutex::default(),
             holds_shipped: AtomicU64::new(0),
+            holds_heard: Arc::default(),
             lineage,
             catch_up: Mutex::default(),
             began_empty,
@@ -604,11 +609,14 @@ impl LogStore {
 
 impl Store for LogStore {
     fn record(&mut self, change: Change<'_>) -> Receipt {
-        self.ship_hold(&change);
+        let gate = self.ship_hold(&change);
         // Every message's publish, delivery and ack pass here: what writes nothing (holding,
         // which a restart ends anyway, and a message kept in memory only) takes no lock.
         match &change {
-            Change::Delivered { .. } | Change::Returned(_) => return Receipt::Done,
+            Change::Delivered { .. } => {
+                return gate.map_or(Receipt::Done, Receipt::Heard);
+            }
+            Change::Returned(_) => return Receipt::Done,
             Change::Published { message, .. } if message.durability == Durability::None => {
                 return Receipt::Done;
             }
@@ -670,14 +678,16 @@ impl Store for LogStore {
 
 impl LogStore {
     /// Tells the attached standby, if any, who holds which durable message now: the engine
-    /// tells the store of every delivery and of every return of a held message.
+    /// tells the store of every delivery and of every return of a held message. A delivery's
+    /// gate, when a standby that answers holds is in sync: the delivery waits for it
+    /// ([`heard`]).
     ///
     /// An ack is not shipped: it is one in every message's life, and the standby needs no
     /// word of it (a promoted node takes holds only of messages its log still has, and ids are
     /// never used again); nor is a purge, for the same reason. What the standby keeps of them
     /// is dropped by the next whole table ([`Shipping::ship_holds`]). A move to the dead
     /// letter queue is shipped: a redrive brings the message back under its id.
-    fn ship_hold(&self, change: &Change<'_>) {
+    fn ship_hold(&self, change: &Change<'_>) -> Option<HoldGate> {
         let released: &[MessageId] = match change {
             Change::Delivered { .. } => &[],
             Change::Returned(id) | Change::DeadLettered(id) => std::slice::from_ref(id),
@@ -689,22 +699,23 @@ impl LogStore {
             Change::Published { .. }
             | Change::Acked(_)
             | Change::Purged(_)
-            | Change::Redriven(_) => return,
+            | Change::Redriven(_) => return None,
         };
         if self.shared.attached.load(Ordering::Relaxed) == 0 {
-            return;
+            return None;
         }
         let follower = self.shared.holds_follower.lock().expect("never poisoned");
-        let Some(follower) = follower.as_ref() else {
-            return;
-        };
-        if let Change::Delivered { id, holder } = *change {
-            follower.ship(HoldChange::Held { id, holder });
-            self.shared.holds_shipped.fetch_add(1, Ordering::Relaxed);
-        }
+        let follower = follower.as_ref()?;
+        let heard = &self.shared.holds_heard;
         for &id in released {
-            follower.ship(HoldChange::Released(id));
+            follower.ship(HoldChange::Released(id), heard);
         }
+        let Change::Delivered { id, holder } = *change else {
+            return None;
+        };
+        let number = follower.ship(HoldChange::Held { id, holder }, heard);
+        self.shared.holds_shipped.fetch_add(1, Ordering::Relaxed);
+        heard.gate(number)
     }
 
     /// The receipt of a change the log no longer writes: done for what was never durable,

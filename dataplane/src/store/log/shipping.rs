@@ -16,6 +16,7 @@
 //! while no standby is in sync, it is answered as a failed sync (507: it is on the primary's
 //! disk, and reaches the standby's once one is in sync again).
 
+use super::heard::HoldsHeard;
 use super::{segment_path, Shared};
 use crate::message::ids::MessageId;
 use crate::store::Holder;
@@ -110,16 +111,22 @@ impl Shipment {
 /// primary bounded memory.
 const MAX_QUEUED_BYTES: u64 = 256 << 20;
 
+/// A shipment on the standby's queue, with its number if it is a hold ([`super::heard`]).
+struct Queued {
+    shipment: Shipment,
+    hold: u64,
+}
+
 /// The attached standby's queue, kept with the files (see the module's notes).
 pub(super) struct Follower {
-    sender: mpsc::UnboundedSender<Shipment>,
+    sender: mpsc::UnboundedSender<Queued>,
     queued: Arc<AtomicU64>,
 }
 
 impl Follower {
     /// Queues `shipment`; false once the standby is gone or too far behind.
     pub(super) fn ship(&self, shipment: Shipment) -> bool {
-        ship_to(&self.sender, &self.queued, shipment)
+        ship_to(&self.sender, &self.queued, Queued { shipment, hold: 0 })
     }
 
     /// A handle that queues on the same channel without keeping it open: the log drops a
@@ -132,12 +139,8 @@ impl Follower {
     }
 }
 
-fn ship_to(
-    sender: &mpsc::UnboundedSender<Shipment>,
-    queued: &AtomicU64,
-    shipment: Shipment,
-) -> bool {
-    let bytes = shipment.queued_bytes();
+fn ship_to(sender: &mpsc::UnboundedSender<Queued>, queued: &AtomicU64, shipment: Queued) -> bool {
+    let bytes = shipment.shipment.queued_bytes();
     if queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES {
         tracing::warn!("the standby is too far behind: dropped, it catches up again");
         return false;
@@ -149,16 +152,21 @@ fn ship_to(
 /// the files' lock (the writer holds it through its writes, and a delivery must not wait
 /// for the disk).
 pub(super) struct HoldsFollower {
-    sender: mpsc::WeakUnboundedSender<Shipment>,
+    sender: mpsc::WeakUnboundedSender<Queued>,
     queued: Arc<AtomicU64>,
 }
 
 impl HoldsFollower {
-    pub(super) fn ship(&self, change: HoldChange) {
+    /// Queues `change` under the number `heard` gives it; the number. The caller holds the
+    /// holds' follower's lock, so the numbers are queued in their order.
+    pub(super) fn ship(&self, change: HoldChange, heard: &HoldsHeard) -> u64 {
+        let hold = heard.number_next();
         if let Some(sender) = self.sender.upgrade() {
             // A standby too far behind is dropped by the log's own next shipment.
-            let _ = ship_to(&sender, &self.queued, Shipment::Hold(change));
+            let shipment = Shipment::Hold(change);
+            let _ = ship_to(&sender, &self.queued, Queued { shipment, hold });
         }
+        hold
     }
 }
 
@@ -192,28 +200,39 @@ pub struct Attached {
 
 /// The writes made since a standby attached, in order.
 pub struct Shipments {
-    receiver: mpsc::UnboundedReceiver<Shipment>,
+    receiver: mpsc::UnboundedReceiver<Queued>,
     queued: Arc<AtomicU64>,
+    /// The number of the last hold taken ([`super::heard`]).
+    last_hold: u64,
 }
 
 impl Shipments {
     /// The next shipment if one is queued already.
     pub fn try_next(&mut self) -> Option<Shipment> {
-        let shipment = self.receiver.try_recv().ok()?;
-        self.taken(&shipment);
-        Some(shipment)
+        let queued = self.receiver.try_recv().ok()?;
+        Some(self.taken(queued))
     }
 
     /// The next shipment; None once the log dropped the standby (too far behind) or stopped.
     pub async fn next(&mut self) -> Option<Shipment> {
-        let shipment = self.receiver.recv().await?;
-        self.taken(&shipment);
-        Some(shipment)
+        let queued = self.receiver.recv().await?;
+        Some(self.taken(queued))
     }
 
-    fn taken(&self, shipment: &Shipment) {
+    /// The number of the last hold taken: the standby has heard it once it has applied every
+    /// hold sent to it so far.
+    pub fn last_hold(&self) -> u64 {
+        self.last_hold
+    }
+
+    fn taken(&mut self, queued: Queued) -> Shipment {
+        let Queued { shipment, hold } = queued;
         self.queued
             .fetch_sub(shipment.queued_bytes(), Ordering::Relaxed);
+        if hold != 0 {
+            self.last_hold = hold;
+        }
+        shipment
     }
 }
 
@@ -255,6 +274,7 @@ impl Shipping {
             shipments: Shipments {
                 receiver,
                 queued: queued.clone(),
+                last_hold: 0,
             },
         };
         let have: BTreeMap<u32, Held> = have.iter().map(|held| (held.segment, *held)).collect();
@@ -297,8 +317,10 @@ impl Shipping {
         let copying: u64 = attached.copies.iter().map(|c| c.to - c.from).sum();
         *shared.catch_up.lock().expect("never poisoned") = (copying, attached.through);
         files.follower = Some(Follower { sender, queued });
-        // Holds go to it only from its first whole table on ([`Shipping::ship_holds`]).
+        // Holds go to it only from its first whole table on ([`Shipping::ship_holds`]), and
+        // deliveries wait for no standby until it is in sync.
         *shared.holds_follower.lock().expect("never poisoned") = None;
+        shared.holds_heard.wait_for_standby(false);
         shared.attached.store(generation, Ordering::Relaxed);
         // A standby that attaches is not in sync until it has caught up; one it replaces
         // is answered for no more.
@@ -325,9 +347,10 @@ impl Shipping {
         let Some(follower) = follower.as_ref() else {
             return;
         };
-        follower.ship(HoldChange::Cleared);
+        let heard = &self.shared.holds_heard;
+        follower.ship(HoldChange::Cleared, heard);
         for held in table {
-            follower.ship(held);
+            follower.ship(held, heard);
         }
         self.shared.holds_shipped.store(0, Ordering::Relaxed);
     }
@@ -377,8 +400,17 @@ impl Shipping {
         });
     }
 
-    /// The standby of `generation` caught up: durability 2 counts on it from now on.
-    pub fn in_sync(&self, generation: u64) {
+    /// The standby of `generation` applied every hold up to `number` (an answer on a
+    /// connection another standby has replaced since counts for nothing).
+    pub fn holds_heard(&self, generation: u64, number: u64) {
+        if self.shared.attached.load(Ordering::Relaxed) == generation {
+            self.shared.holds_heard.heard(number);
+        }
+    }
+
+    /// The standby of `generation` caught up: durability 2 counts on it from now on, and so
+    /// do deliveries if it `answers_holds`.
+    pub fn in_sync(&self, generation: u64, answers_holds: bool) {
         let files = self.shared.files.lock().expect("never poisoned");
         if files.follower.is_some() && self.shared.attached.load(Ordering::Relaxed) == generation {
             self.shared.progress.send_if_modified(|p| {
@@ -386,6 +418,7 @@ impl Shipping {
                 p.standby_in_sync = true;
                 changed
             });
+            self.shared.holds_heard.wait_for_standby(answers_holds);
         }
     }
 
@@ -418,6 +451,7 @@ impl Shipping {
         if self.shared.attached.load(Ordering::Relaxed) == generation {
             files.follower = None;
             *self.shared.holds_follower.lock().expect("never poisoned") = None;
+            self.shared.holds_heard.wait_for_standby(false);
             self.shared.attached.store(0, Ordering::Relaxed);
             self.shared
                 .progress

@@ -40,6 +40,8 @@ pub const TAKES_HEADER: &str = "qe-node-takes";
 pub const TAKES_REPLICATION: &str = "replication";
 /// In [`TAKES_HEADER`]: the node takes [`DesiredReplication::epoch`].
 pub const TAKES_EPOCH: &str = "epoch";
+/// In [`TAKES_HEADER`]: the node takes [`DesiredReplication::step_down_after_ms`].
+pub const TAKES_STEP_DOWN: &str = "step-down";
 
 /// What a node starts from, and nothing more: everything else comes over the channel.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +187,14 @@ pub struct DesiredReplication {
     /// epoch its data keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
+    /// How long the control plane goes without the node's live reports before it takes the
+    /// node for lost, and may promote its standby. A node that has had no report answered for
+    /// this long, and no standby in sync, may have been replaced: it refuses durable
+    /// publishes (502) until either comes back (docs/standby-design.md, *A node cut off from
+    /// the control plane*). Sent only to a node that says it takes it ([`TAKES_STEP_DOWN`]);
+    /// None: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_down_after_ms: Option<u64>,
     /// Given only to the queue's standby instance (its own credential, never the node's):
     /// the primary it follows, and the key it gives. A node started from a bootstrap whose
     /// config carries this runs as a standby (`dataplane::replication::standby`), serving

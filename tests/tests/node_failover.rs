@@ -367,6 +367,7 @@ async fn a_node_given_a_standby_after_it_started_stops_to_take_it() {
     later.replication = Some(qe_shared::node_channel::DesiredReplication {
         key_hash: PasswordHash::new("a replication key").to_string(),
         epoch: None,
+        step_down_after_ms: None,
         follow: None,
     });
     let mut replica = FakeReplica::start_with(Some(later)).await;
@@ -399,6 +400,7 @@ async fn a_node_takes_a_higher_epoch_from_its_config_and_never_a_lower_one() {
     let replication = |epoch: u64| qe_shared::node_channel::DesiredReplication {
         key_hash: PasswordHash::new("a replication key").to_string(),
         epoch: Some(epoch),
+        step_down_after_ms: None,
         follow: None,
     };
     let mut first = desired();
@@ -457,6 +459,7 @@ async fn a_control_plane_from_before_standbys_still_hears_the_node() {
     first.replication = Some(qe_shared::node_channel::DesiredReplication {
         key_hash: PasswordHash::new("a replication key").to_string(),
         epoch: Some(4),
+        step_down_after_ms: None,
         follow: None,
     });
     let mut replica = FakeReplica::serving(Fake {

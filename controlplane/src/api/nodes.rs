@@ -15,7 +15,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use qe_shared::node_channel::{
     Applied, CertificateRequest, DesiredConfig, DesiredReplication, FollowPrimary,
-    IssuedCertificate, NodeTls, TAKES_EPOCH, TAKES_HEADER, TAKES_REPLICATION, WATCH_HOLD_SECS,
+    IssuedCertificate, NodeTls, TAKES_EPOCH, TAKES_HEADER, TAKES_REPLICATION, TAKES_STEP_DOWN,
+    WATCH_HOLD_SECS,
 };
 use qe_shared::password::PasswordHash;
 use serde::Deserialize;
@@ -226,6 +227,13 @@ pub async fn desired_config_of(
         desired.replication = Some(DesiredReplication {
             key_hash: PasswordHash::new(&key).to_string(),
             epoch: takes.epoch.then_some(queue.epoch),
+            step_down_after_ms: match takes.step_down {
+                true => state
+                    .config
+                    .silent_after()
+                    .map(|limit| limit.as_millis() as u64),
+                false => None,
+            },
             follow: match slot == queue.serving {
                 true => None,
                 false => Some(follow(state, queue, key)?),
@@ -274,6 +282,8 @@ pub struct NodeTakes {
     pub replication: bool,
     /// [`DesiredReplication::epoch`].
     pub epoch: bool,
+    /// [`DesiredReplication::step_down_after_ms`].
+    pub step_down: bool,
 }
 
 impl NodeTakes {
@@ -286,6 +296,7 @@ impl NodeTakes {
         NodeTakes {
             replication: said(TAKES_REPLICATION),
             epoch: said(TAKES_EPOCH),
+            step_down: said(TAKES_STEP_DOWN),
         }
     }
 }

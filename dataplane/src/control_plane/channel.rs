@@ -11,7 +11,7 @@ use qe_shared::backoff::Backoff;
 use qe_shared::node_channel::{
     Applied, Bootstrap, CertificateRequest, DesiredConfig, DesiredRedrive, IssuedCertificate,
     NodeBuild, RedriveChange, RedriveRefused, RefusedBuild, TAKES_EPOCH, TAKES_HEADER,
-    TAKES_REPLICATION, WATCH_HOLD_SECS,
+    TAKES_REPLICATION, TAKES_STEP_DOWN, WATCH_HOLD_SECS,
 };
 use sha2::Digest;
 use std::path::{Path, PathBuf};
@@ -174,7 +174,7 @@ impl Channel {
             .send(|base| {
                 let url = format!("{}{query}", self.url(base, "config"));
                 // So that the first config already has the standby's key (taken at start).
-                let takes = format!("{TAKES_REPLICATION},{TAKES_EPOCH}");
+                let takes = format!("{TAKES_REPLICATION},{TAKES_EPOCH},{TAKES_STEP_DOWN}");
                 self.client.get(url).header(TAKES_HEADER, takes)
             })
             .await?;

@@ -12,6 +12,7 @@ use qe_tls::Certificate;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A running node's [`Apply`]: new logins; a rotated credential; a new certificate of its
 /// own, or the cluster's renewed one, when the control plane asks.
@@ -130,6 +131,10 @@ impl Apply for NodeApply {
             if desired.replication.is_some() && self.node.standby.is_none() {
                 tracing::warn!("the queue has a standby and this node started without one: stopping, to be started again with it");
                 self.node.start_again.notify_one();
+            }
+            if let (Some(standby), Some(replication)) = (&self.node.standby, &desired.replication) {
+                let after = replication.step_down_after_ms.map(Duration::from_millis);
+                standby.shipping.step_down_after(after);
             }
             // A promoted copy may start before its new epoch is stored: it takes it now.
             let given_epoch = desired.replication.as_ref().and_then(|r| r.epoch);

@@ -173,6 +173,7 @@ impl Reporter {
         // refuses the whole report (its numbers are read with `deny_unknown_fields`), and one
         // whose live report is refused would judge the node silent.
         let mut without_standby_until = None;
+        let mut stepped_down = false;
         loop {
             ticks.tick().await;
             let mut live = LiveStats {
@@ -186,6 +187,7 @@ impl Reporter {
                 live: Some(live),
                 ..NodeReport::default()
             };
+            let sent_ms = qe_shared::clock::now_ms();
             let mut sent = self.send(&report_of(live)).await;
             if let Err(ReportError::Refused(status)) = &sent {
                 if refused_a_field(*status) && live.standby.is_some() {
@@ -194,6 +196,17 @@ impl Reporter {
                     live.standby = None;
                     sent = self.send(&report_of(live)).await;
                 }
+            }
+            if let Some(standby) = &self.node.standby {
+                if sent.is_ok() {
+                    standby.shipping.control_plane_heard(sent_ms);
+                }
+                match (standby.shipping.stepped_down(), stepped_down) {
+                    (true, false) => tracing::warn!("no report answered for as long as the control plane waits before it promotes the standby, and no standby in sync: this node may have been replaced, and refuses durable publishes until one of them is back"),
+                    (false, true) => tracing::info!("durable publishes are taken again"),
+                    _ => {}
+                }
+                stepped_down = standby.shipping.stepped_down();
             }
             match (sent, failing) {
                 (Ok(()), true) => {

@@ -344,6 +344,11 @@ struct Shared {
     holds_shipped: AtomicU64,
     /// What the standby has heard of them: a durable delivery waits for it ([`heard`]).
     holds_heard: Arc<heard::HoldsHeard>,
+    /// After how long without a live report answered the control plane may replace this
+    /// node (ms; 0: never), and when the last answered one was sent (ms since 1970): see
+    /// [`Shared::stepped_down`].
+    step_down_after_ms: AtomicU64,
+    control_plane_heard_ms: AtomicU64,
     /// Which log this is ([`lineage`]).
     lineage: String,
     /// At the last attach: the bytes its catch-up copies, and the LSN it reaches
@@ -381,6 +386,23 @@ impl Shared {
 
     fn is_broken(&self) -> bool {
         self.progress.borrow().broken
+    }
+
+    /// Whether this node, the primary of a queue with a standby, may have been replaced: the
+    /// control plane has not answered its reports for as long as it waits before it promotes
+    /// the standby, and no standby is in sync (a promoted one stops following). Its durable
+    /// writes are refused then: never two primaries taking them.
+    fn stepped_down(&self) -> bool {
+        self.stepped_down_at(&self.progress.borrow())
+    }
+
+    fn stepped_down_at(&self, progress: &Progress) -> bool {
+        let after = self.step_down_after_ms.load(Ordering::Relaxed);
+        if after == 0 || progress.standby_in_sync || !self.standby.load(Ordering::Relaxed) {
+            return false;
+        }
+        let heard = self.control_plane_heard_ms.load(Ordering::Relaxed);
+        qe_shared::clock::now_ms() > heard.saturating_add(after)
     }
 
     /// Asks for a sync of everything written so far; one wake however many ask.
@@ -551,6 +573,9 @@ impl LogStore {
             holds_follower: Mutex::default(),
             holds_shipped: AtomicU64::new(0),
             holds_heard: Arc::default(),
+            step_down_after_ms: AtomicU64::new(0),
+            // Placed a moment ago: as good as heard.
+            control_plane_heard_ms: AtomicU64::new(qe_shared::clock::now_ms()),
             lineage,
             catch_up: Mutex::default(),
             began_empty,
@@ -664,7 +689,8 @@ impl Store for LogStore {
     }
 
     fn is_writable(&self) -> bool {
-        !self.shared.is_broken()
+        let progress = self.shared.progress.borrow();
+        !progress.broken && !self.shared.stepped_down_at(&progress)
     }
 
     fn receipt_at(&self, lsn: u64, durability: Durability) -> Receipt {

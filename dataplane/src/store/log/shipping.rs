@@ -361,6 +361,28 @@ impl Shipping {
         self.shared.holds_shipped.load(Ordering::Relaxed)
     }
 
+    /// The control plane may replace this node once it has gone `after` without answering
+    /// its reports (None: never): from then on, while no standby is in sync, durable writes
+    /// are refused (`LogStore::is_writable`).
+    pub fn step_down_after(&self, after: Option<std::time::Duration>) {
+        let after_ms = after.map_or(0, |after| after.as_millis().max(1) as u64);
+        self.shared
+            .step_down_after_ms
+            .store(after_ms, Ordering::Relaxed);
+    }
+
+    /// A live report sent at `sent_ms` (ms since 1970) was answered.
+    pub fn control_plane_heard(&self, sent_ms: u64) {
+        self.shared
+            .control_plane_heard_ms
+            .fetch_max(sent_ms, Ordering::Relaxed);
+    }
+
+    /// Whether this node refuses durable writes because it may have been replaced.
+    pub fn stepped_down(&self) -> bool {
+        self.shared.stepped_down()
+    }
+
     /// Which log this is ([`super::lineage`]).
     pub fn lineage(&self) -> &str {
         &self.shared.lineage

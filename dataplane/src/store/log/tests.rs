@@ -1149,3 +1149,31 @@ async fn holds_are_shipped_but_acks_and_a_table_starts_them_anew() {
         ]
     );
 }
+
+/// A primary with a standby that has heard nothing from the control plane for as long as the
+/// control plane waits before it promotes the standby, and has no standby in sync, refuses
+/// durable writes (it may have been replaced); a report answered again ends that.
+#[tokio::test]
+async fn a_primary_unheard_for_the_silence_limit_without_its_standby_refuses_durable_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = open(dir.path(), 1 << 20);
+    let shipping = store.shipping();
+    // As heard at its start; the limit passes.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(store.is_writable(), "no limit given: never");
+    shipping.step_down_after(Some(Duration::from_secs(1)));
+    assert!(store.is_writable(), "a queue without a standby: never");
+    shipping.require_standby();
+    assert!(
+        !store.is_writable(),
+        "unheard for 1.1 s, with a limit of 1 s"
+    );
+    assert!(shipping.stepped_down());
+    let now = qe_shared::clock::now_ms();
+    shipping.control_plane_heard(now);
+    assert!(store.is_writable(), "heard again");
+    shipping.control_plane_heard(now - 10_000);
+    assert!(store.is_writable(), "an older report moves nothing back");
+    shipping.step_down_after(None);
+    assert!(store.is_writable());
+}

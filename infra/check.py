@@ -230,7 +230,7 @@ def check_units():
 
 
 # What the policy's placeholders are filled with in docs/deploy.md's step 3.
-POLICY_PLACEHOLDERS = {"region", "account_id", "cluster", "subnet_id", "security_group_id"}
+POLICY_PLACEHOLDERS = {"region", "account_id", "cluster", "subnet_id", "standby_subnet_id", "security_group_id"}
 EC2_CRATE = os.path.join(os.path.dirname(INFRA), "ec2", "src")
 
 

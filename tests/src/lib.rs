@@ -291,8 +291,10 @@ pub fn log_level() -> String {
 #[derive(Default)]
 pub struct Log {
     text: Mutex<String>,
-    /// Signalled on every append.
+    /// Signalled on every append, and once the process's stderr is closed.
     grew: Condvar,
+    /// The process's stderr is closed: everything it said is in `text`.
+    closed: std::sync::atomic::AtomicBool,
     /// While true, stderr is not read: its pipe fills, as when journald stalls.
     stalled: Mutex<bool>,
     /// Signalled when `stalled` turns false.
@@ -324,6 +326,9 @@ impl Log {
                         .unwrap(),
                 );
                 let Ok(n @ 1..) = stderr.read(&mut buffer) else {
+                    let _text = sink.lock();
+                    sink.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    sink.grew.notify_all();
                     break;
                 };
                 let text = String::from_utf8_lossy(&buffer[..n]);
@@ -431,7 +436,12 @@ impl Node {
             .expect("start dataplane");
         let log = Log::follow(child.stderr.take().unwrap());
         let code = exit_within(&mut child, PROMPT);
-        let text = log.lock().clone();
+        // Everything it said before it exited, not what the reading thread had by then.
+        let closed = |_: &str| log.closed.load(std::sync::atomic::Ordering::SeqCst);
+        let text = match code {
+            Some(_) => log.wait_until("its stderr to close", closed),
+            None => log.lock().clone(),
+        };
         (code, text)
     }
 

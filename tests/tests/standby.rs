@@ -840,6 +840,43 @@ async fn a_durable_delivery_waits_until_the_standby_has_heard_who_holds_it() {
     assert_eq!(ack["status"], "Success.", "{ack}");
 }
 
+/// A resume gives the session a new id: its reply waits until the standby has heard who holds
+/// what under it, so the id a subscriber learns is one the promoted copy knows.
+#[tokio::test]
+async fn a_resumes_reply_waits_until_the_standby_has_heard_the_new_session() {
+    let (mut primary, standby) = replicated();
+    let mut publisher = primary.publisher().await;
+    let (mut holder, old_session) = primary.subscriber(1).await;
+    published(&mut publisher, "held", 2).await;
+    assert_eq!(holder.next_delivery().await.0, "held");
+    drop(holder);
+    assert!(primary.dropped(&old_session), "saved: it holds a message");
+    standby.pause();
+    let mut resuming = Client::connect(&primary).await;
+    let resume = json!({"sessionid": old_session, "replay": true});
+    resuming
+        .send_json(&qe_tests::login_request("subscriber", "distribute", resume))
+        .await;
+    // (An answer's absence has no event to await.)
+    let early = resuming.recv_within(Duration::from_secs(1)).await;
+    assert!(
+        early.is_none(),
+        "answered before the standby heard: {early:?}"
+    );
+    standby.resume();
+    let reply = resuming.recv().await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let new_session = reply["sessionid"].as_str().unwrap().to_string();
+    assert_ne!(new_session, old_session);
+    primary.kill();
+    let mut standby = standby;
+    standby.kill();
+    let promoted = promote(standby);
+    let resume = json!({"sessionid": new_session, "replay": true});
+    let (mut holder, _) = promoted.login("subscriber", "distribute", resume).await;
+    assert_eq!(holder.next_delivery().await.0, "held");
+}
+
 /// A standby that attaches after messages are held is sent who holds them first, with its
 /// catch-up: a subscriber that held them before the standby existed resumes on its copy.
 #[tokio::test]

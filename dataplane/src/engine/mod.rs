@@ -361,19 +361,20 @@ impl Queue {
         (self.subscription(session), frames)
     }
 
-    /// Resumes the saved session `old` (see [`QueueState::resume`]); `None` means 109.
+    /// Resumes the saved session `old` (see [`QueueState::resume`]); `None` means 109. The
+    /// receipt is what the resume's reply waits for.
     pub fn resume(
         &self,
         old: SessionId,
         capacity: Option<u64>,
         replay: bool,
         write_limit: usize,
-    ) -> Option<(Subscription, Frames)> {
+    ) -> Option<(Subscription, Frames, Receipt)> {
         let (outbox, frames) = outbox::outbox(write_limit);
-        let session = self
+        let (session, heard) = self
             .lock()
             .resume(old, capacity, replay, outbox, now_ms())?;
-        Some((self.subscription(session), frames))
+        Some((self.subscription(session), frames, heard))
     }
 
     fn subscription(&self, session: SessionId) -> Subscription {

@@ -623,15 +623,18 @@ impl QueueState {
     }
 
     /// Tells the store again who holds `session`'s durable messages: a resume gives them a
-    /// new session id (and perhaps a new capacity).
-    fn record_holder(&mut self, session: SessionId) {
+    /// new session id (and perhaps a new capacity). What to wait for before the subscriber
+    /// hears of its new id: the standby has heard it too.
+    fn record_holder(&mut self, session: SessionId) -> Receipt {
         let capacity = self.line.capacity(session);
+        let mut heard = Receipt::Done;
         for &id in self.line.held(session) {
             if self.messages[&id].message.durability != Durability::None {
                 let holder = Holder::Session { session, capacity };
-                let _ = self.store.record(Change::Delivered { id, holder });
+                heard = heard.and(self.store.record(Change::Delivered { id, holder }));
             }
         }
+        heard
     }
 
     /// "Done": the message is removed.
@@ -965,7 +968,8 @@ impl QueueState {
 
     /// Resumes a saved session under a new id, at its old place and with what it held:
     /// resending all of it (`replay`) or only what was never sent. `None` if `old` is not a
-    /// saved session (never saved, ended, already resumed, or its time ran out).
+    /// saved session (never saved, ended, already resumed, or its time ran out). With the new
+    /// id, what its reply waits for (a standby hearing who holds what now).
     pub fn resume(
         &mut self,
         old: SessionId,
@@ -973,7 +977,7 @@ impl QueueState {
         replay: bool,
         outbox: Outbox,
         now_ms: u64,
-    ) -> Option<SessionId> {
+    ) -> Option<(SessionId, Receipt)> {
         let expires_ms = *self.saved.get(&old)?;
         if expires_ms <= now_ms {
             self.expire_sessions(now_ms);
@@ -989,10 +993,10 @@ impl QueueState {
                 .expect("a held message is in the queue")
                 .place = Place::Held(new);
         }
-        self.record_holder(new);
+        let heard = self.record_holder(new);
         self.pump(new);
         self.dispatch();
-        Some(new)
+        Some((new, heard))
     }
 
     /// `session`'s connection has written enough to have room in its outbox again: it gets

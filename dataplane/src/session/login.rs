@@ -74,8 +74,14 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
         }
         (Role::Subscriber, QueueType::Distribute) => {
             let subscriber = match form.resume {
-                Some(old) => Subscriber::resume(node, old, form.capacity, form.replay)
-                    .ok_or_else(|| refuse(Code::InvalidSessionId))?,
+                Some(old) => {
+                    let resumed = Subscriber::resume(node, old, form.capacity, form.replay);
+                    let (subscriber, heard) =
+                        resumed.ok_or_else(|| refuse(Code::InvalidSessionId))?;
+                    // A hold's receipt never fails: nothing is written.
+                    let _ = heard.wait().await;
+                    subscriber
+                }
                 None => {
                     let capacity = form.capacity.expect("a login without sessionid has one");
                     Subscriber::join(node, capacity)

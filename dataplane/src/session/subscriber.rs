@@ -6,6 +6,7 @@ use super::request::{self, number_field, whole_number, Field, Fields, Parsed};
 use super::{as_str, Data, Reply, Response, Then};
 use crate::engine::{CopySubscription, Frames, MessageId, SessionId, Subscription};
 use crate::state::Node;
+use crate::store::Receipt;
 use qe_shared::settings::Setting;
 use qe_shared::Code;
 use serde::de::IgnoredAny;
@@ -39,21 +40,24 @@ impl Subscriber {
         }
     }
 
-    /// Resumes the saved session `old`; `None` if it cannot be (the manual's 109).
+    /// Resumes the saved session `old`; `None` if it cannot be (the manual's 109). Its reply
+    /// waits for the receipt: a queue's standby has heard the session's new id, so a
+    /// subscriber never learns an id the promoted copy would not know.
     pub fn resume(
         node: &Arc<Node>,
         old: SessionId,
         capacity: Option<u64>,
         replay: bool,
-    ) -> Option<Subscriber> {
-        let (subscription, frames) =
+    ) -> Option<(Subscriber, Receipt)> {
+        let (subscription, frames, heard) =
             node.queue
                 .resume(old, capacity, replay, node.write_limit())?;
-        Some(Subscriber {
+        let subscriber = Subscriber {
             node: node.clone(),
             subscription,
             frames: Some(frames),
-        })
+        };
+        Some((subscriber, heard))
     }
 
     pub fn session_id(&self) -> SessionId {

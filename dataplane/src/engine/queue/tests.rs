@@ -664,7 +664,7 @@ impl Sub {
         limit: usize,
     ) -> Option<Sub> {
         let (outbox, frames) = outbox(limit);
-        let session = q.resume(old, capacity, replay, outbox, now)?;
+        let (session, _) = q.resume(old, capacity, replay, outbox, now)?;
         Some(Sub { session, frames })
     }
 }

@@ -906,9 +906,9 @@ async fn a_late_standby_is_sent_who_holds_what() {
     assert_eq!(drain(&promoted).await, ["after"]);
 }
 
-/// An SQS receive outlives a promotion: it is answered once the standby has heard of it, its
-/// message stays invisible on the promoted copy for as long as it was, and its receipt handle
-/// deletes it there.
+/// An SQS receive outlives a promotion: it is answered once the standby has heard of it (and so
+/// is a change of its visibility), its message stays invisible on the promoted copy for as long
+/// as it was, and its receipt handle deletes it there.
 #[tokio::test]
 async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
     use qe_tests::sqs::{client_of, lone_queue_url, receive};
@@ -942,6 +942,24 @@ async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
     let got = receiving.await.unwrap();
     assert_eq!(got.len(), 1);
     let handle = got[0].receipt_handle().unwrap().to_string();
+    // So is a change of its visibility.
+    standby.pause();
+    let changing = tokio::spawn({
+        let (sqs, queue, handle) = (sqs.clone(), queue.clone(), handle.clone());
+        async move {
+            let change = sqs.change_message_visibility().queue_url(&queue);
+            change
+                .receipt_handle(&handle)
+                .visibility_timeout(600)
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!changing.is_finished(), "answered before the standby heard");
+    standby.resume();
+    let changed = changing.await.unwrap();
+    assert!(changed.is_ok(), "{changed:?}");
     // Its sync on the standby covers the receive shipped before it.
     published(&mut publisher, "waiting", 2).await;
     primary.kill();

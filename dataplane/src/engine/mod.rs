@@ -214,13 +214,14 @@ impl Queue {
         deleted
     }
 
-    /// A pull receiver changes a received message's visibility timeout, from now.
+    /// A pull receiver changes a received message's visibility timeout, from now; what its
+    /// answer waits for ([`QueueState::change_visibility`]).
     pub fn change_visibility(
         &self,
         id: MessageId,
         receipt: u64,
         visibility: Duration,
-    ) -> Result<(), Refused> {
+    ) -> Result<Option<crate::store::log::HoldGate>, Refused> {
         let visibility_ms = visibility.as_millis() as u64;
         let changed = self
             .lock()

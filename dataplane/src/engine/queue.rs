@@ -862,13 +862,14 @@ impl QueueState {
 
     /// A pull receiver changes how long a message it received stays invisible: from now,
     /// `visibility_ms` more (0: it waits again at once, at the back, as a failed delivery).
+    /// What its answer waits for: the standby hearing the new visibility.
     pub fn change_visibility(
         &mut self,
         id: MessageId,
         receipt: u64,
         visibility_ms: u64,
         now_ms: u64,
-    ) -> Result<(), Refused> {
+    ) -> Result<Option<HoldGate>, Refused> {
         let Some(until_ms) = self.received(id, receipt) else {
             return Err(Refused::NotHeld);
         };
@@ -876,16 +877,13 @@ impl QueueState {
         if visibility_ms == 0 {
             self.delivery_failed(id);
             self.dispatch();
-            return Ok(());
+            return Ok(None);
         }
         let until_ms = now_ms + visibility_ms;
         self.invisible.insert((until_ms, id));
         self.messages.get_mut(&id).expect("just found").place =
             Place::Received { until_ms, receipt };
-        // Not waited for (ChangeMessageVisibility answers at once): a primary lost before its
-        // standby heard this leaves the earlier visibility on the promoted copy.
-        let _ = self.record_received(id, until_ms, receipt);
-        Ok(())
+        Ok(self.record_received(id, until_ms, receipt))
     }
 
     /// Tells the store that a durable message is received until `until_ms` under receive

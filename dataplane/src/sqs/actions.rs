@@ -130,8 +130,10 @@ pub async fn run(action: Action, context: &Context<'_>, input: &Value) -> Result
                 Action::ReceiveMessage => receive_message(context, input).await,
                 Action::DeleteMessage => delete_message(context, input).await,
                 Action::DeleteMessageBatch => delete_message_batch(context, input).await,
-                Action::ChangeMessageVisibility => change_visibility(context, input),
-                Action::ChangeMessageVisibilityBatch => change_visibility_batch(context, input),
+                Action::ChangeMessageVisibility => change_visibility(context, input).await,
+                Action::ChangeMessageVisibilityBatch => {
+                    change_visibility_batch(context, input).await
+                }
                 Action::GetQueueAttributes => get_queue_attributes(context, input),
                 Action::SetQueueAttributes => set_queue_attributes(context, input).await,
                 Action::PurgeQueue => purge_queue(context).await,
@@ -834,7 +836,9 @@ async fn delete_message_batch(context: &Context<'_>, input: &Value) -> Result<Va
     Ok(results.into_reply())
 }
 
-fn change_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
+/// Changes one received message's visibility; what the answer waits for (the standby
+/// hearing it, so a promoted copy keeps the new visibility).
+fn change_one(context: &Context<'_>, entry: &Value) -> Result<Option<HoldGate>, SqsError> {
     let Handle::Signed(id, receipt) = handle_of(context, entry)? else {
         return Err(SqsError::message_not_inflight());
     };
@@ -847,19 +851,31 @@ fn change_one(context: &Context<'_>, entry: &Value) -> Result<(), SqsError> {
         .map_err(|_| SqsError::message_not_inflight())
 }
 
-fn change_visibility(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
-    change_one(context, input)?;
+async fn change_visibility(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+    if let Some(gate) = change_one(context, input)? {
+        gate.open().await;
+    }
     Ok(json!({}))
 }
 
-fn change_visibility_batch(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+async fn change_visibility_batch(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
     let mut results = Results::default();
+    let mut heard: Option<HoldGate> = None;
     for entry in batch_entries(input)? {
         let id = entry_id(entry);
         match change_one(context, entry) {
-            Ok(()) => results.successful.push(json!({ "Id": id })),
+            Ok(gate) => {
+                heard = match (heard, gate) {
+                    (Some(a), Some(b)) => Some(a.later(b)),
+                    (a, b) => a.or(b),
+                };
+                results.successful.push(json!({ "Id": id }));
+            }
             Err(error) => results.fail(id, &error),
         }
+    }
+    if let Some(gate) = heard {
+        gate.open().await;
     }
     Ok(results.into_reply())
 }

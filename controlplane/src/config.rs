@@ -354,6 +354,20 @@ impl Config {
         crate::silence::silent_after(self.replace_silent_after_intervals, self.live_stats_secs())
     }
 
+    /// After how long without its live reports answered a node of a replicated queue steps
+    /// down (`DesiredReplication::step_down_after_ms`): one report interval before
+    /// [`Config::silent_after`], since the leader judges a node by when the replicas say they
+    /// last heard it, which each says once an interval. Never less than a second.
+    pub fn step_down_after(&self) -> Option<std::time::Duration> {
+        let interval = std::time::Duration::from_secs(self.live_stats_secs());
+        let limit = self.silent_after()?;
+        Some(
+            limit
+                .saturating_sub(interval)
+                .max(std::time::Duration::from_secs(1)),
+        )
+    }
+
     /// Seconds between each node's live reports: what nodes are told, or their default.
     pub fn live_stats_secs(&self) -> u64 {
         self.live_stats_secs

@@ -906,6 +906,20 @@ async fn a_late_standby_is_sent_who_holds_what() {
     assert_eq!(drain(&promoted).await, ["after"]);
 }
 
+/// Runs `call` with the standby stopped: it must not be answered within a second (an answer's
+/// absence has no event to await); then the standby runs again, and the answer comes.
+async fn answered_once_the_standby_hears<T: Send + 'static>(
+    standby: &Standby,
+    call: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    standby.pause();
+    let call = tokio::spawn(call);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!call.is_finished(), "answered before the standby heard");
+    standby.resume();
+    call.await.unwrap()
+}
+
 /// An SQS receive outlives a promotion: it is answered once the standby has heard of it (and so
 /// is a change of its visibility), its message stays invisible on the promoted copy for as long
 /// as it was, and its receipt handle deletes it there.
@@ -927,24 +941,15 @@ async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
     let mut publisher = primary.publisher().await;
     published(&mut publisher, "received", 2).await;
     // The receive is answered only once the standby has heard of it.
-    standby.pause();
-    let receiving = tokio::spawn({
+    let receiving = {
         let (sqs, queue) = (sqs.clone(), queue.clone());
         async move { receive(&sqs, &queue, 1, 0).await }
-    });
-    // (An answer's absence has no event to await.)
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(
-        !receiving.is_finished(),
-        "answered before the standby heard"
-    );
-    standby.resume();
-    let got = receiving.await.unwrap();
+    };
+    let got = answered_once_the_standby_hears(&standby, receiving).await;
     assert_eq!(got.len(), 1);
     let handle = got[0].receipt_handle().unwrap().to_string();
     // So is a change of its visibility.
-    standby.pause();
-    let changing = tokio::spawn({
+    let changing = {
         let (sqs, queue, handle) = (sqs.clone(), queue.clone(), handle.clone());
         async move {
             let change = sqs.change_message_visibility().queue_url(&queue);
@@ -954,11 +959,8 @@ async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
                 .send()
                 .await
         }
-    });
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(!changing.is_finished(), "answered before the standby heard");
-    standby.resume();
-    let changed = changing.await.unwrap();
+    };
+    let changed = answered_once_the_standby_hears(&standby, changing).await;
     assert!(changed.is_ok(), "{changed:?}");
     // Its sync on the standby covers the receive shipped before it.
     published(&mut publisher, "waiting", 2).await;

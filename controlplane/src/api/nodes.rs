@@ -230,8 +230,8 @@ pub async fn desired_config_of(
             step_down_after_ms: match takes.step_down {
                 true => state
                     .config
-                    .silent_after()
-                    .map(|limit| limit.as_millis() as u64),
+                    .step_down_after()
+                    .map(|after| after.as_millis() as u64),
                 false => None,
             },
             follow: match slot == queue.serving {

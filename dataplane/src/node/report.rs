@@ -187,7 +187,7 @@ impl Reporter {
                 live: Some(live),
                 ..NodeReport::default()
             };
-            let sent_ms = qe_shared::clock::now_ms();
+            let sent_at = Instant::now();
             let mut sent = self.send(&report_of(live)).await;
             if let Err(ReportError::Refused(status)) = &sent {
                 if refused_a_field(*status) && live.standby.is_some() {
@@ -199,7 +199,7 @@ impl Reporter {
             }
             if let Some(standby) = &self.node.standby {
                 if sent.is_ok() {
-                    standby.shipping.control_plane_heard(sent_ms);
+                    standby.shipping.control_plane_heard(sent_at);
                 }
                 match (standby.shipping.stepped_down(), stepped_down) {
                     (true, false) => tracing::warn!("no report answered for as long as the control plane waits before it promotes the standby, and no standby in sync: this node may have been replaced, and refuses durable publishes until one of them is back"),

@@ -78,9 +78,7 @@ pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Rep
                     let resumed = Subscriber::resume(node, old, form.capacity, form.replay);
                     let (subscriber, heard) =
                         resumed.ok_or_else(|| refuse(Code::InvalidSessionId))?;
-                    // A hold's receipt never fails: nothing is written.
-                    let _ = heard.wait().await;
-                    subscriber
+                    subscriber.once_heard(heard).await
                 }
                 None => {
                     let capacity = form.capacity.expect("a login without sessionid has one");

@@ -60,6 +60,25 @@ impl Subscriber {
         Some((subscriber, heard))
     }
 
+    /// The resumed subscriber once `heard` (its resume's receipt) is. Dropped while it waits
+    /// (the client went away before its reply), the session is saved again, as a drop after
+    /// the reply would leave it: never ended with what it holds.
+    pub async fn once_heard(self, heard: Receipt) -> Subscriber {
+        struct Resuming(Option<Subscriber>);
+        impl Drop for Resuming {
+            fn drop(&mut self) {
+                if let Some(mut subscriber) = self.0.take() {
+                    let frames = subscriber.frames.take();
+                    subscriber.end(false, frames);
+                }
+            }
+        }
+        let mut resuming = Resuming(Some(self));
+        // A hold's receipt never fails: nothing is written.
+        let _ = heard.wait().await;
+        resuming.0.take().expect("taken only here")
+    }
+
     pub fn session_id(&self) -> SessionId {
         self.subscription.session()
     }

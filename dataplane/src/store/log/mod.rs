@@ -345,10 +345,11 @@ struct Shared {
     /// What the standby has heard of them: a durable delivery waits for it ([`heard`]).
     holds_heard: Arc<heard::HoldsHeard>,
     /// After how long without a live report answered the control plane may replace this
-    /// node (ms; 0: never), and when the last answered one was sent (ms since 1970): see
-    /// [`Shared::stepped_down`].
+    /// node (ms; 0: never), and when the last answered one was sent (ms after `opened`, a
+    /// clock that never steps): see [`Shared::unheard_too_long`].
     step_down_after_ms: AtomicU64,
     control_plane_heard_ms: AtomicU64,
+    opened: Instant,
     /// Which log this is ([`lineage`]).
     lineage: String,
     /// At the last attach: the bytes its catch-up copies, and the LSN it reaches
@@ -389,20 +390,29 @@ impl Shared {
     }
 
     /// Whether this node, the primary of a queue with a standby, may have been replaced: the
-    /// control plane has not answered its reports for as long as it waits before it promotes
-    /// the standby, and no standby is in sync (a promoted one stops following). Its durable
-    /// writes are refused then: never two primaries taking them.
+    /// control plane has not answered its reports for as long as it waits before it may
+    /// promote the standby, and no standby is in sync (a promoted one stops following). Its
+    /// durable writes are refused then: never two primaries taking them.
     fn stepped_down(&self) -> bool {
         self.stepped_down_at(&self.progress.borrow())
     }
 
     fn stepped_down_at(&self, progress: &Progress) -> bool {
+        !progress.standby_in_sync && self.unheard_too_long()
+    }
+
+    /// Whether the control plane has not answered this node's reports for as long as it waits
+    /// before it may promote the standby (a queue with a standby, told the limit, only).
+    /// Meanwhile a standby still counted in sync may be one the control plane has promoted,
+    /// whose silence this node has not noticed yet: durability 1 waits for its sync then, as
+    /// durability 2 does ([`LogStore::receipt`]).
+    fn unheard_too_long(&self) -> bool {
         let after = self.step_down_after_ms.load(Ordering::Relaxed);
-        if after == 0 || progress.standby_in_sync || !self.standby.load(Ordering::Relaxed) {
+        if after == 0 || !self.standby.load(Ordering::Relaxed) {
             return false;
         }
         let heard = self.control_plane_heard_ms.load(Ordering::Relaxed);
-        qe_shared::clock::now_ms() > heard.saturating_add(after)
+        self.opened.elapsed().as_millis() as u64 > heard.saturating_add(after)
     }
 
     /// Asks for a sync of everything written so far; one wake however many ask.
@@ -575,7 +585,8 @@ impl LogStore {
             holds_heard: Arc::default(),
             step_down_after_ms: AtomicU64::new(0),
             // Placed a moment ago: as good as heard.
-            control_plane_heard_ms: AtomicU64::new(qe_shared::clock::now_ms()),
+            control_plane_heard_ms: AtomicU64::new(0),
+            opened: Instant::now(),
             lineage,
             catch_up: Mutex::default(),
             began_empty,
@@ -626,6 +637,9 @@ impl LogStore {
         };
         match durability {
             Durability::None => Receipt::Done,
+            // Unheard by the control plane for its silence limit: written here alone, it
+            // might be on no copy the control plane has promoted since.
+            Durability::Eventual if self.shared.unheard_too_long() => Receipt::Synced(ticket),
             Durability::Eventual => Receipt::Written(ticket),
             Durability::Immediate => Receipt::Synced(ticket),
         }
@@ -739,7 +753,7 @@ impl LogStore {
         let Change::Delivered { id, holder } = *change else {
             return None;
         };
-        let number = follower.ship(HoldChange::Held { id, holder }, heard);
+        let number = follower.ship(HoldChange::Held { id, holder }, heard)?;
         self.shared.holds_shipped.fetch_add(1, Ordering::Relaxed);
         heard.gate(number)
     }

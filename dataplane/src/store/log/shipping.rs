@@ -157,16 +157,20 @@ pub(super) struct HoldsFollower {
 }
 
 impl HoldsFollower {
-    /// Queues `change` under the number `heard` gives it; the number. The caller holds the
-    /// holds' follower's lock, so the numbers are queued in their order.
-    pub(super) fn ship(&self, change: HoldChange, heard: &HoldsHeard) -> u64 {
+    /// Queues `change` under the number `heard` gives it; the number, None if it could not
+    /// be queued. The caller holds the holds' follower's lock, so the numbers are queued in
+    /// their order.
+    pub(super) fn ship(&self, change: HoldChange, heard: &HoldsHeard) -> Option<u64> {
         let hold = heard.number_next();
-        if let Some(sender) = self.sender.upgrade() {
-            // A standby too far behind is dropped by the log's own next shipment.
-            let shipment = Shipment::Hold(change);
-            let _ = ship_to(&sender, &self.queued, Queued { shipment, hold });
+        let sender = self.sender.upgrade()?;
+        let shipment = Shipment::Hold(change);
+        if ship_to(&sender, &self.queued, Queued { shipment, hold }) {
+            return Some(hold);
         }
-        hold
+        // Too far behind: the log's own next shipment drops the standby. Meanwhile nothing
+        // waits for a hold it will never hear.
+        heard.wait_for_standby(false);
+        None
     }
 }
 
@@ -371,8 +375,11 @@ impl Shipping {
             .store(after_ms, Ordering::Relaxed);
     }
 
-    /// A live report sent at `sent_ms` (ms since 1970) was answered.
-    pub fn control_plane_heard(&self, sent_ms: u64) {
+    /// A live report sent at `sent` was answered.
+    pub fn control_plane_heard(&self, sent: std::time::Instant) {
+        let sent_ms = sent
+            .saturating_duration_since(self.shared.opened)
+            .as_millis() as u64;
         self.shared
             .control_plane_heard_ms
             .fetch_max(sent_ms, Ordering::Relaxed);

@@ -1152,11 +1152,13 @@ async fn holds_are_shipped_but_acks_and_a_table_starts_them_anew() {
 
 /// A primary with a standby that has heard nothing from the control plane for as long as the
 /// control plane waits before it promotes the standby, and has no standby in sync, refuses
-/// durable writes (it may have been replaced); a report answered again ends that.
+/// durable writes (it may have been replaced); meanwhile durability 1 waits for the standby's
+/// sync as durability 2 does. A report answered again ends both.
 #[tokio::test]
 async fn a_primary_unheard_for_the_silence_limit_without_its_standby_refuses_durable_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = open(dir.path(), 1 << 20);
+    let (mut store, _) = open(dir.path(), 1 << 20);
+    let mut ids = IdGenerator::new();
     let shipping = store.shipping();
     // As heard at its start; the limit passes.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -1169,10 +1171,19 @@ async fn a_primary_unheard_for_the_silence_limit_without_its_standby_refuses_dur
         "unheard for 1.1 s, with a limit of 1 s"
     );
     assert!(shipping.stepped_down());
-    let now = qe_shared::clock::now_ms();
+    let eventual = message(&mut ids, "d1", Durability::Eventual);
+    let waits = publish(&mut store, &eventual);
+    assert!(matches!(waits, Receipt::Synced(_)), "durability 1 as 2");
+    let now = std::time::Instant::now();
     shipping.control_plane_heard(now);
     assert!(store.is_writable(), "heard again");
-    shipping.control_plane_heard(now - 10_000);
+    let eventual = message(&mut ids, "d1 again", Durability::Eventual);
+    let written = publish(&mut store, &eventual);
+    assert!(
+        matches!(written, Receipt::Written(_)),
+        "durability 1 as itself"
+    );
+    shipping.control_plane_heard(now - Duration::from_secs(10));
     assert!(store.is_writable(), "an older report moves nothing back");
     shipping.step_down_after(None);
     assert!(store.is_writable());

@@ -766,11 +766,8 @@ async fn a_subscriber_resumes_on_the_promoted_copy_with_what_it_held() {
     let mut standby = standby;
     standby.kill();
     let promoted = promote(standby);
-    assert!(
-        promoted.log().contains("carried_holds=4"),
-        "{}",
-        promoted.log()
-    );
+    // (Its log is read on a thread of its own: waited for, not looked at once.)
+    promoted.wait_for_log("carried_holds=4");
     let (mut newcomer, _) = promoted.subscriber(10).await;
     assert_eq!(newcomer.next_delivery().await.0, "waiting");
     let mut publisher = promoted.publisher().await;

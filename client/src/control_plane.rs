@@ -347,6 +347,10 @@ pub struct StandbyLag {
     /// synced on the standby; catching up: what it copies and what was written since; none
     /// attached: the whole log).
     pub lag_bytes: u64,
+    /// How long none has been attached to the node, in milliseconds; 0 while one is. The
+    /// control plane replaces a standby absent for its silence limit.
+    #[serde(default)]
+    pub absent_ms: u64,
 }
 
 /// A queue just made, with its three logins (shown this once).

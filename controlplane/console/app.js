@@ -244,7 +244,11 @@ function standbyText(queue) {
   const standby = queue.live && queue.live.standby;
   const epoch = queue.epoch ? `; epoch ${queue.epoch}: promoted ${queue.epoch} time(s)` : "";
   if (!standby) return `2 (node and standby; the standby not reported${epoch})`;
-  const state = standby.in_sync ? "in sync" : "catching up: durability 2 is answered 507 meanwhile";
+  const state = standby.in_sync
+    ? "in sync"
+    : standby.absent_ms
+      ? `absent for ${Math.floor(standby.absent_ms / 1000)} s: durability 2 is answered 507 meanwhile, and the control plane replaces a standby absent for its silence limit`
+      : "catching up: durability 2 is answered 507 meanwhile";
   return `2 (node and standby, ${state}, ${formatBytes(standby.lag_bytes)} behind${epoch})`;
 }
 

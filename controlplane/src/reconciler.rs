@@ -447,18 +447,7 @@ impl Reconciler {
                 .await?;
         }
         if queue.replicas == 2 {
-            // A standby that cannot be placed now leaves the node serving (durability 2 is
-            // answered 507 meanwhile) and recorded: it is tried again at the next pass.
-            let standby = crate::fleet::StandbyBoot {
-                key: self.bootstraps.tokens.replication_key(&queue.id),
-                bootstrap: self.bootstraps.for_standby(queue),
-            };
-            match self.fleet.ensure_standby(queue, &placement, &standby).await {
-                Ok(standby) => placement.resources.extend(standby),
-                Err(error) => {
-                    tracing::error!(queue = %queue.id, %error, "its standby could not be placed")
-                }
-            }
+            self.keep_standby(queue, &mut placement).await?;
         }
         if let Some(reason) = placement.restarted_because {
             // Audited before it is logged: whoever reads the log finds the entry.
@@ -469,6 +458,84 @@ impl Reconciler {
             return Ok(());
         }
         self.record(queue, &placement, Placement::record_in).await
+    }
+
+    /// Makes sure `queue`'s standby runs, following its node at `placement` (what it runs on
+    /// goes into `placement`). One its node has gone without for the silence limit is
+    /// fenced first and started again on its copy. A standby that cannot be placed now leaves
+    /// the node serving (durability 2 is answered 507 meanwhile) and recorded: it is tried
+    /// again at the next pass.
+    async fn keep_standby(
+        &self,
+        queue: &Queue,
+        placement: &mut Placement,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        if self.standby_absent(queue) {
+            self.replace_absent_standby(queue).await?;
+        }
+        let standby = crate::fleet::StandbyBoot {
+            key: self.bootstraps.tokens.replication_key(&queue.id),
+            bootstrap: self.bootstraps.for_standby(queue),
+        };
+        match self.fleet.ensure_standby(queue, placement, &standby).await {
+            Ok(standby) => {
+                let placed_anew = standby
+                    .iter()
+                    .any(|(kind, id)| queue.resources.get(kind) != Some(id));
+                if placed_anew {
+                    tracing::info!(queue = %queue.id, standby = ?standby, "its standby was placed");
+                    // It reaches its node only once it has booted.
+                    let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
+                    let mut watch = self.watch.lock().expect("never poisoned");
+                    watch.standby_placed(&queue.id, now, boot);
+                }
+                placement.resources.extend(standby)
+            }
+            Err(error) => {
+                tracing::error!(queue = %queue.id, %error, "its standby could not be placed")
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `queue`'s node has gone without its standby for longer than the silence limit
+    /// (none when there is no limit).
+    fn standby_absent(&self, queue: &Queue) -> bool {
+        let Some(limit) = self.settings.silence.limit else {
+            return false;
+        };
+        let now = crate::live::now_ms();
+        let mut watch = self.watch.lock().expect("never poisoned");
+        watch.standby_absent(queue, now, limit)
+    }
+
+    /// Fences a standby its node has gone without for the silence limit (a hung process or
+    /// machine, one cut off from its node), keeping its copy; audited and counted. The caller
+    /// then starts another on the copy, which catches up from the node.
+    async fn replace_absent_standby(
+        &self,
+        queue: &Queue,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let limit = self.settings.silence.limit.unwrap_or_default();
+        let reason = format!(
+            "its node has had no standby attached for more than {} s",
+            limit.as_secs()
+        );
+        tracing::warn!(queue = %queue.id, %reason, "its standby does not follow its node: replacing it");
+        self.fleet.fence_standby(queue).await?;
+        self.settings
+            .silence
+            .standbys_replaced
+            .fetch_add(1, Ordering::Relaxed);
+        // Judged anew from now: the next is given its boot time, whether or not it is placed
+        // at once.
+        let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
+        self.watch
+            .lock()
+            .expect("never poisoned")
+            .standby_placed(&queue.id, now, boot);
+        self.audit(audit::STANDBY_REPLACE, queue, &reason).await;
+        Ok(())
     }
 
     /// Writes `placement` into `queue`'s record with `write`, and moves the zone's records to

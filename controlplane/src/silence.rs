@@ -29,6 +29,9 @@ pub struct Rules {
     pub limit: Option<Duration>,
     /// Nodes this replica replaced since it started, for `/metrics`.
     pub replaced: Arc<AtomicU64>,
+    /// Standbys this replica replaced since it started (absent from their node for the
+    /// limit: [`Watch::standby_absent`]), for `/metrics`.
+    pub standbys_replaced: Arc<AtomicU64>,
 }
 
 /// How long a node may go unheard before it is replaced: `intervals` live-report intervals
@@ -60,10 +63,14 @@ pub async fn share(
     }
 }
 
-/// One leadership term's view of the nodes' silence: since when it watches each queue.
+/// One leadership term's view of the nodes' silence: since when it watches each queue, and
+/// each replicated queue's standby.
 #[derive(Default)]
 pub struct Watch {
     watched: HashMap<String, Watched>,
+    /// A standby is heard through its node: a node's live report says since when none has
+    /// been attached to it (`Queue::standby_absent_since_ms`).
+    standbys: HashMap<String, Watched>,
 }
 
 /// Since when one queue's node is watched.
@@ -111,6 +118,8 @@ impl Watch {
             .collect();
         self.watched
             .retain(|id, _| placed.iter().any(|queue| &queue.id == id));
+        self.standbys
+            .retain(|id, _| placed.iter().any(|queue| &queue.id == id));
         let mut silent = Vec::new();
         for queue in placed {
             let booting = match queue.status == Status::Provisioning {
@@ -130,10 +139,35 @@ impl Watch {
     }
 
     /// Watches queue `queue_id` anew from `now_ms`: its node was placed anew, and may take
-    /// `boot` to be heard.
+    /// `boot` to be heard; its standby has to reach the new node, and is given as long.
     pub fn placed(&mut self, queue_id: &str, now_ms: u64, boot: Duration) {
         self.watched
             .insert(queue_id.to_string(), Watched::from(now_ms, boot));
+        self.standby_placed(queue_id, now_ms, boot);
+    }
+
+    /// Watches queue `queue_id`'s standby anew from `now_ms`: it was placed anew (started,
+    /// launched), and may take `boot` to reach its node.
+    pub fn standby_placed(&mut self, queue_id: &str, now_ms: u64, boot: Duration) {
+        self.standbys
+            .insert(queue_id.to_string(), Watched::from(now_ms, boot));
+    }
+
+    /// Whether `queue`'s standby has been absent from its node (its node's reports say none
+    /// is attached: a hung process or machine, one cut off from its node) for longer than
+    /// `limit` at `now_ms`. Counted from when it went, but never from before this term's
+    /// first look at it, nor before the end of its boot time once placed: a standby booting
+    /// beside a new node is absent from the node's first report on, and is not judged on it.
+    pub fn standby_absent(&mut self, queue: &Queue, now_ms: u64, limit: Duration) -> bool {
+        let Some(absent_since) = queue.standby_absent_since_ms else {
+            return false;
+        };
+        let watched = *self
+            .standbys
+            .entry(queue.id.clone())
+            .or_insert_with(|| Watched::from(now_ms, Duration::ZERO));
+        let from = absent_since.max(watched.boot_until_ms);
+        now_ms.saturating_sub(from) > limit.as_millis() as u64
     }
 
     /// Gives queue `queue_id`'s silent node, whose machine its cloud is bringing back (a
@@ -268,6 +302,34 @@ mod tests {
         // Its replacement, placed anew, may be given one again.
         watch.placed("q", 500_000, BOOT);
         assert!(watch.grant_recovery("q", 900_000, BOOT));
+    }
+
+    #[test]
+    fn a_standby_absent_past_the_limit_is_judged_from_its_boot_and_this_term() {
+        let mut q = queue("q", Status::Running, true);
+        let mut watch = Watch::default();
+        // Its node says one is attached: never absent.
+        assert!(!watch.standby_absent(&q, 10_000_000, LIMIT));
+        // Absent since long before this term's first look: counted from that look.
+        q.standby_absent_since_ms = Some(1_000);
+        assert!(!watch.standby_absent(&q, 10_000_000, LIMIT));
+        assert!(!watch.standby_absent(&q, 10_060_000, LIMIT));
+        assert!(watch.standby_absent(&q, 10_060_001, LIMIT));
+        // Placed anew at 20 000 000: given its boot time, though its node has said it is
+        // absent since before.
+        watch.standby_placed("q", 20_000_000, BOOT);
+        assert!(!watch.standby_absent(&q, 20_360_000, LIMIT));
+        assert!(watch.standby_absent(&q, 20_360_001, LIMIT));
+        // Absent again after its boot (it reached its node, then went): from when it went.
+        q.standby_absent_since_ms = Some(21_000_000);
+        assert!(!watch.standby_absent(&q, 21_060_000, LIMIT));
+        assert!(watch.standby_absent(&q, 21_060_001, LIMIT));
+        // Its node placed anew gives the standby the boot time too.
+        watch.placed("q", 22_000_000, BOOT);
+        assert!(!watch.standby_absent(&q, 22_360_000, LIMIT));
+        // A queue no longer listed is forgotten, its standby too.
+        watch.silent(&[], &HashMap::new(), 22_360_000, LIMIT, BOOT);
+        assert!(watch.standbys.is_empty());
     }
 
     #[test]

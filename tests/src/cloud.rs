@@ -73,8 +73,15 @@ impl Api {
 }
 
 /// An API certificate for `host` (where the nodes reach it) and for loopback, from a CA of
-/// the test's own, and the control plane's config for it, moto and the local CA.
-pub fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path, host: Ipv6Addr) -> Api {
+/// the test's own, and the control plane's config for it, moto and the local CA, with
+/// `provider` (lines) added to its `[provider]` section.
+pub fn control_plane(
+    moto: &Moto,
+    ec2: &Ec2,
+    dir: &std::path::Path,
+    host: Ipv6Addr,
+    provider: &str,
+) -> Api {
     let ca = crate::test_ca("the control plane's CA");
     let key = rcgen::KeyPair::generate().unwrap();
     let names = vec![host.to_string(), "::1".to_string()];
@@ -97,7 +104,7 @@ pub fn control_plane(moto: &Moto, ec2: &Ec2, dir: &std::path::Path, host: Ipv6Ad
          replace_silent_after_intervals = {SILENT_AFTER_INTERVALS}\n\
          dns_listen = \"127.0.0.1:0\"\n\
          [api_tls]\ncert = {:?}\nkey = {:?}\nca = {:?}\n\
-         [provider]\nkind = \"ec2\"\nendpoint = \"{}\"\n\
+         [provider]\nkind = \"ec2\"\nendpoint = \"{}\"\n{provider}\n\
          [provider.regions.{REGION}]\n\
          image_id = {:?}\nsubnet_id = {:?}\nsecurity_group_ids = [{:?}]\n\
          standby_subnet_id = {:?}\n",
@@ -129,11 +136,20 @@ pub async fn cloud() -> (Moto, Ec2, tempfile::TempDir, Api) {
 
 /// As [`cloud`], with the nodes reaching the control plane at `host`.
 pub async fn cloud_reached_at(host: Ipv6Addr) -> (Moto, Ec2, tempfile::TempDir, Api) {
+    cloud_reached_at_with(host, "").await
+}
+
+/// As [`cloud_reached_at`], with `provider` (lines) added to the control plane's `[provider]`
+/// section.
+pub async fn cloud_reached_at_with(
+    host: Ipv6Addr,
+    provider: &str,
+) -> (Moto, Ec2, tempfile::TempDir, Api) {
     moto::fake_credentials();
     let moto = Moto::start();
     let ec2 = moto::with_networks("test", &moto.endpoint, &[REGION]).await;
     let files = tempfile::tempdir().unwrap();
-    let api = control_plane(&moto, &ec2, files.path(), host);
+    let api = control_plane(&moto, &ec2, files.path(), host, provider);
     (moto, ec2, files, api)
 }
 

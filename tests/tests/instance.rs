@@ -934,3 +934,76 @@ async fn a_node_cut_off_from_the_control_plane_refuses_durable_writes_after_the_
     );
     drop((node, standby, moto));
 }
+
+/// A standby's machine that runs but no longer follows (here its network is lost: EC2 still
+/// says it runs, so it is not "gone") is replaced. Its node, whose pings it leaves
+/// unanswered, drops it and reports it absent; once it has been absent for the silence limit
+/// (3 s here), and not before its boot time since it was placed (30 s here), the control
+/// plane terminates its instance and launches another in its slot, on its volume, which
+/// catches up: durability 2 is on two disks again. The node serves throughout.
+#[tokio::test]
+async fn a_standby_instance_that_stops_following_is_replaced_on_its_volume() {
+    let _control_plane = HostAddress::keep(control_plane_v6(3));
+    let provider = "boot_within_secs = 30";
+    let (moto, ec2, files, api) = cloud_reached_at_with(control_plane_v6(3), provider).await;
+    let TwoMachines {
+        id,
+        logins,
+        host,
+        queue,
+        node,
+        standby,
+        publisher,
+    } = two_machines(&api, &ec2, files.path(), ["qh1", "qh2"]).await;
+    // (Logged in again at the end: a client left unread that long answers no ping.)
+    drop(publisher);
+    let client = ec2.client(REGION).unwrap();
+    let hung = queue["resources"]["standby_instance"].as_str().unwrap();
+    let volume = queue["resources"]["standby_volume"].clone();
+    standby.lose_network();
+    let cut_at = Instant::now();
+    // At most its boot time and the limit after it was placed, or the limit after its node
+    // noticed (5 s without a pong).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let replaced = loop {
+        let (_, queue) = api.call("GET", &format!("/v1/queues/{id}"), None).await;
+        let placed = queue["resources"]["standby_instance"].as_str();
+        if placed.is_some_and(|placed| placed != hung) {
+            break queue;
+        }
+        assert!(Instant::now() < deadline, "never replaced: {queue}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "the standby's machine cut off: replaced {:.1} s later",
+        cut_at.elapsed().as_secs_f64()
+    );
+    let described = describe_instance(client, hung).await;
+    assert_eq!(
+        described.state().unwrap().name(),
+        Some(&InstanceStateName::Terminated),
+        "the hung standby is fenced"
+    );
+    assert_eq!(
+        replaced["resources"]["standby_volume"], volume,
+        "on its volume"
+    );
+    assert_eq!(
+        replaced["resources"]["instance"],
+        queue["resources"]["instance"]
+    );
+    assert_eq!(replaced["epoch"], queue["epoch"], "nothing was promoted");
+    let reasons = audited(&api, &id, "standby.replace").await;
+    let said = "its node has had no standby attached for more than 3 s";
+    assert_eq!(reasons, vec![said.to_string()]);
+    // EC2's termination has reached the emulated machine: only then is its volume booted
+    // again, by the new instance.
+    drop(standby);
+    let standby = boot_standby(&ec2, &replaced, "qh3", "qh1", files.path()).await;
+    standby.wait_for_node_log("caught up with the primary");
+    let dns = api.cp.dns.expect("a DNS server");
+    let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
+    on_two_disks(&mut publisher, "two disks again").await;
+    drop((node, standby, moto));
+}

@@ -156,6 +156,64 @@ async fn a_replicated_queue_answers_durability_2_only_with_its_standby_in_sync()
     assert!(!std::path::Path::new(&data).exists(), "its copy removed");
 }
 
+/// The standby hangs (SIGSTOP: its process runs, and does nothing) on an idle queue: its node,
+/// whose pings it leaves unanswered, drops it and reports it absent; once it has been absent
+/// for the silence limit (6 s here) the control plane kills it and starts another on its copy,
+/// which catches up, and durability 2 is Success again. (A hung standby was never replaced
+/// before: its process ran, so the provider found it running.)
+#[tokio::test]
+async fn a_hung_standby_is_replaced_once_its_node_has_gone_without_it_for_the_silence_limit() {
+    let cp = ControlPlane::start_with(CONFIG);
+    let (status, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    cp.wait_for_status(&id, "running").await;
+    let queue = wait_for(&cp, &id, "in sync", |q| {
+        in_sync(q) && standby_pid(q).is_some()
+    })
+    .await;
+    assert!(queue["standby_absent_since"].is_null(), "{queue}");
+    let hung = standby_pid(&queue).unwrap();
+    let node = node_of(&queue).to_string();
+    let publisher = created["logins"]["publisher"].clone();
+    let mut publisher = login_with(&node, &publisher, "publisher", json!({})).await;
+    let reply = publisher
+        .request(json!({"body": "on two disks", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+
+    // Nothing is published meanwhile: the node notices by itself.
+    // SAFETY: kill takes a pid and a signal; the standby is the provider's child, not ours.
+    unsafe { libc::kill(hung as libc::pid_t, libc::SIGSTOP) };
+    // (The record is written just after the live numbers are kept: both are waited for.)
+    let absent = wait_for(&cp, &id, "reported absent", |q| {
+        let absent_ms = q["live"]["standby"]["absent_ms"].as_u64();
+        absent_ms.is_some_and(|ms| ms > 0) && q["standby_absent_since"].is_u64()
+    })
+    .await;
+    assert_eq!(absent["live"]["standby"]["in_sync"], false, "{absent}");
+    wait_for(&cp, &id, "replaced", |q| {
+        let placed_anew = standby_pid(q).is_some_and(|new| new != hung);
+        placed_anew && in_sync(q) && q["standby_absent_since"].is_null()
+    })
+    .await;
+    assert!(!alive(hung), "the hung standby was killed");
+    let audited = cp.audited("standby.replace").await;
+    assert_eq!(audited.len(), 1, "{audited:?}");
+    assert_eq!(
+        audited[0]["reason"],
+        "its node has had no standby attached for more than 6 s"
+    );
+    let token = Some(cp.token.as_str());
+    let (_, metrics) = qe_tests::http_text(cp.addr, "GET", "/metrics", token, None).await;
+    assert!(
+        metrics.contains("\nqe_standbys_replaced_total 1\n"),
+        "{metrics}"
+    );
+    // The same publisher, on the same connection: on two disks again.
+    publish_until(&mut publisher, "Success").await;
+}
+
 /// The node's disk is lost (its data directory removed, the process killed): the provider
 /// starts it again on its standby's copy instead of on nothing, so every message acknowledged
 /// at durability 2 is delivered; a new standby follows, and durability 2 is Success again.

@@ -98,15 +98,18 @@ fn live_cells(queue: &Queue) -> Vec<String> {
     }
 }
 
-/// A standby as `in sync (N B behind)`, or `catching up (N B behind)`.
+/// A standby as `in sync (N B behind)`, `catching up (N B behind)`, or `absent for N s (N B
+/// behind)` while none is attached to the node.
 fn standby_cell(standby: Option<StandbyLag>) -> String {
-    match standby {
-        Some(StandbyLag { in_sync, lag_bytes }) => {
-            let state = if in_sync { "in sync" } else { "catching up" };
-            format!("{state} ({lag_bytes} B behind)")
-        }
-        None => "-".to_string(),
-    }
+    let Some(standby) = standby else {
+        return "-".to_string();
+    };
+    let state = match standby {
+        StandbyLag { in_sync: true, .. } => "in sync".to_string(),
+        StandbyLag { absent_ms: 0, .. } => "catching up".to_string(),
+        StandbyLag { absent_ms, .. } => format!("absent for {} s", absent_ms / 1000),
+    };
+    format!("{state} ({} B behind)", standby.lag_bytes)
 }
 
 async fn list(context: &Context, live: bool) -> Result<(), Failure> {
@@ -380,4 +383,30 @@ pub async fn bills(context: &Context, args: BillArgs) -> Result<(), Failure> {
     let headers = vec!["QUEUE", "ITEM", "QUANTITY", "UNIT PRICE", "AMOUNT"];
     Output::new(headers, rows, json_of(&bill)).print(context.format);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_cell_says_whether_it_is_in_sync_catching_up_or_absent() {
+        let standby = |in_sync, lag_bytes, absent_ms| {
+            Some(StandbyLag {
+                in_sync,
+                lag_bytes,
+                absent_ms,
+            })
+        };
+        assert_eq!(standby_cell(standby(true, 10, 0)), "in sync (10 B behind)");
+        assert_eq!(
+            standby_cell(standby(false, 500, 0)),
+            "catching up (500 B behind)"
+        );
+        assert_eq!(
+            standby_cell(standby(false, 500, 61_999)),
+            "absent for 61 s (500 B behind)"
+        );
+        assert_eq!(standby_cell(None), "-");
+    }
 }

@@ -33,6 +33,9 @@ pub struct Metrics {
     pub live: Arc<LiveNumbers>,
     /// Silent nodes this replica replaced while leading ([`crate::silence`]).
     pub nodes_replaced: Arc<AtomicU64>,
+    /// Standbys this replica replaced while leading: absent from their node for the silence
+    /// limit ([`crate::silence::Watch::standby_absent`]).
+    pub standbys_replaced: Arc<AtomicU64>,
     /// Drives of a queue that failed and are tried again (an EC2 call, a process that would
     /// not start), while this replica led (`reconciler.rs`).
     pub reconcile_errors: Arc<AtomicU64>,
@@ -179,6 +182,12 @@ pub async fn render(State(state): State<Arc<AppState>>) -> Result<String, ApiErr
         "qe_nodes_replaced_total",
         "Silent nodes this replica fenced and replaced while it led.",
         state.metrics.nodes_replaced.load(Ordering::Relaxed),
+    );
+    render_counter(
+        &mut out,
+        "qe_standbys_replaced_total",
+        "Standbys this replica replaced while it led: their node had gone without them for the silence limit.",
+        state.metrics.standbys_replaced.load(Ordering::Relaxed),
     );
     render_counter(
         &mut out,

@@ -47,6 +47,7 @@ pub(super) fn view(state: &AppState, queue: &Queue) -> Value {
         "epoch": queue.epoch,
         "serving": queue.serving,
         "standby_in_sync": queue.standby_in_sync,
+        "standby_absent_since": queue.standby_absent_since_ms.map(|ms| ms / 1000),
         "account": queue.account,
         "node": queue.node,
         "addresses": queue.addresses,

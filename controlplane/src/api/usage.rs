@@ -66,7 +66,7 @@ pub async fn receive(
     // store write and no log line (but when its standby comes into or falls out of sync).
     if let Some(live) = report.live {
         state.metrics.live.keep(&queue.id, live);
-        keep_standby_in_sync(&state, queue, &live).await?;
+        keep_standby_standing(&state, queue, &live).await?;
         if report.usage.is_empty() && report.stats.is_empty() && !report.last {
             return Ok(Json(ReportReceipt::default()));
         }
@@ -539,20 +539,31 @@ fn csv_response(text: String) -> Response {
     ([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], text).into_response()
 }
 
-/// Keeps in the queue's record whether its node's standby is in sync, when that changes:
-/// the leader promotes a silent node's standby only if it was (`reconciler.rs`), and the
-/// leader may not be the replica that hears the node. One store write per change.
-async fn keep_standby_in_sync(
+/// Keeps in the queue's record how its node's standby stands, when that changes: whether it
+/// is in sync (the leader promotes a silent node's standby only if it was), and since when
+/// none has been attached (the leader replaces a standby absent that long: `reconciler.rs`).
+/// The leader may not be the replica that hears the node. One store write per change.
+async fn keep_standby_standing(
     state: &AppState,
     queue: &crate::model::queue::Queue,
     live: &qe_shared::node_channel::LiveStats,
 ) -> Result<(), ApiError> {
+    if queue.replicas != 2 {
+        return Ok(());
+    }
     let in_sync = live.standby.is_some_and(|standby| standby.in_sync);
-    if queue.replicas != 2 || queue.standby_in_sync == in_sync {
+    let absent_ms = live.standby.map_or(0, |standby| standby.absent_ms);
+    let absent_since = (absent_ms > 0).then(|| crate::live::now_ms().saturating_sub(absent_ms));
+    // Only a change is written: a standby still absent keeps the time it went.
+    let absence_changed = absent_since.is_some() != queue.standby_absent_since_ms.is_some();
+    if queue.standby_in_sync == in_sync && !absence_changed {
         return Ok(());
     }
     let kept = state.store.update(&queue.id, |queue| {
         queue.standby_in_sync = in_sync;
+        if absent_since.is_some() != queue.standby_absent_since_ms.is_some() {
+            queue.standby_absent_since_ms = absent_since;
+        }
         Ok::<_, crate::store::StoreError>(())
     });
     kept.await?;

@@ -195,13 +195,19 @@ impl Ec2Provider {
         Ok(Some(instance))
     }
 
-    /// Fences a silent node: its instances terminated and waited for, its data volume then
-    /// forced off whatever still holds it (a hung instance can take long to let go). Its
-    /// standby, if it has one, is left as it is: its copy is what must outlive the node.
-    async fn fence_node(&self, queue: &Queue) -> Result<(), Ec2Error> {
-        tracing::warn!(queue = %queue.id, "terminating a silent node's instance");
+    /// Fences `part` of the queue (a silent node, or a standby its node has gone without):
+    /// its instances terminated and waited for, its data volume then forced off whatever
+    /// still holds it (a hung instance can take long to let go). The other machine is left as
+    /// it is: a silent node's standby holds the copy that must outlive it, and an absent
+    /// standby's node serves on.
+    async fn fence_part(&self, queue: &Queue, part: Part) -> Result<(), Ec2Error> {
+        let what = match part {
+            Part::Node => "a silent node's",
+            Part::Standby => "an absent standby's",
+        };
+        tracing::warn!(queue = %queue.id, "terminating {what} instance");
         self.forget(&queue.id);
-        let slot = machine(queue, Part::Node);
+        let slot = machine(queue, part);
         self.terminate(&queue.id, Some(slot)).await?;
         for volume in self.ec2.volumes_of(&queue.region, &queue.id).await? {
             if volume.slot == slot {
@@ -621,7 +627,18 @@ impl Provider for Ec2Provider {
 
     fn fence<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {
-            self.fence_node(queue)
+            self.fence_part(queue, Part::Node)
+                .await
+                .map_err(|e| FleetError::Remove(e.to_string()))
+        }
+        .boxed()
+    }
+
+    /// Its instance in the slot that does not serve, terminated; its volume (the copy) kept
+    /// and freed for the next, which `ensure_standby` launches.
+    fn fence_standby<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
+        async move {
+            self.fence_part(queue, Part::Standby)
                 .await
                 .map_err(|e| FleetError::Remove(e.to_string()))
         }

@@ -459,6 +459,16 @@ impl Provider for LocalProvider {
         .boxed()
     }
 
+    /// Its process killed; the next `ensure_standby` starts another on its copy.
+    fn fence_standby<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
+        async move {
+            let dir = self.standby_dir(&queue.id);
+            self.standbys.kill(&queue.id, &dir).await;
+            Ok(())
+        }
+        .boxed()
+    }
+
     /// The node first (its last records), then its standby, if it has one.
     fn stop<'a>(&'a self, queue_id: &'a str) -> BoxFuture<'a, Result<(), FleetError>> {
         async move {

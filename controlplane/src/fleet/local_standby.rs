@@ -109,16 +109,29 @@ impl LocalStandbys {
     /// Stops queue `queue_id`'s standby (in `dir`), supervised here or left by a previous
     /// control plane. Safe to call for a queue that has none.
     pub async fn stop(&self, queue_id: &str, dir: &Path) {
+        self.stop_within(queue_id, dir, STOP_WITHIN).await
+    }
+
+    /// Kills queue `queue_id`'s standby (in `dir`) at once, keeping its copy: a hung one
+    /// answers no SIGTERM. [`LocalStandbys::ensure`] starts another on the copy. Under
+    /// `changing`: never while a start or a promotion moves things.
+    pub async fn kill(&self, queue_id: &str, dir: &Path) {
+        let _changing = self.changing.lock().await;
+        self.stop_within(queue_id, dir, Duration::ZERO).await
+    }
+
+    /// Stops it, giving it `grace` to stop by itself (none: killed).
+    async fn stop_within(&self, queue_id: &str, dir: &Path, grace: Duration) {
         let standby = self
             .running
             .lock()
             .expect("never poisoned")
             .remove(queue_id);
         match standby {
-            Some(standby) => standby.process.stop(STOP_WITHIN).await,
+            Some(standby) => standby.process.stop(grace).await,
             None => {
                 if let Some(mut child) = running_in(dir) {
-                    child.stop(STOP_WITHIN).await;
+                    child.stop(grace).await;
                 }
             }
         }

@@ -113,6 +113,16 @@ pub trait Provider: Send + Sync {
         })
     }
 
+    /// Makes sure `queue`'s standby, which its node has gone without for the silence limit
+    /// (a hung process or machine, one cut off from its node), runs no more, keeping its
+    /// copy (EC2: its instance terminated, its volume freed; local: its process killed), so
+    /// that [`Provider::ensure_standby`] then starts another on that copy. Safe to call again,
+    /// and for a queue that has none.
+    fn fence_standby<'a>(&'a self, queue: &'a Queue) -> BoxFuture<'a, Result<(), FleetError>> {
+        let _ = queue;
+        Box::pin(async { Ok(()) })
+    }
+
     /// Whether its standbys run on machines of their own, which can serve when the node's
     /// machine is lost: the reconciler then promotes a silent node's standby, once it is
     /// fenced, rather than start the node again on its own data ([`Queue::serving`]). The

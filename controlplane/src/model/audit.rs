@@ -137,6 +137,10 @@ pub const QUEUE_FAIL: &str = "queue.fail";
 /// A silent node was fenced and replaced by the control plane (`silence.rs`).
 pub const NODE_REPLACE: &str = "node.replace";
 
+/// A queue's standby was fenced and replaced by the control plane: its node had gone without
+/// it for the silence limit (`reason` says how long).
+pub const STANDBY_REPLACE: &str = "standby.replace";
+
 /// A serving node was restarted by the control plane because it had to be: it reaches the
 /// control plane otherwise, or runs another binary than the one configured (`reason` says
 /// which).

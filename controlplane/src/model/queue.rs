@@ -182,6 +182,11 @@ pub struct Queue {
     /// standby is promoted only then (one still catching up from nothing holds little).
     #[serde(default, skip_serializing_if = "is_false")]
     pub standby_in_sync: bool,
+    /// Since when its node's live reports have said no standby is attached to it (ms since
+    /// 1970), kept when that changes; None while one is (or its node says nothing of it). A
+    /// standby absent for the silence limit is replaced (`reconciler.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_absent_since_ms: Option<u64>,
 }
 
 /// Which of a queue's two machines an instance, its credential and its bootstrap token are
@@ -439,6 +444,7 @@ impl Queue {
             epoch: 0,
             serving: Slot::First,
             standby_in_sync: false,
+            standby_absent_since_ms: None,
         }
     }
 

@@ -114,8 +114,7 @@ impl Standby {
 
     /// How the standby stands, for the live report.
     pub fn lag(&self) -> qe_shared::node_channel::StandbyLag {
-        let (in_sync, lag_bytes) = self.shipping.standing();
-        qe_shared::node_channel::StandbyLag { in_sync, lag_bytes }
+        self.shipping.standing()
     }
 }
 

@@ -21,8 +21,9 @@ use yawc::{HttpStream, WebSocket};
 
 type Socket = WebSocket<HttpStream>;
 
-/// A standby that has not answered a shipped LSN for this long counts as gone: it is dropped,
-/// and durability 2 is answered 507 until one is in sync again, not kept waiting.
+/// A standby that has not answered a shipped LSN (or hold, or an idle standby's ping) for this
+/// long counts as gone: it is dropped, and durability 2 is answered 507 until one is in sync
+/// again, not kept waiting.
 const STANDBY_SILENCE: Duration = Duration::from_secs(5);
 
 /// The standby is sent the whole table of holds again once this many holds were shipped
@@ -147,6 +148,7 @@ async fn ship(
         unanswered: VecDeque::new(),
         holds_fed: 0,
         holds_unheard: VecDeque::new(),
+        pinged: None,
     };
     match catch_up_then_follow(&mut link, standby, queue, attached, takes).await {
         Ok(never) => match never {},
@@ -230,9 +232,11 @@ async fn catch_up_then_follow(
                 let shipment = shipment.ok_or(Ended::Dropped)?;
                 link.ship_queued(shipment, &mut shipments, &takes).await?;
             }
-            frame = next_data(link.socket) => {
-                let (OpCode::Binary, payload) = frame? else {
-                    return Err(Ended::Unexpected);
+            frame = next_answer(link.socket) => {
+                let Some(payload) = frame? else {
+                    // A pong: it is there.
+                    link.pinged = None;
+                    continue;
                 };
                 let lsn = match wire::decode_answer(&payload).ok_or(Ended::Unexpected)? {
                     Answer::Synced(lsn) => lsn,
@@ -258,8 +262,11 @@ async fn catch_up_then_follow(
             }
             _ = look.tick() => {
                 let waited_for = !link.unanswered.is_empty() || !link.holds_unheard.is_empty();
-                if Instant::now() >= link.deadline() && waited_for {
+                if Instant::now() >= link.deadline() && (waited_for || link.pinged.is_some()) {
                     return Err(Ended::Silent);
+                }
+                if !waited_for && link.pinged.is_none() {
+                    link.ping().await?;
                 }
                 if takes.holds && standby.shipping.holds_shipped() > HOLDS_AGAIN_AFTER.max(table_len * 4) {
                     table_len = queue.ship_holds(&standby.shipping) as u64;
@@ -283,13 +290,15 @@ struct Link<'a> {
     /// For each flush that sent holds and is not yet answered: how many had been sent then,
     /// the number of the last ([`crate::store::log::heard`]), and when.
     holds_unheard: VecDeque<(u64, u64, Instant)>,
+    /// When an idle standby was asked to answer (a WebSocket ping), until it has.
+    pinged: Option<Instant>,
 }
 
 impl Link<'_> {
     fn deadline(&self) -> Instant {
         let through = self.unanswered.front().map(|&(_, at)| at);
         let hold = self.holds_unheard.front().map(|&(_, _, at)| at);
-        let since = [through, hold].into_iter().flatten().min();
+        let since = [through, hold, self.pinged].into_iter().flatten().min();
         since.unwrap_or_else(Instant::now) + STANDBY_SILENCE
     }
 
@@ -396,6 +405,21 @@ impl Link<'_> {
         self.feed_frame(frame).await?;
         self.flush().await
     }
+
+    /// Asks a standby that nothing waits for to answer: one that is silent then (a hung
+    /// process or machine) is dropped as surely as one that leaves a sync unanswered, so its
+    /// node reports it absent, and the control plane replaces one absent for long.
+    async fn ping(&mut self) -> Result<(), Ended> {
+        self.pinged = Some(Instant::now());
+        let pinged = timeout_at(
+            self.deadline(),
+            self.socket.send(Frame::ping(bytes::Bytes::new())),
+        );
+        pinged
+            .await
+            .map_err(|_| Ended::Silent)?
+            .map_err(|_| Ended::Gone)
+    }
 }
 
 /// Sends what the standby lacks of one segment, read from the file in pieces (off the
@@ -430,6 +454,21 @@ async fn send_copy(link: &mut Link<'_>, copy: SegmentCopy) -> Result<(), Ended> 
         offset = next;
     }
     Ok(())
+}
+
+/// The standby's next answer (a binary frame), or None for a pong (pings are answered by
+/// yawc and skipped).
+async fn next_answer(socket: &mut Socket) -> Result<Option<bytes::Bytes>, Ended> {
+    loop {
+        let frame = socket.next_frame().await.map_err(|_| Ended::Gone)?;
+        match frame.opcode() {
+            OpCode::Binary => return Ok(Some(frame.into_payload())),
+            OpCode::Pong => return Ok(None),
+            OpCode::Close => return Err(Ended::Gone),
+            OpCode::Text => return Err(Ended::Unexpected),
+            OpCode::Ping | OpCode::Continuation => continue,
+        }
+    }
 }
 
 /// The next text or binary frame (pings and pongs are answered by yawc and skipped).

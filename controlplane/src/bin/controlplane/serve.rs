@@ -156,6 +156,7 @@ pub(crate) async fn start(config: Config) -> Result<Running, Failure> {
     let silence = controlplane::silence::Rules {
         limit: config.silent_after(),
         replaced: metrics.nodes_replaced.clone(),
+        standbys_replaced: metrics.standbys_replaced.clone(),
     };
     let keep_heard_for = silence.limit.unwrap_or_default().max(live_every) * 2;
     tokio::spawn(controlplane::silence::share(

@@ -305,11 +305,20 @@ impl Shared {
             return;
         };
         if !follower.ship(shipment()) {
-            files.follower = None;
-            self.attached.store(0, Ordering::Relaxed);
-            self.holds_heard.wait_for_standby(false);
-            self.progress
-                .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
+            self.standby_gone(files);
         }
+    }
+
+    /// No standby is attached from now on (under the files' lock the caller holds):
+    /// durability 2 and deliveries stop waiting for one, and its absence counts from now
+    /// ([`Shipping::standing`](super::Shipping::standing)).
+    pub(super) fn standby_gone(&self, files: &mut Files) {
+        files.follower = None;
+        self.attached.store(0, Ordering::Relaxed);
+        let now = self.opened.elapsed().as_millis() as u64;
+        self.standby_absent_since_ms.store(now, Ordering::Relaxed);
+        self.holds_heard.wait_for_standby(false);
+        self.progress
+            .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
     }
 }

@@ -338,6 +338,8 @@ struct Shared {
     repairs: Mutex<Vec<Repair>>,
     /// The attach whose standby is followed now (0: none): its answers alone count.
     attached: AtomicU64,
+    /// Since when none has been attached (ms after `opened`), while none is.
+    standby_absent_since_ms: AtomicU64,
     /// Where the attached standby is told who holds what ([`LogStore::ship_hold`]).
     holds_follower: Mutex<Option<shipping::HoldsFollower>>,
     /// Holds shipped since the last whole table ([`Shipping::ship_holds`]).
@@ -580,6 +582,7 @@ impl LogStore {
             standby: AtomicBool::new(false),
             repairs: Mutex::default(),
             attached: AtomicU64::new(0),
+            standby_absent_since_ms: AtomicU64::new(0),
             holds_follower: Mutex::default(),
             holds_shipped: AtomicU64::new(0),
             holds_heard: Arc::default(),

@@ -21,6 +21,7 @@ use super::{segment_path, Shared};
 use crate::message::ids::MessageId;
 use crate::store::Holder;
 use bytes::Bytes;
+use qe_shared::node_channel::StandbyLag;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -451,26 +452,39 @@ impl Shipping {
         }
     }
 
-    /// Whether a standby is in sync, and how many bytes of the log it lacks (at most): in
-    /// sync, what was written here and not yet synced there; catching up, what its catch-up
-    /// copies and what was written since it began; with none attached, the whole log, which
-    /// the next one may have to copy.
-    pub fn standing(&self) -> (bool, u64) {
+    /// How the standby stands: whether one is in sync; how many bytes of the log it lacks
+    /// (at most): in sync, what was written here and not yet synced there; catching up, what
+    /// its catch-up copies and what was written since it began; with none attached, the whole
+    /// log, which the next one may have to copy; and how long none has been attached.
+    pub fn standing(&self) -> StandbyLag {
         let progress = *self.shared.progress.borrow();
         if progress.standby_in_sync {
-            return (
-                true,
-                progress.written.saturating_sub(progress.standby_synced),
-            );
+            let lag_bytes = progress.written.saturating_sub(progress.standby_synced);
+            return StandbyLag {
+                in_sync: true,
+                lag_bytes,
+                absent_ms: 0,
+            };
         }
         if self.shared.attached.load(Ordering::Relaxed) == 0 {
             let meter = super::StorageMeter {
                 shared: self.shared.clone(),
             };
-            return (false, meter.held());
+            let since = self.shared.standby_absent_since_ms.load(Ordering::Relaxed);
+            let now = self.shared.opened.elapsed().as_millis() as u64;
+            return StandbyLag {
+                in_sync: false,
+                lag_bytes: meter.held(),
+                // At least 1 ms: 0 says one is attached.
+                absent_ms: now.saturating_sub(since).max(1),
+            };
         }
         let (copying, through) = *self.shared.catch_up.lock().expect("never poisoned");
-        (false, copying + progress.written.saturating_sub(through))
+        StandbyLag {
+            in_sync: false,
+            lag_bytes: copying + progress.written.saturating_sub(through),
+            absent_ms: 0,
+        }
     }
 
     /// The standby of `generation` went away (or was dropped): nothing more is queued for
@@ -478,13 +492,8 @@ impl Shipping {
     pub fn detach(&self, generation: u64) {
         let mut files = self.shared.files.lock().expect("never poisoned");
         if self.shared.attached.load(Ordering::Relaxed) == generation {
-            files.follower = None;
             *self.shared.holds_follower.lock().expect("never poisoned") = None;
-            self.shared.holds_heard.wait_for_standby(false);
-            self.shared.attached.store(0, Ordering::Relaxed);
-            self.shared
-                .progress
-                .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
+            self.shared.standby_gone(&mut files);
         }
     }
 }

@@ -1032,21 +1032,40 @@ async fn a_mirror_fed_by_an_attach_and_the_shipments_after_is_the_log() {
         "nothing sent again"
     );
     // How far behind it is said to be: nothing to copy, nothing written since.
-    assert_eq!(shipping.standing(), (false, 0));
+    let attached = shipping.standing();
+    assert_eq!((attached.in_sync, attached.lag_bytes), (false, 0));
+    assert_eq!(attached.absent_ms, 0, "one is attached");
     shipping.detach(again.generation);
-    // With none attached: the whole log, which the next may have to copy.
+    // With none attached: the whole log, which the next may have to copy, and how long
+    // none has been (counted from the detach: the control plane replaces one absent long).
     let held = store.meter().held();
     assert!(held > 0);
-    assert_eq!(shipping.standing(), (false, held));
+    let absent = shipping.standing();
+    assert_eq!((absent.in_sync, absent.lag_bytes), (false, held));
+    assert!(absent.absent_ms >= 1, "{absent:?}");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let later = shipping.standing().absent_ms;
+    assert!(
+        later >= 20 && later > absent.absent_ms,
+        "{later} after {absent:?}"
+    );
     // A standby with nothing: every byte of every segment, written since or not.
     let fresh = shipping.attach(&[]).unwrap();
     let copying: u64 = fresh.copies.iter().map(|c| c.to - c.from).sum();
     assert!(copying > 0);
-    assert_eq!(shipping.standing(), (false, copying));
+    let catching_up = shipping.standing();
+    assert_eq!(
+        (catching_up.in_sync, catching_up.lag_bytes),
+        (false, copying)
+    );
+    assert_eq!(catching_up.absent_ms, 0, "attached again");
     let m = message(&mut ids, "while it copies", Durability::Eventual);
     publish(&mut store, &m).wait().await.unwrap();
-    let (in_sync, behind) = shipping.standing();
-    assert!(!in_sync && behind > copying, "{behind} ≤ {copying}");
+    let behind = shipping.standing();
+    assert!(
+        !behind.in_sync && behind.lag_bytes > copying,
+        "{behind:?} ≤ {copying}"
+    );
     drop(store);
 }
 

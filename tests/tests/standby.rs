@@ -984,6 +984,57 @@ async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
     assert_eq!(csv.split(',').next(), Some("1"), "messages: {stats}");
 }
 
+/// A received message made visible again (ChangeMessageVisibility to 0) is answered once the
+/// standby has heard it: on a copy promoted right after the answer it waits to be received,
+/// not invisible for the rest of its old visibility (10 minutes here).
+#[tokio::test]
+async fn a_message_made_visible_again_waits_on_the_promoted_copy() {
+    use qe_tests::sqs::{client_of, lone_queue_url, receive};
+    const SQS: [&str; 4] = [
+        "--sqs-listen",
+        "127.0.0.1:0",
+        "--sqs-key",
+        "admin:AKIASTANDBY:standby-secret",
+    ];
+    let sqs_of = |node: &Node| client_of(node, "AKIASTANDBY", "standby-secret");
+    let mut primary = Node::start_with(&[&["--replication-key", KEY][..], &SQS].concat());
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let sqs = sqs_of(&primary);
+    let queue = lone_queue_url(&sqs).await;
+    let mut publisher = primary.publisher().await;
+    published(&mut publisher, "given back", 2).await;
+    let got = sqs
+        .receive_message()
+        .queue_url(&queue)
+        .visibility_timeout(600)
+        .send()
+        .await
+        .unwrap();
+    let handle = got.messages()[0].receipt_handle().unwrap().to_string();
+    let giving_back = {
+        let (sqs, queue) = (sqs.clone(), queue.clone());
+        async move {
+            let change = sqs.change_message_visibility().queue_url(&queue);
+            change
+                .receipt_handle(&handle)
+                .visibility_timeout(0)
+                .send()
+                .await
+        }
+    };
+    let given_back = answered_once_the_standby_hears(&standby, giving_back).await;
+    assert!(given_back.is_ok(), "{given_back:?}");
+    primary.kill();
+    let mut standby = standby;
+    standby.kill();
+
+    let promoted = Node::start_in(standby.into_data_dir(), &SQS);
+    let got = receive(&sqs_of(&promoted), &queue, 10, 1).await;
+    let bodies: Vec<&str> = got.iter().map(|m| m.body().unwrap()).collect();
+    assert_eq!(bodies, ["given back"], "it waits, not invisible");
+}
+
 /// A standby stops on SIGTERM (as systemd stops it), at once.
 #[tokio::test]
 async fn a_standby_stops_on_sigterm() {

@@ -692,8 +692,11 @@ impl QueueState {
 
     /// A delivery of `id` (held or received) ended without an ack: the message waits again at
     /// the back, or, if that was its last allowed delivery, goes to the dead letter queue (a
-    /// durability-0 message, which cannot go there, is deleted).
-    fn delivery_failed(&mut self, id: MessageId) {
+    /// durability-0 message, which cannot go there, is deleted). What to wait for before a
+    /// caller that asked for it is answered: the standby hearing it waits again (else, should
+    /// the standby be promoted, the message would stay with its holder there until that
+    /// holder's time runs out).
+    fn delivery_failed(&mut self, id: MessageId) -> Option<HoldGate> {
         let (receives, group) = {
             let entry = &self.messages[&id];
             (entry.receives, entry.message.group)
@@ -705,10 +708,10 @@ impl QueueState {
                 .get_mut(&id)
                 .expect("a delivered message is in the queue");
             entry.place = place;
-            if entry.message.durability != Durability::None {
-                let _ = self.store.record(Change::Returned(id));
+            if entry.message.durability == Durability::None {
+                return None;
             }
-            return;
+            return self.store.record(Change::Returned(id)).into_gate();
         }
         let entry = self
             .messages
@@ -717,6 +720,7 @@ impl QueueState {
         self.unexpire(id, &entry);
         self.left_group(id, group);
         self.retire_exhausted(id, *entry);
+        None
     }
 
     /// A message out of the queue whose deliveries are used up: to the dead letter queue, or,
@@ -875,9 +879,9 @@ impl QueueState {
         };
         self.invisible.remove(&(until_ms, id));
         if visibility_ms == 0 {
-            self.delivery_failed(id);
+            let gate = self.delivery_failed(id);
             self.dispatch();
-            return Ok(None);
+            return Ok(gate);
         }
         let until_ms = now_ms + visibility_ms;
         self.invisible.insert((until_ms, id));

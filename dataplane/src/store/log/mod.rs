@@ -658,7 +658,8 @@ impl Store for LogStore {
             Change::Delivered { .. } => {
                 return gate.map_or(Receipt::Done, Receipt::Heard);
             }
-            Change::Returned(_) => return Receipt::Done,
+            // Written nowhere either; a caller answered once the standby has heard it waits.
+            Change::Returned(_) => return gate.map_or(Receipt::Done, Receipt::Heard),
             Change::Published { message, .. } if message.durability == Durability::None => {
                 return Receipt::Done;
             }
@@ -721,9 +722,10 @@ impl Store for LogStore {
 
 impl LogStore {
     /// Tells the attached standby, if any, who holds which durable message now: the engine
-    /// tells the store of every delivery and of every return of a held message. A delivery's
-    /// gate, when a standby that answers holds is in sync: the delivery waits for it
-    /// ([`heard`]).
+    /// tells the store of every delivery and of every return of a held message. The gate of
+    /// the last change shipped, when a standby that answers holds is in sync: a delivery
+    /// waits for it, and so does the answer to a receiver that made its message visible
+    /// again ([`heard`]).
     ///
     /// An ack is not shipped: it is one in every message's life, and the standby needs no
     /// word of it (a promoted node takes holds only of messages its log still has, and ids are
@@ -750,15 +752,17 @@ impl LogStore {
         let follower = self.shared.holds_follower.lock().expect("never poisoned");
         let follower = follower.as_ref()?;
         let heard = &self.shared.holds_heard;
+        let mut number = None;
         for &id in released {
-            follower.ship(HoldChange::Released(id), heard);
+            number = follower.ship(HoldChange::Released(id), heard);
         }
-        let Change::Delivered { id, holder } = *change else {
-            return None;
-        };
-        let number = follower.ship(HoldChange::Held { id, holder }, heard)?;
-        self.shared.holds_shipped.fetch_add(1, Ordering::Relaxed);
-        heard.gate(number)
+        if let Change::Delivered { id, holder } = *change {
+            number = follower.ship(HoldChange::Held { id, holder }, heard);
+            if number.is_some() {
+                self.shared.holds_shipped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        heard.gate(number?)
     }
 
     /// The receipt of a change the log no longer writes: done for what was never durable,

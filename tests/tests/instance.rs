@@ -671,6 +671,44 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
         .await;
     assert_eq!(purged["status"], "Success.", "{purged}");
     drop(admin);
+    // An SQS receiver holds one more, received for 10 minutes by name on the node's machine:
+    // its receipt handle must delete it on the standby's once that serves, and nobody else
+    // gets it meanwhile.
+    let (status, key) = api
+        .call(
+            "POST",
+            &format!("/v1/queues/{id}/sqs-keys"),
+            Some(r#"{"role":"admin"}"#),
+        )
+        .await;
+    assert_eq!((status, &key["applied"]), (201, &json!(true)), "{key}");
+    let sqs_at = |address: &str| {
+        let endpoint = SqsEndpoint {
+            url: key["endpoint"].as_str().unwrap(),
+            ca_pem: Some(&root),
+            resolve_to: Some(address.parse().unwrap()),
+        };
+        let key_id = key["access_key_id"].as_str().unwrap();
+        sqs::client(&endpoint, key_id, key["secret"].as_str().unwrap())
+    };
+    let queue_url = key["queue_url"].as_str().unwrap();
+    let reply = publisher
+        .request(json!({"body": "received over SQS", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let on_the_node = sqs_at(queue["addresses"]["v6"].as_str().unwrap());
+    let received = on_the_node
+        .receive_message()
+        .queue_url(queue_url)
+        .visibility_timeout(600)
+        .send()
+        .await
+        .unwrap();
+    let [received] = received.messages() else {
+        panic!("one message: {received:?}");
+    };
+    assert_eq!(received.body(), Some("received over SQS"));
+    let handle = received.receipt_handle().unwrap().to_string();
     let mut holder = connect(dns, &host, &root).await;
     let capacity = json!({"capacity": 2});
     let reply = login(&mut holder, &logins["subscriber"], "subscriber", capacity).await;
@@ -754,6 +792,21 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
     let replaced = audited(&api, &id, "node.replace").await;
     let said = "its standby's machine serves now, at epoch 1";
     assert!(replaced.iter().any(|r| r.contains(said)), "{replaced:?}");
+    // The SQS receipt handle given by the lost machine is the message's current receive on
+    // the promoted one (a handle that is not is refused MessageNotInflight), and deletes it
+    // there; the message was delivered to nobody else meanwhile.
+    assert!(!delivered.iter().any(|body| body == "received over SQS"));
+    let on_the_promoted = sqs_at(&moved_to);
+    let extend = || {
+        on_the_promoted
+            .change_message_visibility()
+            .queue_url(queue_url)
+            .receipt_handle(&handle)
+            .visibility_timeout(600)
+            .send()
+    };
+    let extended = extend().await;
+    assert!(extended.is_ok(), "the handle is current there: {extended:?}");
 
     // A new standby's machine is placed in the first slot, on the lost node's volume (that
     // copy rejoins as the standby of the promoted one): booted, durability 2 is on two disks
@@ -773,6 +826,17 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
     let standby = boot_standby(&ec2, &queue, "qr3", "qr2", files.path()).await;
     standby.wait_for_node_log("caught up with the primary");
     on_two_disks(&mut publisher, "two disks again").await;
+    // Now that a delete is on two disks again (until then it is refused as not stored
+    // durably), the handle deletes its message.
+    let deleted = on_the_promoted
+        .delete_message()
+        .queue_url(queue_url)
+        .receipt_handle(&handle)
+        .send()
+        .await;
+    assert!(deleted.is_ok(), "{deleted:?}");
+    let gone = extend().await.expect_err("deleted");
+    assert!(format!("{gone:?}").contains("MessageNotInflight"), "{gone:?}");
     let node_instance = queue["resources"]["instance"].as_str().unwrap();
     let standby_instance = queue["resources"]["standby_instance"].as_str().unwrap();
     let standby_volume = queue["resources"]["standby_volume"].as_str().unwrap();

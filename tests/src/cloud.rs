@@ -44,6 +44,19 @@ impl Api {
         https(self.at, self.roots.clone(), method, path, token, body).await
     }
 
+    /// A new SQS key of queue `id`'s admin role, given to its node already (`applied`): its
+    /// `endpoint`, `queue_url`, `access_key_id` and `secret`.
+    pub async fn admin_sqs_key(&self, id: &str) -> Value {
+        let path = format!("/v1/queues/{id}/sqs-keys");
+        let (status, key) = self.call("POST", &path, Some(r#"{"role":"admin"}"#)).await;
+        assert_eq!(
+            (status, &key["applied"]),
+            (201, &Value::Bool(true)),
+            "{key}"
+        );
+        key
+    }
+
     /// Queue `id` once `done` says so of it (within 60 s).
     pub async fn until(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -124,14 +124,7 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
     subscriber.request(json!({"logout": true})).await;
     // The SQS face, on its own port with the same certificate: a key from the control plane,
     // given to the node over the channel; Amazon's Rust SDK at the queue's name.
-    let (status, key) = api
-        .call(
-            "POST",
-            &format!("/v1/queues/{id}/sqs-keys"),
-            Some(r#"{"role":"admin"}"#),
-        )
-        .await;
-    assert_eq!((status, &key["applied"]), (201, &json!(true)), "{key}");
+    let key = api.admin_sqs_key(&id).await;
     let endpoint = key["endpoint"].as_str().unwrap();
     assert_eq!(endpoint, format!("https://{host}:9443"));
     let sdk = sqs::client(
@@ -674,14 +667,7 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
     // An SQS receiver holds one more, received for 10 minutes by name on the node's machine:
     // its receipt handle must delete it on the standby's once that serves, and nobody else
     // gets it meanwhile.
-    let (status, key) = api
-        .call(
-            "POST",
-            &format!("/v1/queues/{id}/sqs-keys"),
-            Some(r#"{"role":"admin"}"#),
-        )
-        .await;
-    assert_eq!((status, &key["applied"]), (201, &json!(true)), "{key}");
+    let key = api.admin_sqs_key(&id).await;
     let sqs_at = |address: &str| {
         let endpoint = SqsEndpoint {
             url: key["endpoint"].as_str().unwrap(),
@@ -806,7 +792,10 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
             .send()
     };
     let extended = extend().await;
-    assert!(extended.is_ok(), "the handle is current there: {extended:?}");
+    assert!(
+        extended.is_ok(),
+        "the handle is current there: {extended:?}"
+    );
 
     // A new standby's machine is placed in the first slot, on the lost node's volume (that
     // copy rejoins as the standby of the promoted one): booted, durability 2 is on two disks
@@ -836,7 +825,10 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
         .await;
     assert!(deleted.is_ok(), "{deleted:?}");
     let gone = extend().await.expect_err("deleted");
-    assert!(format!("{gone:?}").contains("MessageNotInflight"), "{gone:?}");
+    assert!(
+        format!("{gone:?}").contains("MessageNotInflight"),
+        "{gone:?}"
+    );
     let node_instance = queue["resources"]["instance"].as_str().unwrap();
     let standby_instance = queue["resources"]["standby_instance"].as_str().unwrap();
     let standby_volume = queue["resources"]["standby_volume"].as_str().unwrap();

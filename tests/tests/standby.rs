@@ -3,6 +3,7 @@
 //! Real binaries on loopback: a primary (`--replication-key`), a standby (`--standby-of`), and
 //! a node started on the standby's data directory, as a promotion.
 
+use qe_tests::sqs::receive;
 use qe_tests::standby::{wait_in_sync, Standby, IN_SYNC, KEY};
 use qe_tests::{assert_failure, publish_until_cut, Client, Node};
 use serde_json::{json, Value};
@@ -874,6 +875,41 @@ async fn a_resumes_reply_waits_until_the_standby_has_heard_the_new_session() {
     assert_eq!(holder.next_delivery().await.0, "held");
 }
 
+/// A logout's reply waits until the standby has heard that what the session held waits again:
+/// on a copy promoted right after the reply, the message goes to the next subscriber at once
+/// (not kept with the session until its saved time runs out), and the session cannot be
+/// resumed (109), as after any logout.
+#[tokio::test]
+async fn a_logouts_reply_waits_until_the_standby_has_heard_what_it_gave_back() {
+    let (mut primary, standby) = replicated();
+    let mut publisher = primary.publisher().await;
+    let (mut holder, session) = primary.subscriber(1).await;
+    published(&mut publisher, "given back", 2).await;
+    assert_eq!(holder.next_delivery().await.0, "given back");
+    standby.pause();
+    holder.send_json(&json!({"logout": true})).await;
+    // (An answer's absence has no event to await.)
+    let early = holder.recv_within(Duration::from_secs(1)).await;
+    assert!(
+        early.is_none(),
+        "answered before the standby heard: {early:?}"
+    );
+    standby.resume();
+    let reply = holder.recv().await;
+    assert_eq!(reply["status"], "Logout Success.", "{reply}");
+    primary.kill();
+    let mut standby = standby;
+    standby.kill();
+    let promoted = promote(standby);
+    let mut resuming = Client::connect(&promoted).await;
+    let resume = json!({"sessionid": session, "replay": true});
+    resuming
+        .send_json(&qe_tests::login_request("subscriber", "distribute", resume))
+        .await;
+    assert_failure(&resuming.recv().await, 109);
+    assert_eq!(drain(&promoted).await, ["given back"]);
+}
+
 /// A standby that attaches after messages are held is sent who holds them first, with its
 /// catch-up: a subscriber that held them before the standby existed resumes on its copy.
 #[tokio::test]
@@ -917,24 +953,35 @@ async fn answered_once_the_standby_hears<T: Send + 'static>(
     call.await.unwrap()
 }
 
+/// The SQS face's flags: on loopback, with an admin key.
+const SQS: [&str; 4] = [
+    "--sqs-listen",
+    "127.0.0.1:0",
+    "--sqs-key",
+    "admin:AKIASTANDBY:standby-secret",
+];
+
+/// A client of `node`'s SQS face, with the key [`SQS`] gives.
+fn sqs_of(node: &Node) -> aws_sdk_sqs::Client {
+    qe_tests::sqs::client_of(node, "AKIASTANDBY", "standby-secret")
+}
+
+/// A primary with its SQS face and a standby in sync; a client of the face and its queue's URL.
+async fn replicated_with_sqs() -> (Node, Standby, aws_sdk_sqs::Client, String) {
+    let primary = Node::start_with(&[&["--replication-key", KEY][..], &SQS].concat());
+    let standby = Standby::start(&primary, KEY);
+    wait_in_sync(&primary, 1);
+    let sqs = sqs_of(&primary);
+    let queue = qe_tests::sqs::lone_queue_url(&sqs).await;
+    (primary, standby, sqs, queue)
+}
+
 /// An SQS receive outlives a promotion: it is answered once the standby has heard of it (and so
 /// is a change of its visibility), its message stays invisible on the promoted copy for as long
 /// as it was, and its receipt handle deletes it there.
 #[tokio::test]
 async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
-    use qe_tests::sqs::{client_of, lone_queue_url, receive};
-    const SQS: [&str; 4] = [
-        "--sqs-listen",
-        "127.0.0.1:0",
-        "--sqs-key",
-        "admin:AKIASTANDBY:standby-secret",
-    ];
-    let sqs_of = |node: &Node| client_of(node, "AKIASTANDBY", "standby-secret");
-    let mut primary = Node::start_with(&[&["--replication-key", KEY][..], &SQS].concat());
-    let standby = Standby::start(&primary, KEY);
-    wait_in_sync(&primary, 1);
-    let sqs = sqs_of(&primary);
-    let queue = lone_queue_url(&sqs).await;
+    let (mut primary, standby, sqs, queue) = replicated_with_sqs().await;
     let mut publisher = primary.publisher().await;
     published(&mut publisher, "received", 2).await;
     // The receive is answered only once the standby has heard of it.
@@ -989,19 +1036,7 @@ async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
 /// not invisible for the rest of its old visibility (10 minutes here).
 #[tokio::test]
 async fn a_message_made_visible_again_waits_on_the_promoted_copy() {
-    use qe_tests::sqs::{client_of, lone_queue_url, receive};
-    const SQS: [&str; 4] = [
-        "--sqs-listen",
-        "127.0.0.1:0",
-        "--sqs-key",
-        "admin:AKIASTANDBY:standby-secret",
-    ];
-    let sqs_of = |node: &Node| client_of(node, "AKIASTANDBY", "standby-secret");
-    let mut primary = Node::start_with(&[&["--replication-key", KEY][..], &SQS].concat());
-    let standby = Standby::start(&primary, KEY);
-    wait_in_sync(&primary, 1);
-    let sqs = sqs_of(&primary);
-    let queue = lone_queue_url(&sqs).await;
+    let (mut primary, standby, sqs, queue) = replicated_with_sqs().await;
     let mut publisher = primary.publisher().await;
     published(&mut publisher, "given back", 2).await;
     let got = sqs

@@ -473,7 +473,17 @@ impl Subscription {
         self.queue.lock().drained(self.session);
     }
 
-    /// The subscriber logged out: what it holds goes to others now.
+    /// The subscriber asked to log out: what it holds goes to others now, before its reply.
+    /// The reply waits for the receipt: a standby's hearing of it, so that a copy promoted
+    /// after the reply neither keeps those messages with the session nor lets it resume.
+    pub fn leave_now(&self) -> Receipt {
+        let gate = self.queue.lock().leave(self.session);
+        self.queue.wake_pullers();
+        gate.map_or(Receipt::Done, Receipt::Heard)
+    }
+
+    /// The subscriber logged out: what it holds goes to others now (if [`Subscription::leave_now`]
+    /// has not sent it already).
     pub fn logout(mut self) {
         self.ended = true;
         self.queue.lock().leave(self.session);

@@ -679,15 +679,19 @@ impl QueueState {
 
     /// A session ends (logout, or a drop without resume): what it held goes to the first
     /// subscriber with room, else to the back of the queue, in id order; a message whose last
-    /// allowed delivery this was goes to the dead letter queue instead.
-    pub fn leave(&mut self, session: SessionId) {
+    /// allowed delivery this was goes to the dead letter queue instead. What a logout's reply
+    /// waits for: the standby hearing the last of those returns (each is numbered after the
+    /// one before).
+    pub fn leave(&mut self, session: SessionId) -> Option<HoldGate> {
         if let Some(expires_ms) = self.saved.remove(&session) {
             self.expiries.remove(&(expires_ms, session));
         }
+        let mut gate = None;
         for id in self.line.leave(session) {
-            self.delivery_failed(id);
+            gate = self.delivery_failed(id).or(gate);
         }
         self.dispatch();
+        gate
     }
 
     /// A delivery of `id` (held or received) ended without an ack: the message waits again at

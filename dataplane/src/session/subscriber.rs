@@ -132,7 +132,7 @@ impl Subscriber {
             Some(Request::Logout) => match fields["logout"] {
                 Value::Bool(true) => Response {
                     then: Then::Logout,
-                    ..Response::reply(Reply::logout())
+                    ..Response::durable(Reply::logout(), self.subscription.leave_now())
                 },
                 _ => Response::reply(Reply::failure(Code::InvalidLogout)),
             },

@@ -883,11 +883,11 @@ async fn a_replicated_queue_gets_a_standby_instance_in_another_zone_that_follows
 /// the standby's machine (the fence, EC2's termination, does not reach this emulated one: it
 /// runs on). The cut-off node, still reached by its clients, refuses durable writes from then
 /// on: durability 2 because its standby no longer syncs for it (507, or 502 once refused
-/// outright), durability 1 because it has heard from neither the control plane nor a standby
-/// for the silence limit (502: it may have been replaced). Everything it acknowledged at
+/// outright), durability 1 and 0 because it has heard from neither the control plane nor a
+/// standby for the silence limit (502: it may have been replaced). Everything it acknowledged at
 /// durability 2 is served by the promoted machine.
 #[tokio::test]
-async fn a_node_cut_off_from_the_control_plane_refuses_durable_writes_after_the_failover() {
+async fn a_node_cut_off_from_the_control_plane_refuses_writes_after_the_failover() {
     let _control_plane = HostAddress::keep(control_plane_v6(2));
     let (moto, ec2, files, api) = cloud_reached_at(control_plane_v6(2)).await;
     let dns = api.cp.dns.expect("a DNS server");
@@ -938,11 +938,15 @@ async fn a_node_cut_off_from_the_control_plane_refuses_durable_writes_after_the_
             "still Success on the cut-off node"
         );
     };
-    // Durability 1 too: written here alone, it would be lost to the promoted machine.
-    let reply = publisher
-        .request(json!({"body": "durability 1 after the cut", "durability": 1}))
-        .await;
-    assert_eq!(reply["code"], 502, "{reply}");
+    // Durability 1 too: written here alone, it would be lost to the promoted machine; and
+    // durability 0, kept in memory here, which a second primary must not take either.
+    for durability in [1, 0] {
+        let body = format!("durability {durability} after the cut");
+        let reply = publisher
+            .request(json!({"body": body, "durability": durability}))
+            .await;
+        assert_eq!(reply["code"], 502, "{reply}");
+    }
     assert!(
         node.log("node.log").contains("listening on"),
         "it runs on: {}",

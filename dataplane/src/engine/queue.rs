@@ -344,7 +344,12 @@ impl QueueState {
             };
             return Ok((made.id, receipt));
         }
-        if new.durability != Durability::None && !self.store.is_writable() {
+        let refused = match new.durability {
+            // Kept in memory only, but still a write a promoted standby would not have.
+            Durability::None => self.store.stepped_down(),
+            _ => !self.store.is_writable(),
+        };
+        if refused {
             return Err(Refused::StoreDown);
         }
         if self.message_count() >= self.limits.max_messages {

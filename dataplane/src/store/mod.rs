@@ -184,6 +184,13 @@ pub trait Store: Send {
         true
     }
 
+    /// Whether this node may have been replaced by its standby (the control plane unheard for
+    /// its silence limit, no standby in sync): the queue takes no publish then, of any
+    /// durability, so that never two nodes of one queue take them.
+    fn stepped_down(&self) -> bool {
+        false
+    }
+
     /// The receipt of a change already recorded, whose record ends at `lsn`: a repeat of a
     /// deduplicated publish waits on the first's record.
     fn receipt_at(&self, _lsn: u64, _durability: crate::message::Durability) -> Receipt {

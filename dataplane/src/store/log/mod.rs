@@ -394,9 +394,10 @@ impl Shared {
     /// Whether this node, the primary of a queue with a standby, may have been replaced: the
     /// control plane has not answered its reports for as long as it waits before it may
     /// promote the standby, and no standby is in sync (a promoted one stops following). Its
-    /// durable writes are refused then: never two primaries taking them.
+    /// publishes are refused then, whatever their durability: never two primaries taking
+    /// them. (The clock first: on a queue without a standby, nothing is borrowed.)
     fn stepped_down(&self) -> bool {
-        self.stepped_down_at(&self.progress.borrow())
+        self.unheard_too_long() && !self.progress.borrow().standby_in_sync
     }
 
     fn stepped_down_at(&self, progress: &Progress) -> bool {
@@ -709,6 +710,10 @@ impl Store for LogStore {
     fn is_writable(&self) -> bool {
         let progress = self.shared.progress.borrow();
         !progress.broken && !self.shared.stepped_down_at(&progress)
+    }
+
+    fn stepped_down(&self) -> bool {
+        self.shared.stepped_down()
     }
 
     fn receipt_at(&self, lsn: u64, durability: Durability) -> Receipt {

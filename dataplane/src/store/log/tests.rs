@@ -1171,8 +1171,8 @@ async fn holds_are_shipped_but_acks_and_a_table_starts_them_anew() {
 
 /// A primary with a standby that has heard nothing from the control plane for as long as the
 /// control plane waits before it promotes the standby, and has no standby in sync, refuses
-/// durable writes (it may have been replaced); meanwhile durability 1 waits for the standby's
-/// sync as durability 2 does. A report answered again ends both.
+/// writes, durable or not (it may have been replaced); meanwhile durability 1 waits for the
+/// standby's sync as durability 2 does. A report answered again ends both.
 #[tokio::test]
 async fn a_primary_unheard_for_the_silence_limit_without_its_standby_refuses_durable_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -1190,12 +1190,14 @@ async fn a_primary_unheard_for_the_silence_limit_without_its_standby_refuses_dur
         "unheard for 1.1 s, with a limit of 1 s"
     );
     assert!(shipping.stepped_down());
+    assert!(store.stepped_down(), "the queue takes no publish");
     let eventual = message(&mut ids, "d1", Durability::Eventual);
     let waits = publish(&mut store, &eventual);
     assert!(matches!(waits, Receipt::Synced(_)), "durability 1 as 2");
     let now = std::time::Instant::now();
     shipping.control_plane_heard(now);
     assert!(store.is_writable(), "heard again");
+    assert!(!store.stepped_down());
     let eventual = message(&mut ids, "d1 again", Durability::Eventual);
     let written = publish(&mut store, &eventual);
     assert!(

@@ -119,11 +119,11 @@ pub async fn failover(settings: &Settings, dataplane: &Path, data_root: &Path) -
     }
     let seen = load.stop().await;
     // What the subscribers held when they stopped waits for their sessions' time to run out.
-    let delivered = failover_load::drain(&local, logins).await;
+    let drained = failover_load::drain(&local, logins).await;
     let _ = child.kill();
     let _ = child.wait();
     stop_nodes(&node_dir);
-    failover_load::report(&rounds, &seen, &delivered)
+    failover_load::report(&rounds, &seen, &drained)
 }
 
 /// Removes the node's data directory, then kills its process; when.

@@ -191,14 +191,15 @@ async fn run(settings: &Settings, dir: &Path) -> bool {
         rounds.recovered(round, seen, lost, RECOVER_WITHIN).await;
     }
     let seen = load.stop().await;
-    // What the subscribers held when they stopped waits for their sessions' time to run out.
-    let delivered = failover_load::drain(&by_name, &two.logins).await;
+    // What the subscribers held when they stopped comes once their sessions' time runs out,
+    // behind the marker: the drain waits for it.
+    let drained = failover_load::drain(&by_name, &two.logins).await;
     tokio::task::spawn_blocking(move || drop(machines))
         .await
         .expect("the machines killed");
     keep_logs(&api, files.path(), dir);
     drop((api, moto, files));
-    let passed = failover_load::report(&rounds, &seen, &delivered);
+    let passed = failover_load::report(&rounds, &seen, &drained);
     report_against_the_silence_limit(&rounds.serving, silence_limit);
     passed
 }

@@ -40,8 +40,8 @@ const MARKER: &str = "end of the run";
 /// What the load saw, shared with the rounds.
 #[derive(Default)]
 pub struct Seen {
-    /// Bodies answered Success at durability 2.
-    acknowledged: Vec<String>,
+    /// Bodies answered Success at durability 2, and when.
+    acknowledged: Vec<(String, Instant)>,
     /// When the node was lost last.
     lost: Option<Instant>,
     /// Since then: when a publisher was first answered (any status), and first answered
@@ -298,7 +298,7 @@ fn answered(seen: &Mutex<Seen>, connected: Instant, body: String, success: bool)
         }
     }
     if success {
-        seen.acknowledged.push(body);
+        seen.acknowledged.push((body, now));
     }
 }
 
@@ -314,8 +314,11 @@ async fn logged_in<W: Way>(way: &W, request: Value) -> W::Connection {
     connection
 }
 
-/// Every message waiting, received and acked, up to a marker published now; their bodies.
-pub async fn drain<W: Way>(way: &W, logins: &Value) -> Vec<String> {
+/// Every message waiting, received and acked, up to a marker published now, and for 12 s
+/// after it what saved sessions give back; their bodies. (Until 2026-12-05 the drain stopped
+/// at the marker, so a message a stopped subscriber's session held unread, which comes after
+/// it, was counted lost.)
+pub async fn drain<W: Way>(way: &W, logins: &Value) -> Drained {
     let publisher = login_request(&logins["publisher"], "publisher", json!({}));
     let mut marker = logged_in(way, publisher).await;
     let end = json!({"body": MARKER, "durability": 2});
@@ -325,9 +328,19 @@ pub async fn drain<W: Way>(way: &W, logins: &Value) -> Vec<String> {
     let capacity = json!({"capacity": 256});
     let subscriber = login_request(&logins["subscriber"], "subscriber", capacity);
     let mut subscriber = logged_in(way, subscriber).await;
-    let mut delivered = Vec::new();
+    let mut drained = Drained::default();
+    let mut after_the_marker = None;
     loop {
-        let text = subscriber.next_text().await.expect("the queue delivers");
+        // After the marker, what the stopped subscribers' saved sessions held and the load
+        // never read (frames still in their sockets) comes once those sessions' time runs out
+        // (10 s on the standard tier), behind the marker: waited for, 12 s.
+        let text = match after_the_marker {
+            None => subscriber.next_text().await.expect("the queue delivers"),
+            Some(until) => match tokio::time::timeout_at(until, subscriber.next_text()).await {
+                Ok(text) => text.expect("the queue delivers"),
+                Err(_) => break,
+            },
+        };
         let frame: Value = serde_json::from_str(&text).expect("JSON");
         let Some(body) = frame["body"].as_str() else {
             continue;
@@ -335,10 +348,22 @@ pub async fn drain<W: Way>(way: &W, logins: &Value) -> Vec<String> {
         let ack = json!({"id": frame["id"], "ack": 1});
         assert!(subscriber.send_text(ack.to_string()).await, "an ack sent");
         if body == MARKER {
-            return delivered;
+            after_the_marker = Some(tokio::time::Instant::now() + Duration::from_secs(12));
+            continue;
         }
-        delivered.push(body.to_string());
+        match after_the_marker {
+            Some(_) => drained.after_the_marker.push(body.to_string()),
+            None => drained.before_the_marker.push(body.to_string()),
+        }
     }
+    drained
+}
+
+/// What [`drain`] received: before its marker, and after it.
+#[derive(Default)]
+pub struct Drained {
+    before_the_marker: Vec<String>,
+    after_the_marker: Vec<String>,
 }
 
 /// Deliveries of one message to a subscriber while another held it: received by the other
@@ -397,17 +422,29 @@ pub fn median_and_worst(durations: &[Duration]) -> Option<(Duration, Duration)> 
 
 /// Prints the rounds' times and what was lost, delivered again or held by two at once;
 /// whether nothing was lost and none held by two at once.
-pub fn report(rounds: &Rounds, seen: &Seen, delivered: &[String]) -> bool {
+pub fn report(rounds: &Rounds, seen: &Seen, drained: &Drained) -> bool {
     let mut times: HashMap<&str, usize> = HashMap::new();
     let to_holders = seen.deliveries.iter().map(|d| d.body.as_str());
+    let unread = drained
+        .after_the_marker
+        .iter()
+        .filter(|body| !seen.deliveries.iter().any(|d| &d.body == *body))
+        .count();
+    let delivered = [
+        &drained.before_the_marker[..],
+        &drained.after_the_marker[..],
+    ]
+    .concat();
     for body in delivered.iter().map(String::as_str).chain(to_holders) {
         *times.entry(body).or_default() += 1;
     }
     let acknowledged = &seen.acknowledged;
-    let lost = acknowledged
+    let lost: Vec<&(String, Instant)> = acknowledged
         .iter()
-        .filter(|b| !times.contains_key(b.as_str()))
-        .count();
+        .filter(|(body, _)| !times.contains_key(body.as_str()))
+        .collect();
+    print_lost(&lost, acknowledged, &seen.deliveries);
+    let lost = lost.len();
     let again = times.values().filter(|&&n| n > 1).count();
     let twice = held_by_two_at_once(&seen.deliveries);
     print_held_by_two(&twice);
@@ -436,7 +473,34 @@ pub fn report(rounds: &Rounds, seen: &Seen, delivered: &[String]) -> bool {
          more than once: {again}; held by two subscribers at once: {two_at_once}",
         seen.resumed, seen.new_sessions
     );
+    println!(
+        "after the drain's marker: {} given back by the stopped subscribers' saved sessions, \
+         {unread} of them never read by the load (counted lost before 2026-12-05)",
+        drained.after_the_marker.len()
+    );
     lost == 0 && two_at_once == 0
+}
+
+/// Each acknowledged message never delivered: when it was acknowledged, against the last
+/// acknowledgement and the last delivery (one acknowledged as the load stopped may have been
+/// on its way to a subscriber then).
+fn print_lost(
+    lost: &[&(String, Instant)],
+    acknowledged: &[(String, Instant)],
+    deliveries: &[Delivery],
+) {
+    let last_ack = acknowledged.iter().map(|&(_, at)| at).max();
+    let last_delivery = deliveries.iter().map(|d| d.at).max();
+    for (body, at) in lost {
+        let before = |last: Option<Instant>| {
+            last.map_or(0.0, |last| ms(last.saturating_duration_since(*at)))
+        };
+        println!(
+            "lost: {body}, acknowledged {:.0} ms before the last acknowledgement, {:.0} ms before the last delivery",
+            before(last_ack),
+            before(last_delivery)
+        );
+    }
 }
 
 pub fn ms(duration: Duration) -> f64 {

@@ -1006,17 +1006,10 @@ async fn a_standby_instance_that_stops_following_is_replaced_on_its_volume() {
     let _control_plane = HostAddress::keep(control_plane_v6(3));
     let provider = "boot_within_secs = 30";
     let (moto, ec2, files, api) = cloud_reached_at_with(control_plane_v6(3), provider).await;
-    let TwoMachines {
-        id,
-        logins,
-        host,
-        queue,
-        node,
-        standby,
-        publisher,
-    } = two_machines(&api, &ec2, files.path(), ["qh1", "qh2"]).await;
+    let machines = two_machines(&api, &ec2, files.path(), ["qh1", "qh2"]).await;
     // (Logged in again at the end: a client left unread that long answers no ping.)
-    drop(publisher);
+    drop(machines.publisher);
+    let (id, queue, standby) = (machines.id, machines.queue, machines.standby);
     let client = ec2.client(REGION).unwrap();
     let hung = queue["resources"]["standby_instance"].as_str().unwrap();
     let volume = queue["resources"]["standby_volume"].clone();
@@ -1063,7 +1056,8 @@ async fn a_standby_instance_that_stops_following_is_replaced_on_its_volume() {
     standby.wait_for_node_log("caught up with the primary");
     let dns = api.cp.dns.expect("a DNS server");
     let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
-    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
+    let (host, logins) = (&machines.host, &machines.logins);
+    let mut publisher = logged_in(dns, host, &root, logins, "publisher").await;
     on_two_disks(&mut publisher, "two disks again").await;
-    drop((node, standby, moto));
+    drop((machines.node, standby, moto));
 }

@@ -976,6 +976,29 @@ async fn replicated_with_sqs() -> (Node, Standby, aws_sdk_sqs::Client, String) {
     (primary, standby, sqs, queue)
 }
 
+/// ChangeMessageVisibility of `handle` to `secs`, as a future that owns what it needs (to be
+/// spawned while the standby is stopped).
+fn change_visibility(
+    sqs: &aws_sdk_sqs::Client,
+    queue: &str,
+    handle: &str,
+    secs: i32,
+) -> impl std::future::Future<
+    Output = Result<
+        aws_sdk_sqs::operation::change_message_visibility::ChangeMessageVisibilityOutput,
+        aws_sdk_sqs::error::SdkError<
+            aws_sdk_sqs::operation::change_message_visibility::ChangeMessageVisibilityError,
+        >,
+    >,
+> + Send
+       + 'static {
+    let change = sqs.change_message_visibility().queue_url(queue);
+    change
+        .receipt_handle(handle)
+        .visibility_timeout(secs)
+        .send()
+}
+
 /// An SQS receive outlives a promotion: it is answered once the standby has heard of it (and so
 /// is a change of its visibility), its message stays invisible on the promoted copy for as long
 /// as it was, and its receipt handle deletes it there.
@@ -993,17 +1016,7 @@ async fn an_sqs_receipt_handle_deletes_its_message_on_the_promoted_copy() {
     assert_eq!(got.len(), 1);
     let handle = got[0].receipt_handle().unwrap().to_string();
     // So is a change of its visibility.
-    let changing = {
-        let (sqs, queue, handle) = (sqs.clone(), queue.clone(), handle.clone());
-        async move {
-            let change = sqs.change_message_visibility().queue_url(&queue);
-            change
-                .receipt_handle(&handle)
-                .visibility_timeout(600)
-                .send()
-                .await
-        }
-    };
+    let changing = change_visibility(&sqs, &queue, &handle, 600);
     let changed = answered_once_the_standby_hears(&standby, changing).await;
     assert!(changed.is_ok(), "{changed:?}");
     // Its sync on the standby covers the receive shipped before it.
@@ -1047,17 +1060,7 @@ async fn a_message_made_visible_again_waits_on_the_promoted_copy() {
         .await
         .unwrap();
     let handle = got.messages()[0].receipt_handle().unwrap().to_string();
-    let giving_back = {
-        let (sqs, queue) = (sqs.clone(), queue.clone());
-        async move {
-            let change = sqs.change_message_visibility().queue_url(&queue);
-            change
-                .receipt_handle(&handle)
-                .visibility_timeout(0)
-                .send()
-                .await
-        }
-    };
+    let giving_back = change_visibility(&sqs, &queue, &handle, 0);
     let given_back = answered_once_the_standby_hears(&standby, giving_back).await;
     assert!(given_back.is_ok(), "{given_back:?}");
     primary.kill();

@@ -400,10 +400,6 @@ impl Shared {
         self.unheard_too_long() && !self.progress.borrow().standby_in_sync
     }
 
-    fn stepped_down_at(&self, progress: &Progress) -> bool {
-        !progress.standby_in_sync && self.unheard_too_long()
-    }
-
     /// Whether the control plane has not answered this node's reports for as long as it waits
     /// before it may promote the standby (a queue with a standby, told the limit, only).
     /// Meanwhile a standby still counted in sync may be one the control plane has promoted,
@@ -708,8 +704,7 @@ impl Store for LogStore {
     }
 
     fn is_writable(&self) -> bool {
-        let progress = self.shared.progress.borrow();
-        !progress.broken && !self.shared.stepped_down_at(&progress)
+        !self.shared.is_broken() && !self.shared.stepped_down()
     }
 
     fn stepped_down(&self) -> bool {

@@ -230,24 +230,29 @@ pub const CREDENTIALS_TRIED: u64 = 4096;
 pub const ROTATIONS_AFTER_A_BACKUP: u64 = 64;
 
 impl NodeTokens {
-    /// Which credential of queue `queue_id` `presented` is, among the first
-    /// [`CREDENTIALS_TRIED`]: a node whose queue the store does not know (it was made after
-    /// the backup the store was restored from) presents one of them. Every candidate is
-    /// computed and compared in full.
-    pub fn credential_of(&self, queue_id: &str, presented: &str) -> Option<u64> {
-        self.credential_among(queue_id, presented, 0..CREDENTIALS_TRIED)
+    /// Which machine's credential of queue `queue_id` `presented` is, and which one, among
+    /// each slot's first [`CREDENTIALS_TRIED`]: a node whose queue the store does not know (it
+    /// was made after the backup the store was restored from) presents one of them, the second
+    /// slot's if its standby's machine was promoted. Every candidate is computed and compared
+    /// in full.
+    pub fn credential_of(&self, queue_id: &str, presented: &str) -> Option<(Slot, u64)> {
+        let first = self.credential_among(queue_id, presented, Slot::First, 0..CREDENTIALS_TRIED);
+        let second = self.credential_among(queue_id, presented, Slot::Second, 0..CREDENTIALS_TRIED);
+        let first = first.map(|credential| (Slot::First, credential));
+        first.or(second.map(|credential| (Slot::Second, credential)))
     }
 
-    /// Which of the credentials `among` of queue `queue_id` `presented` is, if any.
+    /// Which of the credentials `among` of `queue_id`'s machine in `slot` `presented` is.
     pub fn credential_among(
         &self,
         queue_id: &str,
         presented: &str,
+        slot: Slot,
         among: std::ops::Range<u64>,
     ) -> Option<u64> {
         let mut found = None;
         for credential in among {
-            let expected = self.token_for(queue_id, credential);
+            let expected = self.token_of(queue_id, slot, credential);
             if bool::from(expected.as_bytes().ct_eq(presented.as_bytes())) {
                 found = Some(credential);
             }
@@ -310,6 +315,20 @@ impl Bootstraps {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stray's credential is found whichever of its queue's machines it is: the second's
+    /// has its own label, and is told from the first's.
+    #[test]
+    fn a_strays_credential_is_found_for_either_machine() {
+        let tokens = NodeTokens { secret: [9; 32] };
+        let first = tokens.token_of("q", Slot::First, 12);
+        let second = tokens.token_of("q", Slot::Second, 40);
+        assert_eq!(tokens.credential_of("q", &first), Some((Slot::First, 12)));
+        assert_eq!(tokens.credential_of("q", &second), Some((Slot::Second, 40)));
+        assert_eq!(tokens.credential_of("other", &second), None);
+        let past = tokens.token_of("q", Slot::Second, CREDENTIALS_TRIED);
+        assert_eq!(tokens.credential_of("q", &past), None, "past those tried");
+    }
 
     #[test]
     fn hmac_matches_rfc_4231_case_2_shape_and_tokens_are_per_queue() {

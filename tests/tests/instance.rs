@@ -392,6 +392,66 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
     drop(moto);
 }
 
+/// What `GET /v1/backup` gives now.
+async fn backup_of(api: &Api) -> String {
+    let token = Some(api.cp.token.as_str());
+    let (status, backup) =
+        qe_tests::https_text(api.at, api.roots.clone(), "GET", "/v1/backup", token, None).await;
+    assert_eq!(status, 200, "{backup}");
+    backup
+}
+
+/// The control plane's state lost and restored from `backup` (`controlplane restore`, as
+/// docs/deploy.md tells), and the control plane started again on it: it has seen a node of a
+/// queue it does not know.
+fn restored_from(api: Api, files: &std::path::Path, backup: &str) -> Api {
+    let Api { mut cp, at, roots } = api;
+    cp.kill();
+    std::fs::remove_dir_all(cp.dir.path().join("data/state")).unwrap();
+    std::fs::remove_file(cp.dir.path().join("data/node-secret")).unwrap();
+    std::fs::write(files.join("backup"), backup).unwrap();
+    let restored = std::process::Command::new(qe_tests::controlplane_binary())
+        .args(["restore", "--config"])
+        .arg(cp.dir.path().join("controlplane.toml"))
+        .arg("--from")
+        .arg(files.join("backup"))
+        .output()
+        .unwrap();
+    assert!(
+        restored.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restored.stderr)
+    );
+    let api = Api {
+        cp: cp.restart(),
+        at,
+        roots,
+    };
+    api.cp
+        .wait_for_log("created after the backup it was restored from", 1);
+    api
+}
+
+/// Queue `id` adopted (`POST /v1/strays/{id}/adopt`) once its node has reported itself and
+/// it is listed as the one adoptable stray: the queue as adopted.
+async fn adopt_once_reported(api: &Api, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, strays) = api.call("GET", "/v1/strays", None).await;
+        assert_eq!(status, 200, "{strays}");
+        if strays["strays"] == json!([{"id": id, "adoptable": true}]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never adoptable: {strays}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, adopted) = api
+        .call("POST", &format!("/v1/strays/{id}/adopt"), None)
+        .await;
+    assert_eq!(status, 201, "{adopted}");
+    adopted
+}
+
 /// Issue 28: after a restore from a backup made before a queue was, its instance runs on,
 /// unknown to the store. Its node, refused, reports the config it kept; the queue is then
 /// listed as an adoptable stray and adopted: the same instance serves it by name, with its
@@ -401,10 +461,7 @@ async fn an_instance_made_after_the_backup_is_adopted_from_what_its_node_reports
     let (moto, ec2, files, api) = cloud().await;
     let dns = api.cp.dns.expect("a DNS server");
     let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
-    let token = Some(api.cp.token.as_str());
-    let (status, backup) =
-        qe_tests::https_text(api.at, api.roots.clone(), "GET", "/v1/backup", token, None).await;
-    assert_eq!(status, 200, "{backup}");
+    let backup = backup_of(&api).await;
 
     let body = format!(r#"{{"tier":"devtest","region":"{REGION}","instance_type":"t3.small"}}"#);
     let (_, created) = api.call("POST", "/v1/queues", Some(&body)).await;
@@ -423,48 +480,13 @@ async fn an_instance_made_after_the_backup_is_adopted_from_what_its_node_reports
     assert_eq!(reply["status"], "Success.", "{reply}");
 
     // The control plane's state is lost and restored from the backup.
-    let Api { mut cp, at, roots } = api;
-    cp.kill();
-    std::fs::remove_dir_all(cp.dir.path().join("data/state")).unwrap();
-    std::fs::remove_file(cp.dir.path().join("data/node-secret")).unwrap();
-    std::fs::write(files.path().join("backup"), &backup).unwrap();
-    let restored = std::process::Command::new(qe_tests::controlplane_binary())
-        .args(["restore", "--config"])
-        .arg(cp.dir.path().join("controlplane.toml"))
-        .arg("--from")
-        .arg(files.path().join("backup"))
-        .output()
-        .unwrap();
-    assert!(
-        restored.status.success(),
-        "{}",
-        String::from_utf8_lossy(&restored.stderr)
-    );
-    let api = Api {
-        cp: cp.restart(),
-        at,
-        roots,
-    };
-    api.cp
-        .wait_for_log("created after the backup it was restored from", 1);
+    let api = restored_from(api, files.path(), &backup);
     let dns = api.cp.dns.expect("a DNS server");
 
     // Its node reports itself; the queue is then adoptable (an instance's config is on its
     // volume: nothing else could tell it).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (status, strays) = api.call("GET", "/v1/strays", None).await;
-        assert_eq!(status, 200, "{strays}");
-        if strays["strays"] == json!([{"id": id, "adoptable": true}]) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never adoptable: {strays}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let (status, adopted) = api
-        .call("POST", &format!("/v1/strays/{id}/adopt"), None)
-        .await;
-    assert_eq!(status, 201, "{adopted}");
+    let adopted = adopt_once_reported(&api, &id).await;
+    assert_eq!(adopted["serving"], "first", "{adopted}");
     let (_, running) = api.call("GET", &path, None).await;
     assert_eq!(running["status"], "running", "{running}");
     assert_eq!(
@@ -484,6 +506,86 @@ async fn an_instance_made_after_the_backup_is_adopted_from_what_its_node_reports
     assert_eq!(status, 409, "{again}");
     drop(instance);
     drop(moto);
+}
+
+/// Issue 35: a replicated queue made after the backup, whose standby's machine was promoted
+/// before the store was restored. Its node is now the second slot's machine, which presents
+/// that slot's credential: it reports itself, and is adopted as the machine that serves, at
+/// the epoch it serves at. It serves by name with its durable messages and takes a fresh
+/// credential; a new standby is placed on the lost node's volume, follows it, and durability
+/// 2 is on two disks again.
+#[tokio::test]
+async fn a_promoted_standby_of_a_queue_made_after_the_backup_is_adopted_as_its_node() {
+    let _control_plane = HostAddress::keep(control_plane_v6(4));
+    let (moto, ec2, files, api) = cloud_reached_at(control_plane_v6(4)).await;
+    let backup = backup_of(&api).await;
+    let TwoMachines {
+        id,
+        logins,
+        host,
+        queue,
+        node,
+        standby,
+        mut publisher,
+    } = two_machines(&api, &ec2, files.path(), ["qa1", "qa2"]).await;
+    let reply = publisher
+        .request(json!({"body": "made after the backup", "durability": 2}))
+        .await;
+    assert_eq!(reply["status"], "Success.", "{reply}");
+    let first_volume = queue["resources"]["volume"].clone();
+    let standby_instance = queue["resources"]["standby_instance"].as_str().unwrap();
+    drop((node, publisher));
+    let promoted = api
+        .until(&id, |queue| {
+            queue["resources"]["instance"] == standby_instance
+        })
+        .await;
+    assert_eq!(promoted["serving"], "second", "{promoted}");
+
+    let api = restored_from(api, files.path(), &backup);
+    let adopted = adopt_once_reported(&api, &id).await;
+    let serving = (adopted["serving"].as_str(), adopted["epoch"].as_u64());
+    assert_eq!(serving, (Some("second"), Some(1)), "{adopted}");
+    assert_eq!(adopted["replicas"], 2, "{adopted}");
+    let running = api
+        .until(&id, |queue| {
+            queue["status"] == "running" && queue["resources"]["instance"] == standby_instance
+        })
+        .await;
+    let dns = api.cp.dns.expect("a DNS server");
+    let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
+    let mut subscriber = logged_in(dns, &host, &root, &logins, "subscriber").await;
+    // (What the 507 while the standby caught up kept comes first: `two_machines`.)
+    let mut delivered = Vec::new();
+    while let Some(frame) = subscriber.recv_within(Duration::from_secs(2)).await {
+        if let Some(body) = frame["body"].as_str() {
+            delivered.push(body.to_string());
+            subscriber
+                .send_json(&json!({"id": frame["id"], "ack": 1}))
+                .await;
+        }
+    }
+    assert!(
+        delivered.iter().any(|body| body == "made after the backup"),
+        "{delivered:?} on {running}"
+    );
+    // Its node took the fresh credential of its slot: its next change is confirmed.
+    let rotate = format!("/v1/queues/{id}/logins/admin/rotate");
+    let (status, rotated) = api.call("POST", &rotate, None).await;
+    assert_eq!(status, 200, "{rotated}");
+    // A standby follows it again, on the first slot's volume (the lost node's copy).
+    let queue = api
+        .until(&id, |queue| {
+            let placed = queue["resources"]["standby_instance"].as_str();
+            placed.is_some() && placed != Some(standby_instance)
+        })
+        .await;
+    assert_eq!(queue["resources"]["standby_volume"], first_volume);
+    let new_standby = boot_standby(&ec2, &queue, "qa3", "qa2", files.path()).await;
+    new_standby.wait_for_node_log("caught up with the primary");
+    let mut publisher = logged_in(dns, &host, &root, &logins, "publisher").await;
+    on_two_disks(&mut publisher, "two disks again").await;
+    drop((standby, new_standby, moto));
 }
 
 /// Rolling upgrades on instances (docs/deploy.md §14): a new build published with `qe` and

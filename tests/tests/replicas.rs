@@ -708,6 +708,21 @@ async fn a_sled_backup_restores_into_etcd_and_the_running_nodes_carry_on() {
     assert_eq!(status, 401);
     let (status, _) = qe_tests::http(cp.addr, "POST", &report(&id), wrong, Some("{}")).await;
     assert_eq!(status, 409);
+    // A standby's report, with the node's own credential, is refused too: its config names
+    // the node it follows, and kept it would make the record say the standby serves.
+    let bootstrap: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&newer_bootstrap).unwrap()).unwrap();
+    let node_token = bootstrap["node_token"].as_str();
+    let kept = newer_bootstrap.with_file_name("data/desired-config.json");
+    let mut standbys: Value = serde_json::from_slice(&std::fs::read(kept).unwrap()).unwrap();
+    standbys["replication"] = serde_json::json!({
+        "key_hash": "kept",
+        "follow": {"url": "wss://its-node/", "key": "k"},
+    });
+    let body = standbys.to_string();
+    let (status, said) =
+        qe_tests::http(cp.addr, "POST", &report(&newer_id), node_token, Some(&body)).await;
+    assert_eq!(status, 409, "{said}");
     let newer_pid = process_naming(&newer_bootstrap).unwrap();
     let (status, adopted) = cp
         .call("POST", &format!("/v1/strays/{newer_id}/adopt"), None)

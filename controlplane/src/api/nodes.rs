@@ -59,7 +59,6 @@ pub async fn require_node_token(
         Some(found) => found,
         None => rotated_after_the_backup(&state, &queue, presented)
             .await?
-            .map(|credential| (Slot::First, credential))
             .ok_or(super::unauthorized(presented))?,
     };
     // The machine that does not serve is its standby's (after a promotion, the first).
@@ -100,34 +99,39 @@ fn a_standby_may(request: &Request) -> bool {
 }
 
 /// On a store restored from a backup, a node may present a credential its queue took after
-/// the backup: a later one than its record knows (an earlier one stays retired). It is the
-/// queue's credential from then on. Only someone holding the node secret can make one.
+/// the backup: a later one than its record knows for its machine's slot (an earlier one stays
+/// retired). It is that slot's credential from then on. Only someone holding the node secret
+/// can make one.
 async fn rotated_after_the_backup(
     state: &AppState,
     queue: &Queue,
     presented: &str,
-) -> Result<Option<u64>, ApiError> {
+) -> Result<Option<(Slot, u64)>, ApiError> {
     if presented.is_empty() || state.store.restored().await?.is_none() {
         return Ok(None);
     }
-    let later = queue.node_credential + 1
-        ..queue.node_credential + 1 + crate::nodes::ROTATIONS_AFTER_A_BACKUP;
-    let Some(credential) = state
-        .node_tokens
-        .credential_among(&queue.id, presented, later)
-    else {
+    let slots = match queue.replicas == 2 {
+        true => &[Slot::First, Slot::Second][..],
+        false => &[Slot::First][..],
+    };
+    let later = |slot: Slot| {
+        let known = queue.credential_of(slot).0;
+        known + 1..known + 1 + crate::nodes::ROTATIONS_AFTER_A_BACKUP
+    };
+    let tokens = &state.node_tokens;
+    let Some((slot, credential)) = slots.iter().find_map(|&slot| {
+        let found = tokens.credential_among(&queue.id, presented, slot, later(slot));
+        found.map(|credential| (slot, credential))
+    }) else {
         return Ok(None);
     };
     let taken = state.store.update(&queue.id, |queue| {
-        if queue.node_credential < credential {
-            queue.node_credential = credential;
-            queue.next_node_credential = None;
-        }
+        queue.credential_taken_after_a_backup(slot, credential);
         Ok::<_, StoreError>(())
     });
     taken.await?;
-    tracing::warn!(queue = %queue.id, credential, "a node presented a credential rotated after the backup the store was restored from: it is the queue's now");
-    Ok(Some(credential))
+    tracing::warn!(queue = %queue.id, ?slot, credential, "a node presented a credential rotated after the backup the store was restored from: it is its machine's now");
+    Ok(Some((slot, credential)))
 }
 
 /// `queue`'s SQS face, where its provider runs one: the listener and the keys not revoked

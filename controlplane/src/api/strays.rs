@@ -12,7 +12,7 @@
 use super::extract::{Json, Path};
 use super::{ApiError, AppState};
 use crate::model::audit::Target;
-use crate::model::queue::Queue;
+use crate::model::queue::{Queue, Slot};
 use axum::extract::{Extension, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -29,6 +29,10 @@ pub struct Reported {
     pub queue_id: String,
     /// Which of its queue's credentials it presented (checked against the node secret).
     pub credential: u64,
+    /// Which of its queue's machines that credential is for (the second once its standby's
+    /// was promoted); the first in a report kept before slots were.
+    #[serde(default)]
+    pub slot: Slot,
     /// The config it kept: its tier, logins, labels and SQS keys.
     pub desired: DesiredConfig,
     /// When, in milliseconds since 1970.
@@ -36,7 +40,8 @@ pub struct Reported {
 }
 
 /// The least time between two checks of a stray's credential, on this replica: a check tries
-/// every credential the queue may have had ([`crate::nodes::CREDENTIALS_TRIED`] HMACs), and
+/// every credential the queue's two machines may have had (twice
+/// [`crate::nodes::CREDENTIALS_TRIED`] HMACs), and
 /// the route is open to anyone, so they are spaced out: a request waits
 /// for its turn, and one that would wait longer than [`WAIT_AT_MOST`] is refused (429). A
 /// stray node reports every half minute at most; a refused one tries again later.
@@ -87,18 +92,29 @@ pub async fn require_stray_credential(
     Ok(next.run(request).await)
 }
 
-/// The credential [`require_stray_credential`] found.
+/// The credential [`require_stray_credential`] found: its machine's slot, and its number.
 #[derive(Clone, Copy)]
-pub struct StrayCredential(u64);
+pub struct StrayCredential((Slot, u64));
 
 /// `POST /v1/nodes/{id}/stray` (a node's route): keeps the config a stray node reports,
 /// which makes its queue adoptable; `202`.
 pub async fn reported(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Extension(StrayCredential(credential)): Extension<StrayCredential>,
+    Extension(StrayCredential((slot, credential))): Extension<StrayCredential>,
     Json(mut desired): Json<DesiredConfig>,
 ) -> Result<StatusCode, ApiError> {
+    // A standby's config names the node it follows: kept, it would make the queue's record
+    // say the standby serves. Its queue is adopted from its node's report.
+    if desired
+        .replication
+        .as_ref()
+        .is_some_and(|r| r.follow.is_some())
+    {
+        return Err(ApiError::Conflict(format!(
+            "queue {id:?}'s standby reports no stray: its queue is adopted from its node's report"
+        )));
+    }
     // No secret rests in the store: a credential being rotated in is the node's own, and
     // SQS keys' secrets are derived again from their ids (`nodes.rs`).
     desired.node_token = None;
@@ -108,11 +124,12 @@ pub async fn reported(
     let reported = Reported {
         queue_id: id.clone(),
         credential,
+        slot,
         desired,
         reported_ms: crate::live::now_ms(),
     };
     state.store.put_stray(&id, &reported).await?;
-    tracing::warn!(queue = %id, credential, "the node of a queue this store does not know reported itself: it may be adopted (GET /v1/strays)");
+    tracing::warn!(queue = %id, ?slot, credential, "the node of a queue this store does not know reported itself: it may be adopted (GET /v1/strays)");
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -157,7 +174,7 @@ pub async fn adopt(
     }
     let queue = match state.fleet.stray(&id) {
         Some(stray) => {
-            let credential = stray
+            let (slot, credential) = stray
                 .node_tokens
                 .iter()
                 .find_map(|token| state.node_tokens.credential_of(&id, token))
@@ -166,11 +183,11 @@ pub async fn adopt(
                         "queue {id:?}'s node holds no credential of this cluster's node secret"
                     ))
                 })?;
-            Queue::adopted(&id, &stray.desired, credential)
+            Queue::adopted(&id, &stray.desired, slot, credential)
         }
         None => {
             let reported: Reported = state.store.stray(&id).await?.ok_or_else(not_a_stray)?;
-            Queue::adopted(&id, &reported.desired, reported.credential)
+            Queue::adopted(&id, &reported.desired, reported.slot, reported.credential)
         }
     };
     if !state.store.put(&queue).await? {

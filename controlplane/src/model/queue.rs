@@ -215,16 +215,31 @@ impl Queue {
     /// Its machine in `slot` used credential `credential`: if that is the one being rotated
     /// in, it becomes the slot's, and the old one is retired.
     pub fn credential_used(&mut self, slot: Slot, credential: u64) {
-        let (current, next) = match slot {
+        let (current, next) = self.credentials_mut(slot);
+        if *next == Some(credential) {
+            *current = credential;
+            *next = None;
+        }
+    }
+
+    /// Its machine in `slot` presented `credential`, later than the slot's (taken after the
+    /// backup a restored store came from): the slot's from now on, nothing being rotated in.
+    pub fn credential_taken_after_a_backup(&mut self, slot: Slot, credential: u64) {
+        let (current, next) = self.credentials_mut(slot);
+        if *current < credential {
+            *current = credential;
+            *next = None;
+        }
+    }
+
+    /// The credential of its machine in `slot`, and one being rotated in, to change.
+    fn credentials_mut(&mut self, slot: Slot) -> (&mut u64, &mut Option<u64>) {
+        match slot {
             Slot::First => (&mut self.node_credential, &mut self.next_node_credential),
             Slot::Second => (
                 &mut self.second_credential,
                 &mut self.next_second_credential,
             ),
-        };
-        if *next == Some(credential) {
-            *current = credential;
-            *next = None;
         }
     }
 
@@ -355,11 +370,14 @@ impl Queue {
 
 impl Queue {
     /// Queue `id`'s record rebuilt from the config its node last took (`desired`, version
-    /// V): a queue made after the backup the store was restored from, adopted. Its node
-    /// presents credential `credential`; the record rotates it (the node takes the next one
-    /// with version V + 1). What the node never had is not known: the queue belongs to no
-    /// account and its SQS keys' creation times are now.
-    pub fn adopted(id: &str, desired: &DesiredConfig, credential: u64) -> Queue {
+    /// V): a queue made after the backup the store was restored from, adopted. Its node is
+    /// the machine in `slot` (the second after its standby's machine was promoted), which
+    /// serves at the epoch its config gave it; it presents credential `credential`, which the
+    /// record rotates (the node takes the next one with version V + 1). What the node never
+    /// had is not known: the queue belongs to no account, its SQS keys' creation times are
+    /// now, and its other machine's credential is taken from the first it presents (a
+    /// restored store takes later ones: `api/nodes.rs`).
+    pub fn adopted(id: &str, desired: &DesiredConfig, slot: Slot, credential: u64) -> Queue {
         let login = |login: &LoginHash| StoredLogin {
             username: login.username.clone(),
             password_hash: login.password_hash.clone(),
@@ -379,8 +397,14 @@ impl Queue {
         let mut queue = Queue::new(id.to_string(), asked, logins);
         queue.config_version = desired.version + 1;
         queue.applied_version = desired.version;
-        queue.node_credential = credential;
-        queue.next_node_credential = Some(credential + 1);
+        queue.serving = slot;
+        queue.epoch = desired
+            .replication
+            .as_ref()
+            .and_then(|r| r.epoch)
+            .unwrap_or(0);
+        *queue.credentials_mut(slot).0 = credential;
+        *queue.credentials_mut(slot).1 = Some(credential + 1);
         let keys = desired.sqs.iter().flat_map(|sqs| &sqs.keys);
         queue.sqs_keys = keys
             .map(|key| SqsKeyRecord {
@@ -748,6 +772,46 @@ mod tests {
         assert!(
             !text.contains("second_credential"),
             "left out, as records from before: {text}"
+        );
+    }
+
+    /// A queue adopted from the config its node kept: the machine in the slot whose
+    /// credential the node presented serves, at the epoch its config gave it, and that
+    /// credential is rotated; the other machine's is not known.
+    #[test]
+    fn an_adopted_queue_is_served_by_the_machine_that_reported_at_its_epoch() {
+        let mut before = a_queue("made-after-the-backup", Status::Running);
+        before.tier = Tier::Standard;
+        let mut desired = before.desired_config(vec![], NodeTls::None);
+        desired.replication = Some(qe_shared::node_channel::DesiredReplication {
+            key_hash: "kept".into(),
+            epoch: Some(3),
+            step_down_after_ms: None,
+            follow: None,
+        });
+        let adopted = Queue::adopted(&before.id, &desired, Slot::Second, 7);
+        assert_eq!((adopted.replicas, adopted.serving), (2, Slot::Second));
+        assert_eq!(adopted.epoch, 3);
+        assert_eq!(adopted.credential_of(Slot::Second), (7, Some(8)));
+        assert_eq!(adopted.credential_of(Slot::First), (0, None));
+        assert_eq!(adopted.config_version, desired.version + 1);
+        // A node of one replica, which never had an epoch: the first machine's, at 0.
+        desired.replication = None;
+        let alone = Queue::adopted(&before.id, &desired, Slot::First, 2);
+        assert_eq!(
+            (alone.replicas, alone.serving, alone.epoch),
+            (1, Slot::First, 0)
+        );
+        assert_eq!(alone.credential_of(Slot::First), (2, Some(3)));
+        // A restored store takes a later credential of either machine, never an earlier one.
+        let mut queue = adopted;
+        queue.credential_taken_after_a_backup(Slot::First, 5);
+        assert_eq!(queue.credential_of(Slot::First), (5, None));
+        queue.credential_taken_after_a_backup(Slot::Second, 6);
+        assert_eq!(
+            queue.credential_of(Slot::Second),
+            (7, Some(8)),
+            "earlier: kept"
         );
     }
 

@@ -347,8 +347,9 @@ pub struct StandbyLag {
     /// synced on the standby; catching up: what it copies and what was written since; none
     /// attached: the whole log).
     pub lag_bytes: u64,
-    /// How long none has been attached to the node, in milliseconds; 0 while one is. The
-    /// control plane replaces a standby absent for its silence limit.
+    /// How long none has stayed attached to the node, in milliseconds; 0 while one stays (one
+    /// stays once attached for 30 s, at most half the silence limit). The control plane
+    /// replaces a standby absent for its silence limit.
     #[serde(default)]
     pub absent_ms: u64,
 }

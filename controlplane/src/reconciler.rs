@@ -517,7 +517,7 @@ impl Reconciler {
         queue: &Queue,
     ) -> Result<(), Box<dyn std::error::Error>> {
         let limit = self.settings.silence.limit.unwrap_or_default();
-        let reason = format!(
+        let mut reason = format!(
             "its node has had no standby attached for more than {} s",
             limit.as_secs()
         );
@@ -527,13 +527,18 @@ impl Reconciler {
             .silence
             .standbys_replaced
             .fetch_add(1, Ordering::Relaxed);
-        // Judged anew from now: the next is given its boot time, whether or not it is placed
-        // at once.
+        // Judged anew from now: the next is given its boot time (longer after each
+        // replacement in a row), whether or not it is placed at once.
         let (now, boot) = (crate::live::now_ms(), self.fleet.boot_within());
-        self.watch
+        let in_a_row = self
+            .watch
             .lock()
             .expect("never poisoned")
-            .standby_placed(&queue.id, now, boot);
+            .standby_replaced(&queue.id, now, boot, limit);
+        if in_a_row > 1 {
+            reason += &format!(" ({in_a_row} replacements in a row: see its node's log)");
+            tracing::error!(queue = %queue.id, in_a_row, "its standby was replaced again and again, none staying: the next is judged later each time; see its node's log for why it is dropped");
+        }
         self.audit(audit::STANDBY_REPLACE, queue, &reason).await;
         Ok(())
     }

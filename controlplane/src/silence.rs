@@ -71,7 +71,14 @@ pub struct Watch {
     /// A standby is heard through its node: a node's live report says since when none has
     /// been attached to it (`Queue::standby_absent_since_ms`).
     standbys: HashMap<String, Watched>,
+    /// Standbys replaced one after the other, none of them ever attached for long (a copy
+    /// its node refuses for good, a zone that cannot reach it): how many in a row, and how
+    /// much longer than its boot time the next is given ([`Watch::standby_replaced`]).
+    standbys_replaced: HashMap<String, (u32, Duration)>,
 }
+
+/// The most a standby replaced again and again waits past its boot time to be judged.
+const STANDBY_BACKOFF_AT_MOST: Duration = Duration::from_secs(3600);
 
 /// Since when one queue's node is watched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +127,8 @@ impl Watch {
             .retain(|id, _| placed.iter().any(|queue| &queue.id == id));
         self.standbys
             .retain(|id, _| placed.iter().any(|queue| &queue.id == id));
+        self.standbys_replaced
+            .retain(|id, _| placed.iter().any(|queue| &queue.id == id));
         let mut silent = Vec::new();
         for queue in placed {
             let booting = match queue.status == Status::Provisioning {
@@ -149,8 +158,40 @@ impl Watch {
     /// Watches queue `queue_id`'s standby anew from `now_ms`: it was placed anew (started,
     /// launched), and may take `boot` to reach its node.
     pub fn standby_placed(&mut self, queue_id: &str, now_ms: u64, boot: Duration) {
+        let backoff = self
+            .standbys_replaced
+            .get(queue_id)
+            .map(|&(_, backoff)| backoff);
+        let boot = boot + backoff.unwrap_or_default();
         self.standbys
             .insert(queue_id.to_string(), Watched::from(now_ms, boot));
+    }
+
+    /// Queue `queue_id`'s standby was replaced at `now_ms` for its absence: the next is
+    /// watched from then, given `boot`, and, when this is not the first replacement since a
+    /// standby last stayed, longer: `limit` more for the second in a row, then twice as much
+    /// more for each (at most an hour). A standby that can never follow (its copy is of
+    /// another log, which its node refuses until an operator decides) is so replaced ever
+    /// more seldom. Returns how many in a row this one is.
+    pub fn standby_replaced(
+        &mut self,
+        queue_id: &str,
+        now_ms: u64,
+        boot: Duration,
+        limit: Duration,
+    ) -> u32 {
+        let (in_a_row, _) = self
+            .standbys_replaced
+            .get(queue_id)
+            .copied()
+            .unwrap_or_default();
+        let in_a_row = in_a_row + 1;
+        let doublings = (in_a_row - 1).min(16);
+        let backoff = (limit * ((1 << doublings) - 1)).min(STANDBY_BACKOFF_AT_MOST);
+        self.standbys_replaced
+            .insert(queue_id.to_string(), (in_a_row, backoff));
+        self.standby_placed(queue_id, now_ms, boot);
+        in_a_row
     }
 
     /// Whether `queue`'s standby has been absent from its node (its node's reports say none
@@ -160,6 +201,8 @@ impl Watch {
     /// beside a new node is absent from the node's first report on, and is not judged on it.
     pub fn standby_absent(&mut self, queue: &Queue, now_ms: u64, limit: Duration) -> bool {
         let Some(absent_since) = queue.standby_absent_since_ms else {
+            // One stays: replacements start again from the first.
+            self.standbys_replaced.remove(&queue.id);
             return false;
         };
         let watched = *self
@@ -330,6 +373,35 @@ mod tests {
         // A queue no longer listed is forgotten, its standby too.
         watch.silent(&[], &HashMap::new(), 22_360_000, LIMIT, BOOT);
         assert!(watch.standbys.is_empty());
+    }
+
+    /// A standby replaced again and again without ever staying (its copy refused for good)
+    /// is given its boot time, then the limit more, then three times, seven times… the limit
+    /// more, at most an hour; once one stays, the next replacement is the first again.
+    #[test]
+    fn a_standby_replaced_again_and_again_is_judged_ever_later() {
+        let mut q = queue("q", Status::Running, true);
+        let mut watch = Watch::default();
+        q.standby_absent_since_ms = Some(1_000);
+        let mut now = 1_000_000;
+        let mut judged_after = Vec::new();
+        for in_a_row in 1..=8 {
+            assert_eq!(watch.standby_replaced("q", now, BOOT, LIMIT), in_a_row);
+            let from = now;
+            while !watch.standby_absent(&q, now, LIMIT) {
+                now += 1_000;
+            }
+            judged_after.push((now - from) / 1_000);
+        }
+        // Boot 300 s, limit 60 s: 360 s, then 60, 180, 420, 900, 1860 s more, capped at 3600.
+        assert_eq!(judged_after, [361, 421, 541, 781, 1261, 2221, 3961, 3961]);
+        // One stays: its node reports it attached. The next replacement is the first again.
+        q.standby_absent_since_ms = None;
+        assert!(!watch.standby_absent(&q, now, LIMIT));
+        assert_eq!(watch.standby_replaced("q", now, BOOT, LIMIT), 1);
+        q.standby_absent_since_ms = Some(now);
+        assert!(!watch.standby_absent(&q, now + 360_000, LIMIT));
+        assert!(watch.standby_absent(&q, now + 360_001, LIMIT));
     }
 
     #[test]

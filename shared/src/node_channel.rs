@@ -512,9 +512,12 @@ pub struct StandbyLag {
     /// yet synced on the standby; catching up, what its catch-up copies and what was written
     /// since; with none attached, the whole log.
     pub lag_bytes: u64,
-    /// How long no standby has been attached, in milliseconds (since the node started, or
-    /// since the last one went away or was dropped); 0 while one is. The control plane
-    /// replaces a standby absent for its silence limit (`reconciler.rs`). Left out while 0,
+    /// How long no standby has stayed attached, in milliseconds: since the node started, or
+    /// since the last one that had settled went away or was dropped; 0 while one stays. One
+    /// that attaches settles after 30 s attached (at most half the silence limit); while it
+    /// settles, this is how long it was gone before it came, and one dropped before it
+    /// settles is absent throughout. The control plane replaces a standby absent for its
+    /// silence limit (`reconciler.rs`). Left out while 0,
     /// so a control plane of the release before (which refuses a field it does not know)
     /// reads the report as before while the standby is attached.
     #[serde(default, skip_serializing_if = "is_zero")]

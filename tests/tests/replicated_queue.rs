@@ -168,11 +168,11 @@ async fn a_hung_standby_is_replaced_once_its_node_has_gone_without_it_for_the_si
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
     cp.wait_for_status(&id, "running").await;
-    let queue = wait_for(&cp, &id, "in sync", |q| {
-        in_sync(q) && standby_pid(q).is_some()
+    // In sync, and attached long enough to count as staying (half the limit here).
+    let queue = wait_for(&cp, &id, "in sync, staying", |q| {
+        in_sync(q) && standby_pid(q).is_some() && q["standby_absent_since"].is_null()
     })
     .await;
-    assert!(queue["standby_absent_since"].is_null(), "{queue}");
     let hung = standby_pid(&queue).unwrap();
     let node = node_of(&queue).to_string();
     let publisher = created["logins"]["publisher"].clone();
@@ -212,6 +212,66 @@ async fn a_hung_standby_is_replaced_once_its_node_has_gone_without_it_for_the_si
     );
     // The same publisher, on the same connection: on two disks again.
     publish_until(&mut publisher, "Success").await;
+}
+
+/// The standby flaps: it hangs (SIGSTOP) until its node drops it (5 s unanswered), runs
+/// again (SIGCONT) and attaches again, and hangs again as soon as it is in sync, each time
+/// before it has stayed attached for its settling time (7.5 s here, half the 15 s limit: a
+/// limit longer than one hang, so that only the flapping adds up to it). Its absence goes on
+/// across those attaches, from when it first went silent, so it is replaced once that is the
+/// limit ago. (Before, each attach ended its absence, and a standby that kept being dropped
+/// was never replaced.)
+#[tokio::test]
+async fn a_standby_that_keeps_being_dropped_is_replaced() {
+    let cp = ControlPlane::start_with(&format!("{CONFIG}replace_silent_after_intervals = 15\n"));
+    let (status, created) = cp.call("POST", "/v1/queues", Some(REPLICATED)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let queue = wait_for(&cp, &id, "in sync, staying", |q| {
+        in_sync(q) && standby_pid(q).is_some() && q["standby_absent_since"].is_null()
+    })
+    .await;
+    let flapping = standby_pid(&queue).unwrap();
+    let signal = |signal| {
+        // SAFETY: kill takes a pid and a signal; the standby is the provider's child, not ours.
+        unsafe { libc::kill(flapping as libc::pid_t, signal) };
+    };
+    let mut attaches = 0;
+    let replaced = loop {
+        signal(libc::SIGSTOP);
+        // Dropped by its node (5 s without an answer), then running again: it attaches
+        // again and catches up, or it is replaced meanwhile.
+        let dropped = wait_for(&cp, &id, "dropped", |q| {
+            !in_sync(q) || standby_pid(q) != Some(flapping)
+        })
+        .await;
+        if standby_pid(&dropped) != Some(flapping) {
+            break dropped;
+        }
+        signal(libc::SIGCONT);
+        let back = wait_for(&cp, &id, "back in sync, or replaced", |q| {
+            in_sync(q) || standby_pid(q) != Some(flapping)
+        })
+        .await;
+        if standby_pid(&back) != Some(flapping) {
+            break back;
+        }
+        attaches += 1;
+        assert!(
+            attaches < 6,
+            "never replaced, though attached again {attaches} times: {back}"
+        );
+    };
+    assert!(attaches >= 1, "it attached again before it was replaced");
+    assert!(!alive(flapping), "the flapping standby was killed");
+    let audited = cp.audited("standby.replace").await;
+    assert_eq!(audited.len(), 1, "{audited:?}");
+    // The new one stays: in sync, and no longer absent.
+    wait_for(&cp, &id, "in sync, staying", |q| {
+        in_sync(q) && q["standby_absent_since"].is_null()
+    })
+    .await;
+    drop(replaced);
 }
 
 /// The node's disk is lost (its data directory removed, the process killed): the provider

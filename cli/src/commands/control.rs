@@ -99,7 +99,8 @@ fn live_cells(queue: &Queue) -> Vec<String> {
 }
 
 /// A standby as `in sync (N B behind)`, `catching up (N B behind)`, or `absent for N s (N B
-/// behind)` while none is attached to the node.
+/// behind)` while none has stayed attached to the node (none is, or the one attached has not
+/// settled yet: `StandbyLag::absent_ms`).
 fn standby_cell(standby: Option<StandbyLag>) -> String {
     let Some(standby) = standby else {
         return "-".to_string();

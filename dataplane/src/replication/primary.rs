@@ -71,7 +71,12 @@ pub async fn serve(
     )
     .await;
     if let Some(generation) = generation {
-        standby.shipping.detach(generation);
+        // One dropped for its silence stopped answering that long ago: its stay ended then.
+        let silent_for = match ended {
+            Ended::Silent => STANDBY_SILENCE,
+            _ => Duration::ZERO,
+        };
+        standby.shipping.detach(generation, silent_for);
     }
     let (code, text) = match &ended {
         Ended::WrongKey => (CloseCode::Policy, "wrong replication key"),

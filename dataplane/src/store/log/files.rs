@@ -296,7 +296,56 @@ impl Shared {
     }
 }
 
+/// How long a standby stays attached before its absence ends: one that attaches and is
+/// dropped again and again (it crashes while it catches up, its link flaps) is still absent
+/// to the control plane, which replaces it after the silence limit, as it does one that never
+/// attaches. At most half that limit (the node's step-down time), so that a standby which
+/// comes straight back is never judged absent for its settling alone.
+const STANDBY_SETTLE_MS: u64 = 30_000;
+
 impl Shared {
+    /// Whether a standby is attached and has been for its settling time at `now_ms` (after
+    /// `opened`).
+    pub(super) fn standby_settled(&self, now_ms: u64) -> bool {
+        if self.attached.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let step_down_after = self.step_down_after_ms.load(Ordering::Relaxed);
+        let settle = match step_down_after {
+            0 => STANDBY_SETTLE_MS,
+            after => STANDBY_SETTLE_MS.min(after / 2),
+        };
+        let attached_at = self.standby_attached_at_ms.load(Ordering::Relaxed);
+        now_ms.saturating_sub(attached_at) >= settle
+    }
+
+    /// The attached standby's stay ended at `left_ms` (it went silent then, or went, or
+    /// another attached in its place): if it had settled by then, the absence begins then; if
+    /// not, it goes on from before it came.
+    pub(super) fn standby_leaves(&self, left_ms: u64) {
+        if self.standby_settled(left_ms) {
+            let attached_at = self.standby_attached_at_ms.load(Ordering::Relaxed);
+            let since = left_ms.max(attached_at);
+            self.standby_absent_since_ms.store(since, Ordering::Relaxed);
+        }
+    }
+
+    /// How long no standby has stayed, at `now_ms` (at least 1; 0 while one has settled):
+    /// from when the last one that had settled went (or the start) until now, or, while one
+    /// is attached and settling, until it attached: one that comes back is judged by how long
+    /// it was gone, one that keeps being dropped by all the time since it last stayed.
+    pub(super) fn standby_absent_ms(&self, now_ms: u64) -> u64 {
+        if self.standby_settled(now_ms) {
+            return 0;
+        }
+        let until = match self.attached.load(Ordering::Relaxed) {
+            0 => now_ms,
+            _ => self.standby_attached_at_ms.load(Ordering::Relaxed),
+        };
+        let since = self.standby_absent_since_ms.load(Ordering::Relaxed);
+        until.saturating_sub(since).max(1)
+    }
+
     /// Queues `shipment` for the standby, if one is attached, under the files' lock the
     /// caller holds. A standby that is gone or too far behind is dropped, and durability 2
     /// stops counting on it at once.
@@ -305,18 +354,20 @@ impl Shared {
             return;
         };
         if !follower.ship(shipment()) {
-            self.standby_gone(files);
+            self.standby_gone(files, std::time::Duration::ZERO);
         }
     }
 
     /// No standby is attached from now on (under the files' lock the caller holds):
-    /// durability 2 and deliveries stop waiting for one, and its absence counts from now
-    /// ([`Shipping::standing`](super::Shipping::standing)).
-    pub(super) fn standby_gone(&self, files: &mut Files) {
+    /// durability 2 and deliveries stop waiting for one, and its absence counts from when it
+    /// went silent (`silent_for` ago: 0 unless it was dropped for its silence)
+    /// ([`Shipping::standing`](super::Shipping::standing)), or, if it had not settled by then,
+    /// from when the last one that had went.
+    pub(super) fn standby_gone(&self, files: &mut Files, silent_for: std::time::Duration) {
+        let now = self.opened.elapsed().as_millis() as u64;
+        self.standby_leaves(now.saturating_sub(silent_for.as_millis() as u64));
         files.follower = None;
         self.attached.store(0, Ordering::Relaxed);
-        let now = self.opened.elapsed().as_millis() as u64;
-        self.standby_absent_since_ms.store(now, Ordering::Relaxed);
         self.holds_heard.wait_for_standby(false);
         self.progress
             .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));

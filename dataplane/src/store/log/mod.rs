@@ -338,8 +338,11 @@ struct Shared {
     repairs: Mutex<Vec<Repair>>,
     /// The attach whose standby is followed now (0: none): its answers alone count.
     attached: AtomicU64,
-    /// Since when none has been attached (ms after `opened`), while none is.
+    /// Since when no standby has stayed (ms after `opened`): while none is attached, or the
+    /// one attached has not yet settled ([`Shared::standby_settled`]).
     standby_absent_since_ms: AtomicU64,
+    /// When the attached standby attached (ms after `opened`).
+    standby_attached_at_ms: AtomicU64,
     /// Where the attached standby is told who holds what ([`LogStore::ship_hold`]).
     holds_follower: Mutex<Option<shipping::HoldsFollower>>,
     /// Holds shipped since the last whole table ([`Shipping::ship_holds`]).
@@ -580,6 +583,7 @@ impl LogStore {
             repairs: Mutex::default(),
             attached: AtomicU64::new(0),
             standby_absent_since_ms: AtomicU64::new(0),
+            standby_attached_at_ms: AtomicU64::new(0),
             holds_follower: Mutex::default(),
             holds_shipped: AtomicU64::new(0),
             holds_heard: Arc::default(),

@@ -326,6 +326,9 @@ impl Shipping {
         // deliveries wait for no standby until it is in sync.
         *shared.holds_follower.lock().expect("never poisoned") = None;
         shared.holds_heard.wait_for_standby(false);
+        let now = shared.opened.elapsed().as_millis() as u64;
+        shared.standby_leaves(now);
+        shared.standby_attached_at_ms.store(now, Ordering::Relaxed);
         shared.attached.store(generation, Ordering::Relaxed);
         // A standby that attaches is not in sync until it has caught up; one it replaces
         // is answered for no more.
@@ -455,45 +458,46 @@ impl Shipping {
     /// How the standby stands: whether one is in sync; how many bytes of the log it lacks
     /// (at most): in sync, what was written here and not yet synced there; catching up, what
     /// its catch-up copies and what was written since it began; with none attached, the whole
-    /// log, which the next one may have to copy; and how long none has been attached.
+    /// log, which the next one may have to copy; and how long no standby has stayed
+    /// ([`Shared::standby_absent_ms`](super::Shared::standby_absent_ms)).
     pub fn standing(&self) -> StandbyLag {
+        let now = self.shared.opened.elapsed().as_millis() as u64;
+        let absent_ms = self.shared.standby_absent_ms(now);
         let progress = *self.shared.progress.borrow();
         if progress.standby_in_sync {
             let lag_bytes = progress.written.saturating_sub(progress.standby_synced);
             return StandbyLag {
                 in_sync: true,
                 lag_bytes,
-                absent_ms: 0,
+                absent_ms,
             };
         }
         if self.shared.attached.load(Ordering::Relaxed) == 0 {
             let meter = super::StorageMeter {
                 shared: self.shared.clone(),
             };
-            let since = self.shared.standby_absent_since_ms.load(Ordering::Relaxed);
-            let now = self.shared.opened.elapsed().as_millis() as u64;
             return StandbyLag {
                 in_sync: false,
                 lag_bytes: meter.held(),
-                // At least 1 ms: 0 says one is attached.
-                absent_ms: now.saturating_sub(since).max(1),
+                absent_ms,
             };
         }
         let (copying, through) = *self.shared.catch_up.lock().expect("never poisoned");
         StandbyLag {
             in_sync: false,
             lag_bytes: copying + progress.written.saturating_sub(through),
-            absent_ms: 0,
+            absent_ms,
         }
     }
 
-    /// The standby of `generation` went away (or was dropped): nothing more is queued for
-    /// it, and durability-2 changes waiting for it are answered (see the module).
-    pub fn detach(&self, generation: u64) {
+    /// The standby of `generation` went away (or was dropped, having answered nothing for
+    /// `silent_for`): nothing more is queued for it, and durability-2 changes waiting for it
+    /// are answered (see the module). Its stay ended when it went silent.
+    pub fn detach(&self, generation: u64, silent_for: std::time::Duration) {
         let mut files = self.shared.files.lock().expect("never poisoned");
         if self.shared.attached.load(Ordering::Relaxed) == generation {
             *self.shared.holds_follower.lock().expect("never poisoned") = None;
-            self.shared.standby_gone(&mut files);
+            self.shared.standby_gone(&mut files, silent_for);
         }
     }
 }

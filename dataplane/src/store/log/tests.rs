@@ -1034,21 +1034,14 @@ async fn a_mirror_fed_by_an_attach_and_the_shipments_after_is_the_log() {
     // How far behind it is said to be: nothing to copy, nothing written since.
     let attached = shipping.standing();
     assert_eq!((attached.in_sync, attached.lag_bytes), (false, 0));
-    assert_eq!(attached.absent_ms, 0, "one is attached");
-    shipping.detach(again.generation);
-    // With none attached: the whole log, which the next may have to copy, and how long
-    // none has been (counted from the detach: the control plane replaces one absent long).
+    shipping.detach(again.generation, Duration::ZERO);
+    // With none attached: the whole log, which the next may have to copy (how long none has
+    // stayed: `a_standby_is_absent_until_it_has_stayed_attached_for_its_settling_time`).
     let held = store.meter().held();
     assert!(held > 0);
     let absent = shipping.standing();
     assert_eq!((absent.in_sync, absent.lag_bytes), (false, held));
     assert!(absent.absent_ms >= 1, "{absent:?}");
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    let later = shipping.standing().absent_ms;
-    assert!(
-        later >= 20 && later > absent.absent_ms,
-        "{later} after {absent:?}"
-    );
     // A standby with nothing: every byte of every segment, written since or not.
     let fresh = shipping.attach(&[]).unwrap();
     let copying: u64 = fresh.copies.iter().map(|c| c.to - c.from).sum();
@@ -1058,7 +1051,6 @@ async fn a_mirror_fed_by_an_attach_and_the_shipments_after_is_the_log() {
         (catching_up.in_sync, catching_up.lag_bytes),
         (false, copying)
     );
-    assert_eq!(catching_up.absent_ms, 0, "attached again");
     let m = message(&mut ids, "while it copies", Durability::Eventual);
     publish(&mut store, &m).wait().await.unwrap();
     let behind = shipping.standing();
@@ -1066,6 +1058,82 @@ async fn a_mirror_fed_by_an_attach_and_the_shipments_after_is_the_log() {
         !behind.in_sync && behind.lag_bytes > copying,
         "{behind:?} ≤ {copying}"
     );
+    drop(store);
+}
+
+/// The control plane replaces a standby its node has gone without for the silence limit: one
+/// that never attaches, and one that attaches and is dropped again and again. Absent is
+/// "none has stayed": a standby ends the absence once it has been attached for its settling
+/// time (here 100 ms, half the step-down time); while it settles, the absence is how long it
+/// was gone before it came; dropped before it settled, the absence goes on from before.
+#[tokio::test]
+async fn a_standby_is_absent_until_it_has_stayed_attached_for_its_settling_time() {
+    let primary = tempfile::tempdir().unwrap();
+    let (store, _) = open(primary.path(), 4096);
+    let shipping = store.shipping();
+    shipping.step_down_after(Some(Duration::from_millis(200)));
+    let absent = || shipping.standing().absent_ms;
+    std::thread::sleep(Duration::from_millis(20));
+    let never_attached = absent();
+    assert!(
+        never_attached >= 20,
+        "none since the start: {never_attached}"
+    );
+    let first = shipping.attach(&[]).unwrap();
+    let settling = absent();
+    assert!(settling >= never_attached, "{settling}");
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(absent(), settling, "how long it was gone, not growing");
+    shipping.detach(first.generation, Duration::ZERO);
+    let dropped = absent();
+    assert!(
+        dropped >= settling + 30,
+        "goes on from the start: {dropped}"
+    );
+    for _ in 0..3 {
+        let flapping = shipping.attach(&[]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        shipping.detach(flapping.generation, Duration::ZERO);
+    }
+    let after_flaps = absent();
+    assert!(after_flaps >= dropped + 60, "only grows: {after_flaps}");
+    let stays = shipping.attach(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(120));
+    assert_eq!(absent(), 0, "settled: it stays");
+    // Once one has stayed, an absence counts from when it went, or from when another took
+    // its place.
+    shipping.detach(stays.generation, Duration::ZERO);
+    let since_it_went = absent();
+    assert!(since_it_went < after_flaps, "{since_it_went}");
+    // One dropped for its silence stayed only until it went silent: here it had answered
+    // nothing for 110 ms of its 120, so it had not settled, and the absence goes on.
+    let went_silent = shipping.attach(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(120));
+    shipping.detach(went_silent.generation, Duration::from_millis(110));
+    let goes_on = absent();
+    assert!(
+        goes_on >= 120,
+        "goes on from when the last one went: {goes_on}"
+    );
+    let answered_long = shipping.attach(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(160));
+    shipping.detach(answered_long.generation, Duration::from_millis(40));
+    let from_its_silence = absent();
+    // (Had it gone on, it would be more than 280 ms.)
+    assert!(
+        (40..goes_on + 160).contains(&from_its_silence),
+        "from when it went silent: {from_its_silence}"
+    );
+    let settled = shipping.attach(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(120));
+    assert_eq!(absent(), 0);
+    let _in_its_place = shipping.attach(&[]).unwrap();
+    assert_eq!(absent(), 1, "gone for no time before it came");
+    drop(settled);
+    // Without a step-down time, the settling takes 30 s.
+    shipping.step_down_after(None);
+    std::thread::sleep(Duration::from_millis(120));
+    assert_eq!(absent(), 1, "still settling");
     drop(store);
 }
 

@@ -324,6 +324,7 @@ impl Shared {
     /// not, it goes on from before it came.
     pub(super) fn standby_leaves(&self, left_ms: u64) {
         if self.standby_settled(left_ms) {
+            // (Never before it came, should its silence be longer than its stay.)
             let attached_at = self.standby_attached_at_ms.load(Ordering::Relaxed);
             let since = left_ms.max(attached_at);
             self.standby_absent_since_ms.store(since, Ordering::Relaxed);

@@ -519,28 +519,27 @@ async fn a_promoted_standby_of_a_queue_made_after_the_backup_is_adopted_as_its_n
     let _control_plane = HostAddress::keep(control_plane_v6(4));
     let (moto, ec2, files, api) = cloud_reached_at(control_plane_v6(4)).await;
     let backup = backup_of(&api).await;
-    let TwoMachines {
-        id,
-        logins,
-        host,
-        queue,
-        node,
-        standby,
-        mut publisher,
-    } = two_machines(&api, &ec2, files.path(), ["qa1", "qa2"]).await;
-    let reply = publisher
+    let mut machines = two_machines(&api, &ec2, files.path(), ["qa1", "qa2"]).await;
+    let reply = machines
+        .publisher
         .request(json!({"body": "made after the backup", "durability": 2}))
         .await;
     assert_eq!(reply["status"], "Success.", "{reply}");
+    let (id, logins, host, queue) = (machines.id, machines.logins, machines.host, machines.queue);
     let first_volume = queue["resources"]["volume"].clone();
     let standby_instance = queue["resources"]["standby_instance"].as_str().unwrap();
-    drop((node, publisher));
+    drop((machines.node, machines.publisher));
+    let standby = machines.standby;
     let promoted = api
         .until(&id, |queue| {
             queue["resources"]["instance"] == standby_instance
         })
         .await;
     assert_eq!(promoted["serving"], "second", "{promoted}");
+    // Its machine has taken the promotion: it serves as the node, and the config it keeps names
+    // no node to follow. (Restored before that, it is still a standby, whose report is refused:
+    // listed, not adoptable.)
+    standby.wait_for_node_log("listening on");
 
     let api = restored_from(api, files.path(), &backup);
     let adopted = adopt_once_reported(&api, &id).await;

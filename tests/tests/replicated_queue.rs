@@ -242,7 +242,7 @@ async fn a_standby_that_keeps_being_dropped_is_replaced() {
         unsafe { libc::kill(flapping as libc::pid_t, signal) };
     };
     let mut attaches = 0;
-    let replaced = loop {
+    loop {
         signal(libc::SIGSTOP);
         // Dropped by its node (5 s without an answer), then running again: it attaches
         // again and catches up, or it is replaced meanwhile.
@@ -251,7 +251,7 @@ async fn a_standby_that_keeps_being_dropped_is_replaced() {
         })
         .await;
         if standby_pid(&dropped) != Some(flapping) {
-            break dropped;
+            break;
         }
         signal(libc::SIGCONT);
         let back = wait_for(&cp, &id, "back in sync, or replaced", |q| {
@@ -259,14 +259,14 @@ async fn a_standby_that_keeps_being_dropped_is_replaced() {
         })
         .await;
         if standby_pid(&back) != Some(flapping) {
-            break back;
+            break;
         }
         attaches += 1;
         assert!(
             attaches < 6,
             "never replaced, though attached again {attaches} times: {back}"
         );
-    };
+    }
     assert!(attaches >= 1, "it attached again before it was replaced");
     assert!(!alive(flapping), "the flapping standby was killed");
     let audited = cp.audited("standby.replace").await;
@@ -276,7 +276,6 @@ async fn a_standby_that_keeps_being_dropped_is_replaced() {
         in_sync(q) && q["standby_absent_since"].is_null()
     })
     .await;
-    drop(replaced);
 }
 
 /// The node's disk is lost (its data directory removed, the process killed): the provider

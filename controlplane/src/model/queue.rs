@@ -403,8 +403,8 @@ impl Queue {
             .as_ref()
             .and_then(|r| r.epoch)
             .unwrap_or(0);
-        *queue.credentials_mut(slot).0 = credential;
-        *queue.credentials_mut(slot).1 = Some(credential + 1);
+        let (current, next) = queue.credentials_mut(slot);
+        (*current, *next) = (credential, Some(credential + 1));
         let keys = desired.sqs.iter().flat_map(|sqs| &sqs.keys);
         queue.sqs_keys = keys
             .map(|key| SqsKeyRecord {

@@ -365,8 +365,8 @@ impl Shared {
     /// ([`Shipping::standing`](super::Shipping::standing)), or, if it had not settled by then,
     /// from when the last one that had went.
     pub(super) fn standby_gone(&self, files: &mut Files, silent_for: std::time::Duration) {
-        let now = self.opened.elapsed().as_millis() as u64;
-        self.standby_leaves(now.saturating_sub(silent_for.as_millis() as u64));
+        let went_silent = self.now_ms().saturating_sub(silent_for.as_millis() as u64);
+        self.standby_leaves(went_silent);
         files.follower = None;
         self.attached.store(0, Ordering::Relaxed);
         self.holds_heard.wait_for_standby(false);

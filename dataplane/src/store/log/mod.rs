@@ -414,7 +414,13 @@ impl Shared {
             return false;
         }
         let heard = self.control_plane_heard_ms.load(Ordering::Relaxed);
-        self.opened.elapsed().as_millis() as u64 > heard.saturating_add(after)
+        self.now_ms() > heard.saturating_add(after)
+    }
+
+    /// Now, in ms after `opened` (a clock that never steps): the standby's and the control
+    /// plane's times are kept so.
+    fn now_ms(&self) -> u64 {
+        self.opened.elapsed().as_millis() as u64
     }
 
     /// Asks for a sync of everything written so far; one wake however many ask.

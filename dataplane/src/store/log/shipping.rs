@@ -326,7 +326,7 @@ impl Shipping {
         // deliveries wait for no standby until it is in sync.
         *shared.holds_follower.lock().expect("never poisoned") = None;
         shared.holds_heard.wait_for_standby(false);
-        let now = shared.opened.elapsed().as_millis() as u64;
+        let now = shared.now_ms();
         shared.standby_leaves(now);
         shared.standby_attached_at_ms.store(now, Ordering::Relaxed);
         shared.attached.store(generation, Ordering::Relaxed);
@@ -461,8 +461,7 @@ impl Shipping {
     /// log, which the next one may have to copy; and how long no standby has stayed
     /// ([`Shared::standby_absent_ms`](super::Shared::standby_absent_ms)).
     pub fn standing(&self) -> StandbyLag {
-        let now = self.shared.opened.elapsed().as_millis() as u64;
-        let absent_ms = self.shared.standby_absent_ms(now);
+        let absent_ms = self.shared.standby_absent_ms(self.shared.now_ms());
         let progress = *self.shared.progress.borrow();
         if progress.standby_in_sync {
             let lag_bytes = progress.written.saturating_sub(progress.standby_synced);

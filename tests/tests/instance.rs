@@ -13,7 +13,7 @@ use qe_tests::cloud::*;
 use qe_tests::instance::HostAddress;
 use qe_tests::moto::{self, describe_instance, describe_volume};
 use qe_tests::sqs::{self, SqsEndpoint};
-use qe_tests::{dig, https};
+use qe_tests::{dig, https, Client};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -392,6 +392,20 @@ async fn a_queue_on_an_instance_booted_in_a_namespace_serves_by_name_and_survive
     drop(moto);
 }
 
+/// Every message `subscriber` is given, each acked, until none comes for 2 s: their bodies.
+async fn acked_until_quiet(subscriber: &mut Client) -> Vec<String> {
+    let mut delivered = Vec::new();
+    while let Some(frame) = subscriber.recv_within(Duration::from_secs(2)).await {
+        if let Some(body) = frame["body"].as_str() {
+            delivered.push(body.to_string());
+            subscriber
+                .send_json(&json!({"id": frame["id"], "ack": 1}))
+                .await;
+        }
+    }
+    delivered
+}
+
 /// What `GET /v1/backup` gives now.
 async fn backup_of(api: &Api) -> String {
     let token = Some(api.cp.token.as_str());
@@ -555,15 +569,7 @@ async fn a_promoted_standby_of_a_queue_made_after_the_backup_is_adopted_as_its_n
     let root = std::fs::read_to_string(api.cp.dir.path().join("data/local-ca/ca.pem")).unwrap();
     let mut subscriber = logged_in(dns, &host, &root, &logins, "subscriber").await;
     // (What the 507 while the standby caught up kept comes first: `two_machines`.)
-    let mut delivered = Vec::new();
-    while let Some(frame) = subscriber.recv_within(Duration::from_secs(2)).await {
-        if let Some(body) = frame["body"].as_str() {
-            delivered.push(body.to_string());
-            subscriber
-                .send_json(&json!({"id": frame["id"], "ack": 1}))
-                .await;
-        }
-    }
+    let delivered = acked_until_quiet(&mut subscriber).await;
     assert!(
         delivered.iter().any(|body| body == "made after the backup"),
         "{delivered:?} on {running}"
@@ -1077,15 +1083,7 @@ async fn a_node_cut_off_from_the_control_plane_refuses_writes_after_the_failover
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let mut delivered = Vec::new();
-    while let Some(frame) = subscriber.recv_within(Duration::from_secs(2)).await {
-        if let Some(body) = frame["body"].as_str() {
-            delivered.push(body.to_string());
-            subscriber
-                .send_json(&json!({"id": frame["id"], "ack": 1}))
-                .await;
-        }
-    }
+    let delivered = acked_until_quiet(&mut subscriber).await;
     for body in &acknowledged {
         assert!(delivered.contains(body), "{body} lost: {delivered:?}");
     }

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 static ALLOCATOR: dataplane::allocations::Counting = dataplane::allocations::Counting;
 
 fn main() -> ExitCode {
+    qe_shared::panics::abort_on_panic();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -13,6 +13,7 @@
 //! - [`clock`]: the one wall clock, in ms or seconds since 1970; [`random`]: every random id,
 //!   secret, salt and nonce.
 //! - [`protocol`]: the words of the wire protocol: roles, queue types, limits on login fields.
+//! - [`panics`]: a panic ends a serving process, in every build.
 //! - `synced_sled` (feature `sled`): sled made durable by a real fsync, for both planes' stores.
 
 pub mod backoff;
@@ -27,6 +28,7 @@ pub mod labels;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod node_channel;
+pub mod panics;
 pub mod password;
 pub mod protocol;
 pub mod random;

@@ -39,6 +39,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    qe_shared::panics::abort_on_panic();
     let command = Args::parse().command;
     // `dev` prints what a person needs; its log says only what goes wrong, unless RUST_LOG
     // asks for more. A served control plane logs its work.

@@ -50,21 +50,19 @@ pub struct Queue {
     shared: Arc<Shared>,
 }
 
-/// How long a woken long-polling receiver leaves a waiting message to the WebSocket line
-/// first (see [`Queue::receive_within`]): far below what an SQS receive's round trip takes.
-const PUSH_FIRST: Duration = Duration::from_millis(1);
-
 struct Shared {
     state: Mutex<QueueState>,
     /// Wakes the timer task when a delayed message or a saved session may have become the
     /// next thing due.
     timers_changed: Notify,
-    /// Wakes one long-polling pull receiver ([`Queue::receive_within`]) when messages may have
-    /// started to wait; only while there are any (`pullers`), so a publish with nobody
-    /// polling costs one atomic load. One, not all: 200 idle receivers woken by every publish
-    /// would each take the queue's lock, which every WebSocket delivery needs. The one woken
-    /// wakes the next if it leaves messages waiting, and one that stops before it looks hands
-    /// its wake-up on (tokio's `Notified`, dropped after a `notify_one`).
+    /// Wakes one long-polling pull receiver ([`Queue::receive_within`]) when a message it may
+    /// take waits; only while there are any (`pullers`), so a publish with nobody polling
+    /// costs one atomic load. One, not all: 200 idle receivers woken by every publish would
+    /// each take the queue's lock, which every WebSocket delivery needs. The one woken wakes
+    /// the next if it leaves such messages waiting, and one that stops before it looks hands
+    /// its wake-up on (tokio's `Notified`, dropped after a `notify_one`). Beside WebSocket
+    /// subscribers a message is theirs first ([`queue::LINE_FIRST_MS`]): the timer task
+    /// wakes a receiver when the oldest has waited that long, not the publish.
     arrivals: Notify,
     pullers: AtomicUsize,
     /// Looks long-polling receivers took for waiting messages, found or not: what a wake-up
@@ -95,21 +93,23 @@ impl Queue {
     }
 
     pub fn publish(&self, new: &NewMessage<'_>) -> Result<(MessageId, Receipt), Refused> {
-        let (published, expiring, first_id, waiting) = {
+        let (published, expiring, first_id, pullable) = {
             let mut state = self.lock();
             let ids_before = state.next_dedup_end().is_some();
-            let published = state.publish(new, now_ms());
+            let now = now_ms();
+            let published = state.publish(new, now);
             let first_id = !ids_before && state.next_dedup_end().is_some();
-            let waiting = state.waiting_count() > 0;
-            (published, state.next_expiring(), first_id, waiting)
+            let pullable = self.has_pullers() && state.pullable_at(now);
+            (published, state.next_expiring(), first_id, pullable)
         };
         // (Only the first deduplication id held needs the timers told: later ones end after it.)
         if published.is_ok() && (new.delay_secs > 0 || expiring.is_some() || first_id) {
             self.shared.timers_changed.notify_one();
         }
-        // A message a WebSocket subscriber took at once wakes no pull receiver.
-        if published.is_ok() && waiting {
-            self.wake_pullers();
+        // A message a WebSocket subscriber took at once, or one the line still has first, wakes
+        // no pull receiver.
+        if published.is_ok() && pullable {
+            self.shared.arrivals.notify_one();
         }
         published
     }
@@ -117,9 +117,14 @@ impl Queue {
     /// Messages may have started to wait: one long-polling receiver looks again (see
     /// `arrivals`).
     fn wake_pullers(&self) {
-        if self.shared.pullers.load(Ordering::SeqCst) > 0 {
+        if self.has_pullers() {
             self.shared.arrivals.notify_one();
         }
+    }
+
+    /// Whether a long-polling pull receiver waits.
+    fn has_pullers(&self) -> bool {
+        self.shared.pullers.load(Ordering::SeqCst) > 0
     }
 
     /// A long-polling pull receive: up to `max` messages as soon as any wait, or none once
@@ -139,7 +144,10 @@ impl Queue {
                 self.0.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        self.shared.pullers.fetch_add(1, Ordering::SeqCst);
+        if self.shared.pullers.fetch_add(1, Ordering::SeqCst) == 0 {
+            // The timer task looks for messages the WebSocket line left while receivers wait.
+            self.shared.timers_changed.notify_one();
+        }
         let _polling = Polling(&self.shared.pullers);
         loop {
             // Listening before looking: a publish between the look and the wait still wakes.
@@ -158,14 +166,23 @@ impl Queue {
             if tokio::time::timeout_at(deadline, arrived).await.is_err() {
                 return self.receive(max, visibility);
             }
-            // Woken for a message that waits. While WebSocket subscribers are in the line, the
-            // line comes first for a moment: a message waits there mostly because every
-            // subscriber's slots were full for an instant (an ack not yet read), one is about to
-            // take it, and a pull receive costs the node far more than a push
-            // (docs/performance.md, "Idle SQS long-pollers").
-            if self.lock().has_subscribers() {
-                tokio::time::sleep(PUSH_FIRST).await;
-            }
+        }
+    }
+
+    /// When the timer task next looks for a message the WebSocket line left waiting to a
+    /// long-polling receiver: when the oldest waiting may go to one, or, while none waits
+    /// beside subscribers, a [`queue::LINE_FIRST_MS`] from now (no publish tells it that one
+    /// started to wait: that would wake it for every publish). Only while receivers wait, and
+    /// a millisecond after the last wake-up at the soonest (`woke_at`): the receiver woken
+    /// takes the message then.
+    fn next_pull_look(&self, state: &mut QueueState, now: u64, woke_at: u64) -> Option<u64> {
+        if !self.has_pullers() {
+            return None;
+        }
+        match state.next_pullable() {
+            Some(at) => Some(at.max(woke_at + 1)),
+            None if state.has_subscribers() => Some(now + queue::LINE_FIRST_MS),
+            None => None,
         }
     }
 
@@ -185,14 +202,15 @@ impl Queue {
     }
 
     /// [`Queue::receive`], and whether messages may still wait for another receiver: it took
-    /// all it could (`max`) and some wait. (One that took fewer took everything it could:
-    /// what still waits is held back, by its group, and a wake-up passed on would go round the
-    /// receivers for nothing.)
+    /// all it could (`max`) and more it may take wait. (One that took fewer took everything
+    /// it could: what still waits is held back, by its group or for the WebSocket line, and a
+    /// wake-up passed on would go round the receivers for nothing.)
     fn receive_and_look(&self, max: usize, visibility: Duration) -> (Vec<Pulled>, bool) {
         let (pulled, more_wait) = {
             let mut state = self.lock();
-            let pulled = state.receive(max, visibility.as_millis() as u64, now_ms());
-            let more_wait = pulled.len() == max && state.waiting_count() > 0;
+            let now = now_ms();
+            let pulled = state.receive(max, visibility.as_millis() as u64, now);
+            let more_wait = pulled.len() == max && state.pullable_at(now);
             (pulled, more_wait)
         };
         if !pulled.is_empty() {
@@ -388,21 +406,25 @@ impl Queue {
 
     /// Releases delayed messages when they fall due, ends saved sessions whose time runs out,
     /// makes received messages visible again when their timeout passes, deletes expired
-    /// ones and forgets deduplication ids whose windows ended. Runs for the life of the node.
+    /// ones, forgets deduplication ids whose windows ended, and wakes a long-polling receiver
+    /// for a message the WebSocket line left waiting. Runs for the life of the node.
     pub async fn run_timers(self) {
+        // When the last wake-up for a message the line left went out (ms since 1970).
+        let mut woke_a_puller_at = 0;
         loop {
+            let now = now_ms();
             let next = {
-                let state = self.lock();
+                let mut state = self.lock();
                 let timers = [
                     state.next_due(),
                     state.next_expiry(),
                     state.next_visible(),
                     state.next_expiring(),
                     state.next_dedup_end(),
+                    self.next_pull_look(&mut state, now, woke_a_puller_at),
                 ];
                 timers.into_iter().flatten().min()
             };
-            let now = now_ms();
             match next {
                 Some(at) if at <= now => {
                     let mut state = self.lock();
@@ -411,8 +433,12 @@ impl Queue {
                     state.release_invisible(now);
                     state.expire_messages(now);
                     state.expire_dedup(now);
+                    let pullable = state.pullable_at(now);
                     drop(state);
-                    self.wake_pullers();
+                    if pullable {
+                        self.wake_pullers();
+                        woke_a_puller_at = now;
+                    }
                 }
                 Some(at) => {
                     let wait = Duration::from_millis(at - now);
@@ -579,6 +605,30 @@ mod pull_tests {
         assert_eq!(queue.shared.pullers.load(Ordering::SeqCst), 4);
         // Five first looks, and one for the message: the others were never woken.
         assert_eq!(queue.pull_looks(), 6);
+        rest.iter().for_each(|handle| handle.abort());
+    }
+
+    /// Beside a WebSocket subscriber, a publish wakes no receiver (the line has the message
+    /// first); once the line has left it for `LINE_FIRST_MS`, the timer task wakes one.
+    #[tokio::test]
+    async fn a_message_the_line_leaves_wakes_one_receiver_from_the_timer() {
+        let queue = queue();
+        tokio::spawn(Queue::clone(&queue).run_timers());
+        let (_subscription, _frames) = queue.subscribe(1, usize::MAX);
+        publish(&queue, "held");
+        let mut waiting = pollers(&queue, 5, 10).await;
+        publish(&queue, "left");
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(queue.pull_looks(), 5, "the publish woke nobody");
+        let taken = tokio::time::timeout(Duration::from_secs(5), async {
+            let (got, _, rest) = futures::future::select_all(waiting.drain(..)).await;
+            (got.unwrap(), rest)
+        });
+        let (got, rest) = taken.await.expect("the timer woke a receiver");
+        assert_eq!(got, 1);
+        assert_eq!(queue.pull_looks(), 6, "one receiver, woken once");
         rest.iter().for_each(|handle| handle.abort());
     }
 

@@ -34,6 +34,15 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// the frames plus this each.
 pub const MESSAGE_OVERHEAD_BYTES: u64 = 220;
 
+/// While WebSocket subscribers are in the line, a waiting message is theirs alone until this
+/// long after it was sent; only then may a pull receiver (the SQS face) take it. A message
+/// waits beside subscribers mostly because every one's slots were full for an instant (an ack
+/// not yet read), and one takes it within a millisecond or two; a pull receive costs the node
+/// and its client far more than a push, and idle long-pollers that took those messages cost
+/// a 16 × 16 WebSocket load a third on its reply p99 (docs/performance.md, "Idle SQS
+/// long-pollers"). A line that stalls or falls behind leaves its oldest messages to them.
+pub const LINE_FIRST_MS: u64 = 10;
+
 /// The sessions a promoted standby's copy carries over (`replication::holds`): who held
 /// which message on the node it followed, and how long they stay saved from the start.
 #[derive(Default)]
@@ -785,22 +794,17 @@ impl QueueState {
     /// every other receiver and subscriber for `visibility_ms`, then waits again unless it was
     /// deleted ([`QueueState::delete_received`]) or its visibility changed. Each receive
     /// counts as a delivery; a durable message's count is written at once.
+    /// While WebSocket subscribers are in the line, only messages sent [`LINE_FIRST_MS`]
+    /// before `now_ms` are taken.
     pub fn receive(&mut self, max: usize, visibility_ms: u64, now_ms: u64) -> Vec<Pulled> {
         self.release_due(now_ms);
         let mut pulled = Vec::new();
-        while pulled.len() < max {
-            let Some(id) = self.waiting.pop_front() else {
-                break;
-            };
-            if self.skip(id) {
-                continue;
-            }
-            let Some(entry) = self.messages.get_mut(&id) else {
-                continue;
-            };
-            if entry.place != Place::Waiting {
-                continue;
-            }
+        while pulled.len() < max && self.pullable_at(now_ms) {
+            let id = self.waiting.pop_front().expect("the front waits");
+            let entry = self
+                .messages
+                .get_mut(&id)
+                .expect("a waiting message is held");
             self.waiting_count -= 1;
             let until_ms = now_ms + visibility_ms;
             let receipt = self.next_receipt;
@@ -1421,9 +1425,44 @@ impl QueueState {
         self.waiting_count
     }
 
+    /// When the oldest waiting message may go to a pull receiver (ms since 1970; see
+    /// [`LINE_FIRST_MS`]): 0 with no WebSocket subscriber in the line. None: none waits in
+    /// the line.
+    pub fn next_pullable(&mut self) -> Option<u64> {
+        let oldest = self.front_waiting()?;
+        Some(if self.line.is_empty() {
+            0
+        } else {
+            sent_ms(oldest) + LINE_FIRST_MS
+        })
+    }
+
+    /// Whether a pull receiver may take a waiting message at `now_ms`.
+    pub fn pullable_at(&mut self, now_ms: u64) -> bool {
+        self.next_pullable().is_some_and(|at| at <= now_ms)
+    }
+
     /// Whether a WebSocket subscriber is in the line (with room or not).
     pub fn has_subscribers(&self) -> bool {
         !self.line.is_empty()
+    }
+
+    /// The message at the front of the waiting line, once the ids ahead of it that no longer
+    /// wait (skipped, or taken otherwise) are dropped.
+    fn front_waiting(&mut self) -> Option<MessageId> {
+        while let Some(&id) = self.waiting.front() {
+            let stale = self.skipped.contains_key(&id)
+                || self
+                    .messages
+                    .get(&id)
+                    .is_none_or(|entry| entry.place != Place::Waiting);
+            if !stale {
+                return Some(id);
+            }
+            self.waiting.pop_front();
+            self.skip(id);
+        }
+        None
     }
 
     pub fn delayed_count(&self) -> usize {

@@ -1205,13 +1205,47 @@ fn a_receive_takes_at_most_max_and_a_delete_needs_the_latest_receive() {
     assert_eq!(q.totals().delivered, 8);
 }
 
+/// Beside a WebSocket subscriber, a waiting message is the line's for its first
+/// `LINE_FIRST_MS`: one the subscriber takes in that time never reaches a pull receiver, and one
+/// the line leaves longer does. With no subscriber in the line, a pull receiver takes at once.
+#[test]
+fn beside_subscribers_a_pull_receiver_takes_only_what_the_line_left() {
+    let mut q = queue();
+    assert_eq!(q.next_pullable(), None);
+    let first = publish(&mut q, "alone");
+    assert_eq!(q.next_pullable(), Some(0), "no subscriber: at once");
+    let mut sub = Sub::join(&mut q, 1);
+    assert_eq!(sub.bodies(), ["alone"]);
+    let kept_up = publish(&mut q, "kept up");
+    assert_eq!(q.next_pullable(), Some(T0 + LINE_FIRST_MS));
+    assert!(q
+        .receive(10, VISIBILITY_MS, T0 + LINE_FIRST_MS - 1)
+        .is_empty());
+    // The subscriber answers within its moment: the line takes the message.
+    let _receipt = q.ack(sub.session, first).unwrap();
+    assert_eq!(sub.bodies(), ["kept up"]);
+    assert_eq!(q.next_pullable(), None);
+    assert!(q.receive(10, VISIBILITY_MS, T0 + LINE_FIRST_MS).is_empty());
+    // It does not answer in time: the pull receiver takes what waited.
+    let left = publish(&mut q, "left");
+    let pulled = q.receive(10, VISIBILITY_MS, T0 + LINE_FIRST_MS);
+    assert_eq!(pulled_ids(&pulled), [left]);
+    let _receipt = q.ack(sub.session, kept_up).unwrap();
+    assert_eq!(
+        sub.bodies(),
+        Vec::<String>::new(),
+        "nothing left for the line"
+    );
+}
+
 #[test]
 fn a_purge_of_the_received_takes_what_pull_receivers_hold_and_nothing_else() {
     let mut q = queue();
     let ids: Vec<MessageId> = (0..3).map(|n| publish(&mut q, &format!("m{n}"))).collect();
     let mut sub = Sub::join(&mut q, 1);
     assert_eq!(sub.bodies(), ["m0"], "held by a subscriber");
-    let pulled = q.receive(1, VISIBILITY_MS, T0);
+    // Beside the subscriber, a pull receiver takes what the line left for LINE_FIRST_MS.
+    let pulled = q.receive(1, VISIBILITY_MS, T0 + LINE_FIRST_MS);
     assert_eq!(pulled_ids(&pulled), [ids[1]]);
     let (purged, _) = q.purge(Scope::Received, T0);
     assert_eq!(purged, 1);
@@ -1358,8 +1392,8 @@ fn retention_deletes_a_message_still_in_the_queue_wherever_it_is_and_a_holder_is
     let waiting = publish(&mut q, "waiting");
     let mut sub = Sub::join(&mut q, 1);
     assert_eq!(sub.bodies(), ["held"]);
-    // `received` is at the front now, then `kept`, then `waiting`.
-    let pulled = q.receive(1, 600_000, T0);
+    // `received` is at the front now, then `kept`, then `waiting`; the subscriber left it.
+    let pulled = q.receive(1, 600_000, T0 + LINE_FIRST_MS);
     assert_eq!(pulled_ids(&pulled), [received]);
     assert_eq!(q.next_expiring(), Some(T0 + 60_000));
     q.expire_messages(T0 + 59_999);

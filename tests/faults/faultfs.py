@@ -5,8 +5,10 @@ the foreground until unmounted. While the file CONTROL says `fail`, every fsync 
 fails with EIO, as on a disk whose writes the kernel could not complete; while it says
 `hold`, every write and sync waits (printing `held` on stdout as it starts waiting) until it
 says something else, as on a disk that has stalled (writes too, since some stores sync with
-sync_file_range, which FUSE never sees); anything else in it heals the disk. Writes, reads and everything else still work, so what fails is exactly the
-sync: the case where Linux may already have dropped the pages it could not write, and a
+sync_file_range, which FUSE never sees); anything else in it heals the disk. Reads, opens and
+every other call still work while a write waits: libfuse serves each call on its own thread
+(a single-threaded daemon would queue them all behind the held write). So what fails is exactly
+the sync: the case where Linux may already have dropped the pages it could not write, and a
 second sync would report success for data that never reached the disk. The file is read at
 every sync, so a change applies to the very next one.
 
@@ -157,4 +159,4 @@ def end_with_parent():
 if __name__ == "__main__":
     backing, mountpoint, CONTROL = sys.argv[1], sys.argv[2], sys.argv[3]
     end_with_parent()
-    FUSE(Passthrough(backing), mountpoint, foreground=True, nothreads=True)
+    FUSE(Passthrough(backing), mountpoint, foreground=True, nothreads=False)

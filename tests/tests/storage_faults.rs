@@ -61,6 +61,31 @@ async fn memory_used(admin: &mut Client) -> u64 {
     line.rsplit(',').next().unwrap().parse().unwrap()
 }
 
+/// The fault layer itself: a held disk holds writes and syncs only. Opening and reading a file
+/// while another write waits must not queue behind it (FUSE sends every open to the daemon, so
+/// a daemon that serves one call at a time fails this), or the tests that assert "reads still
+/// answer while the disk is held" would hang on the tool, not on the code under test.
+#[test]
+fn a_held_disk_holds_writes_only_and_still_serves_reads() {
+    let disk = FailingSyncs::mount();
+    let readable = disk.dir().join("readable");
+    std::fs::write(&readable, "before the hold").unwrap();
+    let held = disk.hold();
+    let writing = disk.dir().join("writing");
+    let writer = std::thread::spawn(move || std::fs::write(writing, "while held"));
+    disk.wait_for_held();
+    let (read_tx, read) = std::sync::mpsc::channel();
+    std::thread::spawn(move || read_tx.send(std::fs::read_to_string(&readable)));
+    let contents = read
+        .recv_timeout(qe_tests::PROMPT)
+        .expect("a read answers while a write is held")
+        .unwrap();
+    assert_eq!(contents, "before the hold");
+    assert!(!writer.is_finished(), "the write waits for the disk");
+    drop(held);
+    writer.join().unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn a_failed_sync_is_final_and_durable_messages_are_refused_until_a_restart() {
     let disk = FailingSyncs::mount();

@@ -5,6 +5,7 @@
 //! Nodes outlive the control plane: the next one adopts them (their pid file names them)
 //! instead of starting twins.
 
+use super::local_ports::{free_on_both_loopbacks, PortClaims};
 use super::local_standby::{LocalStandbys, Primary, StandbyLauncher};
 use super::process::{Launch, NodeProcess, Supervised};
 use super::{FleetError, Provider};
@@ -41,6 +42,8 @@ pub struct LocalProvider {
     ca_root: Option<PathBuf>,
     running: Mutex<HashMap<String, RunningNode>>,
     standbys: Arc<LocalStandbys>,
+    /// The ports its nodes have, claimed against other control planes on this machine.
+    ports: PortClaims,
 }
 
 /// A node this provider keeps running.
@@ -60,6 +63,7 @@ impl LocalProvider {
             ca_root: None,
             running: Mutex::default(),
             standbys: Arc::default(),
+            ports: PortClaims::new(),
         }
     }
 
@@ -121,20 +125,33 @@ impl LocalProvider {
     }
 
     /// A free loopback port for queue `queue_id`'s node, kept in its directory's `file` so
-    /// that a restarted node gets the same one.
+    /// that a restarted node gets the same one, and claimed against other control planes on
+    /// this machine for as long as this one keeps the node ([`local_ports`]).
+    ///
+    /// [`local_ports`]: super::local_ports
     fn port_in(&self, queue_id: &str, file: &str) -> std::io::Result<u16> {
         let dir = self.node_dir(queue_id);
         let path = dir.join(file);
-        if let Some(port) = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-        {
-            return Ok(port);
+        if let Some(port) = read_port(&path) {
+            if self.ports.claim(port) {
+                return Ok(port);
+            }
+            tracing::warn!(queue = %queue_id, file, port, "another control plane claims the node's port: it gets a new one");
         }
         std::fs::create_dir_all(&dir)?;
-        let port = free_port()?;
+        let port = self.ports.pick()?;
         write_private(&path, port.to_string().as_bytes())?;
         Ok(port)
+    }
+
+    /// Lets the ports of queue `queue_id`'s node go: it is stopped (a later start claims
+    /// them again, or picks new ones if another control plane took them meanwhile).
+    fn release_ports(&self, queue_id: &str) {
+        for file in PORT_FILES {
+            if let Some(port) = read_port(&self.node_dir(queue_id).join(file)) {
+                self.ports.release(port);
+            }
+        }
     }
 
     /// Where a local node is: by name over TLS with certificates, else plain ws://; the name
@@ -251,13 +268,11 @@ impl LocalProvider {
             Err(error) => error,
         };
         let mut moved = false;
-        for file in ["port", "sqs-port"] {
+        for file in PORT_FILES {
             let path = self.node_dir(queue_id).join(file);
-            let taken = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|text| text.trim().parse::<u16>().ok())
-                .is_some_and(|port| !free_on_both_loopbacks(port));
-            if taken {
+            let taken = read_port(&path).filter(|port| !free_on_both_loopbacks(*port));
+            if let Some(taken) = taken {
+                self.ports.release(taken);
                 let _ = std::fs::remove_file(&path);
                 let port = self
                     .port_in(queue_id, file)
@@ -476,6 +491,7 @@ impl Provider for LocalProvider {
             self.standbys
                 .stop(queue_id, &self.standby_dir(queue_id))
                 .await;
+            self.release_ports(queue_id);
             Ok(())
         }
         .boxed()
@@ -771,69 +787,10 @@ fn runs_a_fetched_build(pid: u32, node_dir: &Path) -> bool {
     }
 }
 
-/// A port free on both loopback addresses now, to give a node for good (a restart keeps its
-/// address): its name's A record is 127.0.0.1 and its AAAA record ::1.
-///
-/// Picked at random below the kernel's range of ephemeral ports: a port the kernel hands out
-/// for a bind to port 0 (every test's listener, every outgoing connection) could be taken by
-/// another process between this choice and the node's start, and again at each restart.
-fn free_port() -> std::io::Result<u16> {
-    let mut last_error = None;
-    let below = ephemeral_ports_start().filter(|start| *start > FIXED_PORTS_FROM + 1000);
-    for _ in 0..50 {
-        let wanted = match below {
-            Some(start) => {
-                let span = u32::from(start - FIXED_PORTS_FROM);
-                let pick = u32::from_le_bytes(qe_shared::random::bytes()) % span;
-                FIXED_PORTS_FROM + pick as u16
-            }
-            None => 0,
-        };
-        let v4 = match std::net::TcpListener::bind(("127.0.0.1", wanted)) {
-            Ok(v4) => v4,
-            Err(error) => {
-                last_error = Some(error);
-                continue;
-            }
-        };
-        let port = v4.local_addr()?.port();
-        match std::net::TcpListener::bind(("::1", port)) {
-            Ok(_) => return Ok(port),
-            Err(error) => last_error = Some(error),
-        }
-    }
-    Err(last_error.expect("tried"))
-}
+/// The files in a node's directory that keep its ports: WebSocket, then SQS.
+const PORT_FILES: [&str; 2] = ["port", "sqs-port"];
 
-/// Whether `port` can be bound on 127.0.0.1 and ::1 now.
-fn free_on_both_loopbacks(port: u16) -> bool {
-    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
-        && std::net::TcpListener::bind(("::1", port)).is_ok()
-}
-
-/// Where the ports [`free_port`] picks from start.
-const FIXED_PORTS_FROM: u16 = 10_000;
-
-/// The first port the kernel gives out for a bind to port 0
-/// (`/proc/sys/net/ipv4/ip_local_port_range`).
-fn ephemeral_ports_start() -> Option<u16> {
-    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
-    range.split_whitespace().next()?.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_nodes_port_is_free_on_both_loopbacks_and_never_an_ephemeral_one() {
-        let start = ephemeral_ports_start().expect("Linux says its range");
-        for _ in 0..20 {
-            let port = free_port().unwrap();
-            // Another process's bind to port 0 cannot be given it before the node binds it.
-            assert!((FIXED_PORTS_FROM..start).contains(&port), "{port}");
-            std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-            std::net::TcpListener::bind(("::1", port)).unwrap();
-        }
-    }
+/// The port kept in `path`, if there is one.
+fn read_port(path: &Path) -> Option<u16> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }

@@ -6,6 +6,7 @@
 pub mod cloud_init;
 pub mod ec2;
 pub mod local;
+mod local_ports;
 mod local_standby;
 mod process;
 

@@ -133,10 +133,13 @@ impl LocalProvider {
         let dir = self.node_dir(queue_id);
         let path = dir.join(file);
         if let Some(port) = read_port(&path) {
-            if self.ports.claim(port) {
-                return Ok(port);
+            // The node's port stays its own even where another control plane claims it: a
+            // replica that led before this one (the nodes' directory is theirs together)
+            // holds the claim until it lets go, and the claim is tried again on each call.
+            if !self.ports.claim(port) {
+                tracing::debug!(queue = %queue_id, file, port, "another control plane still claims the node's port");
             }
-            tracing::warn!(queue = %queue_id, file, port, "another control plane claims the node's port: it gets a new one");
+            return Ok(port);
         }
         std::fs::create_dir_all(&dir)?;
         let port = self.ports.pick()?;
@@ -571,6 +574,8 @@ impl Provider for LocalProvider {
             node.process.let_go();
         }
         self.standbys.let_go();
+        // The next leader keeps the nodes now, and claims their ports.
+        self.ports.release_all();
     }
 
     fn holdings(&self) -> BoxFuture<'_, Result<Vec<String>, FleetError>> {
@@ -793,4 +798,30 @@ const PORT_FILES: [&str; 2] = ["port", "sqs-port"];
 /// The port kept in `path`, if there is one.
 fn read_port(path: &Path) -> Option<u16> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two replicas of one control plane keep the same nodes' directory: the one that leads
+    /// next reads each node's ports back, even while the one before still claims them.
+    #[test]
+    fn a_replica_keeps_a_nodes_ports_while_the_one_before_still_claims_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = || LocalProvider::new("dataplane".into(), dir.path().to_path_buf(), None);
+        let (before, next) = (provider(), provider());
+        let port = before.port("q1").unwrap();
+        let sqs_port = before.port_in("q1", "sqs-port").unwrap();
+        assert_ne!(port, sqs_port);
+        assert_eq!(next.port("q1").unwrap(), port);
+        assert_eq!(next.port_in("q1", "sqs-port").unwrap(), sqs_port);
+        // A port for another queue is neither of them, whoever picks it.
+        let other = next.port("q2").unwrap();
+        assert!(![port, sqs_port].contains(&other));
+        // Once the one before lets go, the claims pass to the one that leads.
+        assert!(!next.ports.claim(port));
+        before.let_go();
+        assert!(next.ports.claim(port) && next.ports.claim(sqs_port));
+    }
 }

@@ -12,7 +12,9 @@
 //! So every port a control plane gives a node is also claimed, for as long as it keeps that
 //! node: an exclusive `flock` on `$TMPDIR/qe-local-ports/PORT`, which the kernel lets go when
 //! the file is closed or the process ends, however it ends. A control plane picks only ports
-//! nobody claims. The files stay, empty, one for each port ever claimed (at most one for each
+//! nobody claims. A claim only keeps others from picking a port: the replicas of one control
+//! plane share the nodes' directory, and a node's port read back from it stays the node's
+//! whoever claims it. The files stay, empty, one for each port ever claimed (at most one for each
 //! port of the range): removing a lock file while another process may be opening it would
 //! let two claim the same port.
 
@@ -96,7 +98,8 @@ impl PortClaims {
     }
 
     /// Claims `port` (a node's, read back from its directory): false if another control
-    /// plane claims it. Where claims cannot be kept at all (no writable temporary directory)
+    /// plane claims it (one that gave it to a node of its own, or a replica that kept the
+    /// same nodes before this one and has not let go yet). Where claims cannot be kept at all (no writable temporary directory)
     /// every claim succeeds, as before there were claims.
     pub fn claim(&self, port: u16) -> bool {
         let mut held = self.held.lock().expect("never poisoned");
@@ -133,6 +136,11 @@ impl PortClaims {
     /// Lets the claim on `port` go, if it holds one.
     pub fn release(&self, port: u16) {
         self.held.lock().expect("never poisoned").remove(&port);
+    }
+
+    /// Lets every claim go: it keeps no node any more.
+    pub fn release_all(&self) {
+        self.held.lock().expect("never poisoned").clear();
     }
 
     /// Whether it holds the claim on `port` itself: given to one of its own nodes already.

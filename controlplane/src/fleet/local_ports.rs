@@ -14,13 +14,14 @@
 //! the file is closed or the process ends, however it ends. A control plane picks only ports
 //! nobody claims. A claim only keeps others from picking a port: the replicas of one control
 //! plane share the nodes' directory, and a node's port read back from it stays the node's
-//! whoever claims it. The files stay, empty, one for each port ever claimed (at most one for each
-//! port of the range): removing a lock file while another process may be opening it would
-//! let two claim the same port.
+//! whoever claims it. The files stay, empty, one for each port ever claimed (at most one for
+//! each port of the range): removing a lock file while another process may be opening it
+//! would let two claim the same port.
 
 use std::collections::HashMap;
 use std::fs::{File, TryLockError};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// Where the ports [`PortClaims::pick`] picks from start.
@@ -35,6 +36,8 @@ pub(super) struct PortClaims {
     dir: PathBuf,
     /// The claims it holds: the lock of each lasts as long as its file is open.
     held: Mutex<HashMap<u16, File>>,
+    /// Whether it said that claims cannot be kept here.
+    said_unclaimable: AtomicBool,
 }
 
 impl PortClaims {
@@ -46,6 +49,7 @@ impl PortClaims {
         PortClaims {
             dir,
             held: Mutex::default(),
+            said_unclaimable: AtomicBool::new(false),
         }
     }
 
@@ -99,8 +103,9 @@ impl PortClaims {
 
     /// Claims `port` (a node's, read back from its directory): false if another control
     /// plane claims it (one that gave it to a node of its own, or a replica that kept the
-    /// same nodes before this one and has not let go yet). Where claims cannot be kept at all (no writable temporary directory)
-    /// every claim succeeds, as before there were claims.
+    /// same nodes before this one and has not let go yet). Where claims cannot be kept at
+    /// all (no writable temporary directory) every claim succeeds, as before there were
+    /// claims, and that is said once.
     pub fn claim(&self, port: u16) -> bool {
         let mut held = self.held.lock().expect("never poisoned");
         if held.contains_key(&port) {
@@ -116,7 +121,10 @@ impl PortClaims {
         let file = match opened {
             Ok(file) => file,
             Err(error) => {
-                tracing::warn!(%error, dir = %self.dir.display(), "the local fleet's ports cannot be claimed: another control plane on this machine could pick them");
+                if !self.said_unclaimable.swap(true, Ordering::Relaxed) {
+                    let dir = self.dir.display();
+                    tracing::warn!(%error, %dir, "the local fleet's ports cannot be claimed: another control plane on this machine could pick them");
+                }
                 return true;
             }
         };
@@ -206,6 +214,18 @@ mod tests {
         assert!(second.claim(given));
         drop(second);
         assert!(first.claim(given), "a claim ends with its holder");
+    }
+
+    /// Where no claim can be kept, ports are still picked and read back, as before claims.
+    #[test]
+    fn without_a_usable_directory_every_claim_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("a-file");
+        std::fs::write(&not_a_dir, "").unwrap();
+        let claims = PortClaims::in_dir(not_a_dir);
+        let port = claims.pick().unwrap();
+        assert!(claims.claim(port));
+        assert!(PortClaims::in_dir(dir.path().join("a-file")).claim(port));
     }
 
     /// Its own nodes' ports are not given out twice either.

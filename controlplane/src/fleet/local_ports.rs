@@ -53,8 +53,8 @@ impl PortClaims {
         }
     }
 
-    /// A port free on both loopback addresses now and claimed by no other control plane,
-    /// claimed for this one.
+    /// A port free on both loopback addresses now and claimed by nobody (this control plane
+    /// included), claimed for this one.
     ///
     /// Picked at random below the kernel's range of ephemeral ports: a port the kernel hands
     /// out for a bind to port 0 (every test's listener, every outgoing connection) could be
@@ -75,7 +75,7 @@ impl PortClaims {
     }
 
     /// The first of `candidates` (0: any the kernel gives) that is free on both loopback
-    /// addresses and that nobody else claims, claimed.
+    /// addresses and that nobody claims, claimed.
     fn pick_from(&self, candidates: impl Iterator<Item = u16>) -> std::io::Result<u16> {
         let mut last_error = None;
         for wanted in candidates {
@@ -91,8 +91,8 @@ impl PortClaims {
                 last_error = Some(error);
                 continue;
             }
-            if self.is_held(port) || !self.claim(port) {
-                let why = format!("port {port} is claimed by another control plane");
+            if !self.claim_unless_held(port) {
+                let why = format!("port {port} is claimed already");
                 last_error = Some(std::io::Error::new(std::io::ErrorKind::AddrInUse, why));
                 continue;
             }
@@ -107,9 +107,20 @@ impl PortClaims {
     /// all (no writable temporary directory) every claim succeeds, as before there were
     /// claims, and that is said once.
     pub fn claim(&self, port: u16) -> bool {
+        self.claim_or(port, true)
+    }
+
+    /// Claims `port` for a node that has no port yet: false if anyone claims it, this
+    /// control plane too (in one hold of its claims, so two picks at once never get the same).
+    fn claim_unless_held(&self, port: u16) -> bool {
+        self.claim_or(port, false)
+    }
+
+    /// Claims `port`; `if_held` is the answer when this control plane holds it already.
+    fn claim_or(&self, port: u16, if_held: bool) -> bool {
         let mut held = self.held.lock().expect("never poisoned");
         if held.contains_key(&port) {
-            return true;
+            return if_held;
         }
         let opened = std::fs::create_dir_all(&self.dir).and_then(|()| {
             std::fs::OpenOptions::new()
@@ -149,14 +160,6 @@ impl PortClaims {
     /// Lets every claim go: it keeps no node any more.
     pub fn release_all(&self) {
         self.held.lock().expect("never poisoned").clear();
-    }
-
-    /// Whether it holds the claim on `port` itself: given to one of its own nodes already.
-    fn is_held(&self, port: u16) -> bool {
-        self.held
-            .lock()
-            .expect("never poisoned")
-            .contains_key(&port)
     }
 }
 

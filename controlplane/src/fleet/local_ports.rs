@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, TryLockError};
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -122,14 +123,7 @@ impl PortClaims {
         if held.contains_key(&port) {
             return if_held;
         }
-        let opened = std::fs::create_dir_all(&self.dir).and_then(|()| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(self.dir.join(port.to_string()))
-        });
-        let file = match opened {
+        let file = match self.open_claim(port) {
             Ok(file) => file,
             Err(error) => {
                 if !self.said_unclaimable.swap(true, Ordering::Relaxed) {
@@ -149,6 +143,29 @@ impl PortClaims {
                 tracing::warn!(%error, port, "a local node's port cannot be claimed");
                 true
             }
+        }
+    }
+
+    /// The lock file of `port`. The directory is everyone's, like `/tmp` (sticky: each
+    /// removes only its own), since control planes of several users may share a machine; a
+    /// file another user made is locked through a read-only descriptor (`flock` needs no
+    /// more).
+    fn open_claim(&self, port: u16) -> std::io::Result<File> {
+        if !self.dir.is_dir() {
+            std::fs::create_dir_all(&self.dir)?;
+            // Best effort: only its maker can change it, and it works for them as it is.
+            let everyone = std::fs::Permissions::from_mode(0o1777);
+            let _ = std::fs::set_permissions(&self.dir, everyone);
+        }
+        let path = self.dir.join(port.to_string());
+        let writable = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path);
+        match writable {
+            Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => File::open(&path),
+            opened => opened,
         }
     }
 
@@ -199,10 +216,14 @@ mod tests {
     /// stopped, or the process ended: the file is closed either way), it is free to claim.
     #[test]
     fn a_port_one_control_plane_claims_is_never_picked_by_another() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = PortClaims::in_dir(dir.path().to_path_buf());
-        let second = PortClaims::in_dir(dir.path().to_path_buf());
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("claims");
+        let first = PortClaims::in_dir(dir.clone());
+        let second = PortClaims::in_dir(dir.clone());
         let given = first.pick().unwrap();
+        // Made for every user of the machine, like /tmp.
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o1777);
         let other = second.pick().unwrap();
         assert_ne!(given, other);
 

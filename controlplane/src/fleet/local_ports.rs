@@ -31,6 +31,17 @@ const FIXED_PORTS_FROM: u16 = 10_000;
 /// How many random ports a pick tries before it gives up.
 const PICK_TRIES: usize = 50;
 
+/// Who claimed a port before [`PortClaims::try_claim`] looked.
+#[derive(Debug, PartialEq, Eq)]
+enum Claim {
+    /// Nobody: it is this control plane's now.
+    New,
+    /// This control plane, for one of its nodes.
+    Ours,
+    /// Another control plane.
+    Elsewhere,
+}
+
 /// The ports one control plane claims.
 pub(super) struct PortClaims {
     /// Where the claims of every control plane on this machine are.
@@ -92,7 +103,9 @@ impl PortClaims {
                 last_error = Some(error);
                 continue;
             }
-            if !self.claim_unless_held(port) {
+            // Claimed and checked in one hold of its claims: two picks at once never get the
+            // same port.
+            if self.try_claim(port) != Claim::New {
                 let why = format!("port {port} is claimed already");
                 last_error = Some(std::io::Error::new(std::io::ErrorKind::AddrInUse, why));
                 continue;
@@ -104,24 +117,18 @@ impl PortClaims {
 
     /// Claims `port` (a node's, read back from its directory): false if another control
     /// plane claims it (one that gave it to a node of its own, or a replica that kept the
-    /// same nodes before this one and has not let go yet). Where claims cannot be kept at
-    /// all (no writable temporary directory) every claim succeeds, as before there were
-    /// claims, and that is said once.
+    /// same nodes before this one and has not let go yet).
     pub fn claim(&self, port: u16) -> bool {
-        self.claim_or(port, true)
+        self.try_claim(port) != Claim::Elsewhere
     }
 
-    /// Claims `port` for a node that has no port yet: false if anyone claims it, this
-    /// control plane too (in one hold of its claims, so two picks at once never get the same).
-    fn claim_unless_held(&self, port: u16) -> bool {
-        self.claim_or(port, false)
-    }
-
-    /// Claims `port`; `if_held` is the answer when this control plane holds it already.
-    fn claim_or(&self, port: u16, if_held: bool) -> bool {
+    /// Claims `port` if nobody does; says who held it before. Where claims cannot be kept at
+    /// all (no writable temporary directory) every port reads as newly claimed, as before
+    /// there were claims, and that is said once.
+    fn try_claim(&self, port: u16) -> Claim {
         let mut held = self.held.lock().expect("never poisoned");
         if held.contains_key(&port) {
-            return if_held;
+            return Claim::Ours;
         }
         let file = match self.open_claim(port) {
             Ok(file) => file,
@@ -130,18 +137,18 @@ impl PortClaims {
                     let dir = self.dir.display();
                     tracing::warn!(%error, %dir, "the local fleet's ports cannot be claimed: another control plane on this machine could pick them");
                 }
-                return true;
+                return Claim::New;
             }
         };
         match file.try_lock() {
             Ok(()) => {
                 held.insert(port, file);
-                true
+                Claim::New
             }
-            Err(TryLockError::WouldBlock) => false,
+            Err(TryLockError::WouldBlock) => Claim::Elsewhere,
             Err(TryLockError::Error(error)) => {
                 tracing::warn!(%error, port, "a local node's port cannot be claimed");
-                true
+                Claim::New
             }
         }
     }

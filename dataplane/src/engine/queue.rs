@@ -799,12 +799,14 @@ impl QueueState {
     pub fn receive(&mut self, max: usize, visibility_ms: u64, now_ms: u64) -> Vec<Pulled> {
         self.release_due(now_ms);
         let mut pulled = Vec::new();
-        while pulled.len() < max && self.pullable_at(now_ms) {
-            let id = self.waiting.pop_front().expect("the front waits");
-            let entry = self
-                .messages
-                .get_mut(&id)
-                .expect("a waiting message is held");
+        while pulled.len() < max {
+            let Some(id) = self.front_pullable(now_ms) else {
+                break;
+            };
+            self.waiting.pop_front();
+            let Some(entry) = self.messages.get_mut(&id) else {
+                continue; // (front_pullable found it held)
+            };
             self.waiting_count -= 1;
             let until_ms = now_ms + visibility_ms;
             let receipt = self.next_receipt;
@@ -1430,16 +1432,28 @@ impl QueueState {
     /// the line.
     pub fn next_pullable(&mut self) -> Option<u64> {
         let oldest = self.front_waiting()?;
-        Some(if self.line.is_empty() {
-            0
-        } else {
-            sent_ms(oldest) + LINE_FIRST_MS
-        })
+        Some(self.pullable_from(oldest))
     }
 
     /// Whether a pull receiver may take a waiting message at `now_ms`.
     pub fn pullable_at(&mut self, now_ms: u64) -> bool {
-        self.next_pullable().is_some_and(|at| at <= now_ms)
+        self.front_pullable(now_ms).is_some()
+    }
+
+    /// The message at the front of the waiting line, if a pull receiver may take it at
+    /// `now_ms`.
+    fn front_pullable(&mut self, now_ms: u64) -> Option<MessageId> {
+        let oldest = self.front_waiting()?;
+        (self.pullable_from(oldest) <= now_ms).then_some(oldest)
+    }
+
+    /// When waiting message `id` may go to a pull receiver: at once (0) with no WebSocket
+    /// subscriber in the line, else [`LINE_FIRST_MS`] after it was sent.
+    fn pullable_from(&self, id: MessageId) -> u64 {
+        match self.line.is_empty() {
+            true => 0,
+            false => sent_ms(id) + LINE_FIRST_MS,
+        }
     }
 
     /// Whether a WebSocket subscriber is in the line (with room or not).

@@ -172,15 +172,20 @@ impl Queue {
     /// When the timer task next looks for a message the WebSocket line left waiting to a
     /// long-polling receiver: when the oldest waiting may go to one, or, while none waits
     /// beside subscribers, a [`queue::LINE_FIRST_MS`] from now (no publish tells it that one
-    /// started to wait: that would wake it for every publish). Only while receivers wait, and
-    /// a millisecond after the last wake-up at the soonest (`woke_at`): the receiver woken
-    /// takes the message then.
-    fn next_pull_look(&self, state: &mut QueueState, now: u64, woke_at: u64) -> Option<u64> {
+    /// started to wait: that would wake it for every publish). Only while receivers wait.
+    /// Not before the receiver it woke last has looked (it takes what waits then, and wakes
+    /// the next if it leaves some), or a [`queue::LINE_FIRST_MS`] has passed; and never twice
+    /// in a millisecond.
+    fn next_pull_look(&self, state: &mut QueueState, now: u64, last: &PullerWoken) -> Option<u64> {
         if !self.has_pullers() {
             return None;
         }
+        let soonest = match self.pull_looks() > last.looks {
+            true => last.at + 1,
+            false => last.at + queue::LINE_FIRST_MS,
+        };
         match state.next_pullable() {
-            Some(at) => Some(at.max(woke_at + 1)),
+            Some(at) => Some(at.max(soonest)),
             None if state.has_subscribers() => Some(now + queue::LINE_FIRST_MS),
             None => None,
         }
@@ -409,8 +414,7 @@ impl Queue {
     /// ones, forgets deduplication ids whose windows ended, and wakes a long-polling receiver
     /// for a message the WebSocket line left waiting. Runs for the life of the node.
     pub async fn run_timers(self) {
-        // When the last wake-up for a message the line left went out (ms since 1970).
-        let mut woke_a_puller_at = 0;
+        let mut last_woken = PullerWoken { at: 0, looks: 0 };
         loop {
             let now = now_ms();
             let next = {
@@ -421,7 +425,7 @@ impl Queue {
                     state.next_visible(),
                     state.next_expiring(),
                     state.next_dedup_end(),
-                    self.next_pull_look(&mut state, now, woke_a_puller_at),
+                    self.next_pull_look(&mut state, now, &last_woken),
                 ];
                 timers.into_iter().flatten().min()
             };
@@ -436,8 +440,9 @@ impl Queue {
                     let pullable = state.pullable_at(now);
                     drop(state);
                     if pullable {
+                        let looks = self.pull_looks();
                         self.wake_pullers();
-                        woke_a_puller_at = now;
+                        last_woken = PullerWoken { at: now, looks };
                     }
                 }
                 Some(at) => {
@@ -451,6 +456,14 @@ impl Queue {
             }
         }
     }
+}
+
+/// The timer task's last wake-up of a long-polling receiver.
+struct PullerWoken {
+    /// When (ms since 1970).
+    at: u64,
+    /// How many looks receivers had taken before it ([`Queue::pull_looks`]).
+    looks: u64,
 }
 
 /// A distribute subscriber's session in the line. It ends by [`Subscription::logout`] or

@@ -78,13 +78,6 @@ impl MessageId {
     pub fn parse(text: &str) -> Option<MessageId> {
         Uuid::try_parse(text).ok().map(MessageId)
     }
-
-    /// Writes the text form, without the formatting machinery: it is in every delivery and
-    /// in the reply to every publish and ack.
-    pub fn write_text(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-        out.write_all(self.0.hyphenated().encode_lower(&mut text).as_bytes())
-    }
 }
 
 impl SessionId {

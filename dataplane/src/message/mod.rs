@@ -4,12 +4,12 @@
 //! ([`RecoveredMessage`]).
 
 pub mod ids;
+pub mod json;
 
 use bytes::Bytes;
 use ids::MessageId;
 use serde::Serialize;
 use std::borrow::Cow;
-use std::io::Write;
 use std::sync::Arc;
 
 /// How safe a message is if the machine fails (the manual's Durability table). Ordered from
@@ -160,60 +160,41 @@ impl Message {
     /// `{"id":..,["publisherkey":..,]["group":..,]"type":..,"body":..,"recdat":..}`, written straight into
     /// an allocation of its length.
     pub fn new(id: MessageId, new: &NewMessage<'_>, recdat: u64) -> Message {
-        let write = |out: &mut dyn Write| {
-            out.write_all(br#"{"id":""#)?;
-            id.write_text(out)?;
-            out.write_all(b"\"")?;
+        let write = |out: &mut Vec<u8>| {
+            out.extend_from_slice(br#"{"id":"#);
+            json::push_id(out, id);
             if let Some(key) = &new.publisher_key {
-                out.write_all(br#","publisherkey":"#)?;
-                serde_json::to_writer(&mut *out, key)?;
+                out.extend_from_slice(br#","publisherkey":"#);
+                json::push_str(out, key);
             }
             if let Some(group) = &new.group {
-                out.write_all(br#","group":"#)?;
-                serde_json::to_writer(&mut *out, group)?;
+                out.extend_from_slice(br#","group":"#);
+                json::push_str(out, group);
             }
             let body_type: &[u8] = match new.body_type {
                 BodyType::Text => br#","type":1,"body":"#,
                 BodyType::Binary => br#","type":2,"body":"#,
             };
-            out.write_all(body_type)?;
-            serde_json::to_writer(&mut *out, &new.body)?;
+            out.extend_from_slice(body_type);
+            json::push_str(out, &new.body);
             if let Some(attributes) = &new.attributes {
-                out.write_all(br#","attributes":"#)?;
-                out.write_all(attributes.as_bytes())?;
+                out.extend_from_slice(br#","attributes":"#);
+                out.extend_from_slice(attributes.as_bytes());
             }
-            write!(out, r#","recdat":{recdat}}}"#)
+            out.extend_from_slice(br#","recdat":"#);
+            json::push_integer(out, recdat);
+            out.push(b'}');
         };
         Message {
             durability: new.durability,
             body_type: new.body_type,
             delay_secs: new.delay_secs as u32,
             recdat: recdat as u32,
-            frame: written(write, |frame: &[u8]| Arc::from(frame)),
+            frame: json::written(write, |frame: &[u8]| Arc::from(frame)),
             sender: 0,
             group: 0,
         }
     }
-}
-
-/// Frames up to this size are written on the stack first, then copied into their own
-/// allocation: one allocation of the exact size, where a growing vector takes several.
-const SHORT_FRAME: usize = 512;
-
-/// What `write` writes, handed to `finish` to be kept: from the stack when it is short.
-pub fn written<R>(
-    write: impl Fn(&mut dyn Write) -> std::io::Result<()>,
-    finish: impl FnOnce(&[u8]) -> R,
-) -> R {
-    let mut short = [0u8; SHORT_FRAME];
-    let mut cursor = std::io::Cursor::new(&mut short[..]);
-    if write(&mut cursor).is_ok() {
-        let length = cursor.position() as usize;
-        return finish(&short[..length]);
-    }
-    let mut long = Vec::with_capacity(2 * SHORT_FRAME);
-    write(&mut long).expect("a vector takes every write");
-    finish(&long)
 }
 
 /// The biggest damaged file shown whole in a dead-letter entry; a bigger one is left out.
@@ -336,6 +317,31 @@ mod tests {
             std::str::from_utf8(&frame).unwrap(),
             r#"{"id":"01a1c09f-62e2-7000-b616-7c246d151566","publisherkey":"order-1234","type":1,"body":"Order 1234 is ready","recdat":1794233033}"#
         );
+    }
+
+    #[test]
+    fn texts_that_need_escapes_are_delivered_as_they_were_sent() {
+        let id = MessageId::parse("01a1c09f-62e2-7000-b616-7c246d151566").unwrap();
+        let body = format!("{}\"quoted\"\\\n\u{1}ü ✓", "x".repeat(100));
+        let new = NewMessage {
+            body: body.as_str().into(),
+            publisher_key: Some("a \"key\"".into()),
+            group: Some("tab\tgroup".into()),
+            attributes: Some(r#"{"a":{"DataType":"String"}}"#.into()),
+            ..NewMessage::default()
+        };
+        let frame = Message::new(id, &new, 7).frame;
+        let delivered: serde_json::Value = serde_json::from_slice(&frame).unwrap();
+        let sent = serde_json::json!({
+            "id": id.to_string(),
+            "publisherkey": "a \"key\"",
+            "group": "tab\tgroup",
+            "type": 1,
+            "body": body,
+            "attributes": {"a": {"DataType": "String"}},
+            "recdat": 7,
+        });
+        assert_eq!(delivered, sent);
     }
 }
 

@@ -1,12 +1,11 @@
 //! Replies: every one has a `status`; a failure also has a `code` and a `reason`.
 
 use crate::engine::MessageId;
-use crate::message::written;
+use crate::message::json;
 use bytes::Bytes;
 use qe_shared::Code;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
-use std::io::Write;
 
 /// A reply. The fields every hot reply has (a publish's, an ack's) are typed, so building and
 /// writing one allocates only its frame; the rarer replies' other fields go in a map. Written,
@@ -103,50 +102,48 @@ impl Reply {
 
     pub fn to_frame(&self) -> Bytes {
         if self.other.is_empty() {
-            return written(|out| self.write_typed(out), Bytes::copy_from_slice);
+            return json::written(|out| self.write_typed(out), Bytes::copy_from_slice);
         }
         serde_json::to_vec(&self.as_map())
             .expect("a map of JSON values serializes")
             .into()
     }
 
-    /// Writes the typed fields, in the order of their names.
-    fn write_typed(&self, out: &mut dyn Write) -> std::io::Result<()> {
+    /// Writes the typed fields, in the order of their names (by hand: this runs for every
+    /// publish and ack).
+    fn write_typed(&self, out: &mut Vec<u8>) {
         let mut first = true;
-        // `"name":`, after a comma but for the first (written by hand: this runs for every
-        // publish and ack, and the formatting machinery costs more than the writing).
-        let mut key = |out: &mut dyn Write, name: &str| {
+        // `"name":`, after a comma but for the first.
+        let mut key = |out: &mut Vec<u8>, name: &str| {
             let comma: &[u8] = if first { b"\"" } else { b",\"" };
             first = false;
-            out.write_all(comma)?;
-            out.write_all(name.as_bytes())?;
-            out.write_all(b"\":")
+            out.extend_from_slice(comma);
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b"\":");
         };
-        out.write_all(b"{")?;
+        out.push(b'{');
         if let Some((code, _)) = &self.failure {
-            key(out, "code")?;
-            write!(out, "{}", code.number())?;
+            key(out, "code");
+            json::push_integer(out, code.number());
         }
         if let Some(context) = &self.context {
-            key(out, "context")?;
+            key(out, "context");
             match context {
-                Context::Integer(n) => write!(out, "{n}")?,
-                Context::Value(value) => serde_json::to_writer(&mut *out, value)?,
+                Context::Integer(n) => json::push_integer(out, *n),
+                Context::Value(value) => json::push_value(out, value),
             }
         }
-        if let Some(id) = &self.id {
-            key(out, "id")?;
-            out.write_all(b"\"")?;
-            id.write_text(out)?;
-            out.write_all(b"\"")?;
+        if let Some(id) = self.id {
+            key(out, "id");
+            json::push_id(out, id);
         }
         if let Some((_, reason)) = &self.failure {
-            key(out, "reason")?;
-            serde_json::to_writer(&mut *out, reason.as_ref())?;
+            key(out, "reason");
+            json::push_str(out, reason);
         }
-        key(out, "status")?;
-        serde_json::to_writer(&mut *out, self.status)?;
-        out.write_all(b"}")
+        key(out, "status");
+        json::push_str(out, self.status);
+        out.push(b'}');
     }
 
     /// All the fields as one JSON map, for a reply with fields beyond the typed ones.

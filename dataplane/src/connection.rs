@@ -293,6 +293,7 @@ async fn serve(
                 Poll::Pending => break,
             }
         }
+        link.note_heard();
         match link.poll_write(cx, &mut replies) {
             Poll::Ready(Ok(written)) => {
                 if written.outbox_has_room {
@@ -327,7 +328,12 @@ struct Link<'a> {
     unflushed: bool,
     /// A reply that ends the connection was fed: it ends once that is flushed.
     ending: Then,
+    /// When a frame was last heard: taken once for all the frames one round of reading
+    /// finds (the clock costs more than a small frame's parsing, and the silence limit is
+    /// counted in seconds).
     last_heard: Instant,
+    /// A frame was heard since `last_heard` was taken.
+    heard: bool,
     ping: tokio::time::Interval,
     ping_due: bool,
     silence_limit: Duration,
@@ -368,6 +374,7 @@ impl<'a> Link<'a> {
             unflushed: false,
             ending: Then::Continue,
             last_heard: Instant::now(),
+            heard: false,
             ping: tokio::time::interval_at(
                 Instant::now() + keepalive.ping_every,
                 keepalive.ping_every,
@@ -386,6 +393,13 @@ impl<'a> Link<'a> {
     fn log_drop(&self, what: &str) {
         if qe_shared::logging::client_line_allowed(self.source) {
             tracing::info!(silent_for = ?self.last_heard.elapsed(), "{what}");
+        }
+    }
+
+    /// Takes the time of the frames read since the last time it was taken.
+    fn note_heard(&mut self) {
+        if std::mem::take(&mut self.heard) {
+            self.last_heard = Instant::now();
         }
     }
 
@@ -431,7 +445,7 @@ impl<'a> Link<'a> {
                 Ok(frame) => frame,
                 Err(error) => return Poll::Ready(Err(read_failure(&error, self.assembly))),
             };
-            self.last_heard = Instant::now();
+            self.heard = true;
             if is_too_big(&frame, node) {
                 let reason = "message too big".into();
                 return Poll::Ready(Err(Ended::Refused(CloseCode::Size, reason)));

@@ -240,12 +240,21 @@ impl<S> FragmentWatch<S> {
                     };
                 }
                 Reading::Header { have } => {
-                    self.header[have] = bytes[0];
-                    bytes = &bytes[1..];
-                    let have = have + 1;
-                    self.reading = match header_len(&self.header[..have]) {
-                        Some(len) if len == have => self.header_done(),
-                        _ => Reading::Header { have },
+                    // As much of the header as there is (a header is read whole at once
+                    // when it is not split between reads; bytes copied past its end are
+                    // the payload's, never read from `header`).
+                    let copied = (self.header.len() - have).min(bytes.len());
+                    self.header[have..have + copied].copy_from_slice(&bytes[..copied]);
+                    let known = have + copied;
+                    self.reading = match header_len(&self.header[..known]) {
+                        Some(len) if len <= known => {
+                            bytes = &bytes[len - have..];
+                            self.header_done()
+                        }
+                        _ => {
+                            bytes = &bytes[copied..];
+                            Reading::Header { have: known }
+                        }
                     };
                 }
                 Reading::Payload { left } => {
@@ -415,9 +424,13 @@ mod tests {
         let mut out = vec![(fin as u8) << 7 | opcode];
         match payload.len() {
             n if n < 126 => out.push(0x80 | n as u8),
-            n => {
+            n if n <= 0xFFFF => {
                 out.push(0x80 | 126);
                 out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(0x80 | 127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
             }
         }
         out.extend_from_slice(&[1, 2, 3, 4]);
@@ -445,9 +458,11 @@ mod tests {
         bytes.extend(frame(false, 0x1, &[b'a'; 300]));
         bytes.extend(frame(true, 0x9, b"ping between fragments"));
         bytes.extend(frame(false, 0x0, b"middle"));
+        bytes.extend(frame(true, 0xA, b""));
+        bytes.extend(frame(false, 0x0, &[b'b'; 70_000]));
         let last_at = bytes.len();
         bytes.extend(frame(true, 0x0, b"end"));
-        for chunk in [1, 2, 3, 7, 64, bytes.len()] {
+        for chunk in [1, 2, 3, 5, 7, 13, 14, 15, 64, 4096, bytes.len()] {
             let mut w = watch();
             let mut seen_unfinished = false;
             for (at, piece) in bytes.chunks(chunk).enumerate() {
@@ -460,6 +475,31 @@ mod tests {
             // In one read there is no moment between; in smaller ones there is.
             assert!(seen_unfinished || chunk == bytes.len(), "chunks of {chunk}");
             assert!(!unfinished(&w), "finished, chunks of {chunk}");
+            assert!(!w.assembly.violated(), "chunks of {chunk}");
+            assert_eq!(w.reading, Reading::Header { have: 0 }, "chunks of {chunk}");
+        }
+    }
+
+    #[test]
+    fn a_reserved_opcode_is_seen_across_any_split_of_the_bytes() {
+        let mut bytes = b"GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n".to_vec();
+        bytes.extend(frame(true, 0x1, &[b'a'; 200]));
+        bytes.extend(frame(true, 0x2, b""));
+        // Seen once its whole header (2 bytes and the mask's 4) is.
+        let reserved_seen_at = bytes.len() + 6;
+        bytes.extend(frame(true, 0x3, b"reserved"));
+        for chunk in [1, 2, 5, 6, 7, 64, bytes.len()] {
+            let mut w = watch();
+            for (at, piece) in bytes.chunks(chunk).enumerate() {
+                w.observe(piece);
+                let seen = (at + 1) * chunk;
+                let violated = w.assembly.violated();
+                assert_eq!(
+                    violated,
+                    seen >= reserved_seen_at,
+                    "chunks of {chunk}, at {seen}"
+                );
+            }
         }
     }
 

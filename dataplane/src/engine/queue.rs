@@ -821,7 +821,7 @@ impl QueueState {
                 message: entry.message.clone(),
                 receives: entry.receives,
                 first_delivered_ms: first_delivered_ms(entry, id),
-                sender: self.senders.name(entry.message.sender),
+                sender: self.senders.name(entry.message.sender).cloned(),
                 receipt,
                 heard: None,
             };
@@ -1640,12 +1640,19 @@ fn first_delivered_ms(entry: &Entry, id: MessageId) -> u64 {
 struct Senders {
     names: Vec<std::sync::Arc<str>>,
     numbers: std::collections::HashMap<std::sync::Arc<str>, u16>,
+    /// The number given last: a run of publishes mostly comes from one sender, and a
+    /// comparison costs less than hashing the name.
+    last: u16,
 }
 
 impl Senders {
     fn number(&mut self, sender: Option<&str>) -> u16 {
         let Some(sender) = sender else { return 0 };
+        if self.name(self.last).is_some_and(|last| **last == *sender) {
+            return self.last;
+        }
         if let Some(&number) = self.numbers.get(sender) {
+            self.last = number;
             return number;
         }
         if self.names.len() >= usize::from(u16::MAX - 1) {
@@ -1655,11 +1662,12 @@ impl Senders {
         self.names.push(name.clone());
         let number = self.names.len() as u16;
         self.numbers.insert(name, number);
+        self.last = number;
         number
     }
 
-    fn name(&self, number: u16) -> Option<std::sync::Arc<str>> {
+    fn name(&self, number: u16) -> Option<&std::sync::Arc<str>> {
         let index = usize::from(number).checked_sub(1)?;
-        self.names.get(index).cloned()
+        self.names.get(index)
     }
 }

@@ -1637,6 +1637,31 @@ fn a_message_knows_its_sender_and_its_first_delivery() {
     assert_eq!(std::mem::size_of::<Message>(), 32);
 }
 
+#[test]
+fn each_message_keeps_its_own_sender_when_senders_take_turns() {
+    let mut q = queue();
+    let senders = [
+        Some("A"),
+        Some("B"),
+        Some("A"),
+        None,
+        Some("C"),
+        Some("B"),
+        Some("B"),
+    ];
+    for (n, sender) in senders.iter().enumerate() {
+        let body = format!("{n}");
+        let sent = NewMessage {
+            sender: sender.map(Into::into),
+            ..text(&body)
+        };
+        q.publish(&sent, T0).unwrap();
+    }
+    let received = q.receive(10, 0, T0 + 1);
+    let got: Vec<Option<&str>> = received.iter().map(|r| r.sender.as_deref()).collect();
+    assert_eq!(got, senders);
+}
+
 fn grouped<'a>(body: &'a str, group: &'a str) -> NewMessage<'a> {
     NewMessage {
         group: Some(group.into()),

@@ -8,6 +8,7 @@
 //! layer's business; this layer only says how to end.
 
 mod admin;
+pub mod flat;
 mod login;
 mod publisher;
 pub mod reply;

@@ -1,5 +1,6 @@
 //! A publisher: every frame is a message to publish.
 
+use super::flat::{self, set, Plain};
 use super::reply::Context;
 use super::request::{self, number_field, number_in, text_field, Field, Fields, Parsed, Text};
 use super::{as_str, Data, Reply, Response};
@@ -155,9 +156,39 @@ pub fn read_typed(
     text: &str,
     queue_type: QueueType,
 ) -> Option<(Result<NewMessage<'_>, Code>, Option<Context>)> {
-    let fields: PublishFields = request::typed(text)?;
-    let context = request::typed_context(&fields.context)?;
+    let (fields, context) = match read_flat(text) {
+        Some(read) => read,
+        None => {
+            let fields: PublishFields = request::typed(text)?;
+            let context = request::typed_context(&fields.context)?;
+            (fields, context)
+        }
+    };
     Some((check(fields, queue_type), context))
+}
+
+/// A publish of the usual shape, read by hand (see `flat`), with its context.
+fn read_flat(text: &str) -> Option<(PublishFields<'_>, Option<Context>)> {
+    let mut fields = PublishFields::default();
+    let mut context = None;
+    flat::read(text, |key, value| match (key, value) {
+        ("body", Plain::Text(body)) => set(&mut fields.body, Text(Cow::Borrowed(body))),
+        ("type", Plain::Integer(n)) => set(&mut fields.body_type, n.parse().ok()?),
+        ("delay", Plain::Integer(n)) => set(&mut fields.delay, n.parse().ok()?),
+        ("durability", Plain::Integer(n)) => set(&mut fields.durability, n.parse().ok()?),
+        ("publisherkey", Plain::Text(key)) => {
+            set(&mut fields.publisherkey, Text(Cow::Borrowed(key)))
+        }
+        ("expires", Plain::Integer(n)) => set(&mut fields.expires, n.parse().ok()?),
+        ("dedupid", Plain::Text(id)) => set(&mut fields.dedupid, Text(Cow::Borrowed(id))),
+        ("group", Plain::Text(group)) => set(&mut fields.group, Text(Cow::Borrowed(group))),
+        ("context", value) if context.is_none() => {
+            context = Some(flat::context(value)?);
+            Some(())
+        }
+        _ => None,
+    })?;
+    Some((fields, context))
 }
 
 /// Checks a JSON publish read the general way.
@@ -263,6 +294,31 @@ mod tests {
 
     fn code(value: Value) -> Code {
         read(value, QueueType::Distribute).unwrap_err()
+    }
+
+    #[test]
+    fn the_usual_publishes_are_read_by_hand() {
+        for text in [
+            r#"{"body":"x","durability":1,"context":7}"#,
+            r#"{"body": "x", "durability": 2, "context": "c-1"}"#,
+            r#"{"body":"aGk=","type":2,"delay":60,"publisherkey":"k","expires":9}"#,
+            r#"{"body":"x","dedupid":"d","group":"g"}"#,
+        ] {
+            assert!(read_flat(text).is_some(), "{text}");
+        }
+        let (fields, context) = read_flat(r#"{"body":"x","context":-3}"#).unwrap();
+        assert_eq!(fields.body, Field::Is(Text("x".into())));
+        assert_eq!(context, Some(Context::Integer(-3)));
+        // Left to serde's typed reading: an escape, a repeat, a value of another type.
+        for text in [
+            r#"{"body":"a"b"}"#,
+            r#"{"body":"x","body":"y"}"#,
+            r#"{"body":"x","context":1,"context":2}"#,
+            r#"{"body":"x","durability":"1"}"#,
+            r#"{"body":"x","durability":-0}"#,
+        ] {
+            assert!(read_flat(text).is_none(), "{text}");
+        }
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! make of it. Anything else (a wrong type, a repeated field, escapes where a borrow is
 //! needed, a context with a fraction) is read the general way, into a map of JSON values
 //! ([`parse`]), whose checks give each fault its code.
+//!
+//! Before the typed reading, the usual shape of a publish or an ack (a flat object of plain
+//! texts and whole numbers) is read by hand (`flat`), which costs less again; whatever it
+//! does not read goes on to the typed reading.
 
 use super::reply::Context;
 use qe_shared::protocol::MAX_CONTEXT_BYTES;
@@ -105,13 +109,26 @@ pub fn typed_context(context: &Field<&RawValue>) -> Option<Option<Context>> {
         Field::Wrong => return None,
     };
     if let Some(inner) = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
-        let plain = !inner.contains('\\') && inner.len() <= MAX_CONTEXT_BYTES;
-        return plain.then(|| Some(Context::Value(Value::String(inner.to_string()))));
+        return (!inner.contains('\\'))
+            .then(|| text_context(inner))?
+            .map(Some);
     }
+    integer_context(raw).map(Some)
+}
+
+/// A context that is a text without escapes (`inner`, between its quotes), read typed;
+/// `None` when it is too long.
+pub fn text_context(inner: &str) -> Option<Context> {
+    (inner.len() <= MAX_CONTEXT_BYTES).then(|| Context::Value(Value::String(inner.to_string())))
+}
+
+/// A context that is a JSON number (`raw`, as written), read typed: a whole number that fits
+/// 64 bits, but -0; `None` for any other.
+pub fn integer_context(raw: &str) -> Option<Context> {
     // JSON has no leading zeros, so every integer but -0 is written as i64 writes it.
     let integer = raw != "-0" && raw.bytes().all(|b| b.is_ascii_digit() || b == b'-');
     let number = integer.then(|| raw.parse::<i64>().ok()).flatten()?;
-    Some(Some(Context::Integer(number)))
+    Some(Context::Integer(number))
 }
 
 /// A number field of the general reading: a JSON integer of zero or more, or another type.

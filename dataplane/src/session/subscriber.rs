@@ -1,6 +1,7 @@
 //! Subscribers: a distribute subscriber stands in the line and acks what it holds; a copy
 //! subscriber only listens.
 
+use super::flat::{self, Plain};
 use super::reply::Context;
 use super::request::{self, number_field, whole_number, Field, Fields, Parsed};
 use super::{as_str, Data, Reply, Response, Then};
@@ -184,6 +185,9 @@ pub struct AckRequest<'a> {
 
 /// A request read typed (see `request`), if it can be and is an ack.
 pub fn read_ack_typed(text: &str) -> Option<AckRequest<'_>> {
+    if let Some(ack) = read_ack_flat(text) {
+        return Some(ack);
+    }
     let fields: AckFields = request::typed(text)?;
     let only_ack = fields.logout.is_absent() && fields.capacity.is_absent();
     if fields.ack.is_absent() || !only_ack {
@@ -198,6 +202,25 @@ pub fn read_ack_typed(text: &str) -> Option<AckRequest<'_>> {
         id,
         context: request::typed_context(&fields.context)?,
     })
+}
+
+/// An ack of the usual shape, read by hand (see `flat`).
+fn read_ack_flat(text: &str) -> Option<AckRequest<'_>> {
+    let (mut id, mut ack, mut context) = (Field::Absent, Field::Absent, None);
+    flat::read(text, |key, value| match (key, value) {
+        ("id", Plain::Text(text)) => flat::set(&mut id, text),
+        ("ack", Plain::Integer(n)) => flat::set(&mut ack, n.parse().ok()?),
+        ("context", value) if context.is_none() => {
+            context = Some(flat::context(value)?);
+            Some(())
+        }
+        _ => None,
+    })?;
+    let id = match id {
+        Field::Is(id) => Some(id),
+        _ => None,
+    };
+    (!ack.is_absent()).then_some(AckRequest { ack, id, context })
 }
 
 /// An ack as sent, read typed (any other field: the general reading, as for a publish).

@@ -100,8 +100,36 @@ mod tests {
             r#"{"ack":1,"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f","x":"\udb0a"}"#,
             r#"{"body":"x","context":"\udb0a"}"#,
             r#"not json"#,
+            // The shapes read by hand (`flat`), and their edges.
+            r#"{"body":"x","durability":2,"context":7}"#,
+            r#"{ "body" : "x" ,"durability":0 , "context":"c" }"#,
+            "\n{\"body\":\"x\"}\t",
+            r#"{"body":"x","durability":-0}"#,
+            r#"{"body":"x","durability":18446744073709551616}"#,
+            r#"{"body":"x","delay":01}"#,
+            r#"{"body":"x","context":-0}"#,
+            r#"{"body":"x","context":9223372036854775808}"#,
+            r#"{"body":"x","context":"","durability":1}"#,
+            r#"{"body":"x","dedupid":"d","dedupid":"e"}"#,
+            r#"{"body":"x","group":"g","expires":1209601}"#,
+            r#"{"b\u006fdy":"x"}"#,
+            r#"{"body":"x"} x"#,
+            r#"{"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f","ack":1,"ack":1}"#,
+            r#"{"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f","id":"x","ack":1}"#,
+            r#"{ "id" : "not an id" , "ack" : 1 }"#,
+            r#"{"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f","ack":-1}"#,
+            r#"{"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f","ack":1,"context":""}"#,
         ];
-        for text in requests {
+        let long_context = format!(r#"{{"body":"x","context":"{}"}}"#, "c".repeat(300));
+        let long_ack_context = format!(
+            r#"{{"id":"01a1c09f-62da-7000-a30b-0817c9a42e3f","ack":1,"context":"{}"}}"#,
+            "c".repeat(300)
+        );
+        for text in requests
+            .iter()
+            .copied()
+            .chain([&*long_context, &*long_ack_context])
+        {
             agrees(text).unwrap();
         }
         // The hot requests are read typed.

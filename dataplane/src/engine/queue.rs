@@ -663,7 +663,12 @@ impl QueueState {
         self.unexpire(id, &entry);
         self.left_group(id, entry.message.group);
         self.forget(&entry.message);
-        let receipt = self.store.record(Change::Acked(id));
+        // A message kept in memory only was never written: nothing to remove (and the store's
+        // lock is not taken for every ack at durability 0).
+        let receipt = match entry.message.durability {
+            Durability::None => Receipt::Done,
+            _ => self.store.record(Change::Acked(id)),
+        };
         self.totals.acked += 1;
         self.dispatch();
         Ok(receipt)
@@ -1574,8 +1579,8 @@ impl QueueState {
             self.waiting_count -= 1;
             entry.place = Place::Held(session);
             entry.receives = entry.receives.saturating_add(1);
-            let now_ms = *now_ms.get_or_insert_with(crate::engine::now_ms);
-            note_delivery(entry, id, now_ms);
+            let delivered_ms = *now_ms.get_or_insert_with(crate::engine::now_ms);
+            note_delivery(entry, id, delivered_ms);
             let frame = entry.message.frame_for_delivery();
             let mut gate = None;
             if entry.message.durability != Durability::None {

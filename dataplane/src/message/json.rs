@@ -38,7 +38,7 @@ pub fn written<R>(write: impl FnOnce(&mut Vec<u8>), finish: impl FnOnce(&[u8]) -
 
 /// `text` as a JSON string.
 pub fn push_str(out: &mut Vec<u8>, text: &str) {
-    if needs_no_escapes(text.as_bytes()) {
+    if is_plain_text(text.as_bytes()) {
         out.reserve(text.len() + 2);
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
@@ -48,11 +48,11 @@ pub fn push_str(out: &mut Vec<u8>, text: &str) {
     }
 }
 
-/// Whether `bytes` can stand as a JSON string's content: no control character, quote or
-/// backslash (what `serde_json` escapes; it writes everything else as it is). Looked at 64
-/// bytes at a time without stopping early inside them, which the compiler does in a few vector
-/// instructions.
-fn needs_no_escapes(bytes: &[u8]) -> bool {
+/// Whether `bytes` can stand as a JSON string's content as they are: no control character,
+/// quote or backslash (what `serde_json` escapes; it writes everything else as it is). Looked
+/// at 64 bytes at a time without stopping early inside them, which the compiler does in a few
+/// vector instructions.
+pub fn is_plain_text(bytes: &[u8]) -> bool {
     bytes.chunks(64).all(|chunk| {
         !chunk.iter().fold(false, |found, &b| {
             found | (b < 0x20) | (b == b'"') | (b == b'\\')

@@ -142,8 +142,11 @@ impl Reply {
             json::push_str(out, reason);
         }
         key(out, "status");
-        json::push_str(out, self.status);
-        out.push(b'}');
+        // One of this module's own texts, none of which needs an escape.
+        debug_assert!(json::is_plain_text(self.status.as_bytes()));
+        out.push(b'"');
+        out.extend_from_slice(self.status.as_bytes());
+        out.extend_from_slice(b"\"}");
     }
 
     /// All the fields as one JSON map, for a reply with fields beyond the typed ones.

@@ -198,6 +198,11 @@ impl Node {
         cpu_time(self.child.id())
     }
 
+    /// The user and the system CPU time the node has used.
+    pub fn cpu_times(&self) -> CpuTimes {
+        cpu_times(self.child.id())
+    }
+
     /// Peak and current resident memory, in bytes.
     pub fn memory(&self) -> (u64, u64) {
         memory(self.child.id())
@@ -271,11 +276,30 @@ fn start_standby(config: &NodeConfig, cpu: usize, addr: std::net::SocketAddr, di
 
 /// User plus system CPU time process `pid` has used (all its threads).
 pub fn cpu_time(pid: u32) -> Duration {
+    let times = cpu_times(pid);
+    times.user + times.system
+}
+
+/// CPU time in the process's own code and in the kernel on its behalf.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuTimes {
+    pub user: Duration,
+    pub system: Duration,
+}
+
+/// The user and the system CPU time process `pid` has used (all its threads).
+pub fn cpu_times(pid: u32) -> CpuTimes {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // Fields after the command name, which is in parentheses and may hold spaces.
     let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    Duration::from_micros(ticks * 1_000_000 / clock_ticks_per_second())
+    let time = |field: &str| {
+        let ticks: u64 = field.parse().unwrap();
+        Duration::from_micros(ticks * 1_000_000 / clock_ticks_per_second())
+    };
+    CpuTimes {
+        user: time(fields[11]),
+        system: time(fields[12]),
+    }
 }
 
 /// Peak and current resident memory of process `pid`, in bytes.

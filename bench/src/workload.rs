@@ -54,6 +54,8 @@ pub struct Report {
     pub(crate) reply: Percentiles,
     pub(crate) delivery: Percentiles,
     pub(crate) cpu_us_per_message: f64,
+    /// The part of it in the node's own code (the rest is the kernel's, mostly its sockets).
+    pub(crate) user_cpu_us_per_message: f64,
     pub(crate) peak_rss: u64,
     /// Segment files removed during the run (compaction at work).
     compacted: usize,
@@ -119,10 +121,11 @@ impl Report {
             }
     }
 
-    /// Per message: system calls (all, socket writes, socket reads) and allocations.
+    /// Per message: the node's CPU in its own code, system calls (all, socket writes, socket
+    /// reads) and allocations.
     fn counts(&self) -> String {
         let per_message = |n: u64| n as f64 / self.messages as f64;
-        let mut counts = String::new();
+        let mut counts = format!("  user/msg {:.1}us", self.user_cpu_us_per_message);
         if let Some(calls) = self.syscalls {
             counts += &format!(
                 "  syscalls/msg {:.2} (writes {:.2}, reads {:.2})",
@@ -484,7 +487,7 @@ pub async fn run(
         }
         _ => Vec::new(),
     };
-    let cpu_before = node.cpu_time();
+    let cpu_before = node.cpu_times();
     let allocations_before = node.allocations();
     let syscall_count = node.count_syscalls(config);
     let started = Instant::now();
@@ -513,7 +516,9 @@ pub async fn run(
         delivered.1.notified().await;
     }
     let elapsed = started.elapsed();
-    let cpu = node.cpu_time() - cpu_before;
+    let cpu_after = node.cpu_times();
+    let user_cpu = cpu_after.user - cpu_before.user;
+    let cpu = user_cpu + (cpu_after.system - cpu_before.system);
     let syscalls = syscall_count.map(|count| count.finish());
     let allocations = node
         .allocations()
@@ -549,6 +554,7 @@ pub async fn run(
         reply: Percentiles::of(published.reply_ns),
         delivery: Percentiles::of(received.delivery_ns),
         cpu_us_per_message: cpu.as_secs_f64() * 1e6 / messages as f64,
+        user_cpu_us_per_message: user_cpu.as_secs_f64() * 1e6 / messages as f64,
         peak_rss,
         compacted,
         syscalls,

@@ -1655,7 +1655,7 @@ fn each_message_keeps_its_own_sender_when_senders_take_turns() {
             sender: sender.map(Into::into),
             ..text(&body)
         };
-        q.publish(&sent, T0).unwrap();
+        let _ = q.publish(&sent, T0).unwrap();
     }
     let received = q.receive(10, 0, T0 + 1);
     let got: Vec<Option<&str>> = received.iter().map(|r| r.sender.as_deref()).collect();

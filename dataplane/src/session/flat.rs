@@ -1,7 +1,7 @@
 //! The usual shape of the hot requests, read by hand: a flat JSON object whose keys are
 //! texts without escapes and whose values are texts without escapes or whole numbers, as a
 //! publish and an ack nearly always are. serde's typed reading of a publish and its ack was
-//! the biggest single item of the node's own work per message at 16 × 16 (about 2,600 of
+//! the biggest single item of the node's own work per message at 16 × 16 (about 3,000 of
 //! 15,300 instructions, counted by valgrind); reading them here takes about 5% of a message's
 //! instructions off (docs/performance.md).
 //!

@@ -311,7 +311,7 @@ mod tests {
         assert_eq!(context, Some(Context::Integer(-3)));
         // Left to serde's typed reading: an escape, a repeat, a value of another type.
         for text in [
-            r#"{"body":"a"b"}"#,
+            r#"{"body":"a\"b"}"#,
             r#"{"body":"x","body":"y"}"#,
             r#"{"body":"x","context":1,"context":2}"#,
             r#"{"body":"x","durability":"1"}"#,

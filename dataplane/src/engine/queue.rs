@@ -660,18 +660,28 @@ impl QueueState {
             .messages
             .remove(&id)
             .expect("a held message is in the queue");
-        self.unexpire(id, &entry);
-        self.left_group(id, entry.message.group);
-        self.forget(&entry.message);
-        // A message kept in memory only was never written: nothing to remove (and the store's
-        // lock is not taken for every ack at durability 0).
-        let receipt = match entry.message.durability {
-            Durability::None => Receipt::Done,
-            _ => self.store.record(Change::Acked(id)),
-        };
-        self.totals.acked += 1;
+        let receipt = self.done_with(id, &entry);
         self.dispatch();
         Ok(receipt)
+    }
+
+    /// A message its receiver is done with (an ack, an SQS delete), taken out of the map:
+    /// out of its expiry and its group, forgotten, counted, and its removal recorded.
+    fn done_with(&mut self, id: MessageId, entry: &Entry) -> Receipt {
+        self.unexpire(id, entry);
+        self.left_group(id, entry.message.group);
+        self.forget(&entry.message);
+        self.totals.acked += 1;
+        self.record_removal(id, entry.message.durability)
+    }
+
+    /// Records that message `id` is gone. One kept in memory only was never written: there is
+    /// nothing to remove, and the store's lock is not taken (once per ack at durability 0).
+    fn record_removal(&mut self, id: MessageId, durability: Durability) -> Receipt {
+        match durability {
+            Durability::None => Receipt::Done,
+            _ => self.store.record(Change::Acked(id)),
+        }
     }
 
     /// "I cannot handle this": the message goes to the dead letter queue, never to be
@@ -875,11 +885,7 @@ impl QueueState {
         };
         self.invisible.remove(&(until_ms, id));
         let entry = self.messages.remove(&id).expect("just found");
-        self.unexpire(id, &entry);
-        self.left_group(id, entry.message.group);
-        self.forget(&entry.message);
-        self.totals.acked += 1;
-        let receipt = self.store.record(Change::Acked(id));
+        let receipt = self.done_with(id, &entry);
         self.dispatch();
         Ok(receipt)
     }
@@ -952,7 +958,7 @@ impl QueueState {
                 .take(id, "deleted")
                 .expect("an expiring message is queued");
             self.forget(&entry.message);
-            let _ = self.store.record(Change::Acked(id));
+            let _ = self.record_removal(id, entry.message.durability);
         }
         self.dispatch();
     }

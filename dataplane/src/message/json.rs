@@ -48,16 +48,35 @@ pub fn push_str(out: &mut Vec<u8>, text: &str) {
     }
 }
 
-/// Whether `bytes` can stand as a JSON string's content as they are: no control character,
-/// quote or backslash (what `serde_json` escapes; it writes everything else as it is). Looked
-/// at 64 bytes at a time without stopping early inside them, which the compiler does in a few
-/// vector instructions.
+/// Whether `bytes` can stand as a JSON string's content as they are: nothing in them that
+/// needs an escape.
 pub fn is_plain_text(bytes: &[u8]) -> bool {
-    bytes.chunks(64).all(|chunk| {
-        !chunk.iter().fold(false, |found, &b| {
-            found | (b < 0x20) | (b == b'"') | (b == b'\\')
-        })
-    })
+    first_to_escape(bytes).is_none()
+}
+
+/// Where the first byte is that a JSON string cannot hold as it is: a control character, a
+/// quote or a backslash (what `serde_json` escapes; it writes everything else as it is).
+/// Eight bytes are looked at a time.
+pub fn first_to_escape(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    // A high bit set in each byte that is zero (and, past the first such, maybe others).
+    let zero_bytes = |word: u64| word.wrapping_sub(ONES) & !word & HIGH;
+    let mut start = 0;
+    for chunk in bytes.chunks_exact(8) {
+        let word = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
+        let special = zero_bytes(word ^ (ONES * u64::from(b'"')))
+            | zero_bytes(word ^ (ONES * u64::from(b'\\')))
+            | (word.wrapping_sub(ONES * 0x20) & !word & HIGH);
+        if special != 0 {
+            break;
+        }
+        start += 8;
+    }
+    let found = bytes[start..]
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+    Some(start + found)
 }
 
 /// A whole number.

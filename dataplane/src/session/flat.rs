@@ -12,6 +12,7 @@
 
 use super::reply::Context;
 use super::request::{self, Field};
+use crate::message::json::first_to_escape;
 
 /// A member's value, as it stands in the text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,27 +135,8 @@ impl<'a> Reader<'a> {
 
 /// Where the text that `bytes` begin ends (at its closing quote), if nothing in it needs an
 /// escape: `None` at a backslash or a control character, or without a closing quote.
-/// Eight bytes are looked at a time, for a body; a key takes a few steps.
 fn plain_text_length(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    // A high bit set in each byte that is zero (and, past the first such, maybe others).
-    let zero_bytes = |word: u64| word.wrapping_sub(ONES) & !word & HIGH;
-    let mut start = 0;
-    for chunk in bytes.chunks_exact(8) {
-        let word = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
-        let special = zero_bytes(word ^ (ONES * u64::from(b'"')))
-            | zero_bytes(word ^ (ONES * u64::from(b'\\')))
-            | (word.wrapping_sub(ONES * 0x20) & !word & HIGH);
-        if special != 0 {
-            break;
-        }
-        start += 8;
-    }
-    let end = start
-        + bytes[start..]
-            .iter()
-            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+    let end = first_to_escape(bytes)?;
     (bytes[end] == b'"').then_some(end)
 }
 

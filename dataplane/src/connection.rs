@@ -212,7 +212,7 @@ async fn login_frame(socket: &mut Socket, node: &Node, assembly: &Assembly) -> R
             return Err(Ended::Refused(CloseCode::Size, "message too big".into()));
         }
         match frame.opcode() {
-            OpCode::Text => return Ok(Data::text(frame.into_payload())),
+            OpCode::Text => return text_message(frame.into_payload()),
             OpCode::Binary => return Ok(Data::Binary(frame.into_payload())),
             OpCode::Close => {
                 let _ = timeout(DRAIN_TIME, socket.next_frame()).await;
@@ -451,7 +451,7 @@ impl<'a> Link<'a> {
                 return Poll::Ready(Err(Ended::Refused(CloseCode::Size, reason)));
             }
             match frame.opcode() {
-                OpCode::Text => return Poll::Ready(Ok(Data::text(frame.into_payload()))),
+                OpCode::Text => return Poll::Ready(text_message(frame.into_payload())),
                 OpCode::Binary => return Poll::Ready(Ok(Data::Binary(frame.into_payload()))),
                 OpCode::Close => return Poll::Ready(Err(Ended::ClosedByClient)),
                 OpCode::Ping | OpCode::Pong | OpCode::Continuation => continue,
@@ -555,6 +555,12 @@ impl<F: Future<Output = (Reply, Then)>> Settling<F> {
             Settling::Waiting(waiting) => waiting.as_mut().poll(cx),
         }
     }
+}
+
+/// A text message, or close code 1007 if it is not UTF-8 (*Why a connection closed*). The
+/// session's `Text` makes the one check; yawc's is off (`server::websocket_options`).
+fn text_message(payload: Bytes) -> Result<Data, Ended> {
+    Data::text(payload).ok_or_else(|| Ended::Refused(CloseCode::Invalid, "invalid UTF-8".into()))
 }
 
 /// Whether a data frame is bigger than `max-ws-msg-len` as it is now.

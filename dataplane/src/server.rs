@@ -355,7 +355,8 @@ pub fn websocket_options() -> Options {
         .with_compression_threshold(COMPRESS_FROM_BYTES)
         .with_read_buffer_capacity(SOCKET_BUFFER_BYTES)
         .with_write_buffer_capacity(SOCKET_BUFFER_BYTES)
-        .with_utf8()
+        // No `with_utf8`: the connection checks each text message itself, once
+        // (`session::Text`), where yawc's check and the session's made two.
         .with_max_payload_read(limit)
         .with_max_read_buffer(limit)
         .with_no_delay()

@@ -50,6 +50,28 @@ async fn a_compressed_message_that_cannot_be_unpacked_closes_with_1011() {
 }
 
 #[tokio::test]
+async fn a_character_split_across_fragments_is_read_whole() {
+    let node = Node::start();
+    let (mut subscriber, _) = node
+        .login("subscriber", "distribute", json!({"capacity": 1}))
+        .await;
+    let mut tcp = raw_publisher(&node, false).await;
+    let text = r#"{"body":"é€😀"}"#.as_bytes();
+    // Inside the 2-, 3- and 4-byte characters: no fragment is UTF-8 on its own.
+    let (first, rest) = text.split_at(10);
+    let (middle, last) = rest.split_at(3);
+    for (fin, opcode, part) in [(false, 0x1, first), (false, 0x0, middle), (true, 0x0, last)] {
+        assert!(std::str::from_utf8(part).is_err());
+        tcp.write_all(&raw::client_frame(fin, false, opcode, part))
+            .await
+            .unwrap();
+    }
+    let (_, reply) = raw::read_frame(&mut tcp).await;
+    assert!(String::from_utf8_lossy(&reply).contains("Success."));
+    assert_eq!(subscriber.recv().await["body"], "é€😀");
+}
+
+#[tokio::test]
 async fn a_fragmented_message_must_arrive_whole_in_time_or_the_connection_closes_with_1008() {
     let node = Node::start_with(&["--message-timeout-secs", "1"]);
     let mut tcp = raw_publisher(&node, false).await;
@@ -101,6 +123,32 @@ async fn invalid_utf8_closes_with_1007_and_a_protocol_violation_with_1002() {
         .await
         .unwrap();
     assert_eq!(raw::close_code(&mut tcp).await, 1007);
+
+    // The same on a login, from a subscriber, and compressed: each text message is checked
+    // once, whole, by the node itself (yawc's own check is off).
+    let mut tcp = raw::upgraded(&node, raw::Options::default()).await;
+    tcp.write_all(&raw::client_frame(true, false, 0x1, b"{\"role\":\"\xFF\"}"))
+        .await
+        .unwrap();
+    assert_eq!(raw::close_code(&mut tcp).await, 1007, "a login");
+    let options = raw::Options::default();
+    let (mut tcp, reply) =
+        raw::logged_in(&node, options, "subscriber", json!({"capacity": 1})).await;
+    assert_eq!(reply["status"], "Success.");
+    tcp.write_all(&raw::client_frame(true, false, 0x1, &[0x80]))
+        .await
+        .unwrap();
+    assert_eq!(raw::close_code(&mut tcp).await, 1007, "a subscriber");
+    let mut tcp = raw_publisher(&node, true).await;
+    let deflated = raw::deflated(b"{\"body\":\"\xED\xA0\x80\"}");
+    tcp.write_all(&raw::client_frame(true, true, 0x1, &deflated))
+        .await
+        .unwrap();
+    assert_eq!(
+        raw::close_code(&mut tcp).await,
+        1007,
+        "compressed (a UTF-16 surrogate)"
+    );
 
     let mut tcp = raw_publisher(&node, false).await;
     // A reserved opcode.

@@ -21,7 +21,7 @@
 
 use super::publisher::Publisher;
 use super::request::{self, whole_number, Fields, Parsed};
-use super::{as_str, Data, Reply, Response};
+use super::{Data, Reply, Response};
 use crate::engine::outbox::{outbox, Outbox};
 use crate::engine::{
     Anchor, Dead, DeadReason, Frames, Message, MessageId, Queue, Redrive, Refused, Scope,
@@ -100,7 +100,7 @@ impl Admin {
     pub fn handle(&mut self, data: Data) -> Response {
         let fields = match &data {
             Data::Binary(_) => return Response::abort(Reply::failure(Code::InvalidJson)),
-            Data::Text(payload) => match request::parse(as_str(payload)) {
+            Data::Text(text) => match request::parse(text.as_str()) {
                 Parsed::NotJson => return Response::abort(Reply::failure(Code::InvalidJson)),
                 Parsed::OtherJson => return Response::reply(Reply::failure(Code::InvalidCommand)),
                 Parsed::Object(fields) => fields,

@@ -8,7 +8,7 @@ use super::admin::Admin;
 use super::publisher::{has_publish_fields, Publisher};
 use super::request::{self, optional_number_in, Fields, Parsed};
 use super::subscriber::{CopySubscriber, Subscriber};
-use super::{as_str, Data, Reply, Session};
+use super::{Data, Reply, Session};
 use crate::engine::SessionId;
 use crate::state::Node;
 use qe_shared::console_token::Rights;
@@ -37,7 +37,7 @@ pub struct LoginForm<'a> {
 /// closes.
 pub async fn login(data: Data, node: &Arc<Node>) -> Result<(Session, Reply), Reply> {
     let text = match &data {
-        Data::Text(payload) => as_str(payload),
+        Data::Text(text) => text.as_str(),
         Data::Binary(_) => return Err(Reply::failure(Code::LoginNotText)),
     };
     let Parsed::Object(fields) = request::parse(text) else {

@@ -3,7 +3,7 @@
 use super::flat::{self, set, Plain};
 use super::reply::Context;
 use super::request::{self, number_field, number_in, text_field, Field, Fields, Parsed, Text};
-use super::{as_str, Data, Reply, Response};
+use super::{Data, Reply, Response};
 use crate::engine::{now_ms, BodyType, Durability, NewMessage};
 use crate::state::Node;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -49,14 +49,13 @@ impl Publisher {
     }
 
     pub fn handle(&self, data: Data) -> Response {
-        let payload = match data {
+        let text = match &data {
             // A binary frame is a binary message, sent on as base64.
             Data::Binary(payload) => {
-                return self.publish(plain(BodyType::Binary, BASE64.encode(&payload).into()));
+                return self.publish(plain(BodyType::Binary, BASE64.encode(payload).into()));
             }
-            Data::Text(payload) => payload,
+            Data::Text(text) => text.as_str(),
         };
-        let text = as_str(&payload);
         if let Some(response) = self.publish_typed(text) {
             return response;
         }

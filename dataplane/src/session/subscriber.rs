@@ -4,7 +4,7 @@
 use super::flat::{self, Plain};
 use super::reply::Context;
 use super::request::{self, number_field, whole_number, Field, Fields, Parsed};
-use super::{as_str, Data, Reply, Response, Then};
+use super::{Data, Reply, Response, Then};
 use crate::engine::{CopySubscription, Frames, MessageId, SessionId, Subscription};
 use crate::state::Node;
 use crate::store::Receipt;
@@ -105,14 +105,14 @@ impl Subscriber {
     }
 
     pub fn handle(&mut self, data: Data) -> Response {
-        if let Data::Text(payload) = &data {
-            if let Some(response) = self.ack_typed(as_str(payload)) {
+        if let Data::Text(text) = &data {
+            if let Some(response) = self.ack_typed(text.as_str()) {
                 return response;
             }
         }
         let fields = match &data {
             Data::Binary(_) => return Response::abort(Reply::failure(Code::InvalidJson)),
-            Data::Text(payload) => match request::parse(as_str(payload)) {
+            Data::Text(text) => match request::parse(text.as_str()) {
                 Parsed::Object(fields) => fields,
                 Parsed::NotJson => return Response::abort(Reply::failure(Code::InvalidJson)),
                 Parsed::OtherJson => {
@@ -266,7 +266,7 @@ impl CopySubscriber {
     pub fn handle(&self, data: Data) -> Response {
         let fields = match &data {
             Data::Binary(_) => return Response::abort(Reply::failure(Code::InvalidJson)),
-            Data::Text(payload) => match request::parse(as_str(payload)) {
+            Data::Text(text) => match request::parse(text.as_str()) {
                 Parsed::NotJson => return Response::abort(Reply::failure(Code::InvalidJson)),
                 Parsed::OtherJson => Fields::new(),
                 Parsed::Object(fields) => fields,

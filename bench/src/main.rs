@@ -58,6 +58,7 @@ mod client;
 mod connections;
 mod controlplane_load;
 mod dedup;
+mod descendants;
 mod ec2_pass;
 mod failover;
 mod failover_instances;
@@ -257,6 +258,7 @@ enum Command {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    descendants::killed_on_panic();
     let args = Args::parse();
     if let Command::EchoServer { port } = args.command {
         return peers::echo::serve(port).await;
@@ -349,6 +351,12 @@ fn node_config(args: &Args, data_root: std::path::PathBuf) -> node::NodeConfig {
 
 /// The commands that measure one node (or the peers beside it).
 async fn run_on_node(command: Command, config: &node::NodeConfig) {
+    if let Command::Run { sizes, .. } | Command::Peers { sizes, .. } = &command {
+        if let Err(error) = workload::check_sizes(sizes) {
+            eprintln!("bench: {error}");
+            std::process::exit(2);
+        }
+    }
     match command {
         Command::Run {
             workloads,

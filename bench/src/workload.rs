@@ -1,7 +1,7 @@
 //! The workloads: publishers and subscribers on real connections, and what they measured.
 
 use crate::client::{login, next_text, Wire};
-use crate::node::{Node, NodeConfig, Syscalls, PUBLISHER, SUBSCRIBER};
+use crate::node::{Node, NodeConfig, Syscalls, ADMIN, PUBLISHER, SUBSCRIBER};
 use futures::{FutureExt, SinkExt, StreamExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -377,6 +377,44 @@ impl PullReceivers {
     }
 }
 
+/// The most a publish's JSON adds to its body here:
+/// `{"body":"…","durability":2,"delay":172800,"context":18446744073709551615}` is 72.
+const PUBLISH_JSON_BYTES: usize = 96;
+
+/// The node's `max-ws-msg-len` (the manual): its default, and the most it can be set to.
+const MESSAGE_LIMIT_DEFAULT: usize = 65_536;
+const MESSAGE_LIMIT_MOST: usize = 1_048_576;
+
+/// `Err` names a body size no node takes a publish of.
+pub fn check_sizes(sizes: &[usize]) -> Result<(), String> {
+    match sizes
+        .iter()
+        .find(|&&size| size + PUBLISH_JSON_BYTES > MESSAGE_LIMIT_MOST)
+    {
+        Some(size) => Err(format!(
+            "a body of {size} B: a node takes publishes up to {MESSAGE_LIMIT_MOST} B \
+             (max-ws-msg-len), the JSON around the body included"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Raises the node's `max-ws-msg-len` to its most when a publish of `size` would be bigger
+/// than the default (the node would close the publisher's connection with 1009).
+async fn fit_messages_of(size: usize, config: &NodeConfig, url: &str) {
+    if size + PUBLISH_JSON_BYTES <= MESSAGE_LIMIT_DEFAULT {
+        return;
+    }
+    let request = serde_json::json!({
+        "username": ADMIN.0, "password": ADMIN.1, "role": "admin", "queuetype": "distribute",
+    });
+    let mut admin = login(&config.wire, url, request).await;
+    let setcfg = serde_json::json!({"cmd": "setcfg", "max-ws-msg-len": MESSAGE_LIMIT_MOST});
+    admin.send(Frame::text(setcfg.to_string())).await.unwrap();
+    let reply = next_text(&mut admin).await.expect("a reply to setcfg");
+    assert!(reply.contains("Success."), "setcfg: {reply}");
+}
+
 /// Live messages stored before a run, and where, so that the run's churn makes the node
 /// compact: its old segments are full of them, and every compaction copies them on.
 #[derive(Debug, Clone, Copy, Default)]
@@ -453,6 +491,7 @@ pub async fn run(
     let dir = tempfile::tempdir_in(&config.data_root).unwrap();
     let node = Node::start(config, dir.path());
     let url = node.url();
+    fit_messages_of(size, config, &url).await;
     if preload.messages > 0 {
         preload_messages(config, &url, preload, size).await;
     }

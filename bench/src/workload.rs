@@ -415,6 +415,14 @@ async fn fit_messages_of(size: usize, config: &NodeConfig, url: &str) {
     assert!(reply.contains("Success."), "setcfg: {reply}");
 }
 
+/// Readies a new node for a run: publishes of `size` fit, and the preload is stored.
+async fn prepare(config: &NodeConfig, url: &str, size: usize, preload: Preload) {
+    fit_messages_of(size, config, url).await;
+    if preload.messages > 0 {
+        preload_messages(config, url, preload, size).await;
+    }
+}
+
 /// Live messages stored before a run, and where, so that the run's churn makes the node
 /// compact: its old segments are full of them, and every compaction copies them on.
 #[derive(Debug, Clone, Copy, Default)]
@@ -491,10 +499,7 @@ pub async fn run(
     let dir = tempfile::tempdir_in(&config.data_root).unwrap();
     let node = Node::start(config, dir.path());
     let url = node.url();
-    fit_messages_of(size, config, &url).await;
-    if preload.messages > 0 {
-        preload_messages(config, &url, preload, size).await;
-    }
+    prepare(config, &url, size, preload).await;
     let segments_before = segments(dir.path());
     let epoch = Instant::now();
     let delivered = Arc::new((AtomicUsize::new(0), Notify::new()));

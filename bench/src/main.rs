@@ -120,7 +120,8 @@ enum Command {
         /// Workloads to run: w1, w4, w5, w6.
         #[arg(long, value_delimiter = ',', default_value = "w1,w4,w6,w5")]
         workloads: Vec<String>,
-        /// Body sizes in bytes.
+        /// Body sizes in bytes, up to 1 MiB less the JSON around the body (for a body near or
+        /// over 64 KiB the node's max-ws-msg-len is raised to its most, 1 MiB).
         #[arg(long, value_delimiter = ',', default_value = "100,4096")]
         sizes: Vec<usize>,
         /// Durabilities.
@@ -180,7 +181,8 @@ enum Command {
         /// Workloads to run: w1, w4, w5, w6.
         #[arg(long, value_delimiter = ',', default_value = "w1,w4,w6,w5")]
         workloads: Vec<String>,
-        /// Body sizes in bytes (at least 32: the send time and the id).
+        /// Body sizes in bytes (at least 32: the send time and the id; at most 1 MiB less the
+        /// JSON around the body, as in `run`).
         #[arg(long, value_delimiter = ',', default_value = "100")]
         sizes: Vec<usize>,
         /// Durabilities.

@@ -45,10 +45,10 @@
 //!   ran in between synced a batch's file but answered only up to the batch before, and the
 //!   batch's own sync request then found no file and answered nothing, so its durability-2
 //!   publishes waited for the next unrelated write (seconds, or for ever on a quiet queue).
-//! - Log → reply: a [`Ticket`] looks at the progress and files itself among its waiters in
-//!   one hold of their lock; the progress changes only through its `announce`, which makes
-//!   the change and then, under that lock, wakes each waiter whose record it may have
-//!   answered ([`progress`]).
+//! - Log → reply: a [`Ticket`] looks at the progress and files itself among the `waiters` in
+//!   one hold of their lock; every change of the progress goes through
+//!   [`Shared::announce`], which makes it and then, under that lock, wakes each waiter whose
+//!   record it may have answered ([`waiters`]).
 //!
 //! When the disk fails:
 //! - A failed `write` keeps its records in memory and tries them again (every 200 ms, or with
@@ -67,17 +67,16 @@ mod index;
 mod inline;
 pub mod lineage;
 pub mod mirror;
-mod progress;
 pub mod record;
 mod recovery;
 pub mod rounds;
 pub mod shipping;
 mod spare;
 mod syncer;
+mod waiters;
 mod writer;
 
 pub use heard::HoldGate;
-pub use progress::Progress;
 pub use recovery::{repair, DamagedRegion, Recovered, Repair};
 pub use shipping::{HoldChange, Shipment, Shipping};
 
@@ -85,7 +84,6 @@ use super::{Change, Receipt, Store};
 use crate::message::ids::MessageId;
 use crate::message::Durability;
 use index::{Index, Live};
-use progress::{ProgressWatch, Stage};
 use record::{encode_id, encode_message, encode_purged, encode_removed, Kind, MessageRecord};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -93,6 +91,31 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
+use tokio::sync::watch;
+use waiters::Stage;
+
+/// How far the writer has got, in LSNs (bytes appended since start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Every record ending at or before this is in the operating system's hands.
+    pub written: u64,
+    /// Every record ending at or before this is synced to the disk.
+    pub synced: u64,
+    /// Records ending at or before this, and not yet written or synced, met a failed write or
+    /// sync: their changes are kept in memory and written later (eventual durability).
+    pub failed_through: u64,
+    /// Syncs done so far (each one answers every durability-2 change written before it).
+    pub syncs: u64,
+    /// Compaction rounds done so far.
+    pub compactions: u64,
+    /// A sync failed: nothing not synced before it can be made safe, and nothing more is
+    /// written.
+    pub broken: bool,
+    /// Every record ending at or before this is synced on the standby too (`shipping`).
+    pub standby_synced: u64,
+    /// A standby is attached and caught up: durability 2 waits for its sync.
+    pub standby_in_sync: bool,
+}
 
 /// Tuning of the log.
 #[derive(Debug, Clone, Copy)]
@@ -300,8 +323,10 @@ struct Shared {
     records: Condvar,
     /// Bytes of records kept in memory because the disk would not take them.
     unwritten: AtomicU64,
-    /// How far the log has got, and the replies waiting for it.
-    progress: ProgressWatch,
+    /// Changed only through [`Shared::announce`].
+    progress: watch::Sender<Progress>,
+    /// The replies waiting for the progress.
+    waiters: waiters::Waiters,
     dir: PathBuf,
     /// The next segment file, made ahead of time.
     spares: Arc<spare::Spares>,
@@ -374,11 +399,26 @@ impl Shared {
     /// Changes the progress (`change` says whether it did) and wakes the replies that the
     /// change may have answered.
     fn announce(&self, change: impl FnOnce(&mut Progress) -> bool) {
-        self.progress.announce(change);
+        if self.progress.send_if_modified(change) {
+            // Copied: the watch's lock is let go before the waiters' is taken.
+            let now = *self.progress.borrow();
+            self.waiters.wake(&now);
+        }
+    }
+
+    /// Waits until `done` says so of the progress, which it can only once the progress has
+    /// reached `lsn` at `stage` (or failed through it, or broken down).
+    fn progress_when<F: Fn(&Progress) -> bool>(
+        &self,
+        stage: Stage,
+        lsn: u64,
+        done: F,
+    ) -> waiters::Wait<'_, F> {
+        waiters::Wait::new(&self.waiters, &self.progress, stage, lsn, done)
     }
 
     fn is_broken(&self) -> bool {
-        self.progress.now().broken
+        self.progress.borrow().broken
     }
 
     /// Whether this node, the primary of a queue with a standby, may have been replaced: the
@@ -387,7 +427,7 @@ impl Shared {
     /// publishes are refused then, whatever their durability: never two primaries taking
     /// them. (The clock first: on a queue without a standby, nothing is borrowed.)
     fn stepped_down(&self) -> bool {
-        self.unheard_too_long() && !self.progress.now().standby_in_sync
+        self.unheard_too_long() && !self.progress.borrow().standby_in_sync
     }
 
     /// Whether the control plane has not answered this node's reports for as long as it waits
@@ -470,12 +510,11 @@ impl Ticket {
             // The write that takes this record asks for the sync; this covers a record
             // written while the syncer was already at work.
             let written = shared
-                .progress
-                .when(Stage::Written, lsn, |p| {
+                .progress_when(Stage::Written, lsn, |p| {
                     p.written >= lsn || p.failed_through >= lsn || p.broken
                 })
                 .await;
-            if written.written >= lsn && !reached(&shared.progress.now()) {
+            if written.written >= lsn && !reached(&shared.progress.borrow()) {
                 shared.request_sync();
             }
         }
@@ -484,8 +523,7 @@ impl Ticket {
             false => Stage::Written,
         };
         let outcome = shared
-            .progress
-            .when(stage, lsn, |p| {
+            .progress_when(stage, lsn, |p| {
                 reached(p) || p.failed_through >= lsn || p.broken || standby_missing(p)
             })
             .await;
@@ -569,7 +607,8 @@ impl LogStore {
             work: Condvar::new(),
             records: Condvar::new(),
             unwritten: AtomicU64::new(0),
-            progress: ProgressWatch::default(),
+            progress: watch::Sender::new(Progress::default()),
+            waiters: waiters::Waiters::default(),
             dir: dir.to_path_buf(),
             spares,
             bytes_written: AtomicU64::new(0),

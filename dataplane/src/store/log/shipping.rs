@@ -460,7 +460,7 @@ impl Shipping {
     /// ([`Shared::standby_absent_ms`](super::Shared::standby_absent_ms)).
     pub fn standing(&self) -> StandbyLag {
         let absent_ms = self.shared.standby_absent_ms(self.shared.now_ms());
-        let progress = self.shared.progress.now();
+        let progress = *self.shared.progress.borrow();
         if progress.standby_in_sync {
             let lag_bytes = progress.written.saturating_sub(progress.standby_synced);
             return StandbyLag {

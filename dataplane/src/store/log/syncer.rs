@@ -161,9 +161,9 @@ impl Compaction {
         }
         // The copies (and whatever came meanwhile) must be safe before the originals go.
         shared.write_pending();
-        let copied_through = shared.progress.now().written;
+        let copied_through = shared.progress.borrow().written;
         sync(shared);
-        if !can_compact(shared) || shared.progress.now().synced < copied_through {
+        if !can_compact(shared) || shared.progress.borrow().synced < copied_through {
             tracing::error!("compacted copies are not synced; keeping the old segments");
             return;
         }

@@ -219,7 +219,7 @@ async fn a_durability_1_write_after_a_quiet_spell_is_synced_within_a_second() {
     let (mut store, _) = open(dir.path(), 1 << 20);
     for round in 0..3 {
         // Whatever the syncer was doing, it has nothing to do now: it sleeps with no sync due.
-        let quiet = store.shared.progress.now().written;
+        let quiet = store.shared.progress.borrow().written;
         wait_until_synced(&store, quiet).await;
         let m = message(
             &mut ids,
@@ -227,7 +227,7 @@ async fn a_durability_1_write_after_a_quiet_spell_is_synced_within_a_second() {
             Durability::Eventual,
         );
         publish(&mut store, &m).wait().await.unwrap();
-        let written = store.shared.progress.now().written;
+        let written = store.shared.progress.borrow().written;
         wait_until_synced(&store, written).await;
     }
 }
@@ -263,7 +263,7 @@ async fn a_sync_between_a_write_and_its_announcement_answers_the_record() {
         .recv_timeout(Duration::from_secs(10))
         .expect("the writer writes the record");
     // The writer is between its write and its announcement: a sync runs now.
-    let syncs = store.shared.progress.now().syncs;
+    let syncs = store.shared.progress.borrow().syncs;
     store.shared.request_sync();
     let mut progress = store.shared.progress.subscribe();
     let synced = progress.wait_for(|p| p.syncs > syncs);
@@ -393,7 +393,7 @@ async fn many_durability_2_changes_share_syncs() {
     for wait in waits {
         wait.await.unwrap().unwrap();
     }
-    let progress = store.lock().unwrap().shared.progress.now();
+    let progress = *store.lock().unwrap().shared.progress.borrow();
     assert_eq!(progress.synced, progress.written);
     assert!(
         progress.syncs < 100,

@@ -172,11 +172,8 @@ impl Shared {
                     files.retry.extend(batch);
                     files.retry_at = Some(Instant::now() + RETRY_AFTER);
                     self.unwritten.store(files.retry_bytes(), Ordering::Relaxed);
-                    self.announce(|p| {
-                        let moved = end > p.failed_through;
-                        p.failed_through = p.failed_through.max(end);
-                        moved
-                    });
+                    self.progress
+                        .send_modify(|p| p.failed_through = p.failed_through.max(end));
                     return;
                 }
             }
@@ -204,11 +201,8 @@ impl Shared {
         if let Some(hook) = &*self.after_write.lock().expect("never poisoned") {
             hook();
         }
-        self.announce(|p| {
-            let moved = end > p.written;
-            p.written = p.written.max(end);
-            moved
-        });
+        self.progress
+            .send_modify(|p| p.written = p.written.max(end));
         if wants_sync {
             self.request_sync();
         } else if unsynced_began {
@@ -225,7 +219,7 @@ impl Shared {
             %error,
             "a sync of the message log failed: durable changes are refused until the node restarts"
         );
-        self.announce(|p| !std::mem::replace(&mut p.broken, true));
+        self.progress.send_modify(|p| p.broken = true);
         self.lock().pending.clear();
         self.unwritten.store(0, Ordering::Relaxed);
     }
@@ -376,6 +370,7 @@ impl Shared {
         files.follower = None;
         self.attached.store(0, Ordering::Relaxed);
         self.holds_heard.wait_for_standby(false);
-        self.announce(|p| std::mem::take(&mut p.standby_in_sync));
+        self.progress
+            .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
     }
 }

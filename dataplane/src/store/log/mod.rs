@@ -45,10 +45,9 @@
 //!   ran in between synced a batch's file but answered only up to the batch before, and the
 //!   batch's own sync request then found no file and answered nothing, so its durability-2
 //!   publishes waited for the next unrelated write (seconds, or for ever on a quiet queue).
-//! - Log → reply: a [`Ticket`] looks at the progress and files itself among the `waiters` in
-//!   one hold of their lock; every change of the progress goes through
-//!   [`Shared::announce`], which makes it and then, under that lock, wakes each waiter whose
-//!   record it may have answered ([`waiters`]).
+//! - Log → reply: a [`Ticket`] waits on the `progress` watch, whose `wait_for` looks at the
+//!   current value before it sleeps, and every move of `written`, `synced`,
+//!   `failed_through` and `broken` is sent through it, which wakes every waiter.
 //!
 //! When the disk fails:
 //! - A failed `write` keeps its records in memory and tries them again (every 200 ms, or with
@@ -73,7 +72,6 @@ pub mod rounds;
 pub mod shipping;
 mod spare;
 mod syncer;
-mod waiters;
 mod writer;
 
 pub use heard::HoldGate;
@@ -92,7 +90,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 use tokio::sync::watch;
-use waiters::Stage;
 
 /// How far the writer has got, in LSNs (bytes appended since start).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -323,10 +320,7 @@ struct Shared {
     records: Condvar,
     /// Bytes of records kept in memory because the disk would not take them.
     unwritten: AtomicU64,
-    /// Changed only through [`Shared::announce`].
     progress: watch::Sender<Progress>,
-    /// The replies waiting for the progress.
-    waiters: waiters::Waiters,
     dir: PathBuf,
     /// The next segment file, made ahead of time.
     spares: Arc<spare::Spares>,
@@ -394,27 +388,6 @@ impl Shared {
         if wake {
             self.wake_writer();
         }
-    }
-
-    /// Changes the progress (`change` says whether it did) and wakes the replies that the
-    /// change may have answered.
-    fn announce(&self, change: impl FnOnce(&mut Progress) -> bool) {
-        if self.progress.send_if_modified(change) {
-            // Copied: the watch's lock is let go before the waiters' is taken.
-            let now = *self.progress.borrow();
-            self.waiters.wake(&now);
-        }
-    }
-
-    /// Waits until `done` says so of the progress, which it can only once the progress has
-    /// reached `lsn` at `stage` (or failed through it, or broken down).
-    fn progress_when<F: Fn(&Progress) -> bool>(
-        &self,
-        stage: Stage,
-        lsn: u64,
-        done: F,
-    ) -> waiters::Wait<'_, F> {
-        waiters::Wait::new(&self.waiters, &self.progress, stage, lsn, done)
     }
 
     fn is_broken(&self) -> bool {
@@ -505,28 +478,24 @@ impl Ticket {
         let standby_missing = |p: &Progress| {
             standby && p.synced >= lsn && !p.standby_in_sync && p.standby_synced < lsn
         };
-        let shared = &self.shared;
+        let mut progress = self.shared.progress.subscribe();
         if synced {
             // The write that takes this record asks for the sync; this covers a record
             // written while the syncer was already at work.
-            let written = shared
-                .progress_when(Stage::Written, lsn, |p| {
-                    p.written >= lsn || p.failed_through >= lsn || p.broken
-                })
-                .await;
-            if written.written >= lsn && !reached(&shared.progress.borrow()) {
-                shared.request_sync();
+            let written = progress
+                .wait_for(|p| p.written >= lsn || p.failed_through >= lsn || p.broken)
+                .await
+                .map(|p| p.written >= lsn)
+                .unwrap_or(false);
+            if written && !reached(&progress.borrow()) {
+                self.shared.request_sync();
             }
         }
-        let stage = match synced {
-            true => Stage::Synced,
-            false => Stage::Written,
-        };
-        let outcome = shared
-            .progress_when(stage, lsn, |p| {
-                reached(p) || p.failed_through >= lsn || p.broken || standby_missing(p)
-            })
+        let outcome = progress
+            .wait_for(|p| reached(p) || p.failed_through >= lsn || p.broken || standby_missing(p))
             .await;
+        // The sender lives in `shared`, which this ticket holds: it cannot be gone.
+        let outcome = *outcome.expect("the log's progress outlives its tickets");
         reached(&outcome)
     }
 }
@@ -608,7 +577,6 @@ impl LogStore {
             records: Condvar::new(),
             unwritten: AtomicU64::new(0),
             progress: watch::Sender::new(Progress::default()),
-            waiters: waiters::Waiters::default(),
             dir: dir.to_path_buf(),
             spares,
             bytes_written: AtomicU64::new(0),

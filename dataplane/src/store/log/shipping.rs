@@ -332,7 +332,9 @@ impl Shipping {
         shared.attached.store(generation, Ordering::Relaxed);
         // A standby that attaches is not in sync until it has caught up; one it replaces
         // is answered for no more.
-        shared.announce(|p| std::mem::take(&mut p.standby_in_sync));
+        shared
+            .progress
+            .send_if_modified(|p| std::mem::take(&mut p.standby_in_sync));
         Ok(attached)
     }
 
@@ -424,7 +426,7 @@ impl Shipping {
         if self.shared.attached.load(Ordering::Relaxed) != generation {
             return;
         }
-        self.shared.announce(|p| {
+        self.shared.progress.send_if_modified(|p| {
             let moved = lsn > p.standby_synced;
             p.standby_synced = p.standby_synced.max(lsn);
             moved
@@ -444,7 +446,7 @@ impl Shipping {
     pub fn in_sync(&self, generation: u64, answers_holds: bool) {
         let files = self.shared.files.lock().expect("never poisoned");
         if files.follower.is_some() && self.shared.attached.load(Ordering::Relaxed) == generation {
-            self.shared.announce(|p| {
+            self.shared.progress.send_if_modified(|p| {
                 let changed = !p.standby_in_sync;
                 p.standby_in_sync = true;
                 changed

@@ -110,7 +110,7 @@ fn sync(shared: &Shared) -> bool {
     });
     match synced {
         Ok(()) => {
-            shared.announce(|p| {
+            shared.progress.send_if_modified(|p| {
                 let answers = unsynced.written > p.synced;
                 p.synced = p.synced.max(unsynced.written);
                 if !unsynced.is_empty() {
@@ -263,10 +263,7 @@ fn retire(shared: &Shared) -> bool {
     }
     let all_gone = state.retiring.is_empty();
     drop(state);
-    shared.announce(|p| {
-        p.compactions += 1;
-        true
-    });
+    shared.progress.send_modify(|p| p.compactions += 1);
     all_gone
 }
 

@@ -3,8 +3,8 @@
 //! few beside many (it must cost the few), and the restart after each (the log then holds one
 //! record per redriven message and one record for the purge).
 
-use crate::client::{login, next_text, Socket};
-use crate::node::{Node, NodeConfig, ADMIN};
+use crate::client::{next_text, Socket};
+use crate::node::{admin_login, Node, NodeConfig};
 use crate::workload::store;
 use futures::{SinkExt, StreamExt};
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ pub async fn bulk(config: &NodeConfig, messages: usize) {
     let node = Node::start(config, dir.path());
     let ids = store(config, &node.url(), messages).await;
     println!("stored {} messages of 100 B at durability 1", ids.len());
-    let mut admin = admin(config, &node).await;
+    let mut admin = admin_login(&config.wire, &node.url()).await;
 
     let moves = ids
         .iter()
@@ -56,7 +56,7 @@ pub async fn bulk(config: &NodeConfig, messages: usize) {
         "after SIGKILL, restart to serving: {:.2}s",
         node.startup.as_secs_f64()
     );
-    let mut admin = self::admin(config, &node).await;
+    let mut admin = admin_login(&config.wire, &node.url()).await;
 
     let disk_before = disk(dir.path());
     let (reply, time, cpu) =
@@ -79,13 +79,6 @@ pub async fn bulk(config: &NodeConfig, messages: usize) {
         node.startup.as_secs_f64()
     );
     node.kill();
-}
-
-async fn admin(config: &NodeConfig, node: &Node) -> Socket {
-    let request = serde_json::json!({
-        "username": ADMIN.0, "password": ADMIN.1, "role": "admin", "queuetype": "distribute",
-    });
-    login(&config.wire, &node.url(), request).await
 }
 
 /// How long `work` took, and the node's CPU time meanwhile.

@@ -12,7 +12,7 @@
 //! - Durable: the same three at durability 2, with fewer messages.
 
 use crate::client::{login, next_text, Wire};
-use crate::node::{Node, NodeConfig, ADMIN, PUBLISHER};
+use crate::node::{admin_login, Node, NodeConfig, PUBLISHER};
 use crate::workload::subscriber;
 use futures::{SinkExt, StreamExt};
 use std::collections::BTreeMap;
@@ -108,15 +108,7 @@ impl Setup {
                 ))
             })
             .collect();
-        let admin = login(
-            &config.wire,
-            &url,
-            serde_json::json!({
-                "username": ADMIN.0, "password": ADMIN.1, "role": "admin",
-                "queuetype": "distribute",
-            }),
-        )
-        .await;
+        let admin = admin_login(&config.wire, &url).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (_, idle_rss) = node.memory();
         Setup {

@@ -1,6 +1,6 @@
 //! Starting the node under test, and reading its costs from /proc.
 
-use crate::client::Wire;
+use crate::client::{login, Socket, Wire};
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -10,6 +10,14 @@ use std::time::{Duration, Instant};
 pub const PUBLISHER: (&str, &str) = ("bench-publisher", "bench-publisher-password");
 pub const SUBSCRIBER: (&str, &str) = ("bench-subscriber", "bench-subscriber-password");
 pub const ADMIN: (&str, &str) = ("bench-admin", "bench-admin-password");
+
+/// A connection to the node at `url`, logged in as its administrator.
+pub async fn admin_login(wire: &Wire, url: &str) -> Socket {
+    let request = serde_json::json!({
+        "username": ADMIN.0, "password": ADMIN.1, "role": "admin", "queuetype": "distribute",
+    });
+    login(wire, url, request).await
+}
 
 pub struct NodeConfig {
     pub binary: String,

@@ -6,7 +6,7 @@
 //! `getlogrounds`, README "Beyond the manual"); the end gives the histograms.
 
 use crate::client::{login, next_text};
-use crate::node::{Node, NodeConfig, ADMIN, PUBLISHER};
+use crate::node::{admin_login, Node, NodeConfig, PUBLISHER};
 use crate::workload::{check_contains_once, subscriber, Received};
 use futures::{SinkExt, StreamExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,14 +87,7 @@ pub async fn stalls(config: &NodeConfig, settings: &Settings) {
 
 /// One run: subscribers first, then the publishers for `seconds`, on new connections.
 async fn run(config: &NodeConfig, url: &str, settings: &Settings, durability: u8) -> Run {
-    let mut admin = login(
-        &config.wire,
-        url,
-        serde_json::json!({
-            "username": ADMIN.0, "password": ADMIN.1, "role": "admin", "queuetype": "distribute",
-        }),
-    )
-    .await;
+    let mut admin = admin_login(&config.wire, url).await;
     let rounds_before = LogRounds::read(&mut admin).await;
     let epoch = Instant::now();
     let delivered = Arc::new((AtomicUsize::new(0), Notify::new()));

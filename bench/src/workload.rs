@@ -1,8 +1,9 @@
 //! The workloads: publishers and subscribers on real connections, and what they measured.
 
 use crate::client::{login, next_text, Wire};
-use crate::node::{Node, NodeConfig, Syscalls, ADMIN, PUBLISHER, SUBSCRIBER};
+use crate::node::{admin_login, Node, NodeConfig, Syscalls, PUBLISHER, SUBSCRIBER};
 use futures::{FutureExt, SinkExt, StreamExt};
+use qe_shared::settings::{Setting, Tier};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -381,9 +382,9 @@ impl PullReceivers {
 /// `{"body":"…","durability":2,"delay":172800,"context":18446744073709551615}` is 72.
 const PUBLISH_JSON_BYTES: usize = 96;
 
-/// The node's `max-ws-msg-len` (the manual): its default, and the most it can be set to.
-const MESSAGE_LIMIT_DEFAULT: usize = 65_536;
-const MESSAGE_LIMIT_MOST: usize = 1_048_576;
+/// The node's `max-ws-msg-len`: its default, and the most it can be set to.
+const MESSAGE_LIMIT_DEFAULT: usize = Setting::MaxWsMsgLen.default_for(Tier::Standard) as usize;
+const MESSAGE_LIMIT_MOST: usize = Setting::MaxWsMsgLen.range().1 as usize;
 
 /// `Err` names a body size no node takes a publish of.
 pub fn check_sizes(sizes: &[usize]) -> Result<(), String> {
@@ -405,10 +406,7 @@ async fn fit_messages_of(size: usize, config: &NodeConfig, url: &str) {
     if size + PUBLISH_JSON_BYTES <= MESSAGE_LIMIT_DEFAULT {
         return;
     }
-    let request = serde_json::json!({
-        "username": ADMIN.0, "password": ADMIN.1, "role": "admin", "queuetype": "distribute",
-    });
-    let mut admin = login(&config.wire, url, request).await;
+    let mut admin = admin_login(&config.wire, url).await;
     let setcfg = serde_json::json!({"cmd": "setcfg", "max-ws-msg-len": MESSAGE_LIMIT_MOST});
     admin.send(Frame::text(setcfg.to_string())).await.unwrap();
     let reply = next_text(&mut admin).await.expect("a reply to setcfg");

@@ -370,10 +370,16 @@ pub struct Syscalls {
     pub writes: u64,
     /// Reads from sockets (recv, recvfrom, recvmsg, read, readv).
     pub reads: u64,
+    /// Waits for readiness (epoll_wait, epoll_pwait): how often the runtime asked the kernel
+    /// what is ready.
+    pub polls: u64,
+    /// futex calls: a thread woken or put to sleep (the log's threads, blocking tasks).
+    pub futexes: u64,
 }
 
 const WRITE_CALLS: [&str; 4] = ["sendto", "sendmsg", "write", "writev"];
 const READ_CALLS: [&str; 4] = ["recvfrom", "recvmsg", "read", "readv"];
+const POLL_CALLS: [&str; 2] = ["epoll_wait", "epoll_pwait"];
 
 impl SyscallCount {
     fn start(pid: u32) -> SyscallCount {
@@ -384,7 +390,12 @@ impl SyscallCount {
                 .status();
         }
         let mut events = vec!["raw_syscalls:sys_enter".to_string()];
-        for call in WRITE_CALLS.iter().chain(&READ_CALLS) {
+        for call in WRITE_CALLS
+            .iter()
+            .chain(&READ_CALLS)
+            .chain(&POLL_CALLS)
+            .chain(&["futex"])
+        {
             events.push(format!("syscalls:sys_enter_{call}"));
         }
         let perf = Command::new("perf")
@@ -425,6 +436,8 @@ impl SyscallCount {
                 "raw_syscalls:sys_enter" => counts.all = count,
                 _ if WRITE_CALLS.contains(&call) => counts.writes += count,
                 _ if READ_CALLS.contains(&call) => counts.reads += count,
+                _ if POLL_CALLS.contains(&call) => counts.polls += count,
+                "syscalls:sys_enter_futex" => counts.futexes += count,
                 _ => {}
             }
         }

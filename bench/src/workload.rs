@@ -123,16 +123,18 @@ impl Report {
     }
 
     /// Per message: the node's CPU in its own code, system calls (all, socket writes, socket
-    /// reads) and allocations.
+    /// reads, readiness polls, futexes) and allocations.
     fn counts(&self) -> String {
         let per_message = |n: u64| n as f64 / self.messages as f64;
         let mut counts = format!("  user/msg {:.1}us", self.user_cpu_us_per_message);
         if let Some(calls) = self.syscalls {
             counts += &format!(
-                "  syscalls/msg {:.2} (writes {:.2}, reads {:.2})",
+                "  syscalls/msg {:.2} (writes {:.2}, reads {:.2}, polls {:.2}, futexes {:.2})",
                 per_message(calls.all),
                 per_message(calls.writes),
-                per_message(calls.reads)
+                per_message(calls.reads),
+                per_message(calls.polls),
+                per_message(calls.futexes)
             );
         }
         if let Some(allocations) = self.allocations {

@@ -78,6 +78,39 @@ impl MessageId {
     pub fn parse(text: &str) -> Option<MessageId> {
         Uuid::try_parse(text).ok().map(MessageId)
     }
+
+    /// The id as every frame and reply writes it: lowercase and hyphenated, as `uuid` writes
+    /// it. Every message's id is written three times (its delivery, the publish's reply, the
+    /// ack's), so this takes the digits eight bytes at a time rather than one digit at a time.
+    pub fn text(self) -> [u8; 36] {
+        let bits = self.0.as_u128();
+        let high = hex_digits((bits >> 64) as u64);
+        let low = hex_digits(bits as u64);
+        let mut text = [b'-'; 36];
+        text[..8].copy_from_slice(&high[..8]);
+        text[9..13].copy_from_slice(&high[8..12]);
+        text[14..18].copy_from_slice(&high[12..]);
+        text[19..23].copy_from_slice(&low[..4]);
+        text[24..].copy_from_slice(&low[4..]);
+        text
+    }
+}
+
+/// The 16 lowercase hex digits of `n`, most significant first.
+fn hex_digits(n: u64) -> [u8; 16] {
+    // Spread the nibbles apart until each has a byte of its own, the least significant in the
+    // lowest byte (no carries: every step only moves bits into zeros).
+    let mut nibbles = u128::from(n);
+    nibbles = (nibbles | (nibbles << 32)) & 0x0000_0000_FFFF_FFFF_0000_0000_FFFF_FFFF;
+    nibbles = (nibbles | (nibbles << 16)) & 0x0000_FFFF_0000_FFFF_0000_FFFF_0000_FFFF;
+    nibbles = (nibbles | (nibbles << 8)) & 0x00FF_00FF_00FF_00FF_00FF_00FF_00FF_00FF;
+    nibbles = (nibbles | (nibbles << 4)) & 0x0F0F_0F0F_0F0F_0F0F_0F0F_0F0F_0F0F_0F0F;
+    // A byte holds 0 to 15: adding 6 carries into its bit 4 exactly when it is 10 or more,
+    // a letter, which starts 0x27 further from '0' + 10 than a digit would.
+    const EACH_BYTE: u128 = 0x0101_0101_0101_0101_0101_0101_0101_0101;
+    let letters = ((nibbles + 6 * EACH_BYTE) >> 4) & EACH_BYTE;
+    let ascii = nibbles + u128::from(b'0') * EACH_BYTE + letters * 0x27;
+    ascii.to_be_bytes()
 }
 
 impl SessionId {
@@ -88,7 +121,8 @@ impl SessionId {
 
 impl fmt::Display for MessageId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.hyphenated().fmt(f)
+        let text = self.text();
+        f.write_str(std::str::from_utf8(&text).expect("hex digits and hyphens"))
     }
 }
 
@@ -179,6 +213,21 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_is_written_as_uuid_writes_it() {
+        let mut random = SplitMix64(7);
+        let edges = [0, u128::MAX, 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210];
+        let every_nibble = (0..16u128).fold(0, |n, nibble| n << 8 | nibble << 4 | (15 - nibble));
+        let randoms =
+            (0..10_000).map(|_| u128::from(random.next()) << 64 | u128::from(random.next()));
+        for bits in edges.into_iter().chain([every_nibble]).chain(randoms) {
+            let id = MessageId(Uuid::from_u128(bits));
+            let expected = id.0.hyphenated().to_string();
+            assert_eq!(std::str::from_utf8(&id.text()).unwrap(), expected);
+            assert_eq!(id.to_string(), expected);
+        }
+    }
 
     #[test]
     fn ids_are_v7_and_start_a_millisecond_at_7000() {

@@ -86,9 +86,8 @@ pub fn push_integer(out: &mut Vec<u8>, n: impl itoa::Integer) {
 
 /// A message id as a JSON string.
 pub fn push_id(out: &mut Vec<u8>, id: MessageId) {
-    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
     out.push(b'"');
-    out.extend_from_slice(id.0.hyphenated().encode_lower(&mut text).as_bytes());
+    out.extend_from_slice(&id.text());
     out.push(b'"');
 }
 

@@ -3,9 +3,10 @@
 use crate::client::{login, next_text, Wire};
 use crate::node::{admin_login, Node, NodeConfig, Syscalls, PUBLISHER, SUBSCRIBER};
 use futures::{FutureExt, SinkExt, StreamExt};
+use memchr::memmem;
 use qe_shared::settings::{Setting, Tier};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, Semaphore};
 use yawc::frame::{Frame, OpCode};
@@ -159,12 +160,37 @@ struct Published {
     reply_ns: Vec<u64>,
 }
 
+/// A text looked for in every frame of a run: each is read here, on the load generator's one
+/// core, which is what limits the 16 × 16 workloads, so the searcher is built once (as
+/// `str::find` and memchr's one-shot `find` would for every call).
+struct Key(LazyLock<memmem::Finder<'static>>);
+
+macro_rules! key {
+    ($text:expr) => {
+        Key(LazyLock::new(|| memmem::Finder::new($text)))
+    };
+}
+
+static CONTEXT: Key = key!(r#""context":"#);
+static ID: Key = key!(r#""id":""#);
+static BODY: Key = key!(r#""body":""#);
+static PUBLISHED: Key = key!(r#""status":"Success.""#);
+static SUCCESS: Key = key!("Success.");
+
+impl Key {
+    /// Whether `frame` holds the key.
+    fn in_frame(&self, frame: &str) -> bool {
+        self.0.find(frame.as_bytes()).is_some()
+    }
+}
+
 /// Text between `key` and the next `"` (or `,`/`}` for numbers).
-fn field<'a>(frame: &'a str, key: &str) -> Option<&'a str> {
-    let start = frame.find(key)? + key.len();
-    let rest = &frame[start..];
-    let end = rest.find(['"', ',', '}']).unwrap_or(rest.len());
-    Some(&rest[..end])
+fn field<'a>(frame: &'a str, key: &Key) -> Option<&'a str> {
+    let start = key.0.find(frame.as_bytes())? + key.0.needle().len();
+    let rest = &frame.as_bytes()[start..];
+    let end = memchr::memchr3(b'"', b',', b'}', rest).unwrap_or(rest.len());
+    // The key and the stop are ASCII: both ends fall on characters' boundaries.
+    Some(&frame[start..start + end])
 }
 
 /// Publishes until `until`; each publish takes one unit of `in_flight_budget`, which the
@@ -244,14 +270,12 @@ async fn publisher(plan: PublishPlan, until: Until, in_flight_budget: Arc<Semaph
         };
         let reply = reply.expect("a reply");
         let reply = reply.as_str();
-        assert!(reply.contains(r#""status":"Success.""#), "publish: {reply}");
-        let context: usize = field(reply, r#""context":"#).unwrap().parse().unwrap();
+        assert!(PUBLISHED.in_frame(reply), "publish: {reply}");
+        let context: usize = field(reply, &CONTEXT).unwrap().parse().unwrap();
         published
             .reply_ns
             .push(epoch.elapsed().as_nanos() as u64 - sent_at[context]);
-        published
-            .ids
-            .push(field(reply, r#""id":""#).unwrap().to_string());
+        published.ids.push(field(reply, &ID).unwrap().to_string());
         unanswered -= 1;
     }
 }
@@ -296,19 +320,21 @@ pub(crate) async fn subscriber(
             // Pings and other control frames carry nothing for the bench.
             if current.opcode() == OpCode::Text {
                 let text = current.as_str();
-                if let Some(body) = field(text, r#""body":""#) {
+                if let Some(body) = field(text, &BODY) {
                     let sent = u64::from_str_radix(&body[..16], 16).unwrap();
                     let now = epoch.elapsed().as_nanos() as u64;
                     received.delivery_ns.push(now - sent);
-                    let id = field(text, r#""id":""#).unwrap();
-                    let ack = Frame::text(format!(r#"{{"id":"{id}","ack":1}}"#));
+                    let id = field(text, &ID).unwrap();
+                    let mut ack = String::with_capacity(id.len() + 18);
+                    ack.extend([r#"{"id":""#, id, r#"","ack":1}"#]);
+                    let ack = Frame::text(ack);
                     sink.feed(ack).await.unwrap();
                     received.ids.push(id.to_string());
                     delivered.0.fetch_add(1, Ordering::Relaxed);
                     delivered.1.notify_one();
                     in_flight_budget.add_permits(1);
                 } else {
-                    assert!(text.contains("Success."), "ack: {text}");
+                    assert!(SUCCESS.in_frame(text), "ack: {text}");
                 }
             }
             match stream.next().now_or_never() {

@@ -81,11 +81,11 @@ impl MessageId {
 
     /// The id as every frame and reply writes it: lowercase and hyphenated, as `uuid` writes
     /// it. Every message's id is written three times (its delivery, the publish's reply, the
-    /// ack's), so this takes the digits eight bytes at a time rather than one digit at a time.
+    /// ack's), so its digits are taken eight bytes at a time ([`qe_shared::hex_digits`]).
     pub fn text(self) -> [u8; 36] {
         let bits = self.0.as_u128();
-        let high = hex_digits((bits >> 64) as u64);
-        let low = hex_digits(bits as u64);
+        let high = qe_shared::hex_digits((bits >> 64) as u64);
+        let low = qe_shared::hex_digits(bits as u64);
         let mut text = [b'-'; 36];
         text[..8].copy_from_slice(&high[..8]);
         text[9..13].copy_from_slice(&high[8..12]);
@@ -94,23 +94,6 @@ impl MessageId {
         text[24..].copy_from_slice(&low[4..]);
         text
     }
-}
-
-/// The 16 lowercase hex digits of `n`, most significant first.
-fn hex_digits(n: u64) -> [u8; 16] {
-    // Spread the nibbles apart until each has a byte of its own, the least significant in the
-    // lowest byte (no carries: every step only moves bits into zeros).
-    let mut nibbles = u128::from(n);
-    nibbles = (nibbles | (nibbles << 32)) & 0x0000_0000_FFFF_FFFF_0000_0000_FFFF_FFFF;
-    nibbles = (nibbles | (nibbles << 16)) & 0x0000_FFFF_0000_FFFF_0000_FFFF_0000_FFFF;
-    nibbles = (nibbles | (nibbles << 8)) & 0x00FF_00FF_00FF_00FF_00FF_00FF_00FF_00FF;
-    nibbles = (nibbles | (nibbles << 4)) & 0x0F0F_0F0F_0F0F_0F0F_0F0F_0F0F_0F0F_0F0F;
-    // A byte holds 0 to 15: adding 6 carries into its bit 4 exactly when it is 10 or more,
-    // a letter, which starts 0x27 further from '0' + 10 than a digit would.
-    const EACH_BYTE: u128 = 0x0101_0101_0101_0101_0101_0101_0101_0101;
-    let letters = ((nibbles + 6 * EACH_BYTE) >> 4) & EACH_BYTE;
-    let ascii = nibbles + u128::from(b'0') * EACH_BYTE + letters * 0x27;
-    ascii.to_be_bytes()
 }
 
 impl SessionId {

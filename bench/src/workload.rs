@@ -325,9 +325,7 @@ pub(crate) async fn subscriber(
                     let now = epoch.elapsed().as_nanos() as u64;
                     received.delivery_ns.push(now - sent);
                     let id = field(text, &ID).unwrap();
-                    let mut ack = String::with_capacity(id.len() + 18);
-                    ack.extend([r#"{"id":""#, id, r#"","ack":1}"#]);
-                    let ack = Frame::text(ack);
+                    let ack = Frame::text([r#"{"id":""#, id, r#"","ack":1}"#].concat());
                     sink.feed(ack).await.unwrap();
                     received.ids.push(id.to_string());
                     delivered.0.fetch_add(1, Ordering::Relaxed);

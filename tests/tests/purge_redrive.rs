@@ -91,14 +91,21 @@ fn segments(node: &Node) -> Vec<PathBuf> {
     files
 }
 
-/// The kinds and lengths of the records at the start of `bytes`, up to the zeros that follow
-/// the last one (`[len: u32 LE][crc: u32 LE][kind: u8][payload]`).
+/// The kinds and lengths of the sound records at the start of `bytes`
+/// (`[len: u32 LE][crc: u32 LE][kind: u8][payload]`), up to the zeros that follow the last one
+/// or a record torn by a kill. A segment is preallocated in zeros, so a write cut short leaves
+/// a length that fits with zeros where its end should be: only the checksum tells it from a
+/// record, as it does for the node's recovery, which cuts it off.
 fn records(bytes: &[u8]) -> Vec<(u8, usize)> {
     let mut found = Vec::new();
     let mut offset = 0;
     while offset + 9 <= bytes.len() {
         let len = u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap()) as usize;
         if len == 0 || offset + 8 + len > bytes.len() {
+            break;
+        }
+        let crc = u32::from_le_bytes(bytes[offset + 4..offset + 8].try_into().unwrap());
+        if crc32c::crc32c(&bytes[offset + 8..offset + 8 + len]) != crc {
             break;
         }
         found.push((bytes[offset + 8], 8 + len));
@@ -113,6 +120,28 @@ fn records_in(path: &Path) -> Vec<(u8, usize)> {
 
 fn count(records: &[(u8, usize)], kind: u8) -> usize {
     records.iter().filter(|(k, _)| *k == kind).count()
+}
+
+/// A record in the log's own framing, for the reader's test below.
+fn framed(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut body = vec![kind];
+    body.extend_from_slice(payload);
+    let mut record = (body.len() as u32).to_le_bytes().to_vec();
+    record.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    record.extend_from_slice(&body);
+    record
+}
+
+#[test]
+fn the_segment_reader_stops_at_a_record_torn_by_a_kill() {
+    let mut segment = framed(REDRIVEN, &[7; 16]);
+    segment.extend(framed(REDRIVEN, &[8; 16]));
+    let whole = segment.len();
+    segment.extend(framed(REDRIVEN, &[9; 16]));
+    // The kill cut the third record's write short: its length fits, zeros stand for its end.
+    segment[whole + 20..].fill(0);
+    segment.resize(4096, 0);
+    assert_eq!(records(&segment), vec![(REDRIVEN, 25), (REDRIVEN, 25)]);
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@
 use super::local_ports::{free_on_both_loopbacks, PortClaims};
 use super::local_standby::{LocalStandbys, Primary, StandbyLauncher};
 use super::process::{Launch, NodeProcess, Supervised};
-use super::{FleetError, Provider};
+use super::{on_disk, FleetError, Provider};
 use crate::model::queue::{Addresses, Placement, Queue};
 use crate::write_private;
 use futures::future::BoxFuture;
@@ -141,9 +141,11 @@ impl LocalProvider {
             }
             return Ok(port);
         }
-        std::fs::create_dir_all(&dir)?;
         let port = self.ports.pick()?;
-        write_private(&path, port.to_string().as_bytes())?;
+        on_disk(|| {
+            std::fs::create_dir_all(&dir)?;
+            write_private(&path, port.to_string().as_bytes())
+        })?;
         Ok(port)
     }
 
@@ -276,7 +278,7 @@ impl LocalProvider {
             let taken = read_port(&path).filter(|port| !free_on_both_loopbacks(*port));
             if let Some(taken) = taken {
                 self.ports.release(taken);
-                let _ = std::fs::remove_file(&path);
+                let _ = on_disk(|| std::fs::remove_file(&path));
                 let port = self
                     .port_in(queue_id, file)
                     .map_err(|e| FleetError::Start(e.to_string()))?;
@@ -294,7 +296,7 @@ impl LocalProvider {
     /// plane is to be reached otherwise than the bootstrap it had said.
     fn launcher(&self, queue_id: &str, bootstrap: &Bootstrap) -> std::io::Result<(Launcher, bool)> {
         let dir = self.node_dir(queue_id);
-        std::fs::create_dir_all(&dir)?;
+        on_disk(|| std::fs::create_dir_all(&dir))?;
         let launcher = Launcher {
             dataplane: self.dataplane.clone(),
             dir,
@@ -308,13 +310,13 @@ impl LocalProvider {
             ..bootstrap.clone()
         };
         let text = toml::to_string(&local).expect("plain fields");
-        let old = std::fs::read_to_string(launcher.bootstrap()).ok();
+        let old = on_disk(|| std::fs::read_to_string(launcher.bootstrap()).ok());
         let moved = !old
             .as_deref()
             .and_then(|old| toml::from_str::<Bootstrap>(old).ok())
             .is_some_and(|old| reaches_alike(&old, bootstrap));
         if old.as_deref() != Some(text.as_str()) {
-            write_private(&launcher.bootstrap(), text.as_bytes())?;
+            on_disk(|| write_private(&launcher.bootstrap(), text.as_bytes()))?;
         }
         Ok((launcher, moved))
     }
@@ -539,7 +541,7 @@ impl Provider for LocalProvider {
             let lost = lost_data(&self.node_dir(queue_id));
             let every = [self.node_dir(queue_id).join("data"), standby];
             for data in every.into_iter().chain(lost) {
-                match std::fs::remove_dir_all(data) {
+                match on_disk(|| std::fs::remove_dir_all(data)) {
                     Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                         return Err(FleetError::Remove(error.to_string()))
                     }
@@ -607,11 +609,13 @@ impl Launcher {
     /// for what it prints.
     fn command(&self) -> Result<(Command, std::fs::File), FleetError> {
         let fail = |error: std::io::Error| FleetError::Start(error.to_string());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("node.log"))
-            .map_err(fail)?;
+        let log = on_disk(|| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join("node.log"))
+        })
+        .map_err(fail)?;
         let mut command = Command::new(&self.dataplane);
         command
             .arg("--bootstrap")
@@ -652,7 +656,7 @@ impl Launcher {
         // a control plane that dies meanwhile leaves a node the next one adopts, not one it
         // knows nothing of and starts a twin beside.
         let pid = child.id().unwrap_or(0);
-        std::fs::write(self.dir.join("node.pid"), pid.to_string())
+        on_disk(|| std::fs::write(self.dir.join("node.pid"), pid.to_string()))
             .map_err(|e| fail(e.to_string()))?;
         let stdout = child.stdout.take().expect("piped");
         let (listening, heard) = tokio::sync::oneshot::channel();
@@ -724,7 +728,7 @@ async fn copy_lines(
     let mut listening = Some(listening);
     let mut log = log;
     while let Ok(Some(line)) = lines.next_line().await {
-        let _ = writeln!(log, "{line}");
+        let _ = on_disk(|| writeln!(log, "{line}"));
         if line.starts_with("listening on ") {
             if let Some(listening) = listening.take() {
                 let _ = listening.send(());

@@ -7,7 +7,7 @@
 //! them); it stops, and its copy goes, with its queue.
 
 use super::process::{Launch, NodeProcess, Supervised};
-use super::FleetError;
+use super::{on_disk, FleetError};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -230,28 +230,34 @@ impl LocalStandbys {
         }
         fence.await;
         self.stop(queue_id, dir).await;
-        // Said first, and kept on disk until the reconciler has audited it and replaced the
-        // node's lost certificate ([`promotion_recorded`]): a control plane that stops meanwhile
-        // leaves it for the next.
-        if let Some(node_dir) = node_data.parent() {
-            qe_shared::files::write_whole(&node_dir.join(PROMOTED_FILE), b"", 0o644)?;
-        }
-        for name in NODE_OWN {
-            match std::fs::rename(node_data.join(name), copy.join(name)) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
-        let aside = format!("{LOST_DATA}{}", qe_shared::clock::now_ms());
-        match std::fs::rename(node_data, node_data.with_file_name(aside)) {
+        on_disk(|| put_in_place(&copy, node_data))?;
+        Ok(true)
+    }
+}
+
+/// Makes the standby's `copy` the node's data, keeping the node's own files and what is left
+/// of `node_data` aside ([`LocalStandbys::promote_if_data_lost`]).
+fn put_in_place(copy: &Path, node_data: &Path) -> std::io::Result<()> {
+    // Said first, and kept on disk until the reconciler has audited it and replaced the
+    // node's lost certificate ([`promotion_recorded`]): a control plane that stops meanwhile
+    // leaves it for the next.
+    if let Some(node_dir) = node_data.parent() {
+        qe_shared::files::write_whole(&node_dir.join(PROMOTED_FILE), b"", 0o644)?;
+    }
+    for name in NODE_OWN {
+        match std::fs::rename(node_data.join(name), copy.join(name)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
-        std::fs::rename(&copy, node_data)?;
-        qe_shared::files::sync_dir(node_data)?;
-        qe_shared::files::sync_dir(&copy)?;
-        Ok(true)
     }
+    let aside = format!("{LOST_DATA}{}", qe_shared::clock::now_ms());
+    match std::fs::rename(node_data, node_data.with_file_name(aside)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::rename(copy, node_data)?;
+    qe_shared::files::sync_dir(node_data)?;
+    qe_shared::files::sync_dir(copy)
 }
 
 /// Starts one queue's standby from its directory.
@@ -283,12 +289,14 @@ impl StandbyLauncher {
 
     async fn start(&self) -> Result<NodeProcess, FleetError> {
         let fail = |what: String| FleetError::Start(what);
-        std::fs::create_dir_all(&self.dir).map_err(|e| fail(e.to_string()))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("standby.log"))
-            .map_err(|e| fail(e.to_string()))?;
+        let log = on_disk(|| {
+            std::fs::create_dir_all(&self.dir)?;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join("standby.log"))
+        })
+        .map_err(|e| fail(e.to_string()))?;
         let mut command = Command::new(&self.dataplane);
         command
             .arg("--standby-of")
@@ -311,7 +319,7 @@ impl StandbyLauncher {
             .spawn()
             .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
         let pid = child.id().unwrap_or(0);
-        std::fs::write(self.dir.join("standby.pid"), pid.to_string())
+        on_disk(|| std::fs::write(self.dir.join("standby.pid"), pid.to_string()))
             .map_err(|e| fail(e.to_string()))?;
         tracing::info!(pid, standby = %self.dir.display(), "started a standby");
         Ok(NodeProcess::Child(child))

@@ -82,12 +82,20 @@ impl SledBackend {
 #[async_trait]
 impl Backend for SledBackend {
     async fn get(&self, key: &str) -> Result<Option<Stored>, StoreError> {
-        // A read from sled's page cache: not worth a thread hop.
-        let (tree, key) = self.place(key);
-        Ok(tree.get(key)?.map(|value| Stored {
-            value: value.to_vec(),
-            version: Version::Value(value.to_vec()),
-        }))
+        // On a blocking thread like every other call, though it is mostly a read from sled's
+        // page cache: a page not in it is read from the disk, and a read that meets a node
+        // half split or merged finishes that change itself (sled's `view_for_key`), which
+        // writes to sled's log and waits for room in its buffers while the disk is stalled.
+        let key = key.to_string();
+        self.blocking(move |this| {
+            let (tree, key) = this.place(&key);
+            let stored = tree.get(key)?.map(|value| Stored {
+                value: value.to_vec(),
+                version: Version::Value(value.to_vec()),
+            });
+            Ok((stored, false))
+        })
+        .await
     }
 
     async fn range(&self, start: &str, end: &str) -> Result<Listed, StoreError> {

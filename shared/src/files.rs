@@ -3,6 +3,18 @@
 
 use std::path::Path;
 
+/// Runs `work`, which waits on the disk, without holding up the runtime's other tasks: on a
+/// multi-threaded runtime its worker first hands them to another thread (`block_in_place`),
+/// so a disk that stalls delays this work only, never the connections, the API or its health
+/// checks. Elsewhere (a test's single-threaded runtime, or no runtime) it just runs.
+pub fn on_disk<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|runtime| runtime.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
 /// Writes `path` whole or not at all, readable by its owner alone: see [`write_whole`]. Every
 /// credential, private key and secret is written so.
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

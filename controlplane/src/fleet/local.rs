@@ -3,16 +3,19 @@
 //! (the node pulls everything else over the node channel, as a cloud node does). A node that
 //! dies is started again on the same port and data, so its durable messages are there again.
 //! Nodes outlive the control plane: the next one adopts them (their pid file names them)
-//! instead of starting twins.
+//! instead of starting twins. Their files are on the control plane's data disk, so what writes
+//! them runs through [`on_disk`]: a stalled disk delays a node's start, never the API
+//! (tests/tests/local_fleet_disk.rs).
 
 use super::local_ports::{free_on_both_loopbacks, PortClaims};
 use super::local_standby::{LocalStandbys, Primary, StandbyLauncher};
 use super::process::{Launch, NodeProcess, Supervised};
-use super::{on_disk, FleetError, Provider};
+use super::{FleetError, Provider};
 use crate::model::queue::{Addresses, Placement, Queue};
 use crate::write_private;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use qe_shared::files::on_disk;
 use qe_shared::node_channel::Bootstrap;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -132,21 +135,22 @@ impl LocalProvider {
     fn port_in(&self, queue_id: &str, file: &str) -> std::io::Result<u16> {
         let dir = self.node_dir(queue_id);
         let path = dir.join(file);
-        if let Some(port) = read_port(&path) {
-            // The node's port stays its own even where another control plane claims it: a
-            // replica that led before this one (the nodes' directory is theirs together)
-            // holds the claim until it lets go, and the claim is tried again on each call.
-            if !self.ports.claim(port) {
-                tracing::debug!(queue = %queue_id, file, port, "another control plane still claims the node's port");
-            }
-            return Ok(port);
-        }
-        let port = self.ports.pick()?;
         on_disk(|| {
+            if let Some(port) = read_port(&path) {
+                // The node's port stays its own even where another control plane claims it:
+                // a replica that led before this one (the nodes' directory is theirs
+                // together) holds the claim until it lets go, and the claim is tried again
+                // on each call.
+                if !self.ports.claim(port) {
+                    tracing::debug!(queue = %queue_id, file, port, "another control plane still claims the node's port");
+                }
+                return Ok(port);
+            }
             std::fs::create_dir_all(&dir)?;
-            write_private(&path, port.to_string().as_bytes())
-        })?;
-        Ok(port)
+            let port = self.ports.pick()?;
+            write_private(&path, port.to_string().as_bytes())?;
+            Ok(port)
+        })
     }
 
     /// Lets the ports of queue `queue_id`'s node go: it is stopped (a later start claims
@@ -295,11 +299,9 @@ impl LocalProvider {
     /// A launcher for queue `queue_id`'s node, its bootstrap written; and whether the control
     /// plane is to be reached otherwise than the bootstrap it had said.
     fn launcher(&self, queue_id: &str, bootstrap: &Bootstrap) -> std::io::Result<(Launcher, bool)> {
-        let dir = self.node_dir(queue_id);
-        on_disk(|| std::fs::create_dir_all(&dir))?;
         let launcher = Launcher {
             dataplane: self.dataplane.clone(),
-            dir,
+            dir: self.node_dir(queue_id),
             standby: self.standby_of(queue_id),
         };
         // Its node token, which it reads from this file on this machine: no bootstrap token
@@ -310,15 +312,18 @@ impl LocalProvider {
             ..bootstrap.clone()
         };
         let text = toml::to_string(&local).expect("plain fields");
-        let old = on_disk(|| std::fs::read_to_string(launcher.bootstrap()).ok());
-        let moved = !old
-            .as_deref()
-            .and_then(|old| toml::from_str::<Bootstrap>(old).ok())
-            .is_some_and(|old| reaches_alike(&old, bootstrap));
-        if old.as_deref() != Some(text.as_str()) {
-            on_disk(|| write_private(&launcher.bootstrap(), text.as_bytes()))?;
-        }
-        Ok((launcher, moved))
+        on_disk(|| {
+            std::fs::create_dir_all(&launcher.dir)?;
+            let old = std::fs::read_to_string(launcher.bootstrap()).ok();
+            let moved = !old
+                .as_deref()
+                .and_then(|old| toml::from_str::<Bootstrap>(old).ok())
+                .is_some_and(|old| reaches_alike(&old, bootstrap));
+            if old.as_deref() != Some(text.as_str()) {
+                write_private(&launcher.bootstrap(), text.as_bytes())?;
+            }
+            Ok((launcher, moved))
+        })
     }
 
     /// Supervises `child` from now on.
@@ -540,15 +545,17 @@ impl Provider for LocalProvider {
             let standby = super::local_standby::data_dir(&self.standby_dir(queue_id));
             let lost = lost_data(&self.node_dir(queue_id));
             let every = [self.node_dir(queue_id).join("data"), standby];
-            for data in every.into_iter().chain(lost) {
-                match on_disk(|| std::fs::remove_dir_all(data)) {
-                    Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(FleetError::Remove(error.to_string()))
+            on_disk(|| {
+                for data in every.into_iter().chain(lost) {
+                    match std::fs::remove_dir_all(data) {
+                        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(FleetError::Remove(error.to_string()))
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
-            }
-            Ok(())
+                Ok(())
+            })
         }
         .boxed()
     }

@@ -7,7 +7,8 @@
 //! them); it stops, and its copy goes, with its queue.
 
 use super::process::{Launch, NodeProcess, Supervised};
-use super::{on_disk, FleetError};
+use super::FleetError;
+use qe_shared::files::on_disk;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

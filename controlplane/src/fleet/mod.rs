@@ -29,18 +29,6 @@ pub enum FleetError {
     Refused(String),
 }
 
-/// Runs `work`, which waits on this machine's disk, without holding up the runtime's other
-/// tasks: on a multi-threaded runtime its worker first hands them to another thread
-/// (`block_in_place`). A local node's files are on the control plane's data disk, and a disk
-/// that stalls must delay the node's start, never the API or its health checks
-/// (tests/tests/local_fleet_disk.rs). Elsewhere (a test's single-threaded runtime) it just runs.
-fn on_disk<T>(work: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
-        _ => work(),
-    }
-}
-
 /// What a queue's standby starts from.
 pub struct StandbyBoot {
     /// The replication key ([`crate::nodes::NodeTokens::replication_key`]).

@@ -4,6 +4,7 @@
 
 use crate::history::{next_multiple, FlowMeter, RecordEvery, UsageMeter};
 use crate::state::Node;
+use qe_shared::files::on_disk;
 use qe_shared::settings::Setting;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +39,7 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_secs(next - start)) => {}
             _ = stopping.wait_for(|stopping| *stopping) => {
                 let usage = meter.take(node.totals(), node.storage_held());
-                let recorded = tokio::task::block_in_place(|| {
+                let recorded = on_disk(|| {
                     history.record_usage(now(), &usage, &node.usage_labels)
                 });
                 if let Err(error) = recorded {
@@ -54,17 +55,14 @@ pub async fn run(
                 flow.take(node.queue.snapshot().totals),
             );
             // A sync blocks: the other tasks move to another worker meanwhile.
-            let recorded =
-                tokio::task::block_in_place(|| history.record_stats(next, &counters, flow));
+            let recorded = on_disk(|| history.record_stats(next, &counters, flow));
             if let Err(error) = recorded {
                 tracing::error!(%error, "recording stats failed");
             }
         }
         if next == next_usage {
             let usage = meter.take(node.totals(), node.storage_held());
-            let recorded = tokio::task::block_in_place(|| {
-                history.record_usage(next, &usage, &node.usage_labels)
-            });
+            let recorded = on_disk(|| history.record_usage(next, &usage, &node.usage_labels));
             if let Err(error) = recorded {
                 tracing::error!(%error, "recording usage failed");
             }

@@ -422,7 +422,7 @@ impl Admin {
         // The save syncs (sled flush, then fsync): the runtime hands this thread's other work on while
         // it waits, and this connection's next request waits for the change, as it should.
         let node = &self.node;
-        match blocking(|| node.change_settings(&changes)) {
+        match qe_shared::files::on_disk(|| node.change_settings(&changes)) {
             Ok(()) => Reply::success(),
             Err(error) => Reply::failure(error.code()),
         }
@@ -444,16 +444,6 @@ async fn push_live_stats(node: Arc<Node>, outbox: Outbox, period: Duration) {
         if !outbox.send(push.to_string().into()) {
             return;
         }
-    }
-}
-
-/// Runs `work`, which blocks on the disk, without stalling the runtime's other tasks (a
-/// runtime of one thread, as in some tests, simply runs it).
-fn blocking<T>(work: impl FnOnce() -> T) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
-        _ => work(),
     }
 }
 

@@ -25,7 +25,15 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// (`PATH` with the extension `new`), synced, renamed over it, and the rename synced too (its
 /// directory), so that a crash leaves the old file or the new one, never a part, and what
 /// is then used (a rotated credential, a new key) outlasts a power loss.
+///
+/// Its two syncs wait on the disk, so it runs through [`on_disk`]: a node keeping a config or
+/// a rotated credential while its disk stalls goes on serving its connections meanwhile.
 pub fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    on_disk(|| write_whole_waiting(path, bytes, mode))
+}
+
+/// [`write_whole`] on the calling thread.
+fn write_whole_waiting(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let side = path.with_extension("new");

@@ -1,9 +1,16 @@
-//! The local fleet on a disk that stalls: starting a node writes its files (its port, its
-//! bootstrap, its pid, its log) on the control plane's data disk, and while that disk holds
-//! every write the start waits, but the runtime's other tasks (the API, health checks, DNS)
-//! go on. Before, those writes ran on the runtime's workers: two nodes started while the disk
-//! was held left a two-worker control plane answering nothing, not even `/healthz`
-//! (`api_conventions::a_stalled_disk_delays_the_writes_only_never_the_api`, now and then).
+//! Files written on a disk that stalls, from a runtime's worker. While the disk holds every
+//! write the writer waits, but the runtime's other tasks go on.
+//!
+//! - The local fleet: starting a node writes its files (its port, its bootstrap, its pid, its
+//!   log) on the control plane's data disk. Before, those writes ran on the runtime's
+//!   workers: two nodes started while the disk was held left a two-worker control plane
+//!   answering nothing, not even `/healthz`
+//!   (`api_conventions::a_stalled_disk_delays_the_writes_only_never_the_api`, now and then).
+//! - A file written whole (`qe_shared::files::write_whole`): a node keeps each config and
+//!   rotated credential its control plane sends, and its renewed certificate, so. Before, a
+//!   node doing that on a stalled disk stopped serving every connection its worker ran, at
+//!   durability 0 too.
+//!
 //! Needs root for FUSE, as CI has.
 
 use controlplane::fleet::local::LocalProvider;
@@ -15,16 +22,27 @@ use qe_tests::PROMPT;
 use std::sync::mpsc;
 use std::sync::Arc;
 
+/// One worker: work that blocked it would leave no thread for any other task.
+fn one_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Whether a task spawned now runs, while another waits on the held disk.
+fn another_task_runs(runtime: &tokio::runtime::Runtime) -> bool {
+    let (ran, probe_ran) = mpsc::channel();
+    runtime.spawn(async move { ran.send(()) });
+    probe_ran.recv_timeout(PROMPT).is_ok()
+}
+
 #[test]
 fn a_node_start_waiting_on_a_held_disk_leaves_the_runtime_free() {
     let disk = FailingSyncs::mount();
     let dir = tempfile::tempdir_in(disk.dir()).unwrap();
-    // One worker: a start that blocked it would leave no thread for any other task.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = one_worker_runtime();
     // A "node" that exits at once: the start ends in an error of its own once the disk
     // is back, and leaves no process behind.
     let provider = Arc::new(LocalProvider::new(
@@ -52,11 +70,10 @@ fn a_node_start_waiting_on_a_held_disk_leaves_the_runtime_free() {
         let _ = started.send(placed.map(|_| ()));
     });
     disk.wait_for_held();
-    let (ran, probe_ran) = mpsc::channel();
-    runtime.spawn(async move { ran.send(()) });
-    probe_ran
-        .recv_timeout(PROMPT)
-        .expect("another task runs while a node's start waits on the disk");
+    assert!(
+        another_task_runs(&runtime),
+        "another task runs while a node's start waits on the disk"
+    );
     assert!(
         start_ended.try_recv().is_err(),
         "the start waits for its write"
@@ -70,4 +87,35 @@ fn a_node_start_waiting_on_a_held_disk_leaves_the_runtime_free() {
         matches!(&ended, Err(FleetError::Start(why)) if why.contains("exited")),
         "{ended:?}"
     );
+}
+
+#[test]
+fn a_whole_file_written_on_a_held_disk_leaves_the_runtime_free() {
+    let disk = FailingSyncs::mount();
+    let dir = tempfile::tempdir_in(disk.dir()).unwrap();
+    let runtime = one_worker_runtime();
+    let path = dir.path().join("desired-config.json");
+
+    let held = disk.hold();
+    let (written, write_ended) = mpsc::channel();
+    let kept = path.clone();
+    runtime.spawn(async move {
+        let _ = written.send(qe_shared::files::write_private(&kept, b"{\"version\":7}"));
+    });
+    disk.wait_for_held();
+    assert!(
+        another_task_runs(&runtime),
+        "another task runs while a file is written whole on the held disk"
+    );
+    assert!(
+        write_ended.try_recv().is_err(),
+        "the write waits for the disk"
+    );
+
+    drop(held);
+    write_ended
+        .recv_timeout(PROMPT)
+        .expect("the write goes on once the disk is back")
+        .expect("and is written");
+    assert_eq!(std::fs::read(&path).unwrap(), b"{\"version\":7}");
 }

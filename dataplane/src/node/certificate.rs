@@ -157,7 +157,7 @@ impl OwnCertificate {
                 .replace(&chain, &key_pem)
                 .map_err(|e| ChannelError::Certificate(e.to_string()))?;
         }
-        self.write(&chain, &key_pem)
+        qe_shared::files::on_disk(|| self.write(&chain, &key_pem))
             .map_err(|e| ChannelError::Certificate(e.to_string()))?;
         tracing::info!(host = %self.host, "a certificate of its own is in service");
         Ok(())

@@ -276,7 +276,6 @@ impl Reconciler {
     /// Stops a queue that could not be provisioned, keeps its data for `keep_data_for`, and
     /// says why: in its record (`failure`, shown by the API), the log and the audit.
     async fn fail(&self, queue: &Queue, reason: &str) -> Result<(), Box<dyn std::error::Error>> {
-        tracing::error!(queue = %queue.id, reason, "the queue failed: its node is stopped, its data kept");
         self.fleet.stop(&queue.id).await?;
         let failed = self.store.update(&queue.id, |queue| {
             // Only one still to be provisioned: a delete, or the node's first word, wins.
@@ -295,6 +294,9 @@ impl Reconciler {
         failed.await?;
         self.settings.failed.fetch_add(1, Ordering::Relaxed);
         self.audit(audit::QUEUE_FAIL, queue, reason).await;
+        // Logged once it is so, and in the record and the audit: a reader of the log finds it
+        // in both.
+        tracing::error!(queue = %queue.id, reason, "the queue failed: its node is stopped, its data kept");
         self.zone.refresh(&self.store).await?;
         Ok(())
     }

@@ -531,6 +531,7 @@ async fn a_queue_not_running_in_time_fails_and_says_why() {
         "{failed}"
     );
     assert!(failed["node"].is_null(), "{failed}");
+    // Logged once recorded and audited (the audit comes after the status the wait above saw).
     cp.wait_for_log("the queue failed", 1);
     let audited = cp.audited("queue.fail").await;
     assert_eq!(audited.len(), 1, "{audited:?}");

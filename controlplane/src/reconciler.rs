@@ -294,8 +294,8 @@ impl Reconciler {
         failed.await?;
         self.settings.failed.fetch_add(1, Ordering::Relaxed);
         self.audit(audit::QUEUE_FAIL, queue, reason).await;
-        // Logged once it is so, and in the record and the audit: a reader of the log finds it
-        // in both.
+        // Logged last: whoever reads the line finds the node stopped and the failure in the
+        // queue's record and in the audit.
         tracing::error!(queue = %queue.id, reason, "the queue failed: its node is stopped, its data kept");
         self.zone.refresh(&self.store).await?;
         Ok(())

@@ -22,27 +22,43 @@ use qe_tests::PROMPT;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-/// One worker: work that blocked it would leave no thread for any other task.
-fn one_worker_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs `work` on a runtime of one worker while `disk` holds every write, and checks that
+/// another task runs meanwhile (one worker: work that blocked it would leave no thread for
+/// any other task) and that `work` waits for the disk; then lets the disk go and returns what
+/// `work` gave. `what` names the work in the failures.
+fn while_held<T: Send + 'static>(
+    disk: &FailingSyncs,
+    what: &str,
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap()
-}
-
-/// Whether a task spawned now runs, while another waits on the held disk.
-fn another_task_runs(runtime: &tokio::runtime::Runtime) -> bool {
+        .unwrap();
+    let held = disk.hold();
+    let (done, work_ended) = mpsc::channel();
+    runtime.spawn(async move {
+        let _ = done.send(work.await);
+    });
+    disk.wait_for_held();
     let (ran, probe_ran) = mpsc::channel();
     runtime.spawn(async move { ran.send(()) });
-    probe_ran.recv_timeout(PROMPT).is_ok()
+    probe_ran
+        .recv_timeout(PROMPT)
+        .unwrap_or_else(|_| panic!("another task runs while {what} waits on the disk"));
+    assert!(work_ended.try_recv().is_err(), "{what} waits for the disk");
+
+    drop(held);
+    work_ended
+        .recv_timeout(PROMPT)
+        .unwrap_or_else(|_| panic!("{what} goes on once the disk is back"))
 }
 
 #[test]
 fn a_node_start_waiting_on_a_held_disk_leaves_the_runtime_free() {
     let disk = FailingSyncs::mount();
     let dir = tempfile::tempdir_in(disk.dir()).unwrap();
-    let runtime = one_worker_runtime();
     // A "node" that exits at once: the start ends in an error of its own once the disk
     // is back, and leaves no process behind.
     let provider = Arc::new(LocalProvider::new(
@@ -63,26 +79,9 @@ fn a_node_start_waiting_on_a_held_disk_leaves_the_runtime_free() {
         control_plane_ca_pem: None,
     };
 
-    let held = disk.hold();
-    let (started, start_ended) = mpsc::channel();
-    runtime.spawn(async move {
-        let placed = provider.ensure(&queue, &bootstrap).await;
-        let _ = started.send(placed.map(|_| ()));
+    let ended = while_held(&disk, "a node's start", async move {
+        provider.ensure(&queue, &bootstrap).await.map(|_| ())
     });
-    disk.wait_for_held();
-    assert!(
-        another_task_runs(&runtime),
-        "another task runs while a node's start waits on the disk"
-    );
-    assert!(
-        start_ended.try_recv().is_err(),
-        "the start waits for its write"
-    );
-
-    drop(held);
-    let ended = start_ended
-        .recv_timeout(PROMPT)
-        .expect("the start goes on once the disk is back");
     assert!(
         matches!(&ended, Err(FleetError::Start(why)) if why.contains("exited")),
         "{ended:?}"
@@ -93,29 +92,11 @@ fn a_node_start_waiting_on_a_held_disk_leaves_the_runtime_free() {
 fn a_whole_file_written_on_a_held_disk_leaves_the_runtime_free() {
     let disk = FailingSyncs::mount();
     let dir = tempfile::tempdir_in(disk.dir()).unwrap();
-    let runtime = one_worker_runtime();
     let path = dir.path().join("desired-config.json");
-
-    let held = disk.hold();
-    let (written, write_ended) = mpsc::channel();
     let kept = path.clone();
-    runtime.spawn(async move {
-        let _ = written.send(qe_shared::files::write_private(&kept, b"{\"version\":7}"));
+    let written = while_held(&disk, "a file written whole", async move {
+        qe_shared::files::write_private(&kept, b"{\"version\":7}")
     });
-    disk.wait_for_held();
-    assert!(
-        another_task_runs(&runtime),
-        "another task runs while a file is written whole on the held disk"
-    );
-    assert!(
-        write_ended.try_recv().is_err(),
-        "the write waits for the disk"
-    );
-
-    drop(held);
-    write_ended
-        .recv_timeout(PROMPT)
-        .expect("the write goes on once the disk is back")
-        .expect("and is written");
+    written.expect("written once the disk is back");
     assert_eq!(std::fs::read(&path).unwrap(), b"{\"version\":7}");
 }

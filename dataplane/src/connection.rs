@@ -488,7 +488,9 @@ impl<'a> Link<'a> {
             let Some(frames) = self.frames.as_mut() else {
                 break;
             };
-            let Poll::Ready(frame) = frames.poll_next(cx) else {
+            // With replies fed (or a flush under way) the frames go with them now; alone,
+            // a burst's first frames wait a turn for the rest of it (`Frames::poll_next`).
+            let Poll::Ready(frame) = frames.poll_next(cx, !self.unflushed) else {
                 break;
             };
             self.feed(Frame::text(frame))?;

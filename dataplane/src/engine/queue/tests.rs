@@ -36,7 +36,7 @@ struct Sub {
 /// The next frame queued for a connection, taken as the connection takes it.
 fn take(frames: &mut Frames) -> Option<Bytes> {
     let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-    match frames.poll_next(&mut cx) {
+    match frames.poll_next(&mut cx, false) {
         Poll::Ready(frame) => Some(frame),
         Poll::Pending => None,
     }

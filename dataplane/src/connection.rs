@@ -265,52 +265,56 @@ async fn serve(
     let overdue = assembly.overdue(node.message_timeout);
     let overflowed = overflowed(&overflow);
     tokio::pin!(overdue, overflowed);
-    poll_fn(|cx| loop {
-        if overdue.as_mut().poll(cx).is_ready() {
-            let reason = "message not whole in time".into();
-            return Poll::Ready(Ended::Refused(CloseCode::Policy, reason));
-        }
-        if overflowed.as_mut().poll(cx).is_ready() {
-            link.log_drop("dropping a client that reads too slowly");
-            return Poll::Ready(Ended::Gone);
-        }
-        if let Poll::Ready(ended) = link.poll_keepalive(cx) {
-            return Poll::Ready(ended);
-        }
-        let mut busy = false;
-        while reading && replies.len() < MAX_WAITING_REPLIES {
-            match link.poll_data(cx, node) {
-                Poll::Ready(Ok(data)) => {
-                    let response = session.handle(data);
-                    reading = response.then == Then::Continue;
-                    replies.push_back(match response.is_ready() {
-                        true => Settling::Ready(Some(response.into_ready())),
-                        false => Settling::Waiting(Box::pin(response.settle())),
-                    });
-                    busy = true;
-                }
-                Poll::Ready(Err(ended)) => return Poll::Ready(ended),
-                Poll::Pending => break,
+    poll_fn(|cx| {
+        // A new poll of the task: a burst of frames that waited for it has had its turn.
+        link.next_poll();
+        loop {
+            if overdue.as_mut().poll(cx).is_ready() {
+                let reason = "message not whole in time".into();
+                return Poll::Ready(Ended::Refused(CloseCode::Policy, reason));
             }
-        }
-        link.note_heard();
-        match link.poll_write(cx, &mut replies) {
-            Poll::Ready(Ok(written)) => {
-                if written.outbox_has_room {
-                    session.outbox_drained();
-                }
-                match written.then {
-                    Then::Continue => {}
-                    Then::Logout => return Poll::Ready(Ended::Logout),
-                    Then::Abort => return Poll::Ready(Ended::Abort),
-                }
-                busy |= written.any;
+            if overflowed.as_mut().poll(cx).is_ready() {
+                link.log_drop("dropping a client that reads too slowly");
+                return Poll::Ready(Ended::Gone);
             }
-            Poll::Ready(Err(())) => return Poll::Ready(Ended::Gone),
-            Poll::Pending => {}
-        }
-        if !busy {
-            return Poll::Pending;
+            if let Poll::Ready(ended) = link.poll_keepalive(cx) {
+                return Poll::Ready(ended);
+            }
+            let mut busy = false;
+            while reading && replies.len() < MAX_WAITING_REPLIES {
+                match link.poll_data(cx, node) {
+                    Poll::Ready(Ok(data)) => {
+                        let response = session.handle(data);
+                        reading = response.then == Then::Continue;
+                        replies.push_back(match response.is_ready() {
+                            true => Settling::Ready(Some(response.into_ready())),
+                            false => Settling::Waiting(Box::pin(response.settle())),
+                        });
+                        busy = true;
+                    }
+                    Poll::Ready(Err(ended)) => return Poll::Ready(ended),
+                    Poll::Pending => break,
+                }
+            }
+            link.note_heard();
+            match link.poll_write(cx, &mut replies) {
+                Poll::Ready(Ok(written)) => {
+                    if written.outbox_has_room {
+                        session.outbox_drained();
+                    }
+                    match written.then {
+                        Then::Continue => {}
+                        Then::Logout => return Poll::Ready(Ended::Logout),
+                        Then::Abort => return Poll::Ready(Ended::Abort),
+                    }
+                    busy |= written.any;
+                }
+                Poll::Ready(Err(())) => return Poll::Ready(Ended::Gone),
+                Poll::Pending => {}
+            }
+            if !busy {
+                return Poll::Pending;
+            }
         }
     })
     .await
@@ -393,6 +397,13 @@ impl<'a> Link<'a> {
     fn log_drop(&self, what: &str) {
         if qe_shared::logging::client_line_allowed(self.source) {
             tracing::info!(silent_for = ?self.last_heard.elapsed(), "{what}");
+        }
+    }
+
+    /// Tells the outbox's frames that the task is polled again (`Frames::next_poll`).
+    fn next_poll(&mut self) {
+        if let Some(frames) = self.frames.as_mut() {
+            frames.next_poll();
         }
     }
 

@@ -91,9 +91,8 @@ pub struct Frames {
     in_flight_bytes: usize,
     /// The deliveries among them.
     in_flight: Vec<MessageId>,
-    /// The burst being taken has waited its turn of the runtime (or was taken at once): the
-    /// rest of it is handed out as it comes, until the outbox is found empty.
-    turn_waited: bool,
+    /// Where the burst being taken stands with its turn of the runtime.
+    turn: Turn,
 }
 
 /// An outbox whose deliveries stop at `limit` bytes waiting for its connection.
@@ -113,7 +112,7 @@ pub fn outbox(limit: usize) -> (Outbox, Frames) {
         taken: VecDeque::new(),
         in_flight_bytes: 0,
         in_flight: Vec::new(),
-        turn_waited: false,
+        turn: Turn::Due,
     };
     (Outbox { waiting }, frames)
 }
@@ -186,8 +185,9 @@ impl Frames {
     ///
     /// `may_wait_a_turn`: the caller would write these frames on their own (nothing else is
     /// on its way to the socket). Then the first frames of a burst wait one turn of the
-    /// runtime: the task wakes itself and is polled again after the tasks already woken.
-    /// Without that, Tokio polls a task woken by another right after it (its LIFO slot): a
+    /// runtime: the task wakes itself, and the burst waits until the task's next poll (the
+    /// caller says when, [`Frames::next_poll`]), after the tasks already queued on its worker
+    /// thread. Without that, Tokio polls a task woken by another right after it (its LIFO slot): a
     /// subscriber woken by a publisher would write that one delivery before the other
     /// publishers the same readiness poll woke had queued theirs, a write per message at
     /// low concurrency (16 publishers with one publish in flight each: 1.88 writes a message,
@@ -198,15 +198,25 @@ impl Frames {
             self.waiting.arrived.register(cx.waker());
             // Looked at again: a frame queued before the registration woke nobody.
             if !self.take_queued() {
-                self.turn_waited = false;
+                self.turn = Turn::Due;
                 return Poll::Pending;
             }
         }
-        if !std::mem::replace(&mut self.turn_waited, true) && may_wait_a_turn {
-            // A task that wakes itself goes to the back of the run queue, never the LIFO slot.
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+        if may_wait_a_turn {
+            match self.turn {
+                Turn::Due => {
+                    self.turn = Turn::Waiting;
+                    // A task that wakes itself goes to the back of the run queue, never the
+                    // LIFO slot.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                // Its wake is on its way: the task is polled again.
+                Turn::Waiting => return Poll::Pending,
+                Turn::Taken => {}
+            }
         }
+        self.turn = Turn::Taken;
         let next = self.taken.front_mut().expect("just taken");
         if let Some(gate) = &mut next.gate {
             std::task::ready!(gate.poll_open(cx));
@@ -216,6 +226,15 @@ impl Frames {
         self.in_flight_bytes += outbound.frame.len();
         self.in_flight.extend(outbound.message);
         Poll::Ready(outbound.frame)
+    }
+
+    /// The task is polled again: a burst that waited for this has had its turn. Called once
+    /// at the start of each poll of the connection's task (the loop within one poll may take
+    /// frames several times, and its later rounds are not a new turn).
+    pub fn next_poll(&mut self) {
+        if self.turn == Turn::Waiting {
+            self.turn = Turn::Taken;
+        }
     }
 
     /// Takes every frame queued, with one hold of the lock; false if there was none.
@@ -271,6 +290,17 @@ impl Frames {
     }
 }
 
+/// Where the burst being taken stands with its turn of the runtime ([`Frames::poll_next`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// The outbox was found empty: the next burst may wait a turn.
+    Due,
+    /// The task woke itself: the burst waits for its next poll.
+    Waiting,
+    /// Waited, or taken at once: the rest of the burst comes as it is.
+    Taken,
+}
+
 /// Slots of a taken deque kept for the next burst.
 const KEPT_SLOTS: usize = 64;
 
@@ -298,6 +328,7 @@ impl Overflow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::log::heard::HoldsHeard;
     use futures::task::noop_waker_ref;
 
     fn take(frames: &mut Frames) -> Option<Bytes> {
@@ -360,6 +391,12 @@ mod tests {
     #[derive(Default)]
     struct Wakes(AtomicUsize);
 
+    impl Wakes {
+        fn count(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
     impl futures::task::ArcWake for Wakes {
         fn wake_by_ref(wakes: &Arc<Self>) {
             wakes.0.fetch_add(1, Ordering::SeqCst);
@@ -377,13 +414,20 @@ mod tests {
         let wakes = Arc::new(Wakes::default());
         assert!(next_alone(&mut frames, &wakes).is_pending(), "nothing yet");
         outbox.deliver(Bytes::from_static(b"one"), id(1), None);
-        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "woken by the delivery");
+        assert_eq!(wakes.count(), 1, "woken by the delivery");
+        frames.next_poll();
         assert!(
             next_alone(&mut frames, &wakes).is_pending(),
             "the burst's first frame waits a turn"
         );
-        assert_eq!(wakes.0.load(Ordering::SeqCst), 2, "the task woke itself");
+        assert_eq!(wakes.count(), 2, "the task woke itself");
         outbox.deliver(Bytes::from_static(b"two"), id(2), None);
+        assert!(
+            next_alone(&mut frames, &wakes).is_pending(),
+            "looked at again in the same poll of the task: still its turn to wait"
+        );
+        assert_eq!(wakes.count(), 2, "and no second wake");
+        frames.next_poll();
         assert_eq!(
             next_alone(&mut frames, &wakes),
             Poll::Ready(Bytes::from("one"))
@@ -395,16 +439,18 @@ mod tests {
         );
         assert!(next_alone(&mut frames, &wakes).is_pending(), "all taken");
         outbox.deliver(Bytes::from_static(b"three"), id(3), None);
+        frames.next_poll();
         assert!(
             next_alone(&mut frames, &wakes).is_pending(),
             "a new burst waits its turn again"
         );
+        frames.next_poll();
         assert_eq!(
             next_alone(&mut frames, &wakes),
             Poll::Ready(Bytes::from("three"))
         );
         // The delivery of "three", and its burst's wait: "two" came while the task ran.
-        assert_eq!(wakes.0.load(Ordering::SeqCst), 4);
+        assert_eq!(wakes.count(), 4);
     }
 
     #[test]
@@ -412,6 +458,38 @@ mod tests {
         let (outbox, mut frames) = outbox(1000);
         outbox.deliver(Bytes::from_static(b"one"), id(1), None);
         assert_eq!(take(&mut frames), Some(Bytes::from("one")));
+        // A burst waiting its turn goes at once with a reply fed later in the same poll.
+        let wakes = Arc::new(Wakes::default());
+        assert!(take(&mut frames).is_none(), "\"one\" was its burst's last");
+        outbox.deliver(Bytes::from_static(b"two"), id(2), None);
+        frames.next_poll();
+        assert!(next_alone(&mut frames, &wakes).is_pending());
+        assert_eq!(take(&mut frames), Some(Bytes::from("two")));
+    }
+
+    #[test]
+    fn a_gated_burst_waits_its_turn_once_then_for_its_gate() {
+        let heard = Arc::new(HoldsHeard::default());
+        heard.wait_for_standby(true);
+        let gate = heard.gate(heard.number_next());
+        assert!(gate.is_some(), "a standby is waited for");
+        let (outbox, mut frames) = outbox(1000);
+        let wakes = Arc::new(Wakes::default());
+        outbox.deliver(Bytes::from_static(b"one"), id(1), gate);
+        frames.next_poll();
+        assert!(next_alone(&mut frames, &wakes).is_pending(), "its turn");
+        assert_eq!(wakes.count(), 1);
+        frames.next_poll();
+        assert!(next_alone(&mut frames, &wakes).is_pending(), "its gate");
+        assert_eq!(wakes.count(), 1, "the gate has the waker now");
+        heard.heard(1);
+        assert_eq!(wakes.count(), 2, "woken by the gate");
+        frames.next_poll();
+        assert_eq!(
+            next_alone(&mut frames, &wakes),
+            Poll::Ready(Bytes::from("one")),
+            "no second turn"
+        );
     }
 
     #[test]

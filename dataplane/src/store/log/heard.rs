@@ -41,12 +41,12 @@ struct Waiters {
 impl HoldsHeard {
     /// The number of a hold about to be queued. The caller holds the holds' follower's lock,
     /// so numbers go on the standby's queue in their order.
-    pub(super) fn number_next(&self) -> u64 {
+    pub(crate) fn number_next(&self) -> u64 {
         self.numbered.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// The gate of the hold numbered `number`; None when no standby is waited for.
-    pub(super) fn gate(self: &Arc<Self>, number: u64) -> Option<HoldGate> {
+    pub(crate) fn gate(self: &Arc<Self>, number: u64) -> Option<HoldGate> {
         self.waited_for.load(Ordering::SeqCst).then(|| HoldGate {
             number,
             heard: self.clone(),

@@ -186,13 +186,13 @@ impl Frames {
     /// `may_wait_a_turn`: the caller would write these frames on their own (nothing else is
     /// on its way to the socket). Then the first frames of a burst wait one turn of the
     /// runtime: the task wakes itself, and the burst waits until the task's next poll (the
-    /// caller says when, [`Frames::next_poll`]), after the tasks already queued on its worker
-    /// thread. Without that, Tokio polls a task woken by another right after it (its LIFO slot): a
-    /// subscriber woken by a publisher would write that one delivery before the other
-    /// publishers the same readiness poll woke had queued theirs, a write per message at
-    /// low concurrency (16 publishers with one publish in flight each: 1.88 writes a message,
-    /// 1.28 with the wait; `docs/performance.md`). A turn is the other tasks' polls, not a
-    /// timer: an idle node runs it at once.
+    /// caller says when, [`Frames::next_poll`]), after the tasks already queued on its
+    /// worker thread. Without that, Tokio polls a task woken by another right after it (its
+    /// LIFO slot): a subscriber woken by a publisher would write that one delivery before the
+    /// other publishers the same readiness poll woke had queued theirs, a write per message
+    /// at low concurrency (16 publishers with one publish in flight each: 1.88 writes a
+    /// message, 1.25 with the wait; `docs/performance.md`). A turn is the other tasks'
+    /// polls, not a timer: an idle node runs it at once.
     pub fn poll_next(&mut self, cx: &mut Context<'_>, may_wait_a_turn: bool) -> Poll<Bytes> {
         if self.taken.is_empty() && !self.take_queued() {
             self.waiting.arrived.register(cx.waker());

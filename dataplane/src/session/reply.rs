@@ -100,9 +100,11 @@ impl Reply {
             .map(|(code, _)| u64::from(code.number()))
     }
 
+    /// The reply's frame, for the socket at once: it is cut from a block that it keeps
+    /// while it lives ([`json::written_passing`]).
     pub fn to_frame(&self) -> Bytes {
         if self.other.is_empty() {
-            return json::written(|out| self.write_typed(out), Bytes::copy_from_slice);
+            return json::written_passing(|out| self.write_typed(out));
         }
         serde_json::to_vec(&self.as_map())
             .expect("a map of JSON values serializes")

@@ -112,43 +112,35 @@ impl Reply {
     }
 
     /// Writes the typed fields, in the order of their names (by hand: this runs for every
-    /// publish and ack).
+    /// publish and ack). Every field is written after a comma, each key with it as one
+    /// literal, and the first comma then becomes the brace.
     fn write_typed(&self, out: &mut Vec<u8>) {
-        let mut first = true;
-        // `"name":`, after a comma but for the first.
-        let mut key = |out: &mut Vec<u8>, name: &str| {
-            let comma: &[u8] = if first { b"\"" } else { b",\"" };
-            first = false;
-            out.extend_from_slice(comma);
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(b"\":");
-        };
-        out.push(b'{');
+        let start = out.len();
         if let Some((code, _)) = &self.failure {
-            key(out, "code");
+            out.extend_from_slice(br#","code":"#);
             json::push_integer(out, code.number());
         }
         if let Some(context) = &self.context {
-            key(out, "context");
+            out.extend_from_slice(br#","context":"#);
             match context {
                 Context::Integer(n) => json::push_integer(out, *n),
                 Context::Value(value) => json::push_value(out, value),
             }
         }
         if let Some(id) = self.id {
-            key(out, "id");
+            out.extend_from_slice(br#","id":"#);
             json::push_id(out, id);
         }
         if let Some((_, reason)) = &self.failure {
-            key(out, "reason");
+            out.extend_from_slice(br#","reason":"#);
             json::push_str(out, reason);
         }
-        key(out, "status");
         // One of this module's own texts, none of which needs an escape.
         debug_assert!(json::is_plain_text(self.status.as_bytes()));
-        out.push(b'"');
+        out.extend_from_slice(br#","status":""#);
         out.extend_from_slice(self.status.as_bytes());
-        out.extend_from_slice(b"\"}");
+        out.extend_from_slice(br#""}"#);
+        out[start] = b'{';
     }
 
     /// All the fields as one JSON map, for a reply with fields beyond the typed ones.

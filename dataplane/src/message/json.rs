@@ -90,19 +90,19 @@ pub fn is_plain_text(bytes: &[u8]) -> bool {
 /// sixteen bytes are looked at a time where the processor can (SSE2, in every x86-64), and
 /// eight elsewhere and in texts shorter than sixteen bytes.
 pub fn first_to_escape(bytes: &[u8]) -> Option<usize> {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     let start = match sixteen_at_a_time(bytes) {
         Ok(found) => return Some(found),
         Err(looked_through) => looked_through,
     };
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
     let start = 0;
     eight_at_a_time(bytes, start)
 }
 
 /// The first byte to escape (`Ok`), or how many bytes were looked through without one
 /// (`Err`: all of them, or, when there are fewer than sixteen, none).
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 fn sixteen_at_a_time(bytes: &[u8]) -> Result<usize, usize> {
     let first_in_block = |at: usize| {
         let block: &[u8; 16] = bytes[at..at + 16].try_into().expect("16 bytes");
@@ -124,15 +124,15 @@ fn sixteen_at_a_time(bytes: &[u8]) -> Result<usize, usize> {
     first_in_block(bytes.len() - 16).ok_or(bytes.len())
 }
 
-/// One bit for each byte of `block` that needs an escape (SSE2, in every x86-64 processor).
-#[cfg(target_arch = "x86_64")]
+/// One bit for each byte of `block` that needs an escape.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 fn to_escape_in(block: &[u8; 16]) -> u32 {
     use std::arch::x86_64::{
         __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
         _mm_set1_epi8,
     };
-    // SAFETY: SSE2 is part of every x86-64 processor, and the load (unaligned) reads the
-    // sixteen bytes of `block`.
+    // SAFETY: this is built with SSE2 (the cfg: every x86-64 target has it but a few
+    // bare-metal ones), and the load (unaligned) reads the sixteen bytes of `block`.
     unsafe {
         let block = _mm_loadu_si128(block.as_ptr().cast::<__m128i>());
         let quote = _mm_cmpeq_epi8(block, _mm_set1_epi8(b'"' as i8));
@@ -248,9 +248,20 @@ mod tests {
                 }
             }
         }
-        // The first of several, and bytes above 0x7f (UTF-8) that are never escaped.
+        // The first of several, in the first block, a later one and the last few bytes; and
+        // bytes above 0x7f (UTF-8), which are never escaped.
         let bytes = "é\"a\\\n".repeat(9);
         assert_eq!(first_to_escape(bytes.as_bytes()), Some(2));
+        for length in 17..70 {
+            for first in 0..length {
+                let mut bytes = vec![b'x'; length];
+                let special = [b'"', b'\\', 0x1f].iter().cycle();
+                for (byte, to) in bytes[first..].iter_mut().step_by(5).zip(special) {
+                    *byte = *to;
+                }
+                assert_eq!(first_to_escape(&bytes), Some(first), "{first} of {length}");
+            }
+        }
         let plain = "ünïcødé ✓ 𝄞 ".repeat(5);
         assert_eq!(first_to_escape(plain.as_bytes()), None);
     }
@@ -290,7 +301,7 @@ mod tests {
         for _ in 0..3 {
             drop(frame(&quarter));
         }
-        // The block has 6 bytes short of a quarter left, and nothing cut from it is alive.
+        // The block has 10 bytes short of a quarter left, and nothing cut from it is alive.
         let again = frame(&quarter);
         assert_eq!(again.as_ptr(), start, "the block is taken up again");
         // A frame bigger than a quarter of a block is not cut from it.
@@ -298,6 +309,19 @@ mod tests {
         assert_eq!(big.len(), REPLY_BLOCK / 2 + 2);
         let after = frame("after");
         assert_eq!(after.as_ptr(), again.as_ptr().wrapping_add(again.len()));
+        // With a frame of it alive, a full block is not taken up again: a new one is, and
+        // the frame keeps its bytes.
+        let kept = frame("kept");
+        let fill: Vec<Bytes> = (0..3).map(|_| frame(&quarter)).collect();
+        let next = frame(&quarter);
+        assert_eq!(&kept[..], br#""kept""#);
+        assert!(fill.iter().all(|f| f.len() == REPLY_BLOCK / 4));
+        assert_ne!(
+            next.as_ptr(),
+            start,
+            "a new block while one of the old is alive"
+        );
+        assert_eq!(next.len(), REPLY_BLOCK / 4);
     }
 
     #[test]

@@ -100,8 +100,8 @@ impl Reply {
             .map(|(code, _)| u64::from(code.number()))
     }
 
-    /// The reply's frame, for the socket at once: it is cut from a block that it keeps
-    /// while it lives ([`json::written_passing`]).
+    /// The reply's frame, for the socket at once: a typed reply's is cut from a block that
+    /// it keeps while it lives ([`json::written_passing`]).
     pub fn to_frame(&self) -> Bytes {
         if self.other.is_empty() {
             return json::written_passing(|out| self.write_typed(out));

@@ -87,8 +87,8 @@ pub fn is_plain_text(bytes: &[u8]) -> bool {
 /// Where the first byte is that a JSON string cannot hold as it is: a control character, a
 /// quote or a backslash (what `serde_json` escapes; it writes everything else as it is).
 /// Every publish's texts are looked through here, and every delivery frame's body again, so
-/// sixteen bytes are looked at a time where the processor can (SSE2, in every x86-64), and
-/// eight elsewhere and in texts shorter than sixteen bytes.
+/// sixteen bytes are looked at a time where the build has SSE2 (every x86-64 target but a
+/// few bare-metal ones), and eight elsewhere and in texts shorter than sixteen bytes.
 pub fn first_to_escape(bytes: &[u8]) -> Option<usize> {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     let start = match sixteen_at_a_time(bytes) {

@@ -170,7 +170,8 @@ enum Command {
     },
     /// The workloads on our node and on NATS JetStream, Redis Streams and RabbitMQ.
     Peers {
-        /// Systems to run: dataplane, nats, redis, rabbitmq.
+        /// Systems to run: dataplane, dataplane-wss (the node over `wss://`), nats, redis,
+        /// rabbitmq. Each row runs them one after another, in this order.
         #[arg(
             long,
             alias = "peers",
@@ -324,31 +325,29 @@ async fn run_alone(args: &Args, data_root: &std::path::Path) -> bool {
 
 /// How the commands that measure a node start it: the flags' binary, CPU, wire and store.
 fn node_config(args: &Args, data_root: std::path::PathBuf) -> node::NodeConfig {
-    let (tls, tls_files) = match args.tls {
-        true => {
-            let (cert, key, connector) = client::test_pki(&data_root.join("tls"));
-            (Some(connector), Some((cert, key)))
-        }
-        false => (None, None),
-    };
     let wire = client::Wire {
-        tls,
+        tls: None,
         compress: args.compress,
     };
-    println!("clients connect over {}", wire.describe());
-    node::NodeConfig {
+    let plain = node::NodeConfig {
         binary: args.dataplane.clone(),
         cpu: args.server_cpu,
         data_root,
         wire,
-        tls_files,
+        tls_files: None,
         segment_bytes: args.segment_bytes,
         no_compaction: args.no_compaction,
         count_allocations: args.count_allocations,
         count_syscalls: args.count_syscalls,
         standby_cpu: args.standby_cpu,
         sqs_face: matches!(args.command, Command::Run { sqs_pollers, .. } if sqs_pollers > 0),
-    }
+    };
+    let config = match args.tls {
+        true => plain.over_tls(),
+        false => plain,
+    };
+    println!("clients connect over {}", config.wire.describe());
+    config
 }
 
 /// The commands that measure one node (or the peers beside it).
@@ -391,7 +390,8 @@ async fn run_on_node(command: Command, config: &node::NodeConfig) {
                 systems: systems
                     .iter()
                     .map(|name| {
-                        peers::System::named(name).expect("dataplane, nats, redis or rabbitmq")
+                        peers::System::named(name)
+                            .expect("dataplane, dataplane-wss, nats, redis or rabbitmq")
                     })
                     .collect(),
                 workloads: workloads

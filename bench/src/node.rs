@@ -19,6 +19,7 @@ pub async fn admin_login(wire: &Wire, url: &str) -> Socket {
     login(wire, url, request).await
 }
 
+#[derive(Clone)]
 pub struct NodeConfig {
     pub binary: String,
     pub cpu: usize,
@@ -39,6 +40,22 @@ pub struct NodeConfig {
     pub sqs_face: bool,
     /// Give the node a standby pinned to this core (issue 35).
     pub standby_cpu: Option<usize>,
+}
+
+impl NodeConfig {
+    /// The same node with its clients over `wss://`: a certificate for `localhost` from a CA
+    /// made now (under the data root), which the clients trust.
+    pub fn over_tls(&self) -> NodeConfig {
+        let (cert, key, connector) = crate::client::test_pki(&self.data_root.join("tls"));
+        NodeConfig {
+            wire: Wire {
+                tls: Some(connector),
+                ..self.wire.clone()
+            },
+            tls_files: Some((cert, key)),
+            ..self.clone()
+        }
+    }
 }
 
 /// The replication key of a node started with a standby.

@@ -18,6 +18,7 @@
 
 use crate::client::{Socket, Wire};
 use futures::SinkExt;
+use qe_shared::backoff::Backoff;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -228,17 +229,17 @@ async fn publisher(board: Arc<Board>, target: Arc<Target>, rate: f64, mut stop: 
     let every = Duration::from_secs_f64(1.0 / rate);
     let login = login(&target.publisher, "publisher");
     let mut seq = 0;
-    let mut backoff = Backoff::default();
+    let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MOST);
     while !stop.now() {
         let mut socket = match log_in(&target.url, &login).await {
             Ok((socket, _)) => socket,
             Err(_) => {
                 lock(&log.published).failed_logins += 1;
-                backoff.wait().await;
+                tokio::time::sleep(backoff.next_wait()).await;
                 continue;
             }
         };
-        backoff = Backoff::default();
+        backoff.reset();
         let connection = Instant::now();
         let mut next = tokio::time::Instant::now();
         let cut = loop {
@@ -293,7 +294,7 @@ async fn publisher(board: Arc<Board>, target: Arc<Target>, rate: f64, mut stop: 
 async fn subscriber(board: Arc<Board>, target: Arc<Target>, capacity: u32, mut stop: Stop) {
     let log = &board.queues[target.index];
     let mut session: Option<String> = None;
-    let mut backoff = Backoff::default();
+    let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MOST);
     while !stop.now() {
         let mut login = login(&target.subscriber, "subscriber");
         match &session {
@@ -312,11 +313,11 @@ async fn subscriber(board: Arc<Board>, target: Arc<Target>, capacity: u32, mut s
             }
             Err(_) => {
                 lock(&log.received).failed_logins += 1;
-                backoff.wait().await;
+                tokio::time::sleep(backoff.next_wait()).await;
                 continue;
             }
         };
-        backoff = Backoff::default();
+        backoff.reset();
         if session.is_some() {
             lock(&log.received).resumed += 1;
         }
@@ -528,20 +529,6 @@ trait Stopped {
 impl Stopped for Stop {
     fn now(&self) -> bool {
         *self.borrow() || self.has_changed().is_err()
-    }
-}
-
-/// The wait before the next connect, doubling from [`BACKOFF_FIRST`] to [`BACKOFF_MOST`].
-#[derive(Default)]
-struct Backoff {
-    next: Option<Duration>,
-}
-
-impl Backoff {
-    async fn wait(&mut self) {
-        let wait = self.next.unwrap_or(BACKOFF_FIRST);
-        tokio::time::sleep(wait).await;
-        self.next = Some((wait * 2).min(BACKOFF_MOST));
     }
 }
 

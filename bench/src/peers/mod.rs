@@ -27,8 +27,12 @@ use std::time::Duration;
 /// The systems `bench peers` compares.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum System {
-    /// Our node (`target/release/dataplane`).
+    /// Our node (`target/release/dataplane`), over the wire the flags choose.
     Dataplane,
+    /// Our node with its clients over `wss://` (the node's rustls path, a CA made for the run),
+    /// whatever the flags choose: the row next to `dataplane`'s, so that what TLS costs is
+    /// read from runs a minute apart.
+    DataplaneWss,
     Nats,
     Redis,
     RabbitMq,
@@ -38,6 +42,7 @@ impl System {
     pub fn named(name: &str) -> Option<System> {
         match name {
             "dataplane" => Some(System::Dataplane),
+            "dataplane-wss" => Some(System::DataplaneWss),
             "nats" => Some(System::Nats),
             "redis" => Some(System::Redis),
             "rabbitmq" => Some(System::RabbitMq),
@@ -48,6 +53,7 @@ impl System {
     fn name(self) -> &'static str {
         match self {
             System::Dataplane => "dataplane",
+            System::DataplaneWss => "dataplane-wss",
             System::Nats => "nats",
             System::Redis => "redis",
             System::RabbitMq => "rabbitmq",
@@ -93,11 +99,22 @@ pub async fn peers(config: &NodeConfig, choice: &Choice) {
          server CPU {:.1}us per echo",
         echo.rate, echo.cpu_us_per_frame
     );
+    let over_tls = choice
+        .systems
+        .contains(&System::DataplaneWss)
+        .then(|| config.over_tls());
     println!("{}", header());
-    for &system in &choice.systems {
-        for &durability in &choice.durabilities {
-            for &workload in &choice.workloads {
-                for &size in &choice.sizes {
+    // The systems run one after another for each row, so that a ratio of two of them (ours
+    // to Redis, wss to ws) compares runs minutes apart, not a whole table apart: this VM's
+    // speed drifts by a third within an hour.
+    for &durability in &choice.durabilities {
+        for &workload in &choice.workloads {
+            for &size in &choice.sizes {
+                for &system in &choice.systems {
+                    let config = match system {
+                        System::DataplaneWss => over_tls.as_ref().expect("made above"),
+                        _ => config,
+                    };
                     let measured = measure(system, config, &settings, workload, size, durability);
                     let row = Row {
                         system,
@@ -148,7 +165,7 @@ async fn measure(
     durability: u8,
 ) -> Result<Measured, &'static str> {
     match system {
-        System::Dataplane => {
+        System::Dataplane | System::DataplaneWss => {
             let time = settings.time;
             let preload = Preload::default();
             let report = workload::run(config, workload, size, durability, time, preload, 0).await;
@@ -184,7 +201,7 @@ struct Row {
 
 fn header() -> String {
     format!(
-        "{:<9} {:>2} {:<4} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>8}",
+        "{:<13} {:>2} {:<4} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>8}",
         "system",
         "d",
         "load",
@@ -204,7 +221,7 @@ impl Row {
     /// The row; at durability 2, the rate as a multiple of the serial `fdatasync` rate.
     fn line(&self, fdatasync_rate: f64) -> String {
         let start = format!(
-            "{:<9} {:>2} {:<4} {:>5}",
+            "{:<13} {:>2} {:<4} {:>5}",
             self.system.name(),
             self.durability,
             self.workload,

@@ -138,6 +138,10 @@ impl Line {
         replay: bool,
     ) -> Vec<MessageId> {
         let mut subscriber = self.subscribers.remove(&old).expect("a saved subscriber");
+        debug_assert!(
+            subscriber.outbox.is_none(),
+            "only a saved subscriber resumes"
+        );
         if let Some(capacity) = capacity {
             subscriber.capacity = capacity;
         }
@@ -428,6 +432,37 @@ mod tests {
         MessageId(uuid::Uuid::from_u128(u128::from(n) << 64 | 0x7000))
     }
 
+    impl Line {
+        /// Every subscriber is `listed` exactly when its place is in `with_room` (under its
+        /// session), and that is exactly when it has room.
+        fn check_index(&self) {
+            for (session, subscriber) in &self.subscribers {
+                let indexed = self.with_room.get(&subscriber.place) == Some(session);
+                assert_eq!(subscriber.listed, indexed, "{session:?}");
+                assert_eq!(subscriber.has_room(), indexed, "{session:?}");
+            }
+            assert!(self.with_room.len() <= self.subscribers.len());
+        }
+    }
+
+    #[test]
+    fn held_ids_at_their_ends() {
+        let mut held = HeldIds::default();
+        assert_eq!(held.pop_first(), None);
+        assert!(!held.remove(&id(5)));
+        assert!(held.insert(id(5)));
+        assert!(!held.insert(id(5)), "the last one again");
+        assert!(held.insert(id(7)));
+        assert!(held.insert(id(6)));
+        assert!(!held.insert(id(6)), "one in the middle again");
+        assert_eq!(held.len(), 3);
+        assert!(!held.remove(&id(4)), "below the first");
+        assert!(!held.remove(&id(8)), "above the last");
+        assert!(held.contains(&id(6)) && !held.contains(&id(8)));
+        assert!(held.remove(&id(6)));
+        assert_eq!(held.iter().copied().collect::<Vec<_>>(), [id(5), id(7)]);
+    }
+
     /// Mostly what a subscriber's holdings meet (new ids at the back, acks from the front),
     /// with ids out of order and repeated mixed in, against a B-tree set after every step.
     #[test]
@@ -504,22 +539,30 @@ mod tests {
         line.join(first, 1, outboxes.pop().unwrap());
         line.join(second, 2, outboxes.pop().unwrap());
         assert_eq!(line.first_with_room(), Some(first));
+        line.check_index();
         line.hold(first, id(1), Bytes::from_static(b"1"), None);
         assert_eq!(line.first_with_room(), Some(second));
+        line.check_index();
         line.hold(second, id(2), Bytes::from_static(b"2"), None);
         line.refresh(second);
         assert_eq!(line.first_with_room(), Some(second));
+        line.check_index();
         line.hold(second, id(3), Bytes::from_static(b"3"), None);
         assert_eq!(line.first_with_room(), None);
+        line.check_index();
         assert!(line.release(first, id(1)));
         assert!(!line.release(first, id(1)));
         assert_eq!(line.first_with_room(), Some(first));
+        line.check_index();
         line.set_capacity(first, 0);
         assert_eq!(line.first_with_room(), None);
+        line.check_index();
         line.set_capacity(second, 3);
         assert_eq!(line.first_with_room(), Some(second));
+        line.check_index();
         line.disconnect(second, [id(3)]);
         assert_eq!(line.first_with_room(), None);
+        line.check_index();
         let resumed = session(3);
         let held = line.reconnect(second, resumed, None, outboxes.pop().unwrap(), false);
         assert_eq!(held, [id(2), id(3)]);
@@ -532,10 +575,41 @@ mod tests {
         line.send(resumed, id(3), Bytes::from_static(b"3"));
         line.refresh(resumed);
         assert_eq!(line.first_with_room(), Some(resumed));
+        line.check_index();
         assert_eq!(
             line.leave(resumed).into_iter().collect::<Vec<_>>(),
             [id(2), id(3)]
         );
         assert_eq!(line.first_with_room(), None);
+        line.check_index();
+    }
+
+    /// A subscriber whose connection has a full outbox has no room, whatever its capacity,
+    /// and is back in the index once the connection has written.
+    #[test]
+    fn a_full_outbox_takes_a_subscriber_out_of_the_index_until_written() {
+        use std::task::{Context, Poll};
+        let session = SessionId(uuid::Uuid::from_u128(1));
+        let (outbox, mut frames) = super::super::outbox::outbox(10);
+        let mut line = Line::default();
+        line.join(session, 8, outbox);
+        line.check_index();
+        assert_eq!(line.first_with_room(), Some(session));
+        line.hold(
+            session,
+            id(1),
+            Bytes::from_static(b"twenty bytes of json"),
+            None,
+        );
+        line.check_index();
+        assert_eq!(line.first_with_room(), None, "its outbox is at the limit");
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        assert!(matches!(frames.poll_next(&mut cx, false), Poll::Ready(_)));
+        line.refresh(session);
+        assert_eq!(line.first_with_room(), None, "taken, not yet written");
+        assert!(frames.written(), "the queue is told there is room again");
+        line.refresh(session);
+        line.check_index();
+        assert_eq!(line.first_with_room(), Some(session));
     }
 }

@@ -179,6 +179,11 @@ pub fn qe_binary() -> PathBuf {
     built_binary("qe")
 }
 
+/// The `bench` load generator built beside this test binary.
+pub fn bench_binary() -> PathBuf {
+    built_binary("bench")
+}
+
 /// `qe ARGS` with the config file at `config` and `stdin`: its exit code, stdout and stderr.
 pub fn run_qe(config: &Path, args: &[&str], stdin: &str) -> (i32, String, String) {
     use std::io::Write;

@@ -29,9 +29,9 @@ use std::time::Duration;
 pub enum System {
     /// Our node (`target/release/dataplane`), over the wire the flags choose.
     Dataplane,
-    /// Our node with its clients over `wss://` (the node's rustls path, a CA made for the run),
-    /// whatever the flags choose: the row next to `dataplane`'s, so that what TLS costs is
-    /// read from runs a minute apart.
+    /// Our node with its clients over `wss://` (the node's rustls path, a CA made for the run;
+    /// with `--tls`, the same as `dataplane`): the row next to `dataplane`'s, so that what TLS
+    /// costs is read from runs a minute apart.
     DataplaneWss,
     Nats,
     Redis,

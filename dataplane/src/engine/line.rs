@@ -19,7 +19,7 @@ use super::outbox::Outbox;
 use crate::message::ids::{IdMap, MessageId, SessionId};
 use crate::store::log::HoldGate;
 use bytes::Bytes;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 /// A place in the line; lower stands earlier. Kept by a session for its whole life.
 pub type Place = u64;
@@ -166,10 +166,9 @@ impl Line {
     /// Puts a saved subscriber in the line (at the back, as it has no place yet): one that
     /// held `held` on the node whose copy this node started on. Every one of them is sent
     /// when it resumes (this node cannot know which its last connection wrote).
-    pub fn join_saved(&mut self, session: SessionId, capacity: u64, held: BTreeSet<MessageId>) {
+    pub fn join_saved(&mut self, session: SessionId, capacity: u64, held: HeldIds) {
         let place = self.next_place;
         self.next_place += 1;
-        let held: HeldIds = held.into_iter().collect();
         let subscriber = Subscriber {
             place,
             capacity,
@@ -387,15 +386,6 @@ impl HeldIds {
     }
 }
 
-impl FromIterator<MessageId> for HeldIds {
-    fn from_iter<I: IntoIterator<Item = MessageId>>(ids: I) -> HeldIds {
-        let mut ids: Vec<MessageId> = ids.into_iter().collect();
-        ids.sort_unstable();
-        ids.dedup();
-        HeldIds(ids.into())
-    }
-}
-
 impl Extend<MessageId> for HeldIds {
     fn extend<I: IntoIterator<Item = MessageId>>(&mut self, ids: I) {
         for id in ids {
@@ -427,6 +417,7 @@ impl<'a> IntoIterator for &'a HeldIds {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     fn id(n: u64) -> MessageId {
         MessageId(uuid::Uuid::from_u128(u128::from(n) << 64 | 0x7000))
@@ -494,7 +485,8 @@ mod tests {
             assert_eq!(held.len(), model.len());
             assert!(held.iter().eq(model.iter()), "step {step}");
         }
-        let rebuilt: HeldIds = model.iter().rev().chain(model.iter()).copied().collect();
+        let mut rebuilt = HeldIds::default();
+        rebuilt.extend(model.iter().rev().chain(model.iter()).copied());
         assert_eq!(rebuilt, held);
         let mut extended = HeldIds::default();
         extended.extend(model.iter().rev().copied());

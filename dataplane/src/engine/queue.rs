@@ -16,7 +16,7 @@
 
 use super::dedup::{self, Dedup, Made};
 use super::groups::{self, Enter, Groups, Left};
-use super::line::Line;
+use super::line::{HeldIds, Line};
 use super::outbox::Outbox;
 use crate::message::ids::{IdGenerator, IdMap, MessageId, SessionId};
 use crate::message::{
@@ -462,7 +462,7 @@ impl QueueState {
     ) {
         let carried = carried.unwrap_or_default();
         let out = self.enter_carried(&messages, &carried, now_ms);
-        let mut sessions: IdMap<SessionId, (u64, BTreeSet<MessageId>)> = IdMap::default();
+        let mut sessions: IdMap<SessionId, (u64, HeldIds)> = IdMap::default();
         for recovered in messages {
             let id = recovered.id;
             self.ids.observe(id.0);
@@ -495,7 +495,7 @@ impl QueueState {
                 (_, Some(Some(Holder::Session { session, capacity }))) => {
                     let (_, held) = sessions
                         .entry(*session)
-                        .or_insert((*capacity, BTreeSet::new()));
+                        .or_insert((*capacity, HeldIds::default()));
                     held.insert(id);
                     Place::Held(*session)
                 }

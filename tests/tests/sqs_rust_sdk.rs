@@ -449,6 +449,75 @@ async fn the_rust_sdk_drives_every_action() {
 /// What the SQS face does is counted as the WebSocket's is: the live counters, the stats
 /// history (published, delivered) and the usage records the bills are made of (the SQS
 /// port's bytes, both ways). Nothing but SQS moves messages here.
+/// A batch's entries are stored together (their records in one write, issue 34), and each
+/// one answered as stored is: after a kill -9, every message a SendMessageBatch said it sent
+/// comes back exactly once, and none a DeleteMessageBatch said it deleted does.
+#[tokio::test]
+async fn what_batches_answered_as_stored_outlives_a_kill_9() {
+    let node = started();
+    let (admin, queue) = admin_of(&node).await;
+    let mut sent = Vec::new();
+    for batch in 0..5 {
+        let mut request = admin.send_message_batch().queue_url(&queue);
+        for n in 0..10 {
+            let body = format!("{batch}-{n}");
+            let entry = SendMessageBatchRequestEntry::builder()
+                .id(format!("e{n}"))
+                .message_body(&body)
+                .build()
+                .unwrap();
+            request = request.entries(entry);
+            sent.push(body);
+        }
+        let answered = request.send().await.unwrap();
+        assert!(answered.failed().is_empty(), "{answered:?}");
+        assert_eq!(answered.successful().len(), 10, "{answered:?}");
+    }
+
+    let node = started_again(Some(node));
+    let (admin, queue) = admin_of(&node).await;
+    let mut received = Vec::new();
+    while received.len() < sent.len() {
+        let asked = admin.receive_message().queue_url(&queue);
+        let asked = asked.max_number_of_messages(10).visibility_timeout(600);
+        let got = asked.wait_time_seconds(2).send().await.unwrap();
+        assert!(
+            !got.messages().is_empty(),
+            "{} of {} came back",
+            received.len(),
+            sent.len()
+        );
+        received.extend(got.messages().iter().cloned());
+    }
+    let mut bodies: Vec<&str> = received.iter().filter_map(|m| m.body()).collect();
+    bodies.sort();
+    let mut expected: Vec<&str> = sent.iter().map(String::as_str).collect();
+    expected.sort();
+    assert_eq!(bodies, expected, "each sent message once");
+
+    for (chunk, messages) in received[..20].chunks(10).enumerate() {
+        let mut request = admin.delete_message_batch().queue_url(&queue);
+        for (n, message) in messages.iter().enumerate() {
+            let entry = DeleteMessageBatchRequestEntry::builder()
+                .id(format!("d{chunk}-{n}"))
+                .receipt_handle(message.receipt_handle().unwrap())
+                .build()
+                .unwrap();
+            request = request.entries(entry);
+        }
+        let deleted = request.send().await.unwrap();
+        assert!(deleted.failed().is_empty(), "{deleted:?}");
+        assert_eq!(deleted.successful().len(), 10, "{deleted:?}");
+    }
+    let node = started_again(Some(node));
+    let (admin, queue) = admin_of(&node).await;
+    let shown = queue_attributes(&admin, &queue).await;
+    let count = |name| shown[&name].parse::<u64>().unwrap();
+    let visible = count(QueueAttributeName::ApproximateNumberOfMessages);
+    let in_flight = count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible);
+    assert_eq!(visible + in_flight, 30, "{shown:?}");
+}
+
 #[tokio::test]
 async fn sqs_traffic_is_counted_in_live_stats_history_and_billed_usage() {
     let cp = ControlPlane::start_with("usage_record_secs = 1\nstats_record_secs = 1\n");

@@ -311,9 +311,11 @@ async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
     // Synced (an SQS send's durability 1 does not outlive the file system's failure).
     let mut publisher = node.publisher().await;
     assert_eq!(code(&publish(&mut publisher, "before", 2).await), 0);
-    let held = receive(&sqs, &queue, 1, 1).await;
-    assert_eq!(held.len(), 1);
+    assert_eq!(code(&publish(&mut publisher, "before, too", 2).await), 0);
+    let held = receive(&sqs, &queue, 2, 1).await;
+    assert_eq!(held.len(), 2);
     let handle = held[0].receipt_handle().unwrap().to_string();
+    let other_handle = held[1].receipt_handle().unwrap().to_string();
     // The receive wrote the message's receive count (a new record of it) and asked for a
     // sync it does not wait on. Were the disk to fail before that sync ran (a loaded CI
     // machine), the sync's failure would refuse every durable change (503, the next test's
@@ -340,6 +342,32 @@ async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
         .unwrap_err();
     let code = failed_code(deleted.as_service_error().unwrap());
     assert_eq!(code.as_deref(), Some("InternalFailure"), "{deleted:?}");
+    // A batch's entries are waited for together (one write): each one the disk did not
+    // take is answered as failed, never one of them as sent or deleted.
+    let entry = |id: &str| {
+        let entry = qe_tests::sqs::aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder();
+        entry.id(id).message_body(id).build().unwrap()
+    };
+    let batch = sqs.send_message_batch().queue_url(&queue);
+    let batch = batch
+        .entries(entry("a"))
+        .entries(entry("b"))
+        .entries(entry("c"));
+    let batch = batch.send().await.unwrap();
+    assert!(batch.successful().is_empty(), "{batch:?}");
+    let codes: Vec<&str> = batch.failed().iter().map(|f| f.code()).collect();
+    assert_eq!(codes, ["InternalFailure"; 3], "{batch:?}");
+    assert!(
+        batch.failed().iter().all(|f| !f.sender_fault()),
+        "{batch:?}"
+    );
+    let entry = qe_tests::sqs::aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder();
+    let entry = entry.id("d").receipt_handle(&other_handle).build().unwrap();
+    let deletes = sqs.delete_message_batch().queue_url(&queue).entries(entry);
+    let deletes = deletes.send().await.unwrap();
+    assert!(deletes.successful().is_empty(), "{deletes:?}");
+    let codes: Vec<&str> = deletes.failed().iter().map(|f| f.code()).collect();
+    assert_eq!(codes, ["InternalFailure"], "{deletes:?}");
 
     let node = {
         let mut node = node;

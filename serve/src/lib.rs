@@ -87,6 +87,36 @@ pub fn http1(limits: &Limits) -> hyper::server::conn::http1::Builder {
     builder
 }
 
+/// A timer kept due within a second on the runtime for as long as this lives: a server
+/// holds one while it serves.
+///
+/// Why: hyper arms a connection's head timer ([`http1`]) again for each request it waits
+/// for, and tokio wakes its I/O driver (an eventfd write, then one more `epoll_wait` of the
+/// runtime) whenever a timer is armed earlier than the driver's next wake-up, or while the
+/// driver waits with no timer at all. On a port whose only timers were the head timers,
+/// that was once a request (the SQS face, `bench/sqs/syscalls_per_action.py`: a send took 1.0
+/// eventfd write and 3 `epoll_wait`s). With a timer always due within a second, a head
+/// timer, seconds away, is never the earliest, and the driver is left asleep.
+pub struct NearTimer(tokio::task::JoinHandle<()>);
+
+impl NearTimer {
+    /// Starts the ticking task on the runtime this runs in.
+    pub fn start() -> NearTimer {
+        NearTimer(tokio::spawn(async {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+            }
+        }))
+    }
+}
+
+impl Drop for NearTimer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Who may hold a connection of one port, and how many body bytes are read at once.
 pub struct Gate {
     limits: Limits,

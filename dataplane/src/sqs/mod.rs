@@ -142,6 +142,7 @@ impl Sqs {
         limits: qe_serve::Limits,
     ) {
         let gate = qe_serve::Gate::new(limits);
+        let _near = qe_serve::NearTimer::start();
         loop {
             let (tcp, _peer, place) = qe_serve::accept(&gate, &listener).await;
             let (sqs, tls, gate) = (self.clone(), tls.clone(), gate.clone());

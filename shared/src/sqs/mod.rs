@@ -234,9 +234,20 @@ pub fn allowed_in_text(c: char) -> bool {
 }
 
 /// A new request's id: in its reply's header (`x-amzn-RequestId`, both protocols) and, on
-/// the query protocol, in its body, as SQS gives them; SDKs log it and keep it with errors.
+/// the query protocol, in its body, as SQS gives them (a version 4 UUID); SDKs log it and
+/// keep it with errors. Unique without a system call each (a new random UUID, or a v7 one,
+/// asked the kernel for random bytes twice a request): random bits drawn once, with a count
+/// of the process's requests laid over the last 62 of them.
 pub fn request_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static RANDOM: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let random = *RANDOM.get_or_init(|| uuid::Uuid::new_v4().as_u128());
+    let count = COUNT.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 2);
+    let bits = random ^ u128::from(count);
+    uuid::Builder::from_random_bytes(bits.to_be_bytes())
+        .into_uuid()
+        .to_string()
 }
 
 /// The node settings that SQS queue attributes (SetQueueAttributes, CreateQueue) set, all
@@ -410,6 +421,18 @@ pub fn sequence_number(id: u128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_ids_are_distinct_version_4_uuids() {
+        let ids: Vec<String> = (0..1000).map(|_| request_id()).collect();
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        for id in &ids {
+            let uuid = uuid::Uuid::parse_str(id).expect("a UUID");
+            assert_eq!(uuid.get_version_num(), 4, "{id}");
+            assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{id}");
+        }
+    }
 
     #[test]
     fn a_dead_letter_arn_names_its_queue_and_a_task_handle_reads_back() {

@@ -342,6 +342,15 @@ async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
         .unwrap_err();
     let code = failed_code(deleted.as_service_error().unwrap());
     assert_eq!(code.as_deref(), Some("InternalFailure"), "{deleted:?}");
+    // Its retry finds the message gone from the queue, by the delete the disk did not take:
+    // answered as failed too, never as done (the message comes back after a restart).
+    let retried = sqs
+        .delete_message()
+        .queue_url(&queue)
+        .receipt_handle(&handle);
+    let retried = retried.send().await.unwrap_err();
+    let code = failed_code(retried.as_service_error().unwrap());
+    assert_eq!(code.as_deref(), Some("InternalFailure"), "{retried:?}");
     // A batch's entries are waited for together (one write): each one the disk did not
     // take is answered as failed, never one of them as sent or deleted.
     let entry = |id: &str| {
@@ -382,6 +391,7 @@ async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
         .map(|m| m.body().unwrap().to_string())
         .collect();
     assert!(back.contains(&"before".to_string()), "{back:?}");
+    assert!(back.contains(&"before, too".to_string()), "{back:?}");
 }
 
 /// The SQS face when a sync fails (a FUSE layer whose syncs return EIO, the fsyncgate case):

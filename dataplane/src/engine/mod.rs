@@ -237,6 +237,12 @@ impl Queue {
         deleted
     }
 
+    /// What an answer that every change recorded so far is stored waits for: a delete of a
+    /// message already gone says it is deleted only once whatever removed it is written.
+    pub fn everything_recorded(&self) -> Receipt {
+        self.lock().everything_recorded()
+    }
+
     /// A pull receiver changes a received message's visibility timeout, from now; what its
     /// answer waits for ([`QueueState::change_visibility`]).
     pub fn change_visibility(

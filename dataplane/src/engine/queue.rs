@@ -890,6 +890,12 @@ impl QueueState {
         Ok(receipt)
     }
 
+    /// What an answer that every change recorded so far is stored waits for
+    /// ([`Store::everything_recorded`]).
+    pub fn everything_recorded(&self) -> Receipt {
+        self.store.everything_recorded()
+    }
+
     /// A pull receiver changes how long a message it received stays invisible: from now,
     /// `visibility_ms` more (0: it waits again at once, at the back, as a failed delivery).
     /// What its answer waits for: the standby hearing the new visibility.

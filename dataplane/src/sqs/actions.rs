@@ -821,13 +821,15 @@ fn handle_of(context: &Context<'_>, entry: &Value) -> Result<Handle, SqsError> {
 
 /// Deletes a received message: what its answer waits for. A handle of a message that is
 /// gone, or that was received again since, succeeds without deleting (as AWS's standard
-/// queues do).
+/// queues do), once every change recorded before it is written: the message may be gone
+/// by a delete whose record the disk has not taken yet (that delete was answered as failed,
+/// and a retry must not be told it is done while the message could come back).
 fn delete_one(context: &Context<'_>, entry: &Value) -> Result<Receipt, SqsError> {
     let Handle::Signed(id, number) = handle_of(context, entry)? else {
         return Ok(Receipt::Done);
     };
     let deleting = context.node.queue.delete_received(id, number);
-    Ok(deleting.unwrap_or(Receipt::Done))
+    Ok(deleting.unwrap_or_else(|_| context.node.queue.everything_recorded()))
 }
 
 /// Waits until a delete is stored.

@@ -202,4 +202,10 @@ pub trait Store: Send {
     fn backlog_bytes(&self) -> u64 {
         0
     }
+
+    /// A receipt for every change recorded so far, written (durability 1): what an answer
+    /// about a change that may have been recorded earlier, and not by this request, waits for.
+    fn everything_recorded(&self) -> Receipt {
+        Receipt::Done
+    }
 }

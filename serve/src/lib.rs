@@ -88,7 +88,7 @@ pub fn http1(limits: &Limits) -> hyper::server::conn::http1::Builder {
 }
 
 /// A timer kept due within a second on the runtime for as long as this lives: a server
-/// holds one while it serves.
+/// whose runtime has no other timer holds one while it serves (a node's SQS face).
 ///
 /// Why: hyper arms a connection's head timer ([`http1`]) again for each request it waits
 /// for, and tokio wakes its I/O driver (an eventfd write, then one more `epoll_wait` of the

@@ -33,7 +33,6 @@ pub async fn serve<L>(
 {
     let limits = limits.serve_limits();
     let http = qe_serve::http1(&limits);
-    let _near = qe_serve::NearTimer::start();
     let connections = GracefulShutdown::new();
     let places = Arc::new(Semaphore::new(limits.connections));
     tokio::pin!(stop);

@@ -242,7 +242,7 @@ pub fn request_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static RANDOM: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
     static COUNT: AtomicU64 = AtomicU64::new(0);
-    let random = *RANDOM.get_or_init(|| uuid::Uuid::new_v4().as_u128());
+    let random = *RANDOM.get_or_init(|| u128::from_be_bytes(crate::random::bytes()));
     let count = COUNT.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 2);
     let bits = random ^ u128::from(count);
     uuid::Builder::from_random_bytes(bits.to_be_bytes())

@@ -32,8 +32,9 @@ pub struct Node {
     pub copy: Arc<CopyQueue>,
     /// The three logins; a rotation replaces them while connections go on.
     logins: RwLock<Logins>,
-    /// The SQS face's access keys (docs/sqs.md): its logins.
-    sqs_keys: RwLock<Vec<crate::auth::SqsKey>>,
+    /// The SQS face's access keys (docs/sqs.md): its logins. Each shared, as every SQS
+    /// request looks its key up.
+    sqs_keys: RwLock<Vec<Arc<crate::auth::SqsKey>>>,
     /// Where its dead letters go and who may send it theirs (SQS's redrive, kept by the
     /// control plane): the dead letter forwarder watches it.
     redrive: tokio::sync::watch::Sender<qe_shared::node_channel::DesiredRedrive>,
@@ -196,7 +197,7 @@ impl Node {
                 config
                     .sqs
                     .as_ref()
-                    .map(|sqs| sqs.keys.clone())
+                    .map(|sqs| sqs.keys.iter().cloned().map(Arc::new).collect())
                     .unwrap_or_default(),
             ),
             redrive: tokio::sync::watch::Sender::new(Default::default()),
@@ -295,6 +296,7 @@ impl Node {
 
     /// New SQS keys, from the next SQS request on (a key made, or one revoked).
     pub fn replace_sqs_keys(&self, keys: Vec<crate::auth::SqsKey>) {
+        let keys = keys.into_iter().map(Arc::new).collect();
         *self.sqs_keys.write().expect("never poisoned") = keys;
     }
 
@@ -319,7 +321,7 @@ impl Node {
     }
 
     /// The SQS key with this access key id, if the queue has it.
-    pub fn sqs_key(&self, access_key_id: &str) -> Option<crate::auth::SqsKey> {
+    pub fn sqs_key(&self, access_key_id: &str) -> Option<Arc<crate::auth::SqsKey>> {
         let keys = self.sqs_keys.read().expect("never poisoned");
         keys.iter()
             .find(|key| key.access_key_id == access_key_id)

@@ -42,13 +42,22 @@ pub use code::Code;
 /// Bytes as lowercase hex: tokens, digests, salts. On the SQS face's path (every request's
 /// signature, every message's MD5), so one allocation and eight bytes at a time.
 pub fn hex(bytes: &[u8]) -> String {
-    let mut text = Vec::with_capacity(bytes.len() * 2);
+    let mut text = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut text, bytes);
+    text
+}
+
+/// [`hex`], written at the end of `text` (a digest inside a longer text, without a string of
+/// its own).
+pub fn push_hex(text: &mut String, bytes: &[u8]) {
     for chunk in bytes.chunks(8) {
         let mut word = [0u8; 8];
         word[..chunk.len()].copy_from_slice(chunk);
-        text.extend_from_slice(&hex_digits(u64::from_be_bytes(word))[..chunk.len() * 2]);
+        let digits = hex_digits(u64::from_be_bytes(word));
+        text.push_str(
+            std::str::from_utf8(&digits[..chunk.len() * 2]).expect("hex digits are ASCII"),
+        );
     }
-    String::from_utf8(text).expect("hex digits are ASCII")
 }
 
 /// The 16 lowercase hex digits of `n`, most significant first: the one hex encoder, for

@@ -257,7 +257,7 @@ async fn admissible(
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let unknown = || SqsError::signature(sigv4::Refused::UnknownKey);
     let authorization =
-        text("authorization").ok_or(SqsError::signature(sigv4::Refused::Missing))?;
+        text("authorization").ok_or_else(|| SqsError::signature(sigv4::Refused::Missing))?;
     let authorization = sigv4::parse_authorization(authorization).map_err(SqsError::signature)?;
     sigv4::check_time(text("x-amz-date"), crate::unix_now()).map_err(SqsError::signature)?;
     let key_id = authorization.access_key_id;

@@ -2,6 +2,7 @@
 //! does to the engine, what it answers. docs/sqs.md has the table of what matches AWS.
 
 use super::attributes::{self, Attributes};
+use super::replies::{Batch, Done, Receipts, Received, Sent, SystemAttributes};
 use super::{Context, SqsError};
 use crate::engine::{BodyType, Durability, MessageId, NewMessage, Pulled, Refused, Scope};
 use crate::store::log::HoldGate;
@@ -114,30 +115,42 @@ impl Action {
 /// How long after a purge another is refused (`PurgeQueueInProgress`), as on AWS.
 pub const PURGE_EVERY: Duration = Duration::from_secs(60);
 
-/// Runs `action` on `input` (a JSON object).
-pub async fn run(action: Action, context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+/// Runs `action` on `input` (a JSON object): its answer, rendered as the JSON protocol's
+/// body. The actions every message passes through answer in `replies`' shapes, the others
+/// with `json!` values.
+pub async fn run(
+    action: Action,
+    context: &Context<'_>,
+    input: &Value,
+) -> Result<Vec<u8>, SqsError> {
     match action {
-        Action::GetQueueUrl => get_queue_url(context, input),
-        Action::ListQueues => Ok(list_queues(context, input)),
+        Action::GetQueueUrl => get_queue_url(context, input).map(rendered),
+        Action::ListQueues => Ok(rendered(list_queues(context, input))),
         // Named by their dead letter queue's ARN or their handle, not by the queue's URL.
-        Action::StartMessageMoveTask => super::move_tasks::start(context, input).await,
-        Action::ListMessageMoveTasks => super::move_tasks::list(context, input),
-        Action::CancelMessageMoveTask => super::move_tasks::cancel(context, input),
+        Action::StartMessageMoveTask => {
+            super::move_tasks::start(context, input).await.map(rendered)
+        }
+        Action::ListMessageMoveTasks => super::move_tasks::list(context, input).map(rendered),
+        Action::CancelMessageMoveTask => super::move_tasks::cancel(context, input).map(rendered),
         _ => {
             check_queue_url(context, input)?;
             match action {
                 Action::SendMessage => send_message(context, input).await,
                 Action::SendMessageBatch => send_message_batch(context, input).await,
                 Action::ReceiveMessage => receive_message(context, input).await,
-                Action::DeleteMessage => delete_message(context, input).await,
+                Action::DeleteMessage => delete_message(context, input).await.map(rendered),
                 Action::DeleteMessageBatch => delete_message_batch(context, input).await,
-                Action::ChangeMessageVisibility => change_visibility(context, input).await,
+                Action::ChangeMessageVisibility => {
+                    change_visibility(context, input).await.map(rendered)
+                }
                 Action::ChangeMessageVisibilityBatch => {
                     change_visibility_batch(context, input).await
                 }
-                Action::GetQueueAttributes => get_queue_attributes(context, input),
-                Action::SetQueueAttributes => set_queue_attributes(context, input).await,
-                Action::PurgeQueue => purge_queue(context).await,
+                Action::GetQueueAttributes => get_queue_attributes(context, input).map(rendered),
+                Action::SetQueueAttributes => {
+                    set_queue_attributes(context, input).await.map(rendered)
+                }
+                Action::PurgeQueue => purge_queue(context).await.map(rendered),
                 Action::GetQueueUrl
                 | Action::ListQueues
                 | Action::StartMessageMoveTask
@@ -148,10 +161,16 @@ pub async fn run(action: Action, context: &Context<'_>, input: &Value) -> Result
     }
 }
 
+/// An answer as the JSON protocol's body.
+fn rendered(answer: impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(&answer).expect("an answer serializes")
+}
+
 // ---- the queue ---------------------------------------------------------------------------
 
 fn get_queue_url(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
-    let name = string(input, "QueueName")?.ok_or(SqsError::missing_parameter("QueueName"))?;
+    let name =
+        string(input, "QueueName")?.ok_or_else(|| SqsError::missing_parameter("QueueName"))?;
     if name != context.queue_name {
         return Err(SqsError::queue_does_not_exist());
     }
@@ -170,7 +189,7 @@ fn list_queues(context: &Context<'_>, input: &Value) -> Value {
 /// The request's `QueueUrl` names this queue: its last path segment is the queue's name
 /// (the host may be any of the queue's names or addresses).
 fn check_queue_url(context: &Context<'_>, input: &Value) -> Result<(), SqsError> {
-    let url = string(input, "QueueUrl")?.ok_or(SqsError::missing_parameter("QueueUrl"))?;
+    let url = string(input, "QueueUrl")?.ok_or_else(|| SqsError::missing_parameter("QueueUrl"))?;
     let path = url.split_once("://").map_or(url, |(_, rest)| rest);
     let name = path
         .split_once('/')
@@ -381,7 +400,8 @@ fn is_fifo(context: &Context<'_>) -> bool {
 }
 
 fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> {
-    let body = string(entry, "MessageBody")?.ok_or(SqsError::missing_parameter("MessageBody"))?;
+    let body =
+        string(entry, "MessageBody")?.ok_or_else(|| SqsError::missing_parameter("MessageBody"))?;
     if body.is_empty() {
         return Err(SqsError::invalid_parameter(
             "The request must contain a non-empty message body.",
@@ -535,27 +555,26 @@ fn publish_refused(refused: Refused) -> SqsError {
     }
 }
 
-fn sent(id: MessageId, outgoing: &Outgoing) -> Map<String, Value> {
-    let mut reply = Map::new();
-    reply.insert("MessageId".into(), id.to_string().into());
-    reply.insert("MD5OfMessageBody".into(), outgoing.body_md5.clone().into());
-    if let Some(md5) = &outgoing.attributes_md5 {
-        reply.insert("MD5OfMessageAttributes".into(), md5.clone().into());
+/// What a send answers for `outgoing`, stored as message `id` (`entry`: its batch entry's id).
+fn sent<'a>(entry: Option<&'a str>, id: MessageId, outgoing: &'a Outgoing) -> Sent<'a> {
+    Sent {
+        id: entry,
+        message_id: id,
+        md5_of_message_body: &outgoing.body_md5,
+        md5_of_message_attributes: outgoing.attributes_md5.as_deref(),
+        sequence_number: outgoing
+            .fifo
+            .then(|| qe_shared::sqs::sequence_number(id.0.as_u128())),
     }
-    if outgoing.fifo {
-        let number = qe_shared::sqs::sequence_number(id.0.as_u128());
-        reply.insert("SequenceNumber".into(), number.into());
-    }
-    reply
 }
 
-async fn send_message(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+async fn send_message(context: &Context<'_>, input: &Value) -> Result<Vec<u8>, SqsError> {
     let outgoing = outgoing(context, input)?;
     let id = publish(context, &outgoing).await?;
-    Ok(Value::Object(sent(id, &outgoing)))
+    Ok(rendered(sent(None, id, &outgoing)))
 }
 
-async fn send_message_batch(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+async fn send_message_batch(context: &Context<'_>, input: &Value) -> Result<Vec<u8>, SqsError> {
     let entries = batch_entries(input)?;
     let total: usize = entries
         .iter()
@@ -581,29 +600,27 @@ async fn send_message_batch(context: &Context<'_>, input: &Value) -> Result<Valu
             Ok((outgoing, id, receipt))
         })
         .collect();
-    let mut results = Results::default();
-    for (entry, published) in entries.iter().zip(published) {
-        let id = entry_id(entry);
-        let sent_one = match published {
-            Ok((outgoing, message_id, receipt)) => stored(message_id, receipt)
-                .await
-                .map(|message_id| sent(message_id, &outgoing)),
+    let mut stored_ones = Vec::with_capacity(entries.len());
+    for published in published {
+        stored_ones.push(match published {
+            Ok((outgoing, id, receipt)) => stored(id, receipt).await.map(|id| (outgoing, id)),
             Err(error) => Err(error),
-        };
-        match sent_one {
-            Ok(mut reply) => {
-                reply.insert("Id".into(), id.into());
-                results.successful.push(Value::Object(reply));
-            }
-            Err(error) => results.fail(id, &error),
+        });
+    }
+    let mut results = Batch::with_room_for(entries.len());
+    for (entry, stored_one) in entries.iter().zip(&stored_ones) {
+        let entry = entry_id(entry);
+        match stored_one {
+            Ok((outgoing, id)) => results.successful.push(sent(Some(entry), *id, outgoing)),
+            Err(error) => results.fail(entry, error),
         }
     }
-    Ok(results.into_reply())
+    Ok(rendered(results))
 }
 
 // ---- receiving ---------------------------------------------------------------------------
 
-async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Vec<u8>, SqsError> {
     let max = number(input, "MaxNumberOfMessages", 1..=MAX_BATCH as u64)?.unwrap_or(1);
     // A receive that names no wait takes the queue's (`ReceiveMessageWaitTimeSeconds`).
     let queue_wait = context.node.setting(Setting::ReceiveWaitSecs);
@@ -629,52 +646,44 @@ async fn receive_message(context: &Context<'_>, input: &Value) -> Result<Value, 
     if let Some(gate) = heard.reduce(HoldGate::later) {
         gate.open().await;
     }
-    let messages: Vec<Value> = pulled
+    let messages = pulled
         .iter()
         .map(|pulled| received(context, pulled, &system, &wanted))
         .collect();
-    Ok(match messages.is_empty() {
-        true => json!({}),
-        false => json!({ "Messages": messages }),
-    })
+    Ok(rendered(Receipts { messages }))
 }
 
 /// A message's body and SQS attributes as a receive gives them, from its frame (one that does
-/// not read as a frame, as its text).
-pub(super) fn sqs_body(frame: &[u8]) -> (String, Attributes) {
+/// not read as a frame, as its text). The body is borrowed from the frame when it has no
+/// escapes.
+pub(super) fn sqs_body(frame: &[u8]) -> (Cow<'_, str>, Attributes) {
     #[derive(serde::Deserialize)]
-    struct Frame {
-        body: String,
+    struct Frame<'a> {
+        #[serde(borrow)]
+        body: Cow<'a, str>,
         #[serde(default)]
         attributes: Attributes,
     }
     match serde_json::from_slice::<Frame>(frame) {
         Ok(frame) => (frame.body, frame.attributes),
-        Err(_) => (
-            String::from_utf8_lossy(frame).into_owned(),
-            Attributes::new(),
-        ),
+        Err(_) => (String::from_utf8_lossy(frame), Attributes::new()),
     }
 }
 
-/// A received message as ReceiveMessage gives it (`fifo`: the queue is a FIFO queue).
-fn received(context: &Context<'_>, pulled: &Pulled, system: &[String], wanted: &[String]) -> Value {
+/// A received message as ReceiveMessage gives it, with the system attributes named in
+/// `system` and the message attributes `wanted` names.
+fn received<'a>(
+    context: &Context<'_>,
+    pulled: &'a Pulled,
+    system: &[String],
+    wanted: &[String],
+) -> Received<'a> {
     let (receipt_key, fifo) = (context.receipt_key, is_fifo(context));
     let (body, attributes) = sqs_body(&pulled.message.frame);
-    let mut reply = Map::new();
-    reply.insert("MessageId".into(), pulled.id.to_string().into());
-    reply.insert(
-        "ReceiptHandle".into(),
-        receipt_handle(receipt_key, pulled.id, pulled.receipt).into(),
-    );
-    reply.insert("MD5OfBody".into(), attributes::body_digest(&body).into());
     let wants = |name: &str| system.iter().any(|n| n == "All" || n == name);
-    let mut shown = Map::new();
+    let mut shown = SystemAttributes::default();
     if wants("ApproximateReceiveCount") {
-        shown.insert(
-            "ApproximateReceiveCount".into(),
-            pulled.receives.to_string().into(),
-        );
+        shown.add("ApproximateReceiveCount", pulled.receives.to_string());
     }
     if wants("SentTimestamp") {
         let sent_ms = pulled
@@ -686,40 +695,36 @@ fn received(context: &Context<'_>, pulled: &Pulled, system: &[String], wanted: &
                 secs * 1000 + u64::from(nanos) / 1_000_000
             })
             .unwrap_or(u64::from(pulled.message.recdat) * 1000);
-        shown.insert("SentTimestamp".into(), sent_ms.to_string().into());
+        shown.add("SentTimestamp", sent_ms.to_string());
     }
     if wants("ApproximateFirstReceiveTimestamp") {
         let first = pulled.first_delivered_ms.to_string();
-        shown.insert("ApproximateFirstReceiveTimestamp".into(), first.into());
+        shown.add("ApproximateFirstReceiveTimestamp", first);
     }
     if let (true, Some(sender)) = (wants("SenderId"), &pulled.sender) {
-        shown.insert("SenderId".into(), sender.to_string().into());
+        shown.add("SenderId", sender.to_string());
     }
     let group = crate::message::frame_group(&pulled.message.frame);
     if let (true, Some(group)) = (wants("MessageGroupId"), group) {
-        shown.insert("MessageGroupId".into(), group.into());
+        shown.add("MessageGroupId", group.to_string());
     }
     if fifo && wants("SequenceNumber") {
         let number = qe_shared::sqs::sequence_number(pulled.id.0.as_u128());
-        shown.insert("SequenceNumber".into(), number.into());
-    }
-    if !shown.is_empty() {
-        reply.insert("Attributes".into(), Value::Object(shown));
+        shown.add("SequenceNumber", number);
     }
     let chosen: Attributes = attributes
         .into_iter()
         .filter(|(name, _)| wanted.iter().any(|w| attribute_matches(w, name)))
         .collect();
-    if !chosen.is_empty() {
-        reply.insert(
-            "MD5OfMessageAttributes".into(),
-            attributes::digest(&chosen).into(),
-        );
-        let chosen = serde_json::to_value(&chosen).expect("attributes serialize");
-        reply.insert("MessageAttributes".into(), chosen);
+    Received {
+        message_id: pulled.id,
+        receipt_handle: receipt_handle(receipt_key, pulled.id, pulled.receipt),
+        md5_of_body: attributes::body_digest(&body),
+        attributes: shown,
+        md5_of_message_attributes: (!chosen.is_empty()).then(|| attributes::digest(&chosen)),
+        message_attributes: chosen,
+        body,
     }
-    reply.insert("Body".into(), body.into());
-    Value::Object(reply)
 }
 
 /// `All`, `.*`, a name, or a prefix ending in `.*`.
@@ -740,9 +745,9 @@ fn receipt_handle(key: &ReceiptKey, id: MessageId, receipt: u64) -> String {
     use std::fmt::Write;
     let mut text = String::with_capacity(96);
     write!(text, "qe2:{id}:{receipt}").expect("a String takes any text");
-    let mac = qe_shared::hex(&key.sign(&text[4..]));
+    let mac = key.sign(&text[4..]);
     text.push(':');
-    text.push_str(&mac);
+    qe_shared::push_hex(&mut text, &mac);
     URL_SAFE_NO_PAD.encode(text)
 }
 
@@ -813,8 +818,8 @@ impl ReceiptKey {
 }
 
 fn handle_of(context: &Context<'_>, entry: &Value) -> Result<Handle, SqsError> {
-    let handle =
-        string(entry, "ReceiptHandle")?.ok_or(SqsError::missing_parameter("ReceiptHandle"))?;
+    let handle = string(entry, "ReceiptHandle")?
+        .ok_or_else(|| SqsError::missing_parameter("ReceiptHandle"))?;
     read_receipt_handle(context.receipt_key, handle)
         .ok_or_else(|| SqsError::receipt_handle_invalid(handle))
 }
@@ -845,14 +850,14 @@ async fn delete_message(context: &Context<'_>, input: &Value) -> Result<Value, S
     Ok(json!({}))
 }
 
-async fn delete_message_batch(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
+async fn delete_message_batch(context: &Context<'_>, input: &Value) -> Result<Vec<u8>, SqsError> {
     let entries = batch_entries(input)?;
     // Every delete is made before any is waited for: one write a batch, as for sends.
     let deletes: Vec<_> = entries
         .iter()
         .map(|entry| delete_one(context, entry))
         .collect();
-    let mut results = Results::default();
+    let mut results = Batch::with_room_for(entries.len());
     for (entry, delete) in entries.iter().zip(deletes) {
         let id = entry_id(entry);
         let done = match delete {
@@ -860,11 +865,11 @@ async fn delete_message_batch(context: &Context<'_>, input: &Value) -> Result<Va
             Err(error) => Err(error),
         };
         match done {
-            Ok(()) => results.successful.push(json!({ "Id": id })),
+            Ok(()) => results.successful.push(Done { id }),
             Err(error) => results.fail(id, &error),
         }
     }
-    Ok(results.into_reply())
+    Ok(rendered(results))
 }
 
 /// Changes one received message's visibility; what the answer waits for (the standby
@@ -874,7 +879,7 @@ fn change_one(context: &Context<'_>, entry: &Value) -> Result<Option<HoldGate>, 
         return Err(SqsError::message_not_inflight());
     };
     let timeout = number(entry, "VisibilityTimeout", 0..=MAX_VISIBILITY_SECS)?
-        .ok_or(SqsError::missing_parameter("VisibilityTimeout"))?;
+        .ok_or_else(|| SqsError::missing_parameter("VisibilityTimeout"))?;
     context
         .node
         .queue
@@ -889,10 +894,14 @@ async fn change_visibility(context: &Context<'_>, input: &Value) -> Result<Value
     Ok(json!({}))
 }
 
-async fn change_visibility_batch(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
-    let mut results = Results::default();
+async fn change_visibility_batch(
+    context: &Context<'_>,
+    input: &Value,
+) -> Result<Vec<u8>, SqsError> {
+    let entries = batch_entries(input)?;
+    let mut results = Batch::with_room_for(entries.len());
     let mut heard: Option<HoldGate> = None;
-    for entry in batch_entries(input)? {
+    for entry in entries {
         let id = entry_id(entry);
         match change_one(context, entry) {
             Ok(gate) => {
@@ -900,7 +909,7 @@ async fn change_visibility_batch(context: &Context<'_>, input: &Value) -> Result
                     (Some(a), Some(b)) => Some(a.later(b)),
                     (a, b) => a.or(b),
                 };
-                results.successful.push(json!({ "Id": id }));
+                results.successful.push(Done { id });
             }
             Err(error) => results.fail(id, &error),
         }
@@ -908,7 +917,7 @@ async fn change_visibility_batch(context: &Context<'_>, input: &Value) -> Result
     if let Some(gate) = heard {
         gate.open().await;
     }
-    Ok(results.into_reply())
+    Ok(rendered(results))
 }
 
 // ---- reading requests --------------------------------------------------------------------
@@ -992,30 +1001,9 @@ fn batch_entries(input: &Value) -> Result<&Vec<Value>, SqsError> {
     Ok(entries)
 }
 
-fn entry_id(entry: &Value) -> String {
-    entry["Id"].as_str().unwrap_or_default().to_string()
-}
-
-/// A batch's answer: what succeeded and what failed, each by entry id.
-#[derive(Default)]
-struct Results {
-    successful: Vec<Value>,
-    failed: Vec<Value>,
-}
-
-impl Results {
-    fn fail(&mut self, id: String, error: &SqsError) {
-        self.failed.push(json!({
-            "Id": id,
-            "SenderFault": !error.is_server_error(),
-            "Code": error.code,
-            "Message": error.message,
-        }));
-    }
-
-    fn into_reply(self) -> Value {
-        json!({ "Successful": self.successful, "Failed": self.failed })
-    }
+/// A batch entry's `Id` (checked by `batch_entries`).
+fn entry_id(entry: &Value) -> &str {
+    entry["Id"].as_str().unwrap_or_default()
 }
 
 /// A string parameter: None if absent, InvalidParameterValue if not a string.

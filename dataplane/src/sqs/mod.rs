@@ -16,6 +16,7 @@ pub use actions::ReceiptKey;
 mod attributes;
 pub mod dead_letters;
 mod move_tasks;
+mod replies;
 
 pub use qe_shared::sqs::{query, sigv4, SqsError};
 
@@ -61,7 +62,8 @@ pub struct Context<'a> {
 /// `error` as AWS's JSON protocol sends it.
 fn error_response(error: &SqsError) -> Response<Full<Bytes>> {
     let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_REQUEST);
-    let mut response = json_response(status, &error.json_body());
+    let body = serde_json::to_vec(&error.json_body()).expect("a JSON value serializes");
+    let mut response = json_response(status, body);
     if let Ok(value) = error.query_error_header().parse() {
         response.headers_mut().insert("x-amzn-query-error", value);
     }
@@ -100,9 +102,10 @@ const ACCOUNT_ACTIONS: [&str; 5] = [
     "ListDeadLetterSourceQueues",
 ];
 
-/// What a request gets: an answer made here, or the control plane's.
+/// What a request gets: an answer made here (the JSON protocol's body), or the control
+/// plane's.
 enum Outcome {
-    Answered(actions::Action, Value),
+    Answered(actions::Action, Vec<u8>),
     HandedOn(Response<Full<Bytes>>),
 }
 
@@ -211,9 +214,11 @@ impl Sqs {
         let request_id = qe_shared::sqs::request_id();
         let mut response = match (query, outcome) {
             (_, Ok(Outcome::HandedOn(response))) => return response,
-            (false, Ok(Outcome::Answered(_, answer))) => json_response(StatusCode::OK, &answer),
+            (false, Ok(Outcome::Answered(_, answer))) => json_response(StatusCode::OK, answer),
             (false, Err(error)) => error_response(&error),
             (true, Ok(Outcome::Answered(action, answer))) => {
+                // The query protocol's XML is made from the JSON protocol's answer.
+                let answer: Value = serde_json::from_slice(&answer).expect("an answer is JSON");
                 let reply = query::reply(action.name(), &answer, &request_id);
                 xml_response(StatusCode::OK, reply)
             }
@@ -310,7 +315,7 @@ impl Sqs {
     fn admissible(&self, headers: &hyper::HeaderMap) -> Result<(), SqsError> {
         let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let authorization =
-            text("authorization").ok_or(SqsError::signature(sigv4::Refused::Missing))?;
+            text("authorization").ok_or_else(|| SqsError::signature(sigv4::Refused::Missing))?;
         let authorization =
             sigv4::parse_authorization(authorization).map_err(SqsError::signature)?;
         if self.node.sqs_key(authorization.access_key_id).is_none() {
@@ -321,15 +326,15 @@ impl Sqs {
     }
 
     /// The request's key, if its signature is right.
-    fn authenticate(&self, signed: &sigv4::Signed<'_>) -> Result<SqsKey, SqsError> {
+    fn authenticate(&self, signed: &sigv4::Signed<'_>) -> Result<Arc<SqsKey>, SqsError> {
         let authorization = header(signed.headers, "authorization")
-            .ok_or(SqsError::signature(sigv4::Refused::Missing))?;
+            .ok_or_else(|| SqsError::signature(sigv4::Refused::Missing))?;
         let authorization =
             sigv4::parse_authorization(authorization).map_err(SqsError::signature)?;
         let key = self
             .node
             .sqs_key(authorization.access_key_id)
-            .ok_or(SqsError::signature(sigv4::Refused::UnknownKey))?;
+            .ok_or_else(|| SqsError::signature(sigv4::Refused::UnknownKey))?;
         let now = crate::engine::now_ms() / 1000;
         sigv4::verify_with(signed, &authorization, &key.secret, now, &self.signing_keys)
             .map_err(SqsError::signature)?;
@@ -448,9 +453,8 @@ const HAND_ON_WITHIN: Duration = Duration::from_secs(30);
 /// How long a client has for its TLS handshake.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
 
-fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
-    let text = serde_json::to_vec(body).expect("a JSON value serializes");
-    let mut response = Response::new(Full::new(Bytes::from(text)));
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

@@ -41,7 +41,8 @@ fn text<'a>(input: &'a Value, name: &str) -> Result<Option<&'a str>, SqsError> {
 /// The task's source must be this queue's dead letter queue, and its destination (if named)
 /// the queue itself.
 fn check_arns(context: &Context<'_>, input: &Value) -> Result<(String, Option<String>), SqsError> {
-    let source = text(input, "SourceArn")?.ok_or(SqsError::missing_parameter("SourceArn"))?;
+    let source =
+        text(input, "SourceArn")?.ok_or_else(|| SqsError::missing_parameter("SourceArn"))?;
     if qe_shared::sqs::queue_of_dlq_arn(source) != Some(context.queue_name) {
         return Err(SqsError::resource_not_found(
             "The SourceArn is not this queue's dead letter queue (its RedrivePolicy's deadLetterTargetArn).",
@@ -135,7 +136,8 @@ pub fn list(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
 /// CancelMessageMoveTask: a task here is complete when its reply goes, so there is none
 /// running to cancel (AWS refuses to cancel one that is not running, as here).
 pub fn cancel(context: &Context<'_>, input: &Value) -> Result<Value, SqsError> {
-    let handle = text(input, "TaskHandle")?.ok_or(SqsError::missing_parameter("TaskHandle"))?;
+    let handle =
+        text(input, "TaskHandle")?.ok_or_else(|| SqsError::missing_parameter("TaskHandle"))?;
     let ours = qe_shared::sqs::read_move_task_handle(handle)
         .is_some_and(|(queue, _)| queue == context.queue_name);
     match ours {

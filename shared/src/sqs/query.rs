@@ -85,7 +85,7 @@ pub fn input(form: &[u8]) -> Result<(String, Value), SqsError> {
             _ => tree.insert(&name, value)?,
         }
     }
-    let action = action.ok_or(SqsError::missing_parameter("Action"))?;
+    let action = action.ok_or_else(|| SqsError::missing_parameter("Action"))?;
     Ok((action, Value::Object(tree.into_json()?)))
 }
 

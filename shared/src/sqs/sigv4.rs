@@ -97,8 +97,9 @@ pub struct Signed<'a> {
     pub path: &'a str,
     /// The query string as sent, without `?` ("" for none).
     pub query: &'a str,
-    /// Every header, names in any case.
-    pub headers: &'a [(String, String)],
+    /// Every header, names in any case (borrowed from the request: a request's headers are
+    /// read here, never kept).
+    pub headers: &'a [(&'a str, &'a str)],
     pub body: &'a [u8],
 }
 
@@ -106,15 +107,10 @@ pub struct Signed<'a> {
 /// that is not text cannot have been signed as the SDKs sign).
 pub fn text_headers<'a>(
     headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
-) -> Vec<(String, String)> {
+) -> Vec<(&'a str, &'a str)> {
     headers
         .into_iter()
-        .filter_map(|(name, value)| {
-            Some((
-                name.to_string(),
-                std::str::from_utf8(value).ok()?.to_string(),
-            ))
-        })
+        .filter_map(|(name, value)| Some((name, std::str::from_utf8(value).ok()?)))
         .collect()
 }
 
@@ -165,11 +161,17 @@ pub fn verify_with(
         &scope,
         &key,
     )?;
-    match bool::from(
-        expected
-            .as_bytes()
-            .ct_eq(authorization.signature.to_ascii_lowercase().as_bytes()),
-    ) {
+    // Hex digits in either case, as sent (64 of them, as `parse_authorization` reads it).
+    let mut sent = [0u8; 64];
+    let sent = match sent.get_mut(..authorization.signature.len()) {
+        Some(sent) => {
+            sent.copy_from_slice(authorization.signature.as_bytes());
+            sent.make_ascii_lowercase();
+            sent
+        }
+        None => return Err(Refused::Mismatch),
+    };
+    match bool::from(expected.as_bytes().ct_eq(sent)) {
         true => Ok(()),
         false => Err(Refused::Mismatch),
     }
@@ -229,7 +231,7 @@ pub fn signed_json_headers(
         method: "POST",
         path: "/",
         query: "",
-        headers: &headers,
+        headers: &borrowed(&headers),
         body,
     };
     let authorization = sign(&signed, access_key_id, secret, region)?;
@@ -296,10 +298,10 @@ fn signature_by(
         "/",
         scope.service,
         "/aws4_request\n",
-        &crate::hex(&Sha256::digest(canonical.as_bytes())),
     ] {
         to_sign.push_str(part);
     }
+    crate::push_hex(&mut to_sign, &Sha256::digest(canonical.as_bytes()));
     Ok(crate::hex(&hmac_sha256(key, to_sign.as_bytes())))
 }
 
@@ -425,11 +427,12 @@ fn canonical_request(request: &Signed<'_>, signed_headers: &str) -> Result<Strin
     match header(request.headers, "x-amz-content-sha256") {
         Some("UNSIGNED-PAYLOAD") => text.push_str("UNSIGNED-PAYLOAD"),
         sent => {
-            let body_hash = crate::hex(&Sha256::digest(request.body));
-            if sent.is_some_and(|hash| !hash.eq_ignore_ascii_case(&body_hash)) {
+            let start = text.len();
+            crate::push_hex(&mut text, &Sha256::digest(request.body));
+            let body_hash = &text[start..];
+            if sent.is_some_and(|hash| !hash.eq_ignore_ascii_case(body_hash)) {
                 return Err(Refused::Mismatch);
             }
-            text.push_str(&body_hash);
         }
     }
     Ok(text)
@@ -441,6 +444,9 @@ fn not_sorted() -> Refused {
 
 /// The query's pairs, each name and value URI-encoded as SigV4 says, sorted.
 fn canonical_query(query: &str) -> String {
+    if query.is_empty() {
+        return String::new(); // what every JSON-protocol request has
+    }
     let mut pairs: Vec<(String, String)> = query
         .split('&')
         .filter(|pair| !pair.is_empty())
@@ -479,8 +485,16 @@ fn push_collapsed(text: &mut String, value: &str) {
     }
 }
 
+/// Headers held as owned text, as [`Signed::headers`] borrows them.
+pub fn borrowed(headers: &[(String, String)]) -> Vec<(&str, &str)> {
+    let pairs = headers.iter();
+    pairs
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect()
+}
+
 /// The value of header `name` (any case), trimmed.
-pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub fn header<'a>(headers: &[(&'a str, &'a str)], name: &str) -> Option<&'a str> {
     headers
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -515,14 +529,14 @@ mod tests {
 
     /// AWS's own worked example (the Signature Version 4 documentation's IAM `ListUsers`
     /// GET request), with the service set to sqs in the scope where it must be.
-    fn example_headers() -> Vec<(String, String)> {
+    fn example_headers() -> Vec<(&'static str, &'static str)> {
         vec![
             (
-                "Content-Type".into(),
-                "application/x-www-form-urlencoded; charset=utf-8".into(),
+                "Content-Type",
+                "application/x-www-form-urlencoded; charset=utf-8",
             ),
-            ("Host".into(), "iam.amazonaws.com".into()),
-            ("X-Amz-Date".into(), "20150830T123600Z".into()),
+            ("Host", "iam.amazonaws.com"),
+            ("X-Amz-Date", "20150830T123600Z"),
         ]
     }
 
@@ -536,12 +550,9 @@ mod tests {
         let date = amz_date(now);
         assert_eq!(parse_amz_date(&date), Some(now), "{date}");
         let headers = vec![
-            ("host".to_string(), "q1.q.example:9443".to_string()),
-            ("x-amz-date".to_string(), date),
-            (
-                "X-Amz-Target".to_string(),
-                "AmazonSQS.SendMessageBatch".to_string(),
-            ),
+            ("host", "q1.q.example:9443"),
+            ("x-amz-date", date.as_str()),
+            ("X-Amz-Target", "AmazonSQS.SendMessageBatch"),
         ];
         let body = br#"{"QueueUrl":"x"}"#;
         let request = Signed {
@@ -568,6 +579,61 @@ mod tests {
             verify(&request, &authorization, "another", now),
             Err(Refused::Mismatch)
         );
+        // The signature's hex digits in either case; a signature of another length (made
+        // here, as the parser refuses it) does not match, and panics nothing.
+        let capitals = authorization.signature.to_ascii_uppercase();
+        let shouting = Authorization {
+            signature: &capitals,
+            ..authorization.clone()
+        };
+        assert_eq!(verify(&request, &shouting, SECRET, now), Ok(()));
+        for signature in [&capitals[1..], &format!("{capitals}0")] {
+            let odd = Authorization {
+                signature,
+                ..authorization.clone()
+            };
+            assert_eq!(verify(&request, &odd, SECRET, now), Err(Refused::Mismatch));
+        }
+    }
+
+    #[test]
+    fn a_body_hash_sent_must_be_the_bodys() {
+        let now = 1_790_000_000;
+        let date = amz_date(now);
+        let body = br#"{"QueueUrl":"x"}"#;
+        let hash = crate::hex(&Sha256::digest(body));
+        // Signed with the header `signed` (or without it), then sent with the hash `sent`.
+        let verified = |signed: Option<&str>, sent: &str| {
+            let mut headers = vec![("host", "q1.q.example"), ("x-amz-date", date.as_str())];
+            headers.extend(signed.map(|hash| ("x-amz-content-sha256", hash)));
+            let mut request = Signed {
+                method: "POST",
+                path: "/",
+                query: "",
+                headers: &headers,
+                body,
+            };
+            let header = sign(&request, "AKID", SECRET, "eu-west-1").unwrap();
+            let sent_headers = [headers[0], headers[1], ("x-amz-content-sha256", sent)];
+            request.headers = &sent_headers;
+            verify(
+                &request,
+                &parse_authorization(&header).unwrap(),
+                SECRET,
+                now,
+            )
+        };
+        let capitals = hash.to_ascii_uppercase();
+        for hash in [&hash, &capitals] {
+            assert_eq!(verified(Some(hash), hash), Ok(()));
+            assert_eq!(verified(None, hash), Ok(()), "sent, not signed");
+        }
+        assert_eq!(
+            verified(Some("UNSIGNED-PAYLOAD"), "UNSIGNED-PAYLOAD"),
+            Ok(())
+        );
+        let other = crate::hex(&Sha256::digest(b"another body"));
+        assert_eq!(verified(None, &other), Err(Refused::Mismatch));
     }
 
     #[test]
@@ -596,7 +662,7 @@ mod tests {
         );
     }
 
-    fn signed_for(secret: &str, body: &[u8], headers: &[(String, String)]) -> String {
+    fn signed_for(secret: &str, body: &[u8], headers: &[(&str, &str)]) -> String {
         let request = Signed {
             method: "POST",
             path: "/",

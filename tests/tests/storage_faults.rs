@@ -125,6 +125,12 @@ async fn a_failed_sync_is_final_and_durable_messages_are_refused_until_a_restart
         .request(json!({"id": synced["id"], "ack": 1}))
         .await;
     assert_eq!(code(&ack), 507, "{ack}");
+    // Its retry is not told it is done either: the message is no longer held (301), and
+    // comes back after the restart below.
+    let again = subscriber
+        .request(json!({"id": synced["id"], "ack": 1}))
+        .await;
+    assert_eq!(code(&again), 301, "{again}");
 
     // After a restart the node reads back what the disk has, and takes durable messages.
     let node = node.restart(&[]);
@@ -291,9 +297,10 @@ fn sqs_of(node: &Node) -> qe_tests::sqs::aws_sdk_sqs::Client {
     qe_tests::sqs::client_of(node, "AKIAFAULTADMIN", "fault-secret")
 }
 
-/// The SQS face on a file system gone read-only: a send, a delete and a purge whose write
-/// failed are answered as failed (`InternalFailure`, 500, which the SDKs retry), never as
-/// success; after a restart, what was answered as not deleted is still there.
+/// The SQS face on a file system gone read-only: a send, a delete, a purge and every entry
+/// of a SendMessageBatch and a DeleteMessageBatch whose write failed are answered as failed
+/// (`InternalFailure`, 500, which the SDKs retry), never as success, and so is the retry of
+/// a failed delete; after a restart, what was answered as not deleted is still there.
 #[tokio::test]
 async fn sqs_changes_the_disk_did_not_take_are_answered_as_failed() {
     use qe_tests::sqs::aws_sdk_sqs::error::ProvideErrorMetadata;

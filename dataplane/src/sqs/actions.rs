@@ -174,13 +174,13 @@ fn get_queue_url(context: &Context<'_>, input: &Value) -> Result<Value, SqsError
     if name != context.queue_name {
         return Err(SqsError::queue_does_not_exist());
     }
-    Ok(json!({ "QueueUrl": context.queue_url }))
+    Ok(json!({ "QueueUrl": context.queue_url() }))
 }
 
 fn list_queues(context: &Context<'_>, input: &Value) -> Value {
     let prefix = input["QueueNamePrefix"].as_str().unwrap_or("");
-    let urls: Vec<&str> = match context.queue_name.starts_with(prefix) {
-        true => vec![context.queue_url],
+    let urls: Vec<String> = match context.queue_name.starts_with(prefix) {
+        true => vec![context.queue_url()],
         false => vec![],
     };
     json!({ "QueueUrls": urls })
@@ -385,9 +385,9 @@ async fn purge_queue(context: &Context<'_>) -> Result<Value, SqsError> {
 
 // ---- sending -----------------------------------------------------------------------------
 
-/// A message to send, checked.
-struct Outgoing {
-    new: NewMessage<'static>,
+/// A message to send, checked: its text borrowed from the request.
+struct Outgoing<'a> {
+    new: NewMessage<'a>,
     body_md5: String,
     attributes_md5: Option<String>,
     /// Sent to a FIFO queue: its reply has a `SequenceNumber`.
@@ -399,7 +399,7 @@ fn is_fifo(context: &Context<'_>) -> bool {
     context.node.setting(Setting::FifoQueue) == 1
 }
 
-fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> {
+fn outgoing<'a>(context: &Context<'a>, entry: &'a Value) -> Result<Outgoing<'a>, SqsError> {
     let body =
         string(entry, "MessageBody")?.ok_or_else(|| SqsError::missing_parameter("MessageBody"))?;
     if body.is_empty() {
@@ -419,9 +419,7 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
     // groups"): the group's messages are received in order, one at a time.
     let group = match string(entry, "MessageGroupId")? {
         None => None,
-        Some(group) if qe_shared::protocol::is_valid_publisher_key(group) => {
-            Some(group.to_string())
-        }
+        Some(group) if qe_shared::protocol::is_valid_publisher_key(group) => Some(group),
         Some(_) => {
             return Err(SqsError::invalid_parameter(
                 "MessageGroupId is 1 to 128 of A-Z a-z 0-9 and - _ . : / + =.",
@@ -433,7 +431,7 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
     // second message.
     let dedup_id = match string(entry, "MessageDeduplicationId")? {
         None => None,
-        Some(id) if qe_shared::protocol::is_valid_dedup_id(id) => Some(id.to_string()),
+        Some(id) if qe_shared::protocol::is_valid_dedup_id(id) => Some(Cow::Borrowed(id)),
         Some(_) => {
             return Err(SqsError::invalid_parameter(
                 "MessageDeduplicationId is 1 to 128 of A-Z a-z 0-9 and !\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~.",
@@ -453,7 +451,8 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
     }
     let dedup_id = match (fifo, dedup_id) {
         (true, None) if context.node.setting(Setting::ContentBasedDeduplication) == 1 => {
-            Some(qe_shared::hex(&<sha2::Sha256 as sha2::Digest>::digest(body.as_bytes())))
+            let digest = <sha2::Sha256 as sha2::Digest>::digest(body.as_bytes());
+            Some(Cow::Owned(qe_shared::hex(&digest)))
         }
         (true, None) => {
             return Err(SqsError::invalid_parameter(
@@ -489,7 +488,7 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
         fifo,
         new: NewMessage {
             body_type: BodyType::Text,
-            body: Cow::Owned(body.to_string()),
+            body: Cow::Borrowed(body),
             publisher_key: None,
             delay_secs: delay,
             // SQS keeps what it accepted: the node's default, which a process kill does not
@@ -497,9 +496,9 @@ fn outgoing(context: &Context<'_>, entry: &Value) -> Result<Outgoing, SqsError> 
             durability: Durability::Eventual,
             expires_secs: 0,
             attributes: attributes_json.map(Cow::Owned),
-            dedup_id: dedup_id.map(Cow::Owned),
-            sender: Some(Cow::Owned(context.sender.to_string())),
-            group: group.map(Cow::Owned),
+            dedup_id,
+            sender: Some(Cow::Borrowed(context.sender)),
+            group: group.map(Cow::Borrowed),
         },
     })
 }
@@ -524,7 +523,7 @@ fn attributes_size(attributes: &Attributes) -> usize {
 }
 
 /// Publishes a checked message; its id, once it is stored as its durability promises.
-async fn publish(context: &Context<'_>, outgoing: &Outgoing) -> Result<MessageId, SqsError> {
+async fn publish(context: &Context<'_>, outgoing: &Outgoing<'_>) -> Result<MessageId, SqsError> {
     let published = context.node.queue.publish(&outgoing.new);
     let (id, receipt) = published.map_err(publish_refused)?;
     stored(id, receipt).await
@@ -556,7 +555,7 @@ fn publish_refused(refused: Refused) -> SqsError {
 }
 
 /// What a send answers for `outgoing`, stored as message `id` (`entry`: its batch entry's id).
-fn sent<'a>(entry: Option<&'a str>, id: MessageId, outgoing: &'a Outgoing) -> Sent<'a> {
+fn sent<'a>(entry: Option<&'a str>, id: MessageId, outgoing: &'a Outgoing<'_>) -> Sent<'a> {
     Sent {
         id: entry,
         message_id: id,

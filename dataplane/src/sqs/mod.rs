@@ -44,8 +44,10 @@ use tokio_rustls::TlsAcceptor;
 pub struct Context<'a> {
     pub node: &'a Arc<Node>,
     pub queue_name: &'a str,
-    /// The queue's URL as this request's client reaches it.
-    pub queue_url: &'a str,
+    /// The scheme and host (`HOST[:PORT]`) this request's client reaches the queue at: its
+    /// URL as that client knows it ([`Context::queue_url`]).
+    pub scheme: &'a str,
+    pub host: &'a str,
     /// When the last `PurgeQueue` began (SQS takes one a minute).
     pub last_purge: &'a std::sync::Mutex<Option<std::time::Instant>>,
     /// The last message move tasks.
@@ -57,6 +59,14 @@ pub struct Context<'a> {
     pub channel: Option<&'a crate::control_plane::channel::Channel>,
     /// What receipt handles are signed with.
     pub receipt_key: &'a ReceiptKey,
+}
+
+impl Context<'_> {
+    /// The queue's URL as this request's client reaches it (made only for the actions that
+    /// answer with it).
+    pub fn queue_url(&self) -> String {
+        format!("{}://{}/{}", self.scheme, self.host, self.queue_name)
+    }
 }
 
 /// `error` as AWS's JSON protocol sends it.
@@ -296,11 +306,11 @@ impl Sqs {
             let url = format!("{scheme}://{host}{}", parts.uri.path());
             input["QueueUrl"] = Value::String(url);
         }
-        let queue_url = format!("{scheme}://{host}/{}", self.queue_name);
         let context = Context {
             node: &self.node,
             queue_name: &self.queue_name,
-            queue_url: &queue_url,
+            scheme,
+            host,
             last_purge: &self.last_purge,
             move_tasks: &self.move_tasks,
             sender: &key.access_key_id,

@@ -320,7 +320,7 @@ impl Drop for ControlPlane {
 }
 
 /// The last lines of a log, enough to see why a test failed.
-fn tail(log: &str) -> String {
+pub fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(60)..].join("\n")
 }

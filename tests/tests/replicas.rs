@@ -139,9 +139,19 @@ impl Replicas {
 }
 
 impl Drop for Replicas {
+    /// A failing test shows how each node's log ends: the replicas share this nodes
+    /// directory, so their own drop does not show them.
     fn drop(&mut self) {
         self.replicas.clear();
         kill_nodes_in(self.nodes.path());
+        if std::thread::panicking() {
+            let nodes = std::fs::read_dir(self.nodes.path().join("nodes"));
+            for node in nodes.into_iter().flatten().flatten() {
+                let log = std::fs::read_to_string(node.path().join("node.log"));
+                let log = qe_tests::tail(&log.unwrap_or_default());
+                eprintln!("--- node {:?}'s log ends ---\n{log}", node.file_name());
+            }
+        }
     }
 }
 

@@ -655,16 +655,14 @@ impl Launcher {
             tracing::warn!(queue = %queue_id, "the node's data was lost: its standby's copy is its data now (promoted), and a new standby follows it");
         }
         let (mut command, log) = self.command()?;
-        let mut child = command
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
-        // Named at once, before it listens (it may wait long for its config or certificate):
-        // a control plane that dies meanwhile leaves a node the next one adopts, not one it
-        // knows nothing of and starts a twin beside.
-        let pid = child.id().unwrap_or(0);
-        on_disk(|| std::fs::write(self.dir.join("node.pid"), pid.to_string()))
-            .map_err(|e| fail(e.to_string()))?;
+        // Named by itself before it runs, so before it listens (it may wait long for its
+        // config or certificate): a control plane that dies meanwhile leaves a node the next
+        // one adopts, not one it knows nothing of and starts a twin beside.
+        let mut child = super::process::spawn_naming_itself(
+            command.stdout(std::process::Stdio::piped()),
+            &self.dir.join("node.pid"),
+        )
+        .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
         let stdout = child.stdout.take().expect("piped");
         let (listening, heard) = tokio::sync::oneshot::channel();
         tokio::spawn(copy_lines(stdout, log, listening));

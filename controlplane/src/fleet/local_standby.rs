@@ -316,12 +316,11 @@ impl StandbyLauncher {
         if let Some(roots) = &self.primary.roots {
             command.arg("--standby-ca").arg(roots);
         }
-        let child = command
-            .spawn()
-            .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
+        // Named by itself before it runs (see `spawn_naming_itself`).
+        let child =
+            super::process::spawn_naming_itself(&mut command, &self.dir.join("standby.pid"))
+                .map_err(|e| fail(format!("{}: {e}", self.dataplane.display())))?;
         let pid = child.id().unwrap_or(0);
-        on_disk(|| std::fs::write(self.dir.join("standby.pid"), pid.to_string()))
-            .map_err(|e| fail(e.to_string()))?;
         tracing::info!(pid, standby = %self.dir.display(), "started a standby");
         Ok(NodeProcess::Child(child))
     }

@@ -115,6 +115,55 @@ pub fn has_argument(pid: u32, wanted: &[u8]) -> bool {
     cmdline.split(|b| *b == 0).any(|arg| arg == wanted)
 }
 
+/// Spawns `command` with its pid written to `pid_file` by the child itself, after the fork
+/// and before it runs the program: a control plane killed at any moment leaves a process its
+/// successor finds there ([`adopt_from`]). The pid was written by the parent once `spawn`
+/// returned; a kill between the two left a node no pid file named, and the next leader
+/// started a twin beside it every second, which could not take the orphan's port.
+pub fn spawn_naming_itself(
+    command: &mut tokio::process::Command,
+    pid_file: &Path,
+) -> std::io::Result<Child> {
+    use std::os::fd::AsRawFd;
+    let file = qe_shared::files::on_disk(|| std::fs::File::create(pid_file))?;
+    let fd = file.as_raw_fd();
+    // SAFETY: between the fork and the exec the child calls only getpid and write, both
+    // async-signal-safe, on a buffer on its stack: no allocation and no lock. `fd` is open
+    // in the child until the exec (close-on-exec), as `file` outlives the spawn.
+    unsafe {
+        command.pre_exec(move || {
+            let (digits, len) = decimal(libc::getpid() as u32);
+            let written = libc::write(fd, digits.as_ptr().cast(), len);
+            match written == len as isize {
+                true => Ok(()),
+                false => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let child = command.spawn();
+    drop(file);
+    child
+}
+
+/// `n` in decimal digits: the buffer and how many of its first bytes are the digits.
+fn decimal(mut n: u32) -> ([u8; 10], usize) {
+    let mut reversed = [0u8; 10];
+    let mut len = 0;
+    loop {
+        reversed[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut digits = [0u8; 10];
+    for i in 0..len {
+        digits[i] = reversed[len - 1 - i];
+    }
+    (digits, len)
+}
+
 /// The process `pid_file` names, adopted if it runs with `marker` among its arguments
 /// ([`NodeProcess::adopt`]).
 pub fn adopt_from(pid_file: &Path, marker: &Path) -> Option<NodeProcess> {
@@ -236,6 +285,30 @@ impl NodeProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_process_spawned_naming_itself_is_named_before_it_runs() {
+        for n in [0, 7, 10, 4_194_304, u32::MAX] {
+            let (digits, len) = decimal(n);
+            assert_eq!(std::str::from_utf8(&digits[..len]).unwrap(), n.to_string());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("node.pid");
+        std::fs::write(&pid_file, "an earlier pid, longer than any").unwrap();
+        // The program reads the pid file as it starts: it was written before it ran.
+        let mut command = tokio::process::Command::new("sh");
+        command
+            .args(["-c", "cat \"$0\""])
+            .arg(&pid_file)
+            .stdout(std::process::Stdio::piped());
+        let child = spawn_naming_itself(&mut command, &pid_file).unwrap();
+        let pid = child.id().unwrap();
+        let output = child.wait_with_output().await.unwrap();
+        assert_eq!(String::from_utf8(output.stdout).unwrap(), pid.to_string());
+        assert_eq!(std::fs::read_to_string(&pid_file).unwrap(), pid.to_string());
+        let missing = dir.path().join("no/such/dir/node.pid");
+        assert!(spawn_naming_itself(&mut tokio::process::Command::new("true"), &missing).is_err());
+    }
 
     #[tokio::test]
     async fn only_a_live_process_started_with_the_bootstrap_is_adopted() {

@@ -6,7 +6,7 @@ use crate::{controlplane_binary, dataplane_binary, process_naming, signal, Clien
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -303,13 +303,7 @@ impl Drop for ControlPlane {
                 signal(pid, libc::SIGKILL);
             }
             if std::thread::panicking() {
-                let log = std::fs::read_to_string(node.path().join("node.log"));
-                let log = log.unwrap_or_default();
-                eprintln!(
-                    "--- node {:?}'s log ends ---\n{}",
-                    node.file_name(),
-                    tail(&log)
-                );
+                show_node_log(&node.path());
             }
         }
         if std::thread::panicking() {
@@ -319,8 +313,15 @@ impl Drop for ControlPlane {
     }
 }
 
+/// Prints how the log of the node in `dir` (a queue's directory) ends, for a failing test.
+pub fn show_node_log(dir: &Path) {
+    let log = std::fs::read_to_string(dir.join("node.log")).unwrap_or_default();
+    let name = dir.file_name().unwrap_or_default();
+    eprintln!("--- node {name:?}'s log ends ---\n{}", tail(&log));
+}
+
 /// The last lines of a log, enough to see why a test failed.
-pub fn tail(log: &str) -> String {
+fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(60)..].join("\n")
 }

@@ -147,9 +147,7 @@ impl Drop for Replicas {
         if std::thread::panicking() {
             let nodes = std::fs::read_dir(self.nodes.path().join("nodes"));
             for node in nodes.into_iter().flatten().flatten() {
-                let log = std::fs::read_to_string(node.path().join("node.log"));
-                let log = qe_tests::tail(&log.unwrap_or_default());
-                eprintln!("--- node {:?}'s log ends ---\n{log}", node.file_name());
+                qe_tests::show_node_log(&node.path());
             }
         }
     }

@@ -128,13 +128,14 @@ pub fn spawn_naming_itself(
     let file = qe_shared::files::on_disk(|| std::fs::File::create(pid_file))?;
     let fd = file.as_raw_fd();
     // SAFETY: between the fork and the exec the child calls only getpid and write, both
-    // async-signal-safe, on a buffer on its stack: no allocation and no lock. `fd` is open
+    // async-signal-safe, and itoa's digits on its stack: no allocation and no lock. `fd` is open
     // in the child until the exec (close-on-exec), as `file` outlives the spawn.
     unsafe {
         command.pre_exec(move || {
-            let (digits, len) = decimal(libc::getpid() as u32);
-            let written = libc::write(fd, digits.as_ptr().cast(), len);
-            match written == len as isize {
+            let mut buffer = itoa::Buffer::new();
+            let digits = buffer.format(libc::getpid());
+            let written = libc::write(fd, digits.as_ptr().cast(), digits.len());
+            match written == digits.len() as isize {
                 true => Ok(()),
                 false => Err(std::io::Error::last_os_error()),
             }
@@ -143,25 +144,6 @@ pub fn spawn_naming_itself(
     let child = command.spawn();
     drop(file);
     child
-}
-
-/// `n` in decimal digits: the buffer and how many of its first bytes are the digits.
-fn decimal(mut n: u32) -> ([u8; 10], usize) {
-    let mut reversed = [0u8; 10];
-    let mut len = 0;
-    loop {
-        reversed[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let mut digits = [0u8; 10];
-    for i in 0..len {
-        digits[i] = reversed[len - 1 - i];
-    }
-    (digits, len)
 }
 
 /// The process `pid_file` names, adopted if it runs with `marker` among its arguments
@@ -288,10 +270,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_process_spawned_naming_itself_is_named_before_it_runs() {
-        for n in [0, 7, 10, 4_194_304, u32::MAX] {
-            let (digits, len) = decimal(n);
-            assert_eq!(std::str::from_utf8(&digits[..len]).unwrap(), n.to_string());
-        }
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("node.pid");
         std::fs::write(&pid_file, "an earlier pid, longer than any").unwrap();
